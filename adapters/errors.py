@@ -1,0 +1,75 @@
+"""Domain errors, raised anywhere below the edge and turned into each dialect's error shape only there."""
+from __future__ import annotations
+
+
+class VeloError(Exception):
+    """Base error: `status` is the HTTP status the client sees, `kind` the OpenAI error `type`."""
+
+    status = 500
+    kind = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+
+
+class BadRequest(VeloError):
+    status = 400
+    kind = "invalid_request_error"
+
+
+class Unauthorized(VeloError):
+    status = 401
+    kind = "authentication_error"
+
+
+class ModelNotFound(VeloError):
+    status = 404
+    kind = "not_found_error"
+
+    def __init__(self, model: str):
+        super().__init__(f'model "{model}" not found, try pulling it first', param="model")
+        self.model = model
+
+
+class NotFound(VeloError):
+    status = 404
+    kind = "not_found_error"
+
+
+class PayloadTooLarge(VeloError):
+    status = 413
+    kind = "invalid_request_error"
+
+
+class Unsupported(VeloError):
+    """The chosen backend cannot do this (e.g. /api/pull on llama-server)."""
+
+    status = 501
+    kind = "not_implemented_error"
+
+
+class Overloaded(VeloError):
+    """Queue full: the client should retry after `retry_after` seconds."""
+
+    status = 429
+    kind = "rate_limit_error"
+
+
+class BackendError(VeloError):
+    """The backend answered with an error or broke the connection."""
+
+    status = 502
+    kind = "backend_error"
+
+
+class BackendUnavailable(BackendError):
+    status = 503
+    kind = "service_unavailable"
+
+
+class BackendTimeout(BackendError):
+    status = 504
+    kind = "timeout_error"

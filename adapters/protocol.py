@@ -1,0 +1,204 @@
+"""Velo's one internal request/response model.
+
+Every dialect (Ollama native, OpenAI) parses into these types and writes out of them; every backend adapter
+consumes and produces them. Nothing here knows about HTTP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+FinishReason = Literal["stop", "length", "tool_calls", "error", "cancelled"]
+# Ollama `format` / OpenAI `response_format`: None (free text), "json" (any JSON object) or a JSON Schema.
+OutputFormat = Union[None, Literal["json"], dict]
+
+
+@dataclass
+class ToolCall:
+    """A complete tool call: `arguments` is always a parsed JSON object, never a string."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass
+class Tool:
+    """A function the client offers the model; `parameters` is its JSON Schema."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Message:
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str = ""
+    images: list[str] = field(default_factory=list)  # base64 strings
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str = ""  # OpenAI: which call a "tool" message answers
+    tool_name: str = ""  # Ollama: which tool a "tool" message comes from
+    thinking: str = ""
+
+
+@dataclass
+class SamplingOptions:
+    """Everything that changes what the model writes. None means "the backend's default"."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    num_ctx: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # Backend-specific knobs passed through untouched (Ollama `options` keys Velo has no field for).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deterministic(self) -> bool:
+        """Greedy or seeded: the same request gives the same answer, so it may be cached or coalesced."""
+        return self.temperature == 0 or self.seed is not None
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[Message]
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: Any = None  # OpenAI's "auto" | "none" | "required" | {"type": "function", ...}
+    format: OutputFormat = None
+    stream: bool = True
+    keep_alive: Any = None
+    think: bool | str | None = None
+    n: int = 1
+
+
+@dataclass
+class CompletionRequest:
+    """Plain or fill-in-the-middle completion (`suffix`): Ollama /api/generate, OpenAI /v1/completions."""
+
+    model: str
+    prompt: str
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    raw: bool = False
+    images: list[str] = field(default_factory=list)
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    format: OutputFormat = None
+    stream: bool = True
+    keep_alive: Any = None
+    think: bool | str | None = None
+    context: list[int] | None = None
+    echo: bool = False
+    n: int = 1
+
+
+@dataclass
+class EmbedRequest:
+    model: str
+    inputs: list[str]
+    truncate: bool = True
+    dimensions: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_alive: Any = None
+
+
+@dataclass
+class Usage:
+    """Token counts and timings (nanoseconds, as Ollama reports them)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_ns: int = 0
+    load_ns: int = 0
+    prompt_eval_ns: int = 0
+    eval_ns: int = 0
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Chunk:
+    """One piece of a streamed answer. The last chunk of a stream has `finish_reason` (and usually `usage`).
+
+    `tool_calls` hold only complete calls: adapters accumulate streamed argument fragments before emitting.
+    """
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    context: list[int] | None = None  # Ollama /api/generate's opaque conversation state
+
+
+@dataclass
+class EmbedResult:
+    embeddings: list[list[float]]
+    prompt_tokens: int = 0
+    total_ns: int = 0
+    load_ns: int = 0
+
+
+@dataclass
+class ModelInfo:
+    """What /api/tags, /v1/models and /api/show report about one model."""
+
+    name: str
+    backend: str = ""
+    size: int = 0
+    digest: str = ""
+    modified_at: str = "1970-01-01T00:00:00Z"
+    family: str = ""
+    format: str = ""
+    parameter_size: str = ""
+    quantization_level: str = ""
+    context_length: int | None = None
+    capabilities: list[str] = field(default_factory=lambda: ["completion"])
+    template: str = ""
+    parameters: str = ""
+    model_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunningModel:
+    """One entry of /api/ps."""
+
+    name: str
+    size: int = 0
+    size_vram: int = 0
+    digest: str = ""
+    expires_at: str = "0001-01-01T00:00:00Z"
+    info: ModelInfo | None = None
+
+
+def aggregate(chunks: list[Chunk]) -> Chunk:
+    """Fold a whole stream into one chunk, as a non-streaming answer."""
+    out = Chunk()
+    for c in chunks:
+        out.text += c.text
+        out.thinking += c.thinking
+        out.tool_calls.extend(c.tool_calls)
+        out.logprobs.extend(c.logprobs)
+        out.finish_reason = c.finish_reason or out.finish_reason
+        out.usage = c.usage or out.usage
+        out.context = c.context if c.context is not None else out.context
+    return out
