@@ -1,0 +1,172 @@
+"""A token radix tree over KV blocks (SGLang's radix cache, page-aligned as in mini-sglang).
+
+Every edge holds a whole number of pages (block_size tokens each) and one block id per page, so a
+matched prefix maps straight onto a block table. The tree never frees memory: `evict` returns the
+block ids it dropped and the block manager, which owns refcounts and the free list, releases them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Node:
+    key: tuple[int, ...] = ()                  # tokens on the edge from the parent; len % block_size == 0
+    blocks: list[int] = field(default_factory=list)  # one block id per page of `key`
+    parent: Node | None = None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)  # first page -> child
+    lock_ref: int = 0                          # live sequences using this node (or a descendant)
+    last_access: int = 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+class RadixCache:
+    def __init__(self, block_size: int):
+        assert block_size >= 1
+        self.block_size = block_size
+        self.root = Node()
+        self.root.lock_ref = 1  # the root is never evicted
+        self.evictable_blocks = 0   # blocks in unlocked nodes
+        self.protected_blocks = 0   # blocks in locked nodes
+        self._clock = itertools.count(1)
+
+    @property
+    def cached_blocks(self) -> int:
+        return self.evictable_blocks + self.protected_blocks
+
+    def match_prefix(self, tokens: list[int]) -> tuple[list[int], Node]:
+        """Block ids of the longest cached block-aligned prefix of `tokens`, and the node where it ends."""
+        node, blocks, _ = self._walk(tokens)
+        return blocks, node
+
+    def insert(self, tokens: list[int], blocks: list[int]) -> int:
+        """Cache `blocks` as the KV of tokens[:len(blocks) * block_size].
+
+        Returns how many tokens were already present: the cache adopts only blocks[present // bs:],
+        the caller keeps responsibility for the others (they are duplicates of cached blocks).
+        """
+        n = len(blocks) * self.block_size
+        assert len(tokens) >= n, "fewer tokens than blocks cover"
+        key = tokens[:n]
+        node, _, present = self._walk(key)
+        if present < n:
+            leaf = Node(tuple(key[present:]), list(blocks[present // self.block_size:]), node,
+                        last_access=next(self._clock))
+            node.children[self._page(leaf.key)] = leaf
+            self.evictable_blocks += len(leaf.blocks)
+        return present
+
+    def lock(self, node: Node) -> None:
+        """Protect node and its ancestors from eviction while a sequence reads their blocks."""
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_blocks -= len(node.blocks)
+                self.protected_blocks += len(node.blocks)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            assert node.lock_ref > 0, "unlock without lock"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evictable_blocks += len(node.blocks)
+                self.protected_blocks -= len(node.blocks)
+            node = node.parent
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Drop up to num_blocks blocks, least recently used unlocked leaves first (trimming a leaf's
+        tail pages when fewer are needed). Returns the dropped block ids; freeing them is the caller's job."""
+        heap = [(n.last_access, id(n), n) for n in self.nodes() if n.is_leaf and n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed: list[int] = []
+        while heap and len(freed) < num_blocks:
+            _, _, leaf = heapq.heappop(heap)
+            take = min(len(leaf.blocks), num_blocks - len(freed))
+            freed += leaf.blocks[len(leaf.blocks) - take:]
+            self.evictable_blocks -= take
+            if take < len(leaf.blocks):
+                del leaf.blocks[len(leaf.blocks) - take:]
+                leaf.key = leaf.key[:len(leaf.blocks) * self.block_size]
+                continue
+            parent = leaf.parent
+            del parent.children[self._page(leaf.key)]
+            if parent.is_leaf and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    def all_blocks(self) -> list[int]:
+        return [b for n in self.nodes() for b in n.blocks]
+
+    def check_integrity(self) -> None:
+        """Tree shape, page alignment, lock counts and size counters agree."""
+        evictable = protected = 0
+        for node in self.nodes():
+            if node is self.root:
+                continue
+            assert node.key and len(node.key) == len(node.blocks) * self.block_size
+            assert node.parent.children.get(self._page(node.key)) is node
+            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values())
+            assert node.lock_ref >= 0
+            if node.lock_ref:
+                protected += len(node.blocks)
+            else:
+                evictable += len(node.blocks)
+        assert (evictable, protected) == (self.evictable_blocks, self.protected_blocks)
+        blocks = self.all_blocks()
+        assert len(blocks) == len(set(blocks)), "a block is cached twice"
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _page(self, key) -> tuple[int, ...]:
+        return tuple(key[:self.block_size])
+
+    def _walk(self, tokens: list[int]) -> tuple[Node, list[int], int]:
+        """Follow tokens (rounded down to whole pages) from the root, splitting an edge that matches
+        only partly so the match always ends on a node. Returns (node, block ids, matched tokens)."""
+        bs = self.block_size
+        key = tokens[:len(tokens) // bs * bs]
+        node, blocks, pos = self.root, [], 0
+        now = next(self._clock)
+        while pos < len(key):
+            child = node.children.get(tuple(key[pos:pos + bs]))
+            if child is None:
+                break
+            n = self._common_pages(child.key, key, pos)
+            if n * bs < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            blocks += child.blocks
+            pos += len(child.key)
+            node = child
+        return node, blocks, pos
+
+    def _common_pages(self, edge: tuple[int, ...], key: list[int], pos: int) -> int:
+        bs, n = self.block_size, 1  # the first page matched through the children dict
+        while n * bs < len(edge) and pos + (n + 1) * bs <= len(key) \
+                and edge[n * bs:(n + 1) * bs] == tuple(key[pos + n * bs:pos + (n + 1) * bs]):
+            n += 1
+        return n
+
+    def _split(self, child: Node, pages: int) -> Node:
+        """Cut child's edge after `pages` pages; the new upper node inherits the lock count."""
+        cut = pages * self.block_size
+        upper = Node(child.key[:cut], child.blocks[:pages], child.parent,
+                     lock_ref=child.lock_ref, last_access=child.last_access)
+        child.parent.children[self._page(upper.key)] = upper
+        child.key, child.blocks, child.parent = child.key[cut:], child.blocks[pages:], upper
+        upper.children[self._page(child.key)] = child
+        return upper
+
+    def nodes(self):
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

@@ -1,0 +1,189 @@
+"""Continuous batching: decide which tokens of which sequences run in the next model step.
+
+Each step: running sequences decode one token each (oldest first), unfinished prefills continue in
+chunks, and waiting sequences are admitted (FCFS) while the token budget and KV memory last. When a
+decode cannot get a block, the newest running sequence is preempted by recompute: its blocks are
+released and it goes back to the front of the queue. The scheduler never touches tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledItem:
+    """Compute positions [start, start + num_tokens) of seq this step."""
+    seq: Sequence
+    start: int
+    num_tokens: int
+    slots: list[int] = field(default_factory=list)  # KV slot of each computed position
+
+    @property
+    def end(self) -> int:
+        """Context length the attention reads (positions [0, end))."""
+        return self.start + self.num_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids(self.start, self.end)
+
+    @property
+    def samples(self) -> bool:
+        """True if this step reaches the end of the known tokens, so the runner must sample one."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass
+class StepPlan:
+    items: list[ScheduledItem] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks to copy first
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.items)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.items
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int = 64, max_step_tokens: int = 2048,
+                 prefill_chunk: int = 512):
+        assert max_num_seqs >= 1 and max_step_tokens >= 1 and prefill_chunk >= 1
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_step_tokens = max_step_tokens
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: the last one is preempted first
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue seq. Raises ValueError if it could never fit in KV memory, even alone."""
+        assert seq.status is SequenceStatus.WAITING and not seq.block_table
+        worst = self.blocks.blocks_needed(seq.num_prompt_tokens + seq.max_tokens - 1)
+        if worst > self.blocks.num_blocks:
+            raise ValueError(f"sequence {seq.seq_id} needs up to {worst} KV blocks, "
+                             f"the cache has {self.blocks.num_blocks}")
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Finish seq_id now (call between steps). Its computed full blocks stay cached."""
+        seq = next((s for s in (*self.running, *self.waiting) if s.seq_id == seq_id), None)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.blocks.free(seq)
+        else:
+            self.waiting.remove(seq)
+        self._finish(seq, "abort")
+        return seq
+
+    def fork(self, parent: Sequence, seq_id: int) -> Sequence:
+        """A running copy of a decoding parent that shares its KV blocks (parallel sampling)."""
+        assert parent.status is SequenceStatus.RUNNING and not parent.is_prefilling
+        child = Sequence(seq_id, parent.prompt_ids, parent.max_tokens, parent.stop_token_ids,
+                         list(parent.output_ids), SequenceStatus.RUNNING)
+        self.blocks.fork(parent, child)
+        self.running.append(child)
+        return child
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_step_tokens
+        for seq in list(self.running):
+            if budget and seq.status is SequenceStatus.RUNNING and not seq.is_prefilling:
+                budget -= self._schedule_decode(seq, plan)
+        for seq in self.running:
+            if budget and seq.is_prefilling:
+                budget -= self._schedule_chunk(seq, plan, budget)
+        while budget and not plan.preempted and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.blocks.allocate_prompt(seq):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= self._schedule_chunk(seq, plan, budget)
+        return plan
+
+    def postprocess(self, plan: StepPlan, sampled: dict[int, int]) -> list[Sequence]:
+        """Record a step's results: advance progress, append sampled tokens (seq_id -> token, exactly
+        for the items whose `samples` is True), finish and free done sequences. Returns them."""
+        finished = []
+        for item in plan.items:
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:  # aborted after scheduling
+                continue
+            assert seq.num_computed == item.start, "plan applied twice or out of order"
+            seq.num_computed = item.end
+            if not item.samples:
+                assert seq.seq_id not in sampled, "sampled a token mid-prompt"
+                continue
+            token = sampled[seq.seq_id]
+            seq.output_ids.append(token)
+            reason = "stop" if token in seq.stop_token_ids else \
+                "length" if len(seq.output_ids) >= seq.max_tokens else None
+            if reason:
+                self.running.remove(seq)
+                self.blocks.free(seq)
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _schedule_decode(self, seq: Sequence, plan: StepPlan) -> int:
+        """Schedule seq's one pending token, preempting newest sequences for memory. Returns tokens used."""
+        while not self.blocks.can_append(seq, 1):
+            victim = self.running[-1]
+            self._preempt(victim, plan)
+            if victim is seq:
+                return 0
+        self._add_item(seq, 1, plan)
+        return 1
+
+    def _schedule_chunk(self, seq: Sequence, plan: StepPlan, budget: int) -> int:
+        """Schedule the next prefill chunk; its blocks were reserved at admission, so it always fits."""
+        n = min(seq.num_uncomputed, self.prefill_chunk, budget)
+        self._add_item(seq, n, plan)
+        return n
+
+    def _add_item(self, seq: Sequence, n: int, plan: StepPlan) -> None:
+        copies = self.blocks.append_slots(seq, n)
+        assert copies is not None, "append_slots failed after can_append"
+        plan.copies += copies
+        start = seq.num_computed
+        plan.items.append(ScheduledItem(seq, start, n, self.blocks.slot_mapping(seq, start, start + n)))
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq, cache=False)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed = 0
+        self.waiting.appendleft(seq)
+        plan.preempted.append(seq)
+
+    @staticmethod
+    def _finish(seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
