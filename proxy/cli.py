@@ -1,0 +1,87 @@
+"""`velo serve`: load config.toml (or pick the embedded default) and serve on :8000."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from adapters.base import BackendConfig
+
+from .app import make_app
+from .config import Config, ConfigError, load_config
+
+log = logging.getLogger("velo")
+OLLAMA_DEFAULT_URL = "http://127.0.0.1:11434"
+
+
+async def ollama_running(url: str = OLLAMA_DEFAULT_URL, timeout: float = 0.5) -> bool:
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            async with s.get(f"{url}/api/version") as r:
+                return r.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return False
+
+
+async def default_config() -> Config:
+    """No config file: a local Ollama if one answers, else Velo's engine with the model shipped on PyPI."""
+    if await ollama_running():
+        log.info("no config: using the Ollama at %s", OLLAMA_DEFAULT_URL)
+        backend = BackendConfig(name="ollama", kind="ollama", urls=[OLLAMA_DEFAULT_URL])
+    else:
+        log.info("no config and no Ollama: starting the embedded engine with the shipped SmolLM2-135M")
+        backend = BackendConfig(name="engine", kind="engine")
+    return Config(backends=[backend], default_backend=backend.name)
+
+
+def find_config(explicit: str | None) -> Path | None:
+    for candidate in (explicit, os.environ.get("VELO_CONFIG"), "config.toml"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+        if candidate == explicit and explicit:
+            raise ConfigError(f"config file {explicit} not found")
+    return None
+
+
+async def serve(config: Config) -> None:
+    app = make_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a client that leaves cancels its handler
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port,
+                       shutdown_timeout=config.server.shutdown_grace_s)
+    await site.start()
+    log.info("Velo listening on http://%s:%d", config.server.host, config.server.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight requests (up to %.0fs)", config.server.shutdown_grace_s)
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="velo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve", help="run the proxy")
+    serve_p.add_argument("--config", help="path to config.toml (default: $VELO_CONFIG, ./config.toml)")
+    serve_p.add_argument("--host")
+    serve_p.add_argument("--port", type=int)
+    serve_p.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        path = find_config(args.config)
+        config = load_config(path) if path else asyncio.run(default_config())
+    except ConfigError as e:
+        parser.exit(2, f"velo: config error: {e}\n")
+    config.server.host = args.host or config.server.host
+    config.server.port = args.port or config.server.port
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,202 @@
+"""The Ollama native dialect: request bodies -> internal requests, internal chunks -> Ollama JSON objects.
+
+Shapes follow Ollama's docs/api.md (see ../shared/PROTOCOLS.md): `stream` defaults to true, durations are
+nanoseconds, tool-call arguments are JSON objects.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from adapters.errors import BadRequest
+from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
+                               ModelInfo, RunningModel, SamplingOptions, Tool, ToolCall, Usage)
+
+from .fields import body_object, get, get_model, string_list
+
+# Ollama option name -> (SamplingOptions field, type). Anything else goes to `extra` untouched.
+_OPTIONS: dict[str, tuple[str, type]] = {
+    "num_predict": ("max_tokens", int), "temperature": ("temperature", float), "top_p": ("top_p", float),
+    "top_k": ("top_k", int), "min_p": ("min_p", float), "typical_p": ("typical_p", float),
+    "seed": ("seed", int), "presence_penalty": ("presence_penalty", float),
+    "frequency_penalty": ("frequency_penalty", float), "repeat_penalty": ("repeat_penalty", float),
+    "repeat_last_n": ("repeat_last_n", int), "num_ctx": ("num_ctx", int),
+}
+
+
+def parse_options(body: dict[str, Any]) -> SamplingOptions:
+    raw = get(body, "options", dict, {})
+    opts = SamplingOptions(stop=string_list(raw, "stop"))
+    for key, value in raw.items():
+        if key in _OPTIONS:
+            name, kind = _OPTIONS[key]
+            setattr(opts, name, get(raw, key, kind))
+        elif key != "stop":
+            opts.extra[key] = value
+    if opts.max_tokens is not None and opts.max_tokens < 0:  # -1: until done, -2: fill the context
+        opts.max_tokens = None
+    return opts
+
+
+def parse_format(body: dict[str, Any]) -> Any:
+    fmt = body.get("format")
+    if fmt in (None, ""):
+        return None
+    if fmt == "json" or isinstance(fmt, dict):
+        return fmt
+    raise BadRequest('format must be "json" or a JSON Schema object', param="format")
+
+
+def _tool_call(raw: Any) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest("tool_calls entries must be {function: {name, arguments}}", param="messages")
+    args = fn.get("arguments", {})
+    if not isinstance(args, dict):
+        raise BadRequest("tool call arguments must be an object", param="messages")
+    return ToolCall(name=fn["name"], arguments=args, id=str(raw.get("id", "")))
+
+
+def parse_message(raw: Any) -> Message:
+    if not isinstance(raw, dict):
+        raise BadRequest("messages must be objects", param="messages")
+    role = get(raw, "role", str, required=True)
+    images = get(raw, "images", list, [])
+    return Message(role=role, content=get(raw, "content", str, ""), images=[str(i) for i in images],
+                   tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
+                   tool_name=get(raw, "tool_name", str, ""), thinking=get(raw, "thinking", str, ""))
+
+
+def parse_tools(body: dict[str, Any]) -> list[Tool]:
+    """Ollama and OpenAI share the tool declaration shape: {type: "function", function: {name, ...}}."""
+    tools = []
+    for raw in get(body, "tools", list, []):
+        fn = raw.get("function") if isinstance(raw, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest("tools entries must be {type: 'function', function: {name, ...}}", param="tools")
+        params = fn.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadRequest("tool parameters must be a JSON Schema object", param="tools")
+        tools.append(Tool(name=fn["name"], description=str(fn.get("description") or ""), parameters=params))
+    return tools
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    body = body_object(body)
+    return ChatRequest(
+        model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
+        options=parse_options(body), tools=parse_tools(body), format=parse_format(body),
+        stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"), think=body.get("think"))
+
+
+def parse_generate(body: Any) -> CompletionRequest:
+    body = body_object(body)
+    context = get(body, "context", list)
+    if context is not None and not all(isinstance(t, int) for t in context):
+        raise BadRequest("context must be an array of integers", param="context")
+    return CompletionRequest(
+        model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str),
+        system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
+        images=[str(i) for i in get(body, "images", list, [])], options=parse_options(body),
+        format=parse_format(body), stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"),
+        think=body.get("think"), context=context)
+
+
+def parse_embed(body: Any) -> EmbedRequest:
+    body = body_object(body)
+    inputs = string_list(body, "input")
+    return EmbedRequest(model=get_model(body), inputs=inputs, truncate=get(body, "truncate", bool, True),
+                        dimensions=get(body, "dimensions", int), options=get(body, "options", dict, {}),
+                        keep_alive=body.get("keep_alive"))
+
+
+def parse_legacy_embeddings(body: Any) -> EmbedRequest:
+    body = body_object(body)
+    return EmbedRequest(model=get_model(body), inputs=[get(body, "prompt", str, "")],
+                        options=get(body, "options", dict, {}), keep_alive=body.get("keep_alive"))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _timings(usage: Usage | None, started_ns: int) -> dict[str, Any]:
+    u = usage or Usage()
+    return {"total_duration": u.total_ns or time.perf_counter_ns() - started_ns, "load_duration": u.load_ns,
+            "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": u.prompt_eval_ns,
+            "eval_count": u.completion_tokens, "eval_duration": u.eval_ns}
+
+
+def _done_reason(chunk: Chunk) -> str:
+    return "length" if chunk.finish_reason == "length" else "stop"
+
+
+def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
+    """One NDJSON line of /api/chat (or the whole answer when `chunk` is the aggregate)."""
+    message: dict[str, Any] = {"role": "assistant", "content": chunk.text}
+    if chunk.thinking:
+        message["thinking"] = chunk.thinking
+    if chunk.tool_calls:
+        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in chunk.tool_calls]
+    out: dict[str, Any] = {"model": model, "created_at": now_iso(), "message": message,
+                           "done": chunk.finish_reason is not None}
+    if out["done"]:
+        out["done_reason"] = _done_reason(chunk)
+        out.update(_timings(chunk.usage, started_ns))
+    return out
+
+
+def generate_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": model, "created_at": now_iso(), "response": chunk.text,
+                           "done": chunk.finish_reason is not None}
+    if chunk.thinking:
+        out["thinking"] = chunk.thinking
+    if out["done"]:
+        out["done_reason"] = _done_reason(chunk)
+        if chunk.context is not None:
+            out["context"] = chunk.context
+        out.update(_timings(chunk.usage, started_ns))
+    return out
+
+
+def load_object(model: str, unload: bool) -> dict[str, Any]:
+    """/api/generate with an empty prompt only loads (or, with keep_alive 0, unloads) the model."""
+    return {"model": model, "created_at": now_iso(), "response": "", "done": True,
+            "done_reason": "unload" if unload else "load"}
+
+
+def embed_object(model: str, result: EmbedResult) -> dict[str, Any]:
+    return {"model": model, "embeddings": result.embeddings, "total_duration": result.total_ns,
+            "load_duration": result.load_ns, "prompt_eval_count": result.prompt_tokens}
+
+
+def _details(info: ModelInfo) -> dict[str, Any]:
+    return {"parent_model": "", "format": info.format, "family": info.family,
+            "families": [info.family] if info.family else None, "parameter_size": info.parameter_size,
+            "quantization_level": info.quantization_level}
+
+
+def tag_object(info: ModelInfo) -> dict[str, Any]:
+    return {"name": info.name, "model": info.name, "modified_at": info.modified_at, "size": info.size,
+            "digest": info.digest, "details": _details(info)}
+
+
+def show_object(info: ModelInfo) -> dict[str, Any]:
+    model_info = dict(info.model_info)
+    arch = model_info.setdefault("general.architecture", info.family or "llama")
+    if info.context_length:
+        model_info.setdefault(f"{arch}.context_length", info.context_length)
+    return {"modelfile": f"FROM {info.name}\n", "parameters": info.parameters, "template": info.template,
+            "details": _details(info), "model_info": model_info, "capabilities": info.capabilities,
+            "modified_at": info.modified_at}
+
+
+def ps_object(model: RunningModel) -> dict[str, Any]:
+    info = model.info or ModelInfo(name=model.name)
+    return {"name": model.name, "model": model.name, "size": model.size, "digest": model.digest,
+            "details": _details(info), "expires_at": model.expires_at, "size_vram": model.size_vram}
+
+
+def error_object(message: str) -> dict[str, Any]:
+    return {"error": message}

@@ -1,0 +1,254 @@
+"""The OpenAI dialect: /v1 request bodies -> internal requests, internal chunks -> OpenAI JSON objects.
+
+Tool-call `arguments` travel as JSON strings here (objects internally); streams are SSE `data:` events.
+"""
+from __future__ import annotations
+
+import base64
+import struct
+import time
+from typing import Any
+
+import orjson
+
+from adapters.errors import BadRequest, VeloError
+from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
+                               ModelInfo, SamplingOptions, ToolCall, Usage)
+
+from .fields import body_object, get, get_model, string_list
+from .ollama import parse_tools
+
+
+def parse_options(body: dict[str, Any]) -> SamplingOptions:
+    max_tokens = get(body, "max_completion_tokens", int) or get(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+    top_logprobs = get(body, "top_logprobs", int)
+    logprobs = body.get("logprobs")
+    if isinstance(logprobs, int) and not isinstance(logprobs, bool):  # /v1/completions: logprobs is a count
+        top_logprobs, logprobs = logprobs, True
+    elif logprobs is not None and not isinstance(logprobs, bool):
+        raise BadRequest("logprobs must be a boolean", param="logprobs")
+    return SamplingOptions(
+        max_tokens=max_tokens, temperature=get(body, "temperature", float), top_p=get(body, "top_p", float),
+        top_k=get(body, "top_k", int), min_p=get(body, "min_p", float), stop=string_list(body, "stop"),
+        seed=get(body, "seed", int), presence_penalty=get(body, "presence_penalty", float),
+        frequency_penalty=get(body, "frequency_penalty", float),
+        repeat_penalty=get(body, "repetition_penalty", float), logprobs=bool(logprobs), top_logprobs=top_logprobs)
+
+
+def parse_response_format(body: dict[str, Any]) -> Any:
+    fmt = get(body, "response_format", dict)
+    if fmt is None or fmt.get("type") in (None, "text"):
+        return None
+    if fmt["type"] == "json_object":
+        return "json"
+    if fmt["type"] == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise BadRequest("response_format.json_schema.schema must be an object", param="response_format")
+        return schema
+    raise BadRequest(f"unknown response_format type {fmt['type']!r}", param="response_format")
+
+
+def _content_text(content: Any) -> tuple[str, list[str]]:
+    """String content, or an array of parts: text parts joined, base64 data-URL images collected."""
+    if content is None or isinstance(content, str):
+        return content or "", []
+    if not isinstance(content, list):
+        raise BadRequest("message content must be a string or an array of parts", param="messages")
+    texts, images = [], []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            texts.append(str(part.get("text", "")))
+        elif kind == "image_url":
+            url = str((part.get("image_url") or {}).get("url", ""))
+            images.append(url.split(",", 1)[1] if url.startswith("data:") else url)
+        else:
+            raise BadRequest(f"unsupported content part type {kind!r}", param="messages")
+    return "".join(texts), images
+
+
+def _tool_call(raw: Any) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest("tool_calls entries must be {id, type, function: {name, arguments}}", param="messages")
+    args = fn.get("arguments") or "{}"
+    try:
+        parsed = orjson.loads(args) if isinstance(args, str) else args
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"tool call arguments are not valid JSON: {e}", param="messages") from e
+    if not isinstance(parsed, dict):
+        raise BadRequest("tool call arguments must encode a JSON object", param="messages")
+    return ToolCall(name=fn["name"], arguments=parsed, id=str(raw.get("id", "")))
+
+
+def parse_message(raw: Any) -> Message:
+    if not isinstance(raw, dict):
+        raise BadRequest("messages must be objects", param="messages")
+    text, images = _content_text(raw.get("content"))
+    return Message(role=get(raw, "role", str, required=True), content=text, images=images,
+                   tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
+                   tool_call_id=get(raw, "tool_call_id", str, ""), tool_name=get(raw, "name", str, ""))
+
+
+def _n(body: dict[str, Any]) -> int:
+    n = get(body, "n", int, 1)
+    if not 1 <= n <= 16:
+        raise BadRequest("n must be between 1 and 16", param="n")
+    return n
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    body = body_object(body)
+    messages = get(body, "messages", list, required=True)
+    if not messages:
+        raise BadRequest("messages must not be empty", param="messages")
+    return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
+                       options=parse_options(body), tools=parse_tools(body), tool_choice=body.get("tool_choice"),
+                       format=parse_response_format(body), stream=get(body, "stream", bool, False), n=_n(body))
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    body = body_object(body)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string (token arrays and batches are not supported)", param="prompt")
+    return CompletionRequest(model=get_model(body), prompt=prompt, suffix=get(body, "suffix", str), raw=True,
+                             options=parse_options(body), format=parse_response_format(body),
+                             stream=get(body, "stream", bool, False), echo=get(body, "echo", bool, False),
+                             n=_n(body))
+
+
+def parse_embeddings(body: Any) -> tuple[EmbedRequest, str]:
+    body = body_object(body)
+    if isinstance(body.get("input"), list) and body["input"] and not isinstance(body["input"][0], str):
+        raise BadRequest("input must be a string or an array of strings (token arrays are not supported)",
+                         param="input")
+    inputs = string_list(body, "input")
+    if not inputs:
+        raise BadRequest("input is required", param="input")
+    encoding = get(body, "encoding_format", str, "float")
+    if encoding not in ("float", "base64"):
+        raise BadRequest("encoding_format must be 'float' or 'base64'", param="encoding_format")
+    return EmbedRequest(model=get_model(body), inputs=inputs, dimensions=get(body, "dimensions", int)), encoding
+
+
+def stream_options_usage(body: dict[str, Any]) -> bool:
+    opts = body.get("stream_options")
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+def _usage(usage: Usage | None) -> dict[str, int]:
+    u = usage or Usage()
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def _tool_calls(calls: list[ToolCall], stream: bool) -> list[dict[str, Any]]:
+    out = []
+    for i, c in enumerate(calls):
+        item = {"id": c.id or f"call_{i}", "type": "function",
+                "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+        out.append({"index": i, **item} if stream else item)
+    return out
+
+
+def _logprobs(chunk: Chunk) -> dict[str, Any] | None:
+    if not chunk.logprobs:
+        return None
+    return {"content": [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
+                         "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode())} for t, p in lp.top]}
+                        for lp in chunk.logprobs]}
+
+
+def _finish(chunk: Chunk) -> str | None:
+    if chunk.finish_reason is None:
+        return None
+    return "tool_calls" if chunk.tool_calls or chunk.finish_reason == "tool_calls" else chunk.finish_reason
+
+
+class ChatIds:
+    """Stable id/created for every chunk of one response, as OpenAI sends them."""
+
+    def __init__(self, prefix: str = "chatcmpl"):
+        self.id = f"{prefix}-{time.time_ns():x}"
+        self.created = int(time.time())
+
+
+def chat_completion(ids: ChatIds, model: str, choices: list[Chunk]) -> dict[str, Any]:
+    out = []
+    for i, c in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
+        if c.thinking:
+            message["reasoning_content"] = c.thinking
+        if c.tool_calls:
+            message["tool_calls"] = _tool_calls(c.tool_calls, stream=False)
+        out.append({"index": i, "message": message, "logprobs": _logprobs(c), "finish_reason": _finish(c)})
+    return {"id": ids.id, "object": "chat.completion", "created": ids.created, "model": model, "choices": out,
+            "usage": _sum_usage(choices), "system_fingerprint": "velo"}
+
+
+def _sum_usage(choices: list[Chunk]) -> dict[str, int]:
+    usage = Usage(prompt_tokens=max((c.usage.prompt_tokens for c in choices if c.usage), default=0),
+                  completion_tokens=sum(c.usage.completion_tokens for c in choices if c.usage))
+    return _usage(usage)
+
+
+def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first: bool = False) -> dict[str, Any]:
+    """One SSE event; `chunk=None` with `first` gives the opening role delta."""
+    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    if chunk is not None:
+        if chunk.text:
+            delta["content"] = chunk.text
+        if chunk.thinking:
+            delta["reasoning_content"] = chunk.thinking
+        if chunk.tool_calls:
+            delta["tool_calls"] = _tool_calls(chunk.tool_calls, stream=True)
+        choice["logprobs"] = _logprobs(chunk)
+        choice["finish_reason"] = _finish(chunk)
+    return {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": model,
+            "system_fingerprint": "velo", "choices": [choice]}
+
+
+def usage_chunk(ids: ChatIds, model: str, obj: str, usages: list[Usage | None]) -> dict[str, Any]:
+    total = Usage(prompt_tokens=max((u.prompt_tokens for u in usages if u), default=0),
+                  completion_tokens=sum(u.completion_tokens for u in usages if u))
+    return {"id": ids.id, "object": obj, "created": ids.created, "model": model, "choices": [],
+            "usage": _usage(total)}
+
+
+def completion_object(ids: ChatIds, model: str, choices: list[Chunk], stream: bool) -> dict[str, Any]:
+    out = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": _finish(c)} for i, c in enumerate(choices)]
+    obj = {"id": ids.id, "object": "text_completion", "created": ids.created, "model": model, "choices": out}
+    if not stream:
+        obj["usage"] = _sum_usage(choices)
+    return obj
+
+
+def completion_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk) -> dict[str, Any]:
+    obj = completion_object(ids, model, [chunk], stream=True)
+    obj["choices"][0]["index"] = index
+    return obj
+
+
+def embeddings_object(model: str, result: EmbedResult, encoding: str) -> dict[str, Any]:
+    def encode(vec: list[float]) -> Any:
+        return base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if encoding == "base64" else vec
+
+    data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(result.embeddings)]
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
+
+
+def model_object(info: ModelInfo) -> dict[str, Any]:
+    return {"id": info.name, "object": "model", "created": 0, "owned_by": info.backend or "velo"}
+
+
+def error_object(err: VeloError) -> dict[str, Any]:
+    return {"error": {"message": err.message, "type": err.kind, "param": err.param,
+                      "code": getattr(err, "code", None) or err.status}}

@@ -1,0 +1,16 @@
+"""Typed keys for what the app and each request carry (aiohttp's AppKey / request keys, never module globals)."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from adapters.base import Backend
+
+from .config import Config
+from .pipeline import Pipeline
+from .router import Router
+
+CONFIG = web.AppKey("config", Config)
+BACKENDS = web.AppKey("backends", dict[str, Backend])
+ROUTER = web.AppKey("router", Router)
+PIPELINE = web.AppKey("pipeline", Pipeline)
+CONTEXT = "velo.context"  # request key: the RequestContext built by the middleware

@@ -1,0 +1,65 @@
+"""An in-process Backend that answers from a script, for testing the proxy's dialects without HTTP.
+
+It records every internal request it receives, so tests can assert what the dialect parsers produced.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from adapters.base import Backend, BackendConfig
+from adapters.errors import BackendError
+from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
+                               ToolCall, Usage)
+
+
+@dataclass
+class Script:
+    pieces: list[str] = field(default_factory=lambda: ["Hel", "lo", " world"])
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    fail_after: int | None = None  # raise BackendError after this many chunks
+    delay: float = 0.0
+
+
+class ScriptedBackend(Backend):
+    def __init__(self, name: str = "scripted", models: tuple[str, ...] = ("tiny:latest",), script: Script | None = None):
+        super().__init__(BackendConfig(name=name, kind="openai", urls=["http://scripted"]))
+        self.models = list(models)
+        self.script = script or Script()
+        self.requests: list[Any] = []
+        self.cancelled = 0
+        self.completed = 0
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(name=m, family="llama", context_length=8192, capabilities=["completion", "tools"])
+                for m in self.models]
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(req)
+        return self._run()
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(req)
+        return self._run()
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        self.requests.append(req)
+        return EmbedResult(embeddings=[[float(len(t)), 1.0, 0.0] for t in req.inputs], prompt_tokens=len(req.inputs))
+
+    async def _run(self) -> AsyncIterator[Chunk]:
+        s = self.script
+        try:
+            for i, piece in enumerate(s.pieces):
+                if s.fail_after is not None and i >= s.fail_after:
+                    raise BackendError("scripted backend broke mid-stream")
+                if s.delay:
+                    await asyncio.sleep(s.delay)
+                yield Chunk(text=piece)
+            yield Chunk(tool_calls=list(s.tool_calls), finish_reason=s.finish_reason,  # type: ignore[arg-type]
+                        usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces)))
+            self.completed += 1
+        except (GeneratorExit, asyncio.CancelledError):
+            self.cancelled += 1
+            raise
