@@ -22,6 +22,7 @@ class ScheduledItem:
     start: int
     num_tokens: int
     slots: list[int] = field(default_factory=list)  # KV slot of each computed position
+    samples: bool = False  # reaches the end of the known tokens: the runner must sample one
 
     @property
     def end(self) -> int:
@@ -31,11 +32,6 @@ class ScheduledItem:
     @property
     def token_ids(self) -> list[int]:
         return self.seq.token_ids(self.start, self.end)
-
-    @property
-    def samples(self) -> bool:
-        """True if this step reaches the end of the known tokens, so the runner must sample one."""
-        return self.end == self.seq.num_tokens
 
 
 @dataclass
@@ -172,8 +168,9 @@ class Scheduler:
         copies = self.blocks.append_slots(seq, n)
         assert copies is not None, "append_slots failed after can_append"
         plan.copies += copies
-        start = seq.num_computed
-        plan.items.append(ScheduledItem(seq, start, n, self.blocks.slot_mapping(seq, start, start + n)))
+        start, end = seq.num_computed, seq.num_computed + n
+        plan.items.append(ScheduledItem(seq, start, n, self.blocks.slot_mapping(seq, start, end),
+                                        samples=end == seq.num_tokens))
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.running.remove(seq)
