@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -101,6 +102,13 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
+    def nodes(self) -> Iterator[Node]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
     def all_blocks(self) -> list[int]:
         return [b for n in self.nodes() for b in n.blocks]
 
@@ -163,10 +171,3 @@ class RadixCache:
         child.key, child.blocks, child.parent = child.key[cut:], child.blocks[pages:], upper
         upper.children[self._page(child.key)] = child
         return upper
-
-    def nodes(self):
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())

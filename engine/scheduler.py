@@ -104,6 +104,10 @@ class Scheduler:
         return child
 
     def schedule(self) -> StepPlan:
+        """The next step's work; empty only when there is none. The runner, per item, computes
+        item.token_ids at positions [item.start, item.end) into item.slots, attends over
+        item.seq.block_table up to item.end, and samples a token where item.samples; it performs
+        plan.copies (whole KV blocks, src -> dst) before writing anything."""
         plan = StepPlan()
         budget = self.max_step_tokens
         for seq in list(self.running):
@@ -112,7 +116,8 @@ class Scheduler:
         for seq in self.running:
             if budget and seq.is_prefilling:
                 budget -= self._schedule_chunk(seq, plan, budget)
-        while budget and not plan.preempted and self.waiting and len(self.running) < self.max_num_seqs:
+        admit = not plan.preempted or not plan.items  # no admissions while memory is thrashing
+        while admit and budget and self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self.blocks.allocate_prompt(seq):
                 break

@@ -4,6 +4,7 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from engine.kv_cache import BlockManager
 from engine.scheduler import Scheduler, StepPlan
@@ -20,6 +21,7 @@ def fake_token(seq):
 def step(sched, plan=None):
     """One engine iteration: schedule, check what the runner would get, sample, postprocess."""
     plan = plan or sched.schedule()
+    assert plan.items or not sched.has_work, "an empty plan while work remains would spin the engine"
     for item in plan.items:
         assert len(item.token_ids) == len(item.slots) == item.num_tokens
         assert item.slots == sched.blocks.slot_mapping(item.seq, item.start, item.end)
@@ -32,6 +34,7 @@ def step(sched, plan=None):
 def run_all(sched):
     plans, finished = [], []
     while sched.has_work:
+        assert len(plans) < 10_000, "no progress"
         plan, done = step(sched)
         plans.append(plan)
         finished += done
@@ -216,3 +219,24 @@ def test_no_leak_after_many_random_requests():
     bm.evict(bm.num_blocks)
     assert bm.num_free_blocks == 24
     bm.check_integrity()
+
+
+@settings(max_examples=15, deadline=None)
+@given(num_blocks=st.integers(8, 40), block_size=st.integers(1, 6), budget=st.integers(1, 40),
+       chunk=st.integers(1, 16), max_seqs=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_every_request_completes_under_any_limits(num_blocks, block_size, budget, chunk, max_seqs, seed):
+    rng = random.Random(seed)
+    bm = BlockManager(num_blocks, block_size)
+    sched = Scheduler(bm, max_num_seqs=max_seqs, max_step_tokens=budget, prefill_chunk=chunk)
+    seqs = []
+    for i in range(30):
+        prompt = [rng.randrange(4) for _ in range(rng.randrange(1, 25))]
+        max_tokens = rng.randrange(1, 20)
+        if bm.blocks_needed(len(prompt) + max_tokens - 1) <= num_blocks:
+            seqs.append(Sequence(i, prompt, max_tokens))
+            sched.add(seqs[-1])
+    plans, _ = run_all(sched)
+    assert all(p.num_tokens <= budget for p in plans)
+    assert all(len(s.output_ids) == s.max_tokens and s.finished for s in seqs)
+    bm.evict(num_blocks)
+    assert bm.num_free_blocks == num_blocks

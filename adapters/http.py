@@ -1,0 +1,188 @@
+"""HTTP plumbing shared by the adapters of HTTP backends (Ollama, llama-server, OpenAI-compatible servers).
+
+One pooled `aiohttp.ClientSession` per backend, the four timeouts of `BackendConfig` and the mapping of every
+transport failure or upstream error status to Velo's domain errors, so adapters only speak their wire format.
+
+Timeouts: `connect_timeout` bounds the TCP connect; `first_token_timeout` bounds the wait for the response head
+and its first bytes; `idle_timeout` bounds each later gap between bytes; `total_timeout` bounds the whole stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import aiohttp
+import orjson
+
+from .base import BackendConfig
+from .errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelNotFound, Overloaded
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # aiohttp depends on async_timeout below 3.11
+    from async_timeout import timeout as _timeout
+
+
+def error_message(body: bytes) -> str:
+    """The human message of an upstream error body: Ollama's `{"error": "..."}` or OpenAI's `{"error": {...}}`."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode(errors="replace").strip()[:500]
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("detail") or err)
+    return str(err)
+
+
+@dataclass
+class Upstream:
+    """The HTTP side of one backend: its session, its base URL and its timeout policy."""
+
+    config: BackendConfig
+    _session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        if not self.config.urls:
+            raise BackendUnavailable(f"backend {self.config.name!r} has no url configured")
+        return self.config.urls[0].rstrip("/")
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            cfg = self.config
+            headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+            self._session = aiohttp.ClientSession(
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout,
+                                              sock_connect=cfg.connect_timeout),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                json_serialize=lambda obj: orjson.dumps(obj).decode())
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @asynccontextmanager
+    async def request(self, method: str, path: str, body: Any = None, *, wait: float,
+                      model: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send a request and hand over the response once its head arrived within `wait` seconds.
+
+        Leaving the block early (the client went away) closes the connection, which cancels the upstream's work.
+        """
+        name = self.config.name
+        try:
+            async with _timeout(wait):
+                resp = await self.session().request(method, self.url + path, json=body)
+        except aiohttp.ServerTimeoutError as e:
+            raise BackendTimeout(f"backend {name!r} at {self.url} did not accept a connection within "
+                                 f"{self.config.connect_timeout:g}s") from e
+        except asyncio.TimeoutError as e:
+            raise BackendTimeout(f"backend {name!r} did not answer {path} within {wait:g}s") from e
+        except aiohttp.ClientConnectorError as e:
+            raise BackendUnavailable(f"backend {name!r} at {self.url} is not reachable ({e.os_error})") from e
+        except aiohttp.ClientError as e:
+            raise BackendError(f"backend {name!r} failed on {path}: {e!r}") from e
+        try:
+            if resp.status >= 400:
+                await self._raise_for_status(resp, path, model)
+            yield resp
+        finally:
+            if resp.content.at_eof():
+                resp.release()
+            else:
+                resp.close()
+
+    async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
+        body = b""
+        async for data in self._reads(resp, self.config.idle_timeout, None):
+            body += data
+        message = error_message(body) or resp.reason or ""
+        where = f"backend {self.config.name!r}"
+        if resp.status == 404 and model:
+            raise ModelNotFound(model)
+        if resp.status in (400, 422):
+            raise BadRequest(f"{where} rejected the request: {message}")
+        if resp.status == 429:
+            retry = resp.headers.get("Retry-After", "")
+            raise Overloaded(f"{where} is overloaded: {message}",
+                             retry_after=float(retry) if retry.isdigit() else None)
+        if resp.status == 503:
+            raise BackendUnavailable(f"{where} is unavailable: {message}")
+        raise BackendError(f"{where} answered {resp.status} on {path}: {message}")
+
+    async def _reads(self, resp: aiohttp.ClientResponse, first_wait: float,
+                     total: float | None) -> AsyncIterator[bytes]:
+        """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each."""
+        loop = asyncio.get_running_loop()
+        deadline = None if total is None else loop.time() + total
+        wait, what = first_wait, "first data"
+        while True:
+            limit = wait if deadline is None else min(wait, deadline - loop.time())
+            if deadline is not None and limit < wait:
+                what = f"the whole answer ({total:g}s total)"
+            try:
+                async with _timeout(max(limit, 0)):
+                    data = await resp.content.readany()
+            except asyncio.TimeoutError as e:
+                raise BackendTimeout(f"backend {self.config.name!r} sent no {what} within {limit:g}s") from e
+            except aiohttp.ClientError as e:
+                raise BackendError(f"backend {self.config.name!r} broke the stream: {e!r}") from e
+            if not data:
+                return
+            yield data
+            wait, what = self.config.idle_timeout, "data between chunks"
+
+    async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float,
+                    total: float | None) -> AsyncIterator[bytes]:
+        """Non-empty lines of the body (NDJSON or SSE), each as soon as it is complete."""
+        buf = b""
+        async for data in self._reads(resp, first_wait, total):
+            buf += data
+            *complete, buf = buf.split(b"\n")
+            for line in complete:
+                if line.strip():
+                    yield line
+        if buf.strip():
+            yield buf
+
+    async def read_json(self, resp: aiohttp.ClientResponse) -> Any:
+        body = b"".join([data async for data in self._reads(resp, self.config.total_timeout,
+                                                             self.config.total_timeout)])
+        return self._loads(body)
+
+    def _loads(self, data: bytes) -> Any:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise BackendError(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}") from e
+
+    async def call(self, method: str, path: str, body: Any = None, *, model: str | None = None) -> Any:
+        """A plain request/response call (listing, show, embeddings, non-streamed answers)."""
+        async with self.request(method, path, body, wait=self.config.total_timeout, model=model) as resp:
+            return await self.read_json(resp)
+
+    async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float,
+                     total: float | None) -> AsyncIterator[dict]:
+        async for line in self.lines(resp, first_wait=first_wait, total=total):
+            yield self._loads(line)
+
+    async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float,
+                  total: float | None) -> AsyncIterator[dict]:
+        """The JSON payloads of `data:` events; `[DONE]` and comments are skipped, `error:` events raise."""
+        async for line in self.lines(resp, first_wait=first_wait, total=total):
+            field, _, value = line.partition(b":")
+            value = value.strip()
+            if field == b"error":
+                raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+            if field != b"data" or value == b"[DONE]":
+                continue
+            obj = self._loads(value)
+            if isinstance(obj, dict) and "error" in obj:
+                raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+            yield obj

@@ -1,0 +1,214 @@
+"""Ollama backend over its native API (`/api/*`), so every `options` key, `context`, `think` and `keep_alive`
+survives the trip. This module is the one place that converts Velo's internal types to and from Ollama's wire
+shapes (docs/api.md of ollama/ollama).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from .base import Backend, BackendConfig
+from .errors import BackendError
+from .http import Upstream
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
+                       RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
+
+# SamplingOptions field -> Ollama `options` key, where the names differ or match.
+_OPTION_KEYS = {"max_tokens": "num_predict", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                "min_p": "min_p", "typical_p": "typical_p", "seed": "seed", "presence_penalty": "presence_penalty",
+                "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty",
+                "repeat_last_n": "repeat_last_n", "num_ctx": "num_ctx"}
+
+
+def options_to_wire(o: SamplingOptions) -> dict[str, Any]:
+    """`extra` first, so Velo's named fields win when both say something."""
+    out = dict(o.extra)
+    for attr, key in _OPTION_KEYS.items():
+        if (value := getattr(o, attr)) is not None:
+            out[key] = value
+    if o.stop:
+        out["stop"] = list(o.stop)
+    return out
+
+
+def message_to_wire(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.images:
+        out["images"] = m.images
+    if m.tool_calls:
+        out["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+    if m.tool_name:
+        out["tool_name"] = m.tool_name
+    if m.thinking:
+        out["thinking"] = m.thinking
+    return out
+
+
+def _common(body: dict[str, Any], model: str, options: SamplingOptions, fmt: Any, stream: bool,
+            keep_alive: Any, think: Any) -> dict[str, Any]:
+    body.update(model=model, stream=stream)
+    if opts := options_to_wire(options):
+        body["options"] = opts
+    if options.logprobs:
+        body["logprobs"] = True
+        if options.top_logprobs is not None:
+            body["top_logprobs"] = options.top_logprobs
+    for key, value in (("format", fmt), ("keep_alive", keep_alive), ("think", think)):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [message_to_wire(m) for m in req.messages]}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                           "parameters": t.parameters}} for t in req.tools]
+    return _common(body, req.model, req.options, req.format, req.stream, req.keep_alive, req.think)
+
+
+def generate_to_wire(req: CompletionRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": req.prompt}
+    for key in ("suffix", "system", "template", "context"):
+        if (value := getattr(req, key)) is not None:
+            body[key] = value
+    if req.raw:
+        body["raw"] = True
+    if req.images:
+        body["images"] = req.images
+    return _common(body, req.model, req.options, req.format, req.stream, req.keep_alive, req.think)
+
+
+def usage_from_wire(obj: dict[str, Any]) -> Usage:
+    return Usage(prompt_tokens=obj.get("prompt_eval_count", 0), completion_tokens=obj.get("eval_count", 0),
+                 total_ns=obj.get("total_duration", 0), load_ns=obj.get("load_duration", 0),
+                 prompt_eval_ns=obj.get("prompt_eval_duration", 0), eval_ns=obj.get("eval_duration", 0))
+
+
+def logprobs_from_wire(items: list[dict[str, Any]] | None) -> list[TokenLogprob]:
+    return [TokenLogprob(token=i["token"], logprob=i["logprob"],
+                         top=[(t["token"], t["logprob"]) for t in i.get("top_logprobs") or []])
+            for i in items or []]
+
+
+def chunk_from_wire(obj: dict[str, Any]) -> Chunk:
+    """One `/api/chat` or `/api/generate` line (or whole non-streamed answer) as a Chunk."""
+    if "error" in obj:
+        raise BackendError(f"ollama failed mid-stream: {obj['error']}")
+    msg = obj.get("message") or {}
+    chunk = Chunk(text=msg.get("content") or obj.get("response") or "",
+                  thinking=msg.get("thinking") or obj.get("thinking") or "",
+                  tool_calls=[ToolCall(name=c["function"]["name"], arguments=c["function"].get("arguments") or {},
+                                       id=c.get("id", "")) for c in msg.get("tool_calls") or []],
+                  logprobs=logprobs_from_wire(obj.get("logprobs")))
+    if obj.get("done"):
+        reason = obj.get("done_reason") or "stop"
+        chunk.finish_reason = "length" if reason == "length" else "stop"
+        chunk.usage = usage_from_wire(obj)
+        chunk.context = obj.get("context")
+    return chunk
+
+
+def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelInfo:
+    """An /api/tags or /api/ps entry, or an /api/show answer, as ModelInfo."""
+    details = obj.get("details") or {}
+    model_info = obj.get("model_info") or {}
+    context = next((v for k, v in model_info.items() if k.endswith(".context_length")), None)
+    info = ModelInfo(name=name, backend=backend, size=obj.get("size", 0), digest=obj.get("digest", ""),
+                     family=details.get("family", ""), format=details.get("format", ""),
+                     parameter_size=details.get("parameter_size", ""),
+                     quantization_level=details.get("quantization_level", ""),
+                     context_length=context or obj.get("context_length"), template=obj.get("template", ""),
+                     parameters=obj.get("parameters", ""), model_info=model_info)
+    if obj.get("modified_at"):
+        info.modified_at = obj["modified_at"]
+    if obj.get("capabilities"):
+        info.capabilities = list(obj["capabilities"])
+    return info
+
+
+@dataclass
+class _StreamState:
+    """What one answer needs across lines: Ollama says "stop" even when the model called tools."""
+
+    saw_tool_calls: bool = False
+    done: bool = False
+
+    def take(self, chunk: Chunk) -> Chunk:
+        self.saw_tool_calls |= bool(chunk.tool_calls)
+        if chunk.finish_reason:
+            self.done = True
+            if self.saw_tool_calls and chunk.finish_reason == "stop":
+                chunk.finish_reason = "tool_calls"
+        return chunk
+
+
+class OllamaBackend(Backend):
+    def __init__(self, config: BackendConfig):
+        super().__init__(config)
+        self.http = Upstream(config)
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    async def health(self) -> bool:
+        try:
+            async with self.http.request("GET", "/", wait=self.config.connect_timeout) as resp:
+                return resp.status == 200
+        except BackendError:
+            return False
+
+    async def list_models(self) -> list[ModelInfo]:
+        tags = await self.http.call("GET", "/api/tags")
+        return [model_info_from_wire(m.get("name") or m["model"], self.name, m) for m in tags.get("models", [])]
+
+    async def show(self, model: str) -> ModelInfo:
+        return model_info_from_wire(model, self.name, await self.http.call("POST", "/api/show", {"model": model},
+                                                                            model=model))
+
+    async def running(self) -> list[RunningModel]:
+        ps = await self.http.call("GET", "/api/ps")
+        out = []
+        for m in ps.get("models", []):
+            info = model_info_from_wire(m.get("name") or m["model"], self.name, m)
+            out.append(RunningModel(name=info.name, size=info.size, size_vram=m.get("size_vram", 0),
+                                    digest=info.digest, expires_at=m.get("expires_at", info.modified_at), info=info))
+        return out
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        return self._generate("/api/chat", chat_to_wire(req), req.model, req.stream)
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        return self._generate("/api/generate", generate_to_wire(req), req.model, req.stream)
+
+    async def _generate(self, path: str, body: dict[str, Any], model: str, stream: bool) -> AsyncIterator[Chunk]:
+        cfg = self.config
+        first_wait = cfg.first_token_timeout if stream else cfg.total_timeout
+        state = _StreamState()
+        async with self.http.request("POST", path, body, wait=first_wait, model=model) as resp:
+            async for obj in self.http.ndjson(resp, first_wait=first_wait, total=cfg.total_timeout):
+                yield state.take(chunk_from_wire(obj))
+                if state.done:
+                    return
+        raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        body: dict[str, Any] = {"model": req.model, "input": req.inputs, "truncate": req.truncate}
+        if req.options:
+            body["options"] = req.options
+        for key, value in (("dimensions", req.dimensions), ("keep_alive", req.keep_alive)):
+            if value is not None:
+                body[key] = value
+        obj = await self.http.call("POST", "/api/embed", body, model=req.model)
+        return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=obj.get("prompt_eval_count", 0),
+                           total_ns=obj.get("total_duration", 0), load_ns=obj.get("load_duration", 0))
+
+    async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Pass /api/pull, /api/push, /api/create, /api/copy, /api/delete through; empty answers yield nothing."""
+        model = body.get("model") or body.get("name") or body.get("source")
+        cfg = self.config
+        async with self.http.request(method, path, body, wait=cfg.first_token_timeout, model=model) as resp:
+            async for obj in self.http.ndjson(resp, first_wait=cfg.first_token_timeout, total=None):
+                if "error" in obj:
+                    raise BackendError(f"backend {self.name!r} failed on {path}: {obj['error']}")
+                yield obj

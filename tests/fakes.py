@@ -1,0 +1,346 @@
+"""In-process fake upstreams for tests and benchmarks: aiohttp apps on 127.0.0.1, port 0.
+
+`OllamaDouble` is a protocol double of Ollama's native API (Ollama itself cannot run here). Every request and
+response shape follows Ollama's own documentation, docs/api.md in ollama/ollama ("api.md" below, section named
+in each handler), and the `ollama` Python client's `_types.py` for fields api.md leaves implicit (`think` /
+`thinking`, `logprobs`, `context_length` in /api/ps). `FakeOpenAI` is a minimal, fast OpenAI-compatible server
+(`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) shaped after the OpenAI API reference.
+
+Both share the knobs of `Script` (reply text, tool calls, per-token delay, failing status, cutting the stream)
+and record what they received in `requests`; `disconnects` counts streams whose client went away mid-way.
+
+    async with OllamaDouble() as ollama:          # or FakeOpenAI(api_key="k")
+        ollama.script.token_delay = 0.05
+        ... BackendConfig(name="o", kind="ollama", urls=[ollama.url]) ...
+        assert ollama.last("/api/chat")["options"]["num_predict"] == 5
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import orjson
+from aiohttp import web
+
+
+@dataclass
+class Script:
+    """What the fake answers and how it misbehaves; tests change it between requests."""
+
+    reply: str = "Hello from the double, nice to meet you."
+    thinking: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"name", "arguments": dict | raw str}
+    token_delay: float = 0.0  # seconds before each streamed chunk
+    fail_status: int | None = None  # answer every request with this error status
+    fail_message: str = "simulated failure"
+    cut_after: int | None = None  # drop the connection after this many streamed chunks
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def tokens(text: str) -> list[str]:
+    """Words with their leading whitespace: the double's stand-in for model tokens."""
+    return re.findall(r"\s*\S+", text)
+
+
+def fake_embedding(text: str, dims: int) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [(digest[i % len(digest)] - 128) / 128 for i in range(dims)]
+
+
+class FakeServer:
+    """Runs `routes()` on a free loopback port; records requests; streams with the `Script`'s faults."""
+
+    def __init__(self) -> None:
+        self.script = Script()
+        self.requests: list[Received] = []
+        self.disconnects = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    def routes(self) -> list[web.RouteDef]:
+        raise NotImplementedError
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def error(self, status: int, message: str) -> web.Response:
+        return web.json_response(self.error_body(status, message), status=status)
+
+    def last(self, path: str) -> Any:
+        """The body of the latest request to `path`."""
+        return next(r.body for r in reversed(self.requests) if r.path == path)
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        raw = await request.read()
+        body = orjson.loads(raw) if raw else None
+        self.requests.append(Received(request.method, request.path, dict(request.headers), body))
+        if self.script.fail_status:
+            return self.error(self.script.fail_status, self.script.fail_message)
+        return await handler(request)
+
+    async def start(self) -> "FakeServer":
+        app = web.Application(middlewares=[self._record])
+        app.add_routes(self.routes())
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def __aenter__(self) -> "FakeServer":
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def stream(self, request: web.Request, lines: Iterable[bytes], content_type: str) -> web.StreamResponse:
+        """Write `lines` one by one, honouring the delay / cut knobs and noticing a client that went away."""
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        for n, line in enumerate(lines):
+            if self.script.cut_after is not None and n >= self.script.cut_after:
+                request.transport.close()  # mid-stream failure: the chunked body never ends
+                return resp
+            if self.script.token_delay:
+                await asyncio.sleep(self.script.token_delay)
+            if request.transport is None or request.transport.is_closing():
+                self.disconnects += 1
+                return resp
+            try:
+                await resp.write(line)
+            except ConnectionResetError:
+                self.disconnects += 1
+                return resp
+        await resp.write_eof()
+        return resp
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+
+
+def _ndjson(obj: Any) -> bytes:
+    return orjson.dumps(obj) + b"\n"
+
+
+@dataclass
+class FakeModel:
+    name: str
+    family: str = "llama"
+    context_length: int = 8192
+    capabilities: list[str] = field(default_factory=lambda: ["completion", "tools", "insert"])
+    size: int = 98_000_000
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.name.encode()).hexdigest()
+
+    @property
+    def details(self) -> dict[str, Any]:
+        # api.md "List Local Models" / "Show Model Information": the `details` object.
+        return {"parent_model": "", "format": "gguf", "family": self.family, "families": [self.family],
+                "parameter_size": "135M", "quantization_level": "Q4_1"}
+
+
+class OllamaDouble(FakeServer):
+    """Ollama's native API, field for field as api.md documents it."""
+
+    def __init__(self, models: Iterable[str] = ("smollm2:135m", "all-minilm:latest")) -> None:
+        super().__init__()
+        self.models = {name: FakeModel(name) for name in models}
+        self.version = "0.12.6"
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/", self.root), web.get("/api/version", self.api_version),
+                web.get("/api/tags", self.tags), web.post("/api/show", self.show), web.get("/api/ps", self.ps),
+                web.post("/api/chat", self.chat), web.post("/api/generate", self.generate),
+                web.post("/api/embed", self.embed), web.post("/api/embeddings", self.embeddings),
+                web.post("/api/pull", self.pull), web.post("/api/push", self.pull),
+                web.post("/api/create", self.create), web.delete("/api/delete", self.delete),
+                web.post("/api/copy", self.copy)]
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        return {"error": message}  # Ollama errors are `{"error": "message"}`
+
+    def _missing(self, name: str) -> web.Response:
+        return self.error(404, f'model "{name}" not found, try pulling it first')
+
+    async def root(self, request: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running")  # GET and HEAD / (what clients probe)
+
+    async def api_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.version})
+
+    async def tags(self, request: web.Request) -> web.Response:
+        # api.md "List Local Models"; `model` mirrors `name` as current servers send both.
+        return web.json_response({"models": [
+            {"name": m.name, "model": m.name, "modified_at": "2025-01-01T00:00:00Z", "size": m.size,
+             "digest": m.digest, "details": m.details} for m in self.models.values()]})
+
+    async def show(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name = body.get("model") or body.get("name", "")  # older clients send "name"
+        if (m := self.models.get(name)) is None:
+            return self._missing(name)
+        # api.md "Show Model Information" (+ `capabilities`, which current servers add).
+        return web.json_response({
+            "modelfile": f"FROM {name}\nPARAMETER num_ctx {m.context_length}",
+            "parameters": 'stop                           "<|im_end|>"',
+            "template": "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+                        "<|im_start|>user\n{{ .Prompt }}<|im_end|>\n<|im_start|>assistant\n",
+            "details": m.details, "capabilities": m.capabilities, "modified_at": "2025-01-01T00:00:00Z",
+            "model_info": {"general.architecture": m.family, "general.parameter_count": 134_515_008,
+                           f"{m.family}.context_length": m.context_length, f"{m.family}.embedding_length": 576}})
+
+    async def ps(self, request: web.Request) -> web.Response:
+        # api.md "List Running Models" (+ `context_length` from the client's ProcessResponse).
+        return web.json_response({"models": [
+            {"name": m.name, "model": m.name, "size": m.size, "digest": m.digest, "details": m.details,
+             "expires_at": "2099-01-01T00:00:00Z", "size_vram": 0, "context_length": m.context_length}
+            for m in self.models.values()]})
+
+    def _final(self, body: dict[str, Any], prompt_words: int, eval_count: int, started: float,
+               reason: str) -> dict[str, Any]:
+        # api.md "Generate a completion": the final object's statistics, durations in nanoseconds.
+        total = max(int((time.perf_counter() - started) * 1e9), 1000)
+        return {"done": True, "done_reason": reason, "total_duration": total, "load_duration": 1000,
+                "prompt_eval_count": prompt_words, "prompt_eval_duration": total // 4,
+                "eval_count": eval_count, "eval_duration": total // 2}
+
+    def _reply_tokens(self, body: dict[str, Any]) -> tuple[list[str], str]:
+        """The scripted reply cut to `options.num_predict`, and the done_reason that follows."""
+        words = tokens(self.script.reply)
+        limit = (body.get("options") or {}).get("num_predict")
+        if limit is not None and 0 <= limit < len(words):
+            return words[:limit], "length"
+        return words, "stop"
+
+    def _tool_calls(self) -> list[dict[str, Any]]:
+        # api.md "Chat request (with tools)": arguments are an object, not a string.
+        return [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in self.script.tool_calls]
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        body = await request.json()
+        head = {"model": body.get("model", ""), "created_at": _now()}
+        if body.get("model") not in self.models:
+            return self._missing(body.get("model", ""))
+        if not body.get("messages"):  # api.md "Load a model" / "Unload a model" for chat
+            reason = "unload" if body.get("keep_alive") == 0 else "load"
+            return web.json_response({**head, "message": {"role": "assistant", "content": ""},
+                                      "done_reason": reason, "done": True})
+        words, reason = self._reply_tokens(body)
+        prompt_words = sum(len(tokens(m.get("content") or "")) for m in body["messages"])
+        think = self.script.thinking if body.get("think") else ""
+        if body.get("stream", True) is False:  # api.md "Chat request (No streaming)"
+            msg = {"role": "assistant", "content": "".join(words)}
+            if think:
+                msg["thinking"] = think
+            if self.script.tool_calls:
+                msg["tool_calls"] = self._tool_calls()
+            return web.json_response({**head, "message": msg,
+                                      **self._final(body, prompt_words, len(words), started, reason)})
+
+        def lines() -> Iterable[bytes]:  # api.md "Chat Request (Streaming)"
+            for piece in tokens(think):
+                yield _ndjson({**head, "message": {"role": "assistant", "content": "", "thinking": piece},
+                               "done": False})
+            for word in words:
+                yield _ndjson({**head, "message": {"role": "assistant", "content": word}, "done": False})
+            if self.script.tool_calls:
+                yield _ndjson({**head, "message": {"role": "assistant", "content": "",
+                                                   "tool_calls": self._tool_calls()}, "done": False})
+            yield _ndjson({**head, "message": {"role": "assistant", "content": ""},
+                           **self._final(body, prompt_words, len(words), started, reason)})
+        return await self.stream(request, lines(), "application/x-ndjson")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        body = await request.json()
+        head = {"model": body.get("model", ""), "created_at": _now()}
+        if body.get("model") not in self.models:
+            return self._missing(body.get("model", ""))
+        if not body.get("prompt"):  # api.md "Load a model" / "Unload a model"
+            extra = {"done_reason": "unload"} if body.get("keep_alive") == 0 else {}
+            return web.json_response({**head, "response": "", "done": True, **extra})
+        words, reason = self._reply_tokens(body)
+        final = self._final(body, len(tokens(body["prompt"])), len(words), started, reason)
+        if not body.get("raw"):  # api.md "Request (Raw Mode)": raw mode does not return a context
+            final["context"] = list(body.get("context") or []) + list(range(1, len(words) + 2))
+        if body.get("stream", True) is False:  # api.md "Request (No streaming)"
+            return web.json_response({**head, "response": "".join(words), **final})
+
+        def lines() -> Iterable[bytes]:  # api.md "Generate request (Streaming)"
+            for word in words:
+                yield _ndjson({**head, "response": word, "done": False})
+            yield _ndjson({**head, "response": "", **final})
+        return await self.stream(request, lines(), "application/x-ndjson")
+
+    async def embed(self, request: web.Request) -> web.Response:
+        body = await request.json()  # api.md "Generate Embeddings"
+        if body.get("model") not in self.models:
+            return self._missing(body.get("model", ""))
+        inputs = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        dims = body.get("dimensions") or 8
+        return web.json_response({"model": body["model"], "embeddings": [fake_embedding(t, dims) for t in inputs],
+                                  "total_duration": 14143917, "load_duration": 1019500,
+                                  "prompt_eval_count": sum(len(tokens(t)) for t in inputs)})
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()  # api.md "Generate Embedding" (legacy, superseded by /api/embed)
+        if body.get("model") not in self.models:
+            return self._missing(body.get("model", ""))
+        return web.json_response({"embedding": fake_embedding(body.get("prompt", ""), 8)})
+
+    async def _progress(self, request: web.Request, statuses: list[dict[str, Any]]) -> web.StreamResponse:
+        body = await request.json()
+        if body.get("stream", True) is False:  # api.md "Pull a Model": one object when not streamed
+            return web.json_response({"status": "success"})
+        return await self.stream(request, (_ndjson(s) for s in statuses), "application/x-ndjson")
+
+    async def pull(self, request: web.Request) -> web.StreamResponse:
+        name = (await request.json()).get("model", "")
+        self.models.setdefault(name, FakeModel(name))
+        digest = "sha256:" + FakeModel(name).digest  # api.md "Pull a Model" / "Push a Model" progress lines
+        return await self._progress(request, [
+            {"status": "pulling manifest"},
+            {"status": f"downloading {digest}", "digest": digest, "total": 2142590208, "completed": 241970},
+            {"status": f"downloading {digest}", "digest": digest, "total": 2142590208, "completed": 2142590208},
+            {"status": "verifying sha256 digest"}, {"status": "writing manifest"}, {"status": "success"}])
+
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        name = (await request.json()).get("model", "")
+        self.models[name] = FakeModel(name)  # api.md "Create a Model" status lines
+        return await self._progress(request, [{"status": "reading model metadata"},
+                                              {"status": "writing manifest"}, {"status": "success"}])
+
+    async def delete(self, request: web.Request) -> web.Response:
+        name = (await request.json()).get("model", "")  # api.md "Delete a Model": 200, or 404 if missing
+        if self.models.pop(name, None) is None:
+            return self._missing(name)
+        return web.Response()
+
+    async def copy(self, request: web.Request) -> web.Response:
+        body = await request.json()  # api.md "Copy a Model": 200, or 404 if the source is missing
+        if body.get("source") not in self.models:
+            return self._missing(body.get("source", ""))
+        self.models[body["destination"]] = FakeModel(body["destination"])
+        return web.Response()
