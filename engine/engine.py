@@ -1,0 +1,179 @@
+"""The engine loop: scheduler -> model runner -> sampler -> postprocess, in one background thread.
+
+Callers on any thread use `add_request` / `abort` (they only post to an inbox); asyncio callers use
+`generate`, which the loop feeds through `loop.call_soon_threadsafe`. Only the loop thread touches the
+scheduler, the block manager and the KV cache, so none of them needs a lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import torch
+
+from engine.config import EngineConfig, RequestOutput
+from engine.kv_cache import BlockManager
+from engine.loader import load
+from engine.model_runner import ModelRunner, StepInput, num_blocks_for
+from engine.requests import RequestState
+from engine.sampling import SampleRow, Sampler, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+Sink = Callable[[RequestOutput | BaseException], None]
+
+
+class LLMEngine:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, model_info: dict, config: EngineConfig,
+                 num_blocks: int):
+        self.runner, self.tokenizer, self.config = runner, tokenizer, config
+        self.model_info = model_info | {"kv_blocks": num_blocks, "block_size": config.block_size}
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_step_tokens, config.prefill_chunk)
+        self.sampler = Sampler(config.seed)
+        self._ids = itertools.count(1)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._model_lock = threading.Lock()  # the loop's steps vs embed()
+        self._stats = {"steps": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0,
+                       "preemptions": 0}
+        self._snapshot = self._metrics_now()
+        self._thread = threading.Thread(target=self._loop, name="velo-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(cls, path: str, config: EngineConfig | None = None) -> "LLMEngine":
+        """Load a .gguf file or a Hugging Face folder and start the engine thread."""
+        config = config or EngineConfig()
+        dtype = config.torch_dtype()
+        loaded = load(path, dtype, config.device, progress=config.progress)
+        num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device)
+        return cls(ModelRunner(loaded.model, num_blocks, config.block_size), loaded.tokenizer, loaded.info,
+                   config, num_blocks)
+
+    # -- public API (any thread) ---------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> int:
+        """Queue a request; `sink` is called from the engine thread with each RequestOutput (or an
+        exception if the engine fails). Returns the request id for `abort`."""
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        room = self.model_info["context_length"] - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context length "
+                             f"{self.model_info['context_length']}")
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
+        seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops))
+        if self.blocks.blocks_needed(seq.num_tokens + seq.max_tokens - 1) > self.blocks.num_blocks:
+            raise ValueError(f"request needs more KV memory than the engine has ({self.blocks.num_blocks} blocks)")
+        seq.payload = RequestState(params, self.tokenizer, sink)
+        self._inbox.put(("add", seq))
+        return seq.seq_id
+
+    def abort(self, request_id: int) -> None:
+        """Cancel a request; its blocks are freed before the next step."""
+        self._inbox.put(("abort", request_id))
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Stream RequestOutputs; leaving the loop early (break, cancel, close) aborts the request."""
+        import asyncio
+        loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
+        request_id = self.add_request(prompt_ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))
+        done = False
+        try:
+            while not done:
+                out = await outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                done = out.finished
+                yield out
+        finally:
+            if not done:
+                self.abort(request_id)
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text: the mean of the final (normed) hidden states over its tokens, L2-normalised.
+        A causal LM's pooled states make usable but not state-of-the-art embeddings."""
+        vectors = []
+        for text in texts:
+            ids = self.tokenizer.encode(text)[: self.model_info["context_length"]] or [0]
+            with self._model_lock:
+                hidden = self.runner.hidden_states(ids).float().mean(dim=0)
+            vectors.append(torch.nn.functional.normalize(hidden, dim=0).tolist())
+        return vectors
+
+    def metrics(self) -> dict:
+        """A snapshot taken after the last step (running/waiting, KV use and waste, cache hits, tokens)."""
+        return dict(self._snapshot)
+
+    def shutdown(self) -> None:
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    # -- the loop (engine thread only) ---------------------------------------------------------
+
+    def _loop(self) -> None:
+        while self._drain_inbox(block=not self.scheduler.has_work):
+            try:
+                self._step()
+            except Exception as exc:  # fail every live request rather than hang their streams
+                log.exception("engine step failed")
+                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                    self.scheduler.abort(seq.seq_id)
+                    seq.payload.fail(exc)
+            self._snapshot = self._metrics_now()
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.scheduler.abort(seq.seq_id)
+            seq.payload.fail(RuntimeError("engine shut down"))
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued adds and aborts; False once shutdown was asked for."""
+        while True:
+            try:
+                kind, arg = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self.scheduler.add(arg)
+            elif (seq := self.scheduler.abort(arg)) is not None:
+                seq.payload.finish(seq, "abort")
+
+    def _step(self) -> None:
+        plan = self.scheduler.schedule()
+        self._stats["preemptions"] += len(plan.preempted)
+        if plan.is_empty:
+            return
+        self._stats["steps"] += 1
+        inputs = [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples)
+                  for item in plan.items]
+        with self._model_lock:
+            logits = self.runner.execute(inputs, plan.copies)
+        sampling = [item.seq for item in plan.items if item.samples]
+        result = self.sampler(logits, [SampleRow(s.payload.params, s.prompt_ids, s.output_ids, s.payload.generator)
+                                       for s in sampling]) if sampling else None
+        for seq in sampling:
+            if not seq.output_ids:  # first token: count the prompt and its cache hit once
+                self._stats["prompt_tokens"] += seq.num_prompt_tokens
+                self._stats["cached_prompt_tokens"] += seq.num_cached_prefix
+        finished = {s.seq_id: s for s in self.scheduler.postprocess(
+            plan, {s.seq_id: t for s, t in zip(sampling, result.token_ids if result else [])})}
+        for i, seq in enumerate(sampling):
+            state: RequestState = seq.payload
+            if state.on_token(seq, i, result, finished.get(seq.seq_id)) and seq.seq_id not in finished:
+                self.scheduler.abort(seq.seq_id)  # a stop string matched
+        self._stats["generated_tokens"] += len(sampling)
+
+    def _metrics_now(self) -> dict:
+        b = self.blocks
+        return self._stats | {
+            "running": self.scheduler.num_running, "waiting": self.scheduler.num_waiting,
+            "kv_blocks_total": b.num_blocks, "kv_blocks_free": b.num_free_blocks, "kv_usage": b.usage,
+            "kv_waste": b.kv_waste(), "cache_hit_tokens": self._stats["cached_prompt_tokens"]}

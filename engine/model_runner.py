@@ -1,0 +1,93 @@
+"""Tensors in, logits out: owns the model and the paged KV cache, never decides policy.
+
+The KV cache is one tensor per engine, `(layers, 2, slots, kv_heads, head_dim)`, sized from a memory
+budget; slot `block * block_size + offset` holds one token's K and V for every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionBatch, build_group
+from engine.models.llama import LlamaModel
+
+
+@dataclass
+class StepInput:
+    """One sequence's share of a step: tokens at positions [start, start + len(token_ids))."""
+    token_ids: list[int]
+    start: int
+    slots: list[int]          # cache slot of each of those positions
+    block_table: list[int]    # the sequence's blocks, covering positions [0, start + len(token_ids))
+    samples: bool             # whether to return logits for its last token
+
+
+def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
+    cfg = model.cfg
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+
+
+def num_blocks_for(model: LlamaModel, kv_memory: int | float, block_size: int, dtype: torch.dtype,
+                   device: str) -> int:
+    """Blocks that fit in kv_memory: bytes if > 1, else that fraction of the memory free right now."""
+    if kv_memory <= 1:
+        if torch.device(device).type == "cuda":
+            free = torch.cuda.mem_get_info(torch.device(device))[0]
+        else:
+            import os
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        kv_memory = free * kv_memory
+    return max(1, int(kv_memory) // (kv_bytes_per_token(model, dtype) * block_size))
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+        cfg, weight = model.cfg, model.embed_tokens.weight
+        self.model, self.block_size, self.device = model, block_size, weight.device
+        self.kv = torch.zeros(cfg.num_layers, 2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim,
+                              dtype=weight.dtype, device=weight.device)
+        self.caches = [(layer[0], layer[1]) for layer in self.kv]
+
+    @torch.inference_mode()
+    def execute(self, inputs: list[StepInput], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+        """Run one step; returns float logits (n, vocab) for the inputs with `samples`, in order."""
+        self._copy_blocks(copies)
+        token_starts, offset = [], 0
+        for x in inputs:
+            token_starts.append(offset)
+            offset += len(x.token_ids)
+        groups = []
+        for decode in (True, False):  # one group of single-token decodes, one of prefill chunks
+            idx = [i for i, x in enumerate(inputs) if (len(x.token_ids) == 1) == decode]
+            if idx:
+                groups.append(build_group([token_starts[i] for i in idx], [inputs[i].start for i in idx],
+                                          [len(inputs[i].token_ids) for i in idx],
+                                          [inputs[i].block_table for i in idx], self.block_size, self.device))
+        batch = AttentionBatch(
+            positions=self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
+            slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups)
+        hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches)
+        last = [token_starts[i] + len(x.token_ids) - 1 for i, x in enumerate(inputs) if x.samples]
+        return self.model.logits(hidden[self._tensor(last)])
+
+    @torch.inference_mode()
+    def hidden_states(self, token_ids: list[int]) -> torch.Tensor:
+        """Final hidden states (T, hidden) of one sequence, without touching the KV cache."""
+        n = len(token_ids)
+        batch = AttentionBatch(self._tensor(list(range(n))), None,
+                               [build_group([0], [0], [n], None, self.block_size, self.device)])
+        return self.model(self._tensor(token_ids), batch)
+
+    def _copy_blocks(self, copies) -> None:
+        """Copy-on-write: duplicate whole blocks (all layers, K and V) before anyone writes to them."""
+        if not copies:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in copies]).to(self.device)
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in copies]).to(self.device)
+        self.kv[:, :, dst] = self.kv[:, :, src]
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -1,0 +1,1 @@
+"""Model implementations (plain torch)."""

@@ -1,0 +1,183 @@
+"""Llama-family decoder in plain torch: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+
+Own code rather than `transformers` so attention can read and write the paged KV cache. Weights are
+loaded from Hugging Face names (`load_hf_weights`) and fused on the way in: one QKV matmul and one
+gate+up matmul per layer, which matters on CPU where each op has fixed overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBatch, paged_attention
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str            # "llama", "qwen2" or "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: biases on q, k, v
+    qk_norm: bool = False         # Qwen3: RMSNorm on each head's q and k
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies, with Llama 3's wavelength-dependent scaling or linear scaling if set."""
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim)
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return (inv / scaling["factor"]).float()
+    if kind == "llama3":
+        factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        wavelen = 2 * math.pi / inv
+        smooth = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(is_mid, mid, scaled).float()
+    if kind != "default":
+        raise ValueError(f"unsupported rope scaling {kind!r}")
+    return inv.float()
+
+
+class Rotary(nn.Module):
+    """Rotate-half RoPE with a cos/sin table grown on demand."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._cos = self._sin = torch.empty(0)
+
+    def _table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos.shape[0] < n or self._cos.dtype != dtype or self._cos.device != self.inv_freq.device:
+            size = max(n, 2 * self._cos.shape[0], 256)
+            freqs = torch.outer(torch.arange(size, device=self.inv_freq.device).float(), self.inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        return self._cos, self._sin
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+        cos, sin = self._table(int(positions.max()) + 1, xs[0].dtype)
+        cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
+        out = []
+        for x in xs:
+            x1, x2 = x.chunk(2, dim=-1)
+            out.append(x * cos + torch.cat([-x2, x1], dim=-1) * sin)
+        return out
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, rotary: Rotary, batch: AttentionBatch, cache) -> torch.Tensor:
+        cfg, t = self.cfg, x.shape[0]
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, cfg.num_heads, cfg.head_dim)
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(batch.positions, q, k)
+        return self.o_proj(paged_attention(q, k, v, cache, batch).reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rotary, batch, cache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, batch, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """forward(token ids (T,), batch, caches) -> final hidden states (T, hidden); logits(hidden)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch,
+                caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.rotary, batch, caches[i] if caches is not None else None)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load tensors named as in Hugging Face checkpoints (`model.layers.0.self_attn.q_proj.weight`),
+        fusing q/k/v and gate/up. Missing or unexpected tensors raise."""
+        w = {k.removeprefix("model."): v for k, v in weights.items()}
+        if self.lm_head is None:
+            w.pop("lm_head.weight", None)
+        for i in range(self.cfg.num_layers):
+            p = f"layers.{i}."
+            for kind in ("weight", "bias") if self.cfg.attention_bias else ("weight",):
+                w[f"{p}self_attn.qkv.{kind}"] = torch.cat(
+                    [w.pop(f"{p}self_attn.{n}_proj.{kind}") for n in "qkv"])
+            w.pop(f"{p}self_attn.o_proj.bias", None)
+            w[f"{p}mlp.gate_up.weight"] = torch.cat([w.pop(f"{p}mlp.gate_proj.weight"), w.pop(f"{p}mlp.up_proj.weight")])
+        self.load_state_dict(w, strict=True, assign=True)

@@ -1,0 +1,78 @@
+"""Per-request postprocessing on the engine thread: detokenize, cut at stop strings, build outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engine.config import RequestOutput
+from engine.sampling import SampleResult, SamplingParams
+from engine.sequence import Sequence
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class RequestState:
+    """Lives in `Sequence.payload`. Holds back the last `len(longest stop) - 1` characters so a stop
+    string split across tokens is never streamed before it is recognised."""
+
+    def __init__(self, params: SamplingParams, tokenizer: Tokenizer, sink: Callable):
+        self.params, self.tokenizer, self.sink = params, tokenizer, sink
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.text, self.sent = "", 0
+        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.done = False
+
+    def on_token(self, seq: Sequence, row: int, result: SampleResult, finished: Sequence | None) -> bool:
+        """Handle the token just appended to seq; True if a stop string ended the request here."""
+        token = seq.output_ids[-1]
+        reason = finished.finish_reason if finished else None
+        hit_stop_token = reason == "stop" and token in seq.stop_token_ids
+        before = len(self.text)
+        self.text += "" if hit_stop_token else self.detok.push(token)
+        if reason:
+            self.text += self.detok.flush()
+        cut = self._find_stop(max(0, before - self.holdback))
+        if cut is not None:
+            self.text, reason = self.text[:cut], "stop"
+        end = len(self.text) if reason else max(self.sent, len(self.text) - self.holdback)
+        self._emit(seq, self.text[self.sent:end], [token], reason, self._logprobs(token, row, result))
+        self.sent = end
+        return cut is not None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End without a new token (abort): flush what is held back."""
+        self.text += self.detok.flush()
+        self._emit(seq, self.text[self.sent:], [], reason, None)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done:
+            self.done = True
+            self._send(exc)
+
+    def _find_stop(self, start: int) -> int | None:
+        hits = [i for s in self.params.stop if s and (i := self.text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def _emit(self, seq: Sequence, text: str, token_ids: list[int], reason: str | None, logprobs) -> None:
+        if self.done:
+            return
+        self.done = reason is not None
+        self._send(RequestOutput(seq.seq_id, text, token_ids, reason is not None, reason, seq.num_prompt_tokens,
+                                 seq.num_cached_prefix, len(seq.output_ids), logprobs))
+
+    def _send(self, out) -> None:
+        try:
+            self.sink(out)
+        except RuntimeError:  # the caller's event loop is gone; nobody is listening any more
+            pass
+
+    def _logprobs(self, token: int, row: int, result: SampleResult) -> list[dict] | None:
+        if not (self.params.logprobs or self.params.top_logprobs) or result.logprobs is None:
+            return None
+        decode = self.tokenizer.decode
+        top = [{"token_id": t, "token": decode([t], skip_special_tokens=False), "logprob": lp}
+               for t, lp in result.top_logprobs[row]]
+        return [{"token_id": token, "token": decode([token], skip_special_tokens=False),
+                 "logprob": result.logprobs[row], "top_logprobs": top}]

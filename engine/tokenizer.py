@@ -1,0 +1,158 @@
+"""Tokenizer and chat template from the model's own metadata, plus UTF-8-safe streaming detokenization.
+
+GGUF files carry a byte-level BPE vocabulary (`tokenizer.ggml.*`) that we rebuild as a `tokenizers`
+pipeline; Hugging Face folders ship `tokenizer.json`. Chat templates are rendered with jinja2 in a
+sandbox, the way `transformers` does (trim_blocks, lstrip_blocks, `tojson`, `raise_exception`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
+# Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (llama.cpp's names).
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+_SPLIT_REGEX = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2}
+
+
+class Tokenizer:
+    def __init__(self, tk: HFTokenizer, chat_template: str | None, bos_token: str | None,
+                 eos_token: str | None, eos_token_ids: list[int]):
+        self.tk = tk
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.eos_token_ids = eos_token_ids  # tokens that end generation unless the request ignores eos
+        self._template: jinja2.Template | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; adds the BOS token if the model wants one and the text does not start with it
+        (chat templates usually write it themselves)."""
+        add = add_special_tokens and not (self.bos_token and text.startswith(self.bos_token))
+        return self.tk.encode(text, add_special_tokens=add).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **kwargs) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template")
+        if self._template is None:
+            self._template = _jinja_env().from_string(self.chat_template)
+        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+
+    @classmethod
+    def from_hf_folder(cls, path: str) -> "Tokenizer":
+        tk = HFTokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        conf = _read_json(os.path.join(path, "tokenizer_config.json"))
+        template = conf.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+        jinja_file = os.path.join(path, "chat_template.jinja")
+        if template is None and os.path.exists(jinja_file):
+            with open(jinja_file) as f:
+                template = f.read()
+        bos, eos = _token_text(conf.get("bos_token")), _token_text(conf.get("eos_token"))
+        eos_ids = _read_json(os.path.join(path, "generation_config.json")).get("eos_token_id", [])
+        eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+        if eos is not None and tk.token_to_id(eos) is not None and tk.token_to_id(eos) not in eos_ids:
+            eos_ids.append(tk.token_to_id(eos))
+        return cls(tk, template, bos, eos, eos_ids)
+
+    @classmethod
+    def from_gguf(cls, reader, meta: dict) -> "Tokenizer":
+        """Rebuild a byte-level BPE tokenizer (`tokenizer.ggml.model == "gpt2"`) from GGUF fields."""
+        if meta.get("tokenizer.ggml.model") != "gpt2":
+            raise ValueError(f"GGUF tokenizer {meta.get('tokenizer.ggml.model')!r} is not supported (only BPE)")
+        tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+        merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+        types = reader.fields["tokenizer.ggml.token_type"].contents()
+        tk = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=False))
+        tk.pre_tokenizer = _gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                               for t, kind in zip(tokens, types) if kind in (3, 4)])  # control, user-defined
+        bos_id, eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+        bos = tokens[bos_id] if bos_id is not None else None
+        if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
+            tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
+        eos_ids = [i for i in (eos_id, meta.get("tokenizer.ggml.eot_token_id")) if i is not None]
+        return cls(tk, meta.get("tokenizer.chat_template"), bos, tokens[eos_id] if eos_id is not None else None,
+                   list(dict.fromkeys(eos_ids)))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas that never end inside a UTF-8 character:
+    a delta is held back while the decoded tail is still a replacement character (vLLM's scheme,
+    decoding only a short window so the cost per token stays constant)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = self.read = 0  # window [prefix, read) is already emitted text
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        emitted = decode(self.ids[self.prefix:self.read])
+        text = decode(self.ids[self.prefix:])
+        if len(text) <= len(emitted) or text.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(emitted):]
+
+    def flush(self) -> str:
+        """Whatever is still held back (at the end of a request, broken bytes and all)."""
+        emitted = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return text[len(emitted):]
+
+
+def _gguf_pre_tokenizer(pre: str):
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre not in _SPLIT_REGEX)
+    if pre in _SPLIT_REGEX:
+        split = pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre]), behavior="isolated")
+        return pre_tokenizers.Sequence([split, byte_level])
+    if pre in ("smollm", "starcoder", "refact"):
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    return byte_level  # "gpt2", "default": GPT-2's own regex
+
+
+def _jinja_env() -> jinja2.Environment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _token_text(token) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
