@@ -13,7 +13,7 @@ def seq(seq_id, prompt, max_tokens=8):
 
 
 def finish_prefill(bm, s):
-    """Pretend the runner computed every known token but the last sampled one."""
+    """Pretend the runner computed every known token (the next sampled one is not appended yet)."""
     assert bm.append_slots(s, s.num_tokens - s.num_computed) == []
     s.num_computed = s.num_tokens
 
