@@ -30,7 +30,7 @@ async def read_json(request: web.Request) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as e:
-        raise PayloadTooLarge(f"request body is larger than the limit of {e.max_size} bytes") from e
+        raise PayloadTooLarge(f"request body is larger than the limit of {request.client_max_size} bytes") from e
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:

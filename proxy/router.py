@@ -32,18 +32,18 @@ class Router:
     async def resolve(self, model: str) -> Target:
         if not model:
             raise ModelNotFound(model)
-        target = self._static(model)
-        if target is None and model not in self._listed:
-            await self.list_models()  # a model pulled since the last listing
-        return target or self._from_listing(model) or self._default(model)
-
-    def _static(self, model: str) -> Target | None:
         alias = self.config.aliases.get(model)
         if alias is not None:
             backend, sep, name = alias.partition(":")
             if sep and backend in self.backends:
                 return Target(self.backends[backend], name)
             model = alias
+        target = self._routed(model)
+        if target is None and model not in self._listed:
+            await self.list_models()  # a model pulled since the last listing
+        return target or self._from_listing(model) or self._default(model)
+
+    def _routed(self, model: str) -> Target | None:
         for exact in (True, False):
             for route in self.config.routes:
                 hit = route.match == model if exact else fnmatch.fnmatchcase(model, route.match)

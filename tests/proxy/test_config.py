@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_example_config_parses_and_documents_every_backend_kind():
+    cfg = load_config(ROOT / "config.example.toml")
+    assert {b.kind for b in cfg.backends} == {"ollama", "llamacpp", "openai", "engine"}
+    assert cfg.default_backend in {b.name for b in cfg.backends}
+
+
+def test_minimal_backend_and_url_shorthand():
+    cfg = parse_config({"backends": [{"name": "o", "kind": "ollama", "url": "http://h:1"}]})
+    assert cfg.backends[0].urls == ["http://h:1"] and cfg.server.port == 8000
+
+
+@pytest.mark.parametrize("raw, path", [
+    ({"backends": [{"name": "x", "kind": "vllm", "url": "u"}]}, "backends[0].kind"),
+    ({"backends": [{"name": "x", "kind": "ollama"}]}, "backends[0].url"),
+    ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "colour": 1}]}, "backends[0].colour"),
+    ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "max_concurrency": "4"}]}, "backends[0].max_concurrency"),
+    ({"server": {"port": "8000"}}, "server.port"),
+    ({"server": {"port": True}}, "server.port"),
+    ({"routes": [{"match": "*", "backend": "ghost"}]}, "routes[0].backend"),
+    ({"default_backend": "ghost"}, "default_backend"),
+    ({"aliases": {"gpt-4": "ghost:m"}}, "aliases.gpt-4"),
+    ({"backends": {"name": "x"}}, "backends"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_errors_name_the_key_path(raw, path):
+    with pytest.raises(ConfigError, match=path.replace("[", r"\[").replace("]", r"\]")):
+        parse_config(raw)
+
+
+def test_bad_toml_is_a_config_error(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[server\nport = 1")
+    with pytest.raises(ConfigError):
+        load_config(p)

@@ -1,0 +1,122 @@
+"""The Ollama native API as Continue and Open WebUI use it, driven by the real `ollama` client package."""
+from __future__ import annotations
+
+import ollama
+import orjson
+import pytest
+
+from adapters.protocol import ToolCall
+from tests.scripted import ScriptedBackend
+
+
+async def test_chat_streams_ndjson_with_final_timings(client, scripted: ScriptedBackend):
+    resp = await client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                               "options": {"num_predict": 7, "temperature": 0, "stop": ["\n"],
+                                                           "num_ctx": 2048, "mirostat": 1}})
+    assert resp.status == 200 and resp.content_type == "application/x-ndjson"
+    lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+    assert "".join(line["message"]["content"] for line in lines) == "Hello world"
+    assert [line["done"] for line in lines] == [False, False, False, True]
+    final = lines[-1]
+    assert final["done_reason"] == "stop" and final["eval_count"] == 3 and final["prompt_eval_count"] == 5
+    assert {"total_duration", "load_duration", "prompt_eval_duration", "eval_duration"} <= final.keys()
+    opts = scripted.requests[0].options
+    assert (opts.max_tokens, opts.temperature, opts.stop, opts.num_ctx) == (7, 0.0, ["\n"], 2048)
+    assert opts.extra == {"mirostat": 1}
+
+
+async def test_real_ollama_client_chat_stream_and_tools(base_url, scripted: ScriptedBackend):
+    scripted.script.tool_calls = [ToolCall(name="get_weather", arguments={"city": "Paris"})]
+    c = ollama.AsyncClient(host=base_url)
+    parts = [p async for p in await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                             tools=[{"type": "function", "function": {"name": "get_weather",
+                                                     "parameters": {"type": "object"}}}])]
+    assert "".join(p.message.content or "" for p in parts) == "Hello world"
+    calls = [tc for p in parts for tc in (p.message.tool_calls or [])]
+    assert calls[0].function.name == "get_weather" and calls[0].function.arguments == {"city": "Paris"}
+    assert scripted.requests[0].tools[0].name == "get_weather"
+
+
+async def test_real_ollama_client_generate_fim_embed_tags_show(base_url, scripted: ScriptedBackend):
+    c = ollama.AsyncClient(host=base_url)
+    out = await c.generate(model="tiny", prompt="def f(", suffix="\n  return x", raw=True, stream=False,
+                           options={"num_predict": 16})
+    assert out.response == "Hello world" and out.done
+    req = scripted.requests[-1]
+    assert (req.prompt, req.suffix, req.raw, req.options.max_tokens) == ("def f(", "\n  return x", True, 16)
+    emb = await c.embed(model="tiny", input=["a", "bbb"])
+    assert [e[0] for e in emb.embeddings] == [1.0, 3.0]
+    tags = await c.list()
+    assert [m.model for m in tags.models] == ["tiny:latest"]
+    shown = await c.show("tiny")
+    assert shown.modelinfo["llama.context_length"] == 8192 and "tools" in shown.capabilities
+    assert (await c.ps()).models[0].model == "tiny:latest"
+
+
+async def test_generate_context_and_load_only(client, scripted: ScriptedBackend):
+    resp = await client.post("/api/generate", json={"model": "tiny", "prompt": ""})
+    assert (await resp.json())["done_reason"] == "load"
+    resp = await client.post("/api/generate", json={"model": "tiny", "prompt": "", "keep_alive": 0})
+    assert (await resp.json())["done_reason"] == "unload"
+    assert scripted.requests == []  # loading is answered without generating
+    resp = await client.post("/api/generate", json={"model": "tiny", "prompt": "x", "context": [1, 2], "stream": False})
+    body = await resp.json()
+    assert body["response"] == "Hello world" and scripted.requests[0].context == [1, 2]
+
+
+async def test_legacy_embeddings_and_version_and_root(client):
+    resp = await client.post("/api/embeddings", json={"model": "tiny", "prompt": "abcd"})
+    assert (await resp.json())["embedding"][0] == 4.0
+    assert (await (await client.get("/api/version")).json())["version"]
+    root = await client.get("/")
+    assert root.status == 200 and await root.text() == "Ollama is running"
+    assert (await client.head("/")).status == 200
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b"", 400, "empty"),
+    (orjson.dumps({"messages": []}), 400, "model is required"),
+    (orjson.dumps({"model": "tiny", "messages": "hi"}), 400, "messages must be an array"),
+    (orjson.dumps({"model": "tiny", "messages": [{"content": "x"}]}), 400, "role is required"),
+    (orjson.dumps({"model": "tiny", "messages": [], "options": {"temperature": "hot"}}), 400, "temperature"),
+    (orjson.dumps({"model": "tiny", "messages": [], "stream": "yes"}), 400, "stream must be a boolean"),
+    (orjson.dumps({"model": "tiny", "messages": [], "format": 5}), 400, "format"),
+])
+async def test_bad_chat_input_gets_ollama_error(client, scripted, body, status, fragment):
+    resp = await client.post("/api/chat", data=body)
+    assert resp.status == status
+    err = await resp.json()
+    assert set(err) == {"error"} and fragment in err["error"]
+    assert scripted.requests == []
+
+
+async def test_oversized_body_is_413_in_ollama_dialect(client):
+    resp = await client.post("/api/chat", data=b'{"model": "tiny", "prompt": "' + b"x" * 70_000 + b'"}')
+    assert resp.status == 413 and "larger than the limit" in (await resp.json())["error"]
+
+
+async def test_unknown_route_and_method(client):
+    resp = await client.get("/api/nothing")
+    assert resp.status == 404 and "error" in await resp.json()
+    resp = await client.get("/api/chat")
+    assert resp.status == 405 and "POST" in (await resp.json())["error"]
+
+
+async def test_mid_stream_failure_ends_with_error_line(client, scripted: ScriptedBackend):
+    scripted.script.fail_after = 2
+    resp = await client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+    assert resp.status == 200 and lines[-1] == {"error": "scripted backend broke mid-stream"}
+
+
+async def test_failure_before_first_chunk_is_an_http_error(client, scripted: ScriptedBackend):
+    scripted.script.fail_after = 0
+    resp = await client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert resp.status == 502 and "broke" in (await resp.json())["error"]
+
+
+async def test_management_calls_need_an_ollama_backend(client):
+    resp = await client.post("/api/pull", json={"model": "llama3"})
+    assert resp.status == 501 and "Ollama backend" in (await resp.json())["error"]

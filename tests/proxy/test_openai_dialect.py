@@ -1,0 +1,149 @@
+"""The OpenAI API under /v1, driven by the real `openai` client package, plus raw-wire checks of the SSE shape."""
+from __future__ import annotations
+
+import base64
+import struct
+
+import openai
+import orjson
+import pytest
+
+from adapters.protocol import ToolCall
+from tests.scripted import ScriptedBackend
+
+
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+
+
+async def test_chat_non_stream_with_options(base_url, scripted: ScriptedBackend):
+    out = await _client(base_url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=9, temperature=0.5,
+        top_p=0.9, stop=["END"], seed=3, presence_penalty=0.1, frequency_penalty=0.2)
+    assert out.choices[0].message.content == "Hello world" and out.choices[0].finish_reason == "stop"
+    assert out.usage.prompt_tokens == 5 and out.usage.completion_tokens == 3
+    o = scripted.requests[0].options
+    assert (o.max_tokens, o.temperature, o.top_p, o.stop, o.seed, o.presence_penalty, o.frequency_penalty) == \
+        (9, 0.5, 0.9, ["END"], 3, 0.1, 0.2)
+
+
+async def test_chat_stream_with_usage_and_tool_calls(base_url, scripted: ScriptedBackend):
+    scripted.script.tool_calls = [ToolCall(name="lookup", arguments={"q": "velo"}, id="call_1")]
+    stream = await _client(base_url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+        stream_options={"include_usage": True},
+        tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}])
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello world"
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls[0].function.name == "lookup" and orjson.loads(calls[0].function.arguments) == {"q": "velo"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 8
+
+
+async def test_sse_wire_ends_with_done(client):
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True,
+                                                          "messages": [{"role": "user", "content": "x"}]})
+    assert resp.content_type == "text/event-stream"
+    events = [e for e in (await resp.text()).split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+
+
+async def test_n_choices_and_multimodal_parts(base_url, scripted: ScriptedBackend):
+    out = await _client(base_url).chat.completions.create(
+        model="tiny", n=2, seed=1, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is"}, {"type": "text", "text": " this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}}]}])
+    assert [c.index for c in out.choices] == [0, 1]
+    assert scripted.requests[0].messages[0].content == "what is this?"
+    assert scripted.requests[0].messages[0].images == ["QUJD"]
+    assert {r.options.seed for r in scripted.requests} == {1, 2}
+
+
+async def test_assistant_tool_history_is_parsed(client, scripted: ScriptedBackend):
+    messages = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})
+    assert resp.status == 200
+    parsed = scripted.requests[0].messages
+    assert parsed[1].tool_calls[0].arguments == {"a": 1} and parsed[2].tool_call_id == "c1"
+
+
+async def test_response_format_json_schema(client, scripted: ScriptedBackend):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})
+    assert [r.format for r in scripted.requests] == [schema, "json"]
+
+
+async def test_completions_fim_and_stream(base_url, scripted: ScriptedBackend):
+    c = _client(base_url)
+    out = await c.completions.create(model="tiny", prompt="def add(a, b):", suffix="\n", max_tokens=8)
+    assert out.choices[0].text == "Hello world" and scripted.requests[0].suffix == "\n"
+    stream = await c.completions.create(model="tiny", prompt="x", stream=True)
+    assert "".join([ch.choices[0].text async for ch in stream]) == "Hello world"
+
+
+async def test_embeddings_float_and_base64(base_url):
+    c = _client(base_url)
+    out = await c.embeddings.create(model="tiny", input=["ab", "abcd"])
+    assert [d.embedding[0] for d in out.data] == [2.0, 4.0]
+    raw = await c.embeddings.with_raw_response.create(model="tiny", input="abc", encoding_format="base64")
+    vec = struct.unpack("<3f", base64.b64decode(orjson.loads(raw.content)["data"][0]["embedding"]))
+    assert vec == (3.0, 1.0, 0.0)
+
+
+async def test_models_listing(base_url):
+    c = _client(base_url)
+    assert [m.id async for m in c.models.list()] == ["tiny:latest"]
+    assert (await c.models.retrieve("tiny:latest")).id == "tiny:latest"
+    with pytest.raises(openai.NotFoundError):
+        await c.models.retrieve("nope")
+
+
+@pytest.mark.parametrize("body, fragment, param", [
+    ({"model": "tiny"}, "messages is required", "messages"),
+    ({"model": "tiny", "messages": []}, "must not be empty", "messages"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model is required", "model"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens", "max_tokens"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 99}, "n must be", "n"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "response_format", "response_format"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "not valid JSON", "messages"),
+])
+async def test_bad_input_gets_openai_error(client, scripted, body, fragment, param):
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 400
+    err = (await resp.json())["error"]
+    assert fragment in err["message"] and err["type"] == "invalid_request_error" and err["param"] == param
+    assert scripted.requests == []
+
+
+async def test_openai_client_sees_typed_errors(base_url, scripted: ScriptedBackend):
+    c = _client(base_url)
+    with pytest.raises(openai.BadRequestError):
+        await c.chat.completions.create(model="tiny", messages=[])
+    scripted.script.fail_after = 0
+    with pytest.raises(openai.APIStatusError) as info:
+        await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 502
+
+
+async def test_oversized_body_is_413_in_openai_dialect(client):
+    resp = await client.post("/v1/chat/completions", data=b'{"model": "' + b"x" * 70_000 + b'"}')
+    assert resp.status == 413 and (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_mid_stream_failure_sends_error_event(client, scripted: ScriptedBackend):
+    scripted.script.fail_after = 1
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True,
+                                                          "messages": [{"role": "user", "content": "x"}]})
+    events = [e for e in (await resp.text()).split("\n\n") if e]
+    assert orjson.loads(events[-1][len("data: "):])["error"]["message"] == "scripted backend broke mid-stream"
