@@ -12,6 +12,7 @@ from adapters.base import Backend
 from adapters.errors import NotFound, VeloError
 
 from . import routes_ollama, routes_openai
+from .cache import CacheLayer
 from .config import Config
 from .context import context_for
 from .http_io import dialect_of, error_response, json_response
@@ -67,12 +68,16 @@ async def _healthy(backend: Backend) -> bool:
         return False
 
 
-def _backends_ctx(backends: dict[str, Backend]) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        await asyncio.gather(*(b.start() for b in backends.values()))
-        yield
-        await asyncio.gather(*(b.close() for b in backends.values()), return_exceptions=True)
-    return ctx
+async def _backends_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Backends open first, then the layers that ask them things (slots) or load models (semantic cache)."""
+    backends, pipeline, config = app[BACKENDS], app[PIPELINE], app[CONFIG]
+    await asyncio.gather(*(b.start() for b in backends.values()))
+    await pipeline.start()
+    if config.cache.enabled:
+        pipeline.cache = await CacheLayer.create(config.cache)
+    yield
+    await pipeline.close()
+    await asyncio.gather(*(b.close() for b in backends.values()), return_exceptions=True)
 
 
 def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.Application:
@@ -83,8 +88,8 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[errors_in_dialect])
     router = Router(config, backends)
     app[CONFIG], app[BACKENDS], app[ROUTER] = config, backends, router
-    app[PIPELINE] = Pipeline(router)
-    app.cleanup_ctx.append(_backends_ctx(backends))
+    app[PIPELINE] = Pipeline(router, batching=config.batching, tools=config.tools)
+    app.cleanup_ctx.append(_backends_ctx)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     routes_ollama.add_routes(app)

@@ -8,6 +8,9 @@ from typing import Any
 
 from adapters.base import BackendConfig
 
+from .batching.config import BatchingConfig, BatchingConfigError
+from .cache.config import CacheConfig, CacheConfigError
+
 BACKEND_KINDS = ("ollama", "llamacpp", "openai", "engine")
 
 
@@ -48,8 +51,8 @@ class Config:
     aliases: dict[str, str] = field(default_factory=dict)  # client name -> "backend:model" or "model"
     default_backend: str | None = None
     tools: ToolsConfig = field(default_factory=ToolsConfig)
-    cache: dict[str, Any] = field(default_factory=dict)  # read by proxy.cache
-    batching: dict[str, Any] = field(default_factory=dict)  # read by proxy.batching
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:
@@ -74,14 +77,21 @@ def parse_config(raw: dict[str, Any]) -> Config:
         aliases=_table(raw, "aliases"),
         default_backend=raw.get("default_backend"),
         tools=_dataclass_from(ToolsConfig, raw.get("tools", {}), "tools"),
-        cache=_table(raw, "cache"),
-        batching=_table(raw, "batching"),
+        cache=_section(CacheConfig.from_dict, _table(raw, "cache")),
+        batching=_section(BatchingConfig.from_dict, _table(raw, "batching")),
     )
     unknown = set(raw) - {f.name for f in fields(Config)}
     if unknown:
         raise ConfigError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
     _check_references(cfg)
     return cfg
+
+
+def _section(parse: Any, raw: dict[str, Any]) -> Any:
+    try:
+        return parse(raw)
+    except (CacheConfigError, BatchingConfigError, TypeError) as e:
+        raise ConfigError(str(e)) from e
 
 
 def _check_references(cfg: Config) -> None:

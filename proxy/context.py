@@ -8,6 +8,8 @@ from aiohttp import web
 
 from adapters.errors import Unauthorized
 
+CONTEXT = "velo.context"  # request key: the RequestContext built by the middleware
+
 
 @dataclass
 class RequestContext:

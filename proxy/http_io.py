@@ -16,7 +16,8 @@ from aiohttp import web
 from adapters.errors import BadRequest, PayloadTooLarge, VeloError
 from adapters.protocol import Chunk
 
-from .context import RequestContext
+from .cache.policy import bypass_requested
+from .context import CONTEXT, RequestContext
 from .dialects import ollama, openai
 
 log = logging.getLogger("velo.http")
@@ -34,9 +35,13 @@ async def read_json(request: web.Request) -> Any:
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        return orjson.loads(raw)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from e
+    ctx = request.get(CONTEXT)
+    if ctx is not None and isinstance(body, dict):
+        ctx.cache_bypass = bypass_requested(request.headers, body)
+    return body
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -1,39 +1,122 @@
-"""The request path below the dialects: route -> backend. One object, built once per app."""
+"""The request path below the dialects, one object built once per app:
+
+    route -> cache lookup -> single-flight coalescing -> backend admission queue -> adapter
+                      tool-call / structured-output repair on the way back, then the cache store
+
+Every layer sees the internal model only (adapters.protocol), so both dialects and every backend share it.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import AsyncIterator
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Callable
 
 from adapters.base import Backend
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult
 
+from .batching import LATENCY_CRITICAL, AdmissionController, Coalescer, EmbedBatcher
+from .batching.config import BatchingConfig
+from .cache import CacheLayer
+from .cache.keys import exact_key
+from .config import ToolsConfig
 from .context import RequestContext
-from .router import Router
+from .router import Router, Target
+from .tools.metrics import ToolMetrics
+from .tools.stream import repair_stream
+
+log = logging.getLogger("velo.pipeline")
+
+Request = ChatRequest | CompletionRequest
+StreamFn = Callable[[Backend, Request], AsyncIterator[Chunk]]
 
 
 @dataclass
 class Pipeline:
     router: Router
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    cache: CacheLayer | None = None  # set once opened (the semantic tier loads a model)
+    coalescer: Coalescer = field(default_factory=Coalescer)
+    tool_metrics: ToolMetrics = field(default_factory=ToolMetrics)
+    _admission: dict[str, AdmissionController] = field(default_factory=dict)
+    _embedders: dict[str, EmbedBatcher] = field(default_factory=dict)
+
+    async def start(self) -> None:
+        """Sizes each backend's admission queue from what it reports (e.g. llama-server slots)."""
+        for name, backend in self.router.backends.items():
+            limit = max(1, await backend.concurrency())
+            self._admission[name] = AdmissionController(limit=limit, max_queue=self.batching.max_queue)
+            self._embedders[name] = EmbedBatcher(backend.embed, self.batching.embed_window_ms,
+                                                 self.batching.embed_max_inputs)
+
+    async def close(self) -> None:
+        for batcher in self._embedders.values():
+            await batcher.close()
+        if self.cache is not None:
+            await self.cache.close()
+
+    def admission(self, backend: str) -> AdmissionController:
+        return self._admission[backend]
 
     async def chat(self, req: ChatRequest, ctx: RequestContext) -> AsyncIterator[Chunk]:
-        target = await self.router.resolve(req.model)
-        async for chunk in self._guarded(target.backend, target.backend.chat(replace(req, model=target.model))):
+        async for chunk in self._generate(req, ctx, lambda b, r: b.chat(r)):  # type: ignore[arg-type]
             yield chunk
 
     async def complete(self, req: CompletionRequest, ctx: RequestContext) -> AsyncIterator[Chunk]:
-        target = await self.router.resolve(req.model)
-        async for chunk in self._guarded(target.backend, target.backend.complete(replace(req, model=target.model))):
+        async for chunk in self._generate(req, ctx, lambda b, r: b.complete(r)):  # type: ignore[arg-type]
             yield chunk
 
     async def embed(self, req: EmbedRequest, ctx: RequestContext) -> EmbedResult:
         target = await self.router.resolve(req.model)
-        return await target.backend.embed(replace(req, model=target.model))
+        req = replace(req, model=target.model)
+        batcher = self._embedders.get(target.backend.name)
+        return await (batcher.embed(req) if batcher else target.backend.embed(req))
 
-    @staticmethod
-    async def _guarded(backend: Backend, stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-        """Closes the backend stream whatever happens above, which cancels the backend's work."""
-        try:
-            async for chunk in stream:
+    async def _generate(self, req: Request, ctx: RequestContext, call: StreamFn) -> AsyncIterator[Chunk]:
+        target = await self.router.resolve(req.model)
+        hit = await self._lookup(req, ctx)
+        if hit is not None:
+            for chunk in hit:
                 yield chunk
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            return
+        stream = self._shared(req, ctx, target, call)
+        if isinstance(req, ChatRequest) and self.tools.repair:
+            stream = repair_stream(stream, req, self.tool_metrics)
+        chunks: list[Chunk] = []
+        async with contextlib.aclosing(stream):  # closing cancels the backend work below
+            async for chunk in stream:
+                chunks.append(chunk)
+                yield chunk
+        if self.cache is not None and ctx.cache_status == "miss":
+            await self.cache.store(req, ctx.tenant, chunks, route=req.model)
+
+    async def _lookup(self, req: Request, ctx: RequestContext) -> list[Chunk] | None:
+        if self.cache is None:
+            ctx.cache_status = "off"
+            return None
+        hit = await self.cache.lookup(req, ctx.tenant, ctx.cache_bypass, route=req.model)
+        ctx.cache_status = hit.kind if hit else ("bypass" if ctx.cache_bypass else "miss")
+        return hit.chunks if hit else None
+
+    def _shared(self, req: Request, ctx: RequestContext, target: Target, call: StreamFn) -> AsyncIterator[Chunk]:
+        """Deterministic requests identical to one in flight (same tenant) ride on its backend call."""
+        factory = lambda: self._admitted(req, ctx, target, call)  # noqa: E731
+        if self.batching.coalesce and req.options.deterministic:
+            return self.coalescer.stream(exact_key(req, ctx.tenant), factory)
+        return factory()
+
+    async def _admitted(self, req: Request, ctx: RequestContext, target: Target, call: StreamFn
+                        ) -> AsyncIterator[Chunk]:
+        """Holds one of the backend's slots for the whole stream; autocomplete jumps the queue and a newer one
+        from the same client replaces the older."""
+        supersede = None
+        if ctx.priority == LATENCY_CRITICAL and self.batching.supersede_autocomplete:
+            supersede = f"{ctx.tenant}:{ctx.client}:autocomplete"
+        admission = self._admission.get(target.backend.name)
+        slot = admission.slot(ctx.priority, ctx.client, supersede) if admission else contextlib.nullcontext()
+        async with slot:
+            stream = call(target.backend, replace(req, model=target.model))
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for chunk in stream:
+                    yield chunk

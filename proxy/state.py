@@ -6,6 +6,7 @@ from aiohttp import web
 from adapters.base import Backend
 
 from .config import Config
+from .context import CONTEXT  # noqa: F401 - the request key lives with RequestContext
 from .pipeline import Pipeline
 from .router import Router
 
@@ -13,4 +14,3 @@ CONFIG = web.AppKey("config", Config)
 BACKENDS = web.AppKey("backends", dict[str, Backend])
 ROUTER = web.AppKey("router", Router)
 PIPELINE = web.AppKey("pipeline", Pipeline)
-CONTEXT = "velo.context"  # request key: the RequestContext built by the middleware

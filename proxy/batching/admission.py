@@ -1,0 +1,167 @@
+"""Per-backend admission: a concurrency limit, a bounded priority queue, fairness, supersession, backpressure.
+
+Local backends serve a few requests at once (llama-server slots, OLLAMA_NUM_PARALLEL) and slow down or fail when
+oversubscribed. Velo holds the rest here, where it can order them: lower `priority` first (autocomplete/FIM is
+latency-critical), round-robin among clients at the same priority, and a newer autocomplete from the same client
+replaces the older one, as IDEs expect.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import OrderedDict, deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from adapters.errors import Overloaded, VeloError
+
+LATENCY_CRITICAL = 0  # autocomplete / fill-in-the-middle
+NORMAL = 1
+BACKGROUND = 2  # indexing, titles
+
+
+class Superseded(VeloError):
+    """A newer request with the same supersede key replaced this one; the edge closes it like nginx's 499."""
+
+    status = 499
+    kind = "request_superseded"
+
+
+@dataclass(eq=False)
+class _Ticket:
+    priority: int
+    client: str
+    supersede_key: str | None
+    granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    task: asyncio.Task | None = None  # set once running, so a supersession can interrupt it
+    superseded: bool = False
+
+
+@dataclass
+class AdmissionController:
+    """`async with controller.slot(priority, client, supersede_key):` runs the body holding one of `limit` slots.
+
+    Raises `Overloaded` (with `retry_after`) when `max_queue` requests already wait, and `Superseded` in a
+    request that a newer one with the same `supersede_key` replaced, whether it was queued or running.
+    """
+
+    limit: int
+    max_queue: int
+    running: int = 0
+    _queues: dict[int, OrderedDict[str, deque[_Ticket]]] = field(default_factory=dict)
+    _by_key: dict[str, _Ticket] = field(default_factory=dict)
+    _queued: int = 0
+    _mean_hold_s: float = 1.0  # moving average of slot hold times, for Retry-After
+
+    def __post_init__(self) -> None:
+        assert self.limit >= 1 and self.max_queue >= 0
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @asynccontextmanager
+    async def slot(self, priority: int = NORMAL, client: str = "", supersede_key: str | None = None
+                   ) -> AsyncIterator[None]:
+        ticket = _Ticket(priority, client, supersede_key)
+        if supersede_key is not None:
+            self._supersede(supersede_key, ticket)
+        try:
+            await self._acquire(ticket)
+        except BaseException:
+            self._forget(ticket)
+            raise
+        if ticket.superseded:  # replaced between being granted the slot and resuming
+            self._release()
+            raise Superseded("a newer request from the same client replaced this one")
+        ticket.task = asyncio.current_task()
+        started = time.monotonic()
+        try:
+            yield
+        except asyncio.CancelledError:
+            if ticket.superseded and ticket.task is not None and ticket.task.uncancel() == 0:
+                raise Superseded("a newer request from the same client replaced this one") from None
+            raise
+        finally:
+            self._mean_hold_s += 0.2 * (time.monotonic() - started - self._mean_hold_s)
+            self._forget(ticket)
+            self._release()
+
+    async def _acquire(self, ticket: _Ticket) -> None:
+        if self.running < self.limit and self._queued == 0:
+            self.running += 1
+            ticket.granted.set_result(None)
+            return
+        if self._queued >= self.max_queue:
+            raise Overloaded(f"backend queue is full ({self.max_queue} waiting)", retry_after=self.retry_after())
+        self._queues.setdefault(ticket.priority, OrderedDict()).setdefault(ticket.client, deque()).append(ticket)
+        self._queued += 1
+        try:
+            await ticket.granted
+        except BaseException:
+            if ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
+                self._release()  # the slot was handed over just as we were cancelled: pass it on
+            else:
+                self._dequeue(ticket)
+            raise
+
+    def retry_after(self) -> float:
+        """Seconds until the queue has probably drained by one request per slot, at least 1."""
+        return float(max(1, math.ceil(self._mean_hold_s * (self._queued + 1) / self.limit)))
+
+    def _supersede(self, key: str, newer: _Ticket) -> None:
+        older = self._by_key.get(key)
+        self._by_key[key] = newer
+        if older is None:
+            return
+        older.superseded = True
+        if not older.granted.done():
+            self._dequeue(older)
+            older.granted.set_exception(Superseded("a newer request from the same client replaced this one"))
+        elif older.task is not None:
+            older.task.cancel()
+
+    def _forget(self, ticket: _Ticket) -> None:
+        if ticket.supersede_key is not None and self._by_key.get(ticket.supersede_key) is ticket:
+            del self._by_key[ticket.supersede_key]
+
+    def _dequeue(self, ticket: _Ticket) -> None:
+        clients = self._queues.get(ticket.priority)
+        line = clients.get(ticket.client) if clients else None
+        if line is None or ticket not in line:
+            return
+        line.remove(ticket)
+        self._queued -= 1
+        if not line:
+            del clients[ticket.client]
+        if not clients:
+            del self._queues[ticket.priority]
+
+    def _release(self) -> None:
+        """Hands the freed slot to the next waiter: best priority, then the client served longest ago."""
+        nxt = self._next()
+        if nxt is None:
+            self.running -= 1
+        else:
+            nxt.granted.set_result(None)
+
+    def _next(self) -> _Ticket | None:
+        while self._queues:
+            ticket = self._pop()
+            if not ticket.granted.done():  # a cancelled waiter that has not run its cleanup yet
+                return ticket
+        return None
+
+    def _pop(self) -> _Ticket:
+        priority = min(self._queues)
+        clients = self._queues[priority]
+        client, line = clients.popitem(last=False)
+        ticket = line.popleft()
+        self._queued -= 1
+        if line:
+            clients[client] = line  # back of the round-robin
+        if not clients:
+            del self._queues[priority]
+        return ticket

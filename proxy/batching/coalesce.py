@@ -1,0 +1,114 @@
+"""Single-flight: identical in-flight requests share one backend stream.
+
+Only the pipeline knows whether two requests are "identical" (same cache key, deterministic sampling), so it
+passes the key. A flight lives from its first caller until the stream ends or its last caller leaves; requests
+arriving after that start a new flight (caching finished answers is the cache's job, not this one).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+from adapters.protocol import Chunk
+
+ChunkFactory = Callable[[], AsyncIterator[Chunk]]
+
+
+@dataclass
+class _Flight:
+    """One shared backend stream: every chunk so far, and an event swapped each time something changes."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    done: bool = False
+    error: BaseException | None = None
+    callers: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    pump: asyncio.Task | None = None
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+@dataclass
+class Coalescer:
+    """`stream(key, factory)` runs `factory()` once per key in flight and fans its chunks out to every caller.
+
+    `on_coalesced` is called once per request that joined an existing flight (a metrics hook).
+    """
+
+    on_coalesced: Callable[[], None] | None = None
+    coalesced: int = 0
+    _flights: dict[str, _Flight] = field(default_factory=dict)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flights)
+
+    async def stream(self, key: str, factory: ChunkFactory) -> AsyncIterator[Chunk]:
+        """Every chunk of the shared stream, from the first; the flight's error, if any, is raised here too.
+
+        Callers should close this generator (`contextlib.aclosing`) when they stop early, so that the backend
+        call is cancelled as soon as the last of them is gone.
+        """
+        flight = self._join(key, factory)
+        flight.callers += 1
+        try:
+            seen = 0
+            while True:
+                while seen < len(flight.chunks):
+                    seen += 1
+                    yield flight.chunks[seen - 1]
+                if flight.done:
+                    break
+                await flight.changed.wait()
+            if flight.error is not None:
+                raise flight.error
+        finally:
+            flight.callers -= 1
+            if flight.callers == 0 and not flight.done:
+                await self._abandon(key, flight)
+
+    def _join(self, key: str, factory: ChunkFactory) -> _Flight:
+        flight = self._flights.get(key)
+        if flight is not None:
+            self.coalesced += 1
+            if self.on_coalesced is not None:
+                self.on_coalesced()
+            return flight
+        flight = _Flight()
+        self._flights[key] = flight
+        flight.pump = asyncio.create_task(self._pump(key, flight, factory), name=f"coalesce:{key[:32]}")
+        return flight
+
+    async def _pump(self, key: str, flight: _Flight, factory: ChunkFactory) -> None:
+        """Copies the backend stream into the flight; runs in its own task so no single caller owns it."""
+        try:
+            stream = factory()
+            try:
+                async for chunk in stream:
+                    flight.chunks.append(chunk)
+                    flight.notify()
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every caller re-raises it
+            flight.error = e
+        finally:
+            flight.done = True
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+            flight.notify()
+
+    async def _abandon(self, key: str, flight: _Flight) -> None:
+        """The last caller left before the end: cancel the backend call and wait until it is closed."""
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        assert flight.pump is not None
+        flight.pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(flight.pump)

@@ -1,0 +1,121 @@
+"""Embedding micro-batching: concurrent embed requests for one model become one backend call.
+
+Codebase indexing (Continue, Open WebUI) fires many small embed calls at once; a backend embeds a batch of N
+inputs far faster than N separate calls. Requests wait at most `window_ms` for company, or less once the batch
+holds `max_inputs` inputs; only requests that agree on every option are merged.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from adapters.errors import BackendError
+from adapters.protocol import EmbedRequest, EmbedResult
+
+EmbedCall = Callable[[EmbedRequest], Awaitable[EmbedResult]]
+
+
+@dataclass
+class _Batch:
+    requests: list[EmbedRequest] = field(default_factory=list)
+    futures: list[asyncio.Future] = field(default_factory=list)
+    inputs: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class EmbedBatcher:
+    call: EmbedCall
+    window_ms: float = 5
+    max_inputs: int = 64
+    batches: int = 0  # backend calls made, for tests and metrics
+    _open: dict[str, _Batch] = field(default_factory=dict)
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        if not req.inputs or len(req.inputs) >= self.max_inputs:  # nothing to gain from waiting
+            self.batches += 1
+            return await self.call(req)
+        key = _batch_key(req)
+        batch = self._open.get(key)
+        if batch is not None and batch.inputs + len(req.inputs) > self.max_inputs:
+            self._flush(key)
+            batch = None
+        if batch is None:
+            batch = self._open[key] = _Batch()
+            batch.timer = asyncio.get_running_loop().call_later(self.window_ms / 1000, self._flush, key)
+        future = asyncio.get_running_loop().create_future()
+        batch.requests.append(req)
+        batch.futures.append(future)
+        batch.inputs += len(req.inputs)
+        if batch.inputs >= self.max_inputs:
+            self._flush(key)
+        return await future
+
+    async def close(self) -> None:
+        """Cancels batches in flight (shutdown); their callers get CancelledError."""
+        for key in list(self._open):
+            self._flush(key)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _flush(self, key: str) -> None:
+        batch = self._open.pop(key, None)
+        if batch is None:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        task = asyncio.create_task(self._run(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: _Batch) -> None:
+        live = [i for i, f in enumerate(batch.futures) if not f.done()]  # callers that left need no inputs
+        if not live:
+            return
+        first = batch.requests[live[0]]
+        merged = EmbedRequest(model=first.model, inputs=[s for i in live for s in batch.requests[i].inputs],
+                              truncate=first.truncate, dimensions=first.dimensions, options=first.options,
+                              keep_alive=first.keep_alive)
+        self.batches += 1
+        try:
+            result = await self.call(merged)
+            if len(result.embeddings) != len(merged.inputs):
+                raise BackendError(f"backend returned {len(result.embeddings)} embeddings "
+                                   f"for {len(merged.inputs)} inputs")
+        except asyncio.CancelledError:
+            for i in live:
+                batch.futures[i].cancel()
+            raise
+        except Exception as e:
+            for i in live:
+                if not batch.futures[i].done():
+                    batch.futures[i].set_exception(e)
+            return
+        for i, part in zip(live, _split(result, [batch.requests[i] for i in live])):
+            if not batch.futures[i].done():
+                batch.futures[i].set_result(part)
+
+
+def _batch_key(req: EmbedRequest) -> str:
+    """Requests merge only when everything but the inputs is equal."""
+    return json.dumps([req.model, req.truncate, req.dimensions, req.options, req.keep_alive],
+                      sort_keys=True, default=str)
+
+
+def _split(result: EmbedResult, requests: list[EmbedRequest]) -> list[EmbedResult]:
+    """One result per request. Prompt tokens are shared out by input length (the backend counts only the
+    batch); timings are the batch's, since every member waited for all of it."""
+    total_chars = sum(len(s) for r in requests for s in r.inputs) or 1
+    parts, start = [], 0
+    for r in requests:
+        end = start + len(r.inputs)
+        share = sum(len(s) for s in r.inputs) / total_chars
+        parts.append(EmbedResult(embeddings=result.embeddings[start:end],
+                                 prompt_tokens=round(result.prompt_tokens * share),
+                                 total_ns=result.total_ns, load_ns=result.load_ns))
+        start = end
+    return parts

@@ -1,0 +1,28 @@
+"""Chunk lists <-> bytes (orjson). Chunk boundaries are kept so a cached answer replays as a stream."""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage
+
+
+def encode_chunks(chunks: list[Chunk]) -> bytes:
+    return orjson.dumps(chunks)
+
+
+def _chunk(raw: dict[str, Any]) -> Chunk:
+    return Chunk(
+        text=raw["text"],
+        thinking=raw["thinking"],
+        tool_calls=[ToolCall(**t) for t in raw["tool_calls"]],
+        logprobs=[TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]]) for lp in raw["logprobs"]],
+        finish_reason=raw["finish_reason"],
+        usage=Usage(**raw["usage"]) if raw["usage"] is not None else None,
+        context=raw["context"],
+    )
+
+
+def decode_chunks(data: bytes) -> list[Chunk]:
+    return [_chunk(raw) for raw in orjson.loads(data)]

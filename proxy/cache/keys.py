@@ -1,0 +1,91 @@
+"""Canonical form of a request and the keys derived from it.
+
+The key is computed from the internal model, never from the wire body, so a request parsed from the Ollama
+dialect and the same request parsed from the OpenAI dialect hit the same entry. Transport fields (`stream`,
+`keep_alive`) and correlation ids (tool-call ids) are dropped: they never change what the model writes.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from adapters.protocol import ChatRequest, CompletionRequest, Message, SamplingOptions
+
+Request = ChatRequest | CompletionRequest
+
+_TRANSPORT = {"stream", "keep_alive"}
+_IDS = {"id", "tool_call_id"}
+# Ollama `options` that tune speed or memory, not the text written.
+_PERFORMANCE_KNOBS = {"num_thread", "num_gpu", "main_gpu", "num_batch", "use_mmap", "use_mlock", "low_vram",
+                      "numa", "num_keep"}
+_FLOAT_OPTIONS = {"temperature", "top_p", "min_p", "typical_p", "presence_penalty", "frequency_penalty",
+                  "repeat_penalty"}
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses -> dicts without None/empty fields, so a field left out and one set to its default agree."""
+    if is_dataclass(value):
+        out = {}
+        for f in fields(value):
+            if f.name in _TRANSPORT or f.name in _IDS:
+                continue
+            v = _plain(getattr(value, f.name))
+            if v is not None and v != [] and v != {} and v != "":
+                out[f.name] = v
+        return out
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _options(opts: SamplingOptions) -> dict[str, Any]:
+    out = _plain(opts)
+    for name in _FLOAT_OPTIONS & out.keys():
+        out[name] = float(out[name])  # `0` from one dialect and `0.0` from another are the same temperature
+    extra = {k: v for k, v in out.pop("extra", {}).items() if k not in _PERFORMANCE_KNOBS}
+    if extra:
+        out["extra"] = extra
+    return out
+
+
+def canonical(req: Request) -> dict[str, Any]:
+    """Everything that changes the answer, in a stable shape."""
+    out = _plain(req)
+    out["kind"] = "chat" if isinstance(req, ChatRequest) else "completion"
+    out["options"] = _options(req.options)
+    return out
+
+
+def digest(value: Any) -> str:
+    """XXH3-128 of the sorted-key orjson encoding, as hex."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+
+
+def exact_key(req: Request, scope: str) -> str:
+    return digest([scope, canonical(req)])
+
+
+def semantic_query(req: Request) -> tuple[str, list[Any]] | None:
+    """Split a request into (text to embed, exact context) or None when semantic matching would be unsafe.
+
+    The text is the last user turn. Everything else that shapes the answer - model, system prompt, tools,
+    format, sampling options and the earlier turns of the conversation - goes into the exact context, so two
+    conversations that differ before their last turn never share a semantic entry. Images, tool results as the
+    last turn, raw prompts and fill-in-the-middle are exact-only: an embedding of the text cannot see them.
+    """
+    canon = canonical(req)
+    if isinstance(req, CompletionRequest):
+        if req.raw or req.suffix or req.images or req.context or not req.prompt.strip():
+            return None
+        canon.pop("prompt")
+        return req.prompt, [canon]
+    last: Message | None = req.messages[-1] if req.messages else None
+    if last is None or last.role != "user" or last.images or not last.content.strip():
+        return None
+    canon["messages"] = canon["messages"][:-1]
+    return last.content, [canon]

@@ -1,0 +1,187 @@
+"""The cache facade the proxy calls: exact tiers (memory -> SQLite -> Redis), then the semantic tier."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from adapters.protocol import Chunk
+
+from .codec import decode_chunks, encode_chunks
+from .config import CacheConfig
+from .guard import signature
+from .keys import Request, digest, exact_key, semantic_query
+from .memory import MemoryLRU
+from .policy import Policy, complete_stream
+from .semantic import Embedder, Entry, ScopeIndex
+from .stats import CacheStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheHit:
+    kind: Literal["exact", "semantic"]
+    chunks: list[Chunk]  # shared with the cache: replay them, do not mutate them
+
+
+@dataclass
+class CacheLayer:
+    cfg: CacheConfig
+    memory: MemoryLRU
+    stores: list[Any] = field(default_factory=list)  # SqliteStore / RedisStore, nearest first
+    embedder: Embedder | None = None
+    pg: Any = None  # PgVectorStore
+    clock: Callable[[], float] = time.time
+    indexes: dict[str, ScopeIndex] = field(default_factory=dict)
+    counters: CacheStats = field(default_factory=CacheStats)
+
+    @classmethod
+    async def create(cls, cfg: CacheConfig, clock: Callable[[], float] = time.time,
+                     embedder: Embedder | None = None) -> "CacheLayer":
+        """`embedder` lets several layers (tests, benchmarks) share one loaded model."""
+        layer = cls(cfg, MemoryLRU(cfg.max_bytes, clock), clock=clock)
+        if cfg.sqlite_path:
+            from .sqlite_store import SqliteStore
+            layer.stores.append(await SqliteStore.open(cfg.sqlite_path, cfg.sqlite_max_bytes, clock))
+        if cfg.redis_url:
+            from .redis_store import RedisStore
+            layer.stores.append(await RedisStore.open(cfg.redis_url))
+        if cfg.semantic or any(r.semantic for r in cfg.routes):
+            layer.embedder = embedder or await Embedder.load(cfg.embed_model_path)
+            if cfg.pg_dsn:
+                from .pgvector_store import PgVectorStore
+                layer.pg = await PgVectorStore.open(cfg.pg_dsn, layer.embedder.dim)
+        return layer
+
+    async def close(self) -> None:
+        for store in self.stores:
+            await store.close()
+        if self.pg is not None:
+            await self.pg.close()
+
+    def _policy(self, route: str) -> Policy:
+        base = Policy(self.cfg.enabled, self.cfg.semantic, self.cfg.cache_nondeterministic, self.cfg.ttl_s)
+        return base.with_route(self.cfg.routes, route)
+
+    async def lookup(self, req: Request, scope: str, bypass: bool, route: str | None = None) -> CacheHit | None:
+        route = route or req.model
+        policy = self._policy(route)
+        if bypass or not policy.cacheable(req):
+            self.counters.count("all", route, "bypass" if bypass else "skip")
+            return None
+        start = time.perf_counter()
+        hit = await self._lookup_exact(exact_key(req, scope), route)
+        if hit is None and policy.semantic and self.embedder is not None:
+            hit = await self._lookup_semantic(req, scope, route)
+        kind = hit.kind if hit else "miss"
+        self.counters.count("all", route, "hit" if hit else "miss")
+        self.counters.observe(kind, time.perf_counter() - start)
+        return hit
+
+    async def _lookup_exact(self, key: str, route: str) -> CacheHit | None:
+        chunks = self.memory.get(key)
+        self.counters.count("memory", route, "miss" if chunks is None else "hit")
+        if chunks is None:
+            chunks = await self._load(key, route)
+        return CacheHit("exact", list(chunks)) if chunks is not None else None
+
+    async def _load(self, key: str, route: str) -> list[Chunk] | None:
+        """Try the slower tiers in order; a hit is copied into memory with the expiry it was stored with."""
+        for store in self.stores:
+            try:
+                found = await store.get(key)
+            except Exception:  # a shared tier that is down costs a miss, never the request
+                log.exception("cache tier %s failed on get", store.name)
+                self.counters.count(store.name, route, "error")
+                continue
+            self.counters.count(store.name, route, "miss" if found is None else "hit")
+            if found is not None:
+                payload, expires_at = found
+                chunks = decode_chunks(payload)
+                self.memory.put(key, chunks, len(payload), expires_at - self.clock())
+                return chunks
+        return None
+
+    async def _lookup_semantic(self, req: Request, scope: str, route: str) -> CacheHit | None:
+        query = semantic_query(req)
+        if query is None:
+            return None
+        text, context = query
+        sid = digest([scope, context])
+        index = self.indexes.get(sid)
+        if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
+            self.counters.count("semantic", route, "miss")
+            return None
+        vector = await self.embedder.embed(text)
+        now = self.clock()
+        for entry in index.search(vector, text, self.cfg.semantic_threshold, now) if index else []:
+            chunks = self.memory.get(entry.key) or await self._load(entry.key, route)
+            if chunks is not None:
+                self.counters.count("semantic", route, "hit")
+                return CacheHit("semantic", list(chunks))
+        self.counters.count("semantic", route, "miss")
+        if self.pg is not None:
+            return await self._lookup_pg(sid, vector, text, route)
+        return None
+
+    async def _lookup_pg(self, sid: str, vector: Any, text: str, route: str) -> CacheHit | None:
+        try:
+            payload = await self.pg.search(sid, vector, signature(text), self.cfg.semantic_threshold)
+        except Exception:
+            log.exception("cache tier pgvector failed on search")
+            self.counters.count("pgvector", route, "error")
+            return None
+        self.counters.count("pgvector", route, "miss" if payload is None else "hit")
+        return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
+
+    async def store(self, req: Request, scope: str, chunks: list[Chunk], route: str | None = None) -> bool:
+        """Write a finished answer to every tier. Errors, cancels, cut-off streams and sampled requests are
+        refused (False)."""
+        route = route or req.model
+        policy = self._policy(route)
+        if not policy.cacheable(req) or not complete_stream(chunks):
+            self.counters.count("all", route, "skip")
+            return False
+        key, payload = exact_key(req, scope), encode_chunks(chunks)
+        expires_at = self.clock() + policy.ttl_s
+        self.memory.put(key, decode_chunks(payload), len(payload), policy.ttl_s)
+        await asyncio.gather(*(self._put(store, key, payload, expires_at, route) for store in self.stores))
+        if policy.semantic and self.embedder is not None:
+            await self._store_semantic(req, scope, key, payload, expires_at, route)
+        self.counters.count("all", route, "store")
+        return True
+
+    async def _put(self, store: Any, key: str, payload: bytes, expires_at: float, route: str) -> None:
+        try:
+            await store.put(key, payload, expires_at)
+        except Exception:
+            log.exception("cache tier %s failed on put", store.name)
+            self.counters.count(store.name, route, "error")
+
+    async def _store_semantic(self, req: Request, scope: str, key: str, payload: bytes, expires_at: float,
+                              route: str) -> None:
+        query = semantic_query(req)
+        if query is None:
+            return
+        text, context = query
+        sid = digest([scope, context])
+        vector = await self.embedder.embed(text)
+        index = self.indexes.get(sid)
+        if index is None:
+            index = self.indexes[sid] = ScopeIndex(self.embedder.dim, self.cfg.hnsw_above,
+                                                   self.cfg.semantic_max_entries)
+        index.add(vector, Entry(key, signature(text), expires_at), self.clock())
+        if self.pg is not None:
+            try:
+                await self.pg.add(sid, vector, text, payload, expires_at)
+            except Exception:
+                log.exception("cache tier pgvector failed on add")
+                self.counters.count("pgvector", route, "error")
+
+    def stats(self) -> dict:
+        used = {"memory": self.memory.bytes_used, "memory_entries": len(self.memory),
+                "semantic_entries": sum(len(i) for i in self.indexes.values())}
+        return self.counters.snapshot(used)

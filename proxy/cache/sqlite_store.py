@@ -1,0 +1,81 @@
+"""On-disk exact tier: survives restarts. One connection on one worker thread, so SQLite never runs on the
+event loop and never sees two threads."""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+_SCHEMA = """CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY, payload BLOB NOT NULL, expires_at REAL NOT NULL, stored_at REAL NOT NULL)"""
+_PRUNE_EVERY = 100  # puts between byte-bound checks: the check scans the table
+
+
+@dataclass
+class SqliteStore:
+    path: str
+    max_bytes: int
+    clock: Callable[[], float] = time.time
+    name: str = "sqlite"
+    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "velo-cache-sqlite"))
+    _db: sqlite3.Connection | None = None
+    _puts: int = 0
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    @classmethod
+    async def open(cls, path: str, max_bytes: int, clock: Callable[[], float] = time.time) -> "SqliteStore":
+        store = cls(path, max_bytes, clock)
+        await store._run(store._open)
+        return store
+
+    def _open(self) -> None:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+        self._db.execute("DELETE FROM entries WHERE expires_at <= ?", (self.clock(),))
+        self._db.commit()
+
+    async def get(self, key: str) -> tuple[bytes, float] | None:
+        return await self._run(self._get, key)
+
+    def _get(self, key: str) -> tuple[bytes, float] | None:
+        row = self._db.execute("SELECT payload, expires_at FROM entries WHERE key = ? AND expires_at > ?",
+                               (key, self.clock())).fetchone()
+        return (bytes(row[0]), row[1]) if row else None
+
+    async def put(self, key: str, payload: bytes, expires_at: float) -> None:
+        await self._run(self._put, key, payload, expires_at)
+
+    def _put(self, key: str, payload: bytes, expires_at: float) -> None:
+        self._db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                         (key, payload, expires_at, self.clock()))
+        self._puts += 1
+        if self._puts % _PRUNE_EVERY == 0:
+            self._prune()
+        self._db.commit()
+
+    def _prune(self) -> None:
+        """Drop expired rows, then the oldest until the payloads fit in `max_bytes`."""
+        self._db.execute("DELETE FROM entries WHERE expires_at <= ?", (self.clock(),))
+        total = 0
+        rows = self._db.execute("SELECT key, length(payload) FROM entries ORDER BY stored_at DESC").fetchall()
+        for key, size in rows:
+            total += size
+            if total > self.max_bytes:
+                self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
+
+    async def bytes_used(self) -> int:
+        return await self._run(lambda: self._db.execute(
+            "SELECT coalesce(sum(length(payload)), 0) FROM entries").fetchone()[0])
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._run(self._db.close)
+        self._pool.shutdown(wait=True)

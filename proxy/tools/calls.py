@@ -1,0 +1,178 @@
+"""One assistant turn in, valid tool calls out: extract from text, repair, coerce, validate, dedupe.
+
+Nothing is invented: a call to a tool that was not offered, or arguments the schema rejects after safe coercion,
+is reported in `RepairReport.invalid` and never returned as a call; its text stays in the content.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from adapters.errors import BackendError
+from adapters.protocol import Tool, ToolCall
+from proxy.tools.coerce import check_arguments
+from proxy.tools.extract import RawCall, Region, next_start, raw_calls, region_at
+from proxy.tools.repair import decode_arguments
+
+_PREFIXES = ("functions.", "function.", "tools.", "tool.")
+
+
+class ToolCallInvalid(BackendError):
+    """The model answered only with tool calls that cannot be made valid (status 502)."""
+
+    kind = "tool_call_invalid"
+
+
+@dataclass
+class RepairReport:
+    """What repair did to one answer: counts for metrics, strings for a response header or a log line."""
+
+    extracted: int = 0
+    repaired: list[str] = field(default_factory=list)
+    coerced: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+    deduped: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.extracted or self.repaired or self.coerced or self.invalid or self.deduped)
+
+    def summary(self) -> str:
+        """One line for an `X-Velo-Tool-Repair` header or a log: what changed, never argument values."""
+        parts = [f"extracted={self.extracted}"] if self.extracted else []
+        if self.repaired:
+            parts.append("repaired=" + ",".join(sorted({r.split(": ", 1)[-1] for r in self.repaired})))
+        parts += [f"{k}={len(v)}" for k, v in (("coerced", self.coerced), ("invalid", self.invalid)) if v]
+        parts += [f"deduped={self.deduped}"] if self.deduped else []
+        return "; ".join(parts)
+
+    def merge(self, other: RepairReport) -> None:
+        self.extracted += other.extracted
+        self.repaired += other.repaired
+        self.coerced += other.coerced
+        self.invalid += other.invalid
+        self.deduped += other.deduped
+
+    def error(self) -> ToolCallInvalid:
+        return ToolCallInvalid("the model's tool call is invalid: " + " | ".join(self.invalid))
+
+
+@dataclass
+class CallRepairer:
+    """Per-turn state: the offered tools and the calls already accepted (for dedupe across a stream)."""
+
+    tools: list[Tool]
+    report: RepairReport = field(default_factory=RepairReport)
+    seen: set[tuple[str, bytes]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.by_name = {t.name: t for t in self.tools}
+
+    def structured(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """Validate calls the backend already returned as structured `tool_calls`."""
+        out = []
+        for tc in calls:
+            call = self._accept(RawCall(tc.name, tc.arguments), tc.id)
+            out += [call] if call else []
+        return out
+
+    def region(self, region: Region) -> list[ToolCall] | None:
+        """Calls in a complete text region, or None when the region is not (or not only) valid calls."""
+        attempts = [r for r in raw_calls(region) if self._is_attempt(r, region)]
+        if not attempts:
+            return None
+        deduped = self.report.deduped
+        valid = [c for c in (self._accept(r, "") for r in attempts) if c is not None]
+        self.report.extracted += len(valid)
+        return valid if valid or self.report.deduped > deduped else None
+
+    def _is_attempt(self, raw: RawCall, region: Region) -> bool:
+        """Bare JSON in prose is only a call when it names an offered tool or has an arguments key."""
+        if region.kind not in ("json", "fence"):
+            return True
+        return self.resolve(raw.name) is not None or "flattened_arguments" not in raw.fixes
+
+    def resolve(self, name: str) -> str | None:
+        if name in self.by_name:
+            return name
+        bare = name.strip()
+        for p in _PREFIXES:
+            bare = bare[len(p):] if bare.startswith(p) else bare
+        folded = [n for n in self.by_name if n.lower() == bare.lower()]
+        return folded[0] if len(folded) == 1 else None
+
+    def _accept(self, raw: RawCall, call_id: str) -> ToolCall | None:
+        name = self.resolve(raw.name)
+        if name is None:
+            offered = ", ".join(self.by_name) or "none"
+            self.report.invalid.append(f"{raw.name}: not an offered tool (offered: {offered})")
+            return None
+        fixes = list(raw.fixes) + ([f"name {raw.name!r}"] if name != raw.name else [])
+        args = decode_arguments(raw.arguments, fixes)
+        if args is None:
+            args, fixes = {}, fixes + ["null_arguments"]
+        changes: list[str] = []
+        args, errors = check_arguments(args, self.by_name[name].parameters, changes)
+        if not isinstance(args, dict):
+            errors = errors or ["arguments are not a JSON object"]
+        if errors:
+            self.report.invalid.append(f"{name}: " + "; ".join(errors))
+            return None
+        self.report.repaired += [f"{name}: {f}" for f in dict.fromkeys(fixes)]
+        self.report.coerced += [f"{name}.{c}" for c in changes]
+        return self._dedupe(ToolCall(name, args, call_id or new_call_id()))
+
+    def _dedupe(self, call: ToolCall) -> ToolCall | None:
+        key = (call.name, orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS))
+        if key in self.seen:
+            self.report.deduped += 1
+            return None
+        self.seen.add(key)
+        return call
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool]) -> tuple[str, list[ToolCall], RepairReport]:
+    """Content with call text removed, the valid calls (ids filled), and what was done."""
+    if not tools:
+        return text, [_with_id(c) for c in tool_calls], RepairReport()
+    rep = CallRepairer(tools)
+    calls = rep.structured(tool_calls)
+    remaining, found = split_text(text, rep)
+    return remaining, calls + found, rep.report
+
+
+def split_text(text: str, rep: CallRepairer) -> tuple[str, list[ToolCall]]:
+    """Remove every region of a finished `text` that holds valid calls; return what is left and those calls."""
+    pieces, calls, pos, removed = [], [], 0, False
+    i = next_start(text)
+    while i >= 0:
+        region = region_at(text, i, final=True)
+        if region is None:
+            i = next_start(text, i + 1)
+            continue
+        found = rep.region(region)
+        if found is not None:
+            pieces.append(text[pos:region.start])
+            calls += found
+            pos, removed = region.end, True
+        i = next_start(text, region.end)
+    if not removed:
+        return text, []
+    pieces.append(text[pos:])
+    return "".join(pieces).strip(), calls
+
+
+def _with_id(call: ToolCall) -> ToolCall:
+    return call if call.id else ToolCall(call.name, call.arguments, new_call_id())
+
+
+def unusable(text: str, calls: list[Any], report: RepairReport) -> bool:
+    """True when the turn would reach the client empty because every call in it was invalid."""
+    return bool(report.invalid) and not calls and not text.strip()

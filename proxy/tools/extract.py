@@ -1,0 +1,220 @@
+"""Find tool calls written as text, in every shape small models use.
+
+The text is cut into regions that may hold a call: a model family's tags (Hermes/Qwen `<tool_call>`, Llama 3
+`<|python_tag|>`, Mistral `[TOOL_CALLS]`, `<function=name>`), a ```json fence, or a bare JSON object/array in
+prose. The same `region_at` serves whole messages and the streaming hold-back, so both agree on what a call is.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.tools.repair import Unrepairable, parse_json
+
+_START = re.compile(r"<tool_call>|<function=|<\|python_tag\|>|\[TOOL_CALLS\]|```|[{\[]")
+_MARKERS = ("<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]", "```")
+_FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*\n")
+_FENCE_LANGS = {"", "json", "json5", "tool_call", "tool_code", "tool", "function"}
+_END_OF_TURN = re.compile(r"<\|eom_id\|>|<\|eot_id\|>|</s>")
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
+_MISTRAL_V11 = re.compile(r"\s*([\w.-]+)\[ARGS\]")
+_FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>")
+_CALL_KEYS = ("name", "function", "tool", "tool_name", "arguments", "parameters", "args", "input", "tool_calls",
+              "type", "id", "tool_input")
+_FIRST_KEY = re.compile(r"""\s*(\[\s*)?\{\s*(["']?)(\w*)(["':\s]?)""")
+NAME_KEYS = ("name", "tool_name", "tool", "function")
+ARG_KEYS = ("arguments", "parameters", "args", "input", "tool_input")
+
+
+@dataclass
+class Region:
+    """text[start:end] may hold calls; `complete` is False while a stream could still extend it."""
+
+    start: int
+    end: int
+    kind: str  # "tag" | "python_tag" | "mistral" | "function" | "fence" | "json"
+    body: str
+    complete: bool
+    name: str = ""  # `<function=name>` gives the name outside the JSON
+
+
+@dataclass
+class RawCall:
+    """A call as written: the name as found and arguments not yet validated."""
+
+    name: str
+    arguments: Any
+    fixes: list[str] = field(default_factory=list)
+
+
+def next_start(text: str, pos: int = 0) -> int:
+    """Index of the next place a call could begin, counting a marker cut off at the end of `text`."""
+    m = _START.search(text, pos)
+    cut = _partial_marker(text, pos)
+    if m is None:
+        return cut if cut is not None else -1
+    return m.start() if cut is None else min(m.start(), cut)
+
+
+def is_partial_marker(text: str, i: int) -> bool:
+    """True when text[i:] is the beginning of a marker that the next chunk may complete."""
+    rest = text[i:]
+    return any(mk.startswith(rest) and mk != rest for mk in _MARKERS)
+
+
+def _partial_marker(text: str, pos: int) -> int | None:
+    for i in range(max(pos, len(text) - 13), len(text)):
+        if text[i] in "<[`" and is_partial_marker(text, i):
+            return i
+    return None
+
+
+def region_at(text: str, i: int, final: bool) -> Region | None:
+    """The region starting at text[i], or None when what starts there cannot be a call (e.g. a ```python fence).
+
+    With `final` False an unfinished region comes back incomplete; with True it runs to the end of the text.
+    """
+    rest = text[i:]
+    if rest.startswith("<tool_call>"):
+        return _closed_region(text, i, len("<tool_call>"), "</tool_call>", "tag", final)
+    if rest.startswith("<function="):
+        m = _FUNCTION_TAG.match(text, i)
+        if m is None:
+            return None if final or ">" in rest else Region(i, len(text), "function", "", False)
+        r = _closed_region(text, i, m.end() - i, "</function>", "function", final)
+        r.name = m.group(1)
+        return r
+    if rest.startswith("<|python_tag|>"):
+        return _to_end_region(text, i, len("<|python_tag|>"), "python_tag", final)
+    if rest.startswith("[TOOL_CALLS]"):
+        return _to_end_region(text, i, len("[TOOL_CALLS]"), "mistral", final)
+    if rest.startswith("```"):
+        return _fence_region(text, i, final)
+    if rest[:1] in ("{", "["):
+        return _json_region(text, i, final)
+    return None  # a marker cut off at the end: the caller holds it until more text arrives
+
+
+def _closed_region(text: str, i: int, open_len: int, closer: str, kind: str, final: bool) -> Region:
+    j = text.find(closer, i + open_len)
+    if j >= 0:
+        return Region(i, j + len(closer), kind, text[i + open_len:j], True)
+    return Region(i, len(text), kind, text[i + open_len:], final)
+
+
+def _to_end_region(text: str, i: int, open_len: int, kind: str, final: bool) -> Region:
+    m = _END_OF_TURN.search(text, i)
+    if m is not None:
+        return Region(i, m.end(), kind, text[i + open_len:m.start()], True)
+    return Region(i, len(text), kind, text[i + open_len:], final)
+
+
+def _fence_region(text: str, i: int, final: bool) -> Region | None:
+    m = _FENCE.match(text, i)
+    if m is None:
+        header_done = "\n" in text[i:] or final
+        return None if header_done else Region(i, len(text), "fence", "", False)
+    if m.group(1).lower() not in _FENCE_LANGS:
+        return None
+    j = text.find("```", m.end())
+    if j >= 0:
+        return Region(i, j + 3, "fence", text[m.end():j], True)
+    return Region(i, len(text), "fence", text[m.end():], final)
+
+
+def _json_region(text: str, i: int, final: bool) -> Region:
+    depth = 0
+    for m in _BRACKETS.finditer(text, i):
+        tok = m.group()
+        if tok in "{[":
+            depth += 1
+        elif tok in "}]":
+            depth -= 1
+            if depth == 0:
+                return Region(i, m.end(), "json", text[i:m.end()], True)
+    return Region(i, len(text), "json", text[i:], final)
+
+
+def could_be_call(region: Region) -> bool:
+    """Early release for streaming: False once an unfinished region's start rules out a call."""
+    if region.kind == "fence":
+        body = region.body.lstrip()
+        return not body or body[0] in "{["
+    if region.kind != "json":
+        return True
+    m = _FIRST_KEY.match(region.body)
+    if m is None:
+        return region.body.strip() in ("", "[")
+    key, after = m.group(3), m.group(4)
+    if not after:  # key still being written
+        return any(k.startswith(key) for k in _CALL_KEYS)
+    return key in _CALL_KEYS
+
+
+def raw_calls(region: Region) -> list[RawCall]:
+    """Calls written in a complete region (no name check yet); [] when it holds none."""
+    if region.kind == "mistral":
+        return _mistral_calls(region.body)
+    if region.kind == "function":
+        return [_with_args(region.name, region.body)]
+    if region.kind == "python_tag":
+        return [c for part in region.body.split(";") for c in _json_calls(part)]
+    return _json_calls(region.body)
+
+
+def _mistral_calls(body: str) -> list[RawCall]:
+    """Mistral v3 writes a JSON array after [TOOL_CALLS]; v11 writes `name[ARGS]{...}`, repeated."""
+    if not _MISTRAL_V11.match(body):
+        return _json_calls(body)
+    parts = re.split(r"\[TOOL_CALLS\]", body)
+    calls = []
+    for part in parts:
+        m = _MISTRAL_V11.match(part)
+        if m:
+            calls.append(_with_args(m.group(1), part[m.end():]))
+    return calls
+
+
+def _with_args(name: str, args_text: str) -> RawCall:
+    if not args_text.strip():
+        return RawCall(name, {})
+    try:
+        parsed = parse_json(args_text)
+    except Unrepairable:
+        return RawCall(name, args_text.strip())
+    return RawCall(name, parsed.value, parsed.fixes)
+
+
+def _json_calls(body: str) -> list[RawCall]:
+    if not body.strip():
+        return []
+    try:
+        parsed = parse_json(body)
+    except Unrepairable:
+        return []
+    calls = calls_from_value(parsed.value)
+    for c in calls:
+        c.fixes[:0] = parsed.fixes
+    return calls
+
+
+def calls_from_value(value: Any) -> list[RawCall]:
+    """Calls in the JSON shapes models use: {name, arguments|parameters|...}, OpenAI's {function: {...}},
+    {tool_calls: [...]}, and lists of these."""
+    if isinstance(value, list):
+        return [c for v in value for c in calls_from_value(v)]
+    if not isinstance(value, dict):
+        return []
+    if isinstance(value.get("tool_calls"), list):
+        return calls_from_value(value["tool_calls"])
+    if isinstance(value.get("function"), dict):
+        return calls_from_value(value["function"])
+    name = next((value[k] for k in NAME_KEYS if isinstance(value.get(k), str)), None)
+    if name is None:
+        return []
+    args_key = next((k for k in ARG_KEYS if k in value), None)
+    if args_key is not None:
+        return [RawCall(name, value[args_key])]
+    rest = {k: v for k, v in value.items() if k not in NAME_KEYS and k not in ("id", "type")}
+    return [RawCall(name, rest, ["flattened_arguments"] if rest else [])]

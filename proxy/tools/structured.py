@@ -1,0 +1,63 @@
+"""Structured output (Ollama `format`, OpenAI `response_format`): the content is JSON matching the schema, or
+a clear error. The same repair and coercion as tool arguments, applied to the whole answer."""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from adapters.errors import BackendError
+from proxy.tools.calls import RepairReport
+from proxy.tools.coerce import coerce, validation_errors
+from proxy.tools.repair import Unrepairable, parse_json
+
+
+class StructuredOutputInvalid(BackendError):
+    """The model's answer cannot be made into JSON matching the requested format (status 502)."""
+
+    kind = "invalid_structured_output"
+
+
+def repair_structured(text: str, fmt: str | dict) -> tuple[str, RepairReport]:
+    """Valid JSON for `fmt` ("json" or a JSON Schema); untouched text when it already is."""
+    report = RepairReport()
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = _repaired(text, report)
+    schema = schema_of(fmt)
+    if schema:
+        value = _conform(value, schema, report)
+    if not report.repaired and not report.coerced:
+        return text, report
+    return orjson.dumps(value).decode(), report
+
+
+def schema_of(fmt: str | dict | None) -> dict:
+    """The JSON Schema in a format; OpenAI's json_schema wrapper ({name, schema, strict}) is unwrapped."""
+    if not isinstance(fmt, dict):
+        return {}
+    inner = fmt.get("schema")
+    return inner if isinstance(inner, dict) and "type" not in fmt else fmt
+
+
+def _repaired(text: str, report: RepairReport) -> Any:
+    try:
+        parsed = parse_json(text)
+    except Unrepairable as e:
+        raise StructuredOutputInvalid(f"the model's answer is not JSON ({e}): {_preview(text)}") from e
+    report.repaired += parsed.fixes
+    return parsed.value
+
+
+def _conform(value: Any, schema: dict, report: RepairReport) -> Any:
+    value = coerce(value, schema, schema, "", report.coerced)
+    errors = validation_errors(value, schema)
+    if errors:
+        report.invalid += errors
+        raise StructuredOutputInvalid("the model's answer does not match the requested schema: " + "; ".join(errors))
+    return value
+
+
+def _preview(text: str) -> str:
+    return repr(text[:80] + ("..." if len(text) > 80 else ""))

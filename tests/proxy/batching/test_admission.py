@@ -1,0 +1,159 @@
+import asyncio
+
+import pytest
+
+from adapters.errors import Overloaded
+from proxy.batching import LATENCY_CRITICAL, NORMAL, AdmissionController, Superseded
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+class Holder:
+    """Takes a slot and keeps it until released; records the order in which bodies start."""
+
+    def __init__(self, ctl: AdmissionController, started: list[str]):
+        self.ctl, self.started = ctl, started
+        self.release = asyncio.Event()
+
+    async def run(self, name: str, priority: int = NORMAL, client: str = "", key: str | None = None) -> str:
+        async with self.ctl.slot(priority, client, key):
+            self.started.append(name)
+            await self.release.wait()
+        return name
+
+
+async def test_concurrency_limit_and_fifo_queue():
+    ctl, started = AdmissionController(limit=2, max_queue=10), []
+    h = Holder(ctl, started)
+    tasks = [asyncio.create_task(h.run(str(i))) for i in range(5)]
+    await settle()
+    assert started == ["0", "1"] and ctl.running == 2 and ctl.queued == 3
+    h.release.set()
+    assert await asyncio.gather(*tasks) == ["0", "1", "2", "3", "4"]
+    assert started == ["0", "1", "2", "3", "4"] and ctl.running == 0 and ctl.queued == 0
+
+
+async def test_latency_critical_requests_jump_the_queue():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    h = Holder(ctl, started)
+    tasks = [asyncio.create_task(h.run("busy"))]
+    await settle()
+    tasks += [asyncio.create_task(h.run("chat1")), asyncio.create_task(h.run("chat2"))]
+    await settle()
+    tasks.append(asyncio.create_task(h.run("fim", LATENCY_CRITICAL)))
+    await settle()
+    h.release.set()
+    await asyncio.gather(*tasks)
+    assert started == ["busy", "fim", "chat1", "chat2"]
+
+
+async def test_round_robin_between_clients_at_one_priority():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    h = Holder(ctl, started)
+    tasks = [asyncio.create_task(h.run("busy"))]
+    await settle()
+    for name in ["a1", "a2", "a3", "b1", "b2", "c1"]:
+        tasks.append(asyncio.create_task(h.run(name, client=name[0])))
+        await settle()
+    h.release.set()
+    await asyncio.gather(*tasks)
+    assert started == ["busy", "a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+async def test_full_queue_is_overloaded_with_retry_after():
+    ctl, started = AdmissionController(limit=1, max_queue=2), []
+    h = Holder(ctl, started)
+    tasks = [asyncio.create_task(h.run(str(i))) for i in range(3)]
+    await settle()
+    with pytest.raises(Overloaded) as info:
+        async with ctl.slot():
+            pass
+    assert info.value.retry_after >= 1 and info.value.status == 429
+    h.release.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_cancelled_waiter_leaves_the_queue_without_leaking_a_slot():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    h = Holder(ctl, started)
+    busy = asyncio.create_task(h.run("busy"))
+    await settle()
+    waiters = [asyncio.create_task(h.run(f"w{i}")) for i in range(3)]
+    await settle()
+    waiters[1].cancel()
+    await settle()
+    assert ctl.queued == 2
+    h.release.set()
+    await asyncio.gather(busy, waiters[0], waiters[2])
+    assert started == ["busy", "w0", "w2"] and ctl.running == 0 and ctl.queued == 0
+
+
+async def test_waiter_cancelled_just_after_being_granted_passes_the_slot_on():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    h = Holder(ctl, started)
+    busy = ctl.slot()
+    await busy.__aenter__()
+    granted = asyncio.create_task(h.run("granted"))
+    nxt = asyncio.create_task(h.run("next"))
+    await settle()
+    await busy.__aexit__(None, None, None)  # hands the slot to "granted", which has not resumed yet
+    granted.cancel()
+    h.release.set()
+    await nxt
+    assert granted.cancelled() and started == ["next"] and ctl.running == 0
+
+
+async def test_newer_request_supersedes_a_queued_one():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    h = Holder(ctl, started)
+    busy = asyncio.create_task(h.run("busy"))
+    await settle()
+    old = asyncio.create_task(h.run("old", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    new = asyncio.create_task(h.run("new", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    with pytest.raises(Superseded):
+        await old
+    assert ctl.queued == 1
+    h.release.set()
+    await asyncio.gather(busy, new)
+    assert started == ["busy", "new"] and ctl.running == 0
+
+
+async def test_newer_request_supersedes_a_running_one():
+    ctl, started = AdmissionController(limit=2, max_queue=10), []
+    h = Holder(ctl, started)
+    old = asyncio.create_task(h.run("old", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    new = asyncio.create_task(h.run("new", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    with pytest.raises(Superseded) as info:
+        await old
+    assert info.value.status == 499
+    assert ctl.running == 1
+    h.release.set()
+    assert await new == "new"
+    assert ctl.running == 0
+
+
+async def test_supersede_keys_are_per_key():
+    ctl, started = AdmissionController(limit=4, max_queue=10), []
+    h = Holder(ctl, started)
+    tasks = [asyncio.create_task(h.run(n, LATENCY_CRITICAL, n, f"{n}:fim")) for n in ["a", "b"]]
+    await settle()
+    h.release.set()
+    assert await asyncio.gather(*tasks) == ["a", "b"]
+
+
+async def test_external_cancel_of_running_request_is_not_superseded():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    h = Holder(ctl, started)
+    task = asyncio.create_task(h.run("x", key="k"))
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ctl.running == 0

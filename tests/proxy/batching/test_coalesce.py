@@ -1,0 +1,125 @@
+import asyncio
+import contextlib
+
+import pytest
+
+from adapters.errors import BackendError
+from adapters.protocol import Chunk
+from proxy.batching import Coalescer
+
+
+class Upstream:
+    """A fake backend stream released one chunk at a time by the test."""
+
+    def __init__(self, n: int = 3, fail_after: int | None = None):
+        self.n, self.fail_after = n, fail_after
+        self.calls = 0
+        self.closed = asyncio.Event()
+        self.cancelled = False
+        self.gate = asyncio.Queue()
+
+    async def stream(self):
+        self.calls += 1
+        try:
+            for i in range(self.n):
+                await self.gate.get()
+                if self.fail_after == i:
+                    raise BackendError("upstream died")
+                yield Chunk(text=str(i), finish_reason="stop" if i == self.n - 1 else None)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        finally:
+            self.closed.set()
+
+    def release(self, k: int = 1):
+        for _ in range(k):
+            self.gate.put_nowait(None)
+
+
+async def collect(co: Coalescer, key: str, up: Upstream) -> list[str]:
+    return [c.text async for c in co.stream(key, up.stream)]
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_identical_requests_share_one_backend_call_and_every_chunk():
+    co, up = Coalescer(), Upstream()
+    first = asyncio.create_task(collect(co, "k", up))
+    await settle()
+    up.release()
+    await settle()
+    late = asyncio.create_task(collect(co, "k", up))  # joins after chunk 0: gets it replayed
+    await settle()
+    up.release(2)
+    assert await first == ["0", "1", "2"]
+    assert await late == ["0", "1", "2"]
+    assert up.calls == 1 and co.coalesced == 1 and co.in_flight == 0
+
+
+async def test_different_keys_and_finished_flights_do_not_share():
+    co, up = Coalescer(), Upstream(n=1)
+    up.release(3)
+    a, b = await asyncio.gather(collect(co, "a", up), collect(co, "b", up))
+    assert await collect(co, "a", up) == ["0"]
+    assert a == b == ["0"] and up.calls == 3 and co.coalesced == 0
+
+
+async def test_follower_leaving_does_not_stop_the_others():
+    co, up = Coalescer(), Upstream()
+    leader = asyncio.create_task(collect(co, "k", up))
+    follower = asyncio.create_task(collect(co, "k", up))
+    await settle()
+    up.release()
+    await settle()
+    follower.cancel()
+    await settle()
+    up.release(2)
+    assert await leader == ["0", "1", "2"]
+    assert follower.cancelled() and not up.cancelled
+
+
+async def test_backend_cancelled_only_when_all_callers_are_gone():
+    co, up = Coalescer(), Upstream()
+    callers = [asyncio.create_task(collect(co, "k", up)) for _ in range(3)]
+    await settle()
+    for task in callers[:2]:
+        task.cancel()
+    await settle()
+    assert not up.closed.is_set()
+    callers[2].cancel()
+    await asyncio.wait_for(up.closed.wait(), 1)
+    assert up.cancelled and co.in_flight == 0
+
+
+async def test_closing_the_stream_early_cancels_the_backend():
+    co, up = Coalescer(), Upstream()
+    up.release()
+    async with contextlib.aclosing(co.stream("k", up.stream)) as stream:
+        async for chunk in stream:
+            assert chunk.text == "0"
+            break
+    assert up.cancelled and co.in_flight == 0
+
+
+async def test_error_reaches_every_caller():
+    co, up = Coalescer(), Upstream(fail_after=1)
+    callers = [asyncio.create_task(collect(co, "k", up)) for _ in range(3)]
+    await settle()
+    up.release(2)
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(r, BackendError) for r in results)
+    assert up.calls == 1
+
+
+async def test_on_coalesced_hook_counts_joiners():
+    joined = []
+    co, up = Coalescer(on_coalesced=lambda: joined.append(1)), Upstream(n=1)
+    callers = [asyncio.create_task(collect(co, "k", up)) for _ in range(4)]
+    await settle()
+    up.release()
+    await asyncio.gather(*callers)
+    assert len(joined) == 3 == co.coalesced
