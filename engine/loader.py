@@ -68,12 +68,13 @@ def _read_hf_folder(path: str, progress: bool):
     if arch is None:
         raise ValueError(f"{path}: unsupported architecture {hf.get('architectures')}")
     heads = hf["num_attention_heads"]
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}  # transformers 5 writes rope_parameters
     cfg = ModelConfig(
         architecture=arch, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=hf.get("rope_theta", 10000.0), rope_scaling=hf.get("rope_scaling"),
+        rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0), rope_scaling=rope or None,
         max_position=hf.get("max_position_embeddings", 4096),
         tie_word_embeddings=hf.get("tie_word_embeddings", False),
         attention_bias=arch == "qwen2" or hf.get("attention_bias", False), qk_norm=arch == "qwen3")
