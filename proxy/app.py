@@ -16,6 +16,7 @@ from .cache import CacheLayer
 from .config import Config
 from .context import context_for
 from .http_io import dialect_of, error_response, json_response
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .pipeline import Pipeline
 from .router import Router
 from .state import BACKENDS, CONFIG, CONTEXT, PIPELINE, ROUTER
@@ -23,7 +24,7 @@ from .state import BACKENDS, CONFIG, CONTEXT, PIPELINE, ROUTER
 log = logging.getLogger("velo")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_OPEN_PATHS = frozenset({"/", "/health", "/ready"})
+_OPEN_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
 
 
 @web.middleware
@@ -61,6 +62,11 @@ async def ready(request: web.Request) -> web.Response:
     return json_response({"status": "ready" if ok else "unavailable", "backends": states}, status=200 if ok else 503)
 
 
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[PIPELINE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
 async def _healthy(backend: Backend) -> bool:
     try:
         return await asyncio.wait_for(backend.health(), 2.0)
@@ -88,10 +94,12 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[errors_in_dialect])
     router = Router(config, backends)
     app[CONFIG], app[BACKENDS], app[ROUTER] = config, backends, router
-    app[PIPELINE] = Pipeline(router, batching=config.batching, tools=config.tools)
+    app[PIPELINE] = pipeline = Pipeline(router, batching=config.batching, tools=config.tools)
+    pipeline.metrics.watch(pipeline)
     app.cleanup_ctx.append(_backends_ctx)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
     routes_ollama.add_routes(app)
     routes_openai.add_routes(app)
     return app

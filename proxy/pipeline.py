@@ -21,6 +21,7 @@ from .cache import CacheLayer
 from .cache.keys import exact_key
 from .config import ToolsConfig
 from .context import RequestContext
+from .metrics import Metrics
 from .router import Router, Target
 from .tools.metrics import ToolMetrics
 from .tools.stream import repair_stream
@@ -39,6 +40,7 @@ class Pipeline:
     cache: CacheLayer | None = None  # set once opened (the semantic tier loads a model)
     coalescer: Coalescer = field(default_factory=Coalescer)
     tool_metrics: ToolMetrics = field(default_factory=ToolMetrics)
+    metrics: Metrics = field(default_factory=Metrics)
     _admission: dict[str, AdmissionController] = field(default_factory=dict)
     _embedders: dict[str, EmbedBatcher] = field(default_factory=dict)
 
@@ -59,22 +61,37 @@ class Pipeline:
     def admission(self, backend: str) -> AdmissionController:
         return self._admission[backend]
 
-    async def chat(self, req: ChatRequest, ctx: RequestContext) -> AsyncIterator[Chunk]:
-        async for chunk in self._generate(req, ctx, lambda b, r: b.chat(r)):  # type: ignore[arg-type]
-            yield chunk
+    def admission_controllers(self) -> dict[str, AdmissionController]:
+        return dict(self._admission)
 
-    async def complete(self, req: CompletionRequest, ctx: RequestContext) -> AsyncIterator[Chunk]:
-        async for chunk in self._generate(req, ctx, lambda b, r: b.complete(r)):  # type: ignore[arg-type]
-            yield chunk
+    def embed_batchers(self) -> dict[str, EmbedBatcher]:
+        return dict(self._embedders)
+
+    def chat(self, req: ChatRequest, ctx: RequestContext) -> AsyncIterator[Chunk]:
+        """The stream itself, not a wrapper around it, so that closing it closes the backend call at once."""
+        return self._generate(req, ctx, lambda b, r: b.chat(r))  # type: ignore[arg-type]
+
+    def complete(self, req: CompletionRequest, ctx: RequestContext) -> AsyncIterator[Chunk]:
+        return self._generate(req, ctx, lambda b, r: b.complete(r))  # type: ignore[arg-type]
 
     async def embed(self, req: EmbedRequest, ctx: RequestContext) -> EmbedResult:
         target = await self.router.resolve(req.model)
-        req = replace(req, model=target.model)
         batcher = self._embedders.get(target.backend.name)
-        return await (batcher.embed(req) if batcher else target.backend.embed(req))
+        with self.metrics.observe(ctx.route, req.model, target.backend.name):
+            req = replace(req, model=target.model)
+            return await (batcher.embed(req) if batcher else target.backend.embed(req))
 
     async def _generate(self, req: Request, ctx: RequestContext, call: StreamFn) -> AsyncIterator[Chunk]:
         target = await self.router.resolve(req.model)
+        answer = self._answer(req, ctx, target, call)
+        with self.metrics.observe(ctx.route, req.model, target.backend.name) as seen:
+            async with contextlib.aclosing(answer):  # closing cancels the backend work below
+                async for chunk in answer:
+                    seen.chunk(chunk)
+                    yield chunk
+
+    async def _answer(self, req: Request, ctx: RequestContext, target: Target, call: StreamFn
+                      ) -> AsyncIterator[Chunk]:
         hit = await self._lookup(req, ctx)
         if hit is not None:
             for chunk in hit:
