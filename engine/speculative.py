@@ -1,0 +1,266 @@
+"""Speculative decoding: propose k tokens cheaply, check them all in one batched target forward pass.
+
+Proposers: prompt lookup (the continuation of the latest earlier occurrence of the sequence's last n
+tokens; no second model) and a small draft model with the target's tokenizer, its own paged KV cache
+and its own block manager. Verification is distribution-exact (Leviathan et al., 2023): greedy rows
+keep drafts while they equal the target's argmax; sampled rows keep draft x with probability
+min(1, p(x)/q(x)) and on the first rejection draw from norm(max(0, p - q)). A deterministic proposer
+(prompt lookup, or a greedy draft) has q = one-hot, so the rule becomes "keep x with probability p(x),
+else draw from p without x". Either way the emitted tokens follow the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.kv_cache import BlockManager
+from engine.model_runner import ModelRunner, StepInput
+from engine.sampling import SampleRow, SamplingParams, _mask_logits
+from engine.sequence import Sequence
+
+
+def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:  # TODO move to sampling
+    temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
+    return torch.softmax(_mask_logits(logits.float() / temps, rows), dim=-1)
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str = "ngram"           # "ngram" (prompt lookup) or "draft" (a smaller model)
+    num_tokens: int = 4             # most draft tokens per step (k)
+    draft_model: str | None = None  # .gguf file or Hugging Face folder, for method "draft"
+    ngram_max: int = 4              # longest suffix prompt lookup tries to match
+    ngram_min: int = 2              # shortest
+    token_cost: float = 0.1         # cost of verifying one more token, relative to a plain decode step
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft") or self.num_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"invalid speculative config: {self}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model")
+
+
+def ngram_propose(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix
+    (n_max down to n_min tokens); [] when the suffix never occurred before."""
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # excludes the suffix itself
+        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start:start + k]
+    return []
+
+
+@dataclass
+class Acceptance:
+    """One sequence's running per-token acceptance rate (decayed counts, so it follows drift), and
+    the draft length that maximises expected tokens per unit of verification cost."""
+    accepted: float = 2.0  # prior: 2 of 3, so a new sequence starts with a useful k
+    trials: float = 3.0
+    decay: float = 0.8
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.trials
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """Drafts are kept up to the first rejection: `accepted` successes, then one failure if any left."""
+        self.accepted = self.decay * self.accepted + accepted
+        self.trials = self.decay * self.trials + accepted + (accepted < proposed)
+
+    def best_k(self, k_max: int, token_cost: float) -> int:
+        """argmax over k of E[tokens per step] / cost, E = (1 - a^(k+1)) / (1 - a), cost = 1 + c*k."""
+        a = min(self.rate, 1 - 1e-6)
+        return max(range(1, k_max + 1), key=lambda k: (1 - a ** (k + 1)) / (1 - a) / (1 + token_cost * k))
+
+
+def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
+    """target_logits: (k+1, vocab) at the pending token and each draft. Returns the drafts that equal
+    the target's argmax, then the target's own token at the first mismatch (or after the last draft)."""
+    best = target_logits.argmax(dim=-1).tolist()
+    n = next((i for i, (d, b) in enumerate(zip(draft, best)) if d != b), len(draft))
+    return draft[:n] + [best[n]]
+
+
+def verify_sampled(target_probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
+                   generator: torch.Generator | None) -> list[int]:
+    """Rejection sampling. target_probs: (k+1, vocab) p at each position; draft_probs: (k, vocab) the
+    q the drafts were drawn from, or None for a deterministic proposer (q = one-hot). Returns the kept
+    drafts plus one token drawn from the residual (on rejection) or from p after the last draft."""
+    k = len(draft)
+    idx = torch.arange(k)
+    drafted = torch.tensor(draft, dtype=torch.long)
+    p = target_probs[idx, drafted]
+    q = draft_probs[idx, drafted] if draft_probs is not None else torch.ones(k)
+    u = torch.rand(k, generator=generator)
+    rejected = (u * q >= p).nonzero()  # u < p/q keeps the draft; q > 0 for every drawn token
+    n = int(rejected[0]) if len(rejected) else k
+    if n == k:
+        residual = target_probs[k]
+    elif draft_probs is not None:
+        residual = (target_probs[n] - draft_probs[n]).clamp(min=0)
+    else:
+        residual = target_probs[n].clone()
+        residual[draft[n]] = 0
+    if residual.sum() <= 0:  # p == q up to rounding: the residual has no mass, p itself is exact
+        residual = target_probs[n]
+    return draft[:n] + [int(torch.multinomial(residual, 1, generator=generator))]
+
+
+def release_rejected_blocks(blocks: BlockManager, seq: Sequence) -> int:
+    """Roll back KV memory after verification: free the blocks past those seq's known tokens need.
+    They were appended this step for drafts that got rejected, so only seq holds them. Returns how
+    many. Rejected K/V left inside a kept block sits past num_computed: never read, later overwritten."""
+    keep = blocks.blocks_needed(seq.num_tokens)
+    tail = seq.block_table[keep:]
+    del seq.block_table[keep:]
+    for b in tail:
+        assert blocks.allocator.decref(b), f"rolled-back block {b} was shared"
+    return len(tail)
+
+
+@dataclass
+class SpecStats:
+    """Counters for metrics: acceptance rate and tokens emitted per verifying target step."""
+    steps: int = 0      # sequence-steps that verified at least one draft
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0    # accepted drafts plus the target's own token, per verifying step
+
+    def record(self, proposed: int, emitted: int) -> None:
+        self.steps += 1
+        self.proposed += proposed
+        self.accepted += emitted - 1
+        self.emitted += emitted
+
+    def as_dict(self) -> dict:
+        return {"spec_steps": self.steps, "spec_proposed": self.proposed, "spec_accepted": self.accepted,
+                "spec_acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
+                "spec_tokens_per_step": self.emitted / self.steps if self.steps else 0.0}
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # (k, vocab) q the tokens were drawn from; None: deterministic
+
+
+class DraftModelProposer:
+    """A smaller model with the target's tokenizer. Keeps a mirror sequence per target sequence in its
+    own paged KV cache; each sync rolls the mirror back to what the target kept, so only the tokens
+    new since the last step (usually the target's correction) are recomputed before drafting."""
+
+    def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int):
+        self.runner = runner
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_cache=False)
+        self.mirrors: dict[int, Sequence] = {}
+
+    def propose(self, seqs: list[Sequence], ks: list[int], rows: list[SampleRow],
+                generator: torch.Generator) -> list[Draft]:
+        """Draft ks[i] tokens for each seq in one batched draft step per token; greedy rows take the
+        draft's argmax, sampled rows draw from the draft's processed distribution q."""
+        mirrors = [self._sync(s) for s in seqs]
+        drafts = [Draft([], None) for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        for _ in range(max(ks, default=0)):
+            active = [i for i, m in enumerate(mirrors) if m is not None and len(drafts[i].tokens) < ks[i]
+                      and self.blocks.append_slots(m, m.num_uncomputed) is not None]
+            if not active:
+                break
+            logits = self.runner.execute([self._input(mirrors[i]) for i in active])
+            for row, i in zip(logits, active):
+                m, r = mirrors[i], rows[i]
+                m.num_computed = m.num_tokens
+                if r.params.greedy:
+                    token = int(row.argmax())
+                else:
+                    q = probabilities(row[None], [r])[0]
+                    token = int(torch.multinomial(q, 1, generator=r.generator or generator))
+                    probs[i].append(q)
+                m.output_ids.append(token)
+                drafts[i].tokens.append(token)
+        for d, p in zip(drafts, probs):
+            d.probs = torch.stack(p) if p else None
+        return drafts
+
+    def retain(self, seq_ids: set[int]) -> None:
+        """Free the mirrors of sequences that finished or were preempted."""
+        for sid in [s for s in self.mirrors if s not in seq_ids]:
+            self.blocks.free(self.mirrors.pop(sid), cache=False)
+
+    def _sync(self, seq: Sequence) -> Sequence | None:
+        """The mirror of seq holding seq's tokens, with K/V kept for the longest still-valid prefix.
+        The target only appends, so the mirror's prompt is a prefix of seq; its drafts count while equal."""
+        m = self.mirrors.get(seq.seq_id)
+        if m is None:
+            m = Sequence(seq.seq_id, seq.all_ids, 1)
+            if not self.blocks.allocate_prompt(m):
+                return None
+            self.mirrors[seq.seq_id] = m
+            return m
+        base = m.num_prompt_tokens
+        kept = seq.token_ids(base, base + len(m.output_ids))
+        same = next((i for i, (a, b) in enumerate(zip(m.output_ids, kept)) if a != b), len(kept))
+        m.num_computed = min(m.num_computed, base + same)
+        m.prompt_ids, m.output_ids = seq.all_ids, []
+        release_rejected_blocks(self.blocks, m)
+        return m
+
+    def _input(self, m: Sequence) -> StepInput:
+        start, end = m.num_computed, m.num_tokens
+        return StepInput(m.token_ids(start, end), start, self.blocks.slot_mapping(m, start, end), m.block_table, True)
+
+
+class Speculator:
+    """The engine's speculative-decoding state: drafts for eligible decoding sequences before a step,
+    verification of the target's logits after it, adaptive k per sequence, metrics."""
+
+    def __init__(self, config: SpeculativeConfig, draft: DraftModelProposer | None = None):
+        assert (config.method == "draft") == (draft is not None)
+        self.config, self.draft = config, draft
+        self.acceptance: dict[int, Acceptance] = {}
+        self.stats = SpecStats()
+
+    def propose(self, seqs: list[Sequence], rows: list[SampleRow], generator: torch.Generator) -> dict[int, Draft]:
+        """seq_id -> non-empty draft, for the given running, decoding sequences (never past max_tokens)."""
+        live = {s.seq_id for s in seqs}
+        self.acceptance = {sid: a for sid, a in self.acceptance.items() if sid in live}
+        ks = [self._k(s) for s in seqs]
+        if self.draft is not None:
+            self.draft.retain(live)
+            drafts = self.draft.propose(seqs, ks, rows, generator)
+        else:
+            c = self.config
+            drafts = [Draft(ngram_propose(s.all_ids, k, c.ngram_max, c.ngram_min)) for s, k in zip(seqs, ks)]
+        return {s.seq_id: d for s, d in zip(seqs, drafts) if d.tokens}
+
+    def verify(self, seq: Sequence, logits: torch.Tensor, draft: Draft, row: SampleRow,
+               generator: torch.Generator) -> list[int]:
+        """Tokens to append for seq: kept drafts plus one from the target. logits: (k+1, vocab)."""
+        if row.params.greedy:
+            tokens = verify_greedy(logits, draft.tokens)
+        else:
+            probs = probabilities(logits, [row] * len(logits))
+            tokens = verify_sampled(probs, draft.tokens, draft.probs, row.generator or generator)
+        self.acceptance.setdefault(seq.seq_id, Acceptance()).update(len(draft.tokens), len(tokens) - 1)
+        self.stats.record(len(draft.tokens), len(tokens))
+        return tokens
+
+    def _k(self, seq: Sequence) -> int:
+        left = seq.max_tokens - len(seq.output_ids) - 1  # the target adds one token of its own
+        best = self.acceptance.setdefault(seq.seq_id, Acceptance()).best_k(self.config.num_tokens,
+                                                                           self.config.token_cost)
+        return max(0, min(best, left))
+
+
+def eligible(params: SamplingParams) -> bool:
+    """Speculation needs a per-position distribution that does not depend on the drafts themselves:
+    no history penalties; logprobs are reported by the plain path only."""
+    return (params.repetition_penalty == 1 and not params.presence_penalty and not params.frequency_penalty
+            and not params.logprobs and not params.top_logprobs)
