@@ -1,0 +1,96 @@
+"""Coalescing and embedding micro-batching end to end: real HTTP clients in both dialects, backend calls counted."""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.batching.config import BatchingConfig
+from proxy.cache.config import CacheConfig
+from proxy.config import Config
+from tests.scripted import Script, ScriptedBackend
+
+MESSAGES = [{"role": "user", "content": "same question"}]
+
+
+def app_over(backend: ScriptedBackend, **batching: object) -> TestClient:
+    config = Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(**batching))  # type: ignore[arg-type]
+    return TestClient(TestServer(make_app(config, {backend.name: backend}), handler_cancellation=True))
+
+
+async def ollama_text(c: TestClient, options: dict) -> str:
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": MESSAGES, "options": options})
+    assert resp.status == 200
+    return "".join(orjson.loads(line)["message"]["content"] for line in (await resp.read()).splitlines())
+
+
+async def openai_text(c: TestClient, options: dict) -> str:
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "stream": True,
+                                                      **options})
+    assert resp.status == 200
+    text = ""
+    for line in (await resp.read()).decode().splitlines():
+        if line.startswith("data: {"):
+            delta = orjson.loads(line[6:])["choices"][0]["delta"]
+            text += delta.get("content") or ""
+    return text
+
+
+async def test_identical_greedy_requests_in_both_dialects_share_one_backend_call():
+    backend = ScriptedBackend(script=Script(pieces=["one ", "two ", "three"], delay=0.1))
+    async with app_over(backend) as c:
+        texts = await asyncio.gather(*[ollama_text(c, {"temperature": 0}) for _ in range(3)],
+                                     *[openai_text(c, {"temperature": 0}) for _ in range(3)])
+        assert texts == ["one two three"] * 6
+        assert len(backend.requests) == 1 and backend.completed == 1
+
+
+async def test_sampled_requests_and_disabled_coalescing_each_get_their_own_call():
+    backend = ScriptedBackend(script=Script(delay=0.05))
+    async with app_over(backend) as c:
+        await asyncio.gather(*[ollama_text(c, {"temperature": 0.8}) for _ in range(3)])
+        assert len(backend.requests) == 3
+    backend = ScriptedBackend(script=Script(delay=0.05))
+    async with app_over(backend, coalesce=False) as c:
+        await asyncio.gather(*[openai_text(c, {"seed": 7}) for _ in range(3)])
+        assert len(backend.requests) == 3
+
+
+async def test_one_coalesced_client_leaving_does_not_cancel_the_others():
+    backend = ScriptedBackend(script=Script(pieces=["x"] * 10, delay=0.03))
+    async with app_over(backend) as c:
+        body = {"model": "tiny", "messages": MESSAGES, "options": {"temperature": 0}}
+        leaver = await c.post("/api/chat", json=body)
+        await leaver.content.readline()
+        stayer = asyncio.create_task(ollama_text(c, {"temperature": 0}))
+        await asyncio.sleep(0.05)
+        leaver.close()
+        assert await stayer == "x" * 10
+        assert len(backend.requests) == 1 and backend.cancelled == 0
+
+
+async def test_concurrent_embeds_in_both_dialects_become_one_backend_call():
+    backend = ScriptedBackend()
+    async with app_over(backend, embed_window_ms=100) as c:
+        async def ollama(inputs: list[str]) -> list[list[float]]:
+            resp = await c.post("/api/embed", json={"model": "tiny", "input": inputs})
+            return (await resp.json())["embeddings"]
+
+        async def openai(text: str) -> list[list[float]]:
+            resp = await c.post("/v1/embeddings", json={"model": "tiny", "input": text})
+            return [d["embedding"] for d in (await resp.json())["data"]]
+
+        results = await asyncio.gather(ollama(["a", "bb"]), openai("ccc"), ollama(["dddd"]), openai("eeeee"))
+        assert [[e[0] for e in r] for r in results] == [[1.0, 2.0], [3.0], [4.0], [5.0]]  # each its own inputs
+        assert len(backend.requests) == 1 and sorted(backend.requests[0].inputs) == ["a", "bb", "ccc", "dddd",
+                                                                                     "eeeee"]
+
+
+async def test_embed_batches_are_capped_at_max_inputs():
+    backend = ScriptedBackend()
+    async with app_over(backend, embed_window_ms=100, embed_max_inputs=4) as c:
+        await asyncio.gather(*[c.post("/api/embed", json={"model": "tiny", "input": [str(i)] * 2})
+                               for i in range(4)])
+        assert [len(r.inputs) for r in backend.requests] == [4, 4]
