@@ -18,7 +18,8 @@ import aiohttp
 import orjson
 
 from .base import BackendConfig
-from .errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelNotFound, Overloaded
+from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelNotFound, Overloaded,
+                     Unsupported)
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _timeout
@@ -112,6 +113,8 @@ class Upstream:
             retry = resp.headers.get("Retry-After", "")
             raise Overloaded(f"{where} is overloaded: {message}",
                              retry_after=float(retry) if retry.isdigit() else None)
+        if resp.status == 501:
+            raise Unsupported(f"{where} cannot do {path}: {message}")
         if resp.status == 503:
             raise BackendUnavailable(f"{where} is unavailable: {message}")
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")

@@ -4,7 +4,10 @@
 response shape follows Ollama's own documentation, docs/api.md in ollama/ollama ("api.md" below, section named
 in each handler), and the `ollama` Python client's `_types.py` for fields api.md leaves implicit (`think` /
 `thinking`, `logprobs`, `context_length` in /api/ps). `FakeOpenAI` is a minimal, fast OpenAI-compatible server
-(`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) shaped after the OpenAI API reference.
+(`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) shaped after the OpenAI API reference
+(platform.openai.com/docs/api-reference: "Chat", "The chat completion chunk object", "Completions", "Embeddings",
+"Models", "Error codes"), as the `openai` Python client's `types/` model them: streamed tool-call arguments are
+string fragments, usage comes in a last chunk with empty `choices` when `stream_options.include_usage` is set.
 
 Both share the knobs of `Script` (reply text, tool calls, per-token delay, failing status, cutting the stream)
 and record what they received in `requests`; `disconnects` counts streams whose client went away mid-way.
@@ -88,7 +91,11 @@ class FakeServer:
         self.requests.append(Received(request.method, request.path, dict(request.headers), body))
         if self.script.fail_status:
             return self.error(self.script.fail_status, self.script.fail_message)
-        return await handler(request)
+        return self.refuse(request) or await handler(request)
+
+    def refuse(self, request: web.Request) -> web.Response | None:
+        """An error answer before any handler runs (authentication), or None."""
+        return None
 
     async def start(self) -> "FakeServer":
         app = web.Application(middlewares=[self._record])
@@ -344,3 +351,120 @@ class OllamaDouble(FakeServer):
             return self._missing(body.get("source", ""))
         self.models[body["destination"]] = FakeModel(body["destination"])
         return web.Response()
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class FakeOpenAI(FakeServer):
+    """An OpenAI-compatible server (vLLM / LM Studio style); requires `Authorization: Bearer api_key` if given."""
+
+    def __init__(self, models: Iterable[str] = ("fake-gpt",), api_key: str | None = None) -> None:
+        super().__init__()
+        self.models = list(models)
+        self.api_key = api_key
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat),
+                web.post("/v1/completions", self.completions), web.post("/v1/embeddings", self.embeddings)]
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                429: "rate_limit_error"}.get(status, "server_error")
+        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+    def refuse(self, request: web.Request) -> web.Response | None:
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return self.error(401, "Incorrect API key provided")
+        return None
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"} for m in self.models]})
+
+    def _unknown(self, body: dict[str, Any]) -> web.Response | None:
+        if body.get("model") in self.models:
+            return None
+        return self.error(404, f"The model `{body.get('model')}` does not exist")
+
+    def _words(self, body: dict[str, Any]) -> tuple[list[str], str]:
+        words, limit = tokens(self.script.reply), body.get("max_tokens")
+        if limit is not None and limit < len(words):
+            return words[:limit], "length"
+        return words, "tool_calls" if self.script.tool_calls else "stop"
+
+    def _usage(self, body: dict[str, Any], completion: int) -> dict[str, int]:
+        prompt = len(tokens(orjson.dumps(body.get("messages") or body.get("prompt") or "").decode()))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _calls(self) -> list[dict[str, Any]]:
+        """Tool calls with string `arguments`; a raw string argument is sent verbatim (malformed JSON tests)."""
+        return [{"id": f"call_{i}", "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str)
+                              else orjson.dumps(c["arguments"]).decode()}}
+                for i, c in enumerate(self.script.tool_calls)]
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if (missing := self._unknown(body)) is not None:
+            return missing
+        words, reason = self._words(body)
+        head = {"id": "chatcmpl-fake", "created": int(time.time()), "model": body["model"]}
+        if not body.get("stream"):
+            msg: dict[str, Any] = {"role": "assistant", "content": "".join(words) or None}
+            if self.script.tool_calls:
+                msg["tool_calls"] = self._calls()
+            return web.json_response({**head, "object": "chat.completion", "usage": self._usage(body, len(words)),
+                                      "choices": [{"index": 0, "message": msg, "finish_reason": reason}]})
+        head["object"] = "chat.completion.chunk"
+
+        def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
+            return _sse({**head, "choices": [{"index": 0, "delta": d, "finish_reason": finish}]})
+
+        def events() -> Iterable[bytes]:
+            yield delta({"role": "assistant", "content": ""})
+            for word in words:
+                yield delta({"content": word})
+            for i, call in enumerate(self._calls()):  # name first, then the arguments string in two pieces
+                args = call["function"]["arguments"]
+                yield delta({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                             "function": {"name": call["function"]["name"], "arguments": ""}}]})
+                for piece in (args[:len(args) // 2], args[len(args) // 2:]):
+                    yield delta({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+            yield delta({}, reason)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield _sse({**head, "choices": [], "usage": self._usage(body, len(words))})
+            yield b"data: [DONE]\n\n"
+        return await self.stream(request, events(), "text/event-stream")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if (missing := self._unknown(body)) is not None:
+            return missing
+        words, reason = self._words(body)
+        reason = "stop" if reason == "tool_calls" else reason
+        head = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": body["model"]}
+        if not body.get("stream"):
+            return web.json_response({**head, "usage": self._usage(body, len(words)), "choices": [
+                {"index": 0, "text": "".join(words), "logprobs": None, "finish_reason": reason}]})
+
+        def events() -> Iterable[bytes]:
+            for word in words:
+                yield _sse({**head, "choices": [{"index": 0, "text": word, "logprobs": None, "finish_reason": None}]})
+            yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]})
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield _sse({**head, "choices": [], "usage": self._usage(body, len(words))})
+            yield b"data: [DONE]\n\n"
+        return await self.stream(request, events(), "text/event-stream")
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if (missing := self._unknown(body)) is not None:
+            return missing
+        inputs = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        dims = body.get("dimensions") or 8
+        return web.json_response({"object": "list", "model": body["model"], "data": [
+            {"object": "embedding", "index": i, "embedding": fake_embedding(t, dims)} for i, t in enumerate(inputs)],
+            "usage": {"prompt_tokens": sum(len(tokens(t)) for t in inputs),
+                      "total_tokens": sum(len(tokens(t)) for t in inputs)}})

@@ -1,0 +1,74 @@
+"""Any OpenAI-compatible server (vLLM, SGLang, LM Studio, Ollama's /v1, llama-server): chat and completions
+with streaming, tools, response_format, embeddings and /v1/models; an optional API key goes out as Bearer."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from .base import Backend, BackendConfig
+from .errors import BackendError
+from .http import Upstream
+from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, response_from_wire
+from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo
+
+
+def as_chat(req: CompletionRequest) -> ChatRequest:
+    """Ollama's non-raw /api/generate applies the model's chat template: on OpenAI servers that is a chat."""
+    messages = [Message(role="system", content=req.system)] if req.system else []
+    messages.append(Message(role="user", content=req.prompt, images=req.images))
+    return ChatRequest(model=req.model, messages=messages, options=req.options, format=req.format,
+                       stream=req.stream, keep_alive=req.keep_alive, think=req.think, n=req.n)
+
+
+class OpenAIBackend(Backend):
+    def __init__(self, config: BackendConfig):
+        super().__init__(config)
+        self.http = Upstream(config)
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    async def health(self) -> bool:
+        try:
+            await self.http.call("GET", "/v1/models")
+        except BackendError:
+            return False
+        return True
+
+    async def list_models(self) -> list[ModelInfo]:
+        if self.config.models:
+            return [ModelInfo(name=m, backend=self.name) for m in self.config.models]
+        listing = await self.http.call("GET", "/v1/models")
+        return [ModelInfo(name=m["id"], backend=self.name) for m in listing.get("data", [])]
+
+    def chat_body(self, req: ChatRequest) -> dict[str, Any]:
+        return chat_to_wire(req)
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        return self._answer("/v1/chat/completions", self.chat_body(req), req.model, req.stream)
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        if not req.raw and req.suffix is None:
+            return self.chat(as_chat(req))
+        return self._answer("/v1/completions", completion_to_wire(req), req.model, req.stream)
+
+    async def _answer(self, path: str, body: dict[str, Any], model: str, stream: bool) -> AsyncIterator[Chunk]:
+        if not stream:
+            yield response_from_wire(await self.http.call("POST", path, body, model=model))
+            return
+        cfg, parser = self.config, ChatStream()
+        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
+            async for event in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout):
+                if (chunk := parser.feed(event)) is not None:
+                    yield chunk
+        if parser.finish is None:
+            raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
+        yield parser.last()
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
+        if req.dimensions is not None:
+            body["dimensions"] = req.dimensions
+        obj = await self.http.call("POST", "/v1/embeddings", body, model=req.model)
+        rows = sorted(obj.get("data", []), key=lambda d: d.get("index", 0))
+        return EmbedResult(embeddings=[r["embedding"] for r in rows],
+                           prompt_tokens=(obj.get("usage") or {}).get("prompt_tokens", 0))

@@ -1,0 +1,207 @@
+"""The one place that converts Velo's internal types to and from the OpenAI wire format, for the adapters of
+OpenAI-compatible servers (openai_compat) and llama-server (llamacpp).
+
+Streamed tool calls arrive as argument-string fragments; `ChatStream` accumulates them and emits each call once,
+complete, in the last chunk. Arguments that do not parse as a JSON object are NOT turned into a ToolCall: the
+call is written into the text instead, as `{"name": NAME, "arguments": RAW}` (RAW verbatim), so the proxy's
+tool-call repair sees what the model produced and can fix it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .errors import BackendError
+from .protocol import (ChatRequest, Chunk, CompletionRequest, FinishReason, Message, OutputFormat,
+                       SamplingOptions, TokenLogprob, ToolCall, Usage)
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
+                                    "function_call": "tool_calls", "content_filter": "stop"}
+
+
+def sampling_to_wire(o: SamplingOptions) -> dict[str, Any]:
+    """Standard OpenAI fields plus `top_k` / `min_p`, which vLLM, SGLang and llama-server all accept."""
+    out: dict[str, Any] = {}
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                "frequency_penalty"):
+        if (value := getattr(o, key)) is not None:
+            out[key] = value
+    if o.stop:
+        out["stop"] = list(o.stop)
+    return out
+
+
+def format_to_wire(fmt: OutputFormat) -> dict[str, Any] | None:
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt}}
+    return None
+
+
+def _content(m: Message) -> Any:
+    if not m.images:
+        return m.content
+    return [{"type": "text", "text": m.content}] + [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{img}"}} for img in m.images]
+
+
+def message_to_wire(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": _content(m)}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function",
+                              "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+                             for i, c in enumerate(m.tool_calls)]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id or "call_0"
+        if m.tool_name:
+            out["name"] = m.tool_name
+    return out
+
+
+def _with_common(body: dict[str, Any], options: SamplingOptions, fmt: OutputFormat, stream: bool,
+                 n: int) -> dict[str, Any]:
+    body.update(sampling_to_wire(options), stream=stream)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if (rf := format_to_wire(fmt)) is not None:
+        body["response_format"] = rf
+    if n != 1:
+        body["n"] = n
+    return body
+
+
+def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": req.model, "messages": [message_to_wire(m) for m in req.messages]}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                           "parameters": t.parameters}} for t in req.tools]
+    if req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
+    if req.options.logprobs:
+        body["logprobs"] = True
+        if req.options.top_logprobs is not None:
+            body["top_logprobs"] = req.options.top_logprobs
+    return _with_common(body, req.options, req.format, req.stream, req.n)
+
+
+def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": req.model, "prompt": req.prompt}
+    if req.suffix is not None:
+        body["suffix"] = req.suffix
+    if req.echo:
+        body["echo"] = True
+    if req.options.logprobs:
+        body["logprobs"] = req.options.top_logprobs or 1
+    return _with_common(body, req.options, req.format, req.stream, req.n)
+
+
+def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage | None:
+    """OpenAI `usage`, plus llama-server's `timings` (milliseconds) as nanoseconds when present."""
+    if usage is None and timings is None:
+        return None
+    usage, timings = usage or {}, timings or {}
+    out = Usage(prompt_tokens=usage.get("prompt_tokens", timings.get("prompt_n", 0)),
+                completion_tokens=usage.get("completion_tokens", timings.get("predicted_n", 0)),
+                prompt_eval_ns=int(timings.get("prompt_ms", 0) * 1e6), eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
+    out.total_ns = out.prompt_eval_ns + out.eval_ns
+    return out
+
+
+def logprobs_from_wire(lp: dict[str, Any] | None) -> list[TokenLogprob]:
+    """Chat logprobs (`content: [{token, logprob, top_logprobs}]`); completions' parallel lists are read too."""
+    if not lp:
+        return []
+    if lp.get("content") is not None:
+        return [TokenLogprob(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t.get("top_logprobs") or []])
+                for t in lp["content"]]
+    tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
+    return [TokenLogprob(tok, p, list((top or {}).items()))
+            for tok, p, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], tops)]
+
+
+@dataclass
+class _PendingCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+def complete_calls(calls: list[_PendingCall]) -> tuple[list[ToolCall], str]:
+    """Parsed calls, and the raw text of those whose arguments are not a JSON object (see module docstring)."""
+    done, raw = [], ""
+    for c in calls:
+        try:
+            args = orjson.loads(c.arguments or "{}")
+        except orjson.JSONDecodeError:
+            args = None
+        if isinstance(args, dict):
+            done.append(ToolCall(name=c.name, arguments=args, id=c.id))
+        else:
+            raw += f'{{"name": {orjson.dumps(c.name).decode()}, "arguments": {c.arguments}}}'
+    return done, raw
+
+
+def reconcile(finish: FinishReason, calls: list[ToolCall]) -> FinishReason:
+    """"tool_calls" exactly when complete calls came out (servers differ; unparseable calls became text)."""
+    if finish == "stop" and calls:
+        return "tool_calls"
+    return "stop" if finish == "tool_calls" and not calls else finish
+
+
+@dataclass
+class ChatStream:
+    """Folds `chat.completion.chunk` / `text_completion` stream events into Chunks (choice 0 only)."""
+
+    calls: dict[int, _PendingCall] = field(default_factory=dict)
+    finish: FinishReason | None = None
+    usage: Usage | None = None
+
+    def feed(self, event: dict[str, Any]) -> Chunk | None:
+        self.usage = usage_from_wire(event.get("usage"), event.get("timings")) or self.usage
+        choice = next((c for c in event.get("choices") or [] if c.get("index", 0) == 0), None)
+        if choice is None:
+            return None
+        delta = choice.get("delta") or {}
+        for frag in delta.get("tool_calls") or []:
+            call = self.calls.setdefault(frag.get("index", 0), _PendingCall())
+            call.id = frag.get("id") or call.id
+            fn = frag.get("function") or {}
+            call.name += fn.get("name") or ""
+            call.arguments += fn.get("arguments") or ""
+        if choice.get("finish_reason"):
+            self.finish = _FINISH.get(choice["finish_reason"], "stop")
+        chunk = Chunk(text=delta.get("content") or choice.get("text") or "",
+                      thinking=delta.get("reasoning_content") or "",
+                      logprobs=logprobs_from_wire(choice.get("logprobs")))
+        return chunk if chunk.text or chunk.thinking or chunk.logprobs else None
+
+    def last(self) -> Chunk:
+        """The closing chunk: complete tool calls, finish reason and usage."""
+        calls, raw = complete_calls([self.calls[i] for i in sorted(self.calls)])
+        return Chunk(text=raw, tool_calls=calls, finish_reason=reconcile(self.finish or "stop", calls),
+                     usage=self.usage)
+
+
+def _arguments_text(args: Any) -> str:
+    """Some servers send arguments as an object although OpenAI specifies a string."""
+    return args if isinstance(args, str) else orjson.dumps(args or {}).decode()
+
+
+def response_from_wire(obj: dict[str, Any]) -> Chunk:
+    """A whole non-streamed `chat.completion` or `text_completion` answer (choice 0) as one Chunk."""
+    if "error" in obj:
+        raise BackendError(f"backend failed: {obj['error']}")
+    choice = obj["choices"][0]
+    msg = choice.get("message") or {}
+    pending = [_PendingCall(c.get("id", ""), c["function"]["name"], _arguments_text(c["function"].get("arguments")))
+               for c in msg.get("tool_calls") or []]
+    calls, raw = complete_calls(pending)
+    finish = _FINISH.get(choice.get("finish_reason") or "stop", "stop")
+    return Chunk(text=(msg.get("content") or choice.get("text") or "") + raw,
+                 thinking=msg.get("reasoning_content") or "", tool_calls=calls,
+                 logprobs=logprobs_from_wire(choice.get("logprobs")),
+                 finish_reason=reconcile(finish, calls),
+                 usage=usage_from_wire(obj.get("usage"), obj.get("timings")))

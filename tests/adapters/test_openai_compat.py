@@ -1,0 +1,187 @@
+"""The openai adapter against `FakeOpenAI` (tests/fakes.py): wire shapes, streamed tool-call assembly, API key,
+and every failure mode mapped to its domain error (down, slow, failing, cut mid-stream, closed early)."""
+import asyncio
+import socket
+
+import pytest
+
+from adapters.base import BackendConfig
+from adapters.errors import (BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded,
+                             Unauthorized, VeloError)
+from adapters.openai_compat import OpenAIBackend
+from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
+                               ToolCall, aggregate)
+from tests.fakes import FakeOpenAI
+
+MODEL = "fake-gpt"
+WEATHER = Tool(name="get_weather", description="Weather for a city",
+               parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+def config(url: str, **kw) -> BackendConfig:
+    return BackendConfig(name="oai", kind="openai", urls=[url], **kw)
+
+
+@pytest.fixture
+async def backend(openai_fake):
+    b = OpenAIBackend(config(openai_fake.url))
+    yield b
+    await b.close()
+
+
+def chat(stream=True, **kw) -> ChatRequest:
+    return ChatRequest(model=MODEL, messages=[Message(role="user", content="Hi there")], stream=stream, **kw)
+
+
+async def collect(stream):
+    return [c async for c in stream]
+
+
+async def test_chat_stream_text_then_finish_with_usage(backend, openai_fake):
+    openai_fake.script.reply = "Hello big world"
+    chunks = await collect(backend.chat(chat()))
+    assert "".join(c.text for c in chunks) == "Hello big world" and len(chunks) == 4
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].usage.completion_tokens == 3
+    sent = openai_fake.last("/v1/chat/completions")
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+
+
+async def test_sampling_format_and_n_on_the_wire(backend, openai_fake):
+    opts = SamplingOptions(max_tokens=2, temperature=0.2, top_p=0.9, top_k=5, min_p=0.1, seed=7, stop=["x"],
+                           presence_penalty=0.5, frequency_penalty=0.3)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    out = aggregate(await collect(backend.chat(chat(stream=False, options=opts, format=schema))))
+    sent = openai_fake.last("/v1/chat/completions")
+    assert {k: sent[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                                 "presence_penalty", "frequency_penalty")} == {
+        "max_tokens": 2, "temperature": 0.2, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "seed": 7, "stop": ["x"],
+        "presence_penalty": 0.5, "frequency_penalty": 0.3}
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
+    assert out.finish_reason == "length" and out.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_tool_calls_round_trip(backend, openai_fake, stream):
+    openai_fake.script.reply = ""
+    openai_fake.script.tool_calls = [{"name": "get_weather", "arguments": {"city": "Paris"}},
+                                     {"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    history = [Message(role="user", content="Weather?"),
+               Message(role="assistant", tool_calls=[ToolCall(name="get_weather", arguments={"city": "Rome"},
+                                                              id="call_9")]),
+               Message(role="tool", content="sunny", tool_call_id="call_9")]
+    req = ChatRequest(model=MODEL, messages=history, tools=[WEATHER], tool_choice="auto", stream=stream)
+    out = aggregate(await collect(backend.chat(req)))
+    assert [(c.name, c.arguments, c.id) for c in out.tool_calls] == [
+        ("get_weather", {"city": "Paris"}, "call_0"), ("get_weather", {"city": "Oslo"}, "call_1")]
+    assert out.finish_reason == "tool_calls" and out.text == ""
+    sent = openai_fake.last("/v1/chat/completions")
+    assert sent["tool_choice"] == "auto" and sent["tools"][0]["function"]["name"] == "get_weather"
+    assert sent["messages"][1]["tool_calls"] == [{"id": "call_9", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city":"Rome"}'}}]
+    assert sent["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_9"}
+
+
+async def test_malformed_tool_arguments_become_text_for_repair(backend, openai_fake):
+    openai_fake.script.reply = ""
+    openai_fake.script.tool_calls = [{"name": "get_weather", "arguments": '{"city": "Paris"'}]
+    out = aggregate(await collect(backend.chat(chat(tools=[WEATHER]))))
+    assert out.tool_calls == [] and out.finish_reason == "stop"
+    assert out.text == '{"name": "get_weather", "arguments": {"city": "Paris"}'
+
+
+async def test_completion_raw_and_fim_use_v1_completions_plain_prompt_uses_chat(backend, openai_fake):
+    openai_fake.script.reply = "return a + b"
+    fim = CompletionRequest(model=MODEL, prompt="def add(a, b):\n    ", suffix="\n", raw=True)
+    out = aggregate(await collect(backend.complete(fim)))
+    assert out.text == "return a + b" and out.finish_reason == "stop"
+    assert openai_fake.last("/v1/completions")["suffix"] == "\n"
+    await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Hi", system="Be brief", stream=False)))
+    assert openai_fake.last("/v1/chat/completions")["messages"] == [
+        {"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]
+
+
+async def test_embed_and_models(backend, openai_fake):
+    result = await backend.embed(EmbedRequest(model=MODEL, inputs=["a b", "c"], dimensions=4))
+    assert [len(e) for e in result.embeddings] == [4, 4] and result.embeddings[0] != result.embeddings[1]
+    assert result.prompt_tokens == 3
+    assert openai_fake.last("/v1/embeddings")["encoding_format"] == "float"
+    assert [m.name for m in await backend.list_models()] == [MODEL]
+    assert await backend.health()
+
+
+async def test_api_key_goes_out_as_bearer():
+    async with FakeOpenAI(api_key="sk-test") as fake:
+        good, bad = OpenAIBackend(config(fake.url, api_key="sk-test")), OpenAIBackend(config(fake.url))
+        assert [m.name for m in await good.list_models()] == [MODEL]
+        assert fake.requests[-1].headers["Authorization"] == "Bearer sk-test"
+        with pytest.raises(VeloError) as e:
+            await collect(bad.chat(chat()))
+        await good.close()
+        await bad.close()
+    assert e.value.status == 502 and "Incorrect API key" in e.value.message
+    assert not isinstance(e.value, Unauthorized)  # Velo's own client is not the one who is unauthorised
+
+
+async def test_error_statuses_map_to_domain_errors(backend, openai_fake):
+    with pytest.raises(ModelNotFound):
+        await collect(backend.chat(ChatRequest(model="nope", messages=[Message(role="user", content="x")])))
+    for status, kind in ((429, Overloaded), (503, BackendUnavailable), (500, BackendError)):
+        openai_fake.script.fail_status, openai_fake.script.fail_message = status, f"boom {status}"
+        with pytest.raises(kind) as e:
+            await collect(backend.chat(chat()))
+        assert e.value.status == (502 if status == 500 else status) and f"boom {status}" in e.value.message
+
+
+async def test_cut_mid_stream_raises_promptly(backend, openai_fake):
+    openai_fake.script.reply = "one two three four"
+    openai_fake.script.cut_after = 3  # role chunk + two words, then the connection drops
+    got = []
+    with pytest.raises(BackendError) as e:
+        async with asyncio.timeout(5):
+            async for chunk in backend.chat(chat()):
+                got.append(chunk.text)
+    assert got == ["one", " two"] and e.value.status == 502
+
+
+async def test_slow_first_token_and_idle_gap_time_out(openai_fake):
+    openai_fake.script.token_delay = 0.4
+    slow = OpenAIBackend(config(openai_fake.url, first_token_timeout=0.1))
+    with pytest.raises(BackendTimeout) as e:
+        await collect(slow.chat(chat()))
+    assert e.value.status == 504 and "first data" in e.value.message
+    openai_fake.script.token_delay = 0.2
+    idle = OpenAIBackend(config(openai_fake.url, first_token_timeout=2, idle_timeout=0.05))
+    with pytest.raises(BackendTimeout) as e:
+        await collect(idle.chat(chat()))
+    assert "between chunks" in e.value.message
+    total = OpenAIBackend(config(openai_fake.url, first_token_timeout=2, idle_timeout=2, total_timeout=0.5))
+    with pytest.raises(BackendTimeout) as e:
+        await collect(total.chat(chat()))
+    assert "0.5s total" in e.value.message
+    for b in (slow, idle, total):
+        await b.close()
+
+
+async def test_down_backend_is_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = "http://127.0.0.1:%d" % s.getsockname()[1]
+    b = OpenAIBackend(config(url))
+    with pytest.raises(BackendUnavailable) as e:
+        await collect(b.chat(chat()))
+    assert e.value.status == 503 and url in e.value.message and "not reachable" in e.value.message
+    assert not await b.health()
+    await b.close()
+
+
+async def test_closing_the_stream_early_cancels_the_upstream(backend, openai_fake):
+    openai_fake.script.reply = " ".join(["word"] * 50)
+    openai_fake.script.token_delay = 0.02
+    stream = backend.chat(chat())
+    assert (await stream.__anext__()).text == "word"
+    await stream.aclose()
+    for _ in range(50):
+        if openai_fake.disconnects:
+            break
+        await asyncio.sleep(0.02)
+    assert openai_fake.disconnects == 1
