@@ -1,0 +1,227 @@
+"""One backend served by several identical servers (`urls = [...]` in config.toml).
+
+Each request goes to the healthy replica with the fewest outstanding requests, or, with prefix affinity, to the
+replica its conversation prefix hashes to (so the server's prompt cache is reused) unless that one is clearly
+busier than the rest. A replica that fails before sending its first chunk is skipped and the next one tried, so
+the client never sees the failure; once bytes went out the error is the client's. Repeated failures open the
+replica's circuit for a cool-down (it gets no requests); after it, the next failure reopens it at once. A
+background probe keeps `healthy`; replicas failing it are tried only when no healthy one is left.
+
+Replica settings live in the backend's `options`: `affinity` ("prefix" or "none"), `health_interval_s`,
+`breaker_failures`, `breaker_cooldown_s`; they are stripped before the options reach the replicas' adapters.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import xxhash
+
+from .base import Backend, BackendConfig
+from .errors import BackendError, BackendUnavailable, Overloaded
+from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
+
+log = logging.getLogger("velo.replicas")
+T = TypeVar("T")
+_RETRYABLE = (BackendError, Overloaded)  # worth another replica; a 4xx would fail the same everywhere
+_AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyond the least busy one
+
+
+@dataclass
+class ReplicaOptions:
+    affinity: str = "none"
+    health_interval_s: float = 5.0
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 10.0
+
+    @classmethod
+    def split(cls, options: dict[str, Any]) -> tuple["ReplicaOptions", dict[str, Any]]:
+        """(the replica settings, the options left for each replica's adapter)."""
+        names = set(cls.__dataclass_fields__)
+        ours = cls(**{k: v for k, v in options.items() if k in names})
+        if ours.affinity not in ("none", "prefix"):
+            raise ValueError(f"options.affinity: must be 'none' or 'prefix', got {ours.affinity!r}")
+        return ours, {k: v for k, v in options.items() if k not in names}
+
+
+@dataclass(eq=False)
+class Replica:
+    backend: Backend
+    outstanding: int = 0
+    healthy: bool = True
+    failures: int = 0  # consecutive
+    open_until: float = 0.0  # circuit open (skipped) until this monotonic time
+
+    def closed(self, now: float) -> bool:
+        """The circuit lets requests through."""
+        return self.open_until <= now
+
+    def succeeded(self) -> None:
+        self.failures, self.open_until = 0, 0.0
+
+    def failed(self, opts: ReplicaOptions) -> None:
+        self.failures += 1
+        if self.failures >= opts.breaker_failures:
+            self.open_until = time.monotonic() + opts.breaker_cooldown_s
+            log.warning("replica %s: circuit open for %.0fs after %d failures", self.backend.name,
+                        opts.breaker_cooldown_s, self.failures)
+
+
+class ReplicaSet(Backend):
+    def __init__(self, config: BackendConfig, replicas: list[Backend], options: ReplicaOptions | None = None):
+        super().__init__(config)
+        assert replicas, "a replica set needs at least one replica"
+        self.options = options or ReplicaOptions()
+        self.replicas = [Replica(b) for b in replicas]
+        self._prober: asyncio.Task | None = None
+
+    @classmethod
+    def from_config(cls, config: BackendConfig, make: Callable[[BackendConfig], Backend]) -> "ReplicaSet":
+        opts, rest = ReplicaOptions.split(config.options)
+        members = [make(replace(config, name=f"{config.name}[{i}]", urls=[url], options=rest))
+                   for i, url in enumerate(config.urls)]
+        return cls(config, members, opts)
+
+    async def start(self) -> None:
+        await asyncio.gather(*(r.backend.start() for r in self.replicas))
+        self._prober = asyncio.create_task(self._probe_forever(), name=f"health:{self.name}")
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+        await asyncio.gather(*(r.backend.close() for r in self.replicas), return_exceptions=True)
+
+    async def probe(self) -> None:
+        """Asks every replica for its health once; a replica that recovers gets its circuit closed."""
+        states = await asyncio.gather(*(_probe(r.backend, self.options.health_interval_s) for r in self.replicas))
+        for replica, ok in zip(self.replicas, states):
+            if ok and not replica.healthy:
+                replica.succeeded()
+            replica.healthy = ok
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.health_interval_s)
+            await self.probe()
+
+    async def health(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
+    async def concurrency(self) -> int:
+        """The replicas' slots added up: Velo's admission queue sits in front of the whole set."""
+        return sum(await asyncio.gather(*(r.backend.concurrency() for r in self.replicas)))
+
+    def order(self, affinity_key: str | None = None) -> list[Replica]:
+        """Replicas to try, best first: healthy ones by outstanding requests (the affinity replica first when it
+        is not much busier), then those failing probes. Open circuits are left out; none left is a 503."""
+        now = time.monotonic()
+        closed = [r for r in self.replicas if r.closed(now)]
+        if not closed:
+            wait = min(r.open_until for r in self.replicas) - now
+            raise BackendUnavailable(f"every replica of backend {self.name!r} is failing", retry_after=wait)
+        ready = sorted((r for r in closed if r.healthy), key=lambda r: r.outstanding)
+        if affinity_key is not None and ready:
+            preferred = max(ready, key=lambda r: xxhash.xxh64_intdigest(f"{affinity_key}|{r.backend.name}".encode()))
+            if preferred.outstanding <= ready[0].outstanding + _AFFINITY_SLACK:
+                ready.remove(preferred)
+                ready.insert(0, preferred)
+        return ready + [r for r in closed if not r.healthy]
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        return self._stream(lambda b: b.chat(req), self._affinity(req))
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        return self._stream(lambda b: b.complete(req), self._affinity(req))
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        return await self._call(lambda b: b.embed(req))
+
+    async def list_models(self) -> list[ModelInfo]:
+        return await self._call(lambda b: b.list_models())
+
+    async def show(self, model: str) -> ModelInfo:
+        return await self._call(lambda b: b.show(model))
+
+    async def running(self) -> list[RunningModel]:
+        return await self._call(lambda b: b.running())
+
+    def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self.order()[0].backend.manage(method, path, body)
+
+    def _affinity(self, req: ChatRequest | CompletionRequest) -> str | None:
+        """The conversation's opening (everything up to the first user turn), or a prompt's first 512 chars."""
+        if self.options.affinity != "prefix":
+            return None
+        if isinstance(req, CompletionRequest):
+            return f"{req.model}|{req.prompt[:512]}"
+        opening = []
+        for m in req.messages:
+            opening.append(f"{m.role}:{m.content}")
+            if m.role == "user":
+                break
+        return f"{req.model}|" + "\n".join(opening)
+
+    async def _call(self, fn: Callable[[Backend], Awaitable[T]]) -> T:
+        """A plain call, tried on each replica in turn while the failure is one another replica might not have."""
+        error: BaseException | None = None
+        for replica in self.order():
+            replica.outstanding += 1
+            try:
+                result = await fn(replica.backend)
+            except _RETRYABLE as e:
+                self._failed(replica, e)
+                error = e
+                continue
+            finally:
+                replica.outstanding -= 1
+            replica.succeeded()
+            return result
+        raise BackendUnavailable(f"every replica of backend {self.name!r} failed: {error}") from error
+
+    async def _stream(self, open_stream: Callable[[Backend], AsyncIterator[Chunk]], key: str | None
+                      ) -> AsyncIterator[Chunk]:
+        """Fails over until a replica yields its first chunk; from then on, that replica's stream is the answer."""
+        error: BaseException | None = None
+        for replica in self.order(key):
+            replica.outstanding += 1
+            stream = open_stream(replica.backend)
+            try:
+                try:
+                    first = await stream.__anext__()
+                except StopAsyncIteration:
+                    replica.succeeded()
+                    return
+                except _RETRYABLE as e:
+                    self._failed(replica, e)
+                    error = e
+                    continue
+                yield first
+                async for chunk in stream:
+                    yield chunk
+                replica.succeeded()
+                return
+            except BackendError as e:  # mid-stream: too late to hide it
+                self._failed(replica, e)
+                raise
+            finally:
+                replica.outstanding -= 1
+                await stream.aclose()  # type: ignore[attr-defined]
+        raise BackendUnavailable(f"every replica of backend {self.name!r} failed: {error}") from error
+
+    def _failed(self, replica: Replica, error: BaseException) -> None:
+        log.warning("replica %s failed: %s", replica.backend.name, error)
+        if isinstance(error, BackendError):  # an overloaded replica is busy, not broken
+            replica.failed(self.options)
+
+
+async def _probe(backend: Backend, timeout: float) -> bool:
+    try:
+        return await asyncio.wait_for(backend.health(), timeout)
+    except Exception:  # noqa: BLE001 - a probe reports, it does not raise
+        return False

@@ -1,0 +1,163 @@
+"""Replica sets: least-outstanding routing, failover before the first byte, circuit breaking, health probes,
+prefix affinity, and the registry building one from several urls (against real fake upstreams)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.base import BackendConfig
+from adapters.errors import BackendError, BackendUnavailable, BadRequest
+from adapters.protocol import ChatRequest, Message
+from adapters.registry import make_backend
+from adapters.replicas import ReplicaOptions, ReplicaSet
+from proxy.app import make_app
+from proxy.config import Config
+from tests.fakes import FakeOpenAI
+from tests.scripted import Script, ScriptedBackend
+
+
+def chat(first: str = "hi", *later: str) -> ChatRequest:
+    msgs = [Message("system", "be brief"), Message("user", first)]
+    for text in later:
+        msgs += [Message("assistant", "ok"), Message("user", text)]
+    return ChatRequest(model="tiny:latest", messages=msgs)
+
+
+def replica_set(*scripts: Script, **options: object) -> tuple[ReplicaSet, list[ScriptedBackend]]:
+    members = [ScriptedBackend(f"r{i}", script=s) for i, s in enumerate(scripts)]
+    cfg = BackendConfig(name="set", kind="openai", urls=[f"http://r{i}" for i in range(len(members))])
+    return ReplicaSet(cfg, list(members), ReplicaOptions(**options)), members  # type: ignore[arg-type]
+
+
+async def text(rs: ReplicaSet, req: ChatRequest | None = None) -> str:
+    return "".join([c.text async for c in rs.chat(req or chat())])
+
+
+def free_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens here once closed
+
+
+async def test_least_outstanding_requests_spreads_concurrent_streams():
+    rs, members = replica_set(*[Script(delay=0.05)] * 3)
+    await asyncio.gather(*[text(rs) for _ in range(6)])
+    assert [len(m.requests) for m in members] == [2, 2, 2]
+    assert all(r.outstanding == 0 for r in rs.replicas)
+
+
+async def test_failure_before_first_chunk_fails_over_invisibly():
+    rs, members = replica_set(Script(fail_after=0), Script())
+    assert await text(rs) == "Hello world"
+    assert [len(m.requests) for m in members] == [1, 1] and rs.replicas[0].failures == 1
+
+
+async def test_failure_mid_stream_is_not_retried():
+    rs, members = replica_set(Script(fail_after=1), Script(fail_after=1))
+    with pytest.raises(BackendError):
+        await text(rs)
+    assert sum(len(m.requests) for m in members) == 1
+
+
+async def test_client_errors_are_not_retried_elsewhere():
+    rs, members = replica_set(Script(), Script())
+
+    async def reject(req):  # noqa: ANN001
+        raise BadRequest("bad")
+        yield  # pragma: no cover - makes this an async generator
+    members[0].chat = reject  # type: ignore[method-assign]
+    members[1].chat = reject  # type: ignore[method-assign]
+    with pytest.raises(BadRequest):
+        await text(rs)
+
+
+async def test_circuit_opens_after_repeated_failures_and_closes_after_cooldown():
+    rs, members = replica_set(Script(fail_after=0), Script(), breaker_failures=2, breaker_cooldown_s=0.2)
+    for _ in range(4):
+        assert await text(rs) == "Hello world"
+    assert len(members[0].requests) == 2  # then its circuit opened and it got nothing more
+    members[0].script = Script()
+    await asyncio.sleep(0.25)
+    rs.replicas[1].outstanding = 5  # make the recovered replica the obvious choice
+    assert await text(rs) == "Hello world"
+    assert len(members[0].requests) == 3 and rs.replicas[0].failures == 0
+
+
+async def test_every_circuit_open_is_a_fast_503_with_retry_after():
+    rs, _ = replica_set(Script(fail_after=0), Script(fail_after=0), breaker_failures=1, breaker_cooldown_s=5)
+    with pytest.raises(BackendUnavailable):
+        await text(rs)
+    with pytest.raises(BackendUnavailable) as info:
+        await text(rs)
+    assert info.value.status == 503 and 0 < info.value.retry_after <= 5
+
+
+async def test_probe_marks_unhealthy_replicas_last_resort_and_recovery():
+    rs, members = replica_set(Script(), Script())
+
+    async def down() -> bool:
+        return False
+    members[0].health = down  # type: ignore[method-assign]
+    await rs.probe()
+    assert [r.healthy for r in rs.replicas] == [False, True] and await rs.health()
+    for _ in range(3):
+        await text(rs)
+    assert [len(m.requests) for m in members] == [0, 3]
+    del members[0].health
+    await rs.probe()
+    assert rs.replicas[0].healthy
+
+
+async def test_prefix_affinity_keeps_a_conversation_on_one_replica():
+    rs, members = replica_set(Script(), Script(), Script(), affinity="prefix")
+    for turn in range(4):
+        await text(rs, chat("conversation A", *["more"] * turn))
+    assert sorted(len(m.requests) for m in members) == [0, 0, 4]
+    for i in range(30):
+        await text(rs, chat(f"conversation {i}"))
+    assert all(m.requests for m in members)  # different conversations spread out
+
+
+async def test_affinity_yields_to_load_when_the_preferred_replica_is_busy():
+    rs, members = replica_set(Script(), Script(), affinity="prefix")
+    await text(rs, chat("sticky"))
+    preferred = next(r for r, m in zip(rs.replicas, members) if m.requests)
+    preferred.outstanding = 10
+    await text(rs, chat("sticky"))
+    assert [len(m.requests) for m in members] == [1, 1]
+
+
+async def test_closing_a_stream_early_releases_the_replica():
+    rs, members = replica_set(Script(pieces=["x"] * 50, delay=0.01))
+    async with contextlib.aclosing(rs.chat(chat())) as stream:
+        async for _ in stream:
+            break
+    assert rs.replicas[0].outstanding == 0 and members[0].cancelled == 1
+
+
+async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server():
+    async with FakeOpenAI(models=["m"]) as live, FakeOpenAI(models=["m"]) as failing:
+        failing.script.fail_status = 503
+        cfg = BackendConfig(name="pool", kind="openai", urls=[free_port_url(), failing.url, live.url],
+                            max_concurrency=2, options={"affinity": "none", "breaker_failures": 1})
+        backend = make_backend(cfg)
+        assert isinstance(backend, ReplicaSet) and await backend.concurrency() == 6
+        assert [r.backend.name for r in backend.replicas] == ["pool[0]", "pool[1]", "pool[2]"]
+        app = make_app(Config(default_backend="pool", backends=[cfg]), {"pool": backend})
+        async with TestClient(TestServer(app)) as c:
+            for _ in range(2):
+                resp = await c.post("/v1/chat/completions",
+                                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["choices"][0]["message"]["content"].startswith("Hello")
+        chats = [r for r in live.requests if r.path == "/v1/chat/completions"]
+        assert len(chats) == 2 and len(failing.requests) == 1  # its circuit opened after one failure
+
+
+def test_bad_affinity_is_a_named_config_error():
+    with pytest.raises(ValueError, match="options.affinity"):
+        ReplicaOptions.split({"affinity": "sticky"})
