@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -35,7 +36,9 @@ class CacheLayer:
     embedder: Embedder | None = None
     pg: Any = None  # PgVectorStore
     clock: Callable[[], float] = time.time
-    indexes: dict[str, ScopeIndex] = field(default_factory=dict)
+    owns_embedder: bool = False  # an embedder passed in is shared with others and closed by its owner
+    indexes: OrderedDict[str, ScopeIndex] = field(default_factory=OrderedDict)  # least recently used first
+    semantic_entries: int = 0
     counters: CacheStats = field(default_factory=CacheStats)
 
     @classmethod
@@ -50,6 +53,7 @@ class CacheLayer:
             from .redis_store import RedisStore
             layer.stores.append(await RedisStore.open(cfg.redis_url))
         if cfg.semantic or any(r.semantic for r in cfg.routes):
+            layer.owns_embedder = embedder is None
             layer.embedder = embedder or await Embedder.load(cfg.embed_model_path)
             if cfg.pg_dsn:
                 from .pgvector_store import PgVectorStore
@@ -61,6 +65,8 @@ class CacheLayer:
             await store.close()
         if self.pg is not None:
             await self.pg.close()
+        if self.embedder is not None and self.owns_embedder:
+            await self.embedder.close()
 
     def _policy(self, route: str) -> Policy:
         base = Policy(self.cfg.enabled, self.cfg.semantic, self.cfg.cache_nondeterministic, self.cfg.ttl_s)
@@ -120,6 +126,7 @@ class CacheLayer:
         for entry in index.search(vector, text, self.cfg.semantic_threshold, now) if index else []:
             chunks = self.memory.get(entry.key) or await self._load(entry.key, route)
             if chunks is not None:
+                self.indexes.move_to_end(sid)
                 self.counters.count("semantic", route, "hit")
                 return CacheHit("semantic", list(chunks))
         self.counters.count("semantic", route, "miss")
@@ -173,7 +180,11 @@ class CacheLayer:
         if index is None:
             index = self.indexes[sid] = ScopeIndex(self.embedder.dim, self.cfg.hnsw_above,
                                                    self.cfg.semantic_max_entries)
+        self.indexes.move_to_end(sid)
+        before = len(index)
         index.add(vector, Entry(key, signature(text), expires_at), self.clock())
+        self.semantic_entries += len(index) - before
+        self._evict_scopes()
         if self.pg is not None:
             try:
                 await self.pg.add(sid, vector, text, payload, expires_at)
@@ -181,7 +192,13 @@ class CacheLayer:
                 log.exception("cache tier pgvector failed on add")
                 self.counters.count("pgvector", route, "error")
 
+    def _evict_scopes(self) -> None:
+        """Conversations come and go: past `semantic_max_entries` in all, the least recently used scopes go."""
+        while self.semantic_entries > self.cfg.semantic_max_entries and len(self.indexes) > 1:
+            _, index = self.indexes.popitem(last=False)
+            self.semantic_entries -= len(index)
+
     def stats(self) -> dict:
         used = {"memory": self.memory.bytes_used, "memory_entries": len(self.memory),
-                "semantic_entries": sum(len(i) for i in self.indexes.values())}
+                "semantic_entries": self.semantic_entries, "semantic_scopes": len(self.indexes)}
         return self.counters.snapshot(used)

@@ -1,0 +1,38 @@
+"""The false-hit guard: texts an embedding puts close together that must not share an answer, and paraphrases
+that still may."""
+from __future__ import annotations
+
+import pytest
+
+from proxy.cache.guard import compatible, signature
+
+MUST_MISS = [
+    ("What is 2 + 2?", "What is 2 + 3?"),
+    ("Convert 10 km to miles", "Convert 100 km to miles"),
+    ("Give me three examples of prime numbers", "Give me four examples of prime numbers"),
+    ("What is the capital of Austria?", "What is the capital of Australia?"),
+    ("Who was the first president of France?", "Who was the first president of Germany?"),
+    ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?"),
+    ("Why do cats like milk?", "Why don't cats like milk?"),
+    ("What does `list.sort()` return?", "What does `sorted(list)` return?"),
+    ("Fix this: ```x = foo(1)```", "Fix this: ```x = foo(2)```"),
+    ("What does os.path.join do?", "What does os.path.split do?"),
+]
+
+MAY_HIT = [
+    ("How do I learn Python quickly?", "What is the fastest way to learn Python?"),
+    ("What are good tips for self study?", "What are smart tips for self studying?"),
+    ("Explain how a hash map works", "explain how a hash map works."),
+    ("What is 2 + 2?", "what is 2+2"),
+]
+
+
+@pytest.mark.parametrize("a,b", MUST_MISS)
+def test_guard_refuses_texts_that_differ_in_numbers_names_negation_or_code(a: str, b: str):
+    assert not compatible(signature(a), signature(b))
+    assert not compatible(signature(b), signature(a))
+
+
+@pytest.mark.parametrize("a,b", MAY_HIT)
+def test_guard_lets_paraphrases_through(a: str, b: str):
+    assert compatible(signature(a), signature(b))

@@ -1,0 +1,112 @@
+"""CacheLayer on its own: exact tiers, tenant scopes, persistence, counters, the semantic tier and its guard."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Usage
+from proxy.cache import CacheConfig, CacheLayer
+from proxy.cache.semantic import Embedder
+
+ANSWER = [Chunk("Hel"), Chunk("lo"), Chunk(finish_reason="stop", usage=Usage(3, 2))]
+
+
+def _ask(text: str, system: str = "be brief", **opts) -> ChatRequest:
+    return ChatRequest("tiny", [Message("system", system), Message("user", text)],
+                       options=SamplingOptions(**({"temperature": 0} | opts)))
+
+
+async def test_exact_hit_replays_the_chunks_and_counts_it():
+    layer = await CacheLayer.create(CacheConfig())
+    req = _ask("hi")
+    assert await layer.lookup(req, "alice", bypass=False) is None
+    assert await layer.store(req, "alice", ANSWER)
+    hit = await layer.lookup(req, "alice", bypass=False)
+    assert hit.kind == "exact" and hit.chunks == ANSWER and hit.chunks is not ANSWER
+    stats = layer.stats()
+    assert stats["events"]["all"]["tiny"] == {"miss": 1, "store": 1, "hit": 1}
+    assert stats["events"]["memory"]["tiny"] == {"miss": 1, "hit": 1}
+    assert stats["bytes"]["memory"] > 0 and stats["latency"]["exact"]["count"] == 1
+    await layer.close()
+
+
+async def test_tenants_never_see_each_others_answers():
+    layer = await CacheLayer.create(CacheConfig())
+    await layer.store(_ask("hi"), "alice", ANSWER)
+    assert await layer.lookup(_ask("hi"), "bob", bypass=False) is None
+    await layer.close()
+
+
+async def test_refused_stores_and_bypass():
+    layer = await CacheLayer.create(CacheConfig())
+    assert not await layer.store(_ask("a", temperature=0.8), "t", ANSWER)  # sampled
+    assert not await layer.store(_ask("b"), "t", [Chunk("x"), Chunk(finish_reason="error")])
+    assert not await layer.store(_ask("c"), "t", [Chunk("x")])  # cut off
+    await layer.store(_ask("d"), "t", ANSWER)
+    assert await layer.lookup(_ask("d"), "t", bypass=True) is None
+    assert layer.stats()["events"]["all"]["tiny"] == {"skip": 3, "store": 1, "bypass": 1}
+    await layer.close()
+
+
+async def test_sqlite_tier_survives_a_restart_and_keeps_the_expiry(tmp_path):
+    now = [time.time()]
+    cfg = CacheConfig(sqlite_path=str(tmp_path / "cache.db"), ttl_s=60)
+    first = await CacheLayer.create(cfg, clock=lambda: now[0])
+    await first.store(_ask("hi"), "t", ANSWER)
+    await first.close()
+    second = await CacheLayer.create(cfg, clock=lambda: now[0])
+    hit = await second.lookup(_ask("hi"), "t", bypass=False)
+    assert hit.kind == "exact" and hit.chunks == ANSWER
+    assert second.stats()["events"]["sqlite"]["tiny"] == {"hit": 1}
+    now[0] += 61  # expired in memory (copied with its stored expiry) and on disk
+    assert await second.lookup(_ask("hi"), "t", bypass=False) is None
+    await second.close()
+
+
+async def test_semantic_hit_on_a_paraphrase_but_not_across_scopes_or_guarded_changes(embedder: Embedder):
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    await layer.store(_ask("How do I learn Python quickly?"), "t", ANSWER)
+    hit = await layer.lookup(_ask("What is the fastest way to learn Python?"), "t", bypass=False)
+    assert hit is not None and hit.kind == "semantic" and hit.chunks == ANSWER
+    assert await layer.lookup(_ask("What is the fastest way to learn Python?"), "u", bypass=False) is None
+    assert await layer.lookup(_ask("What is the fastest way to learn Python?", system="be verbose"), "t",
+                              bypass=False) is None
+    assert await layer.lookup(_ask("What is the fastest way to learn Python?", max_tokens=9), "t",
+                              bypass=False) is None
+    assert await layer.lookup(_ask("How do I cook rice?"), "t", bypass=False) is None
+    await layer.store(_ask("Is it safe to eat raw eggs?"), "t", ANSWER)
+    assert await layer.lookup(_ask("Is it not safe to eat raw eggs?"), "t", bypass=False) is None
+    assert layer.stats()["events"]["semantic"]["tiny"] == {"hit": 1, "miss": 5}
+    await layer.close()
+
+
+async def test_embedding_runs_off_the_event_loop(embedder: Embedder, monkeypatch):
+    slow_encode = embedder.encode
+
+    def encode(texts: list[str]):
+        time.sleep(0.3)  # a slow forward pass, on the embedder's thread
+        return slow_encode(texts)
+
+    monkeypatch.setattr(embedder, "encode", encode)
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await layer.store(_ask("a question nobody asked before"), "t", ANSWER)
+    task.cancel()
+    assert ticks >= 15  # the loop kept turning through the 0.3 s encode
+    await layer.close()
+
+
+async def test_semantic_scopes_are_bounded(embedder: Embedder):
+    layer = await CacheLayer.create(CacheConfig(semantic=True, semantic_max_entries=3), embedder=embedder)
+    for system in ["a", "b", "c", "d"]:
+        await layer.store(_ask("How do I learn Python quickly?", system=system), "t", ANSWER)
+    assert layer.stats()["bytes"]["semantic_entries"] == 3 and len(layer.indexes) == 3
+    await layer.close()

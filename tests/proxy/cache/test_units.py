@@ -1,0 +1,100 @@
+"""The plain-Python parts: request keys, bypass signals and policy, the byte-bounded LRU, the chunk codec."""
+from __future__ import annotations
+
+from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, Message, SamplingOptions, TokenLogprob,
+                               ToolCall, Usage)
+from proxy.cache.codec import decode_chunks, encode_chunks
+from proxy.cache.keys import exact_key, semantic_query
+from proxy.cache.memory import MemoryLRU
+from proxy.cache.policy import Policy, RoutePolicy, bypass_requested, complete_stream
+from proxy.dialects import ollama, openai
+
+
+def _chat(text: str = "hi", **opts) -> ChatRequest:
+    return ChatRequest("tiny", [Message("system", "be brief"), Message("user", text)],
+                       options=SamplingOptions(**opts))
+
+
+def test_same_request_in_both_dialects_has_one_key():
+    via_ollama = ollama.parse_chat({"model": "tiny", "stream": True, "keep_alive": "5m",
+                                    "messages": [{"role": "user", "content": "hi"}],
+                                    "options": {"temperature": 0, "num_predict": 8, "num_thread": 4}})
+    via_openai = openai.parse_chat({"model": "tiny", "stream": False, "temperature": 0.0, "max_tokens": 8,
+                                    "messages": [{"role": "user", "content": "hi"}]})
+    assert exact_key(via_ollama, "t") == exact_key(via_openai, "t")
+
+
+def test_key_changes_with_anything_that_changes_the_answer():
+    base = exact_key(_chat(temperature=0), "t")
+    assert exact_key(_chat(temperature=0), "other-tenant") != base
+    assert exact_key(_chat("hello", temperature=0), "t") != base
+    assert exact_key(_chat(temperature=0, max_tokens=5), "t") != base
+    assert exact_key(_chat(temperature=0, extra={"mirostat": 1}), "t") != base
+    assert exact_key(CompletionRequest("tiny", "hi", options=SamplingOptions(temperature=0)), "t") != base
+
+
+def test_semantic_query_embeds_last_user_turn_and_keeps_the_rest_exact():
+    text, ctx = semantic_query(_chat("how do I sort a list?"))
+    assert text == "how do I sort a list?"
+    other_history = ChatRequest("tiny", [Message("system", "be verbose"), Message("user", "how do I sort a list?")])
+    assert semantic_query(other_history)[1] != ctx
+    assert semantic_query(ChatRequest("tiny", [Message("user", "x", images=["aGk="])])) is None
+    assert semantic_query(ChatRequest("tiny", [Message("user", "q"), Message("tool", "42")])) is None
+    assert semantic_query(CompletionRequest("tiny", "def f(", suffix="pass")) is None
+
+
+def test_bypass_signals():
+    assert bypass_requested({"Cache-Control": "no-cache"}, {})
+    assert bypass_requested({"cache-control": "max-age=0, no-store"}, {})
+    assert bypass_requested({"Pragma": "no-cache"}, {})
+    assert bypass_requested({"X-Velo-Cache": "off"}, {})
+    assert bypass_requested({}, {"cache": False})
+    assert bypass_requested({}, {"options": {"cache": False}})
+    assert not bypass_requested({"Cache-Control": "max-age=60", "X-Velo-Cache": "on"}, {"cache": True})
+
+
+def test_only_whole_successful_streams_are_complete():
+    assert complete_stream([Chunk("a"), Chunk("b", finish_reason="stop")])
+    assert complete_stream([Chunk(finish_reason="length")])
+    assert not complete_stream([])
+    assert not complete_stream([Chunk("a")])  # cut off: no finish reason
+    assert not complete_stream([Chunk("a"), Chunk(finish_reason="error")])
+    assert not complete_stream([Chunk("a"), Chunk(finish_reason="cancelled")])
+
+
+def test_policy_is_deterministic_only_unless_a_route_says_otherwise():
+    base = Policy(enabled=True, semantic=False, cache_nondeterministic=False, ttl_s=60)
+    assert base.cacheable(_chat(temperature=0)) and base.cacheable(_chat(temperature=0.7, seed=1))
+    assert not base.cacheable(_chat(temperature=0.7)) and not base.cacheable(_chat())
+    routes = [RoutePolicy("embed-*", enabled=False), RoutePolicy("qwen*", cache_nondeterministic=True, ttl_s=5)]
+    assert not base.with_route(routes, "embed-small").cacheable(_chat(temperature=0))
+    qwen = base.with_route(routes, "qwen2.5:7b")
+    assert qwen.cacheable(_chat(temperature=0.7)) and qwen.ttl_s == 5 and not qwen.semantic
+
+
+def test_lru_is_bounded_by_bytes_and_evicts_least_recently_used():
+    lru = MemoryLRU(max_bytes=100)
+    for key in "abc":
+        assert lru.put(key, key, 40, ttl_s=60)
+    assert lru.get("a") is None and lru.bytes_used == 80  # a went when c arrived
+    lru.get("b")
+    lru.put("d", "d", 40, ttl_s=60)
+    assert lru.get("c") is None and lru.get("b") == "b" and lru.bytes_used == 80
+    assert not lru.put("huge", "x", 101, ttl_s=60) and lru.bytes_used == 80
+
+
+def test_lru_entries_expire():
+    now = [1000.0]
+    lru = MemoryLRU(max_bytes=100, clock=lambda: now[0])
+    lru.put("a", "a", 10, ttl_s=5)
+    now[0] += 4.9
+    assert lru.get("a") == "a"
+    now[0] += 0.2
+    assert lru.get("a") is None and lru.bytes_used == 0 and len(lru) == 0
+
+
+def test_codec_round_trips_every_chunk_field():
+    chunks = [Chunk("Hel", thinking="hm", logprobs=[TokenLogprob("Hel", -0.1, [("Hel", -0.1), ("He", -2.0)])]),
+              Chunk(tool_calls=[ToolCall("f", {"x": [1, 2]}, id="call_1")], finish_reason="tool_calls",
+                    usage=Usage(5, 2, 100), context=[1, 2, 3])]
+    assert decode_chunks(encode_chunks(chunks)) == chunks
