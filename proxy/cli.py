@@ -49,21 +49,28 @@ def find_config(explicit: str | None) -> Path | None:
     return None
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
+    """Serves until SIGINT/SIGTERM (or `stop` is set), then shuts down gracefully: the listening socket closes
+    first, in-flight requests get `server.shutdown_grace_s` to finish and are cancelled after that (which
+    cancels their backend calls), and only then are the backends closed."""
     app = make_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True)  # a client that leaves cancels its handler
+    runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
+                           shutdown_timeout=config.server.shutdown_grace_s)
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port,
-                       shutdown_timeout=config.server.shutdown_grace_s)
+    site = web.TCPSite(runner, config.server.host, config.server.port)
     await site.start()
     log.info("Velo listening on http://%s:%d", config.server.host, config.server.port)
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down: finishing in-flight requests (up to %.0fs)", config.server.shutdown_grace_s)
-    await runner.cleanup()
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        log.info("shutting down: finishing in-flight requests (up to %.0fs)", config.server.shutdown_grace_s)
+        await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:

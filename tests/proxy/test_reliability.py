@@ -1,0 +1,284 @@
+"""Timeouts, upstreams dying mid-stream, backpressure, cancellation, autocomplete supersession and graceful
+shutdown, each against a controllable upstream (real sockets where the behaviour lives in the transport)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import AsyncIterator
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.base import BackendConfig
+from proxy.app import make_app
+from proxy.batching.config import BatchingConfig
+from proxy.cache.config import CacheConfig
+from proxy.cli import serve
+from proxy.config import Config, ServerConfig
+from proxy.state import PIPELINE
+from tests.fakes import FakeOpenAI
+from tests.scripted import Script, ScriptedBackend
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def velo_config(url: str, port: int = 0, grace: float = 10.0, **timeouts: float) -> Config:
+    backend = BackendConfig(name="up", kind="openai", urls=[url], **timeouts)  # type: ignore[arg-type]
+    return Config(server=ServerConfig(port=port, shutdown_grace_s=grace), backends=[backend],
+                  default_backend="up", cache=CacheConfig(enabled=False))
+
+
+def velo(config: Config, backends: dict | None = None) -> TestClient:
+    return TestClient(TestServer(make_app(config, backends), handler_cancellation=True))
+
+
+async def openai_error(resp: aiohttp.ClientResponse) -> str:
+    return (await resp.json())["error"]["message"]
+
+
+class Trickle:
+    """An OpenAI-style SSE upstream that sends one chunk at once and then nothing for `stall` seconds."""
+
+    def __init__(self, stall: float):
+        self.stall = stall
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": "first"}, "finish_reason": None}]}
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await asyncio.sleep(self.stall)
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def __aenter__(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        return "http://127.0.0.1:%d" % self.runner.addresses[0][1]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+
+def sse_payloads(body: bytes) -> list[dict]:
+    return [orjson.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+
+
+async def test_connect_timeout_is_a_clear_504():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(3):  # fill the accept backlog so further SYNs are dropped and connecting hangs
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(listener.getsockname())
+        fillers.append(s)
+    try:
+        cfg = velo_config("http://%s:%d" % listener.getsockname(), connect_timeout=0.3)
+        cfg.backends[0].models = ["m"]
+        async with velo(cfg) as c:
+            started = time.monotonic()
+            resp = await c.post("/v1/chat/completions", json=CHAT)
+            assert resp.status == 504 and "did not accept a connection within 0.3s" in await openai_error(resp)
+            assert time.monotonic() - started < 3
+    finally:
+        for s in [*fillers, listener]:
+            s.close()
+
+
+async def test_first_token_timeout_is_a_clear_504():
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.token_delay = 2
+        async with velo(velo_config(up.url, first_token_timeout=0.3)) as c:
+            resp = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            assert resp.status == 504 and "sent no first data within 0.3s" in await openai_error(resp)
+
+
+async def test_idle_timeout_ends_the_stream_with_an_error_event():
+    async with Trickle(stall=3) as url:
+        async with velo(velo_config(url, idle_timeout=0.3)) as c:
+            resp = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            events = sse_payloads(await resp.read())
+    contents = [e["choices"][0]["delta"].get("content") for e in events if "choices" in e]
+    assert resp.status == 200 and "first" in contents
+    assert "no data between chunks within 0.3s" in events[-1]["error"]["message"]
+
+
+async def test_total_timeout_ends_the_stream_with_an_ollama_error_line():
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["word"] * 100)
+        up.script.token_delay = 0.05
+        async with velo(velo_config(up.url, total_timeout=0.5)) as c:
+            started = time.monotonic()
+            resp = await c.post("/api/chat", json=CHAT)
+            lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+    assert time.monotonic() - started < 2
+    assert "whole answer (0.5s total)" in lines[-1]["error"] and "message" in lines[0]
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+async def test_upstream_killed_mid_stream_gives_a_clean_error_within_a_second(path: str):
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["word"] * 50)
+        up.script.token_delay = 0.02
+        up.script.cut_after = 5
+        async with velo(velo_config(up.url)) as c:
+            resp = await c.post(path, json={**CHAT, "stream": True})
+            assert resp.status == 200
+            started = time.monotonic()
+            body = await asyncio.wait_for(resp.read(), 1.0)  # ends: no hang on a half-dead upstream
+            assert time.monotonic() - started < 1.0
+            tasks = len(asyncio.all_tasks())
+    if path == "/api/chat":
+        last = orjson.loads(body.splitlines()[-1])
+        assert "broke the stream" in last["error"]
+    else:
+        assert b"[DONE]" not in body and "broke the stream" in sse_payloads(body)[-1]["error"]["message"]
+    assert tasks <= 3  # this test and the servers' own; no orphaned pumps
+
+
+async def test_full_queue_answers_429_with_retry_after():
+    backend = ScriptedBackend("s", script=Script(delay=0.3))
+    backend.config.max_concurrency = 1
+    config = Config(batching=BatchingConfig(max_queue=1), cache=CacheConfig(enabled=False))
+    async with velo(config, {"s": backend}) as c:
+        results = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(3)])
+        statuses = sorted(r.status for r in results)
+        rejected = next(r for r in results if r.status == 429)
+        assert statuses == [200, 200, 429] and int(rejected.headers["Retry-After"]) >= 1
+        assert (await rejected.json())["error"]["type"] == "rate_limit_error"
+        ollama = await c.post("/api/chat", json=CHAT)  # drained by now
+        assert ollama.status == 200
+
+
+async def wait_for(condition, timeout: float = 2.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        await asyncio.sleep(0.01)
+
+
+async def test_client_leaving_the_queue_frees_its_place_and_never_reaches_the_backend():
+    backend = ScriptedBackend("s", script=Script(pieces=["x"] * 20, delay=0.02))
+    backend.config.max_concurrency = 1
+    app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
+    async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+        running = asyncio.create_task(c.post("/api/chat", json=CHAT))
+        await wait_for(lambda: len(backend.requests) == 1)
+        queued = asyncio.create_task(c.post("/api/chat", json=CHAT))
+        admission = app[PIPELINE].admission("s")
+        await wait_for(lambda: admission.queued == 1)
+        queued.cancel()
+        await wait_for(lambda: admission.queued == 0)
+        await (await running).read()
+        await wait_for(lambda: admission.running == 0)
+    assert len(backend.requests) == 1 and backend.completed == 1
+
+
+async def fim(c: TestClient, prompt: str) -> aiohttp.ClientResponse:
+    return await c.post("/api/generate", json={"model": "tiny", "prompt": prompt, "suffix": "}"},
+                        headers={"X-Velo-Client": "ide-1"})
+
+
+async def test_newer_autocomplete_replaces_a_queued_older_one():
+    backend = ScriptedBackend("s", script=Script(delay=0.1))
+    backend.config.max_concurrency = 1
+    async with velo(Config(cache=CacheConfig(enabled=False)), {"s": backend}) as c:
+        busy = asyncio.create_task(c.post("/api/chat", json=CHAT))
+        await wait_for(lambda: len(backend.requests) == 1)
+        older = asyncio.create_task(fim(c, "def a("))
+        await asyncio.sleep(0.05)
+        newer = await fim(c, "def ab(")
+        assert newer.status == 200 and (await older).status == 499
+        await (await busy).read()
+    assert [getattr(r, "prompt", None) for r in backend.requests] == [None, "def ab("]
+
+
+async def test_newer_autocomplete_cancels_a_running_older_one():
+    backend = ScriptedBackend("s", script=Script(pieces=["x"] * 30, delay=0.02))
+    async with velo(Config(cache=CacheConfig(enabled=False)), {"s": backend}) as c:
+        older = await fim(c, "def a(")
+        await older.content.readline()
+        newer = await fim(c, "def ab(")
+        lines = [orjson.loads(line) for line in (await older.read()).splitlines()]
+        assert "replaced" in lines[-1]["error"]
+        await newer.read()
+    assert backend.cancelled == 1 and backend.completed == 1
+
+
+async def start_serving(config: Config) -> tuple[asyncio.Task, asyncio.Event]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, stop))
+    url = f"http://127.0.0.1:{config.server.port}/health"
+    async with aiohttp.ClientSession() as s:
+        for _ in range(200):
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return task, stop
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.02)
+    raise AssertionError("velo did not start")
+
+
+async def stream_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    async for line in resp.content:
+        if line.strip():
+            yield orjson.loads(line)
+
+
+async def test_graceful_shutdown_finishes_in_flight_and_refuses_new_connections():
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["w"] * 10)
+        up.script.token_delay = 0.05
+        config = velo_config(up.url, port=free_port(), grace=5)
+        task, stop = await start_serving(config)
+        base = f"http://127.0.0.1:{config.server.port}"
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{base}/api/chat", json=CHAT) as resp:
+                lines = stream_lines(resp)
+                got = [await lines.__anext__()]
+                stop.set()
+                await asyncio.sleep(0.1)
+                with pytest.raises(aiohttp.ClientConnectionError):
+                    await s.get(f"{base}/health")
+                got += [line async for line in lines]
+        await asyncio.wait_for(task, 5)
+    assert got[-1]["done"] is True and "error" not in got[-1] and len(got) == 11
+
+
+async def test_shutdown_cancels_what_outlives_the_grace_period():
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["w"] * 200)
+        up.script.token_delay = 0.05
+        config = velo_config(up.url, port=free_port(), grace=0.3)
+        task, stop = await start_serving(config)
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{config.server.port}/api/chat", json=CHAT) as resp:
+                await resp.content.readline()
+                started = time.monotonic()
+                stop.set()
+                await asyncio.wait_for(task, 3)
+                assert time.monotonic() - started < 1.5
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await resp.read()
+        await wait_for(lambda: up.disconnects == 1)  # the upstream's generation was cancelled too
