@@ -56,6 +56,11 @@ class LLMEngine:
         return cls(ModelRunner(loaded.model, num_blocks, config.block_size), loaded.tokenizer, loaded.info,
                    config, num_blocks)
 
+    @property
+    def max_context(self) -> int:
+        """Longest sequence (prompt + output) one request may reach: the model's context or the KV cache."""
+        return min(self.model_info["context_length"], self.blocks.num_blocks * self.blocks.block_size + 1)
+
     # -- public API (any thread) ---------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> int:
@@ -63,14 +68,12 @@ class LLMEngine:
         exception if the engine fails). Returns the request id for `abort`."""
         if not prompt_ids:
             raise ValueError("empty prompt")
-        room = self.model_info["context_length"] - len(prompt_ids)
+        room = self.max_context - len(prompt_ids)
         if room < 1:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context length "
-                             f"{self.model_info['context_length']}")
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context length {self.max_context} "
+                             f"(model context {self.model_info['context_length']}, or KV memory if smaller)")
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
         seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops))
-        if self.blocks.blocks_needed(seq.num_tokens + seq.max_tokens - 1) > self.blocks.num_blocks:
-            raise ValueError(f"request needs more KV memory than the engine has ({self.blocks.num_blocks} blocks)")
         seq.payload = RequestState(params, self.tokenizer, sink)
         self._inbox.put(("add", seq))
         return seq.seq_id
@@ -106,6 +109,10 @@ class LLMEngine:
                 hidden = self.runner.hidden_states(ids).float().mean(dim=0)
             vectors.append(torch.nn.functional.normalize(hidden, dim=0).tolist())
         return vectors
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def metrics(self) -> dict:
         """A snapshot taken after the last step (running/waiting, KV use and waste, cache hits, tokens)."""

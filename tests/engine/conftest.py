@@ -21,7 +21,8 @@ def engine_factory():
     engines = []
 
     def make(path: str, **config) -> LLMEngine:
-        engines.append(LLMEngine.from_pretrained(path, EngineConfig(progress=False, **config)))
+        config = {"progress": False, "kv_memory": 8 * 2**20} | config  # tiny models need little KV memory
+        engines.append(LLMEngine.from_pretrained(path, EngineConfig(**config)))
         return engines[-1]
 
     yield make

