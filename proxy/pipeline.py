@@ -24,7 +24,7 @@ from .context import RequestContext
 from .metrics import Metrics
 from .router import Router, Target
 from .tools.metrics import ToolMetrics
-from .tools.stream import repair_stream
+from .tools.retry import with_retry
 
 log = logging.getLogger("velo.pipeline")
 
@@ -97,9 +97,9 @@ class Pipeline:
             for chunk in hit:
                 yield chunk
             return
-        stream = self._shared(req, ctx, target, call)
-        if isinstance(req, ChatRequest) and self.tools.repair:
-            stream = repair_stream(stream, req, self.tool_metrics)
+        run = lambda r: self._shared(r, ctx, target, call)  # noqa: E731 - a retry re-runs the backend call
+        stream = with_retry(run, req, self.tools.max_retries, self.tool_metrics, ctx.repairs) \
+            if self.tools.repair else run(req)
         chunks: list[Chunk] = []
         async with contextlib.aclosing(stream):  # closing cancels the backend work below
             async for chunk in stream:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
-
 import orjson
 
 from adapters.errors import BackendError
@@ -41,7 +39,7 @@ class RepairReport:
         return bool(self.extracted or self.repaired or self.coerced or self.invalid or self.deduped)
 
     def summary(self) -> str:
-        """One line for an `X-Velo-Tool-Repair` header or a log: what changed, never argument values."""
+        """One line for the `X-Velo-Repair` header or a log: what changed, never argument values."""
         parts = [f"extracted={self.extracted}"] if self.extracted else []
         if self.repaired:
             parts.append("repaired=" + ",".join(sorted({r.split(": ", 1)[-1] for r in self.repaired})))
@@ -121,58 +119,21 @@ class CallRepairer:
         if errors:
             self.report.invalid.append(f"{name}: " + "; ".join(errors))
             return None
+        if self._seen_before(name, args):
+            return None
         self.report.repaired += [f"{name}: {f}" for f in dict.fromkeys(fixes)]
         self.report.coerced += [f"{name}.{c}" for c in changes]
-        return self._dedupe(ToolCall(name, args, call_id or new_call_id()))
+        return ToolCall(name, args, call_id or new_call_id())
 
-    def _dedupe(self, call: ToolCall) -> ToolCall | None:
-        key = (call.name, orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS))
+    def _seen_before(self, name: str, args: dict) -> bool:
+        """Dedupe: the same call twice in one turn (any key order) is counted, not repeated."""
+        key = (name, orjson.dumps(args, option=orjson.OPT_SORT_KEYS))
         if key in self.seen:
             self.report.deduped += 1
-            return None
+            return True
         self.seen.add(key)
-        return call
+        return False
 
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool]) -> tuple[str, list[ToolCall], RepairReport]:
-    """Content with call text removed, the valid calls (ids filled), and what was done."""
-    if not tools:
-        return text, [_with_id(c) for c in tool_calls], RepairReport()
-    rep = CallRepairer(tools)
-    calls = rep.structured(tool_calls)
-    remaining, found = split_text(text, rep)
-    return remaining, calls + found, rep.report
-
-
-def split_text(text: str, rep: CallRepairer) -> tuple[str, list[ToolCall]]:
-    """Remove every region of a finished `text` that holds valid calls; return what is left and those calls."""
-    pieces, calls, pos, removed = [], [], 0, False
-    i = next_start(text)
-    while i >= 0:
-        region = region_at(text, i, final=True)
-        if region is None:
-            i = next_start(text, i + 1)
-            continue
-        found = rep.region(region)
-        if found is not None:
-            pieces.append(text[pos:region.start])
-            calls += found
-            pos, removed = region.end, True
-        i = next_start(text, region.end)
-    if not removed:
-        return text, []
-    pieces.append(text[pos:])
-    return "".join(pieces).strip(), calls
-
-
-def _with_id(call: ToolCall) -> ToolCall:
-    return call if call.id else ToolCall(call.name, call.arguments, new_call_id())
-
-
-def unusable(text: str, calls: list[Any], report: RepairReport) -> bool:
-    """True when the turn would reach the client empty because every call in it was invalid."""
-    return bool(report.invalid) and not calls and not text.strip()

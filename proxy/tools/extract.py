@@ -33,7 +33,7 @@ class Region:
 
     start: int
     end: int
-    kind: str  # "tag" | "python_tag" | "mistral" | "function" | "fence" | "json"
+    kind: str  # "tag" | "python_tag" | "mistral" | "function" | "fence" | "code" | "json"
     body: str
     complete: bool
     name: str = ""  # `<function=name>` gives the name outside the JSON
@@ -71,7 +71,7 @@ def _partial_marker(text: str, pos: int) -> int | None:
 
 
 def region_at(text: str, i: int, final: bool) -> Region | None:
-    """The region starting at text[i], or None when what starts there cannot be a call (e.g. a ```python fence).
+    """The region starting at text[i], or None when no call can start there (or a marker is cut off).
 
     With `final` False an unfinished region comes back incomplete; with True it runs to the end of the text.
     """
@@ -115,12 +115,11 @@ def _fence_region(text: str, i: int, final: bool) -> Region | None:
     if m is None:
         header_done = "\n" in text[i:] or final
         return None if header_done else Region(i, len(text), "fence", "", False)
-    if m.group(1).lower() not in _FENCE_LANGS:
-        return None
+    kind = "fence" if m.group(1).lower() in _FENCE_LANGS else "code"  # code in another language is never a call
     j = text.find("```", m.end())
     if j >= 0:
-        return Region(i, j + 3, "fence", text[m.end():j], True)
-    return Region(i, len(text), "fence", text[m.end():], final)
+        return Region(i, j + 3, kind, text[m.end():j] if kind == "fence" else "", True)
+    return Region(i, len(text), kind, text[m.end():] if kind == "fence" else "", final)
 
 
 def _json_region(text: str, i: int, final: bool) -> Region:
@@ -138,6 +137,8 @@ def _json_region(text: str, i: int, final: bool) -> Region:
 
 def could_be_call(region: Region) -> bool:
     """Early release for streaming: False once an unfinished region's start rules out a call."""
+    if region.kind == "code":
+        return False
     if region.kind == "fence":
         body = region.body.lstrip()
         return not body or body[0] in "{["

@@ -12,8 +12,8 @@ class ModelCounts:
     repaired: int = 0  # fixes applied to JSON (one per kind per call)
     coerced: int = 0  # argument values changed to match the schema
     deduped: int = 0  # identical repeated calls dropped
-    retried: int = 0  # extra backend requests made by with_retry
-    invalid: int = 0  # calls (or structured answers) still invalid after repair
+    retried: int = 0  # extra backend requests made by retry.with_retry
+    invalid: int = 0  # calls (or structured answers) still invalid after repair, counted per attempt
 
 
 @dataclass

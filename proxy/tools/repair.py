@@ -72,11 +72,20 @@ def decode_arguments(raw: Any, fixes: list[str]) -> Any:
         if not stripped:
             fixes.append("empty_arguments")
             return {}
+        if stripped[0] == '"':  # a JSON string literal around the arguments
+            try:
+                raw = orjson.loads(stripped)
+            except orjson.JSONDecodeError:
+                return raw
+            fixes.append("double_encoded")
+            continue
         if stripped[0] not in "{[":
             return raw
-        fixes.append("double_encoded")
-        parsed = parse_json(stripped)
-        fixes.extend(parsed.fixes)
+        try:
+            parsed = parse_json(stripped)
+        except Unrepairable:
+            return raw
+        fixes += ["double_encoded", *parsed.fixes]
         raw = parsed.value
     return raw
 

@@ -1,13 +1,19 @@
 """Streaming repair: content flows as it arrives, but text that may be a tool call is held back until it is
 complete (or shown not to be one), then sent as one `Chunk(tool_calls=...)`. Dialect-free: the dialect writers
-turn those chunks into OpenAI deltas or Ollama `message.tool_calls`."""
+turn those chunks into OpenAI deltas or Ollama `message.tool_calls`.
+
+A failed call attempt (unknown tool, arguments the schema rejects) is held too: it is shown as content once the
+turn proves to have anything else, and a turn made only of failed attempts ends in `ToolCallInvalid` (502),
+raised before its last chunk so that nothing half-valid is sent or cached.
+"""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
-from adapters.protocol import ChatRequest, Chunk, ToolCall
-from proxy.tools.calls import CallRepairer, RepairReport, unusable
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Tool, ToolCall
+from proxy.tools.calls import CallRepairer, RepairReport
 from proxy.tools.extract import could_be_call, is_partial_marker, next_start, region_at
 from proxy.tools.metrics import ToolMetrics
 from proxy.tools.structured import repair_structured
@@ -15,53 +21,100 @@ from proxy.tools.structured import repair_structured
 _OVERRIDABLE = (None, "stop", "length")
 
 
-def repair_stream(
-    chunks: AsyncIterator[Chunk], req: ChatRequest, metrics: ToolMetrics | None = None
-) -> AsyncIterator[Chunk]:
-    """Wrap a chunk stream; with neither tools nor a format the stream is returned as is (no overhead)."""
-    if req.tools:
-        return _hold_back(chunks, _HoldBack(CallRepairer(req.tools)), req.model, metrics)
+def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
+    """Tools the model may call in this turn: none for completions or with OpenAI's tool_choice "none"."""
+    if not isinstance(req, ChatRequest) or req.tool_choice == "none":
+        return []
+    return req.tools
+
+
+def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
+                  metrics: ToolMetrics | None = None, report: RepairReport | None = None) -> AsyncIterator[Chunk]:
+    """Wrap a chunk stream; with neither tools nor a format it is returned as is (no overhead).
+    What was done is added to `report` as the stream runs and to `metrics` when it ends."""
+    report = report if report is not None else RepairReport()
+    if tools := offered_tools(req):
+        return _hold_back(chunks, HoldBack(CallRepairer(tools, report)), req.model, metrics)
     if req.format is not None:
-        return _buffer_structured(chunks, req, metrics)
+        return _buffer_structured(chunks, req, metrics, report)
     return chunks
 
 
+def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool]) -> tuple[str, list[ToolCall],
+                                                                                      RepairReport]:
+    """A whole assistant turn at once: the content left, the valid calls, what was done (ToolCallInvalid when
+    only failed call attempts remain)."""
+    if not tools:
+        return text, tool_calls, RepairReport()
+    state = HoldBack(CallRepairer(tools))
+    calls = state.repairer.structured(tool_calls)
+    text, found = state.feed(text, final=True)
+    content = state.release(text) + state.close(calls + found)
+    return content.strip(), calls + found, state.repairer.report
+
+
 @dataclass
-class _HoldBack:
+class HoldBack:
+    """One turn's text state: text that may still become a call, and failed attempts not shown yet."""
+
     repairer: CallRepairer
     held: str = ""
+    doubt: str = ""
     sent_text: bool = False
     sent_calls: bool = False
-    finished: bool = field(default=False)
+    _segments: list[tuple[str, bool]] = field(default_factory=list)
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
-        """Add text; return what can be shown now and the calls completed by it."""
+    def feed(self, text: str, final: bool) -> tuple[list[tuple[str, bool]], list[ToolCall]]:
+        """Add text; return the segments that can be released now (text, is_failed_attempt) and the calls
+        completed by it."""
         held, self.held = self.held + text, ""
-        pieces, calls, pos, scan = [], [], 0, 0
+        segments: list[tuple[str, bool]] = []
+        calls: list[ToolCall] = []
+        pos = scan = 0
         while (i := next_start(held, scan)) >= 0:
             if not final and is_partial_marker(held, i):
                 self.held = held[i:]
                 break
             region = region_at(held, i, final)
             if region is None or (not region.complete and not could_be_call(region)):
-                scan = i + 1
+                scan = region.end if region is not None and region.kind == "code" else i + 1
                 continue
             if not region.complete:
                 self.held = held[i:]
                 break
+            invalid = len(self.repairer.report.invalid)
             found = self.repairer.region(region)
-            if found is not None:
-                pieces.append(held[pos:region.start])
-                calls += found
+            if found is not None or len(self.repairer.report.invalid) > invalid:
+                segments.append((held[pos:region.start], False))
+                segments += [] if found is not None else [(held[region.start:region.end], True)]
+                calls += found or []
                 pos = region.end
             scan = region.end
-        end = len(held) - len(self.held)
-        pieces.append(held[pos:end])
-        return "".join(pieces), calls
+        segments.append((held[pos:len(held) - len(self.held)], False))
+        return segments, calls
+
+    def release(self, segments: list[tuple[str, bool]]) -> str:
+        """The text to send now: failed attempts wait in `doubt` until other non-blank text arrives."""
+        out = []
+        for text, failed in segments:
+            if (failed or not text.strip()) and not self.sent_text:
+                self.doubt += text
+            else:
+                out.append(self.doubt + text)
+                self.doubt, self.sent_text = "", True
+        return "".join(out)
+
+    def close(self, last_calls: list[ToolCall]) -> str:
+        """End of turn: the text still owed, or ToolCallInvalid when the turn was only failed attempts."""
+        self.sent_calls |= bool(last_calls)
+        report = self.repairer.report
+        if report.invalid and not self.sent_text and not self.sent_calls:
+            raise report.error()
+        doubt, self.doubt = self.doubt, ""
+        return doubt if doubt.strip() else ""
 
     def out(self, chunk: Chunk, text: str, calls: list[ToolCall]) -> Chunk | None:
         """The chunk to send, or None when everything in it is still held."""
-        self.sent_text |= bool(text.strip())
         self.sent_calls |= bool(calls)
         finish = chunk.finish_reason
         if finish in _OVERRIDABLE and finish and self.sent_calls:
@@ -71,52 +124,46 @@ class _HoldBack:
         return None if empty else new
 
 
-async def _hold_back(
-    chunks: AsyncIterator[Chunk], state: _HoldBack, model: str, metrics: ToolMetrics | None
-) -> AsyncIterator[Chunk]:
-    last: Chunk | None = None
-    async for chunk in chunks:
-        calls = state.repairer.structured(chunk.tool_calls) if chunk.tool_calls else []
-        final = chunk.finish_reason is not None
-        text, found = state.feed(chunk.text, final) if chunk.text or final else ("", [])
-        last = state.out(chunk, text, calls + found)
-        if last is not None:
-            yield last
-        if final:
-            break
-    if state.held:  # the stream ended without a finish_reason
-        text, found = state.feed("", final=True)
-        yield state.out(Chunk(), text, found) or Chunk()
-    _finish(state, model, metrics)
+async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, model: str,
+                     metrics: ToolMetrics | None) -> AsyncIterator[Chunk]:
+    last = Chunk(finish_reason="stop")  # used when the stream ends without a finish_reason
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            calls = state.repairer.structured(chunk.tool_calls) if chunk.tool_calls else []
+            if chunk.finish_reason is not None:
+                last = replace(chunk, tool_calls=calls)
+                break
+            segments, found = state.feed(chunk.text, final=False)
+            sent = state.out(chunk, state.release(segments), calls + found)
+            if sent is not None:
+                yield sent
+    segments, found = state.feed(last.text, final=True)
+    text = state.release(segments)
+    calls = last.tool_calls + found
+    try:
+        text += state.close(calls)
+    finally:
+        if metrics is not None:
+            metrics.record(model, state.repairer.report)
+    yield state.out(last, text, calls) or last
 
 
-def _finish(state: _HoldBack, model: str, metrics: ToolMetrics | None) -> None:
-    report: RepairReport = state.repairer.report
-    if metrics is not None:
-        metrics.record(model, report)
-    if unusable("x" if state.sent_text else "", [True] if state.sent_calls else [], report):
-        raise report.error()
-
-
-async def _buffer_structured(
-    chunks: AsyncIterator[Chunk], req: ChatRequest, metrics: ToolMetrics | None
-) -> AsyncIterator[Chunk]:
+async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
+                             metrics: ToolMetrics | None, report: RepairReport) -> AsyncIterator[Chunk]:
     """JSON can only be checked whole: hold all text, pass everything else, send the repaired text last."""
     parts: list[str] = []
-    async for chunk in chunks:
-        parts.append(chunk.text)
-        if chunk.finish_reason is None:
+    last = Chunk(finish_reason="stop")
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            parts.append(chunk.text)
+            if chunk.finish_reason is not None:
+                last = chunk
+                break
             if chunk.thinking or chunk.usage:
                 yield replace(chunk, text="", logprobs=[])
-            continue
-        yield _structured_final(chunk, "".join(parts), req, metrics)
-        return
-    if parts:
-        yield _structured_final(Chunk(finish_reason="stop"), "".join(parts), req, metrics)
-
-
-def _structured_final(chunk: Chunk, text: str, req: ChatRequest, metrics: ToolMetrics | None) -> Chunk:
-    fixed, report = repair_structured(text, req.format)
-    if metrics is not None:
-        metrics.record(req.model, report)
-    return replace(chunk, text=fixed)
+    try:
+        text = repair_structured("".join(parts), req.format, report)  # type: ignore[arg-type]
+    finally:
+        if metrics is not None:
+            metrics.record(req.model, report)
+    yield replace(last, text=text)

@@ -18,9 +18,9 @@ class StructuredOutputInvalid(BackendError):
     kind = "invalid_structured_output"
 
 
-def repair_structured(text: str, fmt: str | dict) -> tuple[str, RepairReport]:
-    """Valid JSON for `fmt` ("json" or a JSON Schema); untouched text when it already is."""
-    report = RepairReport()
+def repair_structured(text: str, fmt: str | dict, report: RepairReport) -> str:
+    """Valid JSON for `fmt` ("json" or a JSON Schema), untouched when it already is; changes go to `report`."""
+    changes = len(report.repaired) + len(report.coerced)
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -28,9 +28,9 @@ def repair_structured(text: str, fmt: str | dict) -> tuple[str, RepairReport]:
     schema = schema_of(fmt)
     if schema:
         value = _conform(value, schema, report)
-    if not report.repaired and not report.coerced:
-        return text, report
-    return orjson.dumps(value).decode(), report
+    if len(report.repaired) + len(report.coerced) == changes:
+        return text
+    return orjson.dumps(value).decode()
 
 
 def schema_of(fmt: str | dict | None) -> dict:
@@ -45,6 +45,7 @@ def _repaired(text: str, report: RepairReport) -> Any:
     try:
         parsed = parse_json(text)
     except Unrepairable as e:
+        report.invalid.append(f"not JSON: {e}")
         raise StructuredOutputInvalid(f"the model's answer is not JSON ({e}): {_preview(text)}") from e
     report.repaired += parsed.fixes
     return parsed.value

@@ -1,0 +1,99 @@
+"""The repaired answer the pipeline sends, with retry on invalid (config `tools.max_retries`, off by default).
+
+With retries off the repaired stream flows through as it is made. With retries on, each attempt is read whole
+(a streamed answer cannot be taken back), and an answer whose tool calls or JSON stay invalid after repair is
+asked again with the validation error appended to the conversation; the first valid answer is sent. When every
+attempt fails, the last usable answer is sent, or the last error raised.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import replace
+from typing import AsyncIterator, Callable
+
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message
+from proxy.tools.calls import RepairReport, ToolCallInvalid
+from proxy.tools.metrics import ToolMetrics
+from proxy.tools.stream import offered_tools, repair_stream
+from proxy.tools.structured import StructuredOutputInvalid
+
+log = logging.getLogger("velo.tools")
+
+Request = ChatRequest | CompletionRequest
+RunFn = Callable[[Request], AsyncIterator[Chunk]]
+Invalid = (ToolCallInvalid, StructuredOutputInvalid)
+
+
+def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ToolMetrics,
+               notes: list[str]) -> AsyncIterator[Chunk]:
+    """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
+    header) and logged. Completions are repaired but never retried: there is no conversation to append to."""
+    if not offered_tools(req) and req.format is None:
+        return run(req)
+    if max_retries <= 0 or not isinstance(req, ChatRequest):
+        return _streamed(run, req, metrics, notes)
+    return _retried(run, req, max_retries, metrics, notes)
+
+
+async def _streamed(run: RunFn, req: Request, metrics: ToolMetrics, notes: list[str]) -> AsyncIterator[Chunk]:
+    report = RepairReport()
+    try:
+        async with contextlib.aclosing(repair_stream(run(req), req, metrics, report)) as stream:
+            async for chunk in stream:
+                yield chunk
+    finally:
+        _note(report, req.model, notes)
+
+
+async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ToolMetrics,
+                   notes: list[str]) -> AsyncIterator[Chunk]:
+    attempt, usable, error = req, None, None
+    for n in range(max_retries + 1):
+        if n:
+            metrics.retried(req.model)
+            notes.append(f"retry={n}")
+        raw: list[str] = []
+        report = RepairReport()
+        try:
+            async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report)) as s:
+                chunks = [c async for c in s]
+            usable, error = chunks, (report.error() if report.invalid else None)
+        except Invalid as e:
+            error = e
+        finally:
+            _note(report, req.model, notes)
+        if error is None:
+            break
+        attempt = ask_again(attempt, "".join(raw), error.message)
+    if usable is None:
+        assert error is not None
+        raise error
+    for chunk in usable:
+        yield chunk
+
+
+def ask_again(req: ChatRequest, answer: str, error: str) -> ChatRequest:
+    """The conversation so far, the invalid answer, and a user turn saying what was wrong with it."""
+    if offered_tools(req):
+        names = ", ".join(t.name for t in offered_tools(req))
+        fix = f"Call only the offered tools ({names}), with arguments that match their JSON Schema."
+    else:
+        fix = "Answer with JSON only, matching the requested format."
+    retry = Message("user", f"Your previous answer was invalid: {error}\n{fix}")
+    return replace(req, messages=[*req.messages, Message("assistant", answer), retry])
+
+
+async def _tee(chunks: AsyncIterator[Chunk], raw: list[str]) -> AsyncIterator[Chunk]:
+    """Pass `chunks` through, keeping the raw text for `ask_again`."""
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            raw.append(chunk.text)
+            yield chunk
+
+
+def _note(report: RepairReport, model: str, notes: list[str]) -> None:
+    if report.changed:
+        summary = report.summary()
+        notes.append(summary)
+        log.info("tool/format repair for %s: %s", model, summary)

@@ -1,0 +1,150 @@
+"""Whole assistant turns: each model family's call format, only offered tools, coercions, dedupe, failures."""
+from __future__ import annotations
+
+import pytest
+
+from adapters.protocol import Tool, ToolCall
+from proxy.tools.calls import ToolCallInvalid
+from proxy.tools.stream import repair_message
+
+WEATHER = Tool("get_weather", "Current weather", {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "alerts": {"type": "boolean"},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "ratio": {"type": "number"},
+                   "tags": {"type": "array", "items": {"type": "string"}},
+                   "where": {"type": "object", "properties": {"lat": {"type": "number"}}}},
+    "required": ["city"], "additionalProperties": False})
+SEARCH = Tool("search", "Web search", {"type": "object", "properties": {"query": {"type": "string"}},
+                                       "required": ["query"]})
+TOOLS = [WEATHER, SEARCH]
+PARIS = {"city": "Paris"}
+
+FORMATS = [
+    ("hermes/qwen", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ("hermes unclosed", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'),
+    ("llama3 python_tag", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|eom_id|>'),
+    ("llama3 bare", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    ("mistral v3", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ("mistral v11", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
+    ("functionary", '<function=get_weather>{"city": "Paris"}</function>'),
+    ("json fence", 'Sure:\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
+    ("plain fence", '```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
+    ("openai shape", '{"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}'),
+    ("tool_calls wrapper", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'),
+    ("array", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ("prose around", 'Let me check. {"name": "get_weather", "arguments": {"city": "Paris"}} One moment.'),
+    ("flattened", '{"name": "get_weather", "city": "Paris"}'),
+    ("prefixed name", '{"name": "functions.get_weather", "arguments": {"city": "Paris"}}'),
+    ("name case", '{"name": "Get_Weather", "arguments": {"city": "Paris"}}'),
+]
+
+
+@pytest.mark.parametrize("text", [f[1] for f in FORMATS], ids=[f[0] for f in FORMATS])
+def test_each_family_format_gives_one_call(text: str) -> None:
+    _, calls, report = repair_message(text, [], TOOLS)
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", PARIS)]
+    assert calls[0].id.startswith("call_")
+    assert report.extracted == 1
+
+
+def test_call_text_is_removed_and_prose_kept() -> None:
+    content, calls, _ = repair_message('Let me check. {"name": "search", "arguments": {"query": "x"}} Done.', [], TOOLS)
+    assert content == "Let me check.  Done." and calls[0].arguments == {"query": "x"}
+
+
+def test_several_calls_in_one_turn() -> None:
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
+            '<tool_call>{"name": "search", "arguments": {"query": "news"}}</tool_call>')
+    _, calls, report = repair_message(text, [], TOOLS)
+    assert [c.name for c in calls] == ["get_weather", "search"] and report.extracted == 2
+
+
+def test_identical_calls_in_one_turn_are_deduped() -> None:
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    _, calls, report = repair_message(f"[{call}, {call}]\n<tool_call>{call}</tool_call>", [], TOOLS)
+    assert len(calls) == 1 and report.deduped == 2
+
+
+def test_dedupe_ignores_key_order_but_not_values() -> None:
+    structured = [ToolCall("get_weather", {"city": "Paris", "days": 2}, "a"),
+                  ToolCall("get_weather", {"days": 2, "city": "Paris"}, "b"),
+                  ToolCall("get_weather", {"city": "Rome", "days": 2}, "c")]
+    _, calls, report = repair_message("", structured, TOOLS)
+    assert [c.id for c in calls] == ["a", "c"] and report.deduped == 1
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "Bob", "age": 3}',  # JSON that is data, not a call
+    'The config is ```json\n{"debug": true}\n```',
+    "```python\nprint({'name': 'get_weather'})\n```",
+])
+def test_json_that_is_not_a_call_stays_content(text: str) -> None:
+    content, calls, report = repair_message(text, [], TOOLS)
+    assert content == text.strip() and calls == [] and not report.changed
+
+
+def test_nothing_is_extracted_when_no_tools_are_offered() -> None:
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    content, calls, report = repair_message(text, [], [])
+    assert content == text and calls == [] and not report.changed
+
+
+def test_a_tool_that_was_not_offered_is_never_called() -> None:
+    with pytest.raises(ToolCallInvalid, match="delete_files: not an offered tool"):
+        repair_message('{"name": "delete_files", "arguments": {"path": "/"}}', [], TOOLS)
+
+
+def test_an_unknown_call_next_to_prose_stays_as_content() -> None:
+    text = 'I would call {"name": "delete_files", "arguments": {}} but cannot.'
+    content, calls, report = repair_message(text, [], TOOLS)
+    assert content == text and calls == [] and len(report.invalid) == 1
+
+
+def test_arguments_the_schema_rejects_are_an_error_not_a_call() -> None:
+    with pytest.raises(ToolCallInvalid, match="'city' is a required property"):
+        repair_message('<tool_call>{"name": "get_weather", "arguments": {"days": 2}}</tool_call>', [], TOOLS)
+
+
+def test_one_bad_call_beside_a_good_one_keeps_the_good_one() -> None:
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"days": 2}}</tool_call>'
+            '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>')
+    content, calls, report = repair_message(text, [], TOOLS)
+    assert [c.name for c in calls] == ["search"] and "get_weather" in content and len(report.invalid) == 1
+
+
+COERCIONS = [
+    ({"days": "5"}, {"days": 5}),
+    ({"days": 5.0}, {"days": 5}),
+    ({"ratio": "0.5"}, {"ratio": 0.5}),
+    ({"alerts": "true"}, {"alerts": True}),
+    ({"alerts": "False"}, {"alerts": False}),
+    ({"tags": "rain"}, {"tags": ["rain"]}),
+    ({"tags": '["rain", "wind"]'}, {"tags": ["rain", "wind"]}),
+    ({"unit": "Celsius"}, {"unit": "celsius"}),
+    ({"where": '{"lat": 48.8}'}, {"where": {"lat": 48.8}}),
+    ({"city": 75001}, {"city": "75001"}),
+    ({"extra": 1}, {}),  # additionalProperties: false
+]
+
+
+@pytest.mark.parametrize("given,expected", COERCIONS, ids=[str(c[0]) for c in COERCIONS])
+def test_each_safe_coercion_is_made_and_recorded(given: dict, expected: dict) -> None:
+    _, calls, report = repair_message("", [ToolCall("get_weather", {"city": "Paris", **given}, "x")], TOOLS)
+    assert calls[0].arguments == {"city": "Paris", **expected} if "city" not in given else \
+        calls[0].arguments == {**{"city": "Paris"}, **expected}
+    assert len(report.coerced) == 1 and report.coerced[0].startswith("get_weather.")
+
+
+@pytest.mark.parametrize("given", [{"days": "five"}, {"days": "5.5"}, {"alerts": "yes"}, {"unit": "kelvin"}])
+def test_unsafe_coercions_are_refused(given: dict) -> None:
+    with pytest.raises(ToolCallInvalid):
+        repair_message("", [ToolCall("get_weather", {"city": "Paris", **given}, "x")], TOOLS)
+
+
+def test_repairs_are_reported_by_kind_without_values() -> None:
+    _, calls, report = repair_message("<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Paris', 'days': '2',}}",
+                                      [], TOOLS)
+    assert calls[0].arguments == {"city": "Paris", "days": 2}
+    summary = report.summary()
+    assert "extracted=1" in summary and "single_quotes" in summary and "trailing_comma" in summary
+    assert "coerced=1" in summary and "Paris" not in summary

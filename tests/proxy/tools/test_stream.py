@@ -1,0 +1,128 @@
+"""Streaming hold-back: content flows, a call is held until complete, whatever way the text is cut into chunks."""
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import pytest
+
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ToolCall
+from proxy.tools.calls import RepairReport, ToolCallInvalid
+from proxy.tools.metrics import ToolMetrics
+from proxy.tools.stream import repair_stream
+from proxy.tools.structured import StructuredOutputInvalid
+from tests.proxy.tools.test_calls import TOOLS
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": "2"}}</tool_call>'
+
+
+def _req(**kw) -> ChatRequest:
+    return ChatRequest(model="m", messages=[Message("user", "hi")], **kw)
+
+
+async def _source(pieces: list[str], finish: str | None = "stop") -> AsyncIterator[Chunk]:
+    for p in pieces:
+        yield Chunk(text=p)
+    if finish:
+        yield Chunk(finish_reason=finish)  # type: ignore[arg-type]
+
+
+async def _run(pieces: list[str], req: ChatRequest, finish: str | None = "stop", **kw) -> list[Chunk]:
+    return [c async for c in repair_stream(_source(pieces, finish), req, **kw)]
+
+
+def _cut(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+async def test_call_is_held_until_complete_at_any_chunking(size: int) -> None:
+    text = "Checking the weather. " + CALL + " Back soon."
+    out = await _run(_cut(text, size), _req(tools=TOOLS))
+    with_calls = [c for c in out if c.tool_calls]
+    assert len(with_calls) == 1 and with_calls[0].tool_calls[0].arguments == {"city": "Paris", "days": 2}
+    assert "".join(c.text for c in out) == "Checking the weather.  Back soon."
+    assert "<" not in "".join(c.text for c in out) and out[-1].finish_reason == "tool_calls"
+
+
+async def test_content_before_a_call_is_not_delayed() -> None:
+    out = await _run(["Hello there, ", "<tool_", "call>{\"name\": "], _req(tools=TOOLS), finish=None)
+    assert out[0].text == "Hello there, "
+
+
+async def test_json_that_turns_out_not_to_be_a_call_is_released_early() -> None:
+    pieces = ['Example: {"colour', '": "red", ', '"size": 3} end']
+    source = _source(pieces, finish=None)
+    stream = repair_stream(source, _req(tools=TOOLS))
+    first = await stream.__anext__()
+    second = await stream.__anext__()
+    assert first.text == 'Example: {"colour' and second.text == '": "red", '
+
+
+async def test_structured_calls_from_the_backend_are_validated_and_coerced() -> None:
+    async def source() -> AsyncIterator[Chunk]:
+        yield Chunk(tool_calls=[ToolCall("get_weather", {"city": "Oslo", "alerts": "true"}, "call_1")],
+                    finish_reason="tool_calls")
+    out = [c async for c in repair_stream(source(), _req(tools=TOOLS))]
+    assert out[-1].tool_calls == [ToolCall("get_weather", {"city": "Oslo", "alerts": True}, "call_1")]
+
+
+async def test_only_failed_attempts_raise_before_anything_is_sent() -> None:
+    stream = repair_stream(_source(_cut('{"name": "rm_rf", "arguments": {}}', 4)), _req(tools=TOOLS))
+    with pytest.raises(ToolCallInvalid, match="rm_rf: not an offered tool"):
+        await stream.__anext__()
+
+
+async def test_tool_choice_none_turns_extraction_off() -> None:
+    out = await _run([CALL], _req(tools=TOOLS, tool_choice="none"))
+    assert out[0].text == CALL and not out[0].tool_calls
+
+
+async def test_without_tools_or_format_the_stream_is_untouched() -> None:
+    source = _source(["a"])
+    assert repair_stream(source, _req()) is source
+
+
+async def test_metrics_and_report_are_filled() -> None:
+    metrics, report = ToolMetrics(), RepairReport()
+    await _run([CALL, CALL], _req(tools=TOOLS), metrics=metrics, report=report)
+    counts = metrics.snapshot()["m"]
+    assert counts["extracted"] == 1 and counts["coerced"] == 1 and counts["deduped"] == 1
+    assert report.extracted == 1
+
+
+async def test_structured_output_is_repaired_on_the_last_chunk() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    out = await _run(["```json\n{'n': ", "'3',}\n```"], _req(format=schema))
+    assert [c.text for c in out] == ['{"n":3}'] and out[-1].finish_reason == "stop"
+
+
+async def test_completions_get_structured_repair_too() -> None:
+    req = CompletionRequest(model="m", prompt="p", format="json")
+    out = [c async for c in repair_stream(_source(["{'a': 1"]), req)]
+    assert out[-1].text == '{"a":1}'
+
+
+async def test_structured_output_that_is_not_json_is_an_error() -> None:
+    with pytest.raises(StructuredOutputInvalid, match="not JSON"):
+        await _run(["I cannot do that."], _req(format="json"))
+
+
+async def test_structured_output_off_schema_is_an_error() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with pytest.raises(StructuredOutputInvalid, match="'n' is a required property"):
+        await _run(['{"m": 1}'], _req(format=schema))
+
+
+async def test_closing_the_repaired_stream_closes_the_backend_stream() -> None:
+    closed = []
+
+    async def source() -> AsyncIterator[Chunk]:
+        try:
+            yield Chunk(text="Hello ")
+            yield Chunk(text="world")
+        finally:
+            closed.append(True)
+    stream = repair_stream(source(), _req(tools=TOOLS))
+    await stream.__anext__()
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert closed == [True]
