@@ -1,0 +1,188 @@
+"""Every cache policy through the real app and both dialects, over a scripted backend that counts its calls."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import orjson
+
+from proxy.cache import CacheConfig
+from proxy.state import PIPELINE
+from tests.scripted import Script, ScriptedBackend
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _openai(stream: bool = True, **extra) -> dict:
+    return {"model": "tiny", "messages": MESSAGES, "temperature": 0, "stream": stream, **extra}
+
+
+def _ollama(stream: bool = True, **options) -> dict:
+    return {"model": "tiny", "messages": MESSAGES, "stream": stream, "options": {"temperature": 0, **options}}
+
+
+def _sse_events(raw: bytes) -> list:
+    return [orjson.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
+
+
+async def test_dialects_share_entries_and_replay_as_ndjson_stream(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    first = await client.post("/v1/chat/completions", json=_openai(stream=False))
+    assert first.headers["X-Velo-Cache"] == "miss"
+    assert (await first.json())["choices"][0]["message"]["content"] == "Hello world"
+    replay = await client.post("/api/chat", json=_ollama())
+    assert replay.headers["X-Velo-Cache"] == "exact" and replay.content_type == "application/x-ndjson"
+    lines = [orjson.loads(line) for line in (await replay.read()).splitlines()]
+    assert [line["message"]["content"] for line in lines] == ["Hel", "lo", " world", ""]
+    assert [line["done"] for line in lines] == [False, False, False, True] and lines[-1]["eval_count"] == 3
+    assert len(backend.requests) == 1
+
+
+async def test_replay_as_sse_stream(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    await (await client.post("/api/chat", json=_ollama(stream=False))).read()
+    replay = await client.post("/v1/chat/completions", json=_openai())
+    assert replay.headers["X-Velo-Cache"] == "exact" and replay.content_type == "text/event-stream"
+    raw = await replay.read()
+    events = _sse_events(raw)
+    deltas = [e["choices"][0]["delta"].get("content") for e in events if e["choices"]]
+    assert [d for d in deltas if d] == ["Hel", "lo", " world"]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop" and raw.endswith(b"data: [DONE]\n\n")
+    assert len(backend.requests) == 1
+
+
+async def test_completions_are_cached_across_dialects_too(velo):
+    """OpenAI completions are raw prompts; so is an Ollama generate with `raw`, and only then do they agree."""
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    await (await client.post("/api/generate", json={"model": "tiny", "prompt": "2+2=", "stream": False,
+                                                    "raw": True, "options": {"seed": 7}})).read()
+    again = await client.post("/v1/completions", json={"model": "tiny", "prompt": "2+2=", "seed": 7})
+    assert again.headers["X-Velo-Cache"] == "exact" and len(backend.requests) == 1
+
+
+async def test_sampled_requests_are_not_cached(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    for _ in range(2):
+        body = {"model": "tiny", "messages": MESSAGES, "temperature": 0.7, "stream": False}
+        await (await client.post("/v1/chat/completions", json=body)).read()
+    assert len(backend.requests) == 2
+
+
+async def test_bypass_headers_and_fields(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    await (await client.post("/api/chat", json=_ollama(stream=False))).read()
+    bypasses = [("/api/chat", _ollama(stream=False), {"Cache-Control": "no-cache"}),
+                ("/api/chat", _ollama(stream=False), {"X-Velo-Cache": "off"}),
+                ("/api/chat", _ollama(stream=False, cache=False), {}),
+                ("/v1/chat/completions", _openai(stream=False, cache=False), {}),
+                ("/v1/chat/completions", _openai(stream=False), {"Cache-Control": "no-store"})]
+    for path, body, headers in bypasses:
+        resp = await client.post(path, json=body, headers=headers)
+        assert resp.status == 200 and resp.headers["X-Velo-Cache"] == "bypass", (path, body, headers)
+    assert len(backend.requests) == 1 + len(bypasses)
+
+
+async def test_errors_are_not_cached(velo):
+    backend = ScriptedBackend(script=Script(fail_after=2))
+    client = await velo(CacheConfig(), backend)
+    broken = await client.post("/api/chat", json=_ollama())
+    assert b"error" in await broken.read()
+    backend.script = Script()
+    retry = await client.post("/api/chat", json=_ollama())
+    assert retry.headers["X-Velo-Cache"] == "miss" and len(backend.requests) == 2
+
+
+async def test_cancelled_streams_are_not_cached(velo):
+    backend = ScriptedBackend(script=Script(delay=0.2))
+    client = await velo(CacheConfig(), backend)
+    resp = await client.post("/v1/chat/completions", json=_openai())
+    await resp.content.readline()
+    resp.close()  # the client goes away mid-stream
+    for _ in range(50):
+        if backend.cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.cancelled == 1
+    backend.script = Script()
+    again = await client.post("/v1/chat/completions", json=_openai())
+    assert again.headers["X-Velo-Cache"] == "miss" and len(backend.requests) == 2
+
+
+async def test_a_stream_is_stored_only_once_complete(velo):
+    backend = ScriptedBackend(script=Script(delay=0.1))
+    client = await velo(CacheConfig(), backend)
+    cache = client.app[PIPELINE].cache
+    resp = await client.post("/api/chat", json=_ollama())
+    await resp.content.readline()
+    assert cache.stats()["bytes"]["memory_entries"] == 0
+    await resp.read()
+    assert cache.stats()["bytes"]["memory_entries"] == 1
+
+
+async def test_tenants_are_isolated_by_api_key(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend, api_keys=["key-a", "key-b"])
+    alice, bob = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    await (await client.post("/api/chat", json=_ollama(stream=False), headers=alice)).read()
+    assert (await client.post("/api/chat", json=_ollama(stream=False), headers=bob)).headers["X-Velo-Cache"] == "miss"
+    assert (await client.post("/api/chat", json=_ollama(stream=False), headers=alice)).headers["X-Velo-Cache"] == "exact"
+    assert len(backend.requests) == 2
+
+
+async def test_entries_expire_after_the_ttl(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(ttl_s=0.3), backend)
+    await (await client.post("/api/chat", json=_ollama(stream=False))).read()
+    assert (await client.post("/api/chat", json=_ollama(stream=False))).headers["X-Velo-Cache"] == "exact"
+    await asyncio.sleep(0.4)
+    assert (await client.post("/api/chat", json=_ollama(stream=False))).headers["X-Velo-Cache"] == "miss"
+
+
+async def test_memory_tier_is_bounded_by_bytes(velo):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(max_bytes=600), backend)  # one ~400-byte answer fits, two do not
+    first, second = _ollama(stream=False), _ollama(stream=False, seed=1)
+    for body in (first, second, first):
+        assert (await client.post("/api/chat", json=body)).headers["X-Velo-Cache"] == "miss"
+    assert client.app[PIPELINE].cache.stats()["bytes"]["memory"] <= 600
+    assert len(backend.requests) == 3
+
+
+async def test_sqlite_keeps_answers_across_a_restart(velo, tmp_path):
+    cfg = CacheConfig(sqlite_path=str(tmp_path / "velo-cache.db"))
+    first = await velo(cfg)
+    await (await first.post("/api/chat", json=_ollama(stream=False))).read()
+    await first.close()
+    backend = ScriptedBackend()
+    restarted = await velo(cfg, backend)
+    resp = await restarted.post("/v1/chat/completions", json=_openai(stream=False))
+    assert resp.headers["X-Velo-Cache"] == "exact" and backend.requests == []
+
+
+async def test_two_velo_processes_share_one_redis(velo, redis_url):
+    a_backend, b_backend = ScriptedBackend(), ScriptedBackend()
+    a = await velo(CacheConfig(redis_url=redis_url), a_backend)
+    b = await velo(CacheConfig(redis_url=redis_url), b_backend)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": f"hi {uuid.uuid4()}"}], "temperature": 0}
+    await (await a.post("/v1/chat/completions", json=body)).read()
+    resp = await b.post("/api/chat", json={**body, "options": {"temperature": 0}})
+    assert resp.headers["X-Velo-Cache"] == "exact" and b_backend.requests == []
+    assert b.app[PIPELINE].cache.stats()["events"]["redis"]["tiny"] == {"hit": 1}
+
+
+async def test_semantic_hit_through_the_proxy(velo, shared_embedder):
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(semantic=True), backend)
+    ask = lambda text: {"model": "tiny", "messages": [{"role": "user", "content": text}],  # noqa: E731
+                        "stream": False, "temperature": 0}
+    await (await client.post("/v1/chat/completions", json=ask("How do I learn Python quickly?"))).read()
+    resp = await client.post("/v1/chat/completions", json=ask("What is the fastest way to learn Python?"))
+    assert resp.headers["X-Velo-Cache"] == "semantic"
+    assert (await resp.json())["choices"][0]["message"]["content"] == "Hello world"
+    resp = await client.post("/v1/chat/completions", json=ask("What is the fastest way to learn Rust?"))
+    assert resp.headers["X-Velo-Cache"] == "miss" and len(backend.requests) == 2

@@ -1,0 +1,43 @@
+"""The shared tiers against the real servers: Redis for exact answers, PostgreSQL+pgvector for semantic ones."""
+from __future__ import annotations
+
+import uuid
+
+from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions
+from proxy.cache import CacheConfig, CacheLayer
+from proxy.cache.semantic import Embedder
+
+ANSWER = [Chunk("cached"), Chunk(finish_reason="stop")]
+
+
+def _ask(text: str) -> ChatRequest:
+    return ChatRequest("tiny", [Message("user", text)], options=SamplingOptions(temperature=0))
+
+
+async def test_redis_shares_exact_answers_between_processes(redis_url: str):
+    a = await CacheLayer.create(CacheConfig(redis_url=redis_url))
+    b = await CacheLayer.create(CacheConfig(redis_url=redis_url))
+    question = f"hi {uuid.uuid4()}"
+    await a.store(_ask(question), "t", ANSWER)
+    hit = await b.lookup(_ask(question), "t", bypass=False)
+    assert hit.kind == "exact" and hit.chunks == ANSWER
+    assert b.stats()["events"]["redis"]["tiny"] == {"hit": 1}
+    assert await b.lookup(_ask(question), "other", bypass=False) is None
+    await a.close()
+    await b.close()
+
+
+async def test_pgvector_shares_semantic_answers_between_processes(pg_dsn: str, embedder: Embedder):
+    cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
+    a = await CacheLayer.create(cfg, embedder=embedder)
+    b = await CacheLayer.create(cfg, embedder=embedder)
+    tenant = str(uuid.uuid4())
+    await a.store(_ask("How do I learn Python quickly?"), tenant, ANSWER)
+    hit = await b.lookup(_ask("What is the fastest way to learn Python?"), tenant, bypass=False)
+    assert hit is not None and hit.kind == "semantic" and hit.chunks == ANSWER
+    assert b.stats()["events"]["pgvector"]["tiny"] == {"hit": 1}
+    assert await b.lookup(_ask("What is the fastest way to learn Python?"), "other", bypass=False) is None
+    await a.store(_ask("Is it safe to eat raw eggs?"), tenant, ANSWER)
+    assert await b.lookup(_ask("Is it not safe to eat raw eggs?"), tenant, bypass=False) is None
+    await a.close()
+    await b.close()
