@@ -79,7 +79,7 @@ class Upstream:
         name = self.config.name
         try:
             async with _timeout(wait):
-                resp = await self.session().request(method, self.url + path, json=body)
+                resp = await self._send(method, path, body)
         except aiohttp.ServerTimeoutError as e:
             raise BackendTimeout(f"backend {name!r} at {self.url} did not accept a connection within "
                                  f"{self.config.connect_timeout:g}s") from e
@@ -98,6 +98,16 @@ class Upstream:
                 resp.release()
             else:
                 resp.close()
+
+    async def _send(self, method: str, path: str, body: Any) -> aiohttp.ClientResponse:
+        """One retry when a pooled keep-alive connection turns out closed by the server (llama-server drops idle
+        ones after 5 s): the request never reached it, so sending it again on a fresh connection is safe."""
+        try:
+            return await self.session().request(method, self.url + path, json=body)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self.session().request(method, self.url + path, json=body)
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
         body = b""

@@ -1,10 +1,41 @@
-"""Shared fixtures: the fake upstreams of tests/fakes.py."""
+"""Shared fixtures: the fake upstreams of tests/fakes.py and the real llama-server of tests/llama_server.py."""
 import pytest
 
-from tests.fakes import OllamaDouble
+from tests.fakes import FakeOpenAI, OllamaDouble
+from tests.llama_server import LlamaServer, LlamaServerMissing, chat_server, embedding_server
 
 
 @pytest.fixture
 async def ollama_double():
     async with OllamaDouble() as double:
         yield double
+
+
+@pytest.fixture
+async def openai_fake():
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def _serve(server: LlamaServer):
+    try:
+        server.start()
+    except LlamaServerMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    return server
+
+
+@pytest.fixture(scope="session")
+def llama_chat(tmp_path_factory):
+    """The real llama-server for chat, completion and /infill; one process for the whole session."""
+    server = _serve(chat_server(tmp_path_factory.mktemp("llama")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_embed():
+    """A second real llama-server, started with --embeddings (which then serves nothing else)."""
+    server = _serve(embedding_server())
+    yield server
+    server.stop()

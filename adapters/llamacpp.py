@@ -1,0 +1,161 @@
+"""llama.cpp's llama-server: chat and embeddings through its OpenAI-compatible routes (shared with
+openai_compat), raw completion through native `/completion` (cache_prompt, n_predict, json_schema, n_probs),
+fill-in-the-middle through `/infill`, and the server's own facts from `/props`, `/v1/models` and `/health`."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, AsyncIterator
+
+from .base import BackendConfig
+from .errors import BackendError, Unsupported
+from .openai_compat import OpenAIBackend
+from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, SamplingOptions, TokenLogprob, Usage
+
+log = logging.getLogger("velo.adapters.llamacpp")
+
+# SamplingOptions field -> llama-server's native sampling key.
+_NATIVE_KEYS = {"max_tokens": "n_predict", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                "min_p": "min_p", "typical_p": "typical_p", "seed": "seed", "repeat_penalty": "repeat_penalty",
+                "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+                "frequency_penalty": "frequency_penalty"}
+
+
+def native_sampling(o: SamplingOptions) -> dict[str, Any]:
+    """`extra` (Ollama option names such as mirostat pass as is; llama-server ignores unknown keys) first."""
+    out = dict(o.extra)
+    for attr, key in _NATIVE_KEYS.items():
+        if (value := getattr(o, attr)) is not None:
+            out[key] = value
+    if o.stop:
+        out["stop"] = list(o.stop)
+    if o.logprobs:
+        out["n_probs"] = o.top_logprobs or 1
+    return out
+
+
+def native_body(req: CompletionRequest) -> dict[str, Any]:
+    body = {"stream": req.stream, "cache_prompt": True, **native_sampling(req.options)}
+    if req.format is not None:
+        body["json_schema"] = {"type": "object"} if req.format == "json" else req.format
+    if req.suffix is not None:
+        body.update(input_prefix=req.prompt, input_suffix=req.suffix)
+    else:
+        body["prompt"] = req.prompt
+    return body
+
+
+def native_chunk(obj: dict[str, Any]) -> Chunk:
+    """One `/completion` or `/infill` event (or whole answer); the last has `stop: true` and the counts."""
+    chunk = Chunk(text=obj.get("content") or "", logprobs=[
+        TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p.get("top_logprobs") or []])
+        for p in obj.get("completion_probabilities") or [] if "logprob" in p])
+    if obj.get("stop"):
+        timings = obj.get("timings") or {}
+        chunk.finish_reason = "length" if obj.get("stop_type") == "limit" else "stop"
+        chunk.usage = Usage(prompt_tokens=obj.get("tokens_evaluated", 0),
+                            completion_tokens=obj.get("tokens_predicted", 0),
+                            prompt_eval_ns=int(timings.get("prompt_ms", 0) * 1e6),
+                            eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
+        chunk.usage.total_ns = chunk.usage.prompt_eval_ns + chunk.usage.eval_ns
+    return chunk
+
+
+def gguf_name(model_id: str) -> str:
+    """llama-server names its model by the GGUF path: keep the file name without `.gguf`."""
+    name = os.path.basename(model_id)
+    return name[:-5] if name.endswith(".gguf") else name
+
+
+class LlamaCppBackend(OpenAIBackend):
+    def __init__(self, config: BackendConfig):
+        super().__init__(config)
+        self._props: dict[str, Any] | None = None
+        self._can_infill: bool | None = None
+
+    async def props(self) -> dict[str, Any]:
+        """/props changes only on restart: asked once."""
+        if self._props is None:
+            self._props = await self.http.call("GET", "/props")
+        return self._props
+
+    async def health(self) -> bool:
+        try:
+            return (await self.http.call("GET", "/health")).get("status") == "ok"
+        except BackendError:
+            return False
+
+    async def concurrency(self) -> int:
+        """The server's slot count; a server that is down at startup gets the default, so Velo still starts."""
+        if self.config.max_concurrency:
+            return self.config.max_concurrency
+        try:
+            return int((await self.props()).get("total_slots") or 4)
+        except BackendError as e:
+            log.warning("%s; assuming 4 slots", e.message)
+            return 4
+
+    async def context_length(self) -> int | None:
+        """Tokens per slot (llama-server splits -c across its slots)."""
+        return ((await self.props()).get("default_generation_settings") or {}).get("n_ctx")
+
+    async def can_infill(self) -> bool:
+        """Whether the model has fill-in-the-middle tokens: llama-server answers 501 on /infill otherwise."""
+        if self._can_infill is None:
+            try:
+                await self.http.call("POST", "/infill", {"input_prefix": "", "input_suffix": "", "n_predict": 0})
+                self._can_infill = True
+            except Unsupported:
+                self._can_infill = False
+        return self._can_infill
+
+    async def list_models(self) -> list[ModelInfo]:
+        listing, props = await self.http.call("GET", "/v1/models"), await self.props()
+        entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
+        meta = entries[0].get("meta") or {}
+        caps = ["completion"]
+        if (props.get("chat_template_caps") or {}).get("supports_tools"):
+            caps.append("tools")
+        if await self.can_infill():
+            caps.append("insert")
+        names = self.config.models or [gguf_name(e["id"]) for e in entries]
+        params = meta.get("n_params", 0)
+        return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf",
+                          quantization_level=props.get("model_ftype", ""),
+                          parameter_size=f"{params / 1e6:.0f}M" if params else "",
+                          context_length=await self.context_length(), capabilities=list(caps),
+                          template=props.get("chat_template", ""),
+                          model_info={"general.parameter_count": params, "n_ctx_train": meta.get("n_ctx_train")})
+                for n in names]
+
+    def chat_body(self, req: ChatRequest) -> dict[str, Any]:
+        """The OpenAI body plus llama-server's own sampling keys (repeat_penalty, typical_p, mirostat, ...)."""
+        native = native_sampling(req.options)
+        native.pop("n_predict", None)
+        native.pop("n_probs", None)
+        return {**native, **super().chat_body(req)}
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        if req.suffix is not None:
+            return self._native("/infill", req)
+        if req.raw:
+            return self._native("/completion", req)
+        return super().complete(req)
+
+    async def _native(self, path: str, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        body = native_body(req)
+        if not req.stream:
+            yield native_chunk(await self.http.call("POST", path, body, model=req.model))
+            return
+        cfg = self.config
+        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=req.model) as resp:
+            async for event in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout):
+                chunk = native_chunk(event)
+                yield chunk
+                if chunk.finish_reason:
+                    return
+        raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Prompt token counts for the proxy (context-length checks) without generating anything."""
+        return (await self.http.call("POST", "/tokenize", {"content": text}))["tokens"]

@@ -1,0 +1,128 @@
+"""The llamacpp adapter against the real llama-server (tests/llama_server.py) with the shipped SmolLM2 GGUF.
+
+Greedy decoding keeps answers reproducible; short `max_tokens` keep the whole file to a few seconds of CPU."""
+import asyncio
+import urllib.request
+
+import orjson
+import pytest
+
+from adapters.base import BackendConfig
+from adapters.errors import BackendUnavailable, Unsupported
+from adapters.llamacpp import LlamaCppBackend
+from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
+                               ToolCall, aggregate)
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+GREEDY = SamplingOptions(max_tokens=6, temperature=0)
+WEATHER = Tool(name="get_weather", description="Get the current weather for a city",
+               parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+# One earlier call in the history is what it takes for the 135M model to call the tool itself.
+TOOL_HISTORY = [Message(role="user", content="Weather in Rome?"),
+                Message(role="assistant", tool_calls=[ToolCall(name="get_weather", arguments={"city": "Rome"},
+                                                               id="c1")]),
+                Message(role="user", content="Weather in Paris?")]
+
+
+@pytest.fixture
+async def backend(llama_chat):
+    b = LlamaCppBackend(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url]))
+    yield b
+    await b.close()
+
+
+async def collect(stream):
+    return [c async for c in stream]
+
+
+def hello(stream=True, **kw) -> ChatRequest:
+    return ChatRequest(model=MODEL, messages=[Message(role="user", content="Say hello")], stream=stream,
+                       options=GREEDY, **kw)
+
+
+async def test_server_facts(backend, llama_chat):
+    assert await backend.health()
+    assert await backend.concurrency() == 4  # -np 4
+    assert await backend.context_length() == 512  # -c 2048 split over 4 slots
+    [info] = await backend.list_models()
+    assert (info.name, info.format, info.quantization_level, info.parameter_size) == (MODEL, "gguf", "Q4_1", "135M")
+    assert {"completion", "tools", "insert"} <= set(info.capabilities) and "<tool_call>" in info.template
+    capped = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[llama_chat.url], max_concurrency=2))
+    assert await capped.concurrency() == 2
+
+
+async def test_chat_stream_matches_non_stream_and_honours_max_tokens(backend):
+    streamed = await collect(backend.chat(hello()))
+    whole = aggregate(await collect(backend.chat(hello(stream=False))))
+    assert len(streamed) > 1 and "".join(c.text for c in streamed) == whole.text != ""
+    for out in (aggregate(streamed), whole):
+        assert out.finish_reason == "length" and out.usage.completion_tokens == 6 and out.usage.prompt_tokens > 0
+
+
+async def test_tool_call_round_trip(backend):
+    for stream in (True, False):
+        req = ChatRequest(model=MODEL, messages=TOOL_HISTORY, tools=[WEATHER], stream=stream,
+                          options=SamplingOptions(max_tokens=40, temperature=0))
+        out = aggregate(await collect(backend.chat(req)))
+        assert [(c.name, c.arguments) for c in out.tool_calls] == [("get_weather", {"city": "Paris"})]
+        assert out.finish_reason == "tool_calls" and out.tool_calls[0].id
+
+
+async def test_raw_completion_uses_native_endpoint(backend):
+    prompt = "The capital of France is"
+    req = CompletionRequest(model=MODEL, prompt=prompt, raw=True, options=SamplingOptions(max_tokens=4, temperature=0,
+                                                                                         logprobs=True, top_logprobs=2))
+    chunks = await collect(backend.complete(req))
+    out = aggregate(chunks)
+    assert out.text and out.finish_reason == "length" and out.usage.completion_tokens == 4
+    assert out.usage.prompt_tokens == len(await backend.tokenize(prompt))
+    assert len(out.logprobs) == 4 and all(len(p.top) == 2 and p.logprob <= 0 for p in out.logprobs)
+    assert "".join(p.token for p in out.logprobs) == out.text
+
+
+async def test_fill_in_the_middle_goes_through_infill(backend):
+    for stream in (True, False):
+        req = CompletionRequest(model=MODEL, prompt="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n",
+                                raw=True, stream=stream, options=SamplingOptions(max_tokens=5, temperature=0))
+        out = aggregate(await collect(backend.complete(req)))
+        assert out.finish_reason in ("stop", "length") and 0 < out.usage.completion_tokens <= 5
+        assert out.usage.prompt_tokens > len(await backend.tokenize(req.prompt))  # the suffix went in too
+
+
+async def test_embeddings_need_the_embedding_instance(backend, llama_embed):
+    emb = LlamaCppBackend(BackendConfig(name="emb", kind="llamacpp", urls=[llama_embed.url]))
+    result = await emb.embed(EmbedRequest(model=MODEL, inputs=["a cat", "stock prices", "a cat"]))
+    await emb.close()
+    a, b, c = result.embeddings
+    assert len(a) == 576 and a == c and a != b and result.prompt_tokens > 0
+    with pytest.raises(Unsupported) as e:  # the chat instance was not started with --embeddings
+        await backend.embed(EmbedRequest(model=MODEL, inputs=["x"]))
+    assert "--embeddings" in e.value.message
+
+
+def _processing(url: str) -> bool:
+    with urllib.request.urlopen(url + "/slots") as resp:
+        return any(s["is_processing"] for s in orjson.loads(resp.read()))
+
+
+async def test_closing_the_stream_frees_the_slot(backend, llama_chat):
+    req = CompletionRequest(model=MODEL, prompt="Once upon a time", raw=True,
+                            options=SamplingOptions(max_tokens=400, temperature=0))
+    stream = backend.complete(req)
+    await stream.__anext__()
+    assert await asyncio.to_thread(_processing, llama_chat.url)
+    await stream.aclose()
+    for _ in range(100):
+        if not await asyncio.to_thread(_processing, llama_chat.url):
+            break
+        await asyncio.sleep(0.05)
+    assert not await asyncio.to_thread(_processing, llama_chat.url)
+
+
+async def test_down_server_reports_unavailable_but_still_starts():
+    b = LlamaCppBackend(BackendConfig(name="gone", kind="llamacpp", urls=["http://127.0.0.1:9"]))
+    assert await b.concurrency() == 4 and not await b.health()
+    with pytest.raises(BackendUnavailable) as e:
+        await collect(b.chat(hello()))
+    assert "'gone'" in e.value.message and e.value.status == 503
+    await b.close()
