@@ -1,0 +1,104 @@
+"""Real clients (`openai`, `ollama`) -> Velo -> the real llama-server with SmolLM2-135M, in both dialects.
+
+Greedy decoding (temperature 0) makes both dialects see the same tokens, so their answers are compared."""
+import pytest
+
+from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+HELLO = [{"role": "user", "content": "Say hello"}]
+
+
+async def test_chat_both_dialects_stream_and_not(velo_llama):
+    oai, oll = clients(velo_llama)
+    whole = await oai.chat.completions.create(model=CHAT_MODEL, messages=HELLO, max_tokens=5, temperature=0)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 5
+    pieces = [c async for c in await oai.chat.completions.create(
+        model=CHAT_MODEL, messages=HELLO, max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True})]
+    assert "".join(c.choices[0].delta.content or "" for c in pieces if c.choices) == text
+    assert [c.choices[0].finish_reason for c in pieces if c.choices][-1] == "length"
+    assert pieces[-1].usage.completion_tokens == 5
+
+    parts = [p async for p in await oll.chat(model=CHAT_MODEL, messages=HELLO, stream=True,
+                                            options={"num_predict": 5, "temperature": 0})]
+    assert len(parts) > 2 and "".join(p.message.content for p in parts) == text
+    assert parts[-1].done and parts[-1].done_reason == "length" and parts[-1].eval_count == 5
+    assert parts[-1].total_duration > 0
+    single = await oll.chat(model=CHAT_MODEL, messages=HELLO, options={"num_predict": 5, "temperature": 0})
+    assert single.message.content == text
+
+
+async def test_tool_calls_round_trip_openai(velo_llama):
+    oai, _ = clients(velo_llama)
+    history = [{"role": "user", "content": "Weather in Rome?"},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                   "name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+               {"role": "user", "content": "Weather in Paris?"}]
+    stream = await oai.chat.completions.create(model=CHAT_MODEL, messages=history, tools=[WEATHER], temperature=0,
+                                               max_tokens=40, stream=True)
+    calls, finish = {}, None
+    async for chunk in stream:
+        for d in chunk.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            call["name"] += d.function.name or ""
+            call["arguments"] += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], c["arguments"].replace(" ", "")) for c in calls.values()] == [
+        ("get_weather", '{"city":"Paris"}')]
+
+
+async def test_tool_calls_round_trip_ollama(velo_llama):
+    _, oll = clients(velo_llama)
+    history = [{"role": "user", "content": "Weather in Rome?"},
+               {"role": "assistant", "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+               {"role": "user", "content": "Weather in Paris?"}]
+    parts = [p async for p in await oll.chat(model=CHAT_MODEL, messages=history, tools=[WEATHER], stream=True,
+                                            options={"temperature": 0, "num_predict": 40})]
+    calls = [c for p in parts for c in p.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert parts[-1].done
+
+
+async def test_fill_in_the_middle_both_dialects(velo_llama):
+    oai, oll = clients(velo_llama)
+    prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+    plain = await oll.generate(model=CHAT_MODEL, prompt=prefix, raw=True, options={"num_predict": 4,
+                                                                                 "temperature": 0})
+    fim = await oll.generate(model=CHAT_MODEL, prompt=prefix, suffix=suffix, raw=True,
+                             options={"num_predict": 4, "temperature": 0})
+    assert fim.done and fim.response and 0 < fim.eval_count <= 4
+    assert fim.prompt_eval_count > plain.prompt_eval_count  # the suffix reached the model (/infill)
+    streamed = [p async for p in await oll.generate(model=CHAT_MODEL, prompt=prefix, suffix=suffix, raw=True,
+                                                   stream=True, options={"num_predict": 4, "temperature": 0})]
+    assert "".join(p.response for p in streamed) == fim.response
+
+    comp = await oai.completions.create(model=CHAT_MODEL, prompt=prefix, suffix=suffix, max_tokens=4, temperature=0)
+    assert comp.choices[0].text == fim.response
+    assert comp.usage.prompt_tokens == fim.prompt_eval_count
+
+
+async def test_embeddings_both_dialects_agree(velo_llama):
+    oai, oll = clients(velo_llama)
+    native = await oll.embed(model=EMBED_MODEL, input=["a cat", "stock prices"])
+    assert len(native.embeddings) == 2 and len(native.embeddings[0]) == 576
+    assert native.embeddings[0] != native.embeddings[1]
+    compat = await oai.embeddings.create(model=EMBED_MODEL, input=["a cat", "stock prices"])
+    assert [d.index for d in compat.data] == [0, 1]
+    for mine, theirs in zip(native.embeddings, (d.embedding for d in compat.data)):
+        assert mine == pytest.approx(theirs, abs=1e-6)
+
+
+async def test_model_listing_and_show(velo_llama):
+    oai, oll = clients(velo_llama)
+    assert sorted(m.model for m in (await oll.list()).models) == sorted([CHAT_MODEL, EMBED_MODEL])
+    assert sorted(m.id for m in (await oai.models.list()).data) == sorted([CHAT_MODEL, EMBED_MODEL])
+    shown = await oll.show(CHAT_MODEL)
+    assert {"completion", "tools", "insert"} <= set(shown.capabilities)
+    assert shown.modelinfo["llama.context_length"] == 512 and "<tool_call>" in shown.template
+    assert shown.details.format == "gguf" and shown.details.quantization_level == "Q4_1"
