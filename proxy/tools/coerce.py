@@ -6,6 +6,7 @@ recorded as `path: old -> new`; anything else is left for `jsonschema` to report
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -31,12 +32,19 @@ def check_arguments(args: Any, schema: dict, changes: list[str]) -> tuple[Any, l
 
 def validation_errors(value: Any, schema: dict) -> list[str]:
     try:
-        validator = validators.validator_for(schema)(schema)
+        validator = _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
         if validator.is_valid(value):
             return []
         return [_describe(e) for e in validator.iter_errors(value)]
     except (js_exceptions.SchemaError, js_exceptions.UnknownType, Unresolvable) as e:
         return [f"the tool's schema cannot be used: {e}"]
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: bytes) -> Any:
+    """Building a validator costs more than using it, and clients send the same tools with every request."""
+    schema = orjson.loads(schema_json)
+    return validators.validator_for(schema)(schema)
 
 
 def _describe(e: js_exceptions.ValidationError) -> str:
