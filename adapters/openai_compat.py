@@ -2,6 +2,7 @@
 with streaming, tools, response_format, embeddings and /v1/models; an optional API key goes out as Bearer."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from .base import Backend, BackendConfig
@@ -22,7 +23,8 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
 class OpenAIBackend(Backend):
     def __init__(self, config: BackendConfig):
         super().__init__(config)
-        self.http = Upstream(config)
+        # Users copy base URLs with or without the /v1 that OpenAI SDKs expect; the paths below add it.
+        self.http = Upstream(replace(config, urls=[u.rstrip("/").removesuffix("/v1") for u in config.urls]))
 
     async def close(self) -> None:
         await self.http.close()

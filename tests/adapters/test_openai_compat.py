@@ -107,6 +107,9 @@ async def test_embed_and_models(backend, openai_fake):
     assert openai_fake.last("/v1/embeddings")["encoding_format"] == "float"
     assert [m.name for m in await backend.list_models()] == [MODEL]
     assert await backend.health()
+    with_v1 = OpenAIBackend(config(openai_fake.url + "/v1/"))  # as OpenAI SDK base URLs are written
+    assert [m.name for m in await with_v1.list_models()] == [MODEL]
+    await with_v1.close()
 
 
 async def test_api_key_goes_out_as_bearer():
