@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+
 import orjson
 
 from adapters.errors import BackendError
 from adapters.protocol import Tool, ToolCall
 from proxy.tools.coerce import check_arguments
-from proxy.tools.extract import RawCall, Region, next_start, raw_calls, region_at
+from proxy.tools.extract import RawCall, Region, raw_calls
 from proxy.tools.repair import decode_arguments
 
 _PREFIXES = ("functions.", "function.", "tools.", "tool.")

@@ -9,7 +9,7 @@ raised before its last chunk so that nothing half-valid is sent or cached.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Tool, ToolCall
@@ -62,7 +62,6 @@ class HoldBack:
     doubt: str = ""
     sent_text: bool = False
     sent_calls: bool = False
-    _segments: list[tuple[str, bool]] = field(default_factory=list)
 
     def feed(self, text: str, final: bool) -> tuple[list[tuple[str, bool]], list[ToolCall]]:
         """Add text; return the segments that can be released now (text, is_failed_attempt) and the calls

@@ -137,7 +137,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age"]}
 
 
-@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=["Sure! ", "{'name': 'Ada', ", "'age': '36'"]))])
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=["Sure! {'name': 'Ada', ", "'age': '36'"]))])
 async def test_openai_response_format_json_schema_is_repaired(client: TestClient) -> None:
     resp = await client.post("/v1/chat/completions", json={
         "model": "tiny", "messages": MESSAGES,
