@@ -7,6 +7,7 @@ Every layer sees the internal model only (adapters.protocol), so both dialects a
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field, replace
@@ -46,11 +47,11 @@ class Pipeline:
 
     async def start(self) -> None:
         """Sizes each backend's admission queue from what it reports (e.g. llama-server slots)."""
-        for name, backend in self.router.backends.items():
-            limit = max(1, await backend.concurrency())
-            self._admission[name] = AdmissionController(limit=limit, max_queue=self.batching.max_queue)
-            self._embedders[name] = EmbedBatcher(backend.embed, self.batching.embed_window_ms,
-                                                 self.batching.embed_max_inputs)
+        backends = list(self.router.backends.values())
+        for backend, limit in zip(backends, await asyncio.gather(*(_slots(b) for b in backends))):
+            self._admission[backend.name] = AdmissionController(limit=limit, max_queue=self.batching.max_queue)
+            self._embedders[backend.name] = EmbedBatcher(backend.embed, self.batching.embed_window_ms,
+                                                         self.batching.embed_max_inputs)
 
     async def close(self) -> None:
         for batcher in self._embedders.values():
@@ -137,3 +138,13 @@ class Pipeline:
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for chunk in stream:
                     yield chunk
+
+
+async def _slots(backend: Backend) -> int:
+    """What the backend reports; one that cannot say at startup (down) gets its configured limit or 4."""
+    try:
+        return max(1, await backend.concurrency())
+    except Exception as e:  # noqa: BLE001 - a backend that is down must not stop Velo from starting
+        log.warning("backend %r did not report its concurrency (%s); using %d", backend.name, e,
+                    backend.config.max_concurrency or 4)
+        return backend.config.max_concurrency or 4

@@ -94,3 +94,41 @@ async def test_embed_batches_are_capped_at_max_inputs():
         await asyncio.gather(*[c.post("/api/embed", json={"model": "tiny", "input": [str(i)] * 2})
                                for i in range(4)])
         assert [len(r.inputs) for r in backend.requests] == [4, 4]
+
+
+class Counting(ScriptedBackend):
+    """Reports `slots` as its concurrency (or fails to, like a server down at startup); tracks peak streams."""
+
+    def __init__(self, slots: int | None, **kw: object):
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.slots, self.active, self.peak = slots, 0, 0
+
+    async def concurrency(self) -> int:
+        if self.slots is None:
+            raise ConnectionError("backend down")
+        return self.slots
+
+    async def _run(self):  # type: ignore[override]
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            async for chunk in super()._run():
+                yield chunk
+        finally:
+            self.active -= 1
+
+
+async def test_admission_holds_requests_to_the_slots_the_backend_reports():
+    backend = Counting(2, name="named-differently", script=Script(delay=0.03))
+    app = make_app(Config(cache=CacheConfig(enabled=False)), {"key": backend})
+    async with TestClient(TestServer(app)) as c:
+        await asyncio.gather(*[ollama_text(c, {"temperature": 0.5}) for _ in range(6)])
+    assert backend.peak == 2 and len(backend.requests) == 6
+
+
+async def test_a_backend_down_at_startup_gets_the_configured_limit():
+    backend = Counting(None, script=Script(delay=0.03))
+    backend.config.max_concurrency = 3
+    async with app_over(backend) as c:
+        await asyncio.gather(*[ollama_text(c, {"temperature": 0.5}) for _ in range(6)])
+    assert backend.peak == 3
