@@ -21,6 +21,7 @@ from proxy.cli import serve
 from proxy.config import Config, ServerConfig
 from proxy.state import PIPELINE
 from tests.fakes import FakeOpenAI
+from tests.llama_server import LlamaServer
 from tests.scripted import Script, ScriptedBackend
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -282,3 +283,41 @@ async def test_shutdown_cancels_what_outlives_the_grace_period():
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await resp.read()
         await wait_for(lambda: up.disconnects == 1)  # the upstream's generation was cancelled too
+
+
+async def test_real_llama_server_slots_and_being_killed_mid_stream():
+    server = LlamaServer(["-c", "1024", "-np", "2", "-t", "1", "-tb", "1"])
+    await asyncio.to_thread(server.start)
+    try:
+        backend = BackendConfig(name="llama", kind="llamacpp", urls=[server.url])
+        app = make_app(Config(backends=[backend], default_backend="llama", cache=CacheConfig(enabled=False)))
+        async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+            assert app[PIPELINE].admission("llama").limit == 2  # from llama-server's /props total_slots
+            resp = await c.post("/api/generate", json={"model": "smollm2", "prompt": "Once upon a time",
+                                                       "options": {"num_predict": 4000, "ignore_eos": True}})
+            assert resp.status == 200
+            await resp.content.readline()
+            assert server.process is not None
+            server.process.kill()
+            started = time.monotonic()
+            body = await asyncio.wait_for(resp.read(), 1.0)
+            assert time.monotonic() - started < 1.0
+            assert "error" in orjson.loads(body.splitlines()[-1])
+            after = await c.post("/v1/chat/completions", json=CHAT)
+            assert after.status == 503 and "not reachable" in await openai_error(after)
+            assert app[PIPELINE].admission("llama").running == 0
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_client_leaving_mid_stream_closes_the_upstream_connection():
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["w"] * 100)
+        up.script.token_delay = 0.02
+        app = make_app(velo_config(up.url))
+        async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+            resp = await c.post("/api/chat", json=CHAT)
+            await resp.content.readline()
+            resp.close()
+            await wait_for(lambda: up.disconnects == 1)
+            await wait_for(lambda: app[PIPELINE].admission("up").running == 0)
