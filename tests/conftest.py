@@ -18,11 +18,12 @@ async def openai_fake():
 
 
 def _serve(server: LlamaServer):
+    """Starts it, or fails (never skips) with what to run when the binary or the model is missing."""
     try:
-        server.start()
+        return server.start()
     except LlamaServerMissing as e:
-        pytest.fail(str(e), pytrace=False)
-    return server
+        missing = str(e)
+    pytest.fail(missing, pytrace=False)
 
 
 @pytest.fixture(scope="session")
