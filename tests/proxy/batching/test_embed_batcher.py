@@ -1,0 +1,86 @@
+"""EmbedBatcher on its own: merging rules, the window, splitting, errors and callers that leave."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adapters.errors import BackendError
+from adapters.protocol import EmbedRequest, EmbedResult
+from proxy.batching import EmbedBatcher
+
+
+class Recorder:
+    def __init__(self, fail: bool = False, short: bool = False):
+        self.calls: list[EmbedRequest] = []
+        self.fail, self.short = fail, short
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def __call__(self, req: EmbedRequest) -> EmbedResult:
+        self.calls.append(req)
+        await self.release.wait()
+        if self.fail:
+            raise BackendError("embedder down")
+        vectors = [[float(len(s))] for s in req.inputs]
+        return EmbedResult(embeddings=vectors[:-1] if self.short else vectors, prompt_tokens=10 * len(req.inputs))
+
+
+def req(*inputs: str, model: str = "e", dimensions: int | None = None) -> EmbedRequest:
+    return EmbedRequest(model=model, inputs=list(inputs), dimensions=dimensions)
+
+
+async def test_requests_within_the_window_share_one_call_and_get_their_own_slice():
+    call = Recorder()
+    batcher = EmbedBatcher(call, window_ms=20, max_inputs=64)
+    a, b = await asyncio.gather(batcher.embed(req("x", "yyy")), batcher.embed(req("zz")))
+    assert len(call.calls) == 1 and call.calls[0].inputs == ["x", "yyy", "zz"]
+    assert a.embeddings == [[1.0], [3.0]] and b.embeddings == [[2.0]]
+    assert a.prompt_tokens + b.prompt_tokens == 30 and a.prompt_tokens == 20  # shared out by input length
+
+
+async def test_different_models_or_options_are_never_merged():
+    call = Recorder()
+    batcher = EmbedBatcher(call, window_ms=20)
+    await asyncio.gather(batcher.embed(req("a")), batcher.embed(req("b", model="other")),
+                         batcher.embed(req("c", dimensions=8)), batcher.embed(req("d")))
+    assert sorted(len(c.inputs) for c in call.calls) == [1, 1, 2]
+
+
+async def test_a_full_batch_goes_at_once_without_waiting_for_the_window():
+    call = Recorder()
+    batcher = EmbedBatcher(call, window_ms=10_000, max_inputs=3)
+    results = await asyncio.wait_for(asyncio.gather(*[batcher.embed(req(str(i))) for i in range(3)]), 1)
+    assert len(call.calls) == 1 and [r.embeddings for r in results] == [[[1.0]]] * 3
+
+
+async def test_backend_error_and_wrong_counts_reach_every_caller():
+    batcher = EmbedBatcher(Recorder(fail=True), window_ms=5)
+    results = await asyncio.gather(batcher.embed(req("a")), batcher.embed(req("b")), return_exceptions=True)
+    assert all(isinstance(r, BackendError) for r in results)
+    batcher = EmbedBatcher(Recorder(short=True), window_ms=5)
+    results = await asyncio.gather(batcher.embed(req("a")), batcher.embed(req("b")), return_exceptions=True)
+    assert all(isinstance(r, BackendError) and "2 inputs" in str(r) for r in results)
+
+
+async def test_a_caller_that_leaves_before_the_flush_is_left_out():
+    call = Recorder()
+    batcher = EmbedBatcher(call, window_ms=30)
+    leaver = asyncio.create_task(batcher.embed(req("gone")))
+    stayer = asyncio.create_task(batcher.embed(req("here")))
+    await asyncio.sleep(0)
+    leaver.cancel()
+    assert (await stayer).embeddings == [[4.0]]
+    assert call.calls[0].inputs == ["here"]
+
+
+async def test_close_cancels_batches_in_flight():
+    call = Recorder()
+    call.release.clear()
+    batcher = EmbedBatcher(call, window_ms=1)
+    waiting = asyncio.create_task(batcher.embed(req("a")))
+    await asyncio.sleep(0.02)
+    await batcher.close()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not batcher._tasks
