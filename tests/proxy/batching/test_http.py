@@ -132,3 +132,23 @@ async def test_a_backend_down_at_startup_gets_the_configured_limit():
     async with app_over(backend) as c:
         await asyncio.gather(*[ollama_text(c, {"temperature": 0.5}) for _ in range(6)])
     assert backend.peak == 3
+
+
+async def test_clients_with_different_api_keys_take_turns_in_the_queue():
+    backend = ScriptedBackend(script=Script(delay=0.1))
+    backend.config.max_concurrency = 1
+    async with app_over(backend) as c:
+        async def ask(key: str, text: str) -> None:
+            body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "stream": False}
+            resp = await c.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            assert resp.status == 200
+
+        tasks = [asyncio.create_task(ask("busy", "busy"))]
+        await asyncio.sleep(0.02)
+        for text in ["a1", "a2", "a3"]:
+            tasks.append(asyncio.create_task(ask("key-a", text)))
+            await asyncio.sleep(0.03)
+        tasks.append(asyncio.create_task(ask("key-b", "b1")))
+        await asyncio.gather(*tasks)
+    order = [r.messages[-1].content for r in backend.requests]
+    assert order == ["busy", "a1", "b1", "a2", "a3"]
