@@ -25,8 +25,9 @@ def slot_bytes(eng) -> int:
 def hf_greedy(path: str, prompt_ids: list[int], n: int) -> list[int]:
     import transformers
     model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
-    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
 
 
