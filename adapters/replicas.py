@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import xxhash
