@@ -114,8 +114,11 @@ class ReplicaSet(Backend):
         return any(r.healthy for r in self.replicas)
 
     async def concurrency(self) -> int:
-        """The replicas' slots added up: Velo's admission queue sits in front of the whole set."""
-        return sum(await asyncio.gather(*(r.backend.concurrency() for r in self.replicas)))
+        """The replicas' slots added up: Velo's admission queue sits in front of the whole set. A replica that
+        cannot say (down) counts as its configured limit or 4, as a single backend would."""
+        answers = await asyncio.gather(*(r.backend.concurrency() for r in self.replicas), return_exceptions=True)
+        fallback = self.config.max_concurrency or 4
+        return sum(n if isinstance(n, int) else fallback for n in answers)
 
     def order(self, affinity_key: str | None = None) -> list[Replica]:
         """Replicas to try, best first: healthy ones by outstanding requests (the affinity replica first when it

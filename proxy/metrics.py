@@ -11,14 +11,16 @@ import asyncio
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from adapters.base import Backend
 from adapters.errors import VeloError
 from adapters.protocol import Chunk
+from adapters.replicas import ReplicaSet
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -121,8 +123,25 @@ class _PipelineCollector(Collector):
         for name, batcher in p.embed_batchers().items():
             batches.add_metric([name], batcher.batches)
         yield batches
+        yield from _replica_families(p.router.backends.values())
         yield from _cache_families(p.cache.stats() if p.cache is not None else None)
         yield _tool_family(p.tool_metrics.snapshot())
+
+
+def _replica_families(backends: Iterable[Backend]) -> Iterator[GaugeMetricFamily]:
+    """Per replica of each replica set: requests outstanding, and whether it takes requests at all."""
+    outstanding = GaugeMetricFamily("velo_replica_outstanding", "Requests in flight on a replica",
+                                    labels=["backend", "replica"])
+    up = GaugeMetricFamily("velo_replica_up", "1 when a replica passes health probes and its circuit is closed",
+                           labels=["backend", "replica"])
+    now = time.monotonic()
+    for backend in backends:
+        for replica in backend.replicas if isinstance(backend, ReplicaSet) else []:
+            labels = [backend.name, replica.backend.name]
+            outstanding.add_metric(labels, replica.outstanding)
+            up.add_metric(labels, float(replica.healthy and replica.closed(now)))
+    yield outstanding
+    yield up
 
 
 def _cache_families(stats: dict | None) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

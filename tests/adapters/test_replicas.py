@@ -154,6 +154,10 @@ async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server():
                                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
                 assert resp.status == 200, await resp.text()
                 assert (await resp.json())["choices"][0]["message"]["content"].startswith("Hello")
+            scraped = await (await c.get("/metrics")).text()
+        assert 'velo_replica_up{backend="pool",replica="pool[1]"} 0.0' in scraped
+        assert 'velo_replica_up{backend="pool",replica="pool[2]"} 1.0' in scraped
+        assert 'velo_replica_outstanding{backend="pool",replica="pool[2]"} 0.0' in scraped
         chats = [r for r in live.requests if r.path == "/v1/chat/completions"]
         assert len(chats) == 2 and len(failing.requests) == 1  # its circuit opened after one failure
 
@@ -161,3 +165,13 @@ async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server():
 def test_bad_affinity_is_a_named_config_error():
     with pytest.raises(ValueError, match="options.affinity"):
         ReplicaOptions.split({"affinity": "sticky"})
+
+
+async def test_concurrency_adds_up_replicas_and_tolerates_one_that_is_down():
+    rs, members = replica_set(Script(), Script(), Script())
+
+    async def down() -> int:
+        raise BackendUnavailable("not reachable")
+    members[1].concurrency = down  # type: ignore[method-assign]
+    members[0].config.max_concurrency = 2
+    assert await rs.concurrency() == 2 + 4 + 4
