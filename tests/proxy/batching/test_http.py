@@ -152,3 +152,22 @@ async def test_clients_with_different_api_keys_take_turns_in_the_queue():
         await asyncio.gather(*tasks)
     order = [r.messages[-1].content for r in backend.requests]
     assert order == ["busy", "a1", "b1", "a2", "a3"]
+
+
+async def test_fill_in_the_middle_jumps_the_queue_in_both_dialects():
+    backend = ScriptedBackend(script=Script(delay=0.1))
+    backend.config.max_concurrency = 1
+    async with app_over(backend) as c:
+        def chat(text: str) -> dict:
+            return {"model": "tiny", "messages": [{"role": "user", "content": text}], "stream": False}
+        requests = [("/api/chat", chat("busy")), ("/api/chat", chat("chat1")), ("/v1/chat/completions", chat("chat2")),
+                    ("/v1/completions", {"model": "tiny", "prompt": "fim-openai", "suffix": "}"}),
+                    ("/api/generate", {"model": "tiny", "prompt": "fim-ollama", "suffix": "}", "stream": False})]
+        tasks = []
+        for path, body in requests:
+            client = {"X-Velo-Client": body.get("prompt", "")}
+            tasks.append(asyncio.create_task(c.post(path, json=body, headers=client)))
+            await asyncio.sleep(0.03)
+        assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 5
+    order = [getattr(r, "prompt", None) or r.messages[-1].content for r in backend.requests]
+    assert order == ["busy", "fim-openai", "fim-ollama", "chat1", "chat2"]
