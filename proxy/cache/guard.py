@@ -18,7 +18,8 @@ _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "thirty": "30", "forty": "40", "fifty": "50", "hundred": "100", "thousand": "1000", "million": "1e6",
     "billion": "1e9", "first": "1", "second": "2", "third": "3", "half": "0.5", "double": "2x", "twice": "2x"}
 _NEGATIONS = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "nowhere", "without",
-              "cannot", "dont", "doesnt", "isnt", "cant", "wont"}
+              "cannot", "dont", "doesnt", "isnt", "cant", "wont",
+              "false", "untrue", "incorrect", "unsafe"}  # "unsafe" and "not safe" count alike
 
 
 @dataclass(frozen=True)

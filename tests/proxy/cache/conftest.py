@@ -20,11 +20,18 @@ from tests.scripted import ScriptedBackend
 SERVICES = Path(__file__).resolve().parents[3] / "scripts" / "services.sh"
 
 
+class SessionEmbedder(Embedder):
+    """One model for the whole session: the layers and apps that use it cannot close it."""
+
+    async def close(self) -> None:
+        pass
+
+
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = _load_model(default_model_path())
-    return Embedder(model, model.get_embedding_dimension())
+    return SessionEmbedder(model, model.get_embedding_dimension())
 
 
 @pytest.fixture(scope="session")
@@ -54,15 +61,11 @@ def pg_dsn(services: dict[str, str]) -> str:
 
 @pytest.fixture
 def shared_embedder(embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> Embedder:
-    """Apps built in a test load this one model instead of their own; their close leaves it open."""
+    """Apps built in a test load the session's model instead of their own."""
     async def load(path: str | None = None) -> Embedder:
         return embedder
 
-    async def keep_open() -> None:
-        pass
-
     monkeypatch.setattr(Embedder, "load", staticmethod(load))
-    monkeypatch.setattr(embedder, "close", keep_open)
     return embedder
 
 

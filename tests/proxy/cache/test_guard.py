@@ -14,6 +14,7 @@ MUST_MISS = [
     ("Who was the first president of France?", "Who was the first president of Germany?"),
     ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?"),
     ("Why do cats like milk?", "Why don't cats like milk?"),
+    ("Is it true that coffee is healthy?", "Is it false that coffee is healthy?"),
     ("What does `list.sort()` return?", "What does `sorted(list)` return?"),
     ("Fix this: ```x = foo(1)```", "Fix this: ```x = foo(2)```"),
     ("What does os.path.join do?", "What does os.path.split do?"),
@@ -24,6 +25,7 @@ MAY_HIT = [
     ("What are good tips for self study?", "What are smart tips for self studying?"),
     ("Explain how a hash map works", "explain how a hash map works."),
     ("What is 2 + 2?", "what is 2+2"),
+    ("Why is it unsafe to eat raw eggs?", "Why is it not safe to eat raw eggs?"),
 ]
 
 

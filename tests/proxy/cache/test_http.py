@@ -181,8 +181,8 @@ async def test_semantic_hit_through_the_proxy(velo, shared_embedder):
     ask = lambda text: {"model": "tiny", "messages": [{"role": "user", "content": text}],  # noqa: E731
                         "stream": False, "temperature": 0}
     await (await client.post("/v1/chat/completions", json=ask("How do I learn Python quickly?"))).read()
-    resp = await client.post("/v1/chat/completions", json=ask("What is the fastest way to learn Python?"))
+    resp = await client.post("/v1/chat/completions", json=ask("How can I learn Python fast?"))
     assert resp.headers["X-Velo-Cache"] == "semantic"
     assert (await resp.json())["choices"][0]["message"]["content"] == "Hello world"
-    resp = await client.post("/v1/chat/completions", json=ask("What is the fastest way to learn Rust?"))
+    resp = await client.post("/v1/chat/completions", json=ask("How can I learn Rust fast?"))
     assert resp.headers["X-Velo-Cache"] == "miss" and len(backend.requests) == 2

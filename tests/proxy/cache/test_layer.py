@@ -66,12 +66,12 @@ async def test_sqlite_tier_survives_a_restart_and_keeps_the_expiry(tmp_path):
 async def test_semantic_hit_on_a_paraphrase_but_not_across_scopes_or_guarded_changes(embedder: Embedder):
     layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
     await layer.store(_ask("How do I learn Python quickly?"), "t", ANSWER)
-    hit = await layer.lookup(_ask("What is the fastest way to learn Python?"), "t", bypass=False)
+    hit = await layer.lookup(_ask("How can I learn Python fast?"), "t", bypass=False)
     assert hit is not None and hit.kind == "semantic" and hit.chunks == ANSWER
-    assert await layer.lookup(_ask("What is the fastest way to learn Python?"), "u", bypass=False) is None
-    assert await layer.lookup(_ask("What is the fastest way to learn Python?", system="be verbose"), "t",
+    assert await layer.lookup(_ask("How can I learn Python fast?"), "u", bypass=False) is None
+    assert await layer.lookup(_ask("How can I learn Python fast?", system="be verbose"), "t",
                               bypass=False) is None
-    assert await layer.lookup(_ask("What is the fastest way to learn Python?", max_tokens=9), "t",
+    assert await layer.lookup(_ask("How can I learn Python fast?", max_tokens=9), "t",
                               bypass=False) is None
     assert await layer.lookup(_ask("How do I cook rice?"), "t", bypass=False) is None
     await layer.store(_ask("Is it safe to eat raw eggs?"), "t", ANSWER)

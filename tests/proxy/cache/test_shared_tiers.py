@@ -33,10 +33,10 @@ async def test_pgvector_shares_semantic_answers_between_processes(pg_dsn: str, e
     b = await CacheLayer.create(cfg, embedder=embedder)
     tenant = str(uuid.uuid4())
     await a.store(_ask("How do I learn Python quickly?"), tenant, ANSWER)
-    hit = await b.lookup(_ask("What is the fastest way to learn Python?"), tenant, bypass=False)
+    hit = await b.lookup(_ask("How can I learn Python fast?"), tenant, bypass=False)
     assert hit is not None and hit.kind == "semantic" and hit.chunks == ANSWER
     assert b.stats()["events"]["pgvector"]["tiny"] == {"hit": 1}
-    assert await b.lookup(_ask("What is the fastest way to learn Python?"), "other", bypass=False) is None
+    assert await b.lookup(_ask("How can I learn Python fast?"), "other", bypass=False) is None
     await a.store(_ask("Is it safe to eat raw eggs?"), tenant, ANSWER)
     assert await b.lookup(_ask("Is it not safe to eat raw eggs?"), tenant, bypass=False) is None
     await a.close()
