@@ -118,19 +118,23 @@ class Pipeline:
         return hit.chunks if hit else None
 
     def _shared(self, req: Request, ctx: RequestContext, target: Target, call: StreamFn) -> AsyncIterator[Chunk]:
-        """Deterministic requests identical to one in flight (same tenant) ride on its backend call."""
+        """Deterministic requests identical to one in flight (same tenant) ride on its backend call. Autocomplete
+        that a newer request may replace does not: replacing the leader would fail every follower with it."""
         factory = lambda: self._admitted(req, ctx, target, call)  # noqa: E731
-        if self.batching.coalesce and req.options.deterministic:
+        if self.batching.coalesce and req.options.deterministic and self._supersede_key(ctx) is None:
             return self.coalescer.stream(exact_key(req, ctx.tenant), factory)
         return factory()
+
+    def _supersede_key(self, ctx: RequestContext) -> str | None:
+        if ctx.priority == LATENCY_CRITICAL and self.batching.supersede_autocomplete:
+            return f"{ctx.tenant}:{ctx.client}:autocomplete"
+        return None
 
     async def _admitted(self, req: Request, ctx: RequestContext, target: Target, call: StreamFn
                         ) -> AsyncIterator[Chunk]:
         """Holds one of the backend's slots for the whole stream; autocomplete jumps the queue and a newer one
         from the same client replaces the older."""
-        supersede = None
-        if ctx.priority == LATENCY_CRITICAL and self.batching.supersede_autocomplete:
-            supersede = f"{ctx.tenant}:{ctx.client}:autocomplete"
+        supersede = self._supersede_key(ctx)
         admission = self._admission.get(target.backend.name)
         slot = admission.slot(ctx.priority, ctx.client, supersede) if admission else contextlib.nullcontext()
         async with slot:

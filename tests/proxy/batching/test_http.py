@@ -171,3 +171,18 @@ async def test_fill_in_the_middle_jumps_the_queue_in_both_dialects():
         assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 5
     order = [getattr(r, "prompt", None) or r.messages[-1].content for r in backend.requests]
     assert order == ["busy", "fim-openai", "fim-ollama", "chat1", "chat2"]
+
+
+async def test_replacing_an_autocomplete_never_fails_another_clients_identical_one():
+    backend = ScriptedBackend(script=Script(pieces=["x"] * 10, delay=0.02))
+    async with app_over(backend) as c:
+        body = {"model": "tiny", "prompt": "def f(", "suffix": ")", "options": {"temperature": 0}}
+        first = await c.post("/api/generate", json=body, headers={"X-Velo-Client": "ide-1"})
+        await first.content.readline()
+        other = asyncio.create_task(c.post("/api/generate", json=body, headers={"X-Velo-Client": "ide-2"}))
+        await asyncio.sleep(0.05)
+        newer = await c.post("/api/generate", json={**body, "prompt": "def fo("}, headers={"X-Velo-Client": "ide-1"})
+        await newer.read()
+        other_lines = (await (await other).read()).splitlines()
+        assert b"error" in (await first.read()).splitlines()[-1]
+        assert orjson.loads(other_lines[-1])["done"] is True and b"error" not in b"".join(other_lines)
