@@ -200,5 +200,6 @@ class CacheLayer:
 
     def stats(self) -> dict:
         used = {"memory": self.memory.bytes_used, "memory_entries": len(self.memory),
+                **{s.name: s.bytes_used for s in self.stores if hasattr(s, "bytes_used")},
                 "semantic_entries": self.semantic_entries, "semantic_scopes": len(self.indexes)}
         return self.counters.snapshot(used)

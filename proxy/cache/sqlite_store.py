@@ -22,6 +22,7 @@ class SqliteStore:
     clock: Callable[[], float] = time.time
     name: str = "sqlite"
     _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "velo-cache-sqlite"))
+    bytes_used: int = 0  # payload bytes, exact after open and each prune, an upper bound between prunes
     _db: sqlite3.Connection | None = None
     _puts: int = 0
 
@@ -39,7 +40,7 @@ class SqliteStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
-        self._db.execute("DELETE FROM entries WHERE expires_at <= ?", (self.clock(),))
+        self._prune()
         self._db.commit()
 
     async def get(self, key: str) -> tuple[bytes, float] | None:
@@ -57,6 +58,7 @@ class SqliteStore:
         self._db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
                          (key, payload, expires_at, self.clock()))
         self._puts += 1
+        self.bytes_used += len(payload)
         if self._puts % _PRUNE_EVERY == 0:
             self._prune()
         self._db.commit()
@@ -67,13 +69,11 @@ class SqliteStore:
         total = 0
         rows = self._db.execute("SELECT key, length(payload) FROM entries ORDER BY stored_at DESC").fetchall()
         for key, size in rows:
-            total += size
-            if total > self.max_bytes:
+            if total + size > self.max_bytes:
                 self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
-
-    async def bytes_used(self) -> int:
-        return await self._run(lambda: self._db.execute(
-            "SELECT coalesce(sum(length(payload)), 0) FROM entries").fetchone()[0])
+            else:
+                total += size
+        self.bytes_used = total
 
     async def close(self) -> None:
         if self._db is not None:

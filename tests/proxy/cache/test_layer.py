@@ -57,7 +57,7 @@ async def test_sqlite_tier_survives_a_restart_and_keeps_the_expiry(tmp_path):
     second = await CacheLayer.create(cfg, clock=lambda: now[0])
     hit = await second.lookup(_ask("hi"), "t", bypass=False)
     assert hit.kind == "exact" and hit.chunks == ANSWER
-    assert second.stats()["events"]["sqlite"]["tiny"] == {"hit": 1}
+    assert second.stats()["events"]["sqlite"]["tiny"] == {"hit": 1} and second.stats()["bytes"]["sqlite"] > 0
     now[0] += 61  # expired in memory (copied with its stored expiry) and on disk
     assert await second.lookup(_ask("hi"), "t", bypass=False) is None
     await second.close()
@@ -110,3 +110,16 @@ async def test_semantic_scopes_are_bounded(embedder: Embedder):
         await layer.store(_ask("How do I learn Python quickly?", system=system), "t", ANSWER)
     assert layer.stats()["bytes"]["semantic_entries"] == 3 and len(layer.indexes) == 3
     await layer.close()
+
+
+async def test_sqlite_tier_is_bounded_by_bytes_keeping_the_newest(tmp_path):
+    from proxy.cache.sqlite_store import _PRUNE_EVERY, SqliteStore
+    store = await SqliteStore.open(str(tmp_path / "c.db"), max_bytes=1000, clock=time.time)
+    for i in range(_PRUNE_EVERY):
+        await store.put(f"k{i}", b"x" * 100, time.time() + 60)
+    assert store.bytes_used == 1000
+    assert await store.get(f"k{_PRUNE_EVERY - 1}") is not None and await store.get("k0") is None
+    await store.close()
+    reopened = await SqliteStore.open(str(tmp_path / "c.db"), max_bytes=1000)
+    assert reopened.bytes_used == 1000
+    await reopened.close()
