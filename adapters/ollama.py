@@ -31,14 +31,15 @@ def options_to_wire(o: SamplingOptions) -> dict[str, Any]:
     return out
 
 
-def message_to_wire(m: Message) -> dict[str, Any]:
+def message_to_wire(m: Message, call_names: dict[str, str]) -> dict[str, Any]:
+    """`call_names` (call id -> tool name) names the tool of an OpenAI-dialect answer, which carries only an id."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.images:
         out["images"] = m.images
     if m.tool_calls:
         out["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
-    if m.tool_name:
-        out["tool_name"] = m.tool_name
+    if tool_name := m.tool_name or call_names.get(m.tool_call_id, ""):
+        out["tool_name"] = tool_name
     if m.thinking:
         out["thinking"] = m.thinking
     return out
@@ -60,7 +61,8 @@ def _common(body: dict[str, Any], model: str, options: SamplingOptions, fmt: Any
 
 
 def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [message_to_wire(m) for m in req.messages]}
+    names = {c.id: c.name for m in req.messages for c in m.tool_calls if c.id}
+    body: dict[str, Any] = {"messages": [message_to_wire(m, names) for m in req.messages]}
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                            "parameters": t.parameters}} for t in req.tools]

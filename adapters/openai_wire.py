@@ -48,16 +48,32 @@ def _content(m: Message) -> Any:
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{img}"}} for img in m.images]
 
 
-def message_to_wire(m: Message) -> dict[str, Any]:
+def message_to_wire(m: Message, call_ids: list[str], tool_call_id: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": _content(m)}
     if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function",
+        out["tool_calls"] = [{"id": cid, "type": "function",
                               "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
-                             for i, c in enumerate(m.tool_calls)]
+                             for cid, c in zip(call_ids, m.tool_calls)]
     if m.role == "tool":
-        out["tool_call_id"] = m.tool_call_id or "call_0"
+        out["tool_call_id"] = tool_call_id
         if m.tool_name:
             out["name"] = m.tool_name
+    return out
+
+
+def messages_to_wire(messages: list[Message]) -> list[dict[str, Any]]:
+    """Ollama-dialect histories carry no call ids: calls get `call_<msg>_<n>` and each tool answer the id of
+    the oldest unanswered call with its `tool_name` (else the oldest unanswered), as OpenAI servers require."""
+    out, open_calls = [], []  # (id, name) of calls not yet answered
+    for n, m in enumerate(messages):
+        ids = [c.id or f"call_{n}_{i}" for i, c in enumerate(m.tool_calls)]
+        open_calls += [(cid, c.name) for cid, c in zip(ids, m.tool_calls)]
+        answered = ""
+        if m.role == "tool":
+            answered = m.tool_call_id or next((cid for cid, name in open_calls if name == m.tool_name),
+                                              open_calls[0][0] if open_calls else "call_0")
+            open_calls = [c for c in open_calls if c[0] != answered]
+        out.append(message_to_wire(m, ids, answered))
     return out
 
 
@@ -74,7 +90,7 @@ def _with_common(body: dict[str, Any], options: SamplingOptions, fmt: OutputForm
 
 
 def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": req.model, "messages": [message_to_wire(m) for m in req.messages]}
+    body: dict[str, Any] = {"model": req.model, "messages": messages_to_wire(req.messages)}
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                            "parameters": t.parameters}} for t in req.tools]

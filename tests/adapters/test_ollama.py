@@ -210,3 +210,14 @@ async def test_closing_the_stream_early_cancels_the_upstream(backend, ollama_dou
         await asyncio.sleep(0.02)
     assert ollama_double.disconnects == 1
     assert await backend.health()  # the pool still works after the aborted request
+
+
+async def test_openai_style_tool_answer_gets_its_tool_name(backend, ollama_double):
+    """An OpenAI client answers a call by id only; Ollama wants the tool's name."""
+    history = [Message(role="user", content="Weather?"),
+               Message(role="assistant", tool_calls=[ToolCall(name="get_weather", arguments={"city": "Rome"},
+                                                              id="call_7")]),
+               Message(role="tool", content="sunny", tool_call_id="call_7")]
+    await collect(backend.chat(ChatRequest(model=MODEL, messages=history)))
+    assert ollama_double.last("/api/chat")["messages"][2] == {"role": "tool", "content": "sunny",
+                                                              "tool_name": "get_weather"}

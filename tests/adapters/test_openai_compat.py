@@ -188,3 +188,16 @@ async def test_closing_the_stream_early_cancels_the_upstream(backend, openai_fak
             break
         await asyncio.sleep(0.02)
     assert openai_fake.disconnects == 1
+
+
+async def test_ollama_style_history_gets_linked_call_ids(backend, openai_fake):
+    """Ollama histories carry no ids; OpenAI servers need each tool answer to name the call it answers."""
+    calls = [ToolCall(name="get_weather", arguments={"city": "Rome"}), ToolCall(name="get_time", arguments={})]
+    history = [Message(role="user", content="Weather and time?"), Message(role="assistant", tool_calls=calls),
+               Message(role="tool", content="12:00", tool_name="get_time"),
+               Message(role="tool", content="sunny", tool_name="get_weather")]
+    await collect(backend.chat(ChatRequest(model=MODEL, messages=history)))
+    sent = openai_fake.last("/v1/chat/completions")["messages"]
+    ids = [c["id"] for c in sent[1]["tool_calls"]]
+    assert len(set(ids)) == 2
+    assert [(m["tool_call_id"], m["name"]) for m in sent[2:]] == [(ids[1], "get_time"), (ids[0], "get_weather")]
