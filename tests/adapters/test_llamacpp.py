@@ -126,3 +126,16 @@ async def test_down_server_reports_unavailable_but_still_starts():
         await collect(b.chat(hello()))
     assert "'gone'" in e.value.message and e.value.status == 503
     await b.close()
+
+
+async def test_json_schema_format_constrains_the_output(backend):
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "maximum": 150}}, "required": ["age"],
+              "additionalProperties": False}
+    opts = SamplingOptions(max_tokens=40, temperature=0)
+    raw = CompletionRequest(model=MODEL, prompt="Alice is 31 years old. As JSON:", raw=True, format=schema,
+                            options=opts)
+    chat = ChatRequest(model=MODEL, messages=[Message(role="user", content="How old is Alice (31)? Answer in JSON.")],
+                       format=schema, options=opts)
+    for out in (aggregate(await collect(backend.complete(raw))), aggregate(await collect(backend.chat(chat)))):
+        value = orjson.loads(out.text)
+        assert list(value) == ["age"] and isinstance(value["age"], int)
