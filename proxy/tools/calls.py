@@ -82,6 +82,8 @@ class CallRepairer:
         """Calls in a complete text region, or None when the region is not (or not only) valid calls."""
         attempts = [r for r in raw_calls(region) if self._is_attempt(r, region)]
         if not attempts:
+            if region.kind not in ("json", "fence", "code"):  # a call marker is an attempt even when unparsable
+                self.report.invalid.append(f"no parsable call after the {region.kind} marker")
             return None
         deduped = self.report.deduped
         valid = [c for c in (self._accept(r, "") for r in attempts) if c is not None]

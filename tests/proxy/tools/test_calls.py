@@ -102,7 +102,7 @@ def test_an_unknown_call_next_to_prose_stays_as_content() -> None:
 
 
 def test_arguments_the_schema_rejects_are_an_error_not_a_call() -> None:
-    with pytest.raises(ToolCallInvalid, match="'city' is a required property"):
+    with pytest.raises(ToolCallInvalid, match='"city" is a required property'):
         repair_message('<tool_call>{"name": "get_weather", "arguments": {"days": 2}}</tool_call>', [], TOOLS)
 
 
@@ -148,3 +148,15 @@ def test_repairs_are_reported_by_kind_without_values() -> None:
     summary = report.summary()
     assert "extracted=1" in summary and "single_quotes" in summary and "trailing_comma" in summary
     assert "coerced=1" in summary and "Paris" not in summary
+
+
+@pytest.mark.parametrize("text", ["<tool_call>\nI think the city is Paris</tool_call>", "[TOOL_CALLS] sorry"])
+def test_a_call_marker_without_a_parsable_call_is_an_invalid_attempt(text: str) -> None:
+    with pytest.raises(ToolCallInvalid, match="no parsable call after the"):
+        repair_message(text, [], TOOLS)
+
+
+def test_a_schema_with_a_remote_ref_is_refused_without_fetching_it() -> None:
+    remote = Tool("fetchy", "", {"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/a.json"}}})
+    with pytest.raises(ToolCallInvalid, match="schema cannot be used: .*is not fetched"):
+        repair_message('{"name": "fetchy", "arguments": {"a": 1}}', [], [remote])

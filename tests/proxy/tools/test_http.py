@@ -97,7 +97,7 @@ async def test_retry_asks_again_with_the_error_and_returns_the_valid_answer(clie
     assert len(scripted.requests) == 2
     again = scripted.requests[1].messages
     assert again[-2].role == "assistant" and again[-2].content == BAD
-    assert again[-1].role == "user" and "'city' is a required property" in again[-1].content
+    assert again[-1].role == "user" and '"city" is a required property' in again[-1].content
     assert "retry=1" in resp.headers["X-Velo-Repair"]
     assert client.server.app[PIPELINE].tool_metrics.snapshot()["tiny"]["retried"] == 1
 
@@ -119,7 +119,7 @@ async def test_unrepairable_answer_is_a_clear_502_and_nothing_is_cached(client: 
     resp = await client.post("/v1/chat/completions", json=body)
     error = (await resp.json())["error"]
     assert resp.status == 502 and error["type"] == "tool_call_invalid"
-    assert "'city' is a required property" in error["message"]
+    assert '"city" is a required property' in error["message"]
     assert len(scripted.requests) == 3  # the answer and max_retries=2 retries
     scripted.scripts = [Script(pieces=[CALL])]
     again = await client.post("/v1/chat/completions", json=body)

@@ -43,7 +43,7 @@ async def test_structured_output_is_asked_again_with_the_schema_error() -> None:
     backend = Backend('{"m": 1}', '{"n": 2}')
     out = await _answer(backend, _req(format=schema), retries=1)
     assert out[-1].text == '{"n": 2}'
-    assert "'n' is a required property" in backend.requests[1].messages[-1].content
+    assert '"n" is a required property' in backend.requests[1].messages[-1].content
     assert "JSON only" in backend.requests[1].messages[-1].content
 
 

@@ -109,7 +109,7 @@ async def test_structured_output_that_is_not_json_is_an_error() -> None:
 
 async def test_structured_output_off_schema_is_an_error() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    with pytest.raises(StructuredOutputInvalid, match="'n' is a required property"):
+    with pytest.raises(StructuredOutputInvalid, match='"n" is a required property'):
         await _run(['{"m": 1}'], _req(format=schema))
 
 
