@@ -67,6 +67,13 @@ def gguf_name(model_id: str) -> str:
     return name[:-5] if name.endswith(".gguf") else name
 
 
+def parameter_size(n: int) -> str:
+    """Ollama's way of writing it: "135M", "1.5B"."""
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
 class LlamaCppBackend(OpenAIBackend):
     def __init__(self, config: BackendConfig):
         super().__init__(config)
@@ -122,7 +129,7 @@ class LlamaCppBackend(OpenAIBackend):
         params = meta.get("n_params", 0)
         return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf",
                           quantization_level=props.get("model_ftype", ""),
-                          parameter_size=f"{params / 1e6:.0f}M" if params else "",
+                          parameter_size=parameter_size(params),
                           context_length=await self.context_length(), capabilities=list(caps),
                           template=props.get("chat_template", ""),
                           model_info={"general.parameter_count": params, "n_ctx_train": meta.get("n_ctx_train")})

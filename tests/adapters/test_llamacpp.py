@@ -9,7 +9,7 @@ import pytest
 
 from adapters.base import BackendConfig
 from adapters.errors import BackendUnavailable, Unsupported
-from adapters.llamacpp import LlamaCppBackend
+from adapters.llamacpp import LlamaCppBackend, parameter_size
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
 
@@ -47,6 +47,7 @@ async def test_server_facts(backend, llama_chat):
     [info] = await backend.list_models()
     assert (info.name, info.format, info.quantization_level, info.parameter_size) == (MODEL, "gguf", "Q4_1", "135M")
     assert {"completion", "tools", "insert"} <= set(info.capabilities) and "<tool_call>" in info.template
+    assert (parameter_size(1_543_714_304), parameter_size(0)) == ("1.5B", "")
     capped = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[llama_chat.url], max_concurrency=2))
     assert await capped.concurrency() == 2
 
