@@ -8,10 +8,11 @@ import orjson
 import pytest
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendUnavailable, Unsupported
+from adapters.errors import BackendError, BackendUnavailable, Unsupported
 from adapters.llamacpp import LlamaCppBackend, parameter_size
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
+from tests.llama_server import LlamaServer
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 GREEDY = SamplingOptions(max_tokens=6, temperature=0)
@@ -140,3 +141,22 @@ async def test_json_schema_format_constrains_the_output(backend):
     for out in (aggregate(await collect(backend.complete(raw))), aggregate(await collect(backend.chat(chat)))):
         value = orjson.loads(out.text)
         assert list(value) == ["age"] and isinstance(value["age"], int)
+
+
+async def test_server_killed_mid_stream_is_a_prompt_error():
+    server = await asyncio.to_thread(LlamaServer(["-c", "512", "-np", "1", "-t", "1"]).start)
+    b = LlamaCppBackend(BackendConfig(name="doomed", kind="llamacpp", urls=[server.url]))
+    req = CompletionRequest(model=MODEL, prompt="Once upon a time", raw=True,
+                            options=SamplingOptions(max_tokens=400, temperature=0))
+    got = []
+    try:
+        with pytest.raises(BackendError) as e:
+            async with asyncio.timeout(10):
+                async for chunk in b.complete(req):
+                    got.append(chunk)
+                    if len(got) == 2:
+                        server.process.kill()
+    finally:
+        server.stop()
+        await b.close()
+    assert len(got) >= 2 and "'doomed'" in e.value.message and e.value.status == 502
