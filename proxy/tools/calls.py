@@ -17,6 +17,7 @@ from proxy.tools.extract import RawCall, Region, raw_calls
 from proxy.tools.repair import decode_arguments
 
 _PREFIXES = ("functions.", "function.", "tools.", "tool.")
+_MARKERS = {"tag": "<tool_call>", "python_tag": "<|python_tag|>", "mistral": "[TOOL_CALLS]", "function": "<function=>"}
 
 
 class ToolCallInvalid(BackendError):
@@ -82,8 +83,8 @@ class CallRepairer:
         """Calls in a complete text region, or None when the region is not (or not only) valid calls."""
         attempts = [r for r in raw_calls(region) if self._is_attempt(r, region)]
         if not attempts:
-            if region.kind not in ("json", "fence", "code"):  # a call marker is an attempt even when unparsable
-                self.report.invalid.append(f"no parsable call after the {region.kind} marker")
+            if region.kind in _MARKERS:  # a call marker is an attempt even when nothing after it parses
+                self.report.invalid.append(f"no parsable call after {_MARKERS[region.kind]}")
             return None
         deduped = self.report.deduped
         valid = [c for c in (self._accept(r, "") for r in attempts) if c is not None]
