@@ -17,12 +17,19 @@ import torch.nn.functional as F
 
 @dataclass
 class AttentionGroup:
-    """Sequences padded to a common query length Q and key length K."""
+    """Sequences padded to a common query length Q and key length K. Index tensors are flat so every gather
+    is an `index_select`: advanced indexing (`x[idx]`) is orders of magnitude slower on a busy multi-core CPU."""
 
-    token_index: torch.Tensor  # (B, Q) index into the step's flat tokens; padding repeats a valid one
-    valid: torch.Tensor        # (B, Q) bool, False on padding queries
-    kv_slots: torch.Tensor     # (B, K) cache slot of each key position; None for contiguous runs
+    token_index: torch.Tensor  # (B*Q,) index into the step's flat tokens; padding repeats a valid one
+    valid_rows: torch.Tensor   # (V,) rows of the (B*Q) padded queries that are real tokens
+    valid_tokens: torch.Tensor  # (V,) the step's flat token index of each of those rows
+    kv_slots: torch.Tensor | None  # (B*K,) cache slot of each key position; None for contiguous runs
     mask: torch.Tensor         # (B, 1, Q, K) bool, True where a query may see a key
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        b, _, q, k = self.mask.shape
+        return b, q, k
 
 
 @dataclass
@@ -39,8 +46,7 @@ def build_group(token_starts: list[int], starts: list[int], lengths: list[int],
     """One padded group. Sequence i owns flat tokens [token_starts[i], +lengths[i]) at positions
     [starts[i], starts[i] + lengths[i]); it sees keys at positions [0, starts[i] + lengths[i])."""
     q_len, k_len = max(lengths), max(s + n for s, n in zip(starts, lengths))
-    lengths_t = torch.tensor(lengths)
-    starts_t = torch.tensor(starts)
+    lengths_t, starts_t = torch.tensor(lengths), torch.tensor(starts)
     q_off = torch.arange(q_len)
     valid = q_off[None, :] < lengths_t[:, None]
     token_index = torch.tensor(token_starts)[:, None] + torch.where(valid, q_off, 0)
@@ -52,9 +58,10 @@ def build_group(token_starts: list[int], starts: list[int], lengths: list[int],
         width = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables])
         block_idx = torch.clamp(k_pos // block_size, max=width - 1)
-        kv_slots = tables[:, block_idx] * block_size + k_pos % block_size
-        kv_slots = kv_slots.to(device)
-    return AttentionGroup(token_index.to(device), valid.to(device), kv_slots, mask[:, None].to(device))
+        kv_slots = (tables[:, block_idx] * block_size + k_pos % block_size).flatten().to(device)
+    flat_valid = valid.flatten()
+    return AttentionGroup(token_index.flatten().to(device), flat_valid.nonzero()[:, 0].to(device),
+                          token_index.flatten()[flat_valid].to(device), kv_slots, mask[:, None].to(device))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -67,12 +74,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         v_cache.index_copy_(0, batch.slot_mapping, v)
     out = torch.empty_like(q)
     for g in batch.groups:
+        b, q_len, k_len = g.shape
         if cache is not None:
-            kg, vg = k_cache[g.kv_slots], v_cache[g.kv_slots]
+            kg, vg = k_cache.index_select(0, g.kv_slots), v_cache.index_select(0, g.kv_slots)
         else:
-            kg, vg = k[g.token_index], v[g.token_index]
-        o = F.scaled_dot_product_attention(
-            q[g.token_index].transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
-            attn_mask=g.mask, enable_gqa=True)
-        out[g.token_index[g.valid]] = o.transpose(1, 2)[g.valid]
+            kg, vg = k.index_select(0, g.token_index), v.index_select(0, g.token_index)
+        qg = q.index_select(0, g.token_index).view(b, q_len, *q.shape[1:])
+        kg, vg = kg.view(b, k_len, *kg.shape[1:]), vg.view(b, k_len, *vg.shape[1:])
+        o = F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
+                                           attn_mask=g.mask, enable_gqa=True)
+        o = o.transpose(1, 2).reshape(b * q_len, *q.shape[1:])
+        out.index_copy_(0, g.valid_tokens, o.index_select(0, g.valid_rows))
     return out

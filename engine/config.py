@@ -19,6 +19,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     seed: int | None = None                # for requests without their own seed
     progress: bool = True                  # progress bar while loading
+    num_threads: int | None = None         # CPU threads for the engine thread's ops (None: torch's default)
 
     def torch_dtype(self) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):

@@ -125,6 +125,8 @@ class LLMEngine:
     # -- the loop (engine thread only) ---------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.config.num_threads:  # OpenMP's thread count is per calling thread: the caller's stays as it was
+            torch.set_num_threads(self.config.num_threads)
         while self._drain_inbox(block=not self.scheduler.has_work):
             try:
                 self._step()

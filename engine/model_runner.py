@@ -70,7 +70,7 @@ class ModelRunner:
             slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups)
         hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches)
         last = [token_starts[i] + len(x.token_ids) - 1 for i, x in enumerate(inputs) if x.samples]
-        return self.model.logits(hidden[self._tensor(last)])
+        return self.model.logits(hidden.index_select(0, self._tensor(last)))
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int]) -> torch.Tensor:

@@ -85,7 +85,7 @@ class Rotary(nn.Module):
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
         cos, sin = self._table(int(positions.max()) + 1, xs[0].dtype)
-        cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
+        cos, sin = cos.index_select(0, positions)[:, None, :], sin.index_select(0, positions)[:, None, :]
         out = []
         for x in xs:
             x1, x2 = x.chunk(2, dim=-1)
