@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
+from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
                                ModelInfo, SamplingOptions, ToolCall, Usage)
 
 from .fields import body_object, get, get_model, string_list
+from . import ollama
 from .ollama import parse_tools
 
 
@@ -29,12 +31,25 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
         top_logprobs, logprobs = logprobs, True
     elif logprobs is not None and not isinstance(logprobs, bool):
         raise BadRequest("logprobs must be a boolean", param="logprobs")
-    return SamplingOptions(
+    opts = SamplingOptions(
         max_tokens=max_tokens, temperature=get(body, "temperature", float), top_p=get(body, "top_p", float),
         top_k=get(body, "top_k", int), min_p=get(body, "min_p", float), stop=string_list(body, "stop"),
         seed=get(body, "seed", int), presence_penalty=get(body, "presence_penalty", float),
         frequency_penalty=get(body, "frequency_penalty", float),
         repeat_penalty=get(body, "repetition_penalty", float), logprobs=bool(logprobs), top_logprobs=top_logprobs)
+    return _with_ollama_options(opts, body)
+
+
+def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
+    """An `options` object (OpenAI SDKs: `extra_body`) carries Ollama options the OpenAI API has no field for
+    (`num_ctx`, `mirostat`, ...); OpenAI's own fields win where both are set."""
+    if "options" not in body:
+        return opts
+    native = ollama.parse_options(body)
+    for f in fields(SamplingOptions):
+        if getattr(opts, f.name) in (None, [], {}, False):
+            setattr(opts, f.name, getattr(native, f.name))
+    return opts
 
 
 def parse_response_format(body: dict[str, Any]) -> Any:

@@ -147,3 +147,13 @@ async def test_mid_stream_failure_sends_error_event(client, scripted: ScriptedBa
                                                           "messages": [{"role": "user", "content": "x"}]})
     events = [e for e in (await resp.text()).split("\n\n") if e]
     assert orjson.loads(events[-1][len("data: "):])["error"]["message"] == "scripted backend broke mid-stream"
+
+
+async def test_ollama_options_ride_in_an_options_object(client, scripted):
+    """OpenAI SDK users reach Ollama-only knobs through extra_body={"options": {...}}; OpenAI fields win."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2,
+            "options": {"num_ctx": 4096, "mirostat": 2, "temperature": 0.9}}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200, await resp.text()
+    opts = scripted.requests[-1].options
+    assert (opts.num_ctx, opts.extra.get("mirostat"), opts.temperature) == (4096, 2, 0.2)
