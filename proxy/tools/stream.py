@@ -1,5 +1,5 @@
 """Streaming repair: content flows as it arrives, but text that may be a tool call is held back until it is
-complete (or shown not to be one), then sent as one `Chunk(tool_calls=...)`. Dialect-free: the dialect writers
+complete (or shown not to be one); the calls go out with the turn's last chunk. Dialect-free: the dialect writers
 turn those chunks into OpenAI deltas or Ollama `message.tool_calls`.
 
 A failed call attempt (unknown tool, arguments the schema rejects) is held too: it is shown as content once the
@@ -125,20 +125,24 @@ class HoldBack:
 
 async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, model: str,
                      metrics: ToolMetrics | None) -> AsyncIterator[Chunk]:
+    """Text flows; calls are all sent with the last chunk, so that a dialect numbering the calls of one chunk
+    (OpenAI's `index`) gives each call of the turn its own number."""
     last = Chunk(finish_reason="stop")  # used when the stream ends without a finish_reason
+    calls: list[ToolCall] = []
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
-            calls = state.repairer.structured(chunk.tool_calls) if chunk.tool_calls else []
+            calls += state.repairer.structured(chunk.tool_calls) if chunk.tool_calls else []
             if chunk.finish_reason is not None:
-                last = replace(chunk, tool_calls=calls)
+                last = chunk
                 break
             segments, found = state.feed(chunk.text, final=False)
-            sent = state.out(chunk, state.release(segments), calls + found)
+            calls += found
+            sent = state.out(chunk, state.release(segments), [])
             if sent is not None:
                 yield sent
     segments, found = state.feed(last.text, final=True)
     text = state.release(segments)
-    calls = last.tool_calls + found
+    calls += found
     try:
         text += state.close(calls)
     finally:

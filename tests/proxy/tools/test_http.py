@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import ollama
+import openai
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
@@ -169,3 +171,27 @@ async def test_repair_off_passes_text_through(client: TestClient) -> None:
     body = await resp.json()
     assert body["message"]["content"] == "plain " + CALL and "tool_calls" not in body["message"]
     assert "X-Velo-Repair" not in resp.headers
+
+
+TWO = CALL + ' then <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=_cut(TWO, 4)))])
+async def test_openai_client_stream_accumulates_two_distinct_calls(base_url: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+    tools = [WEATHER]
+    async with client.beta.chat.completions.stream(model="tiny", messages=MESSAGES, tools=tools) as stream:
+        final = await stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert [orjson.loads(c.function.arguments) for c in calls] == [{"city": "Paris", "days": 2}, {"city": "Rome"}]
+    assert len({c.id for c in calls}) == 2 and final.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=_cut(TWO, 4)))])
+async def test_ollama_client_stream_gets_both_calls(base_url: str) -> None:
+    parts = [p async for p in await ollama.AsyncClient(host=base_url).chat(
+        model="tiny", messages=MESSAGES, tools=[WEATHER], stream=True)]
+    calls = [c for p in parts for c in (p.message.tool_calls or [])]
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
+    assert "".join(p.message.content or "" for p in parts) == " then "
