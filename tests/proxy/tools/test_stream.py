@@ -1,14 +1,17 @@
 """Streaming hold-back: content flows, a call is held until complete, whatever way the text is cut into chunks."""
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ToolCall
 from proxy.tools.calls import RepairReport, ToolCallInvalid
 from proxy.tools.metrics import ToolMetrics
-from proxy.tools.stream import repair_stream
+from proxy.tools.stream import repair_message, repair_stream
 from proxy.tools.structured import StructuredOutputInvalid
 from tests.proxy.tools.test_calls import TOOLS
 
@@ -126,3 +129,26 @@ async def test_closing_the_repaired_stream_closes_the_backend_stream() -> None:
     await stream.__anext__()
     await stream.aclose()  # type: ignore[attr-defined]
     assert closed == [True]
+
+
+SAMPLES = [
+    "Checking. " + CALL + " Back soon.",
+    'Here is data: {"colour": "red"} and a call ```json\n{"name": "search", "arguments": {"query": "q"}}\n```',
+    "```python\nx = {'name': 'get_weather'}\n```\nThat is code.",
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}',
+    '<|python_tag|>{"name": "search", "parameters": {"query": "a"}}<|eom_id|>',
+    "I'd say [1, 2, 3] < 4 and `code` <b>bold</b> [TOOL_ok] {not json",
+    '<function=search>{"query": "tiles"}</function> done',
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(sample=st.sampled_from(SAMPLES), cuts=st.lists(st.integers(min_value=1, max_value=200), max_size=12))
+def test_streamed_result_equals_whole_message_result(sample: str, cuts: list[int]) -> None:
+    points = sorted({c % len(sample) for c in cuts} - {0})
+    pieces = [sample[a:b] for a, b in zip([0, *points], [*points, len(sample)])]
+    out = asyncio.run(_run(pieces, _req(tools=TOOLS)))
+    content, calls, _ = repair_message(sample, [], TOOLS)
+    streamed_calls = [(c.name, c.arguments) for chunk in out for c in chunk.tool_calls]
+    assert streamed_calls == [(c.name, c.arguments) for c in calls]
+    assert "".join(c.text for c in out).strip() == content, pieces
