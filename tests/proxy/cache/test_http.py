@@ -6,7 +6,7 @@ import uuid
 
 import orjson
 
-from proxy.cache import CacheConfig
+from proxy.cache import CacheConfig, RoutePolicy
 from proxy.state import PIPELINE
 from tests.scripted import Script, ScriptedBackend
 
@@ -70,6 +70,18 @@ async def test_sampled_requests_are_not_cached(velo):
         body = {"model": "tiny", "messages": MESSAGES, "temperature": 0.7, "stream": False}
         await (await client.post("/v1/chat/completions", json=body)).read()
     assert len(backend.requests) == 2
+
+
+async def test_policy_per_route(velo):
+    backend = ScriptedBackend(models=("tiny:latest", "sampler:latest"))
+    client = await velo(CacheConfig(routes=[RoutePolicy("tiny*", enabled=False),
+                                            RoutePolicy("sampler", cache_nondeterministic=True)]), backend)
+    sampled = {"model": "sampler", "messages": MESSAGES, "stream": False, "temperature": 0.7}
+    statuses = [(await client.post("/api/chat", json=_ollama(stream=False))).headers["X-Velo-Cache"],
+                (await client.post("/api/chat", json=_ollama(stream=False))).headers["X-Velo-Cache"],
+                (await client.post("/v1/chat/completions", json=sampled)).headers["X-Velo-Cache"],
+                (await client.post("/v1/chat/completions", json=sampled)).headers["X-Velo-Cache"]]
+    assert statuses == ["miss", "miss", "miss", "exact"] and len(backend.requests) == 3
 
 
 async def test_bypass_headers_and_fields(velo):

@@ -123,3 +123,12 @@ async def test_sqlite_tier_is_bounded_by_bytes_keeping_the_newest(tmp_path):
     reopened = await SqliteStore.open(str(tmp_path / "c.db"), max_bytes=1000)
     assert reopened.bytes_used == 1000
     await reopened.close()
+
+
+def test_embedding_uses_one_torch_thread_and_leaves_the_callers_alone(embedder: Embedder):
+    import torch
+    before = torch.get_num_threads()
+    worker = Embedder(embedder.model, embedder.dim)
+    assert worker._pool.submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == before
+    worker._pool.shutdown()
