@@ -5,7 +5,7 @@ is reported in `RepairReport.invalid` and never returned as a call; its text sta
 """
 from __future__ import annotations
 
-import uuid
+import os
 from dataclasses import dataclass, field
 
 import orjson
@@ -140,4 +140,4 @@ class CallRepairer:
 
 
 def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+    return "call_" + os.urandom(12).hex()

@@ -26,6 +26,8 @@ def check_arguments(args: Any, schema: dict, changes: list[str]) -> tuple[Any, l
     """Coerce `args` towards `schema` (appending to `changes`) and return them with the remaining errors."""
     if not schema:
         return args, [] if isinstance(args, dict) else ["arguments are not a JSON object"]
+    if not validation_errors(args, schema):  # the usual case, and every coercion is a fix of an invalid value
+        return args, []
     args = coerce(args, schema, schema, "", changes)
     return args, validation_errors(args, schema)
 

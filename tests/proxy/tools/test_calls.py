@@ -115,7 +115,7 @@ def test_one_bad_call_beside_a_good_one_keeps_the_good_one() -> None:
 
 COERCIONS = [
     ({"days": "5"}, {"days": 5}),
-    ({"days": 5.0}, {"days": 5}),
+    ({"days": "5.0"}, {"days": 5}),
     ({"ratio": "0.5"}, {"ratio": 0.5}),
     ({"alerts": "true"}, {"alerts": True}),
     ({"alerts": "False"}, {"alerts": False}),
