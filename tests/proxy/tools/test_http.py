@@ -1,6 +1,7 @@
 """Tool-call and format repair through the real app over HTTP: both dialects, streamed and not, retry, errors."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ollama
@@ -195,3 +196,11 @@ async def test_ollama_client_stream_gets_both_calls(base_url: str) -> None:
     assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
     assert "".join(p.message.content or "" for p in parts) == " then "
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=_cut(CALL)))])
+async def test_streamed_repairs_are_logged(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="velo.tools")
+    resp = await client.post("/api/chat", json={"model": "tiny", "messages": MESSAGES, "tools": [WEATHER]})
+    await resp.read()
+    assert any("repair for tiny" in r.message and "trailing_comma" in r.message for r in caplog.records)
