@@ -1,0 +1,190 @@
+"""Velo's engine vs llama-server vs transformers generate(), on the same GGUF, prompts and output lengths.
+
+    python bench/engine_cpu.py [--max-tokens 32] [--concurrency 1,8] [--threads 2] [--skip-hf]
+
+Every system runs the same chat prompts (rendered once, sent as token ids) with greedy decoding and
+`ignore_eos`, so each request produces exactly --max-tokens tokens. Per concurrency level c, c requests
+start together: tok/s is generated tokens / wall time, TTFT the mean time to each request's first token
+(transformers: a batch of c through generate(); its TTFT is a max_new_tokens=1 run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  # noqa: E402
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion briefly.",
+             "List three prime numbers.", "Why is the sky blue?", "Give me a tip for learning Python.",
+             "What does a CPU do?", "Describe a cat in one sentence."]
+LLAMA_SERVER = os.environ.get("VELO_LLAMA_SERVER", os.path.join(os.path.dirname(__file__), "..", ".build",
+                                                                "llama.cpp-build", "bin", "llama-server"))
+
+
+@dataclass
+class Result:
+    system: str
+    concurrency: int
+    tokens: int
+    wall_s: float
+    ttft_s: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, float]:
+    """(tokens, wall seconds, mean TTFT) for all prompts started together."""
+    done: queue.Queue = queue.Queue()
+    first: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    start = time.perf_counter()
+
+    def sink(i):
+        def on_output(out):
+            if isinstance(out, BaseException):
+                done.put(out)
+                return
+            first.setdefault(i, time.perf_counter())
+            counts[i] = counts.get(i, 0) + len(out.token_ids)
+            if out.finished:
+                done.put(i)
+        return on_output
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), sink(i))
+    for _ in prompts:
+        if isinstance(item := done.get(), BaseException):
+            raise item
+    wall = time.perf_counter() - start
+    return sum(counts.values()), wall, sum(t - start for t in first.values()) / len(prompts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_llama_server(model: str, slots: int, threads: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([LLAMA_SERVER, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+                             "-c", str(2048 * slots), "-t", str(threads), "-tb", str(threads)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("llama-server did not become healthy")
+
+
+def llama_request(url: str, prompt: list[int], max_tokens: int, start: float, out: list) -> None:
+    body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "ignore_eos": True,
+                       "stream": True, "cache_prompt": False}).encode()
+    req = urllib.request.Request(f"{url}/completion", body, {"Content-Type": "application/json"})
+    first, tokens = None, 0
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        for line in resp:
+            if not line.startswith(b"data: "):
+                continue
+            event = json.loads(line[6:])
+            first = first or time.perf_counter()
+            if event.get("stop"):
+                tokens = event.get("tokens_predicted", tokens)
+    out.append((tokens, first - start))
+
+
+def run_llama(url: str, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, float]:
+    results: list = []
+    start = time.perf_counter()
+    threads = [threading.Thread(target=llama_request, args=(url, p, max_tokens, start, results)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    return sum(r[0] for r in results), wall, sum(r[1] for r in results) / len(results)
+
+
+def run_hf(model, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, float]:
+    import torch
+    width = max(len(p) for p in prompts)  # left padding, as generate() wants for a batch
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kwargs = dict(attention_mask=mask, do_sample=False, eos_token_id=None, pad_token_id=0)
+    start = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, **kwargs)
+    ttft = time.perf_counter() - start
+    start = time.perf_counter()
+    out = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, **kwargs)
+    return (out.shape[1] - width) * len(prompts), time.perf_counter() - start, ttft
+
+
+def measure(system: str, run, levels: list[int], prompts: list[list[int]], max_tokens: int) -> list[Result]:
+    run(prompts[:1], 4)  # warm-up
+    results = []
+    for c in levels:
+        tokens, wall, ttft = run(prompts[:c], max_tokens)
+        results.append(Result(system, c, tokens, wall, ttft))
+        print(f"{system:13s} c={c:<2d} {tokens:4d} tokens in {wall:6.2f}s = {tokens / wall:7.1f} tok/s, "
+              f"TTFT {ttft * 1000:7.0f} ms", flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=default_model_path())
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads for every system")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-llama", action="store_true")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, progress=False))
+    tk = engine.tokenizer
+    prompts = [tk.encode(tk.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+    prompts = (prompts * (max(levels) // len(prompts) + 1))[:max(levels)]
+    results = measure("velo-engine", lambda p, n: run_velo(engine, p, n), levels, prompts, args.max_tokens)
+    engine.shutdown()
+    if not args.skip_llama and os.path.exists(LLAMA_SERVER):
+        proc, url = start_llama_server(args.model, max(levels), args.threads)
+        try:
+            results += measure("llama-server", lambda p, n: run_llama(url, p, n), levels, prompts, args.max_tokens)
+        finally:
+            proc.kill()
+    if not args.skip_hf:
+        import torch
+        import transformers
+        torch.set_num_threads(args.threads)
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        folder, name = os.path.split(args.model)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()
+        with torch.inference_mode():
+            results += measure("transformers", lambda p, n: run_hf(model, p, n), levels, prompts, args.max_tokens)
+    velo = {r.concurrency: r for r in results if r.system == "velo-engine"}
+    for r in results:
+        if r.system != "velo-engine":
+            v = velo[r.concurrency]
+            print(f"c={r.concurrency}: velo/{r.system} tok/s ratio {v.tok_s / r.tok_s:.2f}, "
+                  f"TTFT ratio {v.ttft_s / r.ttft_s:.2f} (lower TTFT is better)")
+
+
+if __name__ == "__main__":
+    main()
