@@ -22,7 +22,7 @@ log = logging.getLogger("velo.tools")
 
 Request = ChatRequest | CompletionRequest
 RunFn = Callable[[Request], AsyncIterator[Chunk]]
-Invalid = (ToolCallInvalid, StructuredOutputInvalid)
+_INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 
 
 def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ToolMetrics,
@@ -59,11 +59,11 @@ async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: Tool
             async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report)) as s:
                 chunks = [c async for c in s]
             usable, error = chunks, (report.error() if report.invalid else None)
-        except Invalid as e:
+        except _INVALID as e:
             error = e
         finally:
             _note(report, req.model, notes)
-        if error is None:
+        if error is None or n == max_retries:
             break
         attempt = ask_again(attempt, "".join(raw), error.message)
     if usable is None:
