@@ -53,7 +53,8 @@ def must_miss_pairs() -> list[tuple[str, str]]:
                   (f"What are the pros and cons of {a}?", f"What are the pros and cons of {b}?")]
     for claim in ["it is safe to eat raw eggs", "coffee is good for your health", "the function is pure",
                   "cats can eat chocolate", "this code is thread safe", "the earth is flat"]:
-        pairs += [(f"Explain why {claim}", f"Explain why {claim.replace(' is ', ' is not ').replace(' can ', ' cannot ')}"),
+        negated = claim.replace(" is ", " is not ").replace(" can ", " cannot ")
+        pairs += [(f"Explain why {claim}", f"Explain why {negated}"),
                   (f"Is it true that {claim}?", f"Is it false that {claim}?")]
     for a, b in [("list.sort()", "sorted(list)"), ("x += 1", "x -= 1"), ("a == b", "a is b"),
                  ("os.path.join", "os.path.split"), ("dict.get", "dict.pop"), ("SELECT *", "SELECT 1")]:

@@ -140,9 +140,11 @@ async def test_tenants_are_isolated_by_api_key(velo):
     backend = ScriptedBackend()
     client = await velo(CacheConfig(), backend, api_keys=["key-a", "key-b"])
     alice, bob = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
-    await (await client.post("/api/chat", json=_ollama(stream=False), headers=alice)).read()
-    assert (await client.post("/api/chat", json=_ollama(stream=False), headers=bob)).headers["X-Velo-Cache"] == "miss"
-    assert (await client.post("/api/chat", json=_ollama(stream=False), headers=alice)).headers["X-Velo-Cache"] == "exact"
+
+    async def status(headers: dict) -> str:
+        return (await client.post("/api/chat", json=_ollama(stream=False), headers=headers)).headers["X-Velo-Cache"]
+
+    assert [await status(alice), await status(bob), await status(alice)] == ["miss", "miss", "exact"]
     assert len(backend.requests) == 2
 
 
