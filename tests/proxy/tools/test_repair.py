@@ -1,7 +1,10 @@
 """JSON repair: each breakage small models produce, the value it must become, and the fix it is reported as."""
 from __future__ import annotations
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.tools.repair import Unrepairable, decode_arguments, parse_json
 
@@ -73,3 +76,16 @@ def test_string_arguments_are_parsed_and_repaired() -> None:
 def test_empty_arguments_string_is_an_empty_object() -> None:
     fixes: list[str] = []
     assert decode_arguments("  ", fixes) == {} and fixes == ["empty_arguments"]
+
+
+_JSONISH = st.text(alphabet=st.sampled_from(list('{}[]():,"\'\\ \n#/*-.0123456789abcnrtuelsTFN_')), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(_JSONISH, st.text(max_size=60)))
+def test_any_text_gives_plain_json_or_unrepairable(text: str) -> None:
+    try:
+        out = parse_json(text)
+    except Unrepairable:
+        return
+    assert orjson.loads(orjson.dumps(out.value)) == out.value  # plain JSON: no NaN, no tuples, no sets
