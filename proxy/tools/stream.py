@@ -22,9 +22,13 @@ _OVERRIDABLE = (None, "stop", "length")
 
 
 def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
-    """Tools the model may call in this turn: none for completions or with OpenAI's tool_choice "none"."""
+    """Tools the model may call in this turn: none for completions or with OpenAI's tool_choice "none", only the
+    named one when tool_choice names a function."""
     if not isinstance(req, ChatRequest) or req.tool_choice == "none":
         return []
+    if isinstance(req.tool_choice, dict) and isinstance(req.tool_choice.get("function"), dict):
+        name = req.tool_choice["function"].get("name")
+        return [t for t in req.tools if t.name == name]
     return req.tools
 
 

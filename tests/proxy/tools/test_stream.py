@@ -152,3 +152,9 @@ def test_streamed_result_equals_whole_message_result(sample: str, cuts: list[int
     streamed_calls = [(c.name, c.arguments) for chunk in out for c in chunk.tool_calls]
     assert streamed_calls == [(c.name, c.arguments) for c in calls]
     assert "".join(c.text for c in out).strip() == content, pieces
+
+
+async def test_tool_choice_naming_a_function_offers_only_that_one() -> None:
+    choice = {"type": "function", "function": {"name": "search"}}
+    with pytest.raises(ToolCallInvalid, match="not an offered tool \\(offered: search\\)"):
+        await _run([CALL], _req(tools=TOOLS, tool_choice=choice))
