@@ -1,6 +1,7 @@
 """Velo's engine vs llama-server vs transformers generate(), on the same GGUF, prompts and output lengths.
 
-    python bench/engine_cpu.py [--max-tokens 32] [--concurrency 1,8] [--threads 2] [--skip-hf]
+    python bench/engine_cpu.py [--max-tokens 32] [--concurrency 1,8] [--threads 2] [--dtype bfloat16]
+                               [--skip-llama] [--skip-hf]
 
 Every system runs the same chat prompts (rendered once, sent as token ids) with greedy decoding and
 `ignore_eos`, so each request produces exactly --max-tokens tokens. Per concurrency level c, c requests
@@ -153,11 +154,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for every system")
+    ap.add_argument("--dtype", default="auto", help="the engine's weight/KV dtype (auto: float32 on CPU)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-llama", action="store_true")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, progress=False))
+    engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, dtype=args.dtype,
+                                                                    progress=False))
     tk = engine.tokenizer
     prompts = [tk.encode(tk.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
     prompts = (prompts * (max(levels) // len(prompts) + 1))[:max(levels)]

@@ -55,6 +55,15 @@ async def test_chat_streams_until_length_with_usage(backend):
     assert last.usage.prompt_tokens > 10 and last.usage.total_ns >= last.usage.prompt_eval_ns > 0
 
 
+async def test_logprobs_describe_the_chosen_tokens(backend):
+    chunks = await collect(backend.chat(chat(max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)))
+    logprobs = [lp for c in chunks for lp in c.logprobs]
+    assert len(logprobs) == 6
+    for lp in logprobs:
+        assert len(lp.top) == 3 and lp.top[0] == (lp.token, lp.logprob)  # greedy: the chosen token is the best
+        assert 0 >= lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+
+
 async def test_seed_reproduces_and_differs_across_seeds(backend):
     texts = [aggregate(await collect(backend.chat(chat(max_tokens=16, temperature=1.0, seed=s)))).text
              for s in (1, 1, 2, 3)]
