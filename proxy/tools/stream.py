@@ -52,8 +52,8 @@ def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool]) -> 
         return text, tool_calls, RepairReport()
     state = HoldBack(CallRepairer(tools))
     calls = state.repairer.structured(tool_calls)
-    text, found = state.feed(text, final=True)
-    content = state.release(text) + state.close(calls + found)
+    segments, found = state.feed(text, final=True)
+    content = state.release(segments) + state.close(calls + found)
     return content.strip(), calls + found, state.repairer.report
 
 
