@@ -121,7 +121,9 @@ class CacheLayer:
         if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
             self.counters.count("semantic", route, "miss")
             return None
-        vector = await self.embedder.embed(text)
+        vector = await self._embed(text, route)
+        if vector is None:
+            return None
         now = self.clock()
         for entry in index.search(vector, text, self.cfg.semantic_threshold, now) if index else []:
             chunks = self.memory.get(entry.key) or await self._load(entry.key, route)
@@ -133,6 +135,16 @@ class CacheLayer:
         if self.pg is not None:
             return await self._lookup_pg(sid, vector, text, route)
         return None
+
+    async def _embed(self, text: str, route: str) -> Any:
+        """The text's vector, or None when the model fails: the semantic tier then costs a miss, never the
+        request (a store runs after the answer has been streamed)."""
+        try:
+            return await self.embedder.embed(text)
+        except Exception:
+            log.exception("cache embedding failed")
+            self.counters.count("semantic", route, "error")
+            return None
 
     async def _lookup_pg(self, sid: str, vector: Any, text: str, route: str) -> CacheHit | None:
         try:
@@ -175,7 +187,9 @@ class CacheLayer:
             return
         text, context = query
         sid = digest([scope, context])
-        vector = await self.embedder.embed(text)
+        vector = await self._embed(text, route)
+        if vector is None:
+            return
         index = self.indexes.get(sid)
         if index is None:
             index = self.indexes[sid] = ScopeIndex(self.embedder.dim, self.cfg.hnsw_above,

@@ -132,3 +132,17 @@ def test_embedding_uses_one_torch_thread_and_leaves_the_callers_alone(embedder: 
     assert worker._pool.submit(torch.get_num_threads).result() == 1
     assert torch.get_num_threads() == before
     worker._pool.shutdown()
+
+
+async def test_a_failing_embedding_model_costs_a_miss_not_the_request(embedder: Embedder, monkeypatch):
+    def broken(texts: list[str]):
+        raise RuntimeError("model gone")
+
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=Embedder(embedder.model, embedder.dim))
+    await layer.store(_ask("How do I learn Python quickly?"), "t", ANSWER)
+    monkeypatch.setattr(layer.embedder, "encode", broken)
+    assert await layer.lookup(_ask("How can I learn Python fast?"), "t", bypass=False) is None
+    assert await layer.store(_ask("a fresh question about failures"), "t", ANSWER)  # the exact tiers still take it
+    assert (await layer.lookup(_ask("a fresh question about failures"), "t", bypass=False)).kind == "exact"
+    assert layer.stats()["events"]["semantic"]["tiny"] == {"error": 2}
+    await layer.close()
