@@ -37,7 +37,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if not req.stream:
         choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
         return json_response(openai.chat_completion(ids, req.model, choices), headers=velo_headers(ctx))
-    return await _sse(request, streams, lambda i, c: openai.chat_chunk(ids, req.model, i, c),
+    calls_sent = [0] * len(streams)
+
+    def shape(i: int, chunk: Chunk) -> dict:
+        obj = openai.chat_chunk(ids, req.model, i, chunk, calls_sent=calls_sent[i])
+        calls_sent[i] += len(chunk.tool_calls)
+        return obj
+
+    return await _sse(request, streams, shape,
                       openai.stream_options_usage(body), ids, req.model, "chat.completion.chunk", opening=True)
 
 

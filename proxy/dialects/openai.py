@@ -163,9 +163,10 @@ def _usage(usage: Usage | None) -> dict[str, int]:
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 
 
-def _tool_calls(calls: list[ToolCall], stream: bool) -> list[dict[str, Any]]:
+def _tool_calls(calls: list[ToolCall], stream: bool, first_index: int = 0) -> list[dict[str, Any]]:
+    """`first_index`: calls already sent earlier in the stream, since clients merge deltas by index."""
     out = []
-    for i, c in enumerate(calls):
+    for i, c in enumerate(calls, first_index):
         item = {"id": c.id or f"call_{i}", "type": "function",
                 "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
         out.append({"index": i, **item} if stream else item)
@@ -213,8 +214,10 @@ def _sum_usage(choices: list[Chunk]) -> dict[str, int]:
     return _usage(usage)
 
 
-def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first: bool = False) -> dict[str, Any]:
-    """One SSE event; `chunk=None` with `first` gives the opening role delta."""
+def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first: bool = False,
+               calls_sent: int = 0) -> dict[str, Any]:
+    """One SSE event; `chunk=None` with `first` gives the opening role delta. `calls_sent`: tool calls this
+    choice already streamed."""
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
     choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
     if chunk is not None:
@@ -223,7 +226,7 @@ def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first:
         if chunk.thinking:
             delta["reasoning_content"] = chunk.thinking
         if chunk.tool_calls:
-            delta["tool_calls"] = _tool_calls(chunk.tool_calls, stream=True)
+            delta["tool_calls"] = _tool_calls(chunk.tool_calls, stream=True, first_index=calls_sent)
         choice["logprobs"] = _logprobs(chunk)
         choice["finish_reason"] = _finish(chunk)
     return {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": model,

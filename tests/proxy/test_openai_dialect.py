@@ -8,7 +8,7 @@ import openai
 import orjson
 import pytest
 
-from adapters.protocol import ToolCall
+from adapters.protocol import Chunk, ToolCall
 from tests.scripted import ScriptedBackend
 
 
@@ -157,3 +157,13 @@ async def test_ollama_options_ride_in_an_options_object(client, scripted):
     assert resp.status == 200, await resp.text()
     opts = scripted.requests[-1].options
     assert (opts.num_ctx, opts.extra.get("mirostat"), opts.temperature) == (4096, 2, 0.2)
+
+
+def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
+    """Clients merge tool-call deltas by index, so a second call in a later chunk must not reuse index 0."""
+    from proxy.dialects import openai as dialect
+    ids = dialect.ChatIds()
+    first = dialect.chat_chunk(ids, "m", 0, Chunk(tool_calls=[ToolCall(name="a", arguments={})]))
+    second = dialect.chat_chunk(ids, "m", 0, Chunk(tool_calls=[ToolCall(name="b", arguments={})]), calls_sent=1)
+    indexes = [tc["index"] for obj in (first, second) for tc in obj["choices"][0]["delta"]["tool_calls"]]
+    assert indexes == [0, 1]
