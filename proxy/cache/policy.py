@@ -17,6 +17,7 @@ from adapters.protocol import Chunk
 
 from .keys import Request
 
+# "length" is whole too: the request's own max_tokens ended it, and the same request ends the same way.
 COMPLETE = frozenset({"stop", "length", "tool_calls"})
 _OFF = frozenset({"off", "bypass", "no", "false", "0"})
 
