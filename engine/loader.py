@@ -91,9 +91,8 @@ def _read_hf_folder(path: str, progress: bool):
 def _read_gguf(path: str, progress: bool):
     import gguf
     reader = gguf.GGUFReader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")
-            or k in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
-                     "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token")}
+    vocab_arrays = {f"tokenizer.ggml.{k}" for k in ("tokens", "merges", "token_type", "scores")}
+    meta = {k: f.contents() for k, f in reader.fields.items() if k not in vocab_arrays}
     gguf_arch = meta["general.architecture"]
     arch = ARCHITECTURES.get(gguf_arch)
     if arch is None:

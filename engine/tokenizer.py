@@ -1,7 +1,7 @@
 """Tokenizer and chat template from the model's own metadata, plus UTF-8-safe streaming detokenization.
 
-GGUF files carry a byte-level BPE vocabulary (`tokenizer.ggml.*`) that we rebuild as a `tokenizers`
-pipeline; Hugging Face folders ship `tokenizer.json`. Chat templates are rendered with jinja2 in a
+GGUF files carry a byte-level BPE or SentencePiece vocabulary (`tokenizer.ggml.*`) that we rebuild as a
+`tokenizers` pipeline; Hugging Face folders ship `tokenizer.json`. Chat templates are rendered with jinja2 in a
 sandbox, the way `transformers` does (trim_blocks, lstrip_blocks, `tojson`, `raise_exception`).
 """
 
@@ -74,24 +74,50 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader, meta: dict) -> "Tokenizer":
-        """Rebuild a byte-level BPE tokenizer (`tokenizer.ggml.model == "gpt2"`) from GGUF fields."""
-        if meta.get("tokenizer.ggml.model") != "gpt2":
-            raise ValueError(f"GGUF tokenizer {meta.get('tokenizer.ggml.model')!r} is not supported (only BPE)")
+        """Rebuild the vocabulary from GGUF fields: byte-level BPE (`tokenizer.ggml.model == "gpt2"`: Llama 3,
+        Qwen, SmolLM) or SentencePiece BPE (`"llama"`: Llama 2, Mistral), as transformers does."""
+        kind = meta.get("tokenizer.ggml.model")
         tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-        merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
         types = reader.fields["tokenizer.ggml.token_type"].contents()
-        tk = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=False))
-        tk.pre_tokenizer = _gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
-        tk.decoder = decoders.ByteLevel()
+        if kind == "gpt2":
+            merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+            tk = _byte_level_bpe(tokens, merges, meta.get("tokenizer.ggml.pre", "default"))
+        elif kind == "llama":
+            tk = _sentencepiece_bpe(tokens, reader.fields["tokenizer.ggml.scores"].contents())
+        else:
+            raise ValueError(f"GGUF tokenizer {kind!r} is not supported (gpt2 or llama)")
         tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                               for t, kind in zip(tokens, types) if kind in (3, 4)])  # control, user-defined
+                               for t, t_type in zip(tokens, types) if t_type in (3, 4)])  # control, user-defined
         bos_id, eos_id = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
         bos = tokens[bos_id] if bos_id is not None else None
-        if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
+        if meta.get("tokenizer.ggml.add_bos_token", kind == "llama") and bos is not None:
             tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
         eos_ids = [i for i in (eos_id, meta.get("tokenizer.ggml.eot_token_id")) if i is not None]
         return cls(tk, meta.get("tokenizer.chat_template"), bos, tokens[eos_id] if eos_id is not None else None,
                    list(dict.fromkeys(eos_ids)))
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], pre: str) -> HFTokenizer:
+    tk = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=False))
+    tk.pre_tokenizer = _gguf_pre_tokenizer(pre)
+    tk.decoder = decoders.ByteLevel()
+    return tk
+
+
+def _sentencepiece_bpe(tokens: list[str], scores: list[float]) -> HFTokenizer:
+    """SentencePiece BPE as a `tokenizers` BPE: merges recovered from the scored vocabulary (each piece
+    is a merge of any two pieces it splits into, higher score first), `<0xNN>` byte fallback, `▁` spaces."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece, score in zip(tokens, scores):
+        splits = [(piece[:i], piece[i:], score) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        merges += sorted(splits, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable: ties keep vocabulary order
+    tk = HFTokenizer(models.BPE(vocab, [(a, b) for a, b, _ in merges], fuse_unk=True, byte_fallback=True))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    return tk
 
 
 class IncrementalDetokenizer:

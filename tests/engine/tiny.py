@@ -48,3 +48,53 @@ def write_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides)
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None}, f)
     return path
+
+
+def _llama_cpp_permute(w, heads: int):
+    """llama.cpp's converter interleaves q/k rows for its rotary layout; the loader must undo it."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_spm_gguf(path: str, corpus: str, seed: int = 0) -> str:
+    """A tiny random Llama as a float32 GGUF with a SentencePiece vocabulary (`tokenizer.ggml.model = llama`,
+    as Llama 2 and Mistral files have): byte-fallback tokens, the corpus' characters and some scored merges."""
+    import gguf
+    import numpy as np
+    chars = sorted(set(corpus.replace(" ", "\u2581")) | {"\u2581"})
+    words = sorted({"\u2581" + w for w in corpus.split()} | {"he", "in", "er", "th", "\u2581t", "\u2581a"})
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + words
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(chars) + len(words))
+    scores = [0.0] * (3 + 256) + [-float(i) for i in range(len(chars) + len(words))]
+    hidden, inter, layers, heads, kv_heads = 64, 128, 2, 4, 2
+    w = gguf.GGUFWriter(path, "llama")
+    for add, value in ((w.add_block_count, layers), (w.add_context_length, 256), (w.add_embedding_length, hidden),
+                       (w.add_feed_forward_length, inter), (w.add_head_count, heads), (w.add_head_count_kv, kv_heads),
+                       (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 10000.0),
+                       (w.add_rope_dimension_count, hidden // heads), (w.add_tokenizer_model, "llama"),
+                       (w.add_token_list, tokens), (w.add_token_scores, scores), (w.add_token_types, types),
+                       (w.add_bos_token_id, 1), (w.add_eos_token_id, 2), (w.add_unk_token_id, 0),
+                       (w.add_add_bos_token, True)):
+        add(value)
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):
+        return rng.normal(0, 0.2, shape).astype(np.float32)
+    w.add_tensor("token_embd.weight", rand(len(tokens), hidden))
+    w.add_tensor("output.weight", rand(len(tokens), hidden))
+    w.add_tensor("output_norm.weight", 1 + rand(hidden) / 4)
+    head_dim = hidden // heads
+    for i in range(layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_q.weight", _llama_cpp_permute(rand(heads * head_dim, hidden), heads))
+        w.add_tensor(p + "attn_k.weight", _llama_cpp_permute(rand(kv_heads * head_dim, hidden), kv_heads))
+        w.add_tensor(p + "attn_v.weight", rand(kv_heads * head_dim, hidden))
+        w.add_tensor(p + "attn_output.weight", rand(hidden, heads * head_dim))
+        for name, shape in (("ffn_gate", (inter, hidden)), ("ffn_up", (inter, hidden)), ("ffn_down", (hidden, inter))):
+            w.add_tensor(p + name + ".weight", rand(*shape))
+        w.add_tensor(p + "attn_norm.weight", 1 + rand(hidden) / 4)
+        w.add_tensor(p + "ffn_norm.weight", 1 + rand(hidden) / 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
