@@ -1,7 +1,7 @@
 """Turn a batch of logits into next tokens, each row with its own sampling knobs, in a few tensor ops.
 
 Order (as in vLLM): penalties on raw logits -> logprobs are taken here (the model's distribution after
-penalties, before temperature) -> temperature -> top-k / top-p / min-p masks -> sample. Random rows use
+penalties, before temperature) -> temperature -> top-k, then top-p, then min-p -> sample. Random rows use
 the exponential race (`argmax(p / E)`, E ~ Exp(1)), so a seeded request draws its noise from its own
 `torch.Generator` and gets the same tokens whatever else shares the batch.
 """
@@ -70,10 +70,11 @@ class Sampler:
         if any(r.params.logprobs or r.params.top_logprobs for r in rows):
             result.logprobs, result.top_logprobs = [], []
             logprobs = torch.log_softmax(logits, dim=-1)
-        greedy = torch.tensor([r.params.greedy for r in rows])
         tokens = logits.argmax(dim=-1)
-        if not greedy.all():
-            tokens = torch.where(greedy, tokens, self._sample(logits, rows))
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            index = torch.tensor(random_rows)
+            tokens[index] = self._sample(logits.index_select(0, index), [rows[i] for i in random_rows])
         result.token_ids = tokens.tolist()
         if result.logprobs is not None:
             result.logprobs = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
@@ -84,13 +85,70 @@ class Sampler:
         return result
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """Draw from each row's filtered distribution. Rows with top-k/top-p/min-p work on their best
+        candidates only (a top-k of 40 never sorts the whole vocabulary); which path a row takes depends
+        on its own knobs alone, so a seeded row draws the same token whatever shares the batch."""
         temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
-        probs = torch.softmax(_mask_logits(logits / temps, rows), dim=-1)
+        logits = logits / temps
+        tokens = torch.empty(len(rows), dtype=torch.long)
+        filtered = [_filters(r.params) for r in rows]
+        for use_filters in (False, True):
+            part = [i for i, f in enumerate(filtered) if f == use_filters]
+            if not part:
+                continue
+            index, sub = torch.tensor(part), [rows[i] for i in part]
+            if use_filters:
+                values, ids = _candidates(logits.index_select(0, index), sub)
+                choice = self._race(values, sub, _widths(sub, logits.shape[1]))
+                tokens[index] = ids.gather(1, choice[:, None])[:, 0]
+            else:
+                tokens[index] = self._race(logits.index_select(0, index), sub, [logits.shape[1]] * len(sub))
+        return tokens
+
+    def _race(self, logits: torch.Tensor, rows: list[SampleRow], widths: list[int]) -> torch.Tensor:
+        """A draw from softmax(logits) per row as argmax(p / E), E ~ Exp(1); a seeded row's first
+        `width` noise values come from its own generator."""
+        probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        for i, r in enumerate(rows):
+        for i, (r, width) in enumerate(zip(rows, widths)):
             if r.generator is not None:
-                noise[i].exponential_(generator=r.generator)
+                noise[i, :width].exponential_(generator=r.generator)
         return (probs / noise).argmax(dim=-1)
+
+
+def _filters(p: SamplingParams) -> bool:
+    return p.top_k > 0 or p.top_p < 1 or p.min_p > 0
+
+
+def _widths(rows: list[SampleRow], vocab: int) -> list[int]:
+    """How many candidates each row keeps before top-p/min-p: its top-k, else the whole vocabulary."""
+    return [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
+
+
+def _candidates(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's logits best first, (rows, k) with k the widest top-k asked for, -inf where top-k, then
+    top-p (over what top-k kept) and then min-p drop a token; and the token ids. The best token always stays."""
+    widths = torch.tensor(_widths(rows, logits.shape[1]))
+    values, ids = logits.topk(int(widths.max()), dim=-1)
+    rank = torch.arange(values.shape[1])[None, :]
+    values = values.masked_fill(rank >= widths[:, None], float("-inf"))
+    top_p = torch.tensor([r.params.top_p for r in rows])[:, None]
+    if (top_p < 1).any():
+        probs = values.softmax(dim=-1)
+        values = values.masked_fill((probs.cumsum(dim=-1) - probs >= top_p) & (rank > 0), float("-inf"))
+    min_p = torch.tensor([r.params.min_p for r in rows])[:, None]
+    if (min_p > 0).any():
+        probs = values.softmax(dim=-1)
+        values = values.masked_fill(probs < min_p * probs[:, :1], float("-inf"))
+    return values, ids
+
+
+def _mask_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Full-vocabulary logits, -inf outside each row's top-k / top-p / min-p set (see `_candidates`)."""
+    if not any(_filters(r.params) for r in rows):
+        return logits
+    values, ids = _candidates(logits, rows)
+    return torch.full_like(logits, float("-inf")).scatter(1, ids, values)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -106,25 +164,6 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
     if (pres != 0).any() or (freq != 0).any():
         counts = _counts(logits.shape, [r.output_ids for r in rows])
         logits = logits - pres[:, None] * (counts > 0) - freq[:, None] * counts
-    return logits
-
-
-def _mask_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    """-inf outside each row's top-k, nucleus (top-p) and min-p sets; always keeps the best token."""
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else logits.shape[1] for r in rows])
-    top_p = torch.tensor([r.params.top_p for r in rows])
-    min_p = torch.tensor([r.params.min_p for r in rows])
-    if (top_k < logits.shape[1]).any() or (top_p < 1).any():
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        rank = torch.arange(logits.shape[1])[None, :]
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = (rank >= top_k[:, None]) | (cum - sorted_logits.softmax(dim=-1) >= top_p[:, None])
-        drop[:, 0] = False
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    if (min_p > 0).any():
-        probs = logits.softmax(dim=-1)
-        floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
-        logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
 
 

@@ -30,7 +30,7 @@ def test_greedy_takes_the_argmax_whatever_shares_the_batch():
 
 @pytest.mark.parametrize("knobs, allowed", [
     ({}, {0, 1, 2, 3, 4}), ({"top_k": 2}, {0, 1}), ({"top_p": 0.8}, {0, 1, 2}), ({"min_p": 0.3}, {0, 1, 2}),
-    ({"top_k": 1, "top_p": 0.9}, {0})])
+    ({"top_k": 1, "top_p": 0.9}, {0}), ({"top_k": 2, "top_p": 0.5}, {0})])  # top-p renormalises after top-k
 def test_filters_bound_the_support(knobs, allowed):
     assert support(**knobs) == allowed
 
@@ -49,6 +49,9 @@ def test_seeded_rows_repeat_regardless_of_batch_mates():
     mixed = Sampler()(logits[[2, 0, 1]], [row(), row(seed=42), row(seed=7)]).token_ids[1]
     draws = {Sampler()(logits[:1], [row(seed=s)]).token_ids[0] for s in range(30)}
     assert alone == mixed and len(draws) > 1
+    filtered_alone = Sampler()(logits[:1], [row(seed=9, top_k=20)]).token_ids[0]
+    filtered_mixed = Sampler()(logits[[1, 0, 2]], [row(top_k=50), row(seed=9, top_k=20), row(seed=1, top_p=0.5)])
+    assert filtered_alone == filtered_mixed.token_ids[1]
 
 
 def test_repetition_penalty_matches_transformers():
