@@ -6,7 +6,12 @@ engine's RequestOutputs into Chunks. Closing a stream early aborts the engine re
 
 Options (`[backends.options]`): `model` (a .gguf file or Hugging Face folder), `name` (the name it is
 served under), and any EngineConfig field: `device`, `dtype`, `kv_memory`, `block_size`, `max_num_seqs`,
-`max_step_tokens`, `prefill_chunk`, `enable_prefix_cache`, `seed`, `progress`.
+`max_step_tokens`, `prefill_chunk`, `enable_prefix_cache`, `seed`, `progress`, and `speculative` (a table of
+SpeculativeConfig fields, e.g. `{ method = "ngram", num_tokens = 4 }`).
+
+Ollama `format`, OpenAI `response_format` and tools become an output grammar (engine.constrained): the
+engine masks every step so the answer parses and matches the schema; a forced or chosen tool call comes
+out as a bare `{"name": ..., "arguments": {...}}` object, which the proxy's tool-call extraction reads.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
+from engine.constrained import grammar_for
+from engine.speculative import SpeculativeConfig
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, ModelNotFound, Unsupported
@@ -59,10 +66,15 @@ def message_dict(m: Message) -> dict[str, Any]:
     return out
 
 
-def _unsupported(fmt: Any, images: list[str]) -> str | None:
-    if fmt is not None:
-        return "the engine does not constrain output to JSON yet"
+def _unsupported(images: list[str]) -> str | None:
     return "the engine serves text-only models" if images else None
+
+
+def _grammar(fmt: Any, tools: list[dict] | None = None, tool_choice: Any = None) -> str | None:
+    try:
+        return grammar_for(fmt, tools, tool_choice)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="format") from exc
 
 
 def to_chunk(out: RequestOutput) -> Chunk:
@@ -81,6 +93,8 @@ class EngineBackend(Backend):
         if unknown := sorted(set(opts) - fields):
             raise BadRequest(f"backends.{config.name}.options: unknown keys {unknown} "
                              f"(expected model, name or one of {sorted(fields)})")
+        if isinstance(opts.get("speculative"), dict):
+            opts["speculative"] = SpeculativeConfig(**opts["speculative"])
         self.engine_config = EngineConfig(**opts)
         self.engine: LLMEngine | None = None
         self._loading = asyncio.Lock()
@@ -157,26 +171,29 @@ class EngineBackend(Backend):
                 return engine.tokenizer.apply_chat_template(messages, tools=tools)
             except Exception as exc:  # jinja errors, raise_exception() in the template
                 raise BadRequest(f"chat template: {exc}") from exc
-        problem = _unsupported(req.format, [i for m in req.messages for i in m.images])
-        return self._generate(req.model, render, req.options, problem)
+        problem = _unsupported([i for m in req.messages for i in m.images])
+        calls = [{"name": t.name, "parameters": t.parameters} for t in req.tools]
+        return self._generate(req.model, render, req.options, problem, req.format, calls, req.tool_choice)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
         problem = "the engine has no fill-in-the-middle template" if req.suffix is not None else None
         return self._generate(req.model, lambda engine: req.prompt, req.options,
-                              problem or _unsupported(req.format, req.images))
+                              problem or _unsupported(req.images), req.format)
 
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
-                        problem: str | None) -> AsyncIterator[Chunk]:
+                        problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
+                        tool_choice: Any = None) -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters."""
         if problem:
             raise Unsupported(problem)
+        grammar = _grammar(fmt, tools, tool_choice)
         engine = self._check(model, await self._ready())
         ids = engine.tokenizer.encode(render(engine))
         if not 0 < len(ids) < engine.max_context:
             raise BadRequest(f"prompt of {len(ids)} tokens does not fit the context of {engine.max_context}")
-        params = sampling_params(options, engine.max_context)
+        params = dataclasses.replace(sampling_params(options, engine.max_context), grammar=grammar)
         start, first = time.perf_counter_ns(), 0
         async with contextlib.aclosing(engine.generate(ids, params)) as stream:
             try:

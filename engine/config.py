@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.speculative import SpeculativeConfig
+
 
 @dataclass
 class EngineConfig:
@@ -20,6 +22,7 @@ class EngineConfig:
     seed: int | None = None                # for requests without their own seed
     progress: bool = True                  # progress bar while loading
     num_threads: int | None = None         # CPU threads for the engine thread's ops (None: torch's default)
+    speculative: SpeculativeConfig | None = None  # speculative decoding for eligible requests; None: off
 
     def torch_dtype(self) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):

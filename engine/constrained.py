@@ -35,11 +35,20 @@ def tool_call_schema(tools: list[dict]) -> dict:
 
 def grammar_for(format: str | dict | None = None, tools: list[dict] | None = None,
                 tool_choice: str | dict | None = None) -> str | None:
-    """The grammar a request's output must match, or None for free text.
+    """The grammar a request's output must match, or None for free text; ValueError if a schema is invalid.
 
     format: None, "json" or a JSON Schema. tools: [{"name", "parameters"}]; tool_choice "none" ignores
     them, "required" or {"function": {"name"}} forces a call, anything else ("auto") allows either a
     call or an answer (free text that does not start with "{", or JSON matching format if given)."""
+    grammar = _grammar(format, tools, tool_choice)
+    if grammar is not None:
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if failed:
+            raise ValueError(f"invalid output grammar: {messages[0]}")
+    return grammar
+
+
+def _grammar(format, tools, tool_choice) -> str | None:
     if not tools or tool_choice == "none":
         return None if format is None else json_grammar(None if format == "json" else format)
     if isinstance(tool_choice, dict):
@@ -49,7 +58,7 @@ def grammar_for(format: str | dict | None = None, tools: list[dict] | None = Non
     if tool_choice == "required" or isinstance(tool_choice, dict):
         return json_grammar(call)
     answer = _lark_json(format if isinstance(format, dict) else {"type": "object"}) if format is not None \
-        else r"/[^{\s](.|\n)*/"
+        else r"/(\s*[^{\s](.|\n)*)?/"
     return llguidance.LLMatcher.grammar_from_lark(f"start: answer | call\nanswer: {answer}\ncall: {_lark_json(call)}\n")
 
 

@@ -16,13 +16,15 @@ from collections.abc import AsyncIterator, Callable
 import torch
 
 from engine.config import EngineConfig, RequestOutput
+from engine.constrained import Constrainer
 from engine.kv_cache import BlockManager
 from engine.loader import load
 from engine.model_runner import ModelRunner, StepInput, num_blocks_for
 from engine.requests import RequestState
-from engine.sampling import SampleRow, Sampler, SamplingParams
-from engine.scheduler import Scheduler
+from engine.sampling import SampleResult, SampleRow, Sampler, SamplingParams
+from engine.scheduler import ScheduledItem, Scheduler
 from engine.sequence import Sequence
+from engine.speculative import Draft, DraftModelProposer, Speculator, eligible, load_draft
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -31,12 +33,14 @@ Sink = Callable[[RequestOutput | BaseException], None]
 
 class LLMEngine:
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, model_info: dict, config: EngineConfig,
-                 num_blocks: int):
+                 num_blocks: int, draft: DraftModelProposer | None = None):
         self.runner, self.tokenizer, self.config = runner, tokenizer, config
         self.model_info = model_info | {"kv_blocks": num_blocks, "block_size": config.block_size}
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_step_tokens, config.prefill_chunk)
         self.sampler = Sampler(config.seed)
+        self.speculator = Speculator(config.speculative, draft) if config.speculative else None
+        self._constrainer: Constrainer | None = None  # built on the first request with a grammar
         self._ids = itertools.count(1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._model_lock = threading.Lock()  # the loop's steps vs embed()
@@ -53,8 +57,11 @@ class LLMEngine:
         dtype = config.torch_dtype()
         loaded = load(path, dtype, config.device, progress=config.progress)
         num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device)
+        spec = config.speculative
+        draft = load_draft(spec.draft_model, loaded.model, loaded.tokenizer, num_blocks, config.block_size, dtype,
+                           config.device, config.progress) if spec and spec.method == "draft" else None
         return cls(ModelRunner(loaded.model, num_blocks, config.block_size), loaded.tokenizer, loaded.info,
-                   config, num_blocks)
+                   config, num_blocks, draft)
 
     @property
     def max_context(self) -> int:
@@ -75,6 +82,9 @@ class LLMEngine:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
         seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops))
         seq.payload = RequestState(params, self.tokenizer, sink)
+        if params.grammar is not None:  # an invalid schema fails here, in the caller's thread
+            self._constrainer = self._constrainer or Constrainer(self.tokenizer, self.runner.model.cfg.vocab_size)
+            seq.payload.matcher = self._constrainer.matcher(params.grammar)
         self._inbox.put(("add", seq))
         return seq.seq_id
 
@@ -156,33 +166,77 @@ class LLMEngine:
                 seq.payload.finish(seq, "abort")
 
     def _step(self) -> None:
-        plan = self.scheduler.schedule()
+        drafts = self._propose()
+        plan = self.scheduler.schedule({sid: d.tokens for sid, d in drafts.items()})
         self._stats["preemptions"] += len(plan.preempted)
         if plan.is_empty:
             return
         self._stats["steps"] += 1
-        inputs = [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples)
-                  for item in plan.items]
+        inputs = [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples,
+                            1 + len(item.draft)) for item in plan.items]
         with self._model_lock:
             logits = self.runner.execute(inputs, plan.copies)
-        sampling = [item.seq for item in plan.items if item.samples]
-        result = self.sampler(logits, [SampleRow(s.payload.params, s.prompt_ids, s.output_ids, s.payload.generator)
-                                       for s in sampling]) if sampling else None
+        items = [item for item in plan.items if item.samples]
+        sampled, result = self._sample(items, logits, drafts)
+        sampling = [item.seq for item in items]
         for seq in sampling:
             if not seq.output_ids:  # first token: count the prompt and its cache hit once
                 self._stats["prompt_tokens"] += seq.num_prompt_tokens
                 self._stats["cached_prompt_tokens"] += seq.num_cached_prefix
+        before = [len(seq.output_ids) for seq in sampling]
         finished = {s.seq_id: s for s in self.scheduler.postprocess(
-            plan, {s.seq_id: t for s, t in zip(sampling, result.token_ids if result else [])})}
-        for i, seq in enumerate(sampling):
+            plan, {s.seq_id: t for s, t in zip(sampling, sampled)})}
+        plain = itertools.count()
+        for item, seq, n in zip(items, sampling, before):
             state: RequestState = seq.payload
-            if state.on_token(seq, i, result, finished.get(seq.seq_id)) and seq.seq_id not in finished:
+            new = len(seq.output_ids) - n
+            row = -1 if item.draft else next(plain)
+            for token in seq.output_ids[n:] if state.matcher else ():
+                self._constrainer.advance(state.matcher, token)
+            if new and state.on_token(seq, row, result, finished.get(seq.seq_id), new) \
+                    and seq.seq_id not in finished:
                 self.scheduler.abort(seq.seq_id)  # a stop string matched
-        self._stats["generated_tokens"] += len(sampling)
+            self._stats["generated_tokens"] += new
+        if self.speculator is not None:
+            self.speculator.retain({s.seq_id for s in self.scheduler.running})
+
+    def _propose(self) -> dict[int, Draft]:
+        """Speculative drafts for the running, decoding, eligible sequences (none without speculation)."""
+        if self.speculator is None:
+            return {}
+        seqs = [s for s in self.scheduler.running if not s.is_prefilling and eligible(s.payload.params)]
+        return self.speculator.propose(seqs, [self._row(s) for s in seqs], self.sampler.generator)
+
+    def _sample(self, items: list[ScheduledItem], logits: torch.Tensor,
+                drafts: dict[int, Draft]) -> tuple[list[int | list[int]], SampleResult | None]:
+        """Per sampling item, its new token (constrained where the request has a grammar) or, for an
+        item with a draft, the verified tokens. Logits hold 1 + len(draft) rows per item."""
+        starts = list(itertools.accumulate((1 + len(item.draft) for item in items), initial=0))
+        plain = [i for i, item in enumerate(items) if not item.draft]
+        out: list[int | list[int]] = [0] * len(items)
+        result = None
+        if plain:
+            seqs = [items[i].seq for i in plain]
+            rows = logits[[starts[i] for i in plain]]
+            if any(s.payload.matcher for s in seqs):
+                rows = self._constrainer.mask(rows, [s.payload.matcher for s in seqs])
+            result = self.sampler(rows, [self._row(s) for s in seqs])
+            for i, token in zip(plain, result.token_ids):
+                out[i] = token
+        for i, item in enumerate(items):
+            if item.draft:
+                out[i] = self.speculator.verify(item.seq, logits[starts[i]:starts[i + 1]], drafts[item.seq.seq_id],
+                                                self._row(item.seq), self.sampler.generator)
+        return out, result
+
+    @staticmethod
+    def _row(seq: Sequence) -> SampleRow:
+        return SampleRow(seq.payload.params, seq.prompt_ids, seq.output_ids, seq.payload.generator)
 
     def _metrics_now(self) -> dict:
         b = self.blocks
         return self._stats | {
             "running": self.scheduler.num_running, "waiting": self.scheduler.num_waiting,
             "kv_blocks_total": b.num_blocks, "kv_blocks_free": b.num_free_blocks, "kv_usage": b.usage,
-            "kv_waste": b.kv_waste(), "cache_hit_tokens": self._stats["cached_prompt_tokens"]}
+            "kv_waste": b.kv_waste(), "cache_hit_tokens": self._stats["cached_prompt_tokens"]} \
+            | (self.speculator.stats.as_dict() if self.speculator else {})

@@ -22,6 +22,7 @@ class StepInput:
     slots: list[int]          # cache slot of each of those positions
     block_table: list[int]    # the sequence's blocks, covering positions [0, start + len(token_ids))
     samples: bool             # whether to return logits for its last token
+    num_logits: int = 1       # with samples: logits for this many last tokens (speculative verification)
 
 
 def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
@@ -52,15 +53,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
-        """Run one step; returns float logits (n, vocab) for the inputs with `samples`, in order."""
+        """Run one step; returns float logits (n, vocab): the last num_logits tokens of each input with
+        `samples`, in order."""
         self._copy_blocks(copies)
         token_starts, offset = [], 0
         for x in inputs:
             token_starts.append(offset)
             offset += len(x.token_ids)
         groups = []
-        for decode in (True, False):  # one group of single-token decodes, one of prefill chunks
-            idx = [i for i, x in enumerate(inputs) if (len(x.token_ids) == 1) == decode]
+        kinds = [0 if len(x.token_ids) == 1 else 1 if x.num_logits > 1 else 2 for x in inputs]
+        for kind in (0, 1, 2):  # groups of single-token decodes, speculative verifications, prefill chunks
+            idx = [i for i, k in enumerate(kinds) if k == kind]
             if idx:
                 groups.append(build_group([token_starts[i] for i in idx], [inputs[i].start for i in idx],
                                           [len(inputs[i].token_ids) for i in idx],
@@ -69,7 +72,8 @@ class ModelRunner:
             positions=self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
             slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups)
         hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches)
-        last = [token_starts[i] + len(x.token_ids) - 1 for i, x in enumerate(inputs) if x.samples]
+        last = [token_starts[i] + len(x.token_ids) - n for i, x in enumerate(inputs) if x.samples
+                for n in range(x.num_logits, 0, -1)]
         return self.model.logits(hidden.index_select(0, self._tensor(last)))
 
     @torch.inference_mode()

@@ -23,21 +23,25 @@ class RequestState:
         self.text, self.sent = "", 0
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.done = False
+        self.matcher = None  # llguidance matcher when the output must match a grammar (engine.constrained)
 
-    def on_token(self, seq: Sequence, row: int, result: SampleResult, finished: Sequence | None) -> bool:
-        """Handle the token just appended to seq; True if a stop string ended the request here."""
-        token = seq.output_ids[-1]
+    def on_token(self, seq: Sequence, row: int, result: SampleResult | None, finished: Sequence | None,
+                 num_new: int = 1) -> bool:
+        """Handle the num_new tokens just appended to seq (several after speculative verification);
+        True if a stop string ended the request here."""
+        tokens = seq.output_ids[-num_new:]
         reason = finished.finish_reason if finished else None
-        hit_stop_token = reason == "stop" and token in seq.stop_token_ids
+        hit_stop_token = reason == "stop" and tokens[-1] in seq.stop_token_ids
         before = len(self.text)
-        self.text += "" if hit_stop_token else self.detok.push(token)
+        for token in tokens[:-1] if hit_stop_token else tokens:
+            self.text += self.detok.push(token)
         if reason:
             self.text += self.detok.flush()
         cut = self._find_stop(max(0, before - self.holdback))
         if cut is not None:
             self.text, reason = self.text[:cut], "stop"
         end = len(self.text) if reason else max(self.sent, len(self.text) - self.holdback)
-        self._emit(seq, self.text[self.sent:end], [token], reason, self._logprobs(token, row, result))
+        self._emit(seq, self.text[self.sent:end], tokens, reason, self._logprobs(tokens[-1], row, result))
         self.sent = end
         return cut is not None
 

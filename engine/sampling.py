@@ -29,6 +29,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: str | None = None     # output must match it (engine.constrained.grammar_for builds one)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
@@ -114,6 +115,12 @@ class Sampler:
             if r.generator is not None:
                 noise[i, :width].exponential_(generator=r.generator)
         return (probs / noise).argmax(dim=-1)
+
+
+def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Each row's sampling distribution: temperature, then its top-k / top-p / min-p masks."""
+    temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
+    return torch.softmax(_mask_logits(logits / temps, rows), dim=-1)
 
 
 def _filters(p: SamplingParams) -> bool:

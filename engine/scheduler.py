@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative import release_rejected_blocks
 
 
 @dataclass
@@ -23,6 +24,7 @@ class ScheduledItem:
     num_tokens: int
     slots: list[int] = field(default_factory=list)  # KV slot of each computed position
     samples: bool = False  # reaches the end of the known tokens: the runner must sample one
+    draft: list[int] = field(default_factory=list)  # speculative tokens after the known ones, to verify
 
     @property
     def end(self) -> int:
@@ -31,7 +33,7 @@ class ScheduledItem:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.seq.token_ids(self.start, self.end)
+        return self.seq.token_ids(self.start, self.end - len(self.draft)) + self.draft
 
 
 @dataclass
@@ -103,16 +105,18 @@ class Scheduler:
         self.running.append(child)
         return child
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> StepPlan:
         """The next step's work; empty only when there is none. The runner, per item, computes
         item.token_ids at positions [item.start, item.end) into item.slots, attends over
-        item.seq.block_table up to item.end, and samples a token where item.samples; it performs
+        item.seq.block_table up to item.end, and samples a token where item.samples (verifies the
+        item.draft tokens, seq_id -> drafts in `drafts`, where memory and budget allow); it performs
         plan.copies (whole KV blocks, src -> dst) before writing anything."""
         plan = StepPlan()
         budget = self.max_step_tokens
+        drafts = drafts or {}
         for seq in list(self.running):
             if budget and seq.status is SequenceStatus.RUNNING and not seq.is_prefilling:
-                budget -= self._schedule_decode(seq, plan)
+                budget -= self._schedule_decode(seq, plan, drafts.get(seq.seq_id, []), budget)
         for seq in self.running:
             if budget and seq.is_prefilling:
                 budget -= self._schedule_chunk(seq, plan, budget)
@@ -127,9 +131,11 @@ class Scheduler:
             budget -= self._schedule_chunk(seq, plan, budget)
         return plan
 
-    def postprocess(self, plan: StepPlan, sampled: dict[int, int]) -> list[Sequence]:
-        """Record a step's results: advance progress, append sampled tokens (seq_id -> token, exactly
-        for the items whose `samples` is True), finish and free done sequences. Returns them."""
+    def postprocess(self, plan: StepPlan, sampled: dict[int, int | list[int]]) -> list[Sequence]:
+        """Record a step's results: advance progress, append sampled tokens (seq_id -> token, or the
+        kept drafts plus the target's token for an item with a draft; exactly for the items whose
+        `samples` is True), release the KV blocks of rejected drafts, finish and free done sequences.
+        Returns them."""
         finished = []
         for item in plan.items:
             seq = item.seq
@@ -140,28 +146,34 @@ class Scheduler:
             if not item.samples:
                 assert seq.seq_id not in sampled, "sampled a token mid-prompt"
                 continue
-            token = sampled[seq.seq_id]
-            seq.output_ids.append(token)
-            reason = "stop" if token in seq.stop_token_ids else \
-                "length" if len(seq.output_ids) >= seq.max_tokens else None
+            tokens = sampled[seq.seq_id]
+            tokens = tokens if isinstance(tokens, list) else [tokens]
+            reason = self._append(seq, tokens)
+            # K/V is valid up to the last kept draft, and only for tokens the sequence still holds
+            seq.num_computed = min(item.end - len(item.draft) + len(tokens) - 1, seq.num_tokens)
             if reason:
                 self.running.remove(seq)
                 self.blocks.free(seq)
                 self._finish(seq, reason)
                 finished.append(seq)
+            elif item.draft:
+                release_rejected_blocks(self.blocks, seq)
         return finished
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _schedule_decode(self, seq: Sequence, plan: StepPlan) -> int:
-        """Schedule seq's one pending token, preempting newest sequences for memory. Returns tokens used."""
+    def _schedule_decode(self, seq: Sequence, plan: StepPlan, draft: list[int], budget: int) -> int:
+        """Schedule seq's pending token, preempting newest sequences for memory, and its draft tokens if
+        budget and free memory allow (drafts never preempt). Returns tokens used."""
+        if len(draft) >= budget or not self.blocks.can_append(seq, 1 + len(draft)):
+            draft = []
         while not self.blocks.can_append(seq, 1):
             victim = self.running[-1]
             self._preempt(victim, plan)
             if victim is seq:
                 return 0
-        self._add_item(seq, 1, plan)
-        return 1
+        self._add_item(seq, 1 + len(draft), plan, draft)
+        return 1 + len(draft)
 
     def _schedule_chunk(self, seq: Sequence, plan: StepPlan, budget: int) -> int:
         """Schedule the next prefill chunk; its blocks were reserved at admission, so it always fits."""
@@ -169,13 +181,24 @@ class Scheduler:
         self._add_item(seq, n, plan)
         return n
 
-    def _add_item(self, seq: Sequence, n: int, plan: StepPlan) -> None:
+    def _add_item(self, seq: Sequence, n: int, plan: StepPlan, draft: list[int] = ()) -> None:
         copies = self.blocks.append_slots(seq, n)
         assert copies is not None, "append_slots failed after can_append"
         plan.copies += copies
         start, end = seq.num_computed, seq.num_computed + n
         plan.items.append(ScheduledItem(seq, start, n, self.blocks.slot_mapping(seq, start, end),
-                                        samples=end == seq.num_tokens))
+                                        samples=end - len(draft) == seq.num_tokens, draft=list(draft)))
+
+    @staticmethod
+    def _append(seq: Sequence, tokens: list[int]) -> str | None:
+        """Append tokens up to the first stop token or the length limit; the finish reason if one hit."""
+        for token in tokens:
+            seq.output_ids.append(token)
+            if token in seq.stop_token_ids:
+                return "stop"
+            if len(seq.output_ids) >= seq.max_tokens:
+                return "length"
+        return None
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.running.remove(seq)

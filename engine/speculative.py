@@ -11,21 +11,18 @@ else draw from p without x". Either way the emitted tokens follow the target's d
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from engine.kv_cache import BlockManager
+from engine.loader import load
 from engine.model_runner import ModelRunner, StepInput
-from engine.sampling import SampleRow, SamplingParams, _mask_logits
+from engine.models.llama import LlamaModel
+from engine.sampling import SampleRow, SamplingParams, probabilities
 from engine.sequence import Sequence
-
-
-def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:  # TODO move to sampling
-    temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
-    return torch.softmax(_mask_logits(logits.float() / temps, rows), dim=-1)
+from engine.tokenizer import Tokenizer
 
 
 @dataclass
@@ -36,6 +33,7 @@ class SpeculativeConfig:
     ngram_max: int = 4              # longest suffix prompt lookup tries to match
     ngram_min: int = 2              # shortest
     token_cost: float = 0.1         # cost of verifying one more token, relative to a plain decode step
+    draft_cost: float | None = None # cost of one draft-model step, likewise; None: its share of parameters
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft") or self.num_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
@@ -57,13 +55,17 @@ def ngram_propose(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int
     return []
 
 
+PROBE_EVERY = 16
+
+
 @dataclass
 class Acceptance:
     """One sequence's running per-token acceptance rate (decayed counts, so it follows drift), and
-    the draft length that maximises expected tokens per unit of verification cost."""
+    the draft length that maximises expected tokens per unit of cost, 0 when plain decoding wins."""
     accepted: float = 2.0  # prior: 2 of 3, so a new sequence starts with a useful k
     trials: float = 3.0
     decay: float = 0.8
+    idle: int = 0          # steps since speculation last paid off; every PROBE_EVERY-th probes with k=1
 
     @property
     def rate(self) -> float:
@@ -75,9 +77,16 @@ class Acceptance:
         self.trials = self.decay * self.trials + accepted + (accepted < proposed)
 
     def best_k(self, k_max: int, token_cost: float) -> int:
-        """argmax over k of E[tokens per step] / cost, E = (1 - a^(k+1)) / (1 - a), cost = 1 + c*k."""
+        """argmax over k of E[tokens per step] / cost, E = (1 - a^(k+1)) / (1 - a), cost = 1 + c*k, with
+        c the cost of one more draft token (verifying it, drafting it) relative to a plain step."""
         a = min(self.rate, 1 - 1e-6)
-        return max(range(1, k_max + 1), key=lambda k: (1 - a ** (k + 1)) / (1 - a) / (1 + token_cost * k))
+        gain = {k: (1 - a ** (k + 1)) / (1 - a) / (1 + token_cost * k) for k in range(1, k_max + 1)}
+        k = max(gain, key=gain.get)
+        if gain[k] > 1:
+            self.idle = 0
+            return k
+        self.idle = (self.idle + 1) % PROBE_EVERY
+        return 1 if self.idle == 0 else 0  # a probe now and then notices when drafts get good again
 
 
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
@@ -156,8 +165,9 @@ class DraftModelProposer:
     own paged KV cache; each sync rolls the mirror back to what the target kept, so only the tokens
     new since the last step (usually the target's correction) are recomputed before drafting."""
 
-    def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int):
+    def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int, cost: float):
         self.runner = runner
+        self.cost = cost  # one draft step relative to one target step
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_cache=False)
         self.mirrors: dict[int, Sequence] = {}
 
@@ -173,7 +183,7 @@ class DraftModelProposer:
                       and self.blocks.append_slots(m, m.num_uncomputed) is not None]
             if not active:
                 break
-            logits = self.runner.execute([self._input(mirrors[i]) for i in active])
+            logits = self.runner.execute([self._input(mirrors[i]) for i in active]).float().cpu()
             for row, i in zip(logits, active):
                 m, r = mirrors[i], rows[i]
                 m.num_computed = m.num_tokens
@@ -207,7 +217,7 @@ class DraftModelProposer:
         base = m.num_prompt_tokens
         kept = seq.token_ids(base, base + len(m.output_ids))
         same = next((i for i, (a, b) in enumerate(zip(m.output_ids, kept)) if a != b), len(kept))
-        m.num_computed = min(m.num_computed, base + same)
+        m.num_computed = min(m.num_computed, base + same, seq.num_tokens - 1)  # recompute the last for its logits
         m.prompt_ids, m.output_ids = seq.all_ids, []
         release_rejected_blocks(self.blocks, m)
         return m
@@ -229,11 +239,8 @@ class Speculator:
 
     def propose(self, seqs: list[Sequence], rows: list[SampleRow], generator: torch.Generator) -> dict[int, Draft]:
         """seq_id -> non-empty draft, for the given running, decoding sequences (never past max_tokens)."""
-        live = {s.seq_id for s in seqs}
-        self.acceptance = {sid: a for sid, a in self.acceptance.items() if sid in live}
         ks = [self._k(s) for s in seqs]
         if self.draft is not None:
-            self.draft.retain(live)
             drafts = self.draft.propose(seqs, ks, rows, generator)
         else:
             c = self.config
@@ -243,6 +250,7 @@ class Speculator:
     def verify(self, seq: Sequence, logits: torch.Tensor, draft: Draft, row: SampleRow,
                generator: torch.Generator) -> list[int]:
         """Tokens to append for seq: kept drafts plus one from the target. logits: (k+1, vocab)."""
+        logits = logits.float().cpu()
         if row.params.greedy:
             tokens = verify_greedy(logits, draft.tokens)
         else:
@@ -252,15 +260,34 @@ class Speculator:
         self.stats.record(len(draft.tokens), len(tokens))
         return tokens
 
+    def retain(self, seq_ids: set[int]) -> None:
+        """Forget sequences no longer running (finished, aborted, preempted), draft KV included."""
+        self.acceptance = {sid: a for sid, a in self.acceptance.items() if sid in seq_ids}
+        if self.draft is not None:
+            self.draft.retain(seq_ids)
+
     def _k(self, seq: Sequence) -> int:
         left = seq.max_tokens - len(seq.output_ids) - 1  # the target adds one token of its own
-        best = self.acceptance.setdefault(seq.seq_id, Acceptance()).best_k(self.config.num_tokens,
-                                                                           self.config.token_cost)
+        c = self.config
+        cost = c.token_cost + (0.0 if self.draft is None else self.draft.cost if c.draft_cost is None else c.draft_cost)
+        best = self.acceptance.setdefault(seq.seq_id, Acceptance()).best_k(c.num_tokens, cost)
         return max(0, min(best, left))
+
+
+def load_draft(path: str, target: LlamaModel, target_tokenizer: Tokenizer, num_blocks: int, block_size: int,
+               dtype: torch.dtype, device: str, progress: bool) -> DraftModelProposer:
+    """Load a draft model; its vocabulary must be the target's, token for token. Its cost per token is
+    taken as its share of the target's parameters."""
+    loaded = load(path, dtype, device, progress=progress)
+    if loaded.model.cfg.vocab_size != target.cfg.vocab_size or \
+            loaded.tokenizer.tk.get_vocab(with_added_tokens=True) != target_tokenizer.tk.get_vocab(with_added_tokens=True):
+        raise ValueError(f"draft model {path}: its vocabulary differs from the target model's")
+    return DraftModelProposer(ModelRunner(loaded.model, num_blocks, block_size), num_blocks, block_size,
+                              loaded.model.num_parameters / target.num_parameters)
 
 
 def eligible(params: SamplingParams) -> bool:
     """Speculation needs a per-position distribution that does not depend on the drafts themselves:
-    no history penalties; logprobs are reported by the plain path only."""
+    no history penalties and no grammar; logprobs are reported by the plain path only."""
     return (params.repetition_penalty == 1 and not params.presence_penalty and not params.frequency_penalty
-            and not params.logprobs and not params.top_logprobs)
+            and not params.logprobs and not params.top_logprobs and params.grammar is None)

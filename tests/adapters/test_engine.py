@@ -1,5 +1,6 @@
 """EngineBackend through the Backend contract, on a tiny random model (and once on the shipped SmolLM2)."""
 import asyncio
+import json
 import time
 
 import pytest
@@ -7,7 +8,8 @@ import pytest
 from adapters.base import BackendConfig
 from adapters.engine import DEFAULT_NAME, EngineBackend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported
-from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, aggregate)
+from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
+                               aggregate)
 from tests.engine.tiny import write_tiny_model
 
 NAME = "tiny"
@@ -120,12 +122,25 @@ async def test_raw_completion_and_unsupported_requests(backend):
     raw = aggregate(await collect(backend.complete(CompletionRequest(
         model=NAME, prompt="abc", raw=True, options=SamplingOptions(max_tokens=5, temperature=0)))))
     assert raw.usage.prompt_tokens == 3 and raw.usage.completion_tokens == 5
-    for stream in (backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], format="json")),
-                   backend.complete(CompletionRequest(model=NAME, prompt="a", suffix="b"))):
-        with pytest.raises(Unsupported):
-            await collect(stream)
+    with pytest.raises(Unsupported):
+        await collect(backend.complete(CompletionRequest(model=NAME, prompt="a", suffix="b")))
     with pytest.raises(BadRequest):
         await collect(backend.chat(chat("x" * 600)))
+    with pytest.raises(BadRequest, match="invalid output grammar"):
+        await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], format={"type": 5})))
+
+
+async def test_format_and_forced_tool_calls_are_constrained(backend):
+    schema = {"type": "object", "required": ["ok"], "additionalProperties": False,
+              "properties": {"ok": {"type": "boolean"}}}
+    answer = aggregate(await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")],
+                                                              format=schema, options=SamplingOptions(seed=1)))))
+    assert json.loads(answer.text)["ok"] in (True, False)
+    tool = Tool("pick", parameters={"type": "object", "required": ["n"], "additionalProperties": False,
+                                    "properties": {"n": {"enum": [1, 2, 3]}}})
+    call = aggregate(await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], tools=[tool],
+                                                            tool_choice="required", options=SamplingOptions(seed=2)))))
+    assert json.loads(call.text) in [{"name": "pick", "arguments": {"n": n}} for n in (1, 2, 3)]
 
 
 async def test_embeddings_are_normalised_and_per_text(backend):

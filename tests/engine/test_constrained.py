@@ -11,8 +11,11 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 
+from engine import SamplingParams
 from engine.constrained import Constrainer, grammar_for
+from engine.speculative import SpeculativeConfig
 from engine.tokenizer import Tokenizer
+from tests.engine.conftest import collect, generate, submit, text_of, tokens_of
 
 WEATHER = {"name": "get_weather", "parameters": {
     "type": "object", "required": ["city"], "additionalProperties": False,
@@ -48,7 +51,8 @@ def accepts(constrainer: Constrainer, grammar: str, text: str) -> bool:
      [CALL, '{"name": "get_time", "arguments": {}}'], ["Sure", '{"name": "get_weather", "arguments": {}}']),
     ({"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
      ['{"name": "get_time", "arguments": {"zone": "UTC"}}'], [CALL]),
-    ({"tools": [WEATHER]}, [CALL, "Sure, here you go."], ['{"zone": 1}', '{"name": "get_time", "arguments": {}}']),
+    ({"tools": [WEATHER]}, [CALL, "Sure, here you go.", "\nSure", ""],
+     ['{"zone": 1}', '{"name": "get_time", "arguments": {}}', ' {"a": 1}']),
     ({"tools": [WEATHER], "format": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
      [CALL, '{"ok": true}'], ["Sure", '{"ok": 1}']),
 ])
@@ -63,9 +67,10 @@ def test_no_format_and_no_tools_means_free_text():
     assert grammar_for() is None and grammar_for(tools=[WEATHER], tool_choice="none") is None
 
 
-def test_invalid_schema_is_a_value_error(bpe):
+@pytest.mark.parametrize("schema", [{"type": "bogus"}, {"properties": {"a": {"type": 5}}}, {"minimum": "x"}])
+def test_invalid_schema_is_a_value_error(schema):
     with pytest.raises(ValueError, match="invalid output grammar"):
-        Constrainer(bpe, bpe.vocab_size).matcher(grammar_for({"type": "bogus"}))
+        grammar_for(schema)
 
 
 def test_masked_greedy_decoding_from_noise_builds_a_valid_call(bpe):
@@ -87,3 +92,64 @@ def test_masked_greedy_decoding_from_noise_builds_a_valid_call(bpe):
     call = json.loads(bpe.decode(out))
     assert call["name"] == "get_weather"
     jsonschema.validate(call["arguments"], WEATHER["parameters"])
+
+
+# -- in the engine ----------------------------------------------------------------------------
+
+SCHEMAS = {
+    "nested": {"type": "object", "additionalProperties": False, "required": ["user", "tags"],
+               "properties": {"user": {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+                                       "properties": {"name": {"type": "string", "maxLength": 6},
+                                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}}},
+                              "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 4}}}},
+    "enum-and-numbers": {"type": "object", "additionalProperties": False, "required": ["unit", "value", "ok"],
+                         "properties": {"unit": {"enum": ["C", "F", "K"]}, "value": {"type": "number"},
+                                        "ok": {"type": "boolean"}}},
+    "array-of-objects": {"type": "array", "minItems": 1, "maxItems": 3,
+                         "items": {"type": "object", "additionalProperties": False, "required": ["id"],
+                                   "properties": {"id": {"type": "integer"}, "note": {"type": ["string", "null"],
+                                                                                     "maxLength": 5}}}},
+    "optional-fields": {"type": "object", "additionalProperties": False,
+                        "properties": {"a": {"type": "integer"}, "b": {"enum": [1, "two", None]}}},
+}
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_engine_outputs_always_validate(tiny_llama, engine_factory, name):
+    """Greedy and 12 seeded samples of a random model, batched with an unconstrained request and, where
+    eligible, speculative decoding: every constrained output parses, validates and ended by itself."""
+    schema = SCHEMAS[name]
+    eng = engine_factory(tiny_llama, speculative=SpeculativeConfig("ngram", 3, ngram_min=1))
+    prompt = eng.tokenizer.encode("Reply in JSON.")
+    grammar = grammar_for(schema)
+    params = [SamplingParams(max_tokens=300, temperature=0, grammar=grammar)] + \
+             [SamplingParams(max_tokens=300, temperature=1.0, seed=s, grammar=grammar) for s in range(12)]
+    free = submit(eng, prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[1]
+    queues = [submit(eng, prompt, p)[1] for p in params]
+    for q in queues:
+        outputs = collect(q)
+        assert outputs[-1].finish_reason == "stop"
+        jsonschema.validate(json.loads(text_of(outputs)), schema)
+    assert len(tokens_of(collect(free))) == 40  # the unconstrained neighbour was not masked
+
+
+def test_engine_forced_tool_call_parses_and_matches_parameters(tiny_llama, engine_factory):
+    eng = engine_factory(tiny_llama)
+    short = {"type": "string", "maxLength": 8}  # a random model never closes an unbounded string
+    tools = [WEATHER | {"parameters": WEATHER["parameters"] | {"properties": {
+        "city": short, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}},
+             {"name": "get_time", "parameters": {"type": "object", "additionalProperties": False,
+                                                 "properties": {"zone": short}}}]
+    grammar = grammar_for(tools=tools, tool_choice="required")
+    for seed in range(6):
+        out = generate(eng, [1, 2, 3], SamplingParams(max_tokens=200, seed=seed, grammar=grammar))
+        assert out[-1].finish_reason == "stop"
+        call = json.loads(text_of(out))
+        tool = next(t for t in tools if t["name"] == call["name"])
+        jsonschema.validate(call["arguments"], tool["parameters"])
+
+
+def test_engine_rejects_an_invalid_grammar_at_submission(tiny_llama, engine_factory):
+    eng = engine_factory(tiny_llama)
+    with pytest.raises(ValueError, match="invalid output grammar"):
+        submit(eng, [1, 2], SamplingParams(grammar="start: %json {"))

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
+import os
+import random
+import shutil
+import time
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from scipy.stats import chisquare
 
+from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path
 from engine.kv_cache import BlockManager
+from engine.loader import load
+from engine.model_runner import ModelRunner
+from engine.sampling import SampleRow, probabilities
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from engine.speculative import (Acceptance, SpecStats, ngram_propose, release_rejected_blocks, verify_greedy,
-                                verify_sampled)
+from engine.speculative import (PROBE_EVERY, Acceptance, SpeculativeConfig, SpecStats, ngram_propose,
+                                release_rejected_blocks, verify_greedy, verify_sampled)
+from tests.engine.conftest import collect, generate, submit, tokens_of
+from tests.engine.tiny import write_tiny_model
 
 
 # -- prompt lookup ----------------------------------------------------------------------------
@@ -42,6 +55,14 @@ def test_adaptive_k_grows_with_acceptance_and_shrinks_without():
     for _ in range(10):
         a.update(4, 0)
     assert a.rate < 0.5 and a.best_k(8, 0.1) == 1
+
+
+def test_adaptive_k_turns_speculation_off_when_it_does_not_pay_and_probes_now_and_then():
+    a = Acceptance()
+    for _ in range(20):
+        a.update(1, 0)
+    ks = [a.best_k(4, 0.5) for _ in range(2 * PROBE_EVERY)]
+    assert ks.count(1) == 2 and set(ks) == {0, 1}
 
 
 def test_spec_stats_report_acceptance_and_tokens_per_step():
@@ -173,3 +194,166 @@ def test_rollback_keeps_blocks_shared_with_the_prefix_cache():
     release_rejected_blocks(blocks, seq)
     assert len(seq.block_table) == 3
     blocks.check_integrity()
+
+
+# -- in the engine ----------------------------------------------------------------------------
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_llama, tmp_path_factory) -> str:
+    """The target's weights plus noise, same tokenizer: a draft that is often but not always right."""
+    path = str(tmp_path_factory.mktemp("draft"))
+    shutil.copytree(tiny_llama, path, dirs_exist_ok=True)
+    file = os.path.join(path, "model.safetensors")
+    g = torch.Generator().manual_seed(1)
+    save_file({k: v + 0.05 * v.std() * torch.randn(v.shape, generator=g) if v.dim() == 2 else v
+               for k, v in load_file(file).items()}, file)
+    return path
+
+
+def _prompts() -> list[list[int]]:
+    """Prompts that repeat themselves, as code edits do, so prompt lookup finds matches."""
+    rng = random.Random(0)
+    out = []
+    for i in range(6):
+        piece = [rng.randrange(256) for _ in range(5 + i)]
+        out.append(piece * 3 + piece[:2])
+    return out
+
+
+def _spec_engine(engine_factory, path: str, draft: str | None = None, **config):
+    # the tiny drafts cost as much as the target: tell the engine they are free, or it stops drafting
+    spec = SpeculativeConfig("draft", 4, draft, draft_cost=0) if draft else SpeculativeConfig("ngram", 4, ngram_min=1)
+    return engine_factory(path, block_size=4, speculative=spec, **config)
+
+
+def _assert_no_leaks(eng) -> None:
+    """Everything finished: every block is free or only cached, refcounts match, draft KV all free."""
+    deadline = time.monotonic() + 10
+    while eng.metrics()["running"] or eng.metrics()["waiting"]:  # the snapshot follows the last step
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    eng.blocks.check_integrity()
+    assert eng.blocks.num_available_blocks == eng.blocks.num_blocks
+    if eng.speculator.draft is not None:
+        eng.speculator.draft.blocks.check_integrity()
+        assert eng.speculator.draft.blocks.num_free_blocks == eng.speculator.draft.blocks.num_blocks
+
+
+@pytest.mark.parametrize("draft", [None, "tiny_draft", "tiny_llama"], ids=["ngram", "draft-model", "self-draft"])
+def test_greedy_output_is_identical_with_and_without_speculation(request, tiny_llama, engine_factory, draft):
+    plain = engine_factory(tiny_llama, block_size=4)
+    spec = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None)
+    for prompt in _prompts():
+        expected = tokens_of(generate(plain, prompt, SamplingParams(max_tokens=30, **GREEDY)))
+        assert tokens_of(generate(spec, prompt, SamplingParams(max_tokens=30, **GREEDY))) == expected
+    _assert_no_leaks(spec)
+    m = spec.metrics()
+    assert m["spec_steps"] > 0 and (m["spec_tokens_per_step"] > 1 or draft is None)
+    if draft == "tiny_llama":
+        assert m["spec_acceptance_rate"] == 1.0  # the target drafting for itself is always right
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
+    other = write_tiny_model(str(tmp_path), "llama", vocab_size=300)
+    with pytest.raises(ValueError, match="vocabulary differs"):
+        LLMEngine.from_pretrained(tiny_llama, EngineConfig(progress=False, speculative=SpeculativeConfig("draft", 4, other)))
+
+
+@pytest.mark.parametrize("draft", [None, "tiny_draft"], ids=["ngram", "draft-model"])
+def test_mixed_batch_with_prefix_cache_and_tight_memory_matches_solo_runs(request, tiny_llama, engine_factory, draft):
+    """Speculative and plain (penalised) requests decode together, the second round from cached
+    prefixes, with so little KV memory that drafts are dropped and sequences preempted: outputs still
+    equal solo runs and no block leaks."""
+    plain = engine_factory(tiny_llama, block_size=4)
+    slot = plain.runner.kv[:, :, 0].numel() * plain.runner.kv.element_size()
+    spec = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None,
+                        kv_memory=slot * 4 * 40, max_step_tokens=48)
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=30, repetition_penalty=1.3 if i % 3 == 0 else 1.0, **GREEDY)
+              for i in range(len(prompts))]
+    solo = [tokens_of(generate(plain, p, sp)) for p, sp in zip(prompts, params)]
+    for _ in range(2):
+        queues = [submit(spec, p, sp)[1] for p, sp in zip(prompts, params)]
+        assert [tokens_of(collect(q)) for q in queues] == solo
+    _assert_no_leaks(spec)
+    m = spec.metrics()
+    assert m["spec_steps"] > 0 and (m["spec_accepted"] > 0 or draft is None), str(m)
+    assert m["cache_hit_tokens"] > 0 and m["preemptions"] > 0, str(m)
+
+
+@pytest.mark.parametrize("draft", [None, "tiny_draft"], ids=["ngram", "draft-model"])
+def test_sampled_engine_output_follows_the_target_distribution(request, tiny_llama, engine_factory, draft):
+    """Chi-square over the first three tokens (top-3 at temperature 1.5: 27 outcomes) of seeded
+    speculative requests against the target's exact probabilities, computed without any cache."""
+    eng = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None)
+    # prompt lookup needs the sampled token in the prompt: give it every byte once
+    prompt = _prompts()[0] if draft else random.Random(1).sample(range(256), 256)
+    params = dict(max_tokens=3, temperature=1.5, top_k=3, ignore_eos=True)
+    n = 1500
+    queues = [submit(eng, prompt, SamplingParams(seed=i, **params))[1] for i in range(n)]
+    counts = collections.Counter(tuple(tokens_of(collect(q))) for q in queues)
+    _assert_no_leaks(eng)
+    assert eng.metrics()["spec_steps"] > 0 and (eng.metrics()["spec_accepted"] > 0 or draft is None)
+    row = SampleRow(SamplingParams(**params), [], [])
+
+    def dist(ids: list[int]) -> torch.Tensor:
+        logits = eng.runner.model.logits(eng.runner.hidden_states(ids)[-1:])
+        return probabilities(logits, [row])[0]
+
+    exact = {}
+    p1 = dist(prompt)
+    for a in p1.nonzero()[:, 0].tolist():
+        p2 = dist(prompt + [a])
+        for b in p2.nonzero()[:, 0].tolist():
+            p3 = dist(prompt + [a, b])
+            for c in p3.nonzero()[:, 0].tolist():
+                exact[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    assert set(counts) <= set(exact)
+    total = sum(exact.values())
+    assert chisquare([counts[k] for k in exact], [n * v / total for v in exact.values()]).pvalue > 1e-3
+
+
+def test_scheduler_verifies_drafts_within_the_budget_and_rolls_back_rejected_ones():
+    blocks = BlockManager(num_blocks=16, block_size=4)
+    sched = Scheduler(blocks, max_step_tokens=6)
+    seq = Sequence(1, [1, 2, 3], 20)
+    sched.add(seq)
+    sched.postprocess(sched.schedule(), {1: 7})              # prefill, first token
+    plan = sched.schedule({1: [8, 9, 10, 11, 12, 13]})        # 1 + 6 tokens > budget: draft dropped
+    assert plan.items[0].draft == [] and plan.items[0].num_tokens == 1
+    sched.postprocess(plan, {1: 8})
+    plan = sched.schedule({1: [9, 10, 11, 12, 13]})
+    item = plan.items[0]
+    assert item.token_ids == [8, 9, 10, 11, 12, 13] and item.samples and len(seq.block_table) == 3
+    sched.postprocess(plan, {1: [9, 5]})                      # 9 kept, then the target's own 5
+    assert seq.output_ids == [7, 8, 9, 5] and seq.num_computed == 6
+    assert len(seq.block_table) == 2                          # the block of positions 8..11 went back
+    blocks.check_integrity()
+    plan = sched.schedule({1: [6]})
+    sched.postprocess(plan, {1: [6, 2]})
+    assert seq.output_ids == [7, 8, 9, 5, 6, 2] and seq.num_computed == 8
+    blocks.check_integrity()
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_greedy_is_identical_with_prompt_lookup():
+    """Real weights on a code-editing request (the answer copies the prompt): the same tokens with
+    and without speculation, and most drafts accepted."""
+    loaded = load(default_model_path(), torch.float32, "cpu", progress=False)
+    code = "def area(w, h):\n    if w < 0 or h < 0:\n        raise ValueError('negative')\n    return w * h\n"
+    text = f"Rename `area` to `rect_area` and reply with the whole function only.\n```python\n{code}```"
+    prompt = loaded.tokenizer.encode(loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+    outputs, engines = [], []
+    for spec in (None, SpeculativeConfig("ngram", 4)):
+        config = EngineConfig(progress=False, speculative=spec)
+        engines.append(LLMEngine(ModelRunner(loaded.model, 256, 16), loaded.tokenizer, loaded.info, config, 256))
+        outputs.append(tokens_of(generate(engines[-1], prompt, SamplingParams(max_tokens=48, **GREEDY))))
+    _assert_no_leaks(engines[1])
+    m = engines[1].metrics()
+    for eng in engines:
+        eng.shutdown()
+    assert outputs[0] == outputs[1]
+    assert m["spec_acceptance_rate"] > 0.3 and m["spec_tokens_per_step"] > 1.5, str(m)
