@@ -1,0 +1,105 @@
+"""The new user's path: `velo serve` with no config and no Ollama starts the embedded engine on the shipped
+SmolLM2-135M, and the real `openai` and `ollama` clients chat with it. Structured output and tool calls come
+from the engine's grammar-constrained decoding (no repair needed), so they must always validate."""
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import aiohttp
+import jsonschema
+import pytest
+
+from tests.integration.conftest import clients
+from tests.llama_server import free_port
+
+MODEL = "smollm2:135m"
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}}}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                   "properties": {"city": {"type": "string", "maxLength": 30},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def velo_default(tmp_path_factory) -> Iterator[str]:
+    """`velo serve` in an empty folder (no config.toml, no $VELO_CONFIG), as the README's first command runs it."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "VELO_CONFIG"}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+                            cwd=tmp_path_factory.mktemp("fresh"), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(_wait_ready(url, proc))
+        yield url
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out  # SIGTERM is a graceful shutdown
+
+
+async def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                async with s.get(url + "/api/tags") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    raise TimeoutError("velo serve did not answer")
+
+
+async def test_lists_and_chats_with_the_shipped_model(velo_default):
+    oai, oll = clients(velo_default)
+    assert [m.model for m in (await oll.list()).models] == [MODEL]
+    assert [m.id async for m in oai.models.list()] == [MODEL]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = await oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0)
+    assert "Paris" in whole.choices[0].message.content
+    parts = [p async for p in await oll.chat(model=MODEL, messages=messages, stream=True,
+                                            options={"num_predict": 30, "temperature": 0})]
+    assert len(parts) > 2 and parts[-1].done
+    assert "".join(p.message.content for p in parts) == whole.choices[0].message.content
+
+
+async def test_structured_output_always_matches_the_schema(velo_default):
+    oai, oll = clients(velo_default)
+    ask = [{"role": "user", "content": "Describe a person called Ada."}]
+    for seed in range(3):
+        r = await oai.chat.completions.create(
+            model=MODEL, messages=ask, temperature=1.0, seed=seed, max_tokens=120,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    parts = [p async for p in await oll.chat(model=MODEL, messages=ask, format=PERSON, stream=True,
+                                            options={"temperature": 0.8, "seed": 7, "num_predict": 120})]
+    jsonschema.validate(json.loads("".join(p.message.content for p in parts)), PERSON)
+
+
+async def test_forced_tool_calls_are_valid_in_both_dialects(velo_default):
+    oai, oll = clients(velo_default)
+    ask = [{"role": "user", "content": "What's the weather in Rome?"}]
+    r = await oai.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER], tool_choice="required",
+                                          temperature=0, max_tokens=80)
+    [call] = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    # Ollama has no tool_choice: tools are offered and the model may answer or call; a call must validate
+    reply = await oll.chat(model=MODEL, messages=ask, tools=[WEATHER], options={"temperature": 0, "num_predict": 80})
+    for c in reply.message.tool_calls or []:
+        assert c.function.name == "get_weather"
+        jsonschema.validate(dict(c.function.arguments), WEATHER["function"]["parameters"])
+    assert reply.message.tool_calls or reply.message.content.strip()
