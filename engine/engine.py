@@ -201,10 +201,14 @@ class LLMEngine:
             self.speculator.retain({s.seq_id for s in self.scheduler.running})
 
     def _propose(self) -> dict[int, Draft]:
-        """Speculative drafts for the running, decoding, eligible sequences (none without speculation)."""
+        """Speculative drafts for the running, decoding, eligible sequences (none without speculation or
+        while more sequences decode than config.max_batch)."""
         if self.speculator is None:
             return {}
-        seqs = [s for s in self.scheduler.running if not s.is_prefilling and eligible(s.payload.params)]
+        decoding = [s for s in self.scheduler.running if not s.is_prefilling]
+        if len(decoding) > self.speculator.config.max_batch:
+            return {}
+        seqs = [s for s in decoding if eligible(s.payload.params)]
         return self.speculator.propose(seqs, [self._row(s) for s in seqs], self.sampler.generator)
 
     def _sample(self, items: list[ScheduledItem], logits: torch.Tensor,

@@ -34,9 +34,12 @@ class SpeculativeConfig:
     ngram_min: int = 2              # shortest
     token_cost: float = 0.1         # cost of verifying one more token, relative to a plain decode step
     draft_cost: float | None = None # cost of one draft-model step, likewise; None: its share of parameters
+    max_batch: int = 8              # speculate only while at most this many sequences decode: a bigger batch
+                                    # keeps the matmuls busy, so verified drafts cost as much as plain tokens
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "draft") or self.num_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
+        if self.method not in ("ngram", "draft") or self.num_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max \
+                or self.max_batch < 1:
             raise ValueError(f"invalid speculative config: {self}")
         if self.method == "draft" and not self.draft_model:
             raise ValueError("speculative method 'draft' needs draft_model")

@@ -21,7 +21,8 @@ def engine_factory():
     engines = []
 
     def make(path: str, **config) -> LLMEngine:
-        config = {"progress": False, "kv_memory": 8 * 2**20} | config  # tiny models need little KV memory
+        # tiny models need little KV memory; float32 so logits compare with transformers at tight tolerances
+        config = {"progress": False, "kv_memory": 8 * 2**20, "dtype": "float32"} | config
         engines.append(LLMEngine.from_pretrained(path, EngineConfig(**config)))
         return engines[-1]
 

@@ -224,8 +224,10 @@ def _prompts() -> list[list[int]]:
 
 
 def _spec_engine(engine_factory, path: str, draft: str | None = None, **config):
-    # the tiny drafts cost as much as the target: tell the engine they are free, or it stops drafting
-    spec = SpeculativeConfig("draft", 4, draft, draft_cost=0) if draft else SpeculativeConfig("ngram", 4, ngram_min=1)
+    # the tiny drafts cost as much as the target: tell the engine they are free, or it stops drafting;
+    # and speculate in batches of any size, so the tests exercise it under continuous batching
+    spec = SpeculativeConfig("draft", 4, draft, draft_cost=0, max_batch=10**6) if draft else \
+        SpeculativeConfig("ngram", 4, ngram_min=1, max_batch=10**6)
     return engine_factory(path, block_size=4, speculative=spec, **config)
 
 
@@ -254,6 +256,20 @@ def test_greedy_output_is_identical_with_and_without_speculation(request, tiny_l
     assert m["spec_steps"] > 0 and (m["spec_tokens_per_step"] > 1 or draft is None)
     if draft == "tiny_llama":
         assert m["spec_acceptance_rate"] == 1.0  # the target drafting for itself is always right
+
+
+def test_no_speculation_while_more_sequences_decode_than_max_batch(tiny_llama, engine_factory):
+    plain = engine_factory(tiny_llama, block_size=4)
+    spec = engine_factory(tiny_llama, block_size=4, speculative=SpeculativeConfig("ngram", 4, ngram_min=1, max_batch=1))
+    prompt = _prompts()[0]
+    params = SamplingParams(max_tokens=20, **GREEDY)
+    expected = tokens_of(generate(plain, prompt, params))
+    pair = [submit(spec, prompt, params)[1] for _ in range(2)]  # decode side by side, finish together
+    assert [tokens_of(collect(q)) for q in pair] == [expected, expected]
+    assert spec.metrics()["spec_steps"] == 0
+    assert tokens_of(generate(spec, prompt, params)) == expected  # alone: speculates
+    assert spec.metrics()["spec_steps"] > 0
+    _assert_no_leaks(spec)
 
 
 def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
@@ -348,7 +364,7 @@ def test_shipped_smollm2_greedy_is_identical_with_prompt_lookup():
     prompt = loaded.tokenizer.encode(loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}]))
     outputs, engines = [], []
     for spec in (None, SpeculativeConfig("ngram", 4)):
-        config = EngineConfig(progress=False, speculative=spec)
+        config = EngineConfig(progress=False, dtype="float32", speculative=spec)
         engines.append(LLMEngine(ModelRunner(loaded.model, 256, 16), loaded.tokenizer, loaded.info, config, 256))
         outputs.append(tokens_of(generate(engines[-1], prompt, SamplingParams(max_tokens=48, **GREEDY))))
     _assert_no_leaks(engines[1])

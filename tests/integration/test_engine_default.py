@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import aiohttp
@@ -16,6 +17,7 @@ import pytest
 from tests.integration.conftest import clients
 from tests.llama_server import free_port
 
+ROOT = str(Path(__file__).resolve().parents[2])
 MODEL = "smollm2:135m"
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
           "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0},
@@ -34,6 +36,7 @@ def velo_default(tmp_path_factory) -> Iterator[str]:
     """`velo serve` in an empty folder (no config.toml, no $VELO_CONFIG), as the README's first command runs it."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "VELO_CONFIG"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])  # this checkout, however Velo is installed
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
                             cwd=tmp_path_factory.mktemp("fresh"), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
