@@ -82,7 +82,8 @@ def main() -> None:
     ids = tok.encode(text, add_special_tokens=False) + tok.eos_token_ids[:1]
     mask = statistics.median(mask_cost(c, grammar, ids, eng.runner.model.cfg.vocab_size) for _ in range(5))
     f, k = statistics.median(free), statistics.median(constrained)
-    print(f"SmolLM2-135M Q4_1->fp32, CPU threads={torch.get_num_threads()}, batch 1, greedy, {n} tokens, "
+    dtype = str(eng.config.torch_dtype()).removeprefix("torch.")
+    print(f"SmolLM2-135M Q4_1->{dtype}, CPU threads={torch.get_num_threads()}, batch 1, greedy, {n} tokens, "
           f"median of {args.reps}; llguidance tokenizer setup {setup * 1000:.0f} ms (once per engine)")
     print(f"output: {text}")
     print(f"free        {f * 1000:7.2f} ms/token")
