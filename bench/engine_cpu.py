@@ -154,7 +154,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for every system")
-    ap.add_argument("--dtype", default="auto", help="the engine's weight/KV dtype (auto: bfloat16 where the CPU has it natively)")
+    ap.add_argument("--dtype", default="auto",
+                    help="the engine's weight/KV dtype (auto: bfloat16 where the CPU has it natively)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-llama", action="store_true")
     args = ap.parse_args()

@@ -1,5 +1,7 @@
 """What Velo costs on the request path: the same OpenAI-dialect requests sent straight to an upstream and through
-Velo, in the same run, reported as ratios against the direct baseline.
+Velo, in the same run, reported as ratios against the direct baseline; against the fast upstream also through
+LiteLLM's proxy (`litellm[proxy]`, installed apart by scripts/install-litellm.sh: its pins would fight Velo's),
+as the peer. Figures: latency p50/p99 of short requests, streamed pieces/s, and max req/s of one process.
 
 Two upstreams: a fast fake (tests/fakes.py FakeOpenAI, no delay: the proxy's own cost dominates) and the real
 llama-server with SmolLM2-135M (tests/llama_server.py: what a user feels). Upstream, Velo and this client each run
@@ -7,17 +9,19 @@ in their own process; direct and proxied requests alternate so machine noise hit
 cache is off (it would answer from memory, which measures the cache, not the path).
 
     python bench/proxy_overhead.py [--requests 200] [--stream-words 256] [--skip-llama]
+                                   [--rps-clients 32] [--rps-seconds 5] [--litellm PATH]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import multiprocessing
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.llama_server import chat_server, free_port  # noqa: E402
 
 MSG = [{"role": "user", "content": "Say hello"}]
+LITELLM = Path(__file__).resolve().parent.parent / ".build" / "litellm" / "bin" / "litellm"
+MASTER_KEY = "sk-velo-bench"  # LiteLLM refuses to start without one; the other sides ignore the header
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 
 
@@ -95,59 +102,95 @@ async def _timed(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[
     return time.perf_counter() - started, pieces
 
 
-@dataclass
-class Pair:
-    """Measurements of the same workload direct and through Velo."""
-
-    direct: list[float]
-    velo: list[float]
+Sides = dict[str, str]  # side name -> base URL; "direct" is the baseline
 
 
-async def latency(session: aiohttp.ClientSession, direct: str, velo: str, body: dict, n: int) -> Pair:
-    out = Pair([], [])
+async def latency(session: aiohttp.ClientSession, sides: Sides, body: dict, n: int) -> dict[str, list[float]]:
+    """Seconds per sequential request, per side; the sides take turns, in a rotating order."""
+    out: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
     for i in range(n):
-        sides = [(direct, out.direct), (velo, out.velo)]
-        for url, sink in sides[::-1] if i % 2 else sides:
-            sink.append((await _once(session, url, body))[0])
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            out[name].append((await _once(session, sides[name], body))[0])
     return out
 
 
-async def throughput(session: aiohttp.ClientSession, direct: str, velo: str, body: dict, rounds: int,
-                     concurrent: int) -> Pair:
+async def throughput(session: aiohttp.ClientSession, sides: Sides, body: dict, rounds: int,
+                     concurrent: int) -> dict[str, list[float]]:
     """Streamed content pieces per second, `concurrent` streams at once, for each round."""
-    out = Pair([], [])
+    out: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
     for i in range(rounds):
-        sides = [(direct, out.direct), (velo, out.velo)]
-        for url, sink in sides[::-1] if i % 2 else sides:  # neither side always runs on a warmer server
+        for name in names[i % len(names):] + names[:i % len(names)]:  # no side always runs on a warmer machine
             started = time.perf_counter()
-            results = await asyncio.gather(*(_once(session, url, body) for _ in range(concurrent)))
-            sink.append(sum(p for _, p in results) / (time.perf_counter() - started))
+            results = await asyncio.gather(*(_once(session, sides[name], body) for _ in range(concurrent)))
+            out[name].append(sum(p for _, p in results) / (time.perf_counter() - started))
     return out
+
+
+async def max_rps(session: aiohttp.ClientSession, url: str, body: dict, clients: int, seconds: float) -> float:
+    """Completed non-streamed requests per second with `clients` always waiting on one."""
+    deadline, done = time.perf_counter() + seconds, 0
+
+    async def client() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await _once(session, url, body)
+            done += 1
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done / (time.perf_counter() - started)
 
 
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-def report(name: str, lat: Pair, tput: Pair, unit: str) -> None:
+def report(name: str, lat: dict[str, list[float]], tput: dict[str, list[float]], unit: str,
+           rps: dict[str, float]) -> None:
+    """Each proxy against direct: latency p50/p99, stream rate, max req/s."""
     for q in (50, 99):
-        d, v = pct(lat.direct, q) * 1e3, pct(lat.velo, q) * 1e3
-        print(f"{name:14} latency p{q}   direct {d:9.2f} ms   velo {v:9.2f} ms   ratio {v / d:5.2f}x  ({v - d:+.2f} ms)")
-    d, v = statistics.median(tput.direct), statistics.median(tput.velo)
-    print(f"{name:14} stream median direct {d:9.1f} {unit}   velo {v:9.1f} {unit}   ratio {v / d:5.2f}x")
+        d = pct(lat["direct"], q) * 1e3
+        print(f"{name:14} latency p{q}  direct {d:8.2f} ms" + "".join(
+            f"   {side} {pct(v, q) * 1e3:8.2f} ms ({pct(v, q) * 1e3 / d:.2f}x, {pct(v, q) * 1e3 - d:+.2f} ms)"
+            for side, v in lat.items() if side != "direct"))
+    d = statistics.median(tput["direct"])
+    print(f"{name:14} stream median direct {d:8.1f} {unit}" + "".join(
+        f"   {side} {statistics.median(v):8.1f} ({statistics.median(v) / d:.2f}x)"
+        for side, v in tput.items() if side != "direct"))
+    if rps:
+        print(f"{name:14} max req/s     direct {rps['direct']:8.1f}" + "".join(
+            f"   {side} {v:8.1f} ({v / rps['direct']:.2f}x)" for side, v in rps.items() if side != "direct"))
 
 
-async def bench_pair(name: str, direct: str, velo: str, requests: int, short: dict, long: dict, rounds: int,
-                     concurrent: int, unit: str) -> None:
-    async with aiohttp.ClientSession() as probe:  # its own: a connection idle while Velo starts goes stale
-        await _wait_up(probe, direct)
-        await _wait_up(probe, velo)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await latency(session, direct, velo, short, 5)  # warm connections and caches
-        lat = await latency(session, direct, velo, short, requests)
-        tput = await throughput(session, direct, velo, long, rounds, concurrent)
-    print(f"{name:14} {requests} sequential requests, {rounds} rounds of {concurrent} concurrent streams")
-    report(name, lat, tput, unit)
+async def bench_sides(name: str, sides: Sides, requests: int, short: dict, long: dict, rounds: int,
+                      concurrent: int, unit: str, rps_clients: int = 0, rps_seconds: float = 0) -> None:
+    # the probe has its own session: a connection idle while a proxy starts goes stale
+    async with aiohttp.ClientSession(headers=AUTH) as probe:
+        for url in sides.values():
+            await _wait_up(probe, url)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=AUTH) as session:
+        await latency(session, sides, short, 5)  # warm connections and caches
+        lat = await latency(session, sides, short, requests)
+        tput = await throughput(session, sides, long, rounds, concurrent)
+        rps = {side: await max_rps(session, url, short, rps_clients, rps_seconds)
+               for side, url in sides.items()} if rps_clients else {}
+    print(f"{name:14} {requests} sequential requests, {rounds} rounds of {concurrent} concurrent streams"
+          + (f", max req/s with {rps_clients} clients for {rps_seconds:g} s" if rps_clients else ""))
+    report(name, lat, tput, unit, rps)
+
+
+def _start_litellm(binary: str, upstream: str, model: str) -> tuple[subprocess.Popen, str]:
+    """LiteLLM's proxy in front of the same upstream, one worker, no database, its own logging quiet."""
+    port, folder = free_port(), Path(tempfile.mkdtemp())
+    (folder / "config.yaml").write_text(
+        f"model_list:\n  - model_name: {model}\n    litellm_params:\n      model: openai/{model}\n"
+        f"      api_base: {upstream}/v1\n      api_key: none\n")
+    env = os.environ | {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "LITELLM_MASTER_KEY": MASTER_KEY}
+    proc = subprocess.Popen([binary, "--config", str(folder / "config.yaml"), "--host", "127.0.0.1",
+                             "--port", str(port), "--num_workers", "1"], env=env, cwd=folder,
+                            stdout=subprocess.DEVNULL, stderr=open(folder / "litellm.log", "w"))
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def main() -> None:
@@ -157,6 +200,10 @@ def main() -> None:
     ap.add_argument("--llama-requests", type=int, default=20)
     ap.add_argument("--llama-tokens", type=int, default=64)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--rps-clients", type=int, default=32)
+    ap.add_argument("--rps-seconds", type=float, default=5)
+    ap.add_argument("--litellm", default=str(LITELLM), help="LiteLLM proxy binary (scripts/install-litellm.sh); "
+                    "skipped when missing")
     args = ap.parse_args()
 
     urls = multiprocessing.get_context("spawn").Queue()
@@ -166,11 +213,20 @@ def main() -> None:
     procs.append(_spawn(_run_velo, velo_port, "openai", fake))
     short = {"model": "fake", "messages": MSG, "max_tokens": 8}
     long = {"model": "fake", "messages": MSG, "stream": True}
+    sides = {"direct": fake, "velo": velo}
+    litellm = None
+    if Path(args.litellm).exists():
+        litellm, sides["litellm"] = _start_litellm(args.litellm, fake, "fake")
+    else:
+        print(f"no LiteLLM at {args.litellm}: run scripts/install-litellm.sh for the peer figures")
     try:
-        asyncio.run(bench_pair("fake upstream", fake, velo, args.requests, short, long, 5, 4, "pieces/s"))
+        asyncio.run(bench_sides("fake upstream", sides, args.requests, short, long, 5, 4, "pieces/s",
+                                args.rps_clients, args.rps_seconds))
     finally:
         for p in procs:
             p.terminate()
+        if litellm:
+            litellm.terminate()
     if args.skip_llama:
         return
 
@@ -181,7 +237,8 @@ def main() -> None:
     short = {"model": "m", "messages": MSG, "max_tokens": 8, "temperature": 0}
     long = {"model": "m", "messages": STORY, "max_tokens": args.llama_tokens, "temperature": 0, "stream": True}
     try:
-        asyncio.run(bench_pair("llama-server", llama.url, velo, args.llama_requests, short, long, 6, 1, "tok/s"))
+        asyncio.run(bench_sides("llama-server", {"direct": llama.url, "velo": velo}, args.llama_requests, short, long,
+                                6, 1, "tok/s"))
     finally:
         velo_proc.terminate()
         llama.stop()
