@@ -36,6 +36,7 @@ from engine.loader import load  # noqa: E402
 from engine.model_runner import ModelRunner, num_blocks_for  # noqa: E402
 from engine.models.llama import LlamaModel  # noqa: E402
 from engine.speculative import DraftModelProposer, SpeculativeConfig  # noqa: E402
+from engine.threads import in_passing_thread  # noqa: E402
 
 CODE = '''def moving_average(values, window):
     """Average of each run of `window` consecutive values."""
@@ -121,21 +122,33 @@ def main() -> None:
     chat = loaded.tokenizer.apply_chat_template
     prompt = loaded.tokenizer.encode(chat([{"role": "user", "content": PROMPT}]))
 
-    def engine(spec: SpeculativeConfig | None, draft: DraftModelProposer | None = None) -> LLMEngine:
-        cfg = dataclasses.replace(config, speculative=spec)
-        return LLMEngine(ModelRunner(loaded.model, nb, cfg.block_size), loaded.tokenizer, loaded.info, cfg, nb, draft)
-
     small = truncated(loaded.model, args.draft_layers)
+
+    def engine(spec: SpeculativeConfig | None) -> LLMEngine:
+        """A fresh engine: only one engine thread (and its OpenMP team, engine/threads.py) lives at a time."""
+        def build() -> LLMEngine:
+            cfg = dataclasses.replace(config, speculative=spec)
+            draft = DraftModelProposer(ModelRunner(small, nb, config.block_size), nb, config.block_size,
+                                       small.num_parameters / loaded.model.num_parameters) \
+                if spec and spec.method == "draft" else None
+            return LLMEngine(ModelRunner(loaded.model, nb, cfg.block_size), loaded.tokenizer, loaded.info, cfg, nb,
+                             draft)
+        return in_passing_thread(build)
+
+    def measure(spec: SpeculativeConfig | None, fn, *args):
+        eng = engine(spec)
+        try:
+            return fn(eng, *args)
+        finally:
+            eng.shutdown()
+
     draft_name = f"draft({args.draft_layers}/{loaded.model.cfg.num_layers} layers)"
     ngram = SpeculativeConfig("ngram", args.k, ngram_min=2)
-    engines = {"plain": engine(None), "ngram": engine(ngram), draft_name: engine(
-        SpeculativeConfig("draft", args.k, "self-truncated"),
-        DraftModelProposer(ModelRunner(small, nb, config.block_size), nb, config.block_size,
-                           small.num_parameters / loaded.model.num_parameters))}
-    results: dict[str, list[dict]] = {name: [] for name in engines}
+    specs = {"plain": None, "ngram": ngram, draft_name: SpeculativeConfig("draft", args.k, "self-truncated")}
+    results: dict[str, list[dict]] = {name: [] for name in specs}
     for rep in range(args.reps + 1):  # interleaved, so load from other processes hits all alike; rep 0 warms up
-        for name, eng in engines.items():
-            r = run(eng, prompt, args.tokens if rep else 8)
+        for name, spec in specs.items():
+            r = measure(spec, run, prompt, args.tokens if rep else 8)
             if rep:
                 results[name].append(r)
     runs = {name: {k: statistics.median(x[k] for x in rs) if k.endswith("tok_s") else rs[-1][k] for k in rs[0]}
@@ -152,16 +165,14 @@ def main() -> None:
         print(f"{name:24s} decode {r['decode_tok_s']:6.1f} tok/s ({r['decode_tok_s'] / base['decode_tok_s']:.2f}x)  "
               f"end-to-end {r['e2e_tok_s']:6.1f} tok/s ({r['e2e_tok_s'] / base['e2e_tok_s']:.2f}x)  {same}{extra}")
     if args.batch > 1:
-        engines[f"ngram, max_batch {args.batch}"] = engine(dataclasses.replace(ngram, max_batch=args.batch))
+        specs[f"ngram, max_batch {args.batch}"] = dataclasses.replace(ngram, max_batch=args.batch)
         names = [f"def f{i}(x):" for i in range(args.batch)]
         prompts = [loaded.tokenizer.encode(chat([{"role": "user", "content": PROMPT.replace(
             "def moving_average(values, window):", name)}])) for name in names]
-        rates = {name: run_batch(eng, prompts, args.batch_tokens) for name, eng in engines.items()}
+        rates = {name: measure(spec, run_batch, prompts, args.batch_tokens) for name, spec in specs.items()}
         print(f"batch {args.batch}, {args.batch_tokens} output tokens each, aggregate:")
         for name, rate in rates.items():
             print(f"{name:24s} {rate:7.1f} tok/s ({rate / rates['plain']:.2f}x)")
-    for eng in engines.values():
-        eng.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The engine loop: scheduler -> model runner -> sampler -> postprocess, in one background thread.
 
-Callers on any thread use `add_request` / `abort` (they only post to an inbox); asyncio callers use
+Callers on any thread use `add_request` / `abort` / `embed` (they only post to an inbox); asyncio callers use
 `generate`, which the loop feeds through `loop.call_soon_threadsafe`. Only the loop thread touches the
 scheduler, the block manager and the KV cache, so none of them needs a lock.
 """
@@ -12,6 +12,8 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
@@ -25,6 +27,7 @@ from engine.sampling import SampleResult, SampleRow, Sampler, SamplingParams
 from engine.scheduler import ScheduledItem, Scheduler
 from engine.sequence import Sequence
 from engine.speculative import Draft, DraftModelProposer, Speculator, eligible, load_draft
+from engine.threads import in_passing_thread
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,6 @@ class LLMEngine:
         self._constrainer: Constrainer | None = None  # built on the first request with a grammar
         self._ids = itertools.count(1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._model_lock = threading.Lock()  # the loop's steps vs embed()
         self._stats = {"steps": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0,
                        "preemptions": 0}
         self._snapshot = self._metrics_now()
@@ -52,8 +54,12 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, path: str, config: EngineConfig | None = None) -> "LLMEngine":
-        """Load a .gguf file or a Hugging Face folder and start the engine thread."""
-        config = config or EngineConfig()
+        """Load a .gguf file or a Hugging Face folder and start the engine thread. The building (weights, KV
+        cache) happens on a passing thread, so the caller's thread keeps no OpenMP team (engine/threads.py)."""
+        return in_passing_thread(cls._build, path, config or EngineConfig())
+
+    @classmethod
+    def _build(cls, path: str, config: EngineConfig) -> "LLMEngine":
         dtype = config.torch_dtype()
         loaded = load(path, dtype, config.device, progress=config.progress)
         num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device)
@@ -111,12 +117,22 @@ class LLMEngine:
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """One vector per text: the mean of the final (normed) hidden states over its tokens, L2-normalised.
-        A causal LM's pooled states make usable but not state-of-the-art embeddings."""
+        A causal LM's pooled states make usable but not state-of-the-art embeddings. Runs between steps on the
+        engine thread (engine/threads.py says why), so the caller blocks until then."""
+        done: Future = Future()
+        self._inbox.put(("call", (self._embed, texts, done)))
+        while True:
+            try:
+                return done.result(timeout=1)
+            except FutureTimeout:
+                if not self.alive:
+                    raise RuntimeError("engine shut down") from None
+
+    def _embed(self, texts: list[str]) -> list[list[float]]:
         vectors = []
         for text in texts:
             ids = self.tokenizer.encode(text)[: self.model_info["context_length"]] or [0]
-            with self._model_lock:
-                hidden = self.runner.hidden_states(ids).float().mean(dim=0)
+            hidden = self.runner.hidden_states(ids).float().mean(dim=0)
             vectors.append(torch.nn.functional.normalize(hidden, dim=0).tolist())
         return vectors
 
@@ -162,6 +178,12 @@ class LLMEngine:
                 return False
             if kind == "add":
                 self.scheduler.add(arg)
+            elif kind == "call":
+                fn, args, done = arg
+                try:
+                    done.set_result(fn(args))
+                except Exception as exc:  # the caller's to handle
+                    done.set_exception(exc)
             elif (seq := self.scheduler.abort(arg)) is not None:
                 seq.payload.finish(seq, "abort")
 
@@ -174,8 +196,7 @@ class LLMEngine:
         self._stats["steps"] += 1
         inputs = [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples,
                             1 + len(item.draft)) for item in plan.items]
-        with self._model_lock:
-            logits = self.runner.execute(inputs, plan.copies)
+        logits = self.runner.execute(inputs, plan.copies)
         items = [item for item in plan.items if item.samples]
         sampled, result = self._sample(items, logits, drafts)
         sampling = [item.seq for item in items]

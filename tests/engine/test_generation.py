@@ -114,3 +114,16 @@ def test_utf8_is_never_split_and_stop_strings_cut(tiny_llama, engine_factory):
     cut = generate(eng, eng.tokenizer.encode("ab"), SamplingParams(max_tokens=60, temperature=1.0, seed=3,
                                                                     stop=[stop]))
     assert text_of(cut) == full[:full.index(stop)] and cut[-1].finish_reason == "stop"
+
+
+def test_embeddings_run_between_steps_and_fail_once_the_engine_is_gone(tiny_llama, engine_factory):
+    eng = engine_factory(tiny_llama, block_size=4)
+    alone = eng.embed(["hello", "world"])
+    busy = [submit(eng, [1, 2, 3, 4, 5], SamplingParams(max_tokens=40, **GREEDY)) for _ in range(3)]
+    during = eng.embed(["hello", "world"])
+    assert all(len(collect(q)) for _, q in busy)
+    torch.testing.assert_close(torch.tensor(during), torch.tensor(alone))
+    assert torch.linalg.vector_norm(torch.tensor(alone), dim=1).tolist() == pytest.approx([1.0, 1.0])
+    eng.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.embed(["hello"])
