@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import BackendConfig
+from adapters.replicas import ReplicaOptions
 
 from .batching.config import BatchingConfig, BatchingConfigError
 from .cache.config import CacheConfig, CacheConfigError
@@ -120,6 +121,11 @@ def _backend_from(raw: Any, path: str) -> BackendConfig:
         raise ConfigError(f"{path}.kind: must be one of {', '.join(BACKEND_KINDS)}, got {cfg.kind!r}")
     if cfg.kind != "engine" and not cfg.urls:
         raise ConfigError(f"{path}.url: a {cfg.kind} backend needs a url")
+    if len(cfg.urls) > 1:  # replicas: their options are checked now, not when the first request needs them
+        try:
+            ReplicaOptions.split(cfg.options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{path}.{e}") from e
     return cfg
 
 

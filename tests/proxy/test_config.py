@@ -32,6 +32,8 @@ def test_minimal_backend_and_url_shorthand():
     ({"aliases": {"gpt-4": "ghost:m"}}, "aliases.gpt-4"),
     ({"backends": {"name": "x"}}, "backends"),
     ({"frobnicate": 1}, "frobnicate"),
+    ({"backends": [{"name": "x", "kind": "llamacpp", "urls": ["http://a:1", "http://b:1"],
+                    "options": {"affinity": "sticky"}}]}, "backends[0].options.affinity"),
 ])
 def test_errors_name_the_key_path(raw, path):
     with pytest.raises(ConfigError, match=path.replace("[", r"\[").replace("]", r"\]")):
