@@ -66,6 +66,8 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
+        if all(_plain_greedy(r.params) for r in rows):  # argmax where the logits are: no full rows to the CPU
+            return SampleResult(logits.argmax(dim=-1).tolist())
         logits = _apply_penalties(logits.float().cpu(), rows)
         result = SampleResult([])
         if any(r.params.logprobs or r.params.top_logprobs for r in rows):
@@ -121,6 +123,12 @@ def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Each row's sampling distribution: temperature, then its top-k / top-p / min-p masks."""
     temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
     return torch.softmax(_mask_logits(logits / temps, rows), dim=-1)
+
+
+def _plain_greedy(p: SamplingParams) -> bool:
+    """Greedy with no penalty to apply and no logprobs to report: the argmax is the whole answer."""
+    return p.greedy and not (p.logprobs or p.top_logprobs) and p.repetition_penalty == 1 \
+        and p.presence_penalty == 0 and p.frequency_penalty == 0
 
 
 def _filters(p: SamplingParams) -> bool:
