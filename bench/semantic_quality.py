@@ -64,15 +64,14 @@ def must_miss_pairs() -> list[tuple[str, str]]:
 
 
 def embed(texts: list[str], cache: Path) -> np.ndarray:
-    """The proxy's own embedding model (and dtype) on texts; vectors kept in `cache`, named by that dtype."""
-    from proxy.cache.semantic import _load_model, default_model_path
-    model = _load_model(default_model_path())
-    cache = cache.with_name(f"{cache.stem}_{str(model.dtype).removeprefix('torch.')}{cache.suffix}")
+    """The proxy's own encoder on texts; vectors kept in `cache`, named by the encoder's kind."""
+    from proxy.cache.encoders import default_model_path, load_encoder
+    encoder = load_encoder(default_model_path())
+    cache = cache.with_name(f"{cache.stem}_{type(encoder).__name__}{cache.suffix}")
     if cache.exists():
         return np.load(cache)
     started = time.perf_counter()
-    vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
-                           show_progress_bar=False).astype(np.float32)
+    vectors = encoder.encode(texts)
     print(f"embedded {len(texts)} texts in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     np.save(cache, vectors)
     return vectors

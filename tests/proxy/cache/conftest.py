@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import make_app
 from proxy.cache import CacheConfig
-from proxy.cache.semantic import Embedder, _load_model, default_model_path
+from proxy.cache.encoders import default_model_path, load_encoder
+from proxy.cache.semantic import Embedder
 from proxy.config import Config
 from tests.scripted import ScriptedBackend
 
@@ -30,8 +31,8 @@ class SessionEmbedder(Embedder):
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = _load_model(default_model_path())
-    return SessionEmbedder(model, model.get_embedding_dimension())
+    model = load_encoder(default_model_path())
+    return SessionEmbedder(model, model.dim)
 
 
 @pytest.fixture(scope="session")
