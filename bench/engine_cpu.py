@@ -1,12 +1,13 @@
 """Velo's engine vs llama-server vs transformers generate(), on the same GGUF, prompts and output lengths.
 
     python bench/engine_cpu.py [--max-tokens 32] [--concurrency 1,8] [--threads 2] [--dtype bfloat16]
-                               [--skip-llama] [--skip-hf]
+                               [--reps 3] [--skip-llama] [--skip-hf]
 
 Every system runs the same chat prompts (rendered once, sent as token ids) with greedy decoding and
 `ignore_eos`, so each request produces exactly --max-tokens tokens. Per concurrency level c, c requests
 start together: tok/s is generated tokens / wall time, TTFT the mean time to each request's first token
-(transformers: a batch of c through generate(); its TTFT is a max_new_tokens=1 run).
+(transformers: a batch of c through generate(); its TTFT is a max_new_tokens=1 run). Velo and llama-server
+run --reps times, interleaved, and report medians; transformers, the slow baseline, runs once after them.
 """
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import json
 import os
 import queue
 import socket
+import statistics
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -137,14 +140,23 @@ def run_hf(model, prompts: list[list[int]], max_tokens: int) -> tuple[int, float
     return (out.shape[1] - width) * len(prompts), time.perf_counter() - start, ttft
 
 
-def measure(system: str, run, levels: list[int], prompts: list[list[int]], max_tokens: int) -> list[Result]:
-    run(prompts[:1], 4)  # warm-up
+def measure(systems: dict[str, Callable], levels: list[int], prompts: list[list[int]], max_tokens: int,
+            reps: int) -> list[Result]:
+    """Each system at each level, reps times, systems interleaved so that load from other processes hits them
+    alike; one Result per system and level with the median wall time and TTFT."""
+    for run in systems.values():
+        run(prompts[:1], 4)  # warm-up
+    runs: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
+    for _ in range(reps):
+        for system, run in systems.items():
+            for c in levels:
+                runs.setdefault((system, c), []).append(run(prompts[:c], max_tokens))
     results = []
-    for c in levels:
-        tokens, wall, ttft = run(prompts[:c], max_tokens)
+    for (system, c), rs in runs.items():
+        tokens, wall, ttft = rs[0][0], statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs)
         results.append(Result(system, c, tokens, wall, ttft))
         print(f"{system:13s} c={c:<2d} {tokens:4d} tokens in {wall:6.2f}s = {tokens / wall:7.1f} tok/s, "
-              f"TTFT {ttft * 1000:7.0f} ms", flush=True)
+              f"TTFT {ttft * 1000:7.0f} ms  (median of {len(rs)})", flush=True)
     return results
 
 
@@ -156,22 +168,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for every system")
     ap.add_argument("--dtype", default="auto",
                     help="the engine's weight/KV dtype (auto: bfloat16 where the CPU has it natively)")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved runs of Velo and llama-server (medians)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-llama", action="store_true")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    # no prefix cache: llama-server is asked not to reuse prompts either, and the reps repeat them
     engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, dtype=args.dtype,
-                                                                    progress=False))
+                                                                progress=False, enable_prefix_cache=False))
     tk = engine.tokenizer
     prompts = [tk.encode(tk.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
     prompts = (prompts * (max(levels) // len(prompts) + 1))[:max(levels)]
-    results = measure("velo-engine", lambda p, n: run_velo(engine, p, n), levels, prompts, args.max_tokens)
-    engine.shutdown()
+    systems = {"velo-engine": lambda p, n: run_velo(engine, p, n)}
+    proc = None
     if not args.skip_llama and os.path.exists(LLAMA_SERVER):
         proc, url = start_llama_server(args.model, max(levels), args.threads)
-        try:
-            results += measure("llama-server", lambda p, n: run_llama(url, p, n), levels, prompts, args.max_tokens)
-        finally:
+        systems["llama-server"] = lambda p, n: run_llama(url, p, n)
+    try:
+        results = measure(systems, levels, prompts, args.max_tokens, args.reps)
+    finally:
+        engine.shutdown()  # before transformers runs here: its OpenMP team would slow the engine's (engine/threads.py)
+        if proc:
             proc.kill()
     if not args.skip_hf:
         import torch
@@ -181,7 +198,7 @@ def main() -> None:
         folder, name = os.path.split(args.model)
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()
         with torch.inference_mode():
-            results += measure("transformers", lambda p, n: run_hf(model, p, n), levels, prompts, args.max_tokens)
+            results += measure({"transformers": lambda p, n: run_hf(model, p, n)}, levels, prompts, args.max_tokens, 1)
     velo = {r.concurrency: r for r in results if r.system == "velo-engine"}
     for r in results:
         if r.system != "velo-engine":
