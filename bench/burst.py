@@ -19,7 +19,6 @@ import asyncio
 import importlib.util
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,13 +32,12 @@ import orjson
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.http_ready import wait_until_ok  # noqa: E402
+from tests.llama_server import free_port  # noqa: E402
+
 LLAMA_SERVER = ROOT / ".build" / "llama.cpp-build" / "bin" / "llama-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SimBackend:
@@ -137,20 +135,6 @@ def summary(results: list[Result]) -> tuple[float, float, float]:
     return statistics.median(done), p99, rate
 
 
-async def wait_ready(url: str, path: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            try:
-                async with s.get(url + path) as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url}{path} never became ready")
-
-
 def start_velo(backend_toml: str, port: int, log: Path) -> subprocess.Popen:
     config = Path(tempfile.mkstemp(suffix=".toml")[1])
     config.write_text(f'default_backend = "b"\n[server]\nport = {port}\n[cache]\nenabled = false\n'
@@ -209,8 +193,8 @@ async def bench_sim(args: argparse.Namespace, logs: Path) -> None:
     velo = start_velo(f'kind = "openai"\nurl = "http://127.0.0.1:{sim_port}"\nmax_concurrency = 4', velo_port,
                       logs / "velo-sim.log")
     try:
-        await wait_ready(f"http://127.0.0.1:{sim_port}", "/v1/models")
-        await wait_ready(f"http://127.0.0.1:{velo_port}", "/ready")
+        await wait_until_ok(f"http://127.0.0.1:{sim_port}/v1/models", 120)
+        await wait_until_ok(f"http://127.0.0.1:{velo_port}/ready", 120)
         await compare("sim", f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{velo_port}", "sim", args, True)
     finally:
         for p in (velo, sim):
@@ -229,8 +213,8 @@ async def bench_llama(args: argparse.Namespace, logs: Path) -> None:
     velo = start_velo(f'kind = "llamacpp"\nurl = "http://127.0.0.1:{llama_port}"', velo_port,
                       logs / "velo-llama.log")
     try:
-        await wait_ready(f"http://127.0.0.1:{llama_port}", "/health")
-        await wait_ready(f"http://127.0.0.1:{velo_port}", "/ready")
+        await wait_until_ok(f"http://127.0.0.1:{llama_port}/health", 120)
+        await wait_until_ok(f"http://127.0.0.1:{velo_port}/ready", 120)
         await compare("llama-server", f"http://127.0.0.1:{llama_port}", f"http://127.0.0.1:{velo_port}",
                       "smollm2", args, False)
     finally:

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  # noqa: E402
+from tests.llama_server import free_port  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion briefly.",
              "List three prime numbers.", "Why is the sky blue?", "Give me a tip for learning Python.",
@@ -73,12 +73,6 @@ def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tu
             raise item
     wall = time.perf_counter() - start
     return sum(counts.values()), wall, sum(t - start for t in first.values()) / len(prompts)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_llama_server(model: str, slots: int, threads: int) -> tuple[subprocess.Popen, str]:

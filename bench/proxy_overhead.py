@@ -28,6 +28,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.http_ready import wait_until_ok  # noqa: E402
 from tests.llama_server import chat_server, free_port  # noqa: E402
 
 MSG = [{"role": "user", "content": "Say hello"}]
@@ -63,19 +64,6 @@ def _spawn(target, *args) -> multiprocessing.Process:
     proc = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
     proc.start()
     return proc
-
-
-async def _wait_up(session: aiohttp.ClientSession, url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/v1/models") as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up within {timeout:g}s")
 
 
 async def _once(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[float, int]:
@@ -165,10 +153,8 @@ def report(name: str, lat: dict[str, list[float]], tput: dict[str, list[float]],
 
 async def bench_sides(name: str, sides: Sides, requests: int, short: dict, long: dict, rounds: int,
                       concurrent: int, unit: str, rps_clients: int = 0, rps_seconds: float = 0) -> None:
-    # the probe has its own session: a connection idle while a proxy starts goes stale
-    async with aiohttp.ClientSession(headers=AUTH) as probe:
-        for url in sides.values():
-            await _wait_up(probe, url)
+    for url in sides.values():
+        await wait_until_ok(url + "/v1/models", 60, AUTH)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=AUTH) as session:
         await latency(session, sides, short, 5)  # warm connections and caches
         lat = await latency(session, sides, short, requests)

@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
-import aiohttp
 import jsonschema
 import pytest
 
+from tests.http_ready import wait_until_ok
 from tests.integration.conftest import clients
 from tests.llama_server import free_port
 
@@ -42,27 +41,12 @@ def velo_default(tmp_path_factory) -> Iterator[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        asyncio.run(_wait_ready(url, proc))
+        asyncio.run(wait_until_ok(url + "/api/tags", 180, proc=proc))
         yield url
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out  # SIGTERM is a graceful shutdown
-
-
-async def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                async with s.get(url + "/api/tags") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise TimeoutError("velo serve did not answer")
 
 
 async def test_lists_and_chats_with_the_shipped_model(velo_default):
