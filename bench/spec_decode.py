@@ -117,7 +117,7 @@ def main() -> None:
     config = EngineConfig(progress=False, kv_memory=1024 * 2**20, max_num_seqs=max(4, args.batch),
                           device=args.device, dtype=args.dtype)
     dtype = config.torch_dtype()
-    loaded = load(path, dtype, args.device, progress=False)
+    loaded = in_passing_thread(load, path, dtype, args.device, progress=False)
     nb = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, args.device)
     chat = loaded.tokenizer.apply_chat_template
     prompt = loaded.tokenizer.encode(chat([{"role": "user", "content": PROMPT}]))

@@ -17,7 +17,6 @@ import torch
 from tqdm import tqdm
 
 from engine.models.llama import LlamaModel, ModelConfig, rope_inv_freq
-from engine.threads import in_passing_thread
 from engine.tokenizer import Tokenizer
 
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -40,12 +39,8 @@ class LoadedModel:
 
 
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = True) -> LoadedModel:
-    """Load a `.gguf` file or a folder with config.json, *.safetensors and tokenizer.json (on a passing thread, so
-    the caller's thread keeps no OpenMP team: engine/threads.py)."""
-    return in_passing_thread(_load, path, dtype, device, progress)
-
-
-def _load(path: str, dtype: torch.dtype, device: str, progress: bool) -> LoadedModel:
+    """Load a `.gguf` file or a folder with config.json, *.safetensors and tokenizer.json. Before an engine
+    serves it, load on a passing thread (LLMEngine.from_pretrained does): engine/threads.py."""
     if os.path.isdir(path):
         cfg, weights, tokenizer, info = _read_hf_folder(path, progress)
     elif path.endswith(".gguf"):
