@@ -124,7 +124,7 @@ def _backend_from(raw: Any, path: str) -> BackendConfig:
     if len(cfg.urls) > 1:  # replicas: their options are checked now, not when the first request needs them
         try:
             ReplicaOptions.split(cfg.options)
-        except (TypeError, ValueError) as e:
+        except ValueError as e:  # its message names the option: "options.affinity: ..."
             raise ConfigError(f"{path}.{e}") from e
     return cfg
 

@@ -19,7 +19,7 @@ import numpy as np
 import xxhash
 
 log = logging.getLogger("velo.cache")
-_MAX_BATCH = 64
+MAX_BATCH = 64  # texts per forward pass
 
 
 class SentenceEncoder(Protocol):
@@ -58,7 +58,7 @@ class TorchEncoder:
     dim: int
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        return self.model.encode(texts, batch_size=_MAX_BATCH, normalize_embeddings=True, convert_to_numpy=True,
+        return self.model.encode(texts, batch_size=MAX_BATCH, normalize_embeddings=True, convert_to_numpy=True,
                                  show_progress_bar=False).astype(np.float32)
 
 
@@ -84,8 +84,8 @@ class OnnxEncoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         out = []
-        for start in range(0, len(texts), _MAX_BATCH):
-            batch = self.tokenizer(texts[start:start + _MAX_BATCH], padding=True, truncation=True,
+        for start in range(0, len(texts), MAX_BATCH):
+            batch = self.tokenizer(texts[start:start + MAX_BATCH], padding=True, truncation=True,
                                    max_length=self.max_length, return_tensors="np")
             feed = {i.name: batch[i.name].astype(np.int64) for i in self.session.get_inputs()}
             hidden = self.session.run(None, feed)[0]

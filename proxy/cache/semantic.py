@@ -11,10 +11,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from .encoders import SentenceEncoder, default_model_path, load_encoder
+from .encoders import MAX_BATCH, SentenceEncoder, default_model_path, load_encoder
 from .guard import Signature, compatible, signature
 
-_MAX_BATCH = 64
 _MEMO = 256  # recent texts: the store after a miss reuses the vector its lookup computed
 _HNSW_NEIGHBOURS = 32
 _HNSW_EF_SEARCH = 64
@@ -60,7 +59,7 @@ class Embedder:
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
-            batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
                 vectors = await loop.run_in_executor(self._pool, self.encode, [text for text, _ in batch])
             except Exception as e:  # every waiter sees the failure; none hangs
