@@ -6,7 +6,8 @@ temperature 0, one at a time:
 - misses: N distinct questions (each then stored),
 - exact hits: the same N questions again,
 - semantic hits: the QQP `similar` questions whose `origin` was asked before (only answers marked
-  `X-Velo-Cache: semantic` count), on a second Velo with the semantic tier on.
+  `X-Velo-Cache: semantic` count), on two more Velos with the semantic tier on, one per embedding precision
+  (int8, the default, and float32), asked in turn so both see the same noise.
 Two figures per case: end to end as the client sees it, and inside the proxy (CacheLayer.lookup alone).
 Goals: exact hit p99 <= 0.5 ms and semantic hit p99 <= 5 ms inside the proxy.
 
@@ -21,6 +22,7 @@ import json
 import os
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from adapters.base import BackendConfig  # noqa: E402
 from proxy.app import make_app  # noqa: E402
 from proxy.cache import CacheConfig  # noqa: E402
+from proxy.cache.encoders import PRECISIONS  # noqa: E402
 from proxy.config import Config  # noqa: E402
 from proxy.state import PIPELINE  # noqa: E402
 from tests.fakes import FakeOpenAI  # noqa: E402
@@ -113,24 +116,39 @@ async def run(n: int) -> None:
             hits = [await ask(session, exact.url, f"question {i}: {p['origin']}") for i, p in enumerate(pairs)]
             assert {k for k, _ in misses} == {"miss"} and {k for k, _ in hits} == {"exact"}
             inside = exact.lookups
-        async with Velo(upstream.url, CacheConfig(semantic=True)) as semantic:
-            sem_misses = [await ask(session, semantic.url, p["origin"]) for p in pairs]
-            semantic.lookups.clear()
-            semantic.encodes.clear()
-            sem = [await ask(session, semantic.url, p["similar"]) for p in pairs]
-            sem_inside = [s for k, s in semantic.lookups if k == "semantic"]
-            threshold = semantic.app[PIPELINE].cache.cfg.semantic_threshold
+        async with AsyncExitStack() as stack:  # one Velo per encoder precision, asked in turn (same noise)
+            semantic = {p: await stack.enter_async_context(Velo(upstream.url, CacheConfig(semantic=True,
+                                                                                           embed_precision=p)))
+                        for p in PRECISIONS}
+            sem_misses = {p: [] for p in PRECISIONS}
+            sem = {p: [] for p in PRECISIONS}
+            for pair in pairs:
+                for p, velo in semantic.items():
+                    sem_misses[p].append(await ask(session, velo.url, pair["origin"]))
+            for velo in semantic.values():
+                velo.lookups.clear()
+                velo.encodes.clear()
+            for pair in pairs:
+                for p, velo in semantic.items():
+                    sem[p].append(await ask(session, velo.url, pair["similar"]))
+            threshold = semantic["int8"].app[PIPELINE].cache.cfg.semantic_threshold
     print(f"upstream: fake OpenAI-compatible server over HTTP; {n} questions; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} (other processes share them)")
     print(summary("miss, end to end", [s for _, s in misses]))
     print(summary("exact hit, end to end", [s for _, s in hits]))
     print(summary("exact hit, inside the proxy", [s for k, s in inside if k == "exact"]))
     print(summary("miss lookup, inside the proxy", [s for k, s in inside if k == "miss"]))
-    print(summary("semantic on: miss (+embed, store)", [s for _, s in sem_misses]))
-    print(summary(f"semantic hit, end to end (t={threshold})", [s for k, s in sem if k == "semantic"]))
-    print(summary("semantic hit, inside the proxy", sem_inside))
-    print(summary("semantic miss lookup, inside", [s for k, s in semantic.lookups if k == "miss"]))
-    print(summary("embedding model, one forward pass", semantic.encodes))
+    for p, velo in semantic.items():
+        print(f"-- semantic tier on, embeddings in {p}")
+        print(summary("semantic on: miss (+embed, store)", [s for _, s in sem_misses[p]]))
+        print(summary(f"semantic hit, end to end (t={threshold})", [s for k, s in sem[p] if k == "semantic"]))
+        print(summary("semantic hit, inside the proxy", [s for k, s in velo.lookups if k == "semantic"]))
+        print(summary("semantic miss lookup, inside", [s for k, s in velo.lookups if k == "miss"]))
+        print(summary("embedding model, one forward pass", velo.encodes))
+    hit_ms = {p: np.array([s for k, s in v.lookups if k == "semantic"]) for p, v in semantic.items()}
+    print("semantic hit inside the proxy, int8 / float32: "
+          f"p50 {np.percentile(hit_ms['int8'], 50) / np.percentile(hit_ms['float32'], 50):.2f}x, "
+          f"p99 {np.percentile(hit_ms['int8'], 99) / np.percentile(hit_ms['float32'], 99):.2f}x")
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ k nearest at or above the threshold that passes the guard. Two ways to call a hi
 A second set, written here, holds must-miss pairs (numbers, names, negation, code that differ): every hit on
 it is false. Its false-hit rate is reported per threshold with and without the guard.
 
-    python bench/semantic_quality.py [--pairs 4000] [--out bench/out]
+    python bench/semantic_quality.py [--pairs 4000] [--precision int8|float32] [--out bench/out]
 
 Embeddings are cached in the out folder, so a rerun only recomputes the figures and the plot.
 """
@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from proxy.cache.encoders import PRECISIONS, SentenceEncoder, default_model_path, load_encoder  # noqa: E402
 from proxy.cache.guard import Signature, compatible, signature  # noqa: E402
 
 QQP = Path("/work/shared/data/qqp_similar_pairs.json.gz")
@@ -63,11 +64,9 @@ def must_miss_pairs() -> list[tuple[str, str]]:
     return pairs
 
 
-def embed(texts: list[str], cache: Path) -> np.ndarray:
-    """The proxy's own encoder on texts; vectors kept in `cache`, named by the encoder's kind."""
-    from proxy.cache.encoders import default_model_path, load_encoder
-    encoder = load_encoder(default_model_path())
-    cache = cache.with_name(f"{cache.stem}_{type(encoder).__name__}{cache.suffix}")
+def embed(encoder: SentenceEncoder, texts: list[str], cache: Path) -> np.ndarray:
+    """The proxy's own encoder on texts; vectors kept in `cache`, named by the encoder (model files, precision)."""
+    cache = cache.with_name(f"{cache.stem}_{encoder.name}{cache.suffix}")
     if cache.exists():
         return np.load(cache)
     started = time.perf_counter()
@@ -112,9 +111,10 @@ def duplicate_clusters(pairs: list[dict]) -> Callable[[str], str]:
 Row = tuple[float, float, float, float]  # threshold, labelled precision, labelled recall, strict precision
 
 
-def qqp_figures(pairs: list[dict], cluster: Callable[[str], str], out: Path) -> dict[bool, list[Row]]:
+def qqp_figures(encoder: SentenceEncoder, pairs: list[dict], cluster: Callable[[str], str],
+                out: Path) -> dict[bool, list[Row]]:
     origins, similars = [p["origin"] for p in pairs], [p["similar"] for p in pairs]
-    vectors = embed(origins + similars, out / f"qqp_{len(pairs)}.npy")
+    vectors = embed(encoder, origins + similars, out / f"qqp_{len(pairs)}.npy")
     scores, ids = neighbours(vectors[:len(pairs)], vectors[len(pairs):])
     stored, queries = [signature(t) for t in origins], [signature(t) for t in similars]
     figures: dict[bool, list[Row]] = {}
@@ -131,9 +131,9 @@ def qqp_figures(pairs: list[dict], cluster: Callable[[str], str], out: Path) -> 
     return figures
 
 
-def must_miss_rates(out: Path) -> dict[bool, list[float]]:
+def must_miss_rates(encoder: SentenceEncoder, out: Path) -> dict[bool, list[float]]:
     pairs = must_miss_pairs()
-    vectors = embed([a for a, _ in pairs] + [b for _, b in pairs], out / f"must_miss_{len(pairs)}.npy")
+    vectors = embed(encoder, [a for a, _ in pairs] + [b for _, b in pairs], out / f"must_miss_{len(pairs)}.npy")
     n = len(pairs)
     stored = [signature(a) for a, _ in pairs]
     rates: dict[bool, list[float]] = {}
@@ -147,7 +147,7 @@ def must_miss_rates(out: Path) -> dict[bool, list[float]]:
     return rates
 
 
-def plot(figures: dict, rates: dict, out: Path) -> Path:
+def plot(figures: dict, rates: dict, precision: str, out: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -163,8 +163,8 @@ def plot(figures: dict, rates: dict, out: Path) -> Path:
     ax.set_xlabel("cosine similarity threshold")
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)
-    ax.set_title("Velo semantic cache: all-MiniLM-L6-v2 on QQP pairs")
-    path = out / "semantic_quality.png"
+    ax.set_title(f"Velo semantic cache: all-MiniLM-L6-v2 ({precision}) on QQP pairs")
+    path = out / f"semantic_quality_{precision}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
@@ -173,13 +173,16 @@ def plot(figures: dict, rates: dict, out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="QQP pairs used (the first N of 30,141)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="int8", help="the encoder's, as [cache] has it")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     every = json.loads(gzip.open(QQP).read())
     pairs = every[:args.pairs]
-    figures, rates = qqp_figures(pairs, duplicate_clusters(every), args.out), must_miss_rates(args.out)
-    print(f"QQP: {len(pairs)} pairs; must-miss: {len(must_miss_pairs())} pairs")
+    encoder = load_encoder(default_model_path(), args.precision)
+    figures = qqp_figures(encoder, pairs, duplicate_clusters(every), args.out)
+    rates = must_miss_rates(encoder, args.out)
+    print(f"QQP: {len(pairs)} pairs; must-miss: {len(must_miss_pairs())} pairs; encoder {encoder.name}")
     print("            ----- guard off -----------   ----- guard on ------------   must-miss false-hit rate")
     print("threshold   precision  recall  strict    precision  recall  strict    guard off  guard on")
     for i, t in enumerate(THRESHOLDS):
@@ -188,7 +191,7 @@ def main() -> None:
               f"{rates[False][i]:9.3f}  {rates[True][i]:8.3f}")
     good = [r[0] for r in figures[True] if r[1] >= 0.98]
     print(f"lowest threshold with precision >= 0.98 (guard on): {min(good) if good else 'none'}")
-    print(f"plot: {plot(figures, rates, args.out)}")
+    print(f"plot: {plot(figures, rates, args.precision, args.out)}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ class CacheLayer:
             layer.stores.append(await RedisStore.open(cfg.redis_url))
         if cfg.semantic or any(r.semantic for r in cfg.routes):
             layer.owns_embedder = embedder is None
-            layer.embedder = embedder or await Embedder.load(cfg.embed_model_path)
+            layer.embedder = embedder or await Embedder.load(cfg.embed_model_path, cfg.embed_precision)
             if cfg.pg_dsn:
                 from .pgvector_store import PgVectorStore
                 layer.pg = await PgVectorStore.open(cfg.pg_dsn, layer.embedder.dim)
@@ -111,12 +111,20 @@ class CacheLayer:
                 return chunks
         return None
 
-    async def _lookup_semantic(self, req: Request, scope: str, route: str) -> CacheHit | None:
+    def _semantic_query(self, req: Request, scope: str) -> tuple[str, str] | None:
+        """The text to embed and its semantic scope: the exact scope, the earlier turns, and the encoder (a shared
+        tier may hold vectors of other encoders, not comparable with this one's)."""
         query = semantic_query(req)
         if query is None:
             return None
         text, context = query
-        sid = digest([scope, context])
+        return text, digest([scope, context, self.embedder.model.name])
+
+    async def _lookup_semantic(self, req: Request, scope: str, route: str) -> CacheHit | None:
+        query = self._semantic_query(req, scope)
+        if query is None:
+            return None
+        text, sid = query
         index = self.indexes.get(sid)
         if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
             self.counters.count("semantic", route, "miss")
@@ -182,11 +190,10 @@ class CacheLayer:
 
     async def _store_semantic(self, req: Request, scope: str, key: str, payload: bytes, expires_at: float,
                               route: str) -> None:
-        query = semantic_query(req)
+        query = self._semantic_query(req, scope)
         if query is None:
             return
-        text, context = query
-        sid = digest([scope, context])
+        text, sid = query
         vector = await self._embed(text, route)
         if vector is None:
             return

@@ -36,10 +36,11 @@ class Embedder:
     _memo: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
 
     @classmethod
-    async def load(cls, path: str | None = None) -> "Embedder":
+    async def load(cls, path: str | None = None, precision: str = "int8") -> "Embedder":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         pool = _embed_pool()  # loading there too: no other thread of ours gets an OpenMP team
-        model = await asyncio.get_running_loop().run_in_executor(pool, load_encoder, path or default_model_path())
+        model = await asyncio.get_running_loop().run_in_executor(pool, load_encoder, path or default_model_path(),
+                                                                 precision)
         return cls(model, model.dim, pool)
 
     async def embed(self, text: str) -> np.ndarray:

@@ -34,6 +34,8 @@ def test_minimal_backend_and_url_shorthand():
     ({"frobnicate": 1}, "frobnicate"),
     ({"backends": [{"name": "x", "kind": "llamacpp", "urls": ["http://a:1", "http://b:1"],
                     "options": {"affinity": "sticky"}}]}, "backends[0].options.affinity"),
+    ({"cache": {"embed_precision": "int4"}}, "cache.embed_precision"),
+    ({"cache": {"semantic_threshold": 1.5}}, "cache.semantic_threshold"),
 ])
 def test_errors_name_the_key_path(raw, path):
     with pytest.raises(ConfigError, match=path.replace("[", r"\[").replace("]", r"\]")):

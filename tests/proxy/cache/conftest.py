@@ -63,7 +63,7 @@ def pg_dsn(services: dict[str, str]) -> str:
 @pytest.fixture
 def shared_embedder(embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> Embedder:
     """Apps built in a test load the session's model instead of their own."""
-    async def load(path: str | None = None) -> Embedder:
+    async def load(path: str | None = None, precision: str = "int8") -> Embedder:
         return embedder
 
     monkeypatch.setattr(Embedder, "load", staticmethod(load))

@@ -1,4 +1,5 @@
-"""The ONNX sentence encoder against sentence-transformers on the same model, its export cache, and the fallback."""
+"""The ONNX sentence encoders (float32 and int8) against sentence-transformers on the same model, their export
+cache, and the fallback."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,33 +21,61 @@ def cache_home(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def onnx_encoder(cache_home) -> OnnxEncoder:
+def onnx_encoders(cache_home) -> dict[str, OnnxEncoder]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", cache_home)
-        encoder = load_encoder(default_model_path())
-    assert isinstance(encoder, OnnxEncoder)
-    return encoder
+        encoders_ = {p: load_encoder(default_model_path(), p) for p in ("int8", "float32")}
+    assert all(isinstance(e, OnnxEncoder) for e in encoders_.values())
+    return encoders_
 
 
-def test_onnx_vectors_match_sentence_transformers(onnx_encoder):
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
     from sentence_transformers import SentenceTransformer
-    reference = TorchEncoder(SentenceTransformer(default_model_path(), device="cpu"), onnx_encoder.dim)
-    ours, theirs = onnx_encoder.encode(TEXTS), reference.encode(TEXTS)  # one padded batch of unequal lengths
-    assert ours.shape == theirs.shape == (len(TEXTS), 384) and ours.dtype == np.float32
+    return TorchEncoder(SentenceTransformer(default_model_path(), device="cpu"), 384, "torch").encode(TEXTS)
+
+
+def test_float32_vectors_match_sentence_transformers(onnx_encoders, reference):
+    ours = onnx_encoders["float32"].encode(TEXTS)
+    assert ours.shape == reference.shape == (len(TEXTS), 384) and ours.dtype == np.float32
     assert np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
-    assert (ours * theirs).sum(axis=1).min() > 0.9999
-    alone = np.concatenate([onnx_encoder.encode([t]) for t in TEXTS])  # padding changes nothing
-    assert np.allclose(alone, ours, atol=1e-5)
-    assert onnx_encoder.encode([]).shape == (0, 384)
+    assert (ours * reference).sum(axis=1).min() > 0.9999
+    assert onnx_encoders["float32"].encode([]).shape == (0, 384)
 
 
-def test_the_export_is_reused(onnx_encoder, cache_home, monkeypatch):
+def test_int8_vectors_stay_close_to_sentence_transformers(onnx_encoders, reference):
+    ours = onnx_encoders["int8"].encode(TEXTS)
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
+    cosines = (ours * reference).sum(axis=1)
+    assert cosines.min() > 0.97 and cosines.mean() > 0.99
+    assert not np.allclose(ours, reference, atol=1e-4)  # really the quantized model
+
+
+@pytest.mark.parametrize("precision", ["int8", "float32"])
+def test_a_vector_does_not_depend_on_its_batch(onnx_encoders, precision):
+    encoder = onnx_encoders[precision]
+    alone = np.concatenate([encoder.encode([t]) for t in TEXTS])
+    assert np.array_equal(alone, encoder.encode(TEXTS))
+    assert np.array_equal(alone[:2], encoder.encode(TEXTS[:2] + ["a long neighbour " * 60])[:2])
+
+
+def test_each_precision_has_its_own_name(onnx_encoders):
+    names = {p: e.name for p, e in onnx_encoders.items()}
+    assert names["int8"] != names["float32"] and all(p in names[p] for p in names)
+
+
+def test_the_exports_are_reused(onnx_encoders, cache_home, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", cache_home)
-    exported = list((Path(cache_home) / "velo" / "onnx").glob("*.onnx"))
-    assert len(exported) == 1
-    before = exported[0].stat().st_mtime_ns
-    assert isinstance(load_encoder(default_model_path()), OnnxEncoder)
-    assert exported[0].stat().st_mtime_ns == before
+    exported = sorted((Path(cache_home) / "velo" / "onnx").glob("*"))
+    assert [f.name.split(".", 1)[1] for f in exported] == ["float32.onnx", "int8.onnx"]  # no partial files left
+    before = [f.stat().st_mtime_ns for f in exported]
+    assert isinstance(load_encoder(default_model_path(), "int8"), OnnxEncoder)
+    assert [f.stat().st_mtime_ns for f in exported] == before
+
+
+def test_an_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="precision"):
+        load_encoder(default_model_path(), "int4")
 
 
 def test_a_failed_export_falls_back_to_sentence_transformers(monkeypatch, tmp_path):

@@ -41,3 +41,18 @@ async def test_pgvector_shares_semantic_answers_between_processes(pg_dsn: str, e
     assert await b.lookup(_ask("Is it not safe to eat raw eggs?"), tenant, bypass=False) is None
     await a.close()
     await b.close()
+
+
+async def test_pgvector_never_compares_vectors_of_different_encoders(pg_dsn: str, embedder: Embedder):
+    """Two proxies on one database, one embedding in int8 and one in float32: same dimension, not the same
+    vectors, so neither answers from the other's entries."""
+    other = await Embedder.load(precision="float32" if "int8" in embedder.model.name else "int8")
+    cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
+    a, same, different = [await CacheLayer.create(cfg, embedder=e) for e in (embedder, embedder, other)]
+    tenant = str(uuid.uuid4())
+    await a.store(_ask("How do I learn Python quickly?"), tenant, ANSWER)
+    assert await different.lookup(_ask("How can I learn Python fast?"), tenant, bypass=False) is None
+    assert (await same.lookup(_ask("How can I learn Python fast?"), tenant, bypass=False)).kind == "semantic"
+    for layer in (a, same, different):
+        await layer.close()
+    await other.close()
