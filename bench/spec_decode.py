@@ -1,4 +1,5 @@
-"""Speculative decoding at batch 1, in one run: plain decoding vs prompt lookup (n-gram) vs a draft model.
+"""Speculative decoding at batch 1, in one run: plain decoding vs prompt lookup (n-gram) vs a draft model, the
+draft's head scoring all token ids and only those below --draft-vocab (SpeculativeConfig.draft_vocab, the default).
 
 Two target/draft pairs:
 - by default the shipped SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to the engine's default dtype), with
@@ -15,6 +16,7 @@ after how many characters).
 
     python bench/spec_decode.py [--tokens 160] [--k 6] [--draft-layers 8] [--reps 3] [--batch 64]
                                 [--batch-tokens 32] [--device cpu] [--dtype auto] [--target GGUF --draft GGUF]
+                                [--draft-vocab N]
 
 Each configuration runs --reps times, interleaved with the others; tok/s figures are medians. Then
 --batch requests (the same edit asked of --batch different functions) start together, once per
@@ -40,7 +42,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  
 from engine.loader import load  # noqa: E402
 from engine.model_runner import ModelRunner, num_blocks_for  # noqa: E402
 from engine.models.llama import LlamaModel  # noqa: E402
-from engine.speculative import DraftModelProposer, SpeculativeConfig  # noqa: E402
+from engine.speculative import DraftModelProposer, SpeculativeConfig, draft_cost  # noqa: E402
 from engine.threads import in_passing_thread  # noqa: E402
 
 CODE = '''def moving_average(values, window):
@@ -116,6 +118,8 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=32)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--draft-vocab", type=int, default=SpeculativeConfig.draft_vocab,
+                    help="the draft scores ids below this (and the sequence's own); also run with all ids")
     ap.add_argument("--target", help="a GGUF target model (default: the shipped SmolLM2-135M)")
     ap.add_argument("--draft", help="a GGUF draft model with the target's tokenizer (default: the target's first "
                                     "--draft-layers layers)")
@@ -142,7 +146,7 @@ def main() -> None:
         def build() -> LLMEngine:
             cfg = dataclasses.replace(config, speculative=spec)
             draft = DraftModelProposer(ModelRunner(small, nb, config.block_size), nb, config.block_size,
-                                       small.num_parameters / loaded.model.num_parameters) \
+                                       draft_cost(small, loaded.model, spec.draft_vocab), spec.draft_vocab) \
                 if spec and spec.method == "draft" else None
             return LLMEngine(ModelRunner(loaded.model, nb, cfg.block_size), loaded.tokenizer, loaded.info, cfg, nb,
                              draft)
@@ -156,8 +160,9 @@ def main() -> None:
             eng.shutdown()
 
     ngram = SpeculativeConfig("ngram", args.k, ngram_min=2)
-    draft = SpeculativeConfig("draft", args.k, args.draft or "self-truncated")
-    specs = {"plain": None, "ngram": ngram, draft_name: draft}
+    draft = SpeculativeConfig("draft", args.k, args.draft or "self-truncated", draft_vocab=args.draft_vocab)
+    specs = {"plain": None, "ngram": ngram, f"{draft_name}, all ids": dataclasses.replace(draft, draft_vocab=0),
+             f"{draft_name}, ids < {draft.draft_vocab}": draft}
     results: dict[str, list[dict]] = {name: [] for name in specs}
     for rep in range(args.reps + 1):  # interleaved, so load from other processes hits all alike; rep 0 warms up
         for name, spec in specs.items():
@@ -175,7 +180,7 @@ def main() -> None:
             f"text differs after {len(os.path.commonprefix([r['text'], base['text']]))} chars"
         extra = "" if r["acceptance"] is None else \
             f"  acceptance {r['acceptance']:.2f}  tokens/target step {r['tokens_per_step']:.2f}"
-        print(f"{name:24s} decode {r['decode_tok_s']:6.1f} tok/s ({r['decode_tok_s'] / base['decode_tok_s']:.2f}x)  "
+        print(f"{name:32s} decode {r['decode_tok_s']:6.1f} tok/s ({r['decode_tok_s'] / base['decode_tok_s']:.2f}x)  "
               f"end-to-end {r['e2e_tok_s']:6.1f} tok/s ({r['e2e_tok_s'] / base['e2e_tok_s']:.2f}x)  {same}{extra}")
     if args.batch > 1:
         specs[f"ngram, max_batch {args.batch}"] = dataclasses.replace(ngram, max_batch=args.batch)
@@ -189,7 +194,7 @@ def main() -> None:
         rates = {name: statistics.median(x) for name, x in samples.items()}
         print(f"batch {args.batch}, {args.batch_tokens} output tokens each, aggregate, median of {args.reps}:")
         for name, rate in rates.items():
-            print(f"{name:24s} {rate:7.1f} tok/s ({rate / rates['plain']:.2f}x)")
+            print(f"{name:32s} {rate:7.1f} tok/s ({rate / rates['plain']:.2f}x)")
 
 
 if __name__ == "__main__":

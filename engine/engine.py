@@ -64,8 +64,9 @@ class LLMEngine:
         loaded = load(path, dtype, config.device, progress=config.progress)
         num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device)
         spec = config.speculative
-        draft = load_draft(spec.draft_model, loaded.model, loaded.tokenizer, num_blocks, config.block_size, dtype,
-                           config.device, config.progress) if spec and spec.method == "draft" else None
+        draft = None if not spec or spec.method != "draft" else load_draft(
+            spec.draft_model, loaded.model, loaded.tokenizer, num_blocks, config.block_size, dtype, config.device,
+            config.progress, spec.draft_vocab)
         return cls(ModelRunner(loaded.model, num_blocks, config.block_size), loaded.tokenizer, loaded.info,
                    config, num_blocks, draft)
 

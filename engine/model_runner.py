@@ -6,6 +6,7 @@ budget; slot `block * block_size + offset` holds one token's K and V for every l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,9 +53,10 @@ class ModelRunner:
         self.caches = [(layer[0], layer[1]) for layer in self.kv]
 
     @torch.inference_mode()
-    def execute(self, inputs: list[StepInput], copies: list[tuple[int, int]] = ()) -> torch.Tensor:
+    def execute(self, inputs: list[StepInput], copies: list[tuple[int, int]] = (),
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """Run one step; returns float logits (n, vocab): the last num_logits tokens of each input with
-        `samples`, in order."""
+        `samples`, in order. `head` replaces the model's LM head (a draft scoring part of the vocabulary)."""
         self._copy_blocks(copies)
         token_starts, offset = [], 0
         for x in inputs:
@@ -74,7 +76,7 @@ class ModelRunner:
         hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches)
         last = [token_starts[i] + len(x.token_ids) - n for i, x in enumerate(inputs) if x.samples
                 for n in range(x.num_logits, 0, -1)]
-        return self.model.logits(hidden.index_select(0, self._tensor(last)))
+        return (head or self.model.logits)(hidden.index_select(0, self._tensor(last)))
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int]) -> torch.Tensor:

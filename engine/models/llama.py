@@ -159,9 +159,13 @@ class LlamaModel(nn.Module):
             x = layer(x, self.rotary, batch, caches[i] if caches is not None else None)
         return self.norm(x)
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """(vocab, hidden): the LM head's rows, the embedding's when they are tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return F.linear(hidden, self.head_weight).float()
 
     @property
     def num_parameters(self) -> int:

@@ -21,8 +21,8 @@ from engine.model_runner import ModelRunner
 from engine.sampling import SampleRow, probabilities
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from engine.speculative import (PROBE_EVERY, Acceptance, SpeculativeConfig, SpecStats, ngram_propose,
-                                release_rejected_blocks, verify_greedy, verify_sampled)
+from engine.speculative import (PROBE_EVERY, Acceptance, DraftModelProposer, SpeculativeConfig, SpecStats, draft_cost,
+                                ngram_propose, release_rejected_blocks, verify_greedy, verify_sampled)
 from tests.engine.conftest import collect, generate, submit, tokens_of
 from tests.engine.tiny import write_tiny_model
 
@@ -223,12 +223,16 @@ def _prompts() -> list[list[int]]:
     return out
 
 
-def _spec_engine(engine_factory, path: str, draft: str | None = None, **config):
+def _spec_engine(engine_factory, path: str, draft: str | None = None, draft_vocab: int = 0, **config):
     # the tiny drafts cost as much as the target: tell the engine they are free, or it stops drafting;
     # and speculate in batches of any size, so the tests exercise it under continuous batching
-    spec = SpeculativeConfig("draft", 4, draft, draft_cost=0, max_batch=10**6) if draft else \
-        SpeculativeConfig("ngram", 4, ngram_min=1, max_batch=10**6)
+    spec = SpeculativeConfig("draft", 4, draft, draft_cost=0, max_batch=10**6, draft_vocab=draft_vocab) if draft \
+        else SpeculativeConfig("ngram", 4, ngram_min=1, max_batch=10**6)
     return engine_factory(path, block_size=4, speculative=spec, **config)
+
+
+# a draft that scores only ids below this: the tiny byte-level vocabulary is ~260, the prompts use 0..255
+PART = 100
 
 
 def _assert_no_leaks(eng) -> None:
@@ -244,10 +248,12 @@ def _assert_no_leaks(eng) -> None:
         assert eng.speculator.draft.blocks.num_free_blocks == eng.speculator.draft.blocks.num_blocks
 
 
-@pytest.mark.parametrize("draft", [None, "tiny_draft", "tiny_llama"], ids=["ngram", "draft-model", "self-draft"])
-def test_greedy_output_is_identical_with_and_without_speculation(request, tiny_llama, engine_factory, draft):
+@pytest.mark.parametrize("draft, vocab",
+                         [(None, 0), ("tiny_draft", 0), ("tiny_llama", 0), ("tiny_draft", PART)],
+                         ids=["ngram", "draft-model", "self-draft", "draft-model-part-vocab"])
+def test_greedy_output_is_identical_with_and_without_speculation(request, tiny_llama, engine_factory, draft, vocab):
     plain = engine_factory(tiny_llama, block_size=4)
-    spec = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None)
+    spec = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None, vocab)
     for prompt in _prompts():
         expected = tokens_of(generate(plain, prompt, SamplingParams(max_tokens=30, **GREEDY)))
         assert tokens_of(generate(spec, prompt, SamplingParams(max_tokens=30, **GREEDY))) == expected
@@ -270,6 +276,25 @@ def test_no_speculation_while_more_sequences_decode_than_max_batch(tiny_llama, e
     assert tokens_of(generate(spec, prompt, params)) == expected  # alone: speculates
     assert spec.metrics()["spec_steps"] > 0
     _assert_no_leaks(spec)
+
+
+def test_a_part_vocabulary_draft_scores_low_ids_and_the_sequences_own(tiny_draft):
+    loaded = load(tiny_draft)
+    runner = ModelRunner(loaded.model, 16, 4)
+    proposer = DraftModelProposer(runner, 16, 4, cost=0.0, vocab=PART)
+    mirrors = [Sequence(1, [5, 250, 120, 250], 10), None, Sequence(2, [7, 101], 10)]
+    ids = proposer._scored_ids(mirrors)
+    assert ids.tolist() == list(range(PART)) + [101, 120, 250]
+    hidden = torch.randn(3, loaded.model.cfg.hidden_size)
+    assert torch.allclose(proposer._head(ids)(hidden), loaded.model.logits(hidden)[:, ids], atol=1e-5)
+    q = torch.softmax(torch.randn(len(ids)), dim=0)
+    full = proposer._full(q, ids)
+    assert full.shape == (loaded.model.cfg.vocab_size,) and torch.equal(full[ids], q) and full.sum() == pytest.approx(1)
+    assert draft_cost(loaded.model, loaded.model, PART) < draft_cost(loaded.model, loaded.model, 0) == 1.0
+    assert DraftModelProposer(runner, 16, 4, 0.0, vocab=0).vocab is None  # 0: all of it
+    assert DraftModelProposer(runner, 16, 4, 0.0, vocab=10**6).vocab is None  # past the vocabulary: all of it
+    with pytest.raises(ValueError):
+        SpeculativeConfig("draft", 4, "d.gguf", draft_vocab=-1)
 
 
 def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
@@ -300,11 +325,13 @@ def test_mixed_batch_with_prefix_cache_and_tight_memory_matches_solo_runs(reques
     assert m["cache_hit_tokens"] > 0 and m["preemptions"] > 0, str(m)
 
 
-@pytest.mark.parametrize("draft", [None, "tiny_draft"], ids=["ngram", "draft-model"])
-def test_sampled_engine_output_follows_the_target_distribution(request, tiny_llama, engine_factory, draft):
+@pytest.mark.parametrize("draft, vocab", [(None, 0), ("tiny_draft", 0), ("tiny_draft", PART)],
+                         ids=["ngram", "draft-model", "draft-model-part-vocab"])
+def test_sampled_engine_output_follows_the_target_distribution(request, tiny_llama, engine_factory, draft, vocab):
     """Chi-square over the first three tokens (top-3 at temperature 1.5: 27 outcomes) of seeded
-    speculative requests against the target's exact probabilities, computed without any cache."""
-    eng = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None)
+    speculative requests against the target's exact probabilities, computed without any cache. With a part
+    vocabulary the draft's q is zero outside it: drafts come only from there, the target's residual from all."""
+    eng = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None, vocab)
     # prompt lookup needs the sampled token in the prompt: give it every byte once
     prompt = _prompts()[0] if draft else random.Random(1).sample(range(256), 256)
     params = dict(max_tokens=3, temperature=1.5, top_k=3, ignore_eos=True)
