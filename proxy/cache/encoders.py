@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,7 +123,7 @@ def _exported(model: Any, path: str, precision: str) -> Path:
     return quantized
 
 
-def _write_once(target: Path, write: Any) -> None:
+def _write_once(target: Path, write: Callable[[Path], None]) -> None:
     partial = target.with_suffix(f".{os.getpid()}.tmp")
     write(partial)
     os.replace(partial, target)  # readers never see half a file

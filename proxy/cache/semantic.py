@@ -25,8 +25,8 @@ def _embed_pool() -> ThreadPoolExecutor:
 
 @dataclass
 class Embedder:
-    """Callers awaiting `embed` in the same loop turn share one forward pass on the worker thread, so a burst of
-    lookups costs one batch and the event loop only ever waits on a future."""
+    """Callers awaiting `embed` in the same loop turn share one trip to the worker thread, so a burst of
+    lookups costs one hand-off and one encoder call, and the event loop only ever waits on a future."""
 
     model: SentenceEncoder
     dim: int
