@@ -84,19 +84,30 @@ def to_chunk(out: RequestOutput) -> Chunk:
     return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None)
 
 
+def engine_config(options: dict[str, Any]) -> EngineConfig:
+    """The EngineConfig that a backend's options (besides `model` and `name`) ask for; ValueError naming the
+    option ("options.speculative: ...") when one is unknown or invalid."""
+    opts = {k: v for k, v in options.items() if k not in ("model", "name")}
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    if unknown := sorted(set(opts) - fields):
+        raise ValueError(f"options: unknown keys {unknown} (expected model, name or one of {sorted(fields)})")
+    if isinstance(opts.get("speculative"), dict):
+        try:
+            opts["speculative"] = SpeculativeConfig(**opts["speculative"])
+        except (TypeError, ValueError) as e:  # an unknown key, or a value out of range
+            raise ValueError(f"options.speculative: {e}") from e
+    return EngineConfig(**opts)
+
+
 class EngineBackend(Backend):
     def __init__(self, config: BackendConfig):
         super().__init__(config)
-        opts = dict(config.options)
-        self.model_path: str | None = opts.pop("model", None) or default_model_path()
-        self.model_name: str = opts.pop("name", None) or self._default_name()
-        fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        if unknown := sorted(set(opts) - fields):
-            raise BadRequest(f"backends.{config.name}.options: unknown keys {unknown} "
-                             f"(expected model, name or one of {sorted(fields)})")
-        if isinstance(opts.get("speculative"), dict):
-            opts["speculative"] = SpeculativeConfig(**opts["speculative"])
-        self.engine_config = EngineConfig(**opts)
+        self.model_path: str | None = config.options.get("model") or default_model_path()
+        self.model_name: str = config.options.get("name") or self._default_name()
+        try:
+            self.engine_config = engine_config(config.options)
+        except ValueError as e:
+            raise BadRequest(f"backends.{config.name}.{e}") from e
         self.engine: LLMEngine | None = None
         self._loading = asyncio.Lock()
         self._load_ns = 0

@@ -121,11 +121,14 @@ def _backend_from(raw: Any, path: str) -> BackendConfig:
         raise ConfigError(f"{path}.kind: must be one of {', '.join(BACKEND_KINDS)}, got {cfg.kind!r}")
     if cfg.kind != "engine" and not cfg.urls:
         raise ConfigError(f"{path}.url: a {cfg.kind} backend needs a url")
-    if len(cfg.urls) > 1:  # replicas: their options are checked now, not when the first request needs them
-        try:
+    try:  # options are checked now, not when the backend starts or the first request needs them
+        if len(cfg.urls) > 1:
             ReplicaOptions.split(cfg.options)
-        except ValueError as e:  # its message names the option: "options.affinity: ..."
-            raise ConfigError(f"{path}.{e}") from e
+        if cfg.kind == "engine":
+            from adapters.engine import engine_config  # only engine configs pay for importing torch
+            engine_config(cfg.options)
+    except ValueError as e:  # its message names the option: "options.affinity: ..."
+        raise ConfigError(f"{path}.{e}") from e
     return cfg
 
 

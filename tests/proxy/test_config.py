@@ -35,6 +35,11 @@ def test_minimal_backend_and_url_shorthand():
     ({"backends": [{"name": "x", "kind": "llamacpp", "urls": ["http://a:1", "http://b:1"],
                     "options": {"affinity": "sticky"}}]}, "backends[0].options.affinity"),
     ({"cache": {"embed_precision": "int4"}}, "cache.embed_precision"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"kv_memroy": 1}}]}, "backends[0].options"),
+    ({"backends": [{"name": "e", "kind": "engine",
+                    "options": {"speculative": {"method": "ngram", "draft_vocab": -1}}}]}, "backends[0].options.speculative"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"speculative": {"methd": "ngram"}}}]},
+     "backends[0].options.speculative"),
     ({"cache": {"semantic_threshold": 1.5}}, "cache.semantic_threshold"),
 ])
 def test_errors_name_the_key_path(raw, path):
