@@ -29,6 +29,7 @@ from engine.speculative import SpeculativeConfig
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, ModelNotFound, Unsupported
+from .model_file import model_file
 from .openai_compat import as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, Usage)
@@ -150,7 +151,8 @@ class EngineBackend(Backend):
             return []
         info = self._info(self.engine)
         on_gpu = self.engine.runner.device.type == "cuda"
-        return [RunningModel(name=info.name, size=info.size, size_vram=info.size if on_gpu else 0, info=info)]
+        return [RunningModel(name=info.name, size=info.size, size_vram=info.size if on_gpu else 0, digest=info.digest,
+                             info=info)]
 
     def _check(self, model: str, engine: LLMEngine) -> LLMEngine:
         if model not in (self.model_name, f"{self.model_name}:latest", self.model_name.removesuffix(":latest")):
@@ -161,10 +163,10 @@ class EngineBackend(Backend):
         meta, tk = engine.model_info, engine.tokenizer
         template = tk.chat_template or ""
         path = meta["path"]
-        size = os.path.getsize(path) if os.path.isfile(path) else sum(
-            os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        file = model_file(path)  # None once the file is deleted from under a running engine
         return ModelInfo(
-            name=self.model_name, backend=self.name, size=size, family=meta["architecture"],
+            name=self.model_name, backend=self.name, **(dataclasses.asdict(file) if file else {}),
+            family=meta["architecture"],
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
             context_length=meta["context_length"], template=template,

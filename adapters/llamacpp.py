@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 
 from .base import BackendConfig
 from .errors import BackendError, Unsupported
+from .model_file import model_file
 from .openai_compat import OpenAIBackend
 from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, SamplingOptions, TokenLogprob, Usage
 
@@ -127,7 +128,10 @@ class LlamaCppBackend(OpenAIBackend):
             caps.append("insert")
         names = self.config.models or [gguf_name(e["id"]) for e in entries]
         params = meta.get("n_params", 0)
-        return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf",
+        path = props.get("model_path", "")
+        file = model_file(path) if os.path.isfile(path) else None  # llama-server runs on this machine
+        dated = {"modified_at": file.modified_at, "digest": file.digest} if file else {}
+        return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", **dated,
                           quantization_level=props.get("model_ftype", ""),
                           parameter_size=parameter_size(params),
                           context_length=await self.context_length(), capabilities=list(caps),

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .http import Upstream
+from .model_file import rfc3339
 from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, response_from_wire
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo
 
@@ -18,6 +19,12 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
     messages.append(Message(role="user", content=req.prompt, images=req.images))
     return ChatRequest(model=req.model, messages=messages, options=req.options, format=req.format,
                        stream=req.stream, keep_alive=req.keep_alive, think=req.think, n=req.n)
+
+
+def _created(model: dict[str, Any]) -> dict[str, str]:
+    """A listed model's `created` (Unix seconds) as ModelInfo's `modified_at`, when the server gives a sane one."""
+    created = model.get("created")
+    return {"modified_at": rfc3339(created)} if isinstance(created, (int, float)) and 0 < created < 2**33 else {}
 
 
 class OpenAIBackend(Backend):
@@ -40,7 +47,7 @@ class OpenAIBackend(Backend):
         if self.config.models:
             return [ModelInfo(name=m, backend=self.name) for m in self.config.models]
         listing = await self.http.call("GET", "/v1/models")
-        return [ModelInfo(name=m["id"], backend=self.name) for m in listing.get("data", [])]
+        return [ModelInfo(name=m["id"], backend=self.name, **_created(m)) for m in listing.get("data", [])]
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         return chat_to_wire(req)

@@ -13,6 +13,7 @@ from adapters.errors import BackendError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
                                ToolCall, Usage)
 
+MODIFIED_AT = "2024-05-01T10:00:00.123456789-07:00"  # as Ollama writes it: nanoseconds and an offset
 
 @dataclass
 class Script:
@@ -33,7 +34,8 @@ class ScriptedBackend(Backend):
         self.completed = 0
 
     async def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo(name=m, family="llama", context_length=8192, capabilities=["completion", "tools"])
+        return [ModelInfo(name=m, family="llama", context_length=8192, capabilities=["completion", "tools"],
+                          modified_at=MODIFIED_AT)
                 for m in self.models]
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:

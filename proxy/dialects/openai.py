@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from adapters.errors import BadRequest, VeloError
+from adapters.model_file import epoch
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, ToolCall, Usage)
 
@@ -264,7 +265,8 @@ def embeddings_object(model: str, result: EmbedResult, encoding: str) -> dict[st
 
 
 def model_object(info: ModelInfo) -> dict[str, Any]:
-    return {"id": info.name, "object": "model", "created": 0, "owned_by": info.backend or "velo"}
+    return {"id": info.name, "object": "model", "created": epoch(info.modified_at),
+            "owned_by": info.backend or "velo"}
 
 
 def error_object(err: VeloError) -> dict[str, Any]:

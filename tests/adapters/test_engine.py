@@ -1,5 +1,6 @@
 """EngineBackend through the Backend contract, on a tiny random model (and once on the shipped SmolLM2)."""
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -8,6 +9,7 @@ import pytest
 from adapters.base import BackendConfig
 from adapters.engine import DEFAULT_NAME, EngineBackend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported
+from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
 from tests.engine.tiny import write_tiny_model
@@ -39,11 +41,12 @@ async def collect(stream):
     return [c async for c in stream]
 
 
-async def test_lists_and_shows_the_model(backend):
+async def test_lists_and_shows_the_model(backend, model_dir):
     [info] = await backend.list_models()
     assert (info.name, info.family, info.format, info.context_length) == (NAME, "qwen2", "safetensors", 512)
+    assert (info.size, info.modified_at, info.digest) == dataclasses.astuple(model_file(model_dir))
     assert (await backend.show(f"{NAME}:latest")).name == NAME
-    assert [m.name for m in await backend.running()] == [NAME]
+    assert [(m.name, m.digest) for m in await backend.running()] == [(NAME, info.digest)]
     assert await backend.health() and await backend.concurrency() == 32
     with pytest.raises(ModelNotFound):
         await backend.show("llama3")

@@ -10,9 +10,10 @@ import pytest
 from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendUnavailable, Unsupported
 from adapters.llamacpp import LlamaCppBackend, parameter_size
+from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
-from tests.llama_server import LlamaServer
+from tests.llama_server import LlamaServer, model_path
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 GREEDY = SamplingOptions(max_tokens=6, temperature=0)
@@ -47,6 +48,8 @@ async def test_server_facts(backend, llama_chat):
     assert await backend.context_length() == 512  # -c 2048 split over 4 slots
     [info] = await backend.list_models()
     assert (info.name, info.format, info.quantization_level, info.parameter_size) == (MODEL, "gguf", "Q4_1", "135M")
+    local = model_file(model_path())  # llama-server runs here: its file's date and digest, not 1970 and ""
+    assert (info.modified_at, info.digest) == (local.modified_at, local.digest)
     assert {"completion", "tools", "insert"} <= set(info.capabilities) and "<tool_call>" in info.template
     assert (parameter_size(1_543_714_304), parameter_size(0)) == ("1.5B", "")
     capped = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[llama_chat.url], max_concurrency=2))

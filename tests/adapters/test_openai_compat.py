@@ -105,7 +105,8 @@ async def test_embed_and_models(backend, openai_fake):
     assert [len(e) for e in result.embeddings] == [4, 4] and result.embeddings[0] != result.embeddings[1]
     assert result.prompt_tokens == 3
     assert openai_fake.last("/v1/embeddings")["encoding_format"] == "float"
-    assert [m.name for m in await backend.list_models()] == [MODEL]
+    [listed] = await backend.list_models()
+    assert (listed.name, listed.modified_at) == (MODEL, "2023-11-14T22:13:20Z")  # the fake's created: 1700000000
     assert await backend.health()
     with_v1 = OpenAIBackend(config(openai_fake.url + "/v1/"))  # as OpenAI SDK base URLs are written
     assert [m.name for m in await with_v1.list_models()] == [MODEL]

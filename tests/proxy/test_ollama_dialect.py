@@ -48,6 +48,7 @@ async def test_real_ollama_client_generate_fim_embed_tags_show(base_url, scripte
     assert [e[0] for e in emb.embeddings] == [1.0, 3.0]
     tags = await c.list()
     assert [m.model for m in tags.models] == ["tiny:latest"]
+    assert tags.models[0].modified_at.timestamp() == 1714582800.123456  # the backend's time, passed through
     shown = await c.show("tiny")
     assert shown.modelinfo["llama.context_length"] == 8192 and "tools" in shown.capabilities
     assert (await c.ps()).models[0].model == "tiny:latest"

@@ -101,7 +101,7 @@ async def test_embeddings_float_and_base64(base_url):
 
 async def test_models_listing(base_url):
     c = _client(base_url)
-    assert [m.id async for m in c.models.list()] == ["tiny:latest"]
+    assert [(m.id, m.created) async for m in c.models.list()] == [("tiny:latest", 1714582800)]  # MODIFIED_AT
     assert (await c.models.retrieve("tiny:latest")).id == "tiny:latest"
     with pytest.raises(openai.NotFoundError):
         await c.models.retrieve("nope")
