@@ -25,6 +25,11 @@ class Unauthorized(VeloError):
     kind = "authentication_error"
 
 
+class Forbidden(VeloError):
+    status = 403
+    kind = "permission_error"
+
+
 class ModelNotFound(VeloError):
     status = 404
     kind = "not_found_error"

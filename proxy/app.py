@@ -12,6 +12,7 @@ from adapters.base import Backend
 from adapters.errors import NotFound, VeloError
 
 from . import routes_ollama, routes_openai
+from .browser_guard import OriginPolicy, guard
 from .cache import CacheLayer
 from .config import Config
 from .context import context_for
@@ -91,7 +92,10 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.
     if backends is None:
         from adapters.registry import make_backend
         backends = {b.name: make_backend(b) for b in config.backends}
-    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[errors_in_dialect])
+    browser_guard, add_cors_headers = guard(OriginPolicy.for_server(config.server.host, config.server.origins))
+    app = web.Application(client_max_size=config.server.max_body_bytes,
+                          middlewares=[browser_guard, errors_in_dialect])
+    app.on_response_prepare.append(add_cors_headers)
     router = Router(config, backends)
     app[CONFIG], app[BACKENDS], app[ROUTER] = config, backends, router
     app[PIPELINE] = pipeline = Pipeline(router, batching=config.batching, tools=config.tools)

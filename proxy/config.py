@@ -25,6 +25,7 @@ class ServerConfig:
     port: int = 8000
     max_body_bytes: int = 8 * 1024 * 1024
     api_keys: list[str] = field(default_factory=list)  # empty: no client authentication
+    origins: list[str] = field(default_factory=list)  # browser origins allowed besides local ones (browser_guard)
     log_prompts: bool = False
     shutdown_grace_s: float = 10.0
 

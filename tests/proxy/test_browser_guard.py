@@ -1,0 +1,81 @@
+"""Browsers get what Ollama gives them: CORS for local and configured origins, 403 for foreign pages and for
+foreign host names while bound to loopback."""
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.browser_guard import OriginPolicy
+from proxy.config import Config, ServerConfig
+from tests.scripted import ScriptedBackend
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.fixture
+def config() -> Config:
+    return Config(server=ServerConfig(origins=["https://*.example.org"]))
+
+
+def preflight(origin: str) -> dict[str, str]:
+    return {"Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type,authorization"}
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:3000", "http://127.0.0.1", "vscode-webview://abc123",
+                                    "https://app.example.org"])
+async def test_allowed_origins_pass_preflight_and_streams_carry_the_headers(client, scripted, origin):
+    resp = await client.options("/api/chat", headers=preflight(origin))
+    assert resp.status == 204 and scripted.requests == []
+    assert resp.headers["Access-Control-Allow-Origin"] == origin
+    allowed = resp.headers["Access-Control-Allow-Headers"].lower().split(",")
+    assert {"content-type", "authorization"} <= set(allowed) and "POST" in resp.headers["Access-Control-Allow-Methods"]
+    resp = await client.post("/api/chat", json=CHAT, headers={"Origin": origin})  # an NDJSON stream
+    assert resp.status == 200 and resp.headers["Access-Control-Allow-Origin"] == origin
+    assert "X-Velo-Cache" in resp.headers["Access-Control-Expose-Headers"] and "Origin" in resp.headers["Vary"]
+    assert b'"done":true' in await resp.read()
+
+
+@pytest.mark.parametrize("path, body, shape", [
+    ("/api/chat", CHAT, lambda b: isinstance(b["error"], str)),
+    ("/v1/chat/completions", CHAT, lambda b: b["error"]["type"] == "permission_error")])
+async def test_a_foreign_page_is_refused_before_anything_runs(client, scripted, path, body, shape):
+    for send in (client.options(path, headers=preflight("https://evil.example")),
+                 client.post(path, json=body, headers={"Origin": "https://evil.example"}),
+                 client.post(path, data=b"{}", headers={"Origin": "https://evil.example",
+                                                        "Content-Type": "text/plain"})):  # no preflight needed
+        resp = await send
+        assert resp.status == 403 and "Access-Control-Allow-Origin" not in resp.headers
+        assert shape(await resp.json()) and "evil.example" in str(await resp.json())
+    assert scripted.requests == []
+
+
+async def test_no_origin_and_same_origin_are_not_cors(client):
+    resp = await client.post("/api/chat", json=CHAT)  # curl, SDKs, servers
+    assert resp.status == 200 and "Access-Control-Allow-Origin" not in resp.headers
+    own = f"http://{client.server.host}:{client.server.port}"
+    assert (await client.post("/api/chat", json=CHAT, headers={"Origin": own})).status == 200
+
+
+async def test_ollama_origins_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OLLAMA_ORIGINS", "chrome-extension://abc, https://ui.test")
+    app = make_app(Config(), {"scripted": ScriptedBackend()})
+    async with TestClient(TestServer(app)) as c:
+        for origin, status in [("chrome-extension://abc", 204), ("https://ui.test", 204), ("https://other.test", 403)]:
+            assert (await c.options("/v1/models", headers=preflight(origin))).status == status
+
+
+@pytest.mark.parametrize("host, ok", [
+    ("127.0.0.1:8000", True), ("localhost:8000", True), ("[::1]:8000", True), ("192.168.1.20:8000", True),
+    ("box.local", True), ("dev.localhost:8000", True), ("", True),
+    ("evil.example:8000", False), ("8.8.8.8", False), ("localhost.evil.example", False)])
+def test_host_names_answered_while_bound_to_loopback(host, ok):
+    assert OriginPolicy.for_server("127.0.0.1", []).host_allowed(host) is ok
+    assert OriginPolicy.for_server("0.0.0.0", []).check_host is False  # reachable by any name, by choice
+
+
+async def test_dns_rebinding_host_is_refused(client, scripted):
+    resp = await client.post("/api/chat", json=CHAT, headers={"Host": "evil.example:8000"})
+    assert resp.status == 403 and "evil.example" in (await resp.json())["error"]
+    assert scripted.requests == []
