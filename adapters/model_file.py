@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
+
+from .protocol import rfc3339
 
 
 @dataclass(frozen=True)
@@ -30,16 +31,3 @@ def model_file(path: str) -> ModelFile | None:
         h.update(f"{f.relative_to(root) if root.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     newest = max((st.st_mtime for st in stats), default=root.stat().st_mtime)
     return ModelFile(sum(st.st_size for st in stats), rfc3339(newest), h.hexdigest())
-
-
-def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def epoch(rfc3339_time: str) -> int:
-    """Seconds since 1970 of an RFC 3339 time (Ollama writes nanoseconds and an offset); 0 when unreadable."""
-    try:
-        return int(datetime.fromisoformat(rfc3339_time).timestamp())
-    except ValueError:
-        return 0
-

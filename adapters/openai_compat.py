@@ -8,9 +8,9 @@ from typing import Any, AsyncIterator
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .http import Upstream
-from .model_file import rfc3339
 from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, response_from_wire
-from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
+                       rfc3339)
 
 
 def as_chat(req: CompletionRequest) -> ChatRequest:

@@ -5,12 +5,28 @@ consumes and produces them. Nothing here knows about HTTP.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal, Union
 
 FinishReason = Literal["stop", "length", "tool_calls", "error", "cancelled"]
 # Ollama `format` / OpenAI `response_format`: None (free text), "json" (any JSON object) or a JSON Schema.
 OutputFormat = Union[None, Literal["json"], dict]
+KEPT_LOADED_S = 2**63 / 1e9  # what Ollama adds to now for a model kept loaded forever (keep_alive < 0)
+
+
+def rfc3339(epoch_s: float) -> str:
+    """The time format of Ollama's `modified_at` and `expires_at`, in UTC."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def epoch(rfc3339_time: str) -> int:
+    """Seconds since 1970 of an RFC 3339 time (Ollama writes nanoseconds and an offset); 0 when unreadable."""
+    try:
+        return int(datetime.fromisoformat(rfc3339_time).timestamp())
+    except ValueError:
+        return 0
 
 
 @dataclass
@@ -186,7 +202,7 @@ class RunningModel:
     size: int = 0
     size_vram: int = 0
     digest: str = ""
-    expires_at: str = "0001-01-01T00:00:00Z"
+    expires_at: str = field(default_factory=lambda: rfc3339(time.time() + KEPT_LOADED_S))  # never unloaded
     info: ModelInfo | None = None
 
 

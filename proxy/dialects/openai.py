@@ -13,9 +13,8 @@ from typing import Any
 import orjson
 
 from adapters.errors import BadRequest, VeloError
-from adapters.model_file import epoch
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
-                               ModelInfo, SamplingOptions, ToolCall, Usage)
+                               ModelInfo, SamplingOptions, ToolCall, Usage, epoch)
 
 from .fields import body_object, get, get_model, string_list
 from . import ollama

@@ -1,7 +1,8 @@
 """The date, size and digest that /api/tags shows for a model file on this machine."""
 import os
 
-from adapters.model_file import epoch, model_file, rfc3339
+from adapters.model_file import model_file
+from adapters.protocol import epoch, rfc3339
 
 
 def test_file_date_size_and_a_digest_that_follows_the_file(tmp_path):

@@ -51,7 +51,8 @@ async def test_real_ollama_client_generate_fim_embed_tags_show(base_url, scripte
     assert tags.models[0].modified_at.timestamp() == 1714582800.123456  # the backend's time, passed through
     shown = await c.show("tiny")
     assert shown.modelinfo["llama.context_length"] == 8192 and "tools" in shown.capabilities
-    assert (await c.ps()).models[0].model == "tiny:latest"
+    [running] = (await c.ps()).models
+    assert running.model == "tiny:latest" and running.expires_at.year > 2300  # loaded for good, as Ollama says it
 
 
 async def test_generate_context_and_load_only(client, scripted: ScriptedBackend):
