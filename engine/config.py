@@ -22,6 +22,7 @@ class EngineConfig:
     seed: int | None = None                # for requests without their own seed
     progress: bool = True                  # progress bar while loading
     num_threads: int | None = None         # CPU threads for the engine thread's ops (None: torch's default)
+    int4_weights: bool = True              # CPU: 4-bit GGUF layer matrices stay 4-bit for decode (engine/int4.py)
     speculative: SpeculativeConfig | None = None  # speculative decoding for eligible requests; None: off
 
     def torch_dtype(self) -> torch.dtype:

@@ -61,12 +61,12 @@ class LLMEngine:
     @classmethod
     def _build(cls, path: str, config: EngineConfig) -> "LLMEngine":
         dtype = config.torch_dtype()
-        loaded = load(path, dtype, config.device, progress=config.progress)
+        loaded = load(path, dtype, config.device, progress=config.progress, int4=config.int4_weights)
         num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device)
         spec = config.speculative
         draft = None if not spec or spec.method != "draft" else load_draft(
             spec.draft_model, loaded.model, loaded.tokenizer, num_blocks, config.block_size, dtype, config.device,
-            config.progress, spec.draft_vocab)
+            config.progress, spec.draft_vocab, config.int4_weights)
         return cls(ModelRunner(loaded.model, num_blocks, config.block_size), loaded.tokenizer, loaded.info,
                    config, num_blocks, draft)
 
@@ -196,7 +196,8 @@ class LLMEngine:
             return
         self._stats["steps"] += 1
         inputs = [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples,
-                            1 + len(item.draft)) for item in plan.items]
+                            1 + len(item.draft), prompt=item.start < item.seq.num_prompt_tokens)
+                  for item in plan.items]
         logits = self.runner.execute(inputs, plan.copies)
         items = [item for item in plan.items if item.samples]
         sampled, result = self._sample(items, logits, drafts)

@@ -1,8 +1,9 @@
 """Load a model and its tokenizer from a GGUF file or a Hugging Face safetensors folder.
 
-GGUF tensors are dequantized to float through `gguf.quants.dequantize` (numpy), renamed to Hugging Face
-names, and for the llama architecture the q/k rows are un-permuted: llama.cpp's converter interleaves
-them for its rotary layout, while our model uses Hugging Face's rotate-half layout.
+GGUF tensors are dequantized to float through `gguf.quants.dequantize` (numpy), except 4-bit layer matrices
+on CPU, which stay 4-bit (engine/int4.py). All are renamed to Hugging Face names, and for the llama
+architecture the q/k rows are un-permuted: llama.cpp's converter interleaves them for its rotary layout, while
+our model uses Hugging Face's rotate-half layout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from engine.int4 import int4_from_gguf
 from engine.models.llama import LlamaModel, ModelConfig, rope_inv_freq
 from engine.tokenizer import Tokenizer
 
@@ -38,18 +40,21 @@ class LoadedModel:
     info: dict  # architecture, name, context_length, parameters, quantization, chat_template, ...
 
 
-def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = True) -> LoadedModel:
+def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = True,
+         int4: bool = True) -> LoadedModel:
     """Load a `.gguf` file or a folder with config.json, *.safetensors and tokenizer.json. Before an engine
-    serves it, load on a passing thread (LLMEngine.from_pretrained does): engine/threads.py."""
+    serves it, load on a passing thread (LLMEngine.from_pretrained does): engine/threads.py. `int4`: on CPU,
+    4-bit GGUF matrices stay 4-bit for decode steps (engine/int4.py)."""
     if os.path.isdir(path):
         cfg, weights, tokenizer, info = _read_hf_folder(path, progress)
     elif path.endswith(".gguf"):
-        cfg, weights, tokenizer, info = _read_gguf(path, progress)
+        cfg, weights, tokenizer, info = _read_gguf(path, progress, int4 and torch.device(device).type == "cpu")
     else:
         raise ValueError(f"{path}: expected a .gguf file or a Hugging Face model folder")
     with torch.device("meta"):
         model = LlamaModel(cfg)
-    model.load_hf_weights({k: v.to(device=device, dtype=dtype) for k, v in weights.items()})
+    model.load_hf_weights({k: v.to(device=device, dtype=dtype) if isinstance(v, torch.Tensor) else v
+                           for k, v in weights.items()}, dtype)
     model.rotary.inv_freq = rope_inv_freq(cfg).to(device)  # non-persistent, so still on "meta"
     model.eval().requires_grad_(False)
     info |= {"architecture": cfg.architecture, "context_length": cfg.max_position,
@@ -89,7 +94,7 @@ def _read_hf_folder(path: str, progress: bool):
 
 # -- GGUF --------------------------------------------------------------------------------------
 
-def _read_gguf(path: str, progress: bool):
+def _read_gguf(path: str, progress: bool, int4: bool):
     import gguf
     reader = gguf.GGUFReader(path)
     vocab_arrays = {f"tokenizer.ggml.{k}" for k in ("tokens", "merges", "token_type", "scores")}
@@ -101,8 +106,13 @@ def _read_gguf(path: str, progress: bool):
     cfg = _gguf_config(meta, arch, {t.name for t in reader.tensors},
                        len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
-    for t in tqdm(reader.tensors, desc="dequantizing", disable=not progress):
-        weights[_gguf_name(t.name)] = _dequantize(t, cfg, gguf_arch)
+    for t in tqdm(reader.tensors, desc="reading weights", disable=not progress):
+        packed = int4_from_gguf(t) if int4 and t.name.startswith("blk.") else None
+        order = _qk_row_order(t.name, cfg, gguf_arch)
+        if packed is not None:
+            weights[_gguf_name(t.name)] = packed if order is None else packed.rows(order)
+        else:
+            weights[_gguf_name(t.name)] = _dequantize(t, order)
     tokenizer = Tokenizer.from_gguf(reader, meta)
     types = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in ("F32", "F16")})
     info = {"name": meta.get("general.name") or os.path.basename(path), "quantization": "+".join(types) or "F32"}
@@ -135,11 +145,18 @@ def _gguf_name(name: str) -> str:
     return f"{GGUF_NAMES[parts[0]]}.{parts[1]}"
 
 
-def _dequantize(t, cfg: ModelConfig, gguf_arch: str) -> torch.Tensor:
+def _qk_row_order(name: str, cfg: ModelConfig, gguf_arch: str) -> np.ndarray | None:
+    """For llama's q/k matrices (and their biases), the rows in rotate-half order: `new = old[order]`."""
+    if gguf_arch not in ("llama", "mistral") or not name.endswith(("attn_q.weight", "attn_k.weight")):
+        return None
+    heads = cfg.num_heads if "attn_q" in name else cfg.num_kv_heads
+    return np.arange(heads * cfg.head_dim).reshape(heads, -1, 2).swapaxes(1, 2).reshape(-1)
+
+
+def _dequantize(t, order: np.ndarray | None) -> torch.Tensor:
     import gguf
     data = gguf.quants.dequantize(t.data, t.tensor_type)
     data = np.ascontiguousarray(data, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
-    if gguf_arch in ("llama", "mistral") and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-        heads = cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads
-        data = data.reshape(heads, -1, 2, data.shape[-1]).swapaxes(1, 2).reshape(data.shape)
+    if order is not None:
+        data = data[order]
     return torch.from_numpy(np.array(data, copy=True))

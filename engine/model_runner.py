@@ -24,6 +24,7 @@ class StepInput:
     block_table: list[int]    # the sequence's blocks, covering positions [0, start + len(token_ids))
     samples: bool             # whether to return logits for its last token
     num_logits: int = 1       # with samples: logits for this many last tokens (speculative verification)
+    prompt: bool = False      # computes prompt positions: the step runs dense (engine/int4.py Int4Switch)
 
 
 def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
@@ -73,6 +74,7 @@ class ModelRunner:
         batch = AttentionBatch(
             positions=self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
             slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups)
+        self.model.int4.decoding = not any(x.prompt for x in inputs)
         hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches)
         last = [token_starts[i] + len(x.token_ids) - n for i, x in enumerate(inputs) if x.samples
                 for n in range(x.num_logits, 0, -1)]
@@ -84,6 +86,7 @@ class ModelRunner:
         n = len(token_ids)
         batch = AttentionBatch(self._tensor(list(range(n))), None,
                                [build_group([0], [0], [n], None, self.block_size, self.device)])
+        self.model.int4.decoding = False
         return self.model(self._tensor(token_ids), batch)
 
     def _copy_blocks(self, copies) -> None:

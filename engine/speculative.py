@@ -320,9 +320,10 @@ class Speculator:
 
 
 def load_draft(path: str, target: LlamaModel, target_tokenizer: Tokenizer, num_blocks: int, block_size: int,
-               dtype: torch.dtype, device: str, progress: bool, vocab: int = 0) -> DraftModelProposer:
+               dtype: torch.dtype, device: str, progress: bool, vocab: int = 0,
+               int4: bool = True) -> DraftModelProposer:
     """Load a draft model; its vocabulary must be the target's, token for token."""
-    loaded = load(path, dtype, device, progress=progress)
+    loaded = load(path, dtype, device, progress=progress, int4=int4)
     if loaded.model.cfg.vocab_size != target.cfg.vocab_size or \
             loaded.tokenizer.tk.get_vocab(with_added_tokens=True) != target_tokenizer.tk.get_vocab(with_added_tokens=True):
         raise ValueError(f"draft model {path}: its vocabulary differs from the target model's")

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBatch, paged_attention
+from engine.int4 import Int4Linear, Int4Switch, Int4Weight
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.int4 = Int4Switch()  # the runner's say over this model's Int4Linear layers
 
     def forward(self, input_ids: torch.Tensor, batch: AttentionBatch,
                 caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
@@ -169,19 +171,31 @@ class LlamaModel(nn.Module):
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        packed = (m.in_features * m.out_features for m in self.modules() if isinstance(m, Int4Linear))
+        return sum(p.numel() for p in self.parameters()) + sum(packed)
 
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_hf_weights(self, weights: dict[str, torch.Tensor | Int4Weight], dtype: torch.dtype) -> None:
         """Load tensors named as in Hugging Face checkpoints (`model.layers.0.self_attn.q_proj.weight`),
-        fusing q/k/v and gate/up. Missing or unexpected tensors raise."""
+        fusing q/k/v and gate/up. Int4Weight matrices become Int4Linear layers computing in `dtype`; a fused
+        matrix is int4 only if all its parts are. Missing or unexpected tensors raise."""
         w = {k.removeprefix("model."): v for k, v in weights.items()}
         if self.lm_head is None:
             w.pop("lm_head.weight", None)
         for i in range(self.cfg.num_layers):
             p = f"layers.{i}."
             for kind in ("weight", "bias") if self.cfg.attention_bias else ("weight",):
-                w[f"{p}self_attn.qkv.{kind}"] = torch.cat(
-                    [w.pop(f"{p}self_attn.{n}_proj.{kind}") for n in "qkv"])
+                w[f"{p}self_attn.qkv.{kind}"] = _fused([w.pop(f"{p}self_attn.{n}_proj.{kind}") for n in "qkv"])
             w.pop(f"{p}self_attn.o_proj.bias", None)
-            w[f"{p}mlp.gate_up.weight"] = torch.cat([w.pop(f"{p}mlp.gate_proj.weight"), w.pop(f"{p}mlp.up_proj.weight")])
+            w[f"{p}mlp.gate_up.weight"] = _fused([w.pop(f"{p}mlp.gate_proj.weight"), w.pop(f"{p}mlp.up_proj.weight")])
+        for name in [k for k, v in w.items() if isinstance(v, Int4Weight)]:
+            layer = name.removesuffix(".weight")
+            self.set_submodule(layer, Int4Linear(w.pop(name), w.pop(f"{layer}.bias", None), dtype, self.int4))
         self.load_state_dict(w, strict=True, assign=True)
+
+
+def _fused(parts: list) -> torch.Tensor | Int4Weight:
+    """Parts stacked along the output dimension: int4 if all are, else dense like the dense ones."""
+    if all(isinstance(p, Int4Weight) for p in parts):
+        return Int4Weight.cat(parts)
+    like = next(p for p in parts if isinstance(p, torch.Tensor))
+    return torch.cat([p.dequantize().to(like) if isinstance(p, Int4Weight) else p for p in parts])

@@ -1,0 +1,102 @@
+"""4-bit GGUF matrices kept 4-bit: the same weights as gguf's own dequantizer, the same products as a dense
+matmul, and the shipped model loaded that way on CPU."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.int4 import INT4_MAX_ROWS, Int4Linear, Int4Switch, Int4Weight, int4_from_gguf
+from engine.loader import load
+from engine.models.llama import LlamaModel
+
+N, K = 48, 512
+
+
+@pytest.fixture(scope="module")
+def gguf_tensors(tmp_path_factory) -> dict:
+    """A GGUF file holding random blocks of each type (every byte pattern is a valid block once its float16
+    scales are finite), read back by gguf's own reader."""
+    rng = np.random.default_rng(0)
+    path = str(tmp_path_factory.mktemp("q") / "blocks.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    for kind in ("Q4_0", "Q4_1", "Q4_K", "Q8_0"):
+        qtype = gguf.GGMLQuantizationType[kind]
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        blocks = rng.integers(0, 256, (N * K // block, size), dtype=np.uint8)
+        scales = 1 if kind in ("Q4_0", "Q8_0") else 2  # Q4_1: d, m; Q4_K: d, dmin
+        blocks[:, :2 * scales] = rng.uniform(-0.05, 0.05, (len(blocks), scales)).astype(np.float16).view(np.uint8)
+        writer.add_tensor(kind, blocks.reshape(N, -1), raw_dtype=qtype)
+    writer.add_tensor("F32", rng.standard_normal((N, K), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+def test_four_bit_blocks_are_read_as_gguf_dequantizes_them(gguf_tensors, kind):
+    t = gguf_tensors[kind]
+    weight = int4_from_gguf(t)
+    assert weight.shape == (N, K) and int(weight.q.max()) <= 15
+    expected = gguf.quants.dequantize(t.data, t.tensor_type).reshape(N, K)
+    np.testing.assert_array_equal(weight.dequantize().numpy(), expected)
+
+
+def test_other_types_stay_dense(gguf_tensors):
+    assert int4_from_gguf(gguf_tensors["Q8_0"]) is None and int4_from_gguf(gguf_tensors["F32"]) is None
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS, INT4_MAX_ROWS + 1, 40])  # int4 kernel, then the dense copy
+def test_int4_linear_matches_a_dense_matmul(gguf_tensors, dtype, tolerance, rows):
+    weight = int4_from_gguf(gguf_tensors["Q4_K"])
+    bias = torch.randn(N, dtype=dtype)
+    layer = Int4Linear(weight, bias, dtype, Int4Switch(decoding=True))
+    x = torch.randn(2, rows, K).to(dtype)
+    expected = F.linear(x.float(), weight.dequantize(), bias.float())
+    error = (layer(x).float() - expected).abs().max() / expected.abs().max()
+    assert layer(x).shape == (2, rows, N) and error < tolerance
+
+
+def test_row_order_and_fusion_keep_the_weights(gguf_tensors):
+    a, b = int4_from_gguf(gguf_tensors["Q4_0"]), int4_from_gguf(gguf_tensors["Q4_1"])
+    order = np.random.default_rng(1).permutation(N)
+    assert torch.equal(a.rows(order).dequantize(), a.dequantize()[torch.from_numpy(order)])
+    assert torch.equal(Int4Weight.cat([a, b]).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from engine import default_model_path
+    return {int4: load(default_model_path(), torch.bfloat16, progress=False, int4=int4).model for int4 in (True, False)}
+
+
+def test_shipped_model_runs_its_q4_layers_in_int4(shipped: dict[bool, LlamaModel]):
+    packed, dense = shipped[True], shipped[False]
+    layers = {name: m for name, m in packed.named_modules() if isinstance(m, Int4Linear)}
+    assert len(layers) == 4 * packed.cfg.num_layers  # qkv, o, gate_up, down: all Q4_1 in this file
+    assert packed.num_parameters == dense.num_parameters
+    torch.manual_seed(0)
+    packed.int4.decoding = True
+    for name, layer in layers.items():  # q/k rows un-permuted alike, scales rounded to bf16 only
+        reference = dense.get_submodule(name)
+        assert torch.equal(layer.dense, reference.weight)
+        x = torch.randn(1, layer.in_features, dtype=torch.bfloat16)
+        expected = reference(x).float()
+        assert ((layer(x).float() - expected).abs().max() / expected.abs().max()) < 2e-2, name
+
+
+
+def test_prompt_steps_run_dense_even_on_one_row(gguf_tensors):
+    """A prefix-cache hit recomputes a prompt's last token alone: it must get the dense products a full
+    prefill gives it, or a greedy answer can change with the cache."""
+    switch = Int4Switch()
+    layer = Int4Linear(int4_from_gguf(gguf_tensors["Q4_1"]), None, torch.bfloat16, switch)
+    x = torch.randn(1, K, dtype=torch.bfloat16)
+    assert torch.equal(layer(x), F.linear(x, layer.dense))
+    switch.decoding = True
+    assert not torch.equal(layer(x), F.linear(x, layer.dense))  # the int4 kernel, equal up to rounding
