@@ -33,6 +33,11 @@ class Int4Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
 
+    @property
+    def fits_kernel(self) -> bool:
+        """The kernel packs output rows by 16 (K is a whole number of groups by construction)."""
+        return self.shape[0] % 16 == 0
+
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
         groups = self.q.view(n, k // GROUP, GROUP).float() * self.scale[..., None] + self.min[..., None]

@@ -171,7 +171,7 @@ class LlamaModel(nn.Module):
 
     @property
     def num_parameters(self) -> int:
-        packed = (m.in_features * m.out_features for m in self.modules() if isinstance(m, Int4Linear))
+        packed = (m.in_features * m.out_features for m in self.layers.modules() if isinstance(m, Int4Linear))
         return sum(p.numel() for p in self.parameters()) + sum(packed)
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor | Int4Weight], dtype: torch.dtype) -> None:
@@ -188,6 +188,9 @@ class LlamaModel(nn.Module):
             w.pop(f"{p}self_attn.o_proj.bias", None)
             w[f"{p}mlp.gate_up.weight"] = _fused([w.pop(f"{p}mlp.gate_proj.weight"), w.pop(f"{p}mlp.up_proj.weight")])
         for name in [k for k, v in w.items() if isinstance(v, Int4Weight)]:
+            if not w[name].fits_kernel:
+                w[name] = w[name].dequantize().to(dtype)
+                continue
             layer = name.removesuffix(".weight")
             self.set_submodule(layer, Int4Linear(w.pop(name), w.pop(f"{layer}.bias", None), dtype, self.int4))
         self.load_state_dict(w, strict=True, assign=True)

@@ -100,3 +100,25 @@ def test_prompt_steps_run_dense_even_on_one_row(gguf_tensors):
     assert torch.equal(layer(x), F.linear(x, layer.dense))
     switch.decoding = True
     assert not torch.equal(layer(x), F.linear(x, layer.dense))  # the int4 kernel, equal up to rounding
+
+
+
+def test_matrices_the_kernel_cannot_pack_stay_dense(tmp_path):
+    """The kernel packs output rows by 16: a 72-row o_proj loads as a dense layer, not a crash."""
+    from engine.loader import _read_hf_folder
+    from tests.engine.tiny import write_tiny_model
+
+    path = write_tiny_model(str(tmp_path), "qwen3", hidden_size=72, head_dim=16)
+    cfg, weights, _, _ = _read_hf_folder(path, False)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    n, k = weights[name].shape
+    rng = torch.Generator().manual_seed(0)
+    odd = Int4Weight(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=rng),
+                     torch.rand(n, k // 32, generator=rng), torch.zeros(n, k // 32))
+    weights[name] = odd
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model.load_hf_weights(weights, torch.float32)
+    layer = model.layers[0].self_attn.o_proj
+    assert (n, odd.fits_kernel) == (72, False) and not isinstance(layer, Int4Linear)
+    assert torch.equal(layer.weight, odd.dequantize())
