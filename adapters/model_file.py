@@ -24,10 +24,11 @@ def model_file(path: str) -> ModelFile | None:
     root = Path(path)
     if not path or not root.exists():
         return None
-    files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
+    folder = root.is_dir()
+    files = sorted(f for f in root.rglob("*") if f.is_file()) if folder else [root]
     stats = [f.stat() for f in files]
     h = hashlib.sha256()
     for f, st in zip(files, stats):
-        h.update(f"{f.relative_to(root) if root.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{f.relative_to(root) if folder else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     newest = max((st.st_mtime for st in stats), default=root.stat().st_mtime)
     return ModelFile(sum(st.st_size for st in stats), rfc3339(newest), h.hexdigest())

@@ -36,6 +36,12 @@ LLAMA_SERVER = os.environ.get("VELO_LLAMA_SERVER", os.path.join(os.path.dirname(
                                                                 "llama.cpp-build", "bin", "llama-server"))
 
 
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    """n chat prompts as token ids: QUESTIONS rendered with the model's template, repeated as needed."""
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+    return (prompts * (n // len(prompts) + 1))[:n]
+
+
 @dataclass
 class Result:
     system: str
@@ -170,9 +176,7 @@ def main() -> None:
     # no prefix cache: llama-server is asked not to reuse prompts either, and the reps repeat them
     engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, dtype=args.dtype,
                                                                 progress=False, enable_prefix_cache=False))
-    tk = engine.tokenizer
-    prompts = [tk.encode(tk.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
-    prompts = (prompts * (max(levels) // len(prompts) + 1))[:max(levels)]
+    prompts = chat_prompts(engine.tokenizer, max(levels))
     systems = {"velo-engine": lambda p, n: run_velo(engine, p, n)}
     proc = None
     if not args.skip_llama and os.path.exists(LLAMA_SERVER):

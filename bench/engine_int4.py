@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.engine_cpu import QUESTIONS, run_velo  # noqa: E402
+from bench.engine_cpu import chat_prompts, run_velo  # noqa: E402
 from engine import EngineConfig, LLMEngine, default_model_path  # noqa: E402
 
 
@@ -24,9 +24,7 @@ def one_engine(model: str, int4: bool, threads: int, levels: list[int], max_toke
     engine = LLMEngine.from_pretrained(model, EngineConfig(num_threads=threads, progress=False, int4_weights=int4,
                                                            enable_prefix_cache=False))
     try:
-        tk = engine.tokenizer
-        prompts = [tk.encode(tk.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
-        prompts = (prompts * (max(levels) // len(prompts) + 1))[:max(levels)]
+        prompts = chat_prompts(engine.tokenizer, max(levels))
         run_velo(engine, prompts[:1], 4)  # warm-up
         return {c: run_velo(engine, prompts[:c], max_tokens) for c in levels}
     finally:
