@@ -27,6 +27,7 @@ from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, defau
 from engine.constrained import grammar_for
 from engine.speculative import SpeculativeConfig
 
+from . import options
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, ModelNotFound, Unsupported
 from .model_file import model_file
@@ -35,22 +36,18 @@ from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, Embe
                        RunningModel, SamplingOptions, TokenLogprob, Usage)
 
 DEFAULT_NAME = "smollm2:135m"
-# Ollama's documented defaults, used where a request leaves a knob unset.
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
-_OPTION_FIELDS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                  "min_p": "min_p", "seed": "seed", "presence_penalty": "presence_penalty",
-                  "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 
 def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
-    """Velo's options as engine knobs; unset or negative max_tokens (Ollama's -1/-2) means up to the context."""
-    knobs: dict[str, Any] = dict(DEFAULT_SAMPLING)
-    knobs |= {ours: value for theirs, ours in _OPTION_FIELDS.items() if (value := getattr(o, theirs)) is not None}
+    """Velo's options as engine knobs over Ollama's documented defaults; unset or negative max_tokens (Ollama's
+    -1/-2) means up to the context."""
+    knobs = {options.BY_FIELD[f].engine: v for f, v in options.ollama_defaults().items()}
+    knobs |= options.write("engine", o)
     if knobs.get("max_tokens") is None or knobs["max_tokens"] < 1:
         knobs["max_tokens"] = max_context
     try:
-        return SamplingParams(stop=list(o.stop), logprobs=o.logprobs, top_logprobs=o.top_logprobs or 0, **knobs)
+        return SamplingParams(logprobs=o.logprobs, top_logprobs=o.top_logprobs or 0, **knobs)
     except ValueError as exc:
         raise BadRequest(str(exc), param="options") from exc
 

@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any, AsyncIterator
 
+from . import options
 from .base import BackendConfig
 from .errors import BackendError, Unsupported
 from .model_file import model_file
@@ -15,21 +16,9 @@ from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, Sampling
 
 log = logging.getLogger("velo.adapters.llamacpp")
 
-# SamplingOptions field -> llama-server's native sampling key.
-_NATIVE_KEYS = {"max_tokens": "n_predict", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-                "min_p": "min_p", "typical_p": "typical_p", "seed": "seed", "repeat_penalty": "repeat_penalty",
-                "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-                "frequency_penalty": "frequency_penalty"}
-
-
 def native_sampling(o: SamplingOptions) -> dict[str, Any]:
     """`extra` (Ollama option names such as mirostat pass as is; llama-server ignores unknown keys) first."""
-    out = dict(o.extra)
-    for attr, key in _NATIVE_KEYS.items():
-        if (value := getattr(o, attr)) is not None:
-            out[key] = value
-    if o.stop:
-        out["stop"] = list(o.stop)
+    out = {**o.extra, **options.write("llamacpp", o)}
     if o.logprobs:
         out["n_probs"] = o.top_logprobs or 1
     return out

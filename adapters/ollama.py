@@ -7,28 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from . import options
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .http import Upstream
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
 
-# SamplingOptions field -> Ollama `options` key, where the names differ or match.
-_OPTION_KEYS = {"max_tokens": "num_predict", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                "min_p": "min_p", "typical_p": "typical_p", "seed": "seed", "presence_penalty": "presence_penalty",
-                "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty",
-                "repeat_last_n": "repeat_last_n", "num_ctx": "num_ctx"}
-
-
 def options_to_wire(o: SamplingOptions) -> dict[str, Any]:
     """`extra` first, so Velo's named fields win when both say something."""
-    out = dict(o.extra)
-    for attr, key in _OPTION_KEYS.items():
-        if (value := getattr(o, attr)) is not None:
-            out[key] = value
-    if o.stop:
-        out["stop"] = list(o.stop)
-    return out
+    return {**o.extra, **options.write("ollama", o)}
 
 
 def message_to_wire(m: Message, call_names: dict[str, str]) -> dict[str, Any]:

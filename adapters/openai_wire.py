@@ -13,24 +13,13 @@ from typing import Any
 
 import orjson
 
+from . import options
 from .errors import BackendError
 from .protocol import (ChatRequest, Chunk, CompletionRequest, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
                                     "function_call": "tool_calls", "content_filter": "stop"}
-
-
-def sampling_to_wire(o: SamplingOptions) -> dict[str, Any]:
-    """Standard OpenAI fields plus `top_k` / `min_p`, which vLLM, SGLang and llama-server all accept."""
-    out: dict[str, Any] = {}
-    for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                "frequency_penalty"):
-        if (value := getattr(o, key)) is not None:
-            out[key] = value
-    if o.stop:
-        out["stop"] = list(o.stop)
-    return out
 
 
 def format_to_wire(fmt: OutputFormat) -> dict[str, Any] | None:
@@ -77,9 +66,9 @@ def messages_to_wire(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def _with_common(body: dict[str, Any], options: SamplingOptions, fmt: OutputFormat, stream: bool,
+def _with_common(body: dict[str, Any], sampling: SamplingOptions, fmt: OutputFormat, stream: bool,
                  n: int) -> dict[str, Any]:
-    body.update(sampling_to_wire(options), stream=stream)
+    body.update(options.write("openai", sampling), stream=stream)
     if stream:
         body["stream_options"] = {"include_usage": True}
     if (rf := format_to_wire(fmt)) is not None:

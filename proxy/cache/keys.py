@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import xxhash
 
+from adapters.options import KNOBS
 from adapters.protocol import ChatRequest, CompletionRequest, Message, SamplingOptions
 
 Request = ChatRequest | CompletionRequest
@@ -21,8 +22,7 @@ _IDS = {"id", "tool_call_id"}
 # Ollama `options` that tune speed or memory, not the text written.
 _PERFORMANCE_KNOBS = {"num_thread", "num_gpu", "main_gpu", "num_batch", "use_mmap", "use_mlock", "low_vram",
                       "numa", "num_keep"}
-_FLOAT_OPTIONS = {"temperature", "top_p", "min_p", "typical_p", "presence_penalty", "frequency_penalty",
-                  "repeat_penalty"}
+_FLOAT_OPTIONS = {k.field for k in KNOBS if k.kind is float}
 
 
 def _plain(value: Any) -> Any:

@@ -9,31 +9,19 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from adapters import options
 from adapters.errors import BadRequest
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, RunningModel, SamplingOptions, Tool, ToolCall, Usage)
 
-from .fields import body_object, get, get_model, string_list
-
-# Ollama option name -> (SamplingOptions field, type). Anything else goes to `extra` untouched.
-_OPTIONS: dict[str, tuple[str, type]] = {
-    "num_predict": ("max_tokens", int), "temperature": ("temperature", float), "top_p": ("top_p", float),
-    "top_k": ("top_k", int), "min_p": ("min_p", float), "typical_p": ("typical_p", float),
-    "seed": ("seed", int), "presence_penalty": ("presence_penalty", float),
-    "frequency_penalty": ("frequency_penalty", float), "repeat_penalty": ("repeat_penalty", float),
-    "repeat_last_n": ("repeat_last_n", int), "num_ctx": ("num_ctx", int),
-}
-
+from adapters.fields import body_object, get, get_model, string_list
 
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
+    """The `options` object: knobs by the options table, anything else passed on untouched in `extra`."""
     raw = get(body, "options", dict, {})
-    opts = SamplingOptions(stop=string_list(raw, "stop"))
-    for key, value in raw.items():
-        if key in _OPTIONS:
-            name, kind = _OPTIONS[key]
-            setattr(opts, name, get(raw, key, kind))
-        elif key != "stop":
-            opts.extra[key] = value
+    opts = options.read("ollama", raw)
+    known = options.names("ollama")
+    opts.extra = {k: v for k, v in raw.items() if k not in known}
     if opts.max_tokens is not None and opts.max_tokens < 0:  # -1: until done, -2: fill the context
         opts.max_tokens = None
     return opts

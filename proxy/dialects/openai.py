@@ -12,18 +12,20 @@ from typing import Any
 
 import orjson
 
+from adapters import options
 from adapters.errors import BadRequest, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, ToolCall, Usage, epoch)
 
-from .fields import body_object, get, get_model, string_list
+from adapters.fields import body_object, get, get_model, string_list
 from . import ollama
 from .ollama import parse_tools
 
 
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
-    max_tokens = get(body, "max_completion_tokens", int) or get(body, "max_tokens", int)
-    if max_tokens is not None and max_tokens < 1:
+    opts = options.read("openai", body)
+    opts.max_tokens = get(body, "max_completion_tokens", int) or opts.max_tokens
+    if opts.max_tokens is not None and opts.max_tokens < 1:
         raise BadRequest("max_tokens must be at least 1", param="max_tokens")
     top_logprobs = get(body, "top_logprobs", int)
     logprobs = body.get("logprobs")
@@ -31,12 +33,7 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
         top_logprobs, logprobs = logprobs, True
     elif logprobs is not None and not isinstance(logprobs, bool):
         raise BadRequest("logprobs must be a boolean", param="logprobs")
-    opts = SamplingOptions(
-        max_tokens=max_tokens, temperature=get(body, "temperature", float), top_p=get(body, "top_p", float),
-        top_k=get(body, "top_k", int), min_p=get(body, "min_p", float), stop=string_list(body, "stop"),
-        seed=get(body, "seed", int), presence_penalty=get(body, "presence_penalty", float),
-        frequency_penalty=get(body, "frequency_penalty", float),
-        repeat_penalty=get(body, "repetition_penalty", float), logprobs=bool(logprobs), top_logprobs=top_logprobs)
+    opts.logprobs, opts.top_logprobs = bool(logprobs), top_logprobs
     return _with_ollama_options(opts, body)
 
 

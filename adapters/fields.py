@@ -1,9 +1,10 @@
-"""Typed reads from a request body, raising BadRequest that names the field, so every dialect validates alike."""
+"""Typed reads from a client's JSON body, raising BadRequest that names the field, so every dialect (and the
+options table, adapters/options.py) validates alike."""
 from __future__ import annotations
 
 from typing import Any
 
-from adapters.errors import BadRequest
+from .errors import BadRequest
 
 _NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
           dict: "an object"}

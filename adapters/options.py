@@ -1,0 +1,100 @@
+"""Every sampling knob once: its `SamplingOptions` field, its type, and its name on each wire.
+
+The dialects read client bodies with `read`, the HTTP adapters write backend bodies with `write`, and the engine
+adapter maps onto `SamplingParams` through the `engine` column, so a knob added here reaches every dialect and
+every backend, and a knob missing here reaches none (tests/adapters/test_options.py holds both ends).
+
+Wires: "ollama" (the keys of Ollama's `options` object), "openai" (top-level fields of an OpenAI request; `top_k`,
+`min_p` and `repetition_penalty` are the extensions vLLM, SGLang and llama-server accept), "llamacpp"
+(llama-server's native `/completion` keys) and "engine" (`engine.SamplingParams` fields). Log-probabilities are
+not knobs of the sampler and differ in shape per wire (a flag, a count, `n_probs`): each dialect handles them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import BadRequest
+from .fields import get, string_list
+from .protocol import SamplingOptions
+
+WIRES = ("ollama", "openai", "llamacpp", "engine")
+
+
+@dataclass(frozen=True)
+class Knob:
+    field: str
+    kind: type  # int, float, or list (of strings)
+    ollama: str | None = None
+    openai: str | None = None
+    llamacpp: str | None = None
+    engine: str | None = None
+    openai_range: tuple[float, float] | None = None  # OpenAI's documented bounds: 400 outside them
+    ollama_default: float | None = None  # Ollama's documented default (docs/modelfile.md "Valid Parameters")
+
+    def name(self, wire: str) -> str | None:
+        return getattr(self, wire)
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("max_tokens", int, "num_predict", "max_tokens", "n_predict", "max_tokens"),
+    Knob("temperature", float, "temperature", "temperature", "temperature", "temperature",
+         openai_range=(0, 2), ollama_default=0.8),
+    Knob("top_p", float, "top_p", "top_p", "top_p", "top_p", openai_range=(0, 1), ollama_default=0.9),
+    Knob("top_k", int, "top_k", "top_k", "top_k", "top_k", ollama_default=40),
+    Knob("min_p", float, "min_p", "min_p", "min_p", "min_p", openai_range=(0, 1)),
+    Knob("typical_p", float, "typical_p", None, "typical_p"),
+    Knob("seed", int, "seed", "seed", "seed", "seed"),
+    Knob("presence_penalty", float, "presence_penalty", "presence_penalty", "presence_penalty", "presence_penalty",
+         openai_range=(-2, 2)),
+    Knob("frequency_penalty", float, "frequency_penalty", "frequency_penalty", "frequency_penalty",
+         "frequency_penalty", openai_range=(-2, 2)),
+    Knob("repeat_penalty", float, "repeat_penalty", "repetition_penalty", "repeat_penalty", "repetition_penalty"),
+    Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n"),
+    Knob("num_ctx", int, "num_ctx"),
+    Knob("stop", list, "stop", "stop", "stop", "stop"),
+)
+BY_FIELD = {k.field: k for k in KNOBS}
+_NOT_KNOBS = {"logprobs", "top_logprobs", "extra"}  # SamplingOptions fields every wire treats its own way
+
+
+def names(wire: str) -> set[str]:
+    """The keys `wire` has knobs for."""
+    return {n for k in KNOBS if (n := k.name(wire))}
+
+
+def read(wire: str, raw: dict[str, Any]) -> SamplingOptions:
+    """The knobs `raw` (a client's body or options object) sets, type-checked; an OpenAI value outside OpenAI's
+    documented range is a 400 naming the field."""
+    opts = SamplingOptions()
+    for knob in KNOBS:
+        name = knob.name(wire)
+        if name is None or name not in raw:
+            continue
+        value = string_list(raw, name) if knob.kind is list else get(raw, name, knob.kind)
+        if wire == "openai" and knob.openai_range and value is not None:
+            lo, hi = knob.openai_range
+            if not lo <= value <= hi:
+                raise BadRequest(f"{name} must be between {lo:g} and {hi:g}, got {value}", param=name)
+        setattr(opts, knob.field, value)
+    return opts
+
+
+def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:
+    """The knobs `opts` sets, under `wire`'s names (knobs the wire lacks are left out)."""
+    out: dict[str, Any] = {}
+    for knob in KNOBS:
+        name, value = knob.name(wire), getattr(opts, knob.field)
+        if name is not None and value is not None and value != []:
+            out[name] = list(value) if knob.kind is list else value
+    return out
+
+
+def ollama_defaults() -> dict[str, Any]:
+    """SamplingOptions field -> Ollama's default, for the knobs Ollama documents a default for."""
+    return {k.field: k.ollama_default for k in KNOBS if k.ollama_default is not None}
+
+
+def unlisted_fields() -> set[str]:
+    """SamplingOptions fields that are neither a knob here nor handled per wire: must stay empty (a test checks)."""
+    return {f.name for f in fields(SamplingOptions)} - BY_FIELD.keys() - _NOT_KNOBS

@@ -1,0 +1,94 @@
+"""The options table end to end: each dialect's parser reads every knob its wire has, each adapter writes every
+knob its backend has, and a value survives any trip (Ollama -> internal -> Ollama, OpenAI -> internal -> OpenAI,
+and across). A knob added to SamplingOptions without a table row, or given a wire name no parser or writer
+uses, fails here."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from adapters import options
+from adapters.engine import sampling_params
+from adapters.errors import BadRequest
+from adapters.llamacpp import native_sampling
+from adapters.ollama import chat_to_wire as ollama_wire
+from adapters.openai_wire import chat_to_wire as openai_wire
+from adapters.protocol import SamplingOptions
+from proxy.dialects import ollama, openai
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def sample(knob: options.Knob) -> object:
+    """A value valid on every wire, distinct per knob so a crossed mapping shows."""
+    if knob.kind is list:
+        return ["END", knob.field]
+    n = options.KNOBS.index(knob) + 2
+    return n if knob.kind is int else round(n / 40, 3)
+
+
+def every(wire: str) -> dict:
+    return {k.name(wire): sample(k) for k in options.KNOBS if k.name(wire)}
+
+
+def by_field(wire: str, body: dict) -> dict:
+    return {k.field: body[k.name(wire)] for k in options.KNOBS if k.name(wire) in body}
+
+
+def test_every_sampling_field_is_a_knob_or_handled_per_wire():
+    assert options.unlisted_fields() == set()
+    names = {f.name for f in fields(SamplingOptions)}
+    assert all(k.field in names for k in options.KNOBS)
+
+
+@pytest.mark.parametrize("wire", options.WIRES)
+def test_names_are_unique_per_wire(wire):
+    listed = [k.name(wire) for k in options.KNOBS if k.name(wire)]
+    assert len(listed) == len(set(listed))
+
+
+def test_ollama_round_trip():
+    sent = every("ollama")
+    req = ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": sent})
+    assert ollama_wire(req)["options"] == sent
+
+
+def test_openai_round_trip():
+    sent = every("openai")
+    req = openai.parse_chat({"model": "m", "messages": MESSAGES, **sent})
+    body = openai_wire(req)
+    assert {k: body[k] for k in sent} == sent
+
+
+@pytest.mark.parametrize("source", ["ollama", "openai"])
+@pytest.mark.parametrize("target", options.WIRES)
+def test_values_cross_between_wires(source, target):
+    """Whatever both wires can say arrives with the same value, under the target's name."""
+    sent = every(source)
+    body = {"model": "m", "messages": MESSAGES, **({"options": sent} if source == "ollama" else sent)}
+    req = (ollama if source == "ollama" else openai).parse_chat(body)
+    written = {"ollama": lambda: ollama_wire(req)["options"], "openai": lambda: openai_wire(req),
+               "llamacpp": lambda: native_sampling(req.options),
+               "engine": lambda: vars(sampling_params(req.options, 4096))}[target]()
+    shared = [k for k in options.KNOBS if k.name(source) and k.name(target)]
+    assert shared and all(written[k.name(target)] == sample(k) for k in shared)
+
+
+def test_unknown_ollama_options_pass_through_untouched():
+    req = ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": {"mirostat": 2, "temperature": 0}})
+    assert req.options.extra == {"mirostat": 2}
+    assert ollama_wire(req)["options"] == {"mirostat": 2, "temperature": 0.0}
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 2.5), ("top_p", 1.5), ("presence_penalty", -3)])
+def test_openai_ranges_are_enforced_and_ollama_passes_them_on(field, value):
+    with pytest.raises(BadRequest, match=field):
+        openai.parse_chat({"model": "m", "messages": MESSAGES, field: value})
+    req = ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": {field: value}})
+    assert getattr(req.options, field) == value
+
+
+def test_a_wrong_type_names_the_key():
+    with pytest.raises(BadRequest, match="top_k"):
+        ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": {"top_k": "many"}})
