@@ -2,29 +2,35 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from .errors import Unsupported
+from .schema import setting
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
                        RunningModel)
 
 
 @dataclass
 class BackendConfig:
-    """One `[[backends]]` entry of config.toml, as adapters see it."""
+    """One model server (a `[[backends]]` table)."""
 
-    name: str
-    kind: str  # "ollama" | "llamacpp" | "openai" | "engine"
-    urls: list[str] = field(default_factory=list)
-    api_key: str | None = None
-    connect_timeout: float = 5.0
-    first_token_timeout: float = 120.0
-    idle_timeout: float = 60.0
-    total_timeout: float = 600.0
-    max_concurrency: int | None = None  # None: ask the backend (llama-server slots), else a default
-    models: list[str] = field(default_factory=list)  # names served when the backend cannot list them
-    options: dict[str, Any] = field(default_factory=dict)  # kind-specific keys (engine: model path, ...)
+    name: str = setting(doc="how routes and aliases refer to it")
+    kind: str = setting(doc='"ollama" | "llamacpp" | "openai" (vLLM, SGLang, LM Studio, ...) | "engine" '
+                            "(Velo's in-process engine)")
+    urls: list[str] = setting(factory=list, doc="the server's base URL (no /v1 suffix for ollama and llamacpp; "
+                              "with or without it for openai), as `url = \"...\"`; `urls = [...]` lists replicas of "
+                              "one backend. Required except for kind \"engine\"")
+    api_key: str | None = setting(None, "sent as a Bearer token", default_doc="none")
+    connect_timeout: float = setting(5.0, "seconds to open a connection; then a clear 504", min=0)
+    first_token_timeout: float = setting(120.0, "seconds until the first streamed byte; then a clear 504", min=0)
+    idle_timeout: float = setting(60.0, "seconds between streamed bytes; then a clear 504", min=0)
+    total_timeout: float = setting(600.0, "seconds for a whole answer; then a clear 504", min=0)
+    max_concurrency: int | None = setting(None, "requests sent at once; the rest wait in Velo's queue",
+                                          min=1, default_doc="what the backend reports (llama-server's slots), else 4")
+    models: list[str] = setting(factory=list, doc="names to list when the server cannot list its own models")
+    options: dict[str, Any] = setting(factory=dict, doc="kind-specific settings (engine: model, device, ...; "
+                                      "replica sets: affinity, ...), see below")
 
 
 class Backend(ABC):

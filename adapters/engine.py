@@ -21,11 +21,11 @@ import contextlib
 import dataclasses
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
 from engine.constrained import grammar_for
-from engine.speculative import SpeculativeConfig
 
 from . import options
 from .base import Backend, BackendConfig
@@ -34,6 +34,7 @@ from .model_file import model_file
 from .openai_compat import as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, Usage)
+from .schema import SchemaError, build, setting
 
 DEFAULT_NAME = "smollm2:135m"
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
@@ -82,30 +83,32 @@ def to_chunk(out: RequestOutput) -> Chunk:
     return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None)
 
 
-def engine_config(options: dict[str, Any]) -> EngineConfig:
-    """The EngineConfig that a backend's options (besides `model` and `name`) ask for; ValueError naming the
-    option ("options.speculative: ...") when one is unknown or invalid."""
-    opts = {k: v for k, v in options.items() if k not in ("model", "name")}
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    if unknown := sorted(set(opts) - fields):
-        raise ValueError(f"options: unknown keys {unknown} (expected model, name or one of {sorted(fields)})")
-    if isinstance(opts.get("speculative"), dict):
-        try:
-            opts["speculative"] = SpeculativeConfig(**opts["speculative"])
-        except (TypeError, ValueError) as e:  # an unknown key, or a value out of range
-            raise ValueError(f"options.speculative: {e}") from e
-    return EngineConfig(**opts)
+@dataclass
+class ModelChoice:
+    """Options of engine backends: which model, under which name; the rest say how the engine runs."""
+
+    model: str | None = setting(None, "a GGUF file or a Hugging Face safetensors folder",
+                                default_doc="the shipped SmolLM2-135M")
+    name: str | None = setting(None, "the model name it is served under",
+                               default_doc='"smollm2:135m" for the shipped model, else the file name')
+
+
+def engine_config(options: dict[str, Any], path: str = "options") -> tuple[ModelChoice, EngineConfig]:
+    """What a backend's options ask for, every key and type checked; SchemaError naming the key path otherwise."""
+    ours = {f.name for f in dataclasses.fields(ModelChoice)}
+    return (build(ModelChoice, {k: v for k, v in options.items() if k in ours}, path),
+            build(EngineConfig, {k: v for k, v in options.items() if k not in ours}, path))
 
 
 class EngineBackend(Backend):
     def __init__(self, config: BackendConfig):
         super().__init__(config)
-        self.model_path: str | None = config.options.get("model") or default_model_path()
-        self.model_name: str = config.options.get("name") or self._default_name()
         try:
-            self.engine_config = engine_config(config.options)
-        except ValueError as e:
-            raise BadRequest(f"backends.{config.name}.{e}") from e
+            choice, self.engine_config = engine_config(config.options, f"backends.{config.name}.options")
+        except SchemaError as e:
+            raise BadRequest(str(e)) from e
+        self.model_path: str | None = choice.model or default_model_path()
+        self.model_name: str = choice.name or self._default_name()
         self.engine: LLMEngine | None = None
         self._loading = asyncio.Lock()
         self._load_ns = 0

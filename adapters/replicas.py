@@ -16,13 +16,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, TypeVar
 
 import xxhash
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable, Overloaded
+from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 
 log = logging.getLogger("velo.replicas")
@@ -33,18 +34,21 @@ _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyon
 
 @dataclass
 class ReplicaOptions:
-    affinity: str = "none"
-    health_interval_s: float = 5.0
-    breaker_failures: int = 3
-    breaker_cooldown_s: float = 10.0
+    """A backend with `urls = [...]` sends each request to the healthy replica with the fewest requests
+    outstanding, fails over before the first byte, and opens a replica's circuit after repeated failures; these
+    keys of its `options` tune that."""
+
+    affinity: Literal["none", "prefix"] = setting(
+        "none", '"prefix" keeps a conversation on one replica (its prompt cache); "none" picks the least busy')
+    health_interval_s: float = setting(5.0, "seconds between health probes", min=0.1)
+    breaker_failures: int = setting(3, "consecutive failures that open a replica's circuit", min=1)
+    breaker_cooldown_s: float = setting(10.0, "seconds an open circuit keeps the replica out", min=0)
 
     @classmethod
-    def split(cls, options: dict[str, Any]) -> tuple["ReplicaOptions", dict[str, Any]]:
-        """(the replica settings, the options left for each replica's adapter)."""
-        names = set(cls.__dataclass_fields__)
-        ours = cls(**{k: v for k, v in options.items() if k in names})
-        if ours.affinity not in ("none", "prefix"):
-            raise ValueError(f"options.affinity: must be 'none' or 'prefix', got {ours.affinity!r}")
+    def split(cls, options: dict[str, Any], path: str = "options") -> tuple["ReplicaOptions", dict[str, Any]]:
+        """(the replica settings, the options left for each replica's adapter); SchemaError naming a bad key."""
+        names = {f.name for f in fields(cls)}
+        ours = build(cls, {k: v for k, v in options.items() if k in names}, path)
         return ours, {k: v for k, v in options.items() if k not in names}
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.config import SpeculativeConfig
 from engine.kv_cache import BlockManager
 from engine.loader import load
 from engine.model_runner import ModelRunner, StepInput
@@ -25,28 +26,6 @@ from engine.models.llama import LlamaModel
 from engine.sampling import SampleRow, SamplingParams, probabilities
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
-
-
-@dataclass
-class SpeculativeConfig:
-    method: str = "ngram"           # "ngram" (prompt lookup) or "draft" (a smaller model)
-    num_tokens: int = 4             # most draft tokens per step (k)
-    draft_model: str | None = None  # .gguf file or Hugging Face folder, for method "draft"
-    ngram_max: int = 4              # longest suffix prompt lookup tries to match
-    ngram_min: int = 2              # shortest
-    token_cost: float = 0.1         # cost of verifying one more token, relative to a plain decode step
-    draft_cost: float | None = None # cost of one draft-model step, likewise; None: its share of parameters
-    max_batch: int = 8              # speculate only while at most this many sequences decode: a bigger batch
-                                    # keeps the matmuls busy, so verified drafts cost as much as plain tokens
-    draft_vocab: int = 32768        # the draft model scores only token ids below this, plus those already in
-                                    # the sequence (DraftModelProposer); 0: the whole vocabulary
-
-    def __post_init__(self) -> None:
-        if self.method not in ("ngram", "draft") or self.num_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max \
-                or self.max_batch < 1 or self.draft_vocab < 0:
-            raise ValueError(f"invalid speculative config: {self}")
-        if self.method == "draft" and not self.draft_model:
-            raise ValueError("speculative method 'draft' needs draft_model")
 
 
 def ngram_propose(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:

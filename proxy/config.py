@@ -1,18 +1,25 @@
-"""config.toml -> one `Config` object passed down. Errors name the key path, as llama-swap's do."""
+"""config.toml -> one `Config` object passed down. Every table is a dataclass built by adapters.schema, so every
+bad key or value gets the same error naming its key path, and the defaults documented in config.example.toml
+are rendered from these classes (proxy/config_example.py)."""
 from __future__ import annotations
 
-import tomllib
-from dataclasses import dataclass, field, fields
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adapters.base import BackendConfig
+from adapters.registry import KINDS
 from adapters.replicas import ReplicaOptions
+from adapters.schema import SchemaError, build, setting
 
-from .batching.config import BatchingConfig, BatchingConfigError
-from .cache.config import CacheConfig, CacheConfigError
+from .batching.config import BatchingConfig
+from .cache.config import CacheConfig
 
-BACKEND_KINDS = ("ollama", "llamacpp", "openai", "engine")
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI, before it joined the standard library
+    import tomli as tomllib
 
 
 class ConfigError(ValueError):
@@ -21,40 +28,55 @@ class ConfigError(ValueError):
 
 @dataclass
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = 8 * 1024 * 1024
-    api_keys: list[str] = field(default_factory=list)  # empty: no client authentication
-    origins: list[str] = field(default_factory=list)  # browser origins allowed besides local ones (browser_guard)
-    log_prompts: bool = False
-    shutdown_grace_s: float = 10.0
+    """How Velo itself listens."""
+
+    host: str = setting("127.0.0.1", "address to bind. Keep 127.0.0.1 unless clients on other machines need Velo")
+    port: int = setting(8000, "where clients connect instead of Ollama's 11434", min=1, max=65535)
+    max_body_bytes: int = setting(8 * 1024 * 1024, "larger request bodies get 413 in the client's dialect", min=1)
+    api_keys: list[str] = setting(factory=list, doc="when set, every /api and /v1 call needs `Authorization: "
+                                  "Bearer <key>` (or `x-api-key`); cache entries are scoped per key",
+                                  default_doc="[] (no authentication; a client that sends a key still gets its own "
+                                              "cache scope)")
+    origins: list[str] = setting(factory=list, doc="browser origins allowed to call Velo (CORS), besides Ollama's "
+                                 "defaults: http(s) on localhost, 127.0.0.1 and 0.0.0.0 at any port, app://, file://, "
+                                 'tauri://, vscode-webview://. `*` is a wildcard ("https://*.example.org"; "*" allows '
+                                 "every origin). OLLAMA_ORIGINS (comma-separated) is honoured too. Other origins get "
+                                 "403, as with Ollama")
+    log_prompts: bool = setting(False, "log prompt and answer text (off: only sizes and timings are logged)")
+    shutdown_grace_s: float = setting(10.0, "on SIGTERM, in-flight requests get this long to finish", min=0)
 
 
 @dataclass
 class RouteConfig:
-    """`match` is an exact model name or a glob; `model` optionally renames it for the backend."""
+    """Which backend serves which model, tried in order (exact names first, then globs)."""
 
-    match: str
-    backend: str
-    model: str | None = None
+    match: str = setting(doc='a model name or a glob ("qwen*")')
+    backend: str = setting(doc="a backend name")
+    model: str | None = setting(None, "the name the backend knows the model by", default_doc="the same name")
 
 
 @dataclass
 class ToolsConfig:
-    repair: bool = True
-    max_retries: int = 0
+    """Tool-call and structured-output repair for every backend."""
+
+    repair: bool = setting(True, "extract, repair, validate and coerce tool calls and JSON output")
+    max_retries: int = setting(0, "ask the backend again (with the validation error) when a call stays invalid",
+                               min=0)
 
 
 @dataclass
 class Config:
-    server: ServerConfig = field(default_factory=ServerConfig)
-    backends: list[BackendConfig] = field(default_factory=list)
-    routes: list[RouteConfig] = field(default_factory=list)
-    aliases: dict[str, str] = field(default_factory=dict)  # client name -> "backend:model" or "model"
-    default_backend: str | None = None
-    tools: ToolsConfig = field(default_factory=ToolsConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    default_backend: str | None = setting(None, "the backend for models no route, alias or listing claims",
+                                          default_doc="the only backend when there is one; else unknown models "
+                                                      "get 404")
+    server: ServerConfig = setting(factory=ServerConfig)
+    backends: list[BackendConfig] = setting(factory=list, doc="one table per model server")
+    routes: list[RouteConfig] = setting(factory=list)
+    aliases: dict[str, str] = setting(factory=dict, doc='extra model names clients may use: "backend:model", or '
+                                      'just "model" (routed as usual)')
+    tools: ToolsConfig = setting(factory=ToolsConfig)
+    cache: CacheConfig = setting(factory=CacheConfig)
+    batching: BatchingConfig = setting(factory=BatchingConfig)
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:
@@ -72,28 +94,43 @@ def load_config(path: str | Path) -> Config:
 
 
 def parse_config(raw: dict[str, Any]) -> Config:
-    cfg = Config(
-        server=_dataclass_from(ServerConfig, raw.get("server", {}), "server"),
-        backends=[_backend_from(b, f"backends[{i}]") for i, b in enumerate(_list(raw, "backends"))],
-        routes=[_dataclass_from(RouteConfig, r, f"routes[{i}]") for i, r in enumerate(_list(raw, "routes"))],
-        aliases=_table(raw, "aliases"),
-        default_backend=raw.get("default_backend"),
-        tools=_dataclass_from(ToolsConfig, raw.get("tools", {}), "tools"),
-        cache=_section(CacheConfig.from_dict, _table(raw, "cache")),
-        batching=_section(BatchingConfig.from_dict, _table(raw, "batching")),
-    )
-    unknown = set(raw) - {f.name for f in fields(Config)}
-    if unknown:
-        raise ConfigError(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
+    try:
+        cfg = build(Config, _with_urls(raw), "")
+        for i, backend in enumerate(cfg.backends):
+            _check_backend(backend, f"backends[{i}]")
+    except SchemaError as e:
+        raise ConfigError(str(e)) from e
     _check_references(cfg)
     return cfg
 
 
-def _section(parse: Any, raw: dict[str, Any]) -> Any:
-    try:
-        return parse(raw)
-    except (CacheConfigError, BatchingConfigError, TypeError) as e:
-        raise ConfigError(str(e)) from e
+def _with_urls(raw: dict[str, Any]) -> dict[str, Any]:
+    """`url = "..."` is shorthand for the first of `urls`."""
+    backends = raw.get("backends")
+    if not isinstance(backends, list):
+        return raw
+    return {**raw, "backends": [_url_shorthand(b) for b in backends]}
+
+
+def _url_shorthand(raw: Any) -> Any:
+    if not isinstance(raw, dict) or "url" not in raw:
+        return raw
+    rest = {k: v for k, v in raw.items() if k != "url"}
+    return {**rest, "urls": [raw["url"], *rest.get("urls", [])]}
+
+
+def _check_backend(cfg: BackendConfig, path: str) -> None:
+    """What depends on the kind: a url, and the kind's own options, checked now rather than at first use."""
+    if cfg.kind not in KINDS:
+        raise SchemaError(f"{path}.kind: must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
+    if cfg.kind != "engine" and not cfg.urls:
+        raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url")
+    options = cfg.options
+    if len(cfg.urls) > 1:
+        _, options = ReplicaOptions.split(cfg.options, f"{path}.options")
+    if cfg.kind == "engine":
+        from adapters.engine import engine_config  # only engine configs pay for importing torch
+        engine_config(options, f"{path}.options")
 
 
 def _check_references(cfg: Config) -> None:
@@ -109,75 +146,3 @@ def _check_references(cfg: Config) -> None:
         backend, sep, _ = target.partition(":")
         if sep and backend not in names:
             raise ConfigError(f"aliases.{alias}: no backend named {backend!r}")
-
-
-def _backend_from(raw: Any, path: str) -> BackendConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: must be a table")
-    raw = dict(raw)
-    if "url" in raw:
-        raw["urls"] = [raw.pop("url")] + list(raw.get("urls", []))
-    cfg = _dataclass_from(BackendConfig, raw, path)
-    if cfg.kind not in BACKEND_KINDS:
-        raise ConfigError(f"{path}.kind: must be one of {', '.join(BACKEND_KINDS)}, got {cfg.kind!r}")
-    if cfg.kind != "engine" and not cfg.urls:
-        raise ConfigError(f"{path}.url: a {cfg.kind} backend needs a url")
-    try:  # options are checked now, not when the backend starts or the first request needs them
-        if len(cfg.urls) > 1:
-            ReplicaOptions.split(cfg.options)
-        if cfg.kind == "engine":
-            from adapters.engine import engine_config  # only engine configs pay for importing torch
-            engine_config(cfg.options)
-    except ValueError as e:  # its message names the option: "options.affinity: ..."
-        raise ConfigError(f"{path}.{e}") from e
-    return cfg
-
-
-def _dataclass_from(cls: type, raw: Any, path: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: must be a table")
-    known = {f.name: f for f in fields(cls)}
-    for key, value in raw.items():
-        if key not in known:
-            raise ConfigError(f"{path}.{key}: unknown key")
-        _check_type(value, known[key].type, f"{path}.{key}")
-    try:
-        return cls(**raw)
-    except TypeError as e:  # a required key is missing
-        raise ConfigError(f"{path}: {e}") from e
-
-
-_SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool}
-
-
-def _check_type(value: Any, annotation: Any, path: str) -> None:
-    """Checks the simple annotations config dataclasses use (str, int, float, bool, lists, dicts, optionals)."""
-    text = str(annotation).replace(" ", "")
-    if value is None and "None" in text:
-        return
-    head = text.split("|")[0]
-    if head.startswith("list["):
-        if not isinstance(value, list):
-            raise ConfigError(f"{path}: must be a list")
-        return
-    if head.startswith("dict["):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: must be a table")
-        return
-    expected = _SCALARS.get(head)
-    if expected and (not isinstance(value, expected) or (head != "bool" and isinstance(value, bool))):
-        raise ConfigError(f"{path}: must be {head}, got {type(value).__name__}")
-
-
-def _list(raw: dict[str, Any], key: str) -> list[Any]:
-    value = raw.get(key, [])
-    if not isinstance(value, list):
-        raise ConfigError(f"{key}: must be an array of tables ([[{key}]])")
-    return value
-
-
-def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
-    value = raw.get(key, {})
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: must be a table")
-    return value

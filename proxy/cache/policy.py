@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.protocol import Chunk
+from adapters.schema import setting
 
 from .keys import Request
 
@@ -47,13 +48,14 @@ def complete_stream(chunks: list[Chunk]) -> bool:
 
 @dataclass
 class RoutePolicy:
-    """Per-route overrides; `match` is a model name or glob. None keeps the global setting."""
+    """Cache settings per model name or glob (first match wins); a key left out keeps the [cache] value."""
 
-    match: str
-    enabled: bool | None = None
-    semantic: bool | None = None
-    cache_nondeterministic: bool | None = None
-    ttl_s: float | None = None
+    match: str = setting(doc="model name or glob, as the client sends it")
+    enabled: bool | None = setting(None, "as [cache] enabled", default_doc="the [cache] value")
+    semantic: bool | None = setting(None, "as [cache] semantic", default_doc="the [cache] value")
+    cache_nondeterministic: bool | None = setting(None, "as [cache] cache_nondeterministic",
+                                                  default_doc="the [cache] value")
+    ttl_s: float | None = setting(None, "as [cache] ttl_s", min=0, default_doc="the [cache] value")
 
 
 @dataclass
