@@ -1,4 +1,4 @@
-"""Reading request bodies and writing JSON, NDJSON and SSE answers, in the client's own dialect.
+"""Reading request bodies, making jobs of them, and writing JSON, NDJSON and SSE answers.
 
 A stream's first chunk is awaited before any byte is sent, so a backend that fails early gives a proper HTTP
 error status; a failure after that ends the stream with the dialect's error line. Whatever happens, the
@@ -14,17 +14,13 @@ import orjson
 from aiohttp import web
 
 from adapters.errors import BadRequest, PayloadTooLarge, VeloError
-from adapters.protocol import Chunk
 
+from .auth import CALLER
 from .cache.policy import bypass_requested
-from .context import CONTEXT, RequestContext
-from .dialects import ollama, openai
+from .job import Job, Request
+from .streams import first_then_rest
 
 log = logging.getLogger("velo.http")
-
-
-def dialect_of(path: str) -> str:
-    return "openai" if path.startswith("/v1/") or path == "/v1" else "ollama"
 
 
 async def read_json(request: web.Request) -> Any:
@@ -35,57 +31,29 @@ async def read_json(request: web.Request) -> Any:
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        body = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from e
-    ctx = request.get(CONTEXT)
-    if ctx is not None and isinstance(body, dict):
-        ctx.cache_bypass = bypass_requested(request.headers, body)
-    return body
+
+
+def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
+    """The pipeline's job for a parsed request: who asks, and whether they asked Velo to leave its cache alone."""
+    return Job(req, request[CALLER], cache_bypass=bypass_requested(request.headers, body))
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json", headers=headers)
 
 
-def error_response(err: VeloError, dialect: str) -> web.Response:
-    body = openai.error_object(err) if dialect == "openai" else ollama.error_object(err.message)
-    headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after is not None else None
-    return json_response(body, status=err.status, headers=headers)
-
-
-def velo_headers(ctx: RequestContext) -> dict[str, str]:
-    headers = {"X-Velo-Cache": ctx.cache_status}
-    if ctx.repairs:
-        headers["X-Velo-Repair"] = "; ".join(ctx.repairs)[:1000]
-    return headers
-
-
-async def first_then_rest(stream: AsyncIterator[Chunk]) -> tuple[Chunk | None, AsyncIterator[Chunk]]:
-    """Awaits the first chunk (errors surface here, before headers) and returns it with the rest."""
-    try:
-        first = await stream.__anext__()
-    except StopAsyncIteration:
-        return None, stream
-    return first, stream
-
-
-async def collect(stream: AsyncIterator[Chunk]) -> list[Chunk]:
-    try:
-        return [c async for c in stream]
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]
-
-
-async def write_stream(request: web.Request, ctx: RequestContext, stream: AsyncIterator[Any],
-                       encode: Callable[[Any], bytes], on_error: Callable[[VeloError], bytes],
-                       content_type: str, trailer: bytes = b"",
+async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode: Callable[[Any], bytes],
+                       on_error: Callable[[VeloError], bytes], content_type: str,
+                       headers: Callable[[], dict[str, str]] = dict, trailer: bytes = b"",
                        finish: Callable[[], Awaitable[bytes]] | None = None) -> web.StreamResponse:
-    """Streams `stream` item by item through `encode`; the first item is awaited before the headers go out."""
+    """Streams `stream` item by item through `encode`; the first item is awaited before the headers (`headers()`,
+    read then: the pipeline has decided the cache outcome by its first chunk) go out."""
     try:
         first, rest = await first_then_rest(stream)
-        resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache",
-                                           **velo_headers(ctx)})
+        resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers()})
         await resp.prepare(request)
         try:
             if first is not None:

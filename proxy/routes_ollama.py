@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import Any, Callable
 
 from aiohttp import web
 
 from adapters.base import Backend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported, VeloError
-from adapters.protocol import aggregate
+from adapters.protocol import Chunk, aggregate
 
+from .auth import CALLER
 from .dialects import ollama
-from .http_io import collect, json_response, ndjson, read_json, velo_headers, write_stream
-from .state import CONTEXT, PIPELINE, ROUTER
+from .http_io import job_for, json_response, ndjson, read_json, write_stream
+from .job import Job
+from .state import PIPELINE, ROUTER
+from .streams import collect
 
 OLLAMA_VERSION = "0.12.6"  # the Ollama API level Velo speaks; clients gate features on it
 
@@ -57,47 +60,45 @@ async def _safe_running(backend: Backend) -> list:
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    req = ollama.parse_chat(await read_json(request))
-    ctx, started = request[CONTEXT], time.perf_counter_ns()
+    body = await read_json(request)
+    req, started = ollama.parse_chat(body), time.perf_counter_ns()
     if not req.messages:  # Ollama loads the model and answers done at once
         await request.app[ROUTER].resolve(req.model)
         return json_response({"model": req.model, "created_at": ollama.now_iso(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
-    stream = request.app[PIPELINE].chat(req, ctx)
-    return await _answer(request, stream, req.stream, lambda c: ollama.chat_object(req.model, c, started))
+    return await _answer(request, job_for(request, req, body), lambda c: ollama.chat_object(req.model, c, started))
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    req = ollama.parse_generate(await read_json(request))
-    ctx, started = request[CONTEXT], time.perf_counter_ns()
+    body = await read_json(request)
+    req, started = ollama.parse_generate(body), time.perf_counter_ns()
     if not req.prompt and not req.suffix and not req.images:
         await request.app[ROUTER].resolve(req.model)
         return json_response(ollama.load_object(req.model, unload=req.keep_alive in (0, "0", "0s")))
-    if req.suffix is not None:
-        ctx.priority = 0  # fill-in-the-middle is autocomplete: latency-critical
-    stream = request.app[PIPELINE].complete(req, ctx)
-    return await _answer(request, stream, req.stream, lambda c: ollama.generate_object(req.model, c, started))
+    return await _answer(request, job_for(request, req, body),
+                         lambda c: ollama.generate_object(req.model, c, started))
 
 
-async def _answer(request: web.Request, stream: AsyncIterator, streaming: bool, shape: Any) -> web.StreamResponse:
-    ctx = request[CONTEXT]
-    if streaming:
-        return await write_stream(request, ctx, stream, lambda c: ndjson(shape(c)),
-                                  lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson")
+async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]) -> web.StreamResponse:
+    stream = request.app[PIPELINE].generate(job)
+    if job.request.stream:
+        return await write_stream(request, stream, lambda c: ndjson(shape(c)),
+                                  lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
+                                  job.outcome.headers)
     whole = aggregate(await collect(stream))
     whole.finish_reason = whole.finish_reason or "stop"
-    return json_response(shape(whole), headers=velo_headers(ctx))
+    return json_response(shape(whole), headers=job.outcome.headers())
 
 
 async def embed(request: web.Request) -> web.Response:
     req = ollama.parse_embed(await read_json(request))
-    result = await request.app[PIPELINE].embed(req, request[CONTEXT])
+    result = await request.app[PIPELINE].embed(req, request[CALLER])
     return json_response(ollama.embed_object(req.model, result))
 
 
 async def embeddings(request: web.Request) -> web.Response:
     req = ollama.parse_legacy_embeddings(await read_json(request))
-    result = await request.app[PIPELINE].embed(req, request[CONTEXT])
+    result = await request.app[PIPELINE].embed(req, request[CALLER])
     return json_response({"embedding": result.embeddings[0] if result.embeddings else []})
 
 
@@ -115,8 +116,8 @@ async def manage(request: web.Request) -> web.StreamResponse:
     if body.get("stream", True) is False:
         statuses = await collect(stream)
         return json_response(statuses[-1] if statuses else {"status": "success"})
-    return await write_stream(request, request[CONTEXT], stream, ndjson,
-                              lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson")
+    return await write_stream(request, stream, ndjson, lambda e: ndjson(ollama.error_object(e.message)),
+                              "application/x-ndjson")
 
 
 async def _ollama_backend_for(request: web.Request, model: Any) -> Backend:

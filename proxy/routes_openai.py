@@ -1,4 +1,5 @@
-"""OpenAI API handlers under /v1: parse -> pipeline -> write. `n > 1` runs n generations side by side."""
+"""OpenAI API handlers under /v1: parse -> pipeline -> write. `n > 1` runs n jobs side by side, each asking its
+backend for one generation."""
 from __future__ import annotations
 
 import asyncio
@@ -10,9 +11,12 @@ from aiohttp import web
 from adapters.errors import NotFound
 from adapters.protocol import Chunk, aggregate
 
+from .auth import CALLER
 from .dialects import openai
-from .http_io import SSE_DONE, collect, json_response, read_json, sse, velo_headers, write_stream
-from .state import CONTEXT, PIPELINE, ROUTER
+from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
+from .job import Job, Outcome, Request
+from .state import PIPELINE, ROUTER
+from .streams import collect, merge
 
 
 async def models(request: web.Request) -> web.Response:
@@ -31,12 +35,12 @@ async def model(request: web.Request) -> web.Response:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = openai.parse_chat(body)
-    ctx, pipeline = request[CONTEXT], request.app[PIPELINE]
-    streams = [pipeline.chat(_nth(req, i), ctx) for i in range(req.n)]
+    jobs = _choices(request, req, body)
+    streams = [request.app[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("chatcmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
-        return json_response(openai.chat_completion(ids, req.model, choices), headers=velo_headers(ctx))
+        return json_response(openai.chat_completion(ids, req.model, choices), headers=_headers(jobs))
     calls_sent = [0] * len(streams)
 
     def shape(i: int, chunk: Chunk) -> dict:
@@ -44,43 +48,48 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         calls_sent[i] += len(chunk.tool_calls)
         return obj
 
-    return await _sse(request, streams, shape,
+    return await _sse(request, jobs, streams, shape,
                       openai.stream_options_usage(body), ids, req.model, "chat.completion.chunk", opening=True)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = openai.parse_completion(body)
-    ctx, pipeline = request[CONTEXT], request.app[PIPELINE]
-    if req.suffix is not None:
-        ctx.priority = 0  # fill-in-the-middle is autocomplete: latency-critical
-    streams = [pipeline.complete(_nth(req, i), ctx) for i in range(req.n)]
+    jobs = _choices(request, req, body)
+    streams = [request.app[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
         if req.echo:
             for c in choices:
                 c.text = req.prompt + c.text
-        return json_response(openai.completion_object(ids, req.model, choices, stream=False),
-                             headers=velo_headers(ctx))
-    return await _sse(request, streams, lambda i, c: openai.completion_chunk(ids, req.model, i, c),
+        return json_response(openai.completion_object(ids, req.model, choices, stream=False), headers=_headers(jobs))
+    return await _sse(request, jobs, streams, lambda i, c: openai.completion_chunk(ids, req.model, i, c),
                       openai.stream_options_usage(body), ids, req.model, "text_completion", opening=False)
 
 
-def _nth(req: Any, i: int) -> Any:
-    """The i-th of n choices: a seeded request gets distinct but reproducible seeds per choice."""
-    if i == 0 or req.options.seed is None:
-        return req
-    return replace(req, options=replace(req.options, seed=req.options.seed + i))
+def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[Job]:
+    """One job per choice, each asking for one generation; a seeded request gets distinct but reproducible seeds
+    per choice."""
+    def nth(i: int) -> Request:
+        seed = req.options.seed
+        options = req.options if i == 0 or seed is None else replace(req.options, seed=seed + i)
+        return replace(req, n=1, options=options)
+    return [job_for(request, nth(i), body) for i in range(req.n)]
 
 
-async def _sse(request: web.Request, streams: list[AsyncIterator[Chunk]], shape: Callable[[int, Chunk], dict],
-               include_usage: bool, ids: openai.ChatIds, model_name: str, obj: str,
-               opening: bool) -> web.StreamResponse:
+def _headers(jobs: list[Job]) -> dict[str, str]:
+    """One response for n jobs: the first's cache outcome (they share their cacheability), every job's repairs."""
+    return Outcome(jobs[0].outcome.cache, [r for j in jobs for r in j.outcome.repairs]).headers()
+
+
+async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterator[Chunk]],
+               shape: Callable[[int, Chunk], dict], include_usage: bool, ids: openai.ChatIds, model_name: str,
+               obj: str, opening: bool) -> web.StreamResponse:
     usages: list = []
 
     async def events() -> AsyncIterator[tuple[int, Chunk]]:
-        async for index, chunk in _merge(streams):
+        async for index, chunk in merge(streams):
             if chunk.usage is not None:
                 usages.append(chunk.usage)
             yield index, chunk
@@ -98,47 +107,14 @@ async def _sse(request: web.Request, streams: list[AsyncIterator[Chunk]], shape:
             head = sse(openai.chat_chunk(ids, model_name, index, None, first=True))
         return head + sse(shape(index, chunk))
 
-    return await write_stream(request, request[CONTEXT], events(), encode,
-                              lambda e: sse(openai.error_object(e)), "text/event-stream", SSE_DONE, finish)
+    return await write_stream(request, events(), encode, lambda e: sse(openai.error_object(e)), "text/event-stream",
+                              lambda: _headers(jobs), SSE_DONE, finish)
 
 
-async def _merge(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
-    """Interleaves n choice streams as chunks arrive; closing the merge closes every stream."""
-    if len(streams) == 1:
-        try:
-            async for chunk in streams[0]:
-                yield 0, chunk
-        finally:
-            await streams[0].aclose()  # type: ignore[attr-defined]
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, s: AsyncIterator[Chunk]) -> None:
-        try:
-            async for chunk in s:
-                await queue.put((i, chunk, None))
-        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
-            await queue.put((i, None, e))
-        finally:
-            await queue.put((i, None, StopAsyncIteration()))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        live = len(streams)
-        while live:
-            i, chunk, err = await queue.get()
-            if isinstance(err, StopAsyncIteration):
-                live -= 1
-            elif err is not None:
-                raise err
-            else:
-                yield i, chunk
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for s in streams:
-            await s.aclose()  # type: ignore[attr-defined]
+async def embeddings(request: web.Request) -> web.Response:
+    req, encoding = openai.parse_embeddings(await read_json(request))
+    result = await request.app[PIPELINE].embed(req, request[CALLER])
+    return json_response(openai.embeddings_object(req.model, result, encoding))
 
 
 def add_routes(app: web.Application) -> None:
@@ -148,9 +124,3 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings)
-
-
-async def embeddings(request: web.Request) -> web.Response:
-    req, encoding = openai.parse_embeddings(await read_json(request))
-    result = await request.app[PIPELINE].embed(req, request[CONTEXT])
-    return json_response(openai.embeddings_object(req.model, result, encoding))

@@ -1,4 +1,4 @@
-"""Typed keys for what the app and each request carry (aiohttp's AppKey / request keys, never module globals)."""
+"""Typed keys for what the app carries (aiohttp's AppKey, never module globals)."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -6,7 +6,6 @@ from aiohttp import web
 from adapters.base import Backend
 
 from .config import Config
-from .context import CONTEXT  # noqa: F401 - the request key lives with RequestContext
 from .pipeline import Pipeline
 from .router import Router
 

@@ -24,3 +24,31 @@ def _imports(path: Path) -> set[str]:
 def test_package_never_imports_upwards(package):
     bad = {str(p.relative_to(ROOT)): _imports(p) & FORBIDDEN[package] for p in (ROOT / package).rglob("*.py")}
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def _writes_to(tree: ast.AST, attr: str) -> list[int]:
+    """Lines that assign to anything reached through `.attr` (x.attr = ..., x.attr.y = ..., x.attr.y += ...)."""
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            chain = target
+            while isinstance(chain, (ast.Attribute, ast.Subscript)):
+                if isinstance(chain, ast.Attribute) and chain.attr == attr:
+                    lines.append(node.lineno)
+                chain = chain.value
+    return lines
+
+
+def test_only_pipeline_stages_write_a_jobs_outcome_and_target():
+    """The route reads a finished result; stages (proxy/stages/) are the only writers."""
+    allowed = {ROOT / "proxy" / "job.py"}
+    bad = {}
+    for path in ROOT.glob("proxy/**/*.py"):
+        if path in allowed or "stages" in path.relative_to(ROOT).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        if lines := _writes_to(tree, "outcome") + _writes_to(tree, "target"):
+            bad[str(path.relative_to(ROOT))] = lines
+    assert bad == {}

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.app import make_app
 from proxy.config import Config
 from proxy.state import PIPELINE
+from proxy.stages.repair import Repair
 from proxy.tools.metrics import ModelCounts
 from tests.scripted import Script, ScriptedBackend
 
@@ -39,13 +40,13 @@ async def test_requests_latency_ttft_tokens_and_live_state_are_exported():
         backend.chat = broken.chat  # type: ignore[method-assign]
         assert (await c.post("/v1/chat/completions", json=CHAT)).status == 502
         found = await scrape(c)
-    ollama = {"route": "/api/chat", "model": "tiny", "backend": "s"}
+    ollama = {"endpoint": "/api/chat", "model": "tiny", "backend": "s"}
     assert value(found, "velo_requests_total", **ollama, status="200") == 2
-    assert value(found, "velo_requests_total", route="/v1/chat/completions", model="tiny", backend="s",
+    assert value(found, "velo_requests_total", endpoint="/v1/chat/completions", model="tiny", backend="s",
                  status="200") == 1
-    assert value(found, "velo_requests_total", route="/v1/chat/completions", model="tiny", backend="s",
+    assert value(found, "velo_requests_total", endpoint="/v1/chat/completions", model="tiny", backend="s",
                  status="502") == 1
-    assert value(found, "velo_requests_total", route="/api/embed", model="tiny", backend="s", status="200") == 1
+    assert value(found, "velo_requests_total", endpoint="/api/embed", model="tiny", backend="s", status="200") == 1
     assert value(found, "velo_request_seconds_count", **ollama) == 2
     assert value(found, "velo_time_to_first_token_seconds_count", **ollama) == 2
     assert value(found, "velo_completion_tokens_total", model="tiny", backend="s") == 9  # usage says 3 each
@@ -60,9 +61,9 @@ async def test_each_app_has_its_own_registry():
     apps = [make_app(Config(), {"s": ScriptedBackend("s")}) for _ in range(2)]
     async with TestClient(TestServer(apps[0])) as a, TestClient(TestServer(apps[1])) as b:
         await (await a.post("/api/chat", json=CHAT)).read()
-        assert value(await scrape(a), "velo_requests_total", route="/api/chat", model="tiny", backend="s",
+        assert value(await scrape(a), "velo_requests_total", endpoint="/api/chat", model="tiny", backend="s",
                      status="200") == 1
-        assert value(await scrape(b), "velo_requests_total", route="/api/chat", model="tiny", backend="s",
+        assert value(await scrape(b), "velo_requests_total", endpoint="/api/chat", model="tiny", backend="s",
                      status="200") == 0
 
 
@@ -70,7 +71,7 @@ async def test_cache_and_tool_repair_counters_are_exported():
     app = make_app(Config(), {"s": ScriptedBackend("s")})
     greedy = {**CHAT, "stream": False, "options": {"temperature": 0}}
     async with TestClient(TestServer(app)) as c:
-        app[PIPELINE].tool_metrics.by_model["tiny"] = ModelCounts(extracted=2, coerced=1)
+        app[PIPELINE].stage(Repair).metrics.by_model["tiny"] = ModelCounts(extracted=2, coerced=1)
         for _ in range(2):
             await (await c.post("/api/chat", json=greedy)).read()
         found = await scrape(c)

@@ -17,6 +17,8 @@ from proxy.batching.config import BatchingConfig
 from proxy.cache.config import CacheConfig
 from proxy.config import Config
 from proxy.state import PIPELINE
+from proxy.stages.admit import Admit
+from proxy.stages.coalesce import Coalesce
 from tests.scripted import Script, ScriptedBackend
 
 ROUNDS = 1200  # per phase; two phases
@@ -89,14 +91,14 @@ async def test_soak_mixed_traffic_leaves_no_tasks_sockets_slots_or_memory_behind
         second = await phase(c, rng)
         tasks2, fds2, objects2, rss2 = await quiesce(backend)
         pipeline = app[PIPELINE]
-        admission = pipeline.admission("s")
+        admission = pipeline.stage(Admit).controllers["s"]
         assert admission.running == 0 and admission.queued == 0
-        assert pipeline.coalescer.in_flight == 0
-        assert not pipeline.embed_batchers()["s"]._tasks and not pipeline.embed_batchers()["s"]._open
+        assert pipeline.stage(Coalesce).coalescer.in_flight == 0
+        assert not pipeline.embeddings.batchers["s"]._tasks and not pipeline.embeddings.batchers["s"]._open
     statuses = set(first) | set(second)
     assert statuses <= {0, 200, 429, 499}, statuses  # 499: an autocomplete replaced by a newer one
     assert sum(s == 200 for s in first + second) > ROUNDS  # most of the traffic was served
-    assert backend.cancelled > 50 and pipeline.coalescer.coalesced > 0
+    assert backend.cancelled > 50 and pipeline.stage(Coalesce).coalescer.coalesced > 0
     assert tasks2 <= tasks1 + 2, (tasks1, tasks2)
     assert fds2 <= fds1 + 4, (fds1, fds2)
     assert objects2 - objects1 < 1000, (objects1, objects2)

@@ -1,0 +1,46 @@
+"""Who is asking: the API key check (when keys are configured) and the caller's cache scope."""
+from __future__ import annotations
+
+import hashlib
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from adapters.errors import Unauthorized
+
+from .job import Caller
+
+CALLER = "velo.caller"  # request key: the Caller of every /api and /v1 request
+OPEN_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def api_key(request: web.Request) -> str | None:
+    """`Authorization: Bearer KEY` (OpenAI, Ollama clients), else `x-api-key` (Anthropic clients)."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return request.headers.get("X-Api-Key") or None
+
+
+def caller_for(request: web.Request, api_keys: list[str]) -> Caller:
+    """Authenticates (when keys are configured) and scopes the request to its key.
+
+    Without configured keys, a client that still sends a key gets its own scope; one that sends none shares the
+    anonymous scope, as a single-user local setup expects.
+    """
+    key = api_key(request)
+    if api_keys and key not in api_keys:
+        raise Unauthorized("invalid or missing API key")
+    tenant = hashlib.sha256(key.encode()).hexdigest()[:16] if key else "anonymous"
+    client = request.headers.get("X-Velo-Client") or key or (request.remote or "")
+    return Caller(tenant=tenant, client=client, path=request.path)
+
+
+def authenticate(api_keys: list[str]) -> Callable:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            request[CALLER] = caller_for(request, api_keys)
+        return await handler(request)
+    return middleware

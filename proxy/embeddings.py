@@ -1,0 +1,46 @@
+"""The embedding path: resolve -> observe -> a micro-batch per backend (proxy/batching/embed_batcher.py) -> the
+backend. Not a chunk stream, so not the generation stages; it shares the observe stage's series."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+from prometheus_client.core import CounterMetricFamily
+
+from adapters.protocol import EmbedRequest, EmbedResult
+
+from .batching import EmbedBatcher
+from .job import Caller
+from .metrics import RequestMetrics
+from .stages.base import Services
+
+
+class Embeddings:
+    def __init__(self, services: Services, metrics: RequestMetrics) -> None:
+        self.services, self.metrics = services, metrics
+        self.batchers: dict[str, EmbedBatcher] = {}
+        services.registry.register(self)
+
+    async def start(self) -> None:
+        batching = self.services.config.batching
+        for backend in self.services.router.backends.values():
+            self.batchers[backend.name] = EmbedBatcher(backend.embed, batching.embed_window_ms,
+                                                       batching.embed_max_inputs)
+
+    async def close(self) -> None:
+        for batcher in self.batchers.values():
+            await batcher.close()
+
+    async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
+        target = await self.services.router.resolve(req.model)
+        batcher = self.batchers.get(target.backend.name)
+        with self.metrics.observe(caller.path, req.model, target.backend.name):
+            req = replace(req, model=target.model)
+            return await (batcher.embed(req) if batcher else target.backend.embed(req))
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",
+                                      labels=["backend"])
+        for name, batcher in self.batchers.items():
+            batches.add_metric([name], batcher.batches)
+        yield batches

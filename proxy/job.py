@@ -1,0 +1,51 @@
+"""One request's trip through the pipeline: what the client asked (fixed at the edge) and what happened to it
+(written only by the pipeline's stages, read by the route once the answer starts and when it ends)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from adapters.protocol import ChatRequest, CompletionRequest
+
+from .router import Target
+
+Request = ChatRequest | CompletionRequest
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, from the authentication middleware (proxy/auth.py)."""
+
+    tenant: str = "anonymous"  # cache scope: no request ever sees another tenant's cached answer
+    client: str = ""  # for fairness and autocomplete supersession
+    path: str = ""  # the URL path asked, e.g. "/api/chat"
+
+
+@dataclass
+class Outcome:
+    """What the stages did; the route turns it into response headers and the access log."""
+
+    cache: str = "off"  # "exact" | "semantic" | "miss" | "skip" | "bypass" | "off" (X-Velo-Cache)
+    repairs: list[str] = field(default_factory=list)  # X-Velo-Repair
+
+    def headers(self) -> dict[str, str]:
+        out = {"X-Velo-Cache": self.cache}
+        if self.repairs:
+            out["X-Velo-Repair"] = "; ".join(self.repairs)[:1000]
+        return out
+
+
+@dataclass
+class Job:
+    """`request` and `caller` come from the edge; `cache_bypass` too (the client asked Velo itself not to use its
+    cache: headers or body, proxy/cache/policy.py). `target` is set by the resolve stage, `outcome` by the
+    others. A stage that changes the request passes a copy (`dataclasses.replace`) that shares the outcome."""
+
+    request: Request
+    caller: Caller = field(default_factory=Caller)
+    cache_bypass: bool = False
+    target: Target | None = None
+    outcome: Outcome = field(default_factory=Outcome)
+
+    @property
+    def model(self) -> str:
+        return self.request.model

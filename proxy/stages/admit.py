@@ -1,0 +1,77 @@
+"""Per-backend admission (proxy/batching/admission.py): the job holds one of its backend's slots for its whole
+stream; autocomplete jumps the queue, and a newer one from the same client replaces the older."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import AsyncIterator, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+
+from adapters.base import Backend
+from adapters.protocol import Chunk, CompletionRequest
+
+from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController
+from ..config import Config
+from ..job import Job
+from .base import Next, Services, Stage
+
+log = logging.getLogger("velo.pipeline")
+
+
+def priority(job: Job) -> int:
+    """Fill-in-the-middle (a completion with a suffix) is autocomplete: latency-critical."""
+    req = job.request
+    return LATENCY_CRITICAL if isinstance(req, CompletionRequest) and req.suffix is not None else NORMAL
+
+
+def supersede_key(job: Job, config: Config) -> str | None:
+    """Autocomplete jobs of one client replace each other (when `[batching] supersede_autocomplete`)."""
+    if priority(job) == LATENCY_CRITICAL and config.batching.supersede_autocomplete:
+        return f"{job.caller.tenant}:{job.caller.client}:autocomplete"
+    return None
+
+
+class Admit(Stage):
+    def __init__(self, services: Services) -> None:
+        super().__init__(services)
+        self.controllers: dict[str, AdmissionController] = {}
+        services.registry.register(self)
+
+    async def start(self) -> None:
+        """Sizes each backend's queue from what it reports (e.g. llama-server slots)."""
+        backends = list(self.services.router.backends.values())
+        max_queue = self.services.config.batching.max_queue
+        for backend, limit in zip(backends, await asyncio.gather(*(_slots(b) for b in backends))):
+            self.controllers[backend.name] = AdmissionController(limit=limit, max_queue=max_queue)
+
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        assert job.target is not None
+        controller = self.controllers.get(job.target.backend.name)
+        slot = controller.slot(priority(job), job.caller.client, supersede_key(job, self.services.config)) \
+            if controller else contextlib.nullcontext()
+        async with slot:
+            async with contextlib.aclosing(next(job)) as rest:
+                async for chunk in rest:
+                    yield chunk
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        queued = GaugeMetricFamily("velo_queue_depth", "Requests waiting for a backend slot", labels=["backend"])
+        running = GaugeMetricFamily("velo_in_flight", "Requests holding a backend slot", labels=["backend"])
+        limit = GaugeMetricFamily("velo_backend_slots", "Backend concurrency limit", labels=["backend"])
+        for name, ctl in self.controllers.items():
+            queued.add_metric([name], ctl.queued)
+            running.add_metric([name], ctl.running)
+            limit.add_metric([name], ctl.limit)
+        yield from (queued, running, limit)
+
+
+async def _slots(backend: Backend) -> int:
+    """What the backend reports; one that cannot say at startup (down) gets its configured limit or 4."""
+    try:
+        return max(1, await backend.concurrency())
+    except Exception as e:  # noqa: BLE001 - a backend that is down must not stop Velo from starting
+        log.warning("backend %r did not report its concurrency (%s); using %d", backend.name, e,
+                    backend.config.max_concurrency or 4)
+        return backend.config.max_concurrency or 4

@@ -1,0 +1,51 @@
+"""What a pipeline stage is. A stage wraps the rest of the pipeline, as an aiohttp middleware wraps a handler:
+
+    class RateLimit(Stage):
+        async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+            ...                      # before: may raise (a 4xx), or answer without calling next
+            async with contextlib.aclosing(next(job)) as rest:
+                async for chunk in rest:
+                    yield chunk      # during: may look at or change each chunk
+            ...                      # after
+
+plus one line in proxy/pipeline.py's STAGES. A stage writes only `job.outcome` (and `job.target`, for resolve);
+one that needs live state exported on /metrics registers itself as a Prometheus collector (`collect`).
+Leaving the `async with` early closes the rest of the pipeline, which cancels the backend's work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from prometheus_client import CollectorRegistry
+
+from adapters.protocol import Chunk
+
+from ..config import Config
+from ..job import Job
+from ..router import Router
+
+Next = Callable[[Job], AsyncIterator[Chunk]]
+
+
+@dataclass
+class Services:
+    """What stages are built from, once per app."""
+
+    config: Config
+    router: Router
+    registry: CollectorRegistry
+
+
+class Stage:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def start(self) -> None:
+        """Called once the backends are open (a stage may ask them things)."""
+
+    async def close(self) -> None:
+        """Called before the backends close."""
+
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        raise NotImplementedError

@@ -1,0 +1,35 @@
+"""Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant) rides on
+its backend call. Autocomplete that a newer request may replace does not: replacing the leader would fail every
+follower with it."""
+from __future__ import annotations
+
+from typing import AsyncIterator, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from adapters.protocol import Chunk
+
+from ..batching import Coalescer
+from ..cache.keys import exact_key
+from ..job import Job
+from .admit import supersede_key
+from .base import Next, Services, Stage
+
+
+class Coalesce(Stage):
+    def __init__(self, services: Services) -> None:
+        super().__init__(services)
+        self.coalescer = Coalescer()
+        services.registry.register(self)
+
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        config = self.services.config
+        if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
+            return self.coalescer.stream(exact_key(job.request, job.caller.tenant), lambda: next(job))
+        return next(job)
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield CounterMetricFamily("velo_coalesced", "Requests that joined an identical in-flight request",
+                                  value=self.coalescer.coalesced)
+        yield GaugeMetricFamily("velo_coalesce_flights", "Shared backend streams in flight",
+                                value=self.coalescer.in_flight)

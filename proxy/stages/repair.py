@@ -1,0 +1,40 @@
+"""Tool-call and structured-output repair on the way back (proxy/tools/), with optional re-asking
+(`[tools] max_retries`): a retry runs the rest of the pipeline again with the corrected conversation."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import AsyncIterator, Iterator
+
+from prometheus_client.core import CounterMetricFamily
+
+from adapters.protocol import Chunk
+
+from ..job import Job, Request
+from ..tools.metrics import ToolMetrics
+from ..tools.retry import with_retry
+from .base import Next, Services, Stage
+
+
+class Repair(Stage):
+    def __init__(self, services: Services) -> None:
+        super().__init__(services)
+        self.metrics = ToolMetrics()
+        services.registry.register(self)
+
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is."""
+        tools = self.services.config.tools
+        if not tools.repair:
+            return next(job)
+
+        def run(request: Request) -> AsyncIterator[Chunk]:
+            return next(job if request is job.request else replace(job, request=request))
+        return with_retry(run, job.request, tools.max_retries, self.metrics, job.outcome.repairs)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        repairs = CounterMetricFamily("velo_tool_repairs", "Tool-call and structured-output repairs",
+                                      labels=["model", "kind"])
+        for model, counts in self.metrics.snapshot().items():
+            for kind, n in counts.items():
+                repairs.add_metric([model, kind], n)
+        yield repairs

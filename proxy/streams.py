@@ -1,0 +1,63 @@
+"""Async helpers over chunk streams that the routes share: take the first chunk, collect the rest, merge several."""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, TypeVar
+
+T = TypeVar("T")
+
+
+async def first_then_rest(stream: AsyncIterator[T]) -> tuple[T | None, AsyncIterator[T]]:
+    """Awaits the first item (errors surface here, before any header is sent) and returns it with the rest."""
+    try:
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        return None, stream
+    return first, stream
+
+
+async def collect(stream: AsyncIterator[T]) -> list[T]:
+    try:
+        return [c async for c in stream]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(index, item) from several streams as items arrive; an error in one ends the merge with it, and closing the
+    merge closes every stream (cancelling their backend work)."""
+    if len(streams) == 1:
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()  # type: ignore[attr-defined]
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[T]) -> None:
+        try:
+            async for item in s:
+                await queue.put((i, item, None))
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put((i, None, e))
+        finally:
+            await queue.put((i, None, StopAsyncIteration()))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(streams)
+        while live:
+            i, item, err = await queue.get()
+            if isinstance(err, StopAsyncIteration):
+                live -= 1
+            elif err is not None:
+                raise err
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
