@@ -12,11 +12,10 @@ from adapters.protocol import Chunk
 
 from .codec import decode_chunks, encode_chunks
 from .config import CacheConfig
-from .guard import signature
 from .keys import Request, digest, exact_key, semantic_query
 from .memory import MemoryLRU
 from .policy import Policy, complete_stream
-from .semantic import Embedder, Entry, ScopeIndex
+from .semantic import Embedded, Embedder, Entry, ScopeIndex
 from .stats import CacheStats
 
 log = logging.getLogger(__name__)
@@ -129,11 +128,11 @@ class CacheLayer:
         if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
             self.counters.count("semantic", route, "miss")
             return None
-        vector = await self._embed(text, route)
-        if vector is None:
+        query = await self._embed(text, route)
+        if query is None:
             return None
         now = self.clock()
-        for entry in index.search(vector, text, self.cfg.semantic_threshold, now) if index else []:
+        for entry in index.search(query, self.cfg.semantic_threshold, now) if index else []:
             chunks = self.memory.get(entry.key) or await self._load(entry.key, route)
             if chunks is not None:
                 self.indexes.move_to_end(sid)
@@ -141,10 +140,10 @@ class CacheLayer:
                 return CacheHit("semantic", list(chunks))
         self.counters.count("semantic", route, "miss")
         if self.pg is not None:
-            return await self._lookup_pg(sid, vector, text, route)
+            return await self._lookup_pg(sid, query, route)
         return None
 
-    async def _embed(self, text: str, route: str) -> Any:
+    async def _embed(self, text: str, route: str) -> Embedded | None:
         """The text's vector, or None when the model fails: the semantic tier then costs a miss, never the
         request (a store runs after the answer has been streamed)."""
         try:
@@ -154,9 +153,9 @@ class CacheLayer:
             self.counters.count("semantic", route, "error")
             return None
 
-    async def _lookup_pg(self, sid: str, vector: Any, text: str, route: str) -> CacheHit | None:
+    async def _lookup_pg(self, sid: str, query: Embedded, route: str) -> CacheHit | None:
         try:
-            payload = await self.pg.search(sid, vector, signature(text), self.cfg.semantic_threshold)
+            payload = await self.pg.search(sid, query, self.cfg.semantic_threshold, self.embedder.verify)
         except Exception:
             log.exception("cache tier pgvector failed on search")
             self.counters.count("pgvector", route, "error")
@@ -194,8 +193,8 @@ class CacheLayer:
         if query is None:
             return
         text, sid = query
-        vector = await self._embed(text, route)
-        if vector is None:
+        embedded = await self._embed(text, route)
+        if embedded is None:
             return
         index = self.indexes.get(sid)
         if index is None:
@@ -203,12 +202,12 @@ class CacheLayer:
                                                    self.cfg.semantic_max_entries)
         self.indexes.move_to_end(sid)
         before = len(index)
-        index.add(vector, Entry(key, signature(text), expires_at), self.clock())
+        index.add(embedded.vector, Entry(key, embedded.reading, expires_at), self.clock())
         self.semantic_entries += len(index) - before
         self._evict_scopes()
         if self.pg is not None:
             try:
-                await self.pg.add(sid, vector, text, payload, expires_at)
+                await self.pg.add(sid, embedded.vector, text, payload, expires_at)
             except Exception:
                 log.exception("cache tier pgvector failed on add")
                 self.counters.count("pgvector", route, "error")

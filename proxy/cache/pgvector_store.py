@@ -1,14 +1,21 @@
 """Shared semantic tier: PostgreSQL + pgvector, so Velo processes share semantic entries as Redis shares exact
-ones. Each row carries its answer and its text; the text is re-checked with the same guard as the local index,
-so a shared hit is held to the same standard as a local one."""
+ones. Each row carries its answer and its text; the texts above the threshold are read and verified as the
+local index's are (guard and verifier.py), so a shared hit is held to the same standard as a local one."""
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from psycopg import AsyncConnection
 
-from .guard import Signature, compatible, signature
+from .verifier import Reading
+
+if TYPE_CHECKING:
+    from .semantic import Embedded
+
+Verify = Callable[[Reading, list[str]], Awaitable[list[bool]]]  # Embedder.verify: off the event loop
 
 _SCHEMA = """
 CREATE EXTENSION IF NOT EXISTS vector;
@@ -42,15 +49,16 @@ class PgVectorStore:
         await conn.execute(_SCHEMA.format(dim=dim))
         return cls(conn)
 
-    async def search(self, scope: str, vector: np.ndarray, query: Signature, threshold: float,
+    async def search(self, scope: str, query: "Embedded", threshold: float, verify: Verify,
                      k: int = 8) -> bytes | None:
-        """The best stored answer at or above `threshold` whose text passes the guard against the query's."""
-        literal = _literal(vector)
+        """The best stored answer at or above `threshold` whose text the verifier lets answer the query."""
+        literal = _literal(query.vector)
         cur = await self.conn.execute(_SEARCH, (literal, scope, literal, k))
-        for text, payload, score in await cur.fetchall():
-            if score >= threshold and compatible(query, signature(text)):
-                return bytes(payload)
-        return None
+        above = [(text, payload) for text, payload, score in await cur.fetchall() if score >= threshold]
+        if not above:
+            return None
+        verdicts = await verify(query.reading, [text for text, _ in above])
+        return next((bytes(payload) for (_, payload), ok in zip(above, verdicts) if ok), None)
 
     async def add(self, scope: str, vector: np.ndarray, text: str, payload: bytes, expires_at: float) -> None:
         await self.conn.execute(_ADD, (scope, _literal(vector), text, payload, expires_at))

@@ -12,7 +12,7 @@ import faiss
 import numpy as np
 
 from .encoders import MAX_BATCH, SentenceEncoder, default_model_path, load_encoder
-from .guard import Signature, compatible, signature
+from .verifier import Reading, agrees, read
 
 _MEMO = 256  # recent texts: the store after a miss reuses the vector its lookup computed
 _HNSW_NEIGHBOURS = 32
@@ -23,17 +23,26 @@ def _embed_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, "velo-cache-embed", initializer=_one_torch_thread)
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """A text's vector and its reading for the verifier, made in one trip to the encoder's thread."""
+
+    vector: np.ndarray
+    reading: Reading
+
+
 @dataclass
 class Embedder:
     """Callers awaiting `embed` in the same loop turn share one trip to the worker thread, so a burst of
-    lookups costs one hand-off and one encoder call, and the event loop only ever waits on a future."""
+    lookups costs one hand-off and one encoder call, and the event loop only ever waits on a future. The same
+    trip reads each text for the verifier (~50 us a question, against ~3 ms for its vector)."""
 
     model: SentenceEncoder
     dim: int
     _pool: ThreadPoolExecutor = field(default_factory=_embed_pool)
     _pending: list[tuple[str, asyncio.Future]] = field(default_factory=list)
     _worker: asyncio.Task | None = None
-    _memo: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+    _memo: OrderedDict[str, Embedded] = field(default_factory=OrderedDict)
 
     @classmethod
     async def load(cls, path: str | None = None, precision: str = "int8") -> "Embedder":
@@ -43,7 +52,7 @@ class Embedder:
                                                                  precision)
         return cls(model, model.dim, pool)
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str) -> Embedded:
         if text in self._memo:
             self._memo.move_to_end(text)
             return self._memo[text]
@@ -51,27 +60,36 @@ class Embedder:
         self._pending.append((text, future))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
-        vector = await future
-        self._memo[text] = vector
+        embedded = await future
+        self._memo[text] = embedded
         if len(self._memo) > _MEMO:
             self._memo.popitem(last=False)
-        return vector
+        return embedded
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                vectors = await loop.run_in_executor(self._pool, self.encode, [text for text, _ in batch])
+                done = await loop.run_in_executor(self._pool, self._embed_and_read, [text for text, _ in batch])
             except Exception as e:  # every waiter sees the failure; none hangs
-                vectors = [e] * len(batch)
-            for (_, future), v in zip(batch, vectors):
+                done = [e] * len(batch)
+            for (_, future), v in zip(batch, done):
                 if not future.done():
                     future.set_exception(v) if isinstance(v, Exception) else future.set_result(v)
+
+    def _embed_and_read(self, texts: list[str]) -> list[Embedded]:
+        return [Embedded(v, read(t)) for v, t in zip(self.encode(texts), texts)]
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Blocking: unit-length float32 rows, so inner product is cosine similarity."""
         return self.model.encode(texts)
+
+    async def verify(self, query: Reading, texts: list[str]) -> list[bool]:
+        """Whether each text may share the query's answer, read on the encoder's thread (texts from a shared
+        tier arrive unread)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: [agrees(query, read(t)) for t in texts])
 
     async def close(self) -> None:
         if self._worker is not None:
@@ -93,7 +111,7 @@ def _one_torch_thread() -> None:
 @dataclass
 class Entry:
     key: str  # the exact key whose payload answers this entry
-    signature: Signature
+    reading: Reading
     expires_at: float
 
 
@@ -128,15 +146,16 @@ class ScopeIndex:
         else:
             self.index.add(vector.reshape(1, -1))
 
-    def search(self, vector: np.ndarray, text: str, threshold: float, now: float, k: int = 8) -> list[Entry]:
-        """Entries at or above `threshold` that pass the guard, best first."""
+    def search(self, query: Embedded, threshold: float, now: float, k: int = 8) -> list[Entry]:
+        """Entries at or above `threshold` that the verifier lets answer the query, best first. Both readings
+        were made on the encoder's thread; comparing them is set arithmetic (~15 us a candidate, measured in
+        bench/semantic_quality.py), run only on candidates above the threshold."""
         if not self.entries:
             return []
-        scores, ids = self.index.search(vector.reshape(1, -1), min(k, len(self.entries)))
-        query = signature(text)
+        scores, ids = self.index.search(query.vector.reshape(1, -1), min(k, len(self.entries)))
         return [self.entries[i] for s, i in zip(scores[0], ids[0])
                 if i >= 0 and s >= threshold and self.entries[i].expires_at > now
-                and compatible(query, self.entries[i].signature)]
+                and agrees(query.reading, self.entries[i].reading)]
 
     def _compact(self, now: float) -> None:
         """Drop expired entries, then the older half if still full: faiss HNSW cannot delete in place."""

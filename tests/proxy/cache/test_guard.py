@@ -26,6 +26,23 @@ MAY_HIT = [
     ("Explain how a hash map works", "explain how a hash map works."),
     ("What is 2 + 2?", "what is 2+2"),
     ("Why is it unsafe to eat raw eggs?", "Why is it not safe to eat raw eggs?"),
+    # number words inside idioms and pronouns are no numbers
+    ("How can I read a whole book in one go?", "How can I read an entire book in a single sitting?"),
+    ("How does one prepare for a ServiceNow interview?", "How can I prepare for a ServiceNow interview?"),
+    ("How can I write a message to one of the users of Quora?", "How do I message a Quora user?"),
+    ("Which is the best phone under 20k?", "Which is the best phone under 20,000?"),
+    # casing: capitals on common words, Title Case, pronouns
+    ("What is the most beautiful word? What does it mean to YOU?", "What is the most beautiful word to you?"),
+    ("How Do I Get Better At Public Speaking?", "how do i get better at public speaking"),
+    ("How do I get hired if I'm overqualified?", "How do I get a job when overqualified?"),
+    # punctuation, accents, possessives and plurals
+    ("Why is Pokémon GO so popular?", "Why is Pokemon GO so popular?"),
+    ("How do you describe the personality of the Greeks?", "What are some Greek personality traits?"),
+    ("I lied to my girlfriend.What should I do?", "I lied to my girlfriend, what should I do?"),
+    ("What are the best German beers sold in the U.S.?", "What are the best German beers sold in the US?"),
+    # negations that ask instead of deny
+    ("Is sleeping on the floor good for your back?", "Is sleeping on the floor good for your back? Why or why not?"),
+    ("How do I know if she likes me?", "How do I know if she likes me or not?"),
 ]
 
 

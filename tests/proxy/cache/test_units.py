@@ -103,18 +103,19 @@ def test_codec_round_trips_every_chunk_field():
 def test_scope_index_switches_to_hnsw_and_compacts_when_full():
     import numpy as np
 
-    from proxy.cache.guard import signature
-    from proxy.cache.semantic import Entry, ScopeIndex
+    from proxy.cache.semantic import Embedded, Entry, ScopeIndex
+    from proxy.cache.verifier import read
 
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(12, 16)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     index = ScopeIndex(dim=16, hnsw_above=4, max_entries=10)
     for i, v in enumerate(vectors[:10]):
-        index.add(v, Entry(f"k{i}", signature("q"), expires_at=100.0 if i < 3 else 200.0), now=0.0)
+        index.add(v, Entry(f"k{i}", read("q"), expires_at=100.0 if i < 3 else 200.0), now=0.0)
     assert index.is_hnsw and len(index) == 10
-    assert [e.key for e in index.search(vectors[7], "q", 0.99, now=0.0)] == ["k7"]
-    assert index.search(vectors[7], "q", 0.99, now=300.0) == []  # expired
-    index.add(vectors[10], Entry("k10", signature("q"), 200.0), now=150.0)  # full: the 3 expired go first
-    assert len(index) == 8 and [e.key for e in index.search(vectors[10], "q", 0.99, now=150.0)] == ["k10"]
-    assert index.search(vectors[0], "q", 0.99, now=150.0) == []
+    assert [e.key for e in index.search(Embedded(vectors[7], read("q")), 0.99, now=0.0)] == ["k7"]
+    assert index.search(Embedded(vectors[7], read("q")), 0.99, now=300.0) == []  # expired
+    index.add(vectors[10], Entry("k10", read("q"), 200.0), now=150.0)  # full: the 3 expired go first
+    q10 = Embedded(vectors[10], read("q"))
+    assert len(index) == 8 and [e.key for e in index.search(q10, 0.99, now=150.0)] == ["k10"]
+    assert index.search(Embedded(vectors[0], read("q")), 0.99, now=150.0) == []

@@ -1,0 +1,217 @@
+"""Second look at a semantic candidate before it is served: does the stored question ask what the query asks?
+
+An embedding reads a question as a bag of meaning, so it scores "rows to columns" against "columns to rows" at
+~0.99, "increase" against "decrease" at ~0.97, and does not see a negation move from one clause to another.
+The guard (guard.py) already refuses texts whose numbers, names, code or count of negations differ. This module
+adds four checks on the content words of both texts, aligned in order:
+- opposites: a word of one text whose opposite (opposites.py, or an un-/in-/dis-/non- prefix, -ful/-less)
+  stands in the other in its place;
+- swapped roles: two words shared by both texts whose order flips across a directional word ("to", "than",
+  "from") or across a third shared word that stays between them ("Python beats Java" / "Java beats Python");
+- moved negation: a negation that sits in another clause in the other text;
+- one word replaced: the texts align word for word but for one content word that is not a form of the other
+  ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
+  threshold, so everything else about them agrees.
+Measured against a small NLI cross-encoder and the embedding of the differing words in bench/semantic_quality.py.
+
+`read` does the text work once per text, on the encoder's thread; `agrees` compares two readings (a few
+microseconds of set operations), so a candidate costs nothing more off the event loop than the guard did.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from collections import Counter
+
+from .guard import OPEN_QUESTION, Signature, compatible, signature
+from .opposites import OPPOSITES
+
+_WORD = re.compile(r"[^\W_]+(?:['’][^\W\d_]+)?|[?!.;,:]")
+_STOP = frozenset("""a an the and or but if of in on at to for from by with about as into onto is are was were be
+been being am do does did doing have has had having can could will would should shall may might must i me my mine
+myself you your yours yourself he him his she her hers it its we us our ours they them their theirs this that these
+those there here what which who whom whose why how when where whether than then so too very just also any some
+each every all both either one ones get got getting make made really actually much many such own other another
+s t way ways thing things someone something anyone anything people person best good more less most least""".split())
+_NEGATION = frozenset("not no never none nobody nothing neither nor nowhere without cannot".split())
+_DIRECTIONAL = frozenset("to into onto from than toward towards over before after above below under versus "
+                         "beats beat vs".split()) - {"vs", "versus"}
+_CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
+                          "after before so that".split())
+_MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole daily proper right".split())
+_PIVOT_SPAN = 6  # tokens from one swapped word to the other: wider, it is clauses that moved, not roles
+_NEGATED_SPELLINGS = frozenset("dont doesnt cant wont isnt arent didnt shouldnt wouldnt couldnt".split())
+_POSSESSIVE = re.compile(r"'s?$")
+_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "non-", "de", "anti")
+_SUFFIXES = (("ational", "ate"), ("ization", "ize"), ("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""),
+             ("sses", "ss"), ("ches", "ch"), ("shes", "sh"), ("xes", "x"), ("ly", ""), ("s", ""))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the checks need of one text: its guard signature, every token and its stem, the content-word stems in
+    order (with the index of the token each came from), and which clauses hold a negation."""
+
+    signature: Signature
+    tokens: tuple[str, ...]
+    stems: tuple[str, ...]
+    content: tuple[str, ...]
+    where: tuple[int, ...]  # content[i] is stems[where[i]]
+    clauses: tuple[tuple[frozenset[str], bool], ...]  # (content stems of the clause, has a negation)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a question's words come back often: read() at half the cost
+def stem(word: str) -> str:
+    """A light suffix strip, enough to match "increases"/"increase", "studying"/"study": no lexicon needed."""
+    for suffix, repl in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
+            return word[: len(word) - len(suffix)] + repl
+    return word
+
+
+def read(text: str) -> Reading:
+    tokens = tuple(_POSSESSIVE.sub("", t.lower().replace("’", "'"))
+                   for t in _WORD.findall(OPEN_QUESTION.sub(" ", text)))
+    stems = tuple(stem(t) for t in tokens)
+    content, where = [], []
+    clauses, clause, negated = [], set(), False
+    for i, tok in enumerate(tokens):
+        if tok in _CLAUSE_BREAK:
+            if clause or negated:
+                clauses.append((frozenset(clause), negated))
+            clause, negated = set(), False
+        elif tok in _NEGATION or tok.endswith("n't") or tok in _NEGATED_SPELLINGS:
+            negated = True
+        elif tok not in _STOP and tok.isalnum():
+            content.append(stems[i])
+            where.append(i)
+            clause.add(stems[i])
+    if clause or negated:
+        clauses.append((frozenset(clause), negated))
+    return Reading(signature(text), tokens, stems, tuple(content), tuple(where), tuple(clauses))
+
+
+def agrees(a: Reading, b: Reading) -> bool:
+    return disagreement(a, b) is None
+
+
+def disagreement(a: Reading, b: Reading) -> str | None:
+    """The first reason the two texts need different answers, or None."""
+    if not compatible(a.signature, b.signature):
+        return "guard"
+    if a.tokens == b.tokens:
+        return None
+    if _opposite(a, b):
+        return "opposite"
+    if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b):
+        return "swapped"
+    if _moved_negation(a, b) or _moved_negation(b, a):
+        return "negation"
+    if _one_word_replaced(a, b):
+        return "replaced"
+    return None
+
+
+def _is_opposite(x: str, y: str) -> bool:
+    if y in OPPOSITES.get(x, ()):
+        return True
+    for p in _PREFIXES:
+        if (y == p + x or x == p + y) and min(len(x), len(y)) >= 4:
+            return True
+    return x.endswith("ful") and y == x[:-3] + "less" or y.endswith("ful") and x == y[:-3] + "less"
+
+
+def _opposite(a: Reading, b: Reading) -> bool:
+    """A word more often in one text whose opposite is more often in the other (stopwords count: "up"/"down")."""
+    only_a, only_b = Counter(a.stems), Counter(b.stems)
+    only_a.subtract(b.stems)
+    only_b.subtract(a.stems)
+    xs = {w for w, n in only_a.items() if n > 0} | {t for t, s in zip(a.tokens, a.stems) if only_a[s] > 0}
+    ys = {w for w, n in only_b.items() if n > 0} | {t for t, s in zip(b.tokens, b.stems) if only_b[s] > 0}
+    return any(_is_opposite(x, y) for x in xs for y in ys)
+
+
+def _directions(r: Reading) -> set[tuple[str, str, str]]:
+    """(word before, directional word, word after) for each directional word, nearest content words each side;
+    before "than" the compared thing, not the comparative ("Apple is more expensive than Dell": apple, dell)."""
+    content_at = dict(zip(r.where, r.content))
+    out = set()
+    for k, tok in enumerate(r.tokens):
+        if tok not in _DIRECTIONAL:
+            continue
+        left = [i for i in r.where if i < k]
+        if tok == "than" and left and left[-1] == k - 1 and _comparative(r.tokens, k - 1):
+            left.pop()
+        right = [i for i in r.where if i > k]
+        if left and right:
+            out.add((content_at[left[-1]], tok, content_at[right[0]]))
+    return out
+
+
+def _comparative(tokens: tuple[str, ...], i: int) -> bool:
+    """tokens[i], just before "than", is the comparative ("faster", "more acidic"), not the compared thing."""
+    return tokens[i].endswith("er") or i > 0 and tokens[i - 1] in ("more", "less")
+
+
+def _reversed(a: Reading, b: Reading) -> bool:
+    """A (x, to, y) of one text is (y, to, x) in the other and not also (x, to, y) there."""
+    da, db = _directions(a), _directions(b)
+    return any((y, d, x) in db and (x, d, y) not in db and x != y for x, d, y in da) or \
+        any((y, d, x) in da and (x, d, y) not in da and x != y for x, d, y in db)
+
+
+def _once(content: tuple[str, ...]) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for i, w in enumerate(content):
+        seen[w] = -1 if w in seen else i
+    return {w: i for w, i in seen.items() if i >= 0}
+
+
+def _swapped(a: Reading, b: Reading) -> bool:
+    """Two nearby shared words in one order in `a` and the other in `b`, across a shared word that stays between
+    them in both ("does a dog chase a cat" / "does a cat chase a dog"); directional words are `_reversed`'s."""
+    pos_a, pos_b = _once(a.content), _once(b.content)
+    shared = sorted((w for w in pos_a if w in pos_b), key=pos_a.get)
+    for i, x in enumerate(shared):
+        for y in shared[i + 1:]:
+            if pos_b[x] < pos_b[y]:
+                continue
+            near = b.where[pos_b[x]] - b.where[pos_b[y]] <= _PIVOT_SPAN >= a.where[pos_a[y]] - a.where[pos_a[x]]
+            pivots = {w for w in a.content[pos_a[x] + 1:pos_a[y]] if w in pos_b and w in pos_a}
+            if near and any(pos_b[y] < pos_b[p] < pos_b[x] for p in pivots):
+                return True
+    return False
+
+
+def _moved_negation(a: Reading, b: Reading) -> bool:
+    """A negated clause of `a` whose closest clause in `b` (most shared words, then nearest in place) is not
+    negated."""
+    if len(b.clauses) < 2:
+        return False
+    for at, (words, negated) in enumerate(a.clauses):
+        if not negated or not words:
+            continue
+        closest = max(range(len(b.clauses)), key=lambda j: (len(words & b.clauses[j][0]), -abs(j - at)))
+        if words & b.clauses[closest][0] and not b.clauses[closest][1]:
+            return True
+    return False
+
+
+def _one_word_replaced(a: Reading, b: Reading) -> bool:
+    """The content words align one for one but for a single word that is no form of the other."""
+    if len(a.content) != len(b.content) or len(a.content) < 2:
+        return False
+    differ = [(x, y) for x, y in zip(a.content, b.content) if x != y]
+    if len(differ) != 1:
+        return False
+    x, y = differ[0]
+    if x.startswith(y[:4]) or y.startswith(x[:4]):  # a form of the same word, or a typo at its end
+        return False
+    i = a.content.index(x)
+    return not (_modifier(a.tokens[a.where[i]]) or _modifier(b.tokens[b.where[i]]))
+
+
+def _modifier(word: str) -> bool:
+    """Adverbs and gradable adjectives change how, not what: "learn Python quickly" / "learn Python fast"."""
+    return word.endswith(("ly", "est")) or word in _MODIFIERS

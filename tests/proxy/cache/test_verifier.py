@@ -1,0 +1,72 @@
+"""The verifier: questions an embedding scores as near-equal that need another answer, one category each, and
+paraphrases it must still let through."""
+from __future__ import annotations
+
+import pytest
+
+from proxy.cache.verifier import agrees, disagreement, read, stem
+
+MUST_MISS = {
+    "opposite": [
+        ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
+        ("Should I include the header in the count?", "Should I exclude the header from the count?"),
+        ("How do I encode a URL in Python?", "How do I decode a URL in Python?"),
+        ("What should I eat before a workout?", "What should I eat after a workout?"),
+        ("Is it legal to record a phone call?", "Is it illegal to record a phone call?"),
+        ("What are the advantages and disadvantages of studying abroad?",
+         "What are the disadvantages and disadvantages of studying abroad?"),
+        ("What is the best way and best book for cost accounting?",
+         "What is the worst way and best book for cost accounting?"),
+        ("Is a careful driver a good driver?", "Is a careless driver a good driver?"),
+    ],
+    "swapped": [
+        ("How do I convert rows to columns in Excel?", "How do I convert columns to rows in Excel?"),
+        ("Does a dog chase a cat?", "Does a cat chase a dog?"),
+        ("How do I translate English to French?", "How do I translate French to English?"),
+        ("Is Python faster than Java?", "Is Java faster than Python?"),
+        ("Why are Apple products more expensive than Dell products?",
+         "Why are Dell products more expensive than Apple products?"),
+        ("What is the journey from failure to topper?", "What is the journey from topper to failure?"),
+        ("Will Britain return the diamond to India?", "Will India return the diamond to Britain?"),
+    ],
+    "negation": [
+        ("Why can't I sleep when I am tired?", "Why can I sleep when I am not tired?"),
+        ("I don't love myself, what should I do to love myself?",
+         "I do love myself, what should I not do to love myself?"),
+    ],
+    "replaced": [
+        ("How do I cook rice in a pressure cooker?", "How do I cook pasta in a pressure cooker?"),
+        ("How can I lose weight without exercise?", "How can I lose height without exercise?"),
+        ("How do I become a designer at Google?", "How do I become an engineer at Google?"),
+    ],
+}
+
+MAY_HIT = [
+    ("How do I learn Python quickly?", "How can I learn Python fast?"),
+    ("How do I learn Python quickly?", "What is the fastest way to learn Python?"),
+    ("What is the difference between a list and a tuple?", "What is the difference between a tuple and a list?"),
+    ("Can we travel in time?", "Can we time travel?"),
+    ("What are good tips for self study?", "What are some tips for self studying?"),
+    ("How does it feel to be old physically?", "Physically, how does it feel to be old?"),
+    ("Why is it that everybody wants to go to heaven yet no one wants to die?",
+     "Why is it that everyone wants to go to heaven, but nobody wants to die?"),
+    ("Explain how a hash map works", "explain how a hash map works."),
+]
+
+
+@pytest.mark.parametrize("reason,a,b", [(r, a, b) for r, pairs in MUST_MISS.items() for a, b in pairs])
+def test_verifier_refuses_look_alikes_that_need_another_answer(reason: str, a: str, b: str):
+    assert disagreement(read(b), read(a)) == reason
+    assert not agrees(read(a), read(b))
+
+
+@pytest.mark.parametrize("a,b", MAY_HIT)
+def test_verifier_lets_paraphrases_through(a: str, b: str):
+    assert disagreement(read(b), read(a)) is None
+    assert disagreement(read(a), read(b)) is None
+
+
+def test_stem_matches_inflections_only():
+    assert stem("increases") == stem("increase") == "increase"
+    assert stem("studying") == stem("study") == "study"
+    assert stem("class") == "class"
