@@ -60,24 +60,41 @@ class RepairReport:
         return ToolCallInvalid("the model's tool call is invalid: " + " | ".join(self.invalid))
 
 
+CallKey = tuple[str, bytes]  # name and sorted-key arguments: the same call whatever its key order
+
+
+@dataclass
+class _Accepted:
+    call: ToolCall
+    fixes: list[str]
+    changes: list[str]
+
+    @property
+    def key(self) -> CallKey:
+        return self.call.name, orjson.dumps(self.call.arguments, option=orjson.OPT_SORT_KEYS)
+
+
 @dataclass
 class CallRepairer:
-    """Per-turn state: the offered tools and the calls already accepted (for dedupe across a stream)."""
+    """Per-turn state: the offered tools and the blocks already accepted (for dedupe across a stream).
+
+    Dedupe drops only what the model wrote again: a call already sent in another wire form (the backend's
+    structured calls, or a block of another kind: a fence after a tag), or a block of several calls repeated
+    whole. Identical calls listed as items of one answer (one array, one block, or consecutive blocks of one
+    kind, as Hermes lists parallel calls) are all kept: "two samples of each" is four calls."""
 
     tools: list[Tool]
     report: RepairReport = field(default_factory=RepairReport)
-    seen: set[tuple[str, bytes]] = field(default_factory=set)
+    seen: dict[CallKey, str] = field(default_factory=dict)  # call -> the kind of block it came in first
+    blocks: set[tuple[CallKey, ...]] = field(default_factory=set)  # blocks of two or more calls
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
 
     def structured(self, calls: list[ToolCall]) -> list[ToolCall]:
         """Validate calls the backend already returned as structured `tool_calls`."""
-        out = []
-        for tc in calls:
-            call = self._accept(RawCall(tc.name, tc.arguments), tc.id)
-            out += [call] if call else []
-        return out
+        accepted = [a for a in (self._accept(RawCall(tc.name, tc.arguments), tc.id) for tc in calls) if a]
+        return self._keep(accepted, "structured")
 
     def region(self, region: Region) -> list[ToolCall] | None:
         """Calls in a complete text region, or None when the region is not (or not only) valid calls."""
@@ -86,10 +103,29 @@ class CallRepairer:
             if region.kind in _MARKERS:  # a call marker is an attempt even when nothing after it parses
                 self.report.invalid.append(f"no parsable call after {_MARKERS[region.kind]}")
             return None
-        deduped = self.report.deduped
-        valid = [c for c in (self._accept(r, "") for r in attempts) if c is not None]
+        accepted = [a for a in (self._accept(r, "") for r in attempts) if a is not None]
+        valid = self._keep(accepted, region.kind)
         self.report.extracted += len(valid)
-        return valid if valid or self.report.deduped > deduped else None
+        return valid if accepted else None
+
+    def _keep(self, accepted: list[_Accepted], kind: str) -> list[ToolCall]:
+        """The calls of one block that are not a re-emission, with their fixes reported."""
+        keys = tuple(a.key for a in accepted)
+        if len(keys) > 1 and keys in self.blocks:
+            self.report.deduped += len(keys)
+            return []
+        kept = []
+        for a in accepted:
+            first = self.seen.setdefault(a.key, kind)
+            if first != kind:
+                self.report.deduped += 1
+                continue
+            kept.append(a.call)
+            self.report.repaired += [f"{a.call.name}: {f}" for f in dict.fromkeys(a.fixes)]
+            self.report.coerced += [f"{a.call.name}.{c}" for c in a.changes]
+        if len(keys) > 1:
+            self.blocks.add(keys)
+        return kept
 
     def _is_attempt(self, raw: RawCall, region: Region) -> bool:
         """Bare JSON in prose is only a call when it names an offered tool or has an arguments key."""
@@ -106,7 +142,7 @@ class CallRepairer:
         folded = [n for n in self.by_name if n.lower() == bare.lower()]
         return folded[0] if len(folded) == 1 else None
 
-    def _accept(self, raw: RawCall, call_id: str) -> ToolCall | None:
+    def _accept(self, raw: RawCall, call_id: str) -> _Accepted | None:
         name = self.resolve(raw.name)
         if name is None:
             offered = ", ".join(self.by_name) or "none"
@@ -123,20 +159,7 @@ class CallRepairer:
         if errors:
             self.report.invalid.append(f"{name}: " + "; ".join(errors))
             return None
-        if self._seen_before(name, args):
-            return None
-        self.report.repaired += [f"{name}: {f}" for f in dict.fromkeys(fixes)]
-        self.report.coerced += [f"{name}.{c}" for c in changes]
-        return ToolCall(name, args, call_id or new_call_id())
-
-    def _seen_before(self, name: str, args: dict) -> bool:
-        """Dedupe: the same call twice in one turn (any key order) is counted, not repeated."""
-        key = (name, orjson.dumps(args, option=orjson.OPT_SORT_KEYS))
-        if key in self.seen:
-            self.report.deduped += 1
-            return True
-        self.seen.add(key)
-        return False
+        return _Accepted(ToolCall(name, args, call_id or new_call_id()), fixes, changes)
 
 
 def new_call_id() -> str:

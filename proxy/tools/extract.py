@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.tools.repair import Unrepairable, parse_json
+from proxy.tools.repair import Unrepairable, parse_json, parse_json_values
 
 _START = re.compile(r"<tool_call>|<function=|<\|python_tag\|>|\[TOOL_CALLS\]|```|[{\[]")
 _MARKERS = ("<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]", "```")
@@ -159,15 +159,15 @@ def raw_calls(region: Region) -> list[RawCall]:
         return _mistral_calls(region.body)
     if region.kind == "function":
         return [_with_args(region.name, region.body)]
-    if region.kind == "python_tag":
-        return [c for part in region.body.split(";") for c in _json_calls(part)]
-    return _json_calls(region.body)
+    if region.kind == "json":  # one balanced value found in prose
+        return _json_calls(region.body)
+    return _json_calls(region.body, several=True)  # a block may hold several calls, however separated
 
 
 def _mistral_calls(body: str) -> list[RawCall]:
     """Mistral v3 writes a JSON array after [TOOL_CALLS]; v11 writes `name[ARGS]{...}`, repeated."""
     if not _MISTRAL_V11.match(body):
-        return _json_calls(body)
+        return _json_calls(body, several=True)
     parts = re.split(r"\[TOOL_CALLS\]", body)
     calls = []
     for part in parts:
@@ -187,16 +187,18 @@ def _with_args(name: str, args_text: str) -> RawCall:
     return RawCall(name, parsed.value, parsed.fixes)
 
 
-def _json_calls(body: str) -> list[RawCall]:
+def _json_calls(body: str, several: bool = False) -> list[RawCall]:
     if not body.strip():
         return []
     try:
-        parsed = parse_json(body)
+        values = parse_json_values(body) if several else [parse_json(body)]
     except Unrepairable:
         return []
-    calls = calls_from_value(parsed.value)
-    for c in calls:
-        c.fixes[:0] = parsed.fixes
+    calls = []
+    for parsed in values:
+        for c in calls_from_value(parsed.value):
+            c.fixes[:0] = parsed.fixes
+            calls.append(c)
     return calls
 
 

@@ -60,18 +60,49 @@ def test_several_calls_in_one_turn() -> None:
     assert [c.name for c in calls] == ["get_weather", "search"] and report.extracted == 2
 
 
-def test_identical_calls_in_one_turn_are_deduped() -> None:
+def test_a_call_written_again_in_another_form_is_deduped() -> None:
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     _, calls, report = repair_message(f"[{call}, {call}]\n<tool_call>{call}</tool_call>", [], TOOLS)
-    assert len(calls) == 1 and report.deduped == 2
+    assert len(calls) == 2 and report.deduped == 1  # the array's two items stay; the tag re-emits one
 
 
-def test_dedupe_ignores_key_order_but_not_values() -> None:
+def test_a_block_of_several_calls_repeated_whole_is_deduped() -> None:
+    a = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    b = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+    _, calls, report = repair_message(f"<tool_call>{a}\n{b}</tool_call><tool_call>{a}\n{b}</tool_call>", [], TOOLS)
+    assert [c.arguments["city"] for c in calls] == ["Paris", "Rome"] and report.deduped == 2
+
+
+@pytest.mark.parametrize("render", [
+    lambda calls: "[" + ", ".join(calls) + "]",
+    lambda calls: "<tool_call>\n" + "\n".join(calls) + "\n</tool_call>",
+    lambda calls: "".join(f"<tool_call>{c}</tool_call>\n" for c in calls),
+    lambda calls: "```json\n" + ",\n".join(calls) + "\n```",
+])
+def test_identical_calls_listed_as_items_of_one_answer_are_all_kept(render) -> None:
+    """Two samples of each of two distributions: four calls, two pairs identical by design."""
+    normal = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    other = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+    _, calls, report = repair_message(render([normal, normal, other, other]), [], TOOLS)
+    assert [c.arguments["city"] for c in calls] == ["Paris", "Paris", "Rome", "Rome"] and report.deduped == 0
+
+
+def test_structured_calls_are_items_and_text_that_repeats_them_is_deduped() -> None:
     structured = [ToolCall("get_weather", {"city": "Paris", "days": 2}, "a"),
-                  ToolCall("get_weather", {"days": 2, "city": "Paris"}, "b"),
+                  ToolCall("get_weather", {"city": "Paris", "days": 2}, "b"),
                   ToolCall("get_weather", {"city": "Rome", "days": 2}, "c")]
-    _, calls, report = repair_message("", structured, TOOLS)
-    assert [c.id for c in calls] == ["a", "c"] and report.deduped == 1
+    text = '<tool_call>{"name": "get_weather", "arguments": {"days": 2, "city": "Paris"}}</tool_call>'
+    content, calls, report = repair_message(text, structured, TOOLS)
+    assert [c.id for c in calls] == ["a", "b", "c"] and report.deduped == 1 and content == ""
+
+
+@pytest.mark.parametrize("separator", ["\n", ",\n", ", ", "", "\n\n", "; "])
+@pytest.mark.parametrize("wrap", [lambda body: f"<tool_call>\n{body}\n</tool_call>", lambda body: f"```json\n{body}\n```",
+                                  lambda body: f"<|python_tag|>{body}<|eom_id|>", lambda body: f"[TOOL_CALLS] {body}"])
+def test_every_call_in_one_block_is_kept_whatever_separates_them(separator: str, wrap) -> None:
+    calls = [f'{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}' for c in ("Paris", "Rome", "Oslo")]
+    _, found, report = repair_message(wrap(separator.join(calls)), [], TOOLS)
+    assert [c.arguments["city"] for c in found] == ["Paris", "Rome", "Oslo"] and not report.invalid
 
 
 @pytest.mark.parametrize("text", [

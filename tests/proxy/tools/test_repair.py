@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tools.repair import Unrepairable, decode_arguments, parse_json
+from proxy.tools.repair import Unrepairable, decode_arguments, parse_json, parse_json_values
 
 # (broken text, expected value, a fix that must be reported)
 CASES = [
@@ -42,6 +42,40 @@ def test_repairs_to_value_and_names_the_fix(text: str, value: object, fix: str) 
     out = parse_json(text)
     assert out.value == value
     assert fix in out.fixes
+
+
+# A missing closing quote: the string swallows the brackets after it. The fast pass must not take that as the
+# value ("units}}]" validates as a string); the library reads it as the value that was meant.
+MISSING_QUOTE = [
+    ('{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius}}',
+     {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}),
+    ('{"city": "Paris", "unit": "units}}]', {"city": "Paris", "unit": "units"}),
+    ('[{"q": "tallest building}]', [{"q": "tallest building"}]),
+    ('{"city": "Paris, "days": 3}', {"city": "Paris", "days": 3}),
+]
+
+
+@pytest.mark.parametrize("text,value", MISSING_QUOTE)
+def test_a_string_that_swallowed_structure_is_no_value(text: str, value: object) -> None:
+    out = parse_json(text)
+    assert out.value == value and out.fixes == ["json_repair"]
+
+
+def test_a_repair_that_leaves_a_key_inside_a_string_is_refused() -> None:
+    """The library reads this as to=["ada@example.com], ", "subject\": \"Hi"]: valid, and wrong."""
+    with pytest.raises(Unrepairable):
+        parse_json('{"to": ["ada@example.com], "subject": "Hi"}')
+
+
+def test_a_string_cut_off_at_the_end_is_still_a_truncation() -> None:
+    out = parse_json('{"body": "Dear Ada, thank you for')
+    assert out.value == {"body": "Dear Ada, thank you for"} and "truncated" in out.fixes
+
+
+@pytest.mark.parametrize("separator", ["\n", ",", ", ", "", ";\n"])
+def test_values_one_after_another_are_all_parsed(separator: str) -> None:
+    text = separator.join(['{"a": 1}', "{'b': 2,}", '{"c": [3'])
+    assert [v.value for v in parse_json_values(text)] == [{"a": 1}, {"b": 2}, {"c": [3]}]
 
 
 def test_valid_json_is_untouched() -> None:

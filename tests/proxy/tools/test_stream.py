@@ -87,7 +87,8 @@ async def test_without_tools_or_format_the_stream_is_untouched() -> None:
 
 async def test_metrics_and_report_are_filled() -> None:
     metrics, report = ToolMetrics(), RepairReport()
-    await _run([CALL, CALL], _req(tools=TOOLS), metrics=metrics, report=report)
+    again_in_a_fence = "```json\n" + CALL.removeprefix("<tool_call>").removesuffix("</tool_call>") + "\n```"
+    await _run([CALL, again_in_a_fence], _req(tools=TOOLS), metrics=metrics, report=report)
     counts = metrics.snapshot()["m"]
     assert counts["extracted"] == 1 and counts["coerced"] == 1 and counts["deduped"] == 1
     assert report.extracted == 1
