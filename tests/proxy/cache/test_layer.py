@@ -104,6 +104,24 @@ async def test_embedding_runs_off_the_event_loop(embedder: Embedder, monkeypatch
     await layer.close()
 
 
+LOOK_ALIKES = [  # stored, asked: the embedding scores each pair above 0.95, the answers differ
+    ("How do I convert rows to columns in Excel?", "How do I convert columns to rows in Excel?"),
+    ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
+    ("Is Python faster than Java?", "Is Java faster than Python?"),
+    ("How do I translate English to French?", "How do I translate French to English?"),
+    ("Why can't I sleep when I am tired?", "Why can I sleep when I am not tired?"),
+]
+
+
+async def test_semantic_tier_never_serves_an_opposite_a_swap_or_a_moved_negation(embedder: Embedder):
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    for i, (stored, asked) in enumerate(LOOK_ALIKES):
+        await layer.store(_ask(stored), f"t{i}", ANSWER)
+        assert await layer.lookup(_ask(asked), f"t{i}", bypass=False) is None, asked
+    assert (await layer.lookup(_ask("How can I increase my metabolism?"), "t1", bypass=False)).kind == "semantic"
+    await layer.close()
+
+
 async def test_semantic_scopes_are_bounded(embedder: Embedder):
     layer = await CacheLayer.create(CacheConfig(semantic=True, semantic_max_entries=3), embedder=embedder)
     for system in ["a", "b", "c", "d"]:

@@ -39,6 +39,10 @@ async def test_pgvector_shares_semantic_answers_between_processes(pg_dsn: str, e
     assert await b.lookup(_ask("How can I learn Python fast?"), "other", bypass=False) is None
     await a.store(_ask("Is it safe to eat raw eggs?"), tenant, ANSWER)
     assert await b.lookup(_ask("Is it not safe to eat raw eggs?"), tenant, bypass=False) is None
+    await a.store(_ask("How do I convert rows to columns in Excel?"), tenant, ANSWER)  # verified as locally
+    assert await b.lookup(_ask("How do I convert columns to rows in Excel?"), tenant, bypass=False) is None
+    await a.store(_ask("How do I increase my metabolism?"), tenant, ANSWER)
+    assert await b.lookup(_ask("How do I decrease my metabolism?"), tenant, bypass=False) is None
     await a.close()
     await b.close()
 
