@@ -71,6 +71,10 @@ class Backend(ABC):
     @abstractmethod
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]: ...
 
+    async def count_tokens(self, req: ChatRequest) -> int | None:
+        """The prompt tokens of `req` as this backend renders and tokenizes it, or None when it cannot say."""
+        return None
+
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         raise Unsupported(f"backend {self.name!r} ({self.config.kind}) does not serve embeddings")
 

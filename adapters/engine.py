@@ -66,6 +66,16 @@ def message_dict(m: Message) -> dict[str, Any]:
     return out
 
 
+def _render(engine: LLMEngine, req: ChatRequest) -> str:
+    """The prompt text of a chat, through the model's own chat template."""
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                "parameters": t.parameters}} for t in req.tools] or None
+    try:
+        return engine.tokenizer.apply_chat_template([message_dict(m) for m in req.messages], tools=tools)
+    except Exception as exc:  # jinja errors, raise_exception() in the template
+        raise BadRequest(f"chat template: {exc}") from exc
+
+
 def _unsupported(images: list[str]) -> str | None:
     return "the engine serves text-only models" if images else None
 
@@ -176,18 +186,14 @@ class EngineBackend(Backend):
     # -- generation --------------------------------------------------------------------------
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                    "parameters": t.parameters}} for t in req.tools] or None
-        messages = [message_dict(m) for m in req.messages]
-
-        def render(engine: LLMEngine) -> str:
-            try:
-                return engine.tokenizer.apply_chat_template(messages, tools=tools)
-            except Exception as exc:  # jinja errors, raise_exception() in the template
-                raise BadRequest(f"chat template: {exc}") from exc
         problem = _unsupported([i for m in req.messages for i in m.images])
         calls = [{"name": t.name, "parameters": t.parameters} for t in req.tools]
-        return self._generate(req.model, render, req.options, problem, req.format, calls, req.tool_choice)
+        return self._generate(req.model, lambda engine: _render(engine, req), req.options, problem, req.format,
+                              calls, req.tool_choice)
+
+    async def count_tokens(self, req: ChatRequest) -> int | None:
+        engine = self._check(req.model, await self._ready())
+        return len(engine.tokenizer.encode(_render(engine, req)))
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if not req.raw and req.suffix is None:

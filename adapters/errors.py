@@ -3,10 +3,12 @@ from __future__ import annotations
 
 
 class VeloError(Exception):
-    """Base error: `status` is the HTTP status the client sees, `kind` the OpenAI error `type`."""
+    """Base error: `status` is the HTTP status the client sees, `kind` the OpenAI error `type`, `code` OpenAI's
+    machine-readable `code` (a string clients test, such as "context_length_exceeded", or None)."""
 
     status = 500
     kind = "server_error"
+    code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None):
         super().__init__(message)
@@ -33,6 +35,7 @@ class Forbidden(VeloError):
 class ModelNotFound(VeloError):
     status = 404
     kind = "not_found_error"
+    code = "model_not_found"
 
     def __init__(self, model: str):
         super().__init__(f'model "{model}" not found, try pulling it first', param="model")

@@ -156,6 +156,11 @@ class LlamaCppBackend(OpenAIBackend):
                     return
         raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
 
+    async def count_tokens(self, req: ChatRequest) -> int | None:
+        """The chat rendered by the server's own template (`/apply-template`), then tokenized."""
+        rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model)
+        return len(await self.tokenize(rendered["prompt"]))
+
     async def tokenize(self, text: str) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything."""
         return (await self.http.call("POST", "/tokenize", {"content": text}))["tokens"]

@@ -5,20 +5,21 @@ adapter maps onto `SamplingParams` through the `engine` column, so a knob added 
 every backend, and a knob missing here reaches none (tests/adapters/test_options.py holds both ends).
 
 Wires: "ollama" (the keys of Ollama's `options` object), "openai" (top-level fields of an OpenAI request; `top_k`,
-`min_p` and `repetition_penalty` are the extensions vLLM, SGLang and llama-server accept), "llamacpp"
-(llama-server's native `/completion` keys) and "engine" (`engine.SamplingParams` fields). Log-probabilities are
+`min_p` and `repetition_penalty` are the extensions vLLM, SGLang and llama-server accept), "anthropic" (Messages
+API fields), "responses" (OpenAI Responses API fields), "llamacpp" (llama-server's native `/completion` keys) and
+"engine" (`engine.SamplingParams` fields). Log-probabilities are
 not knobs of the sampler and differ in shape per wire (a flag, a count, `n_probs`): each dialect handles them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import BadRequest
 from .fields import get, string_list
 from .protocol import SamplingOptions
 
-WIRES = ("ollama", "openai", "llamacpp", "engine")
+WIRES = ("ollama", "openai", "anthropic", "responses", "llamacpp", "engine")
 
 
 @dataclass(frozen=True)
@@ -29,30 +30,34 @@ class Knob:
     openai: str | None = None
     llamacpp: str | None = None
     engine: str | None = None
-    openai_range: tuple[float, float] | None = None  # OpenAI's documented bounds: 400 outside them
+    anthropic: str | None = None
+    responses: str | None = None
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # per wire, as its API documents: 400 outside
     ollama_default: float | None = None  # Ollama's documented default (docs/modelfile.md "Valid Parameters")
 
     def name(self, wire: str) -> str | None:
         return getattr(self, wire)
 
 
+_CHANCE = {"openai": (0, 1), "responses": (0, 1), "anthropic": (0, 1)}  # top_p and the like
+_PENALTY = {"openai": (-2, 2)}
 KNOBS: tuple[Knob, ...] = (
-    Knob("max_tokens", int, "num_predict", "max_tokens", "n_predict", "max_tokens"),
-    Knob("temperature", float, "temperature", "temperature", "temperature", "temperature",
-         openai_range=(0, 2), ollama_default=0.8),
-    Knob("top_p", float, "top_p", "top_p", "top_p", "top_p", openai_range=(0, 1), ollama_default=0.9),
-    Knob("top_k", int, "top_k", "top_k", "top_k", "top_k", ollama_default=40),
-    Knob("min_p", float, "min_p", "min_p", "min_p", "min_p", openai_range=(0, 1)),
+    Knob("max_tokens", int, "num_predict", "max_tokens", "n_predict", "max_tokens", "max_tokens", "max_output_tokens"),
+    Knob("temperature", float, "temperature", "temperature", "temperature", "temperature", "temperature",
+         "temperature", bounds={"openai": (0, 2), "responses": (0, 2), "anthropic": (0, 1)}, ollama_default=0.8),
+    Knob("top_p", float, "top_p", "top_p", "top_p", "top_p", "top_p", "top_p", bounds=_CHANCE, ollama_default=0.9),
+    Knob("top_k", int, "top_k", "top_k", "top_k", "top_k", "top_k", ollama_default=40),
+    Knob("min_p", float, "min_p", "min_p", "min_p", "min_p", bounds=_CHANCE),
     Knob("typical_p", float, "typical_p", None, "typical_p"),
     Knob("seed", int, "seed", "seed", "seed", "seed"),
     Knob("presence_penalty", float, "presence_penalty", "presence_penalty", "presence_penalty", "presence_penalty",
-         openai_range=(-2, 2)),
+         bounds=_PENALTY),
     Knob("frequency_penalty", float, "frequency_penalty", "frequency_penalty", "frequency_penalty",
-         "frequency_penalty", openai_range=(-2, 2)),
+         "frequency_penalty", bounds=_PENALTY),
     Knob("repeat_penalty", float, "repeat_penalty", "repetition_penalty", "repeat_penalty", "repetition_penalty"),
     Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n"),
     Knob("num_ctx", int, "num_ctx"),
-    Knob("stop", list, "stop", "stop", "stop", "stop"),
+    Knob("stop", list, "stop", "stop", "stop", "stop", "stop_sequences"),
 )
 BY_FIELD = {k.field: k for k in KNOBS}
 _NOT_KNOBS = {"logprobs", "top_logprobs", "extra"}  # SamplingOptions fields every wire treats its own way
@@ -64,16 +69,16 @@ def names(wire: str) -> set[str]:
 
 
 def read(wire: str, raw: dict[str, Any]) -> SamplingOptions:
-    """The knobs `raw` (a client's body or options object) sets, type-checked; an OpenAI value outside OpenAI's
-    documented range is a 400 naming the field."""
+    """The knobs `raw` (a client's body or options object) sets, type-checked; a value outside the range the
+    wire's API documents is a 400 naming the field."""
     opts = SamplingOptions()
     for knob in KNOBS:
         name = knob.name(wire)
         if name is None or name not in raw:
             continue
         value = string_list(raw, name) if knob.kind is list else get(raw, name, knob.kind)
-        if wire == "openai" and knob.openai_range and value is not None:
-            lo, hi = knob.openai_range
+        if wire in knob.bounds and value is not None:
+            lo, hi = knob.bounds[wire]
             if not lo <= value <= hi:
                 raise BadRequest(f"{name} must be between {lo:g} and {hi:g}, got {value}", param=name)
         setattr(opts, knob.field, value)

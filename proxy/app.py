@@ -9,7 +9,7 @@ from aiohttp import web
 
 from adapters.base import Backend
 
-from . import routes_ollama, routes_openai
+from . import routes_anthropic, routes_ollama, routes_openai, routes_responses
 from .auth import authenticate
 from .browser_guard import OriginPolicy, guard
 from .config import Config
@@ -18,7 +18,8 @@ from .http_io import json_response
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, render
 from .pipeline import Pipeline
 from .router import Router
-from .state import BACKENDS, CONFIG, PIPELINE, ROUTER
+from .responses_store import ResponseStore
+from .state import BACKENDS, CONFIG, PIPELINE, RESPONSES, ROUTER
 
 
 async def health(request: web.Request) -> web.Response:
@@ -49,7 +50,9 @@ async def _backends_ctx(app: web.Application) -> AsyncIterator[None]:
     backends, pipeline = app[BACKENDS], app[PIPELINE]
     await asyncio.gather(*(b.start() for b in backends.values()))
     await pipeline.start()
+    app[RESPONSES] = await ResponseStore.open(app[CONFIG].responses)
     yield
+    await app[RESPONSES].close()
     await pipeline.close()
     await asyncio.gather(*(b.close() for b in backends.values()), return_exceptions=True)
 
@@ -72,4 +75,6 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.
     app.router.add_get("/metrics", metrics)
     routes_ollama.add_routes(app)
     routes_openai.add_routes(app)
+    routes_anthropic.add_routes(app)
+    routes_responses.add_routes(app)
     return app

@@ -15,6 +15,7 @@ from adapters.schema import SchemaError, build, setting
 
 from .batching.config import BatchingConfig
 from .cache.config import CacheConfig
+from .responses_store import ResponsesConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,6 +78,7 @@ class Config:
     tools: ToolsConfig = setting(factory=ToolsConfig)
     cache: CacheConfig = setting(factory=CacheConfig)
     batching: BatchingConfig = setting(factory=BatchingConfig)
+    responses: ResponsesConfig = setting(factory=ResponsesConfig)
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:

@@ -22,6 +22,7 @@ from .batching.config import BatchingConfig
 from .cache.config import CacheConfig
 from .cache.policy import RoutePolicy
 from .config import Config, RouteConfig, ServerConfig, ToolsConfig
+from .responses_store import ResponsesConfig
 
 HEADER = """\
 # Velo configuration. Copy to config.toml (or pass --config / set VELO_CONFIG).
@@ -50,7 +51,8 @@ EXAMPLE: dict[str, Any] = {
     "cache.embed_model_path": "/models/all-MiniLM-L6-v2",
     "cache.routes": [{"match": "qwen2.5-coder*", "semantic": False, "ttl_s": 600.0}],
 }
-_TABLES = {"server": ServerConfig, "tools": ToolsConfig, "cache": CacheConfig, "batching": BatchingConfig}
+_TABLES = {"server": ServerConfig, "tools": ToolsConfig, "cache": CacheConfig, "batching": BatchingConfig,
+           "responses": ResponsesConfig}
 _KIND_OPTIONS = (ModelChoice, EngineConfig, ReplicaOptions)
 _WIDTH = 116
 
@@ -156,6 +158,7 @@ def render() -> str:
     for name in ("tools", "batching", "cache"):
         out += ["", *_table(name, _TABLES[name])]
     out += ["", *_array("cache.routes", RoutePolicy, EXAMPLE["cache.routes"])]
+    out += ["", *_table("responses", ResponsesConfig)]
     return "\n".join(out) + "\n"
 
 

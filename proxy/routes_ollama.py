@@ -17,7 +17,7 @@ from .job import Job
 from .state import PIPELINE, ROUTER
 from .streams import collect
 
-OLLAMA_VERSION = "0.12.6"  # the Ollama API level Velo speaks; clients gate features on it
+OLLAMA_VERSION = "0.14.0"  # the Ollama API level Velo speaks (/v1/messages: 0.14.0); clients gate features on it
 
 
 async def root(request: web.Request) -> web.Response:

@@ -7,9 +7,11 @@ from adapters.base import Backend
 
 from .config import Config
 from .pipeline import Pipeline
+from .responses_store import ResponseStore
 from .router import Router
 
 CONFIG = web.AppKey("config", Config)
 BACKENDS = web.AppKey("backends", dict[str, Backend])
 ROUTER = web.AppKey("router", Router)
 PIPELINE = web.AppKey("pipeline", Pipeline)
+RESPONSES = web.AppKey("responses", ResponseStore)

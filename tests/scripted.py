@@ -18,6 +18,7 @@ MODIFIED_AT = "2024-05-01T10:00:00.123456789-07:00"  # as Ollama writes it: nano
 @dataclass
 class Script:
     pieces: list[str] = field(default_factory=lambda: ["Hel", "lo", " world"])
+    thinking: str = ""  # streamed first, as one chunk
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
     fail_after: int | None = None  # raise BackendError after this many chunks
@@ -53,6 +54,8 @@ class ScriptedBackend(Backend):
     async def _run(self) -> AsyncIterator[Chunk]:
         s = self.script
         try:
+            if s.thinking:
+                yield Chunk(thinking=s.thinking)
             for i, piece in enumerate(s.pieces):
                 if s.fail_after is not None and i >= s.fail_after:
                     raise BackendError("scripted backend broke mid-stream")

@@ -49,6 +49,12 @@ class MemoryLRU:
             self._drop(next(iter(self._entries)))
         return True
 
+    def delete(self, key: str) -> bool:
+        if key not in self._entries:
+            return False
+        self._drop(key)
+        return True
+
     def _drop(self, key: str) -> None:
         self.bytes_used -= self._entries.pop(key).size
         assert self.bytes_used >= 0

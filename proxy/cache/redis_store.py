@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-_PREFIX = "velo:cache:"
 _EXPIRY = struct.Struct("<d")  # each value starts with its absolute expiry, so a reader can copy it down
 
 
@@ -15,15 +14,16 @@ _EXPIRY = struct.Struct("<d")  # each value starts with its absolute expiry, so 
 class RedisStore:
     client: aioredis.Redis
     name: str = "redis"
+    prefix: str = "velo:cache:"  # keys of each user of the Redis (the cache, stored responses) apart
 
     @classmethod
-    async def open(cls, url: str) -> "RedisStore":
+    async def open(cls, url: str, prefix: str = "velo:cache:") -> "RedisStore":
         client = aioredis.from_url(url)
         await client.ping()  # fail at start-up, not at the first request
-        return cls(client)
+        return cls(client, prefix=prefix)
 
     async def get(self, key: str) -> tuple[bytes, float] | None:
-        raw = await self.client.get(_PREFIX + key)
+        raw = await self.client.get(self.prefix + key)
         if raw is None:
             return None
         (expires_at,) = _EXPIRY.unpack_from(raw)
@@ -32,7 +32,10 @@ class RedisStore:
     async def put(self, key: str, payload: bytes, expires_at: float) -> None:
         ttl_ms = int((expires_at - time.time()) * 1000)
         if ttl_ms > 0:
-            await self.client.set(_PREFIX + key, _EXPIRY.pack(expires_at) + payload, px=ttl_ms)
+            await self.client.set(self.prefix + key, _EXPIRY.pack(expires_at) + payload, px=ttl_ms)
+
+    async def delete(self, key: str) -> bool:
+        return bool(await self.client.delete(self.prefix + key))
 
     async def close(self) -> None:
         await self.client.aclose()

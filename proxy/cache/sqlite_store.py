@@ -63,6 +63,14 @@ class SqliteStore:
             self._prune()
         self._db.commit()
 
+    async def delete(self, key: str) -> bool:
+        return await self._run(self._delete, key)
+
+    def _delete(self, key: str) -> bool:
+        deleted = self._db.execute("DELETE FROM entries WHERE key = ?", (key,)).rowcount > 0
+        self._db.commit()
+        return deleted
+
     def _prune(self) -> None:
         """Drop expired rows, then the oldest until the payloads fit in `max_bytes`."""
         self._db.execute("DELETE FROM entries WHERE expires_at <= ?", (self.clock(),))

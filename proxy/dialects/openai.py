@@ -105,6 +105,20 @@ def parse_message(raw: Any) -> Message:
                    tool_call_id=get(raw, "tool_call_id", str, ""), tool_name=get(raw, "name", str, ""))
 
 
+def parse_tool_choice(raw: Any) -> Any:
+    """Internal form: None (auto: what every backend does unasked), "none", "required", or
+    {"type": "function", "function": {"name"}}."""
+    if raw in (None, "auto"):
+        return None
+    if raw in ("none", "required"):
+        return raw
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest('tool_choice must be "auto", "none", "required" or {"type": "function", "function": '
+                         '{"name": ...}}', param="tool_choice")
+    return {"type": "function", "function": {"name": fn["name"]}}
+
+
 def _n(body: dict[str, Any]) -> int:
     n = get(body, "n", int, 1)
     if not 1 <= n <= 16:
@@ -118,8 +132,9 @@ def parse_chat(body: Any) -> ChatRequest:
     if not messages:
         raise BadRequest("messages must not be empty", param="messages")
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
-                       options=parse_options(body), tools=parse_tools(body), tool_choice=body.get("tool_choice"),
-                       format=parse_response_format(body), stream=get(body, "stream", bool, False), n=_n(body))
+                       options=parse_options(body), tools=parse_tools(body),
+                       tool_choice=parse_tool_choice(body.get("tool_choice")), format=parse_response_format(body),
+                       stream=get(body, "stream", bool, False), n=_n(body))
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -266,5 +281,5 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
 
 
 def error_object(err: VeloError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": err.kind, "param": err.param,
-                      "code": getattr(err, "code", None) or err.status}}
+    """OpenAI's error object: `code` is a string or null, never a number (SDKs and agents test it by value)."""
+    return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}

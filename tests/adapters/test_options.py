@@ -15,7 +15,7 @@ from adapters.llamacpp import native_sampling
 from adapters.ollama import chat_to_wire as ollama_wire
 from adapters.openai_wire import chat_to_wire as openai_wire
 from adapters.protocol import SamplingOptions
-from proxy.dialects import ollama, openai
+from proxy.dialects import anthropic, ollama, openai, responses
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -61,13 +61,19 @@ def test_openai_round_trip():
     assert {k: body[k] for k in sent} == sent
 
 
-@pytest.mark.parametrize("source", ["ollama", "openai"])
-@pytest.mark.parametrize("target", options.WIRES)
+PARSERS = {
+    "ollama": lambda sent: ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": sent}),
+    "openai": lambda sent: openai.parse_chat({"model": "m", "messages": MESSAGES, **sent}),
+    "anthropic": lambda sent: anthropic.parse_messages({"model": "m", "messages": MESSAGES, **sent}).request,
+    "responses": lambda sent: responses.parse_request({"model": "m", "input": "hi", **sent}).chat([]),
+}
+
+
+@pytest.mark.parametrize("source", PARSERS)
+@pytest.mark.parametrize("target", ["ollama", "openai", "llamacpp", "engine"])
 def test_values_cross_between_wires(source, target):
     """Whatever both wires can say arrives with the same value, under the target's name."""
-    sent = every(source)
-    body = {"model": "m", "messages": MESSAGES, **({"options": sent} if source == "ollama" else sent)}
-    req = (ollama if source == "ollama" else openai).parse_chat(body)
+    req = PARSERS[source](every(source))
     written = {"ollama": lambda: ollama_wire(req)["options"], "openai": lambda: openai_wire(req),
                "llamacpp": lambda: native_sampling(req.options),
                "engine": lambda: vars(sampling_params(req.options, 4096))}[target]()

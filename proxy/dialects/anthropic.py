@@ -1,0 +1,303 @@
+"""The Anthropic Messages dialect: request bodies -> internal requests, internal chunks -> messages and SSE events.
+
+Shapes follow Anthropic's API reference as the official `anthropic` SDK types model them (`types/message.py`,
+`raw_*_event.py`, `message_create_params.py`) and what Claude Code was captured sending (../shared/PROTOCOLS.md):
+`system` as blocks with `cache_control`, a `role: "system"` message inside `messages`, `thinking: {"type":
+"adaptive"}`. Tool calls are `tool_use` blocks whose `input` is an object; tool results come back as `tool_result`
+blocks in a user turn, and become internal "tool" messages ahead of that turn's text, as Ollama converts them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from adapters import options
+from adapters.errors import BadRequest, VeloError
+from adapters.fields import body_object, get, get_model
+from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
+
+_STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+# Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(12).hex()}"
+
+
+# -- requests ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Parsed:
+    """A Messages request as Velo runs it, and the tools it could not offer the model (Anthropic's server tools)."""
+
+    request: ChatRequest
+    ignored_tools: list[str] = field(default_factory=list)
+
+
+def parse_messages(body: Any, count_only: bool = False) -> Parsed:
+    """POST /v1/messages (and, with `count_only`, /v1/messages/count_tokens, which has no max_tokens)."""
+    body = body_object(body)
+    opts = options.read("anthropic", body)
+    if not count_only:
+        max_tokens = get(body, "max_tokens", int, required=True)
+        if max_tokens < 1:
+            raise BadRequest("max_tokens: must be at least 1", param="max_tokens")
+    raw_messages = get(body, "messages", list, required=True)
+    messages = _system(body.get("system"))
+    names: dict[str, str] = {}  # tool_use id -> tool name, for the tool results that answer them
+    for i, raw in enumerate(raw_messages):
+        messages += _message(raw, f"messages.{i}", names)
+    tools, ignored = _tools(body)
+    config = get(body, "output_config", dict, {})
+    return Parsed(ChatRequest(model=get_model(body), messages=messages, options=opts, tools=tools,
+                              tool_choice=_tool_choice(body.get("tool_choice")), format=_format(config),
+                              stream=get(body, "stream", bool, False), think=_think(body, config)), ignored)
+
+
+def _system(system: Any) -> list[Message]:
+    if system is None or system == "":
+        return []
+    if isinstance(system, str):
+        return [Message("system", system)]
+    return [Message("system", _text_of(system, "system"))]
+
+
+def _text_of(blocks: Any, where: str) -> str:
+    """Text blocks joined (a system prompt, or a tool result's content); other blocks are a 400."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise BadRequest(f"{where}: must be a string or an array of text blocks", param=where)
+    texts = []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise BadRequest(f"{where}.{i}: only text blocks are supported here", param=where)
+        texts.append(block["text"])
+    return "\n".join(texts)
+
+
+def _message(raw: Any, where: str, names: dict[str, str]) -> list[Message]:
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{where}: must be an object", param="messages")
+    role = get(raw, "role", str, required=True)
+    if role not in ("user", "assistant", "system"):
+        raise BadRequest(f"{where}.role: must be 'user' or 'assistant', got {role!r}", param="messages")
+    content = raw.get("content")
+    if isinstance(content, str):
+        return [Message(role, content)]
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content: must be a string or an array of content blocks", param="messages")
+    turn, results = Message(role), []
+    for i, block in enumerate(content):
+        results += _block(block, f"{where}.content.{i}", turn, names)
+    keep = turn.content or turn.images or turn.tool_calls or turn.thinking or not results
+    return results + ([turn] if keep else [])
+
+
+def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list[Message]:
+    """Adds one content block to `turn`; a tool result instead comes back as its own "tool" message."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text":
+        turn.content += get(block, "text", str, "")
+    elif kind == "image":
+        turn.images.append(_image(block.get("source"), where))
+    elif kind == "tool_use":
+        call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),
+                        get(block, "id", str, required=True))
+        names[call.id] = call.name
+        turn.tool_calls.append(call)
+    elif kind == "tool_result":
+        call_id = get(block, "tool_use_id", str, required=True)
+        text = _text_of(block.get("content") or "", f"{where}.content")
+        if block.get("is_error") is True:
+            text = f"Error: {text}"  # the internal model has no error flag; the model must still see it failed
+        return [Message("tool", text, tool_call_id=call_id, tool_name=names.get(call_id, ""))]
+    elif kind == "thinking":
+        turn.thinking += get(block, "thinking", str, "")
+    elif kind != "redacted_thinking":  # encrypted by Anthropic: nothing a local model can read
+        raise BadRequest(f"{where}: content blocks of type {kind!r} are not supported", param="messages")
+    return []
+
+
+def _image(source: Any, where: str) -> str:
+    if not isinstance(source, dict) or source.get("type") != "base64" or not isinstance(source.get("data"), str):
+        raise BadRequest(f"{where}.source: only base64 image sources are supported", param="messages")
+    return source["data"]
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
+    """Client tools ({name, description, input_schema}); Anthropic's own tool types (web search, code execution,
+    computer use, ...) need Anthropic's servers or its trained models: they are left out and named in a header."""
+    tools, ignored = [], []
+    for i, raw in enumerate(get(body, "tools", list, [])):
+        if not isinstance(raw, dict):
+            raise BadRequest(f"tools.{i}: must be an object", param="tools")
+        if raw.get("type") not in (None, "custom"):
+            ignored.append(str(raw.get("name") or raw.get("type")))
+            continue
+        schema = get(raw, "input_schema", dict, required=True)
+        tools.append(Tool(get(raw, "name", str, required=True), get(raw, "description", str, ""), schema))
+    return tools, ignored
+
+
+def _tool_choice(raw: Any) -> Any:
+    """Internal form (OpenAI's): None (auto), "none", "required", {"type": "function", "function": {"name"}}."""
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "tool":
+        return {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}
+    choices = {"auto": None, "any": "required", "none": "none"}
+    if kind not in choices:
+        raise BadRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
+    return choices[kind]
+
+
+def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
+    """`enabled` turns thinking on (at `output_config.effort` where given), `disabled` off; `adaptive` (what
+    Claude Code sends) leaves it to the model, so a model that cannot think still answers."""
+    thinking = get(body, "thinking", dict)
+    kind = thinking.get("type") if thinking else None
+    if kind == "enabled":
+        effort = config.get("effort")
+        return {"xhigh": "high", "max": "high"}.get(effort, effort) if isinstance(effort, str) else True
+    if kind == "disabled":
+        return False
+    if kind not in (None, "adaptive"):
+        raise BadRequest("thinking.type: must be one of enabled, disabled, adaptive", param="thinking")
+    return None
+
+
+def _format(config: dict[str, Any]) -> Any:
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise BadRequest("output_config.format: must be {type: 'json_schema', schema: {...}}", param="output_config")
+    return fmt["schema"]
+
+
+# -- answers -------------------------------------------------------------------------------------------------------
+
+def stop_reason(chunk: Chunk) -> str:
+    if chunk.tool_calls:
+        return "tool_use"
+    return _STOP_REASONS.get(chunk.finish_reason or "stop", "end_turn")
+
+
+def usage_object(usage: Usage | None) -> dict[str, int]:
+    u = usage or Usage()
+    return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.id or new_id("toolu"), "name": call.name, "input": call.arguments}
+
+
+def message_object(msg_id: str, model: str, whole: Chunk) -> dict[str, Any]:
+    """A whole non-streamed answer."""
+    content: list[dict[str, Any]] = []
+    if whole.thinking:
+        content.append({"type": "thinking", "thinking": whole.thinking, "signature": ""})
+    if whole.text or not (whole.thinking or whole.tool_calls):
+        content.append({"type": "text", "text": whole.text})
+    content += [_tool_use(c) for c in whole.tool_calls]
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop_reason(whole), "stop_sequence": None, "usage": usage_object(whole.usage)}
+
+
+def event(name: str, obj: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+@dataclass
+class MessageStream:
+    """Internal chunks -> Anthropic's SSE events: message_start and a ping, then content blocks (thinking, text,
+    tool_use) each opened, filled by deltas and stopped, then message_delta (stop_reason, usage) and message_stop."""
+
+    msg_id: str
+    model: str
+    started: bool = False
+    done: bool = False
+    index: int = -1
+    open: str | None = None  # the kind of the content block being filled
+
+    def encode(self, chunk: Chunk) -> bytes:
+        out = [] if self.started else self._start()
+        if chunk.thinking:
+            out += self._block("thinking", {"thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": chunk.thinking}))
+        if chunk.text:
+            out += self._block("text", {"text": ""})
+            out.append(self._delta({"type": "text_delta", "text": chunk.text}))
+        for call in chunk.tool_calls:
+            block = _tool_use(call)
+            out += self._block("tool_use", {**block, "input": {}}, fresh=True)
+            out.append(self._delta({"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}))
+        if chunk.finish_reason is not None:
+            out += self._end(stop_reason(chunk), chunk.usage)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """Closes a stream that ended without a finish reason (it never does when the backend behaves)."""
+        return b"" if self.done else b"".join(([] if self.started else self._start()) + self._end("end_turn", None))
+
+    def _start(self) -> list[bytes]:
+        self.started = True
+        message = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None, "usage": usage_object(None)}
+        return [event("message_start", {"type": "message_start", "message": message}), event("ping", {"type": "ping"})]
+
+    def _block(self, kind: str, start: dict[str, Any], fresh: bool = False) -> list[bytes]:
+        if self.open == kind and not fresh:
+            return []
+        out = self._close()
+        self.index, self.open = self.index + 1, kind
+        block = {"type": kind, **start}
+        out.append(event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                 "content_block": block}))
+        return out
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def _end(self, reason: str, usage: Usage | None) -> list[bytes]:
+        self.done = True
+        out = self._close()
+        out.append(event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason,
+                                                                               "stop_sequence": None},
+                                           "usage": usage_object(usage)}))
+        out.append(event("message_stop", {"type": "message_stop"}))
+        return out
+
+
+# -- errors --------------------------------------------------------------------------------------------------------
+
+def error_status(err: VeloError) -> int:
+    """Anthropic's status for Velo's error: a backend that is down or full is 529 overloaded (its clients retry
+    it with backoff); a missing model feature or an unknown route detail is the client's 400, never a 5xx."""
+    if err.status == 503:
+        return 529
+    return 400 if err.status == 501 else err.status
+
+
+def error_object(err: VeloError) -> dict[str, Any]:
+    status = error_status(err)
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def error_event(err: VeloError) -> bytes:
+    return event("error", error_object(err))

@@ -1,0 +1,328 @@
+"""The OpenAI Responses dialect: request bodies -> internal requests, internal chunks -> response objects and their
+event stream.
+
+Shapes follow OpenAI's API reference as the `openai` SDK's `types/responses/` model them, and what Codex was
+captured sending (../shared/PROTOCOLS.md): the system prompt as a `developer` item, `store: false` with the whole
+history resent, `reasoning` items echoed back, `namespace` tool groups (offered to the model as
+`namespace.member`, as Ollama does, and answered as a call with `name` and `namespace`), `custom` freeform tools
+(offered as a function taking `{"input": string}`, answered as a `custom_tool_call`). Thinking goes out as a
+`reasoning` item whose summary, content and `encrypted_content` carry the text, so a client that echoes the item
+back gives the model its thinking again.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from adapters import options
+from adapters.errors import BadRequest, VeloError
+from adapters.fields import body_object, get, get_model
+from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
+
+from . import openai
+
+FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+_NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(12).hex()}"
+
+
+@dataclass(frozen=True)
+class ToolName:
+    """How an internal tool name reads on the wire: a namespace member, or a custom (freeform) tool."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
+
+
+@dataclass
+class Parsed:
+    """A Responses request: the items it adds to the conversation, and what the response object echoes."""
+
+    model: str
+    items: list[dict[str, Any]]
+    instructions: str | None
+    tools: list[Tool]
+    names: dict[str, ToolName]  # internal tool name -> wire name, for tools that are not plain functions
+    ignored_tools: list[str]
+    tool_choice: Any
+    format: Any
+    think: bool | str | None
+    sampling: Any
+    stream: bool
+    store: bool
+    previous_response_id: str | None
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats
+
+    def chat(self, history: list[dict[str, Any]]) -> ChatRequest:
+        """The internal request for this turn after `history` (the stored conversation, for previous_response_id)."""
+        system = [Message("system", self.instructions)] if self.instructions else []
+        return ChatRequest(model=self.model, messages=system + items_to_messages(history + self.items),
+                           options=self.sampling, tools=self.tools, tool_choice=self.tool_choice,
+                           format=self.format, stream=self.stream, think=self.think)
+
+
+def parse_request(body: Any) -> Parsed:
+    body = body_object(body)
+    tools, names, ignored = _tools(get(body, "tools", list, []))
+    tools, tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    reasoning = get(body, "reasoning", dict, {})
+    text = get(body, "text", dict, {})
+    sampling = options.read("responses", body)
+    if sampling.max_tokens is not None and sampling.max_tokens < 1:
+        raise BadRequest("max_output_tokens: must be at least 1", param="max_output_tokens")
+    echo = {"instructions": body.get("instructions"), "max_output_tokens": sampling.max_tokens,
+            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+            "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True), "text": {"format": text.get("format") or
+                                                                                   {"type": "text"}},
+            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+            "truncation": body.get("truncation", "disabled"), "metadata": body.get("metadata") or {},
+            "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
+            "store": get(body, "store", bool, True)}
+    return Parsed(model=get_model(body), items=_items(body.get("input")),
+                  instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
+                  tool_choice=tool_choice, format=_format(text.get("format")), think=_think(reasoning),
+                  sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
+                  previous_response_id=get(body, "previous_response_id", str), echo=echo)
+
+
+def _items(raw: Any) -> list[dict[str, Any]]:
+    """`input` as a list of items (a string is one user message)."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
+    if not isinstance(raw, list) or not all(isinstance(i, dict) for i in raw):
+        raise BadRequest("input: must be a string or an array of items", param="input")
+    return [{"type": "message", **i} if "type" not in i and "role" in i else i for i in raw]
+
+
+def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
+    """Input and output items as internal messages: function calls join the assistant turn before them, a reasoning
+    item's text becomes the next assistant turn's thinking, outputs become "tool" messages."""
+    out: list[Message] = []
+    names: dict[str, str] = {}  # call id -> tool name
+    thinking = ""
+    for n, item in enumerate(items):
+        kind, where = item.get("type"), f"input.{n}"
+        if kind == "message":
+            message = _message(item, where)
+            if message.role == "assistant":
+                message.thinking, thinking = thinking, ""
+            out.append(message)
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _call(item, where)
+            names[call.id] = call.name
+            if out and out[-1].role == "assistant":
+                out[-1].tool_calls.append(call)
+            else:
+                out.append(Message("assistant", thinking=thinking, tool_calls=[call]))
+                thinking = ""
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = get(item, "call_id", str, required=True)
+            out.append(Message("tool", _output_text(item.get("output"), where), tool_call_id=call_id,
+                               tool_name=names.get(call_id, "")))
+        elif kind == "reasoning":
+            thinking += _reasoning_text(item)
+        else:
+            raise BadRequest(f"{where}: input items of type {kind!r} are not supported", param="input")
+    return out
+
+
+def _message(item: dict[str, Any], where: str) -> Message:
+    role = get(item, "role", str, required=True)
+    if role not in ("user", "assistant", "system", "developer"):
+        raise BadRequest(f"{where}.role: must be user, assistant, system or developer", param="input")
+    message = Message("system" if role == "developer" else role)
+    content = item.get("content")
+    if isinstance(content, str):
+        message.content = content
+        return message
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content: must be a string or an array of parts", param="input")
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text", "summary_text"):
+            message.content += get(part, "text", str, "")
+        elif kind == "input_image":
+            message.images.append(_image(part, f"{where}.content.{i}"))
+        elif kind != "refusal":
+            raise BadRequest(f"{where}.content.{i}: parts of type {kind!r} are not supported", param="input")
+    return message
+
+
+def _image(part: dict[str, Any], where: str) -> str:
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
+        raise BadRequest(f"{where}.image_url: only base64 data URLs are supported", param="input")
+    return url.split(",", 1)[1]
+
+
+def _call(item: dict[str, Any], where: str) -> ToolCall:
+    name = get(item, "name", str, required=True)
+    if item.get("namespace"):
+        name = f"{item['namespace']}.{name}"
+    call_id = get(item, "call_id", str, required=True)
+    if item["type"] == "custom_tool_call":
+        return ToolCall(name, {"input": get(item, "input", str, "")}, call_id)
+    arguments = get(item, "arguments", str, "{}")
+    try:
+        parsed = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"{where}.arguments: not valid JSON ({e})", param="input") from e
+    if not isinstance(parsed, dict):
+        raise BadRequest(f"{where}.arguments: must encode a JSON object", param="input")
+    return ToolCall(name, parsed, call_id)
+
+
+def _output_text(output: Any, where: str) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(p.get("text", "") for p in output if isinstance(p, dict) and p.get("type") in
+                       ("input_text", "output_text", "text"))
+    raise BadRequest(f"{where}.output: must be a string or an array of parts", param="input")
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """Velo's own reasoning items carry the text in `encrypted_content`; OpenAI's real ones are opaque there."""
+    parts = item.get("content") or item.get("summary") or []
+    text = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+    return text or item.get("encrypted_content") or ""
+
+
+def _tools(raw: list[Any]) -> tuple[list[Tool], dict[str, ToolName], list[str]]:
+    tools, names, ignored = [], {}, []
+    for i, tool in enumerate(raw):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "namespace":
+            members, member_names, member_ignored = _tools(get(tool, "tools", list, []))
+            prefix = get(tool, "name", str, required=True)
+            for t in members:
+                qualified = f"{prefix}.{t.name}"
+                names[qualified] = ToolName(t.name, prefix, member_names.get(t.name, ToolName(t.name)).custom)
+                tools.append(Tool(qualified, t.description, t.parameters))
+            ignored += member_ignored
+        elif kind == "function":
+            tools.append(Tool(get(tool, "name", str, required=True), get(tool, "description", str, ""),
+                              get(tool, "parameters", dict, {}) or {"type": "object", "properties": {}}))
+        elif kind == "custom":
+            name = get(tool, "name", str, required=True)
+            names[name] = ToolName(name, custom=True)
+            tools.append(Tool(name, _freeform_description(tool), FREEFORM))
+        elif isinstance(tool, dict):  # hosted tools (web_search, file_search, mcp, ...) run on OpenAI's side
+            ignored.append(str(tool.get("name") or kind))
+        else:
+            raise BadRequest(f"tools.{i}: must be an object", param="tools")
+    return tools, names, ignored
+
+
+def _freeform_description(tool: dict[str, Any]) -> str:
+    """A custom tool takes free text; its grammar (if any) is what the text must follow."""
+    fmt = tool.get("format") or {}
+    grammar = f"\nThe input must follow this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}" \
+        if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str) else ""
+    return (tool.get("description") or "") + grammar
+
+
+def _tool_choice(raw: Any, tools: list[Tool]) -> tuple[list[Tool], Any]:
+    """Internal form: None (auto), "none", "required", {"type": "function", "function": {"name"}}; an
+    `allowed_tools` choice narrows the tools offered."""
+    if raw in (None, "auto"):
+        return tools, None
+    if raw in ("none", "required"):
+        return tools, raw
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind in ("function", "custom"):
+        return tools, {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}
+    if kind == "allowed_tools":
+        allowed = {t.get("name") for t in get(raw, "tools", list, []) if isinstance(t, dict)}
+        return [t for t in tools if t.name in allowed], "required" if raw.get("mode") == "required" else None
+    raise BadRequest("tool_choice: must be auto, none, required, or {type: function, name}", param="tool_choice")
+
+
+def _format(fmt: Any) -> Any:
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        return "json"
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return fmt["schema"]
+    raise BadRequest("text.format: must be {type: text | json_object | json_schema, ...}", param="text")
+
+
+def _think(reasoning: dict[str, Any]) -> bool | str | None:
+    effort = reasoning.get("effort")
+    if effort is None:
+        return None
+    if effort in _NO_THINKING:
+        return False
+    return {"xhigh": "high"}.get(effort, effort)
+
+
+# -- answers -------------------------------------------------------------------------------------------------------
+
+def usage_object(usage: Usage | None) -> dict[str, Any]:
+    u = usage or Usage()
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def response_object(resp_id: str, parsed: Parsed, created_at: float, status: str, output: list[dict[str, Any]],
+                    usage: Usage | None = None, error: VeloError | None = None) -> dict[str, Any]:
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {"id": resp_id, "object": "response", "created_at": int(created_at), "status": status,
+            "error": error_body(error) if error else None, "incomplete_details": incomplete, "model": parsed.model,
+            "output": output, "usage": usage_object(usage) if status != "in_progress" else None,
+            **parsed.echo, "completed_at": int(time.time()) if status == "completed" else None}
+
+
+def error_body(err: VeloError) -> dict[str, Any]:
+    return {"code": err.code or err.kind, "message": err.message}
+
+
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}],
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": text, "status": "completed"}
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text else []}
+
+
+def call_item(call: ToolCall, names: dict[str, ToolName]) -> dict[str, Any]:
+    wire = names.get(call.name, ToolName(call.name))
+    item: dict[str, Any] = {"id": new_id("ctc" if wire.custom else "fc"), "call_id": call.id or new_id("call"), "name": wire.name,
+                            "status": "completed"}
+    if wire.namespace:
+        item["namespace"] = wire.namespace
+    if wire.custom:
+        return {**item, "type": "custom_tool_call", "input": str(call.arguments.get("input", ""))}
+    return {**item, "type": "function_call", "arguments": orjson.dumps(call.arguments).decode()}
+
+
+def output_items(whole: Chunk, names: dict[str, ToolName]) -> list[dict[str, Any]]:
+    """A whole answer as output items: its reasoning, its message, its calls."""
+    out = [reasoning_item(new_id("rs"), whole.thinking)] if whole.thinking else []
+    if whole.text or not (whole.thinking or whole.tool_calls):
+        out.append(message_item(new_id("msg"), whole.text))
+    return out + [call_item(c, names) for c in whole.tool_calls]
+
+
+def status_of(whole: Chunk) -> str:
+    return "incomplete" if whole.finish_reason == "length" else "completed"
+
+
+def error_object(err: VeloError) -> dict[str, Any]:
+    """Errors outside a stream are OpenAI's shape."""
+    return openai.error_object(err)

@@ -1,0 +1,131 @@
+"""Internal chunks -> the Responses API's event stream, each event numbered by `sequence_number`:
+
+    response.created, response.in_progress
+    per output item: response.output_item.added, its parts and deltas, response.output_item.done
+        reasoning: reasoning_summary_part.added, reasoning_summary_text.delta/.done, reasoning_summary_part.done
+        message: content_part.added, output_text.delta/.done, content_part.done
+        function call: function_call_arguments.delta/.done (custom tools: custom_tool_call_input.delta/.done)
+    response.completed (its response's status "incomplete" when the output limit ran out) | response.failed
+
+A client that reads its output only from `response.output_item.done` (Codex does) gets every item there, and
+`response.completed` ends every stream that did not fail: OpenAI sends `response.incomplete` instead when the
+output limit ran out, but Codex retries a stream without `response.completed` and the SDK's stream helper
+raises; Ollama ends with `response.completed` too.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from adapters.errors import VeloError
+from adapters.protocol import Chunk, Usage
+
+from .responses import Parsed, call_item, message_item, new_id, reasoning_item, response_object, status_of
+
+
+@dataclass
+class ResponseStream:
+    resp_id: str
+    parsed: Parsed
+    created_at: float = field(default_factory=time.time)
+    sequence: int = 0
+    output: list[dict[str, Any]] = field(default_factory=list)  # finished items
+    open: dict[str, Any] | None = None  # the reasoning or message item being filled
+    text: str = ""  # of the open item
+    final: dict[str, Any] | None = None  # the response object once the stream ended
+
+    def encode(self, chunk: Chunk) -> bytes:
+        out = [] if self.sequence else self._start()
+        if chunk.thinking:
+            out += self._item("reasoning") + [self._event("response.reasoning_summary_text.delta", {
+                **self._at(), "summary_index": 0, "delta": chunk.thinking})]
+            self.text += chunk.thinking
+        if chunk.text:
+            out += self._item("message") + [self._event("response.output_text.delta", {
+                **self._at(), "content_index": 0, "delta": chunk.text, "logprobs": []})]
+            self.text += chunk.text
+        if chunk.tool_calls:
+            out += self._close()
+            for call in chunk.tool_calls:
+                out += self._call(call_item(call, self.parsed.names))
+        if chunk.finish_reason is not None:
+            out += self._end(status_of(chunk), chunk.usage)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """A stream that ended without a finish reason (never, when the backend behaves) still completes."""
+        return b"" if self.final else b"".join(([] if self.sequence else self._start()) + self._end("completed", None))
+
+    def fail(self, err: VeloError) -> bytes:
+        """An error after the first event: the response fails, in its own stream, with what went wrong."""
+        out = ([] if self.sequence else self._start()) + self._close()
+        self.final = response_object(self.resp_id, self.parsed, self.created_at, "failed", self.output, error=err)
+        return b"".join(out + [self._event("response.failed", {"response": self.final})])
+
+    def _event(self, kind: str, body: dict[str, Any]) -> bytes:
+        obj = {"type": kind, "sequence_number": self.sequence, **body}
+        self.sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+    def _at(self) -> dict[str, Any]:
+        assert self.open is not None
+        return {"item_id": self.open["id"], "output_index": len(self.output)}
+
+    def _start(self) -> list[bytes]:
+        response = response_object(self.resp_id, self.parsed, self.created_at, "in_progress", [])
+        return [self._event("response.created", {"response": response}),
+                self._event("response.in_progress", {"response": response})]
+
+    def _item(self, kind: str) -> list[bytes]:
+        if self.open is not None and self.open["type"] == kind:
+            return []
+        out = self._close()
+        if kind == "reasoning":
+            self.open = {"id": new_id("rs"), "type": "reasoning", "summary": []}
+            part = {"summary_index": 0, "part": {"type": "summary_text", "text": ""}}
+            following = ("response.reasoning_summary_part.added", part)
+        else:
+            self.open = message_item(new_id("msg"), "", "in_progress")
+            part = {"content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}
+            following = ("response.content_part.added", part)
+        out.append(self._event("response.output_item.added", {"output_index": len(self.output), "item": self.open}))
+        out.append(self._event(following[0], {**self._at(), **following[1]}))
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        at, text = self._at(), self.text
+        if self.open["type"] == "reasoning":
+            item = reasoning_item(self.open["id"], text)
+            out = [self._event("response.reasoning_summary_text.done", {**at, "summary_index": 0, "text": text}),
+                   self._event("response.reasoning_summary_part.done", {
+                       **at, "summary_index": 0, "part": {"type": "summary_text", "text": text}})]
+        else:
+            item = message_item(self.open["id"], text)
+            out = [self._event("response.output_text.done", {**at, "content_index": 0, "text": text, "logprobs": []}),
+                   self._event("response.content_part.done", {**at, "content_index": 0, "part": item["content"][0]})]
+        out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
+        self.output.append(item)
+        self.open, self.text = None, ""
+        return out
+
+    def _call(self, item: dict[str, Any]) -> list[bytes]:
+        at = {"item_id": item["id"], "output_index": len(self.output)}
+        custom = item["type"] == "custom_tool_call"
+        field_, kind = ("input", "custom_tool_call_input") if custom else ("arguments", "function_call_arguments")
+        added = {**item, field_: "", "status": "in_progress"}
+        out = [self._event("response.output_item.added", {"output_index": at["output_index"], "item": added}),
+               self._event(f"response.{kind}.delta", {**at, "delta": item[field_]}),
+               self._event(f"response.{kind}.done", {**at, field_: item[field_], "name": item["name"]}),
+               self._event("response.output_item.done", {"output_index": at["output_index"], "item": item})]
+        self.output.append(item)
+        return out
+
+    def _end(self, status: str, usage: Usage | None) -> list[bytes]:
+        out = self._close()
+        self.final = response_object(self.resp_id, self.parsed, self.created_at, status, self.output, usage)
+        return out + [self._event("response.completed", {"response": self.final})]

@@ -1,0 +1,90 @@
+"""Responses kept for `previous_response_id` and `GET` / `DELETE /v1/responses/{id}` (`store: true`, OpenAI's
+default): in memory, bounded by bytes and expiring after `[responses] ttl_s`, and in SQLite or Redis when
+configured (the cache's own tier classes). Scoped per API key: another key gets 404, never the response."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from adapters.schema import setting
+
+from .cache.memory import MemoryLRU
+
+
+@dataclass
+class ResponsesConfig:
+    """Stored responses of the Responses API (store: true), for previous_response_id and GET/DELETE."""
+
+    ttl_s: float = setting(30 * 86400.0, "seconds a stored response stays retrievable (OpenAI keeps them 30 days)",
+                           min=0)
+    max_bytes: int = setting(64 * 1024 * 1024, "bound of the in-process store; the least recently used go first",
+                             min=0)
+    sqlite_path: str | None = setting(None, "a SQLite file that keeps stored responses across restarts",
+                                      default_doc="none (memory only)")
+    redis_url: str | None = setting(None, "a Redis shared by several Velo processes, which then share stored "
+                                    "responses", default_doc="none")
+
+
+@dataclass
+class StoredResponse:
+    response: dict[str, Any]  # the response object as the client got it
+    input: list[dict[str, Any]]  # the input items of its request
+    history: list[dict[str, Any]]  # the conversation before them (earlier responses' inputs and outputs)
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """What a response continuing this one follows: everything before, this input, this output."""
+        return self.history + self.input + self.response["output"]
+
+
+@dataclass
+class ResponseStore:
+    cfg: ResponsesConfig
+    memory: MemoryLRU
+    tiers: list[Any]  # SqliteStore / RedisStore, nearest first
+
+    @classmethod
+    async def open(cls, cfg: ResponsesConfig, clock: Callable[[], float] = time.time) -> "ResponseStore":
+        tiers: list[Any] = []
+        if cfg.sqlite_path:
+            from .cache.sqlite_store import SqliteStore
+            tiers.append(await SqliteStore.open(cfg.sqlite_path, cfg.max_bytes, clock))
+        if cfg.redis_url:
+            from .cache.redis_store import RedisStore
+            tiers.append(await RedisStore.open(cfg.redis_url, prefix="velo:responses:"))
+        return cls(cfg, MemoryLRU(cfg.max_bytes, clock), tiers)
+
+    async def close(self) -> None:
+        for tier in self.tiers:
+            await tier.close()
+
+    async def put(self, tenant: str, record: StoredResponse) -> None:
+        key, payload = _key(tenant, record.response["id"]), orjson.dumps(record.__dict__)
+        self.memory.put(key, record, len(payload), self.cfg.ttl_s)
+        for tier in self.tiers:
+            await tier.put(key, payload, self.memory.clock() + self.cfg.ttl_s)
+
+    async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
+        key = _key(tenant, resp_id)
+        if (found := self.memory.get(key)) is not None:
+            return found
+        for tier in self.tiers:
+            if (row := await tier.get(key)) is not None:
+                payload, expires_at = row
+                record = StoredResponse(**orjson.loads(payload))
+                self.memory.put(key, record, len(payload), expires_at - self.memory.clock())
+                return record
+        return None
+
+    async def delete(self, tenant: str, resp_id: str) -> bool:
+        key = _key(tenant, resp_id)
+        deleted = self.memory.delete(key)
+        for tier in self.tiers:
+            deleted = await tier.delete(key) or deleted
+        return deleted
+
+
+def _key(tenant: str, resp_id: str) -> str:
+    return f"{tenant}:{resp_id}"

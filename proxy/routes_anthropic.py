@@ -1,0 +1,52 @@
+"""Anthropic Messages API handlers (`/v1/messages`, also with `?beta=true`, and `/v1/messages/count_tokens`):
+parse -> pipeline -> write. `x-api-key` authenticates like a Bearer token (proxy/auth.py); `anthropic-version` and
+`anthropic-beta` are accepted and change nothing."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from aiohttp import web
+
+from adapters.protocol import aggregate
+
+from .dialects import anthropic
+from .http_io import job_for, json_response, read_json, write_stream
+from .state import PIPELINE, ROUTER
+from .streams import collect
+from .token_count import prompt_tokens
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    parsed = anthropic.parse_messages(body)
+    req, job = parsed.request, job_for(request, parsed.request, body)
+    stream = request.app[PIPELINE].generate(job)
+    msg_id = anthropic.new_id("msg")
+
+    def headers() -> dict[str, str]:
+        ignored = {"X-Velo-Tools-Ignored": ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else {}
+        return {**job.outcome.headers(), **ignored, "request-id": msg_id}
+
+    if not req.stream:
+        whole = aggregate(await collect(stream))
+        return json_response(anthropic.message_object(msg_id, req.model, whole), headers=headers())
+    writer = anthropic.MessageStream(msg_id, req.model)
+
+    async def finish() -> bytes:
+        return writer.finish()
+    return await write_stream(request, stream, writer.encode, anthropic.error_event, "text/event-stream", headers,
+                              finish=finish)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The backend's own count where it has a tokenizer (engine, llama-server), else an estimate (token_count.py);
+    `X-Velo-Token-Count` says which."""
+    req = anthropic.parse_messages(await read_json(request), count_only=True).request
+    target = await request.app[ROUTER].resolve(req.model)
+    tokens, exact = await prompt_tokens(target, replace(req, model=target.model))
+    return json_response({"input_tokens": tokens}, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)

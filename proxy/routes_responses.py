@@ -1,0 +1,111 @@
+"""OpenAI Responses API handlers: `POST /v1/responses` (streamed and not), `GET` / `DELETE /v1/responses/{id}`,
+`GET /v1/responses/{id}/input_items`, `POST /v1/responses/input_tokens`. parse -> pipeline -> write; a stored
+response continues with `previous_response_id` (proxy/responses_store.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from adapters.errors import NotFound
+from adapters.protocol import aggregate
+
+from .auth import CALLER
+from .dialects import responses
+from .dialects.responses_stream import ResponseStream
+from .http_io import job_for, json_response, read_json, write_stream
+from .responses_store import StoredResponse
+from .state import PIPELINE, RESPONSES, ROUTER
+from .streams import collect
+from .token_count import prompt_tokens
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    parsed = responses.parse_request(body)
+    history = await _history(request, parsed)
+    job = job_for(request, parsed.chat(history), body)
+    stream = request.app[PIPELINE].generate(job)
+    resp_id = responses.new_id("resp")
+
+    def headers() -> dict[str, str]:
+        ignored = {"X-Velo-Tools-Ignored": ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else {}
+        return {**job.outcome.headers(), **ignored}
+
+    if not parsed.stream:
+        created, whole = time.time(), aggregate(await collect(stream))
+        obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole),
+                                        responses.output_items(whole, parsed.names), whole.usage)
+        await _keep(request, parsed, history, obj)
+        return json_response(obj, headers=headers())
+    writer = ResponseStream(resp_id, parsed)
+
+    async def finish() -> bytes:
+        return writer.finish()
+    resp = await write_stream(request, stream, writer.encode, writer.fail, "text/event-stream", headers,
+                              finish=finish)
+    if writer.final is not None and writer.final["status"] != "failed":
+        await _keep(request, parsed, history, writer.final)
+    return resp
+
+
+async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[str, Any]]:
+    if parsed.previous_response_id is None:
+        return []
+    previous = await request.app[RESPONSES].get(request[CALLER].tenant, parsed.previous_response_id)
+    if previous is None:
+        raise NotFound(f"Previous response with id '{parsed.previous_response_id}' not found.",
+                       param="previous_response_id")
+    return previous.conversation()
+
+
+async def _keep(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
+                obj: dict[str, Any]) -> None:
+    if parsed.store:
+        await request.app[RESPONSES].put(request[CALLER].tenant, StoredResponse(obj, parsed.items, history))
+
+
+async def _stored(request: web.Request) -> StoredResponse:
+    resp_id = request.match_info["id"]
+    found = await request.app[RESPONSES].get(request[CALLER].tenant, resp_id)
+    if found is None:
+        raise NotFound(f"Response with id '{resp_id}' not found.")
+    return found
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    return json_response((await _stored(request)).response)
+
+
+async def delete(request: web.Request) -> web.Response:
+    resp_id = request.match_info["id"]
+    if not await request.app[RESPONSES].delete(request[CALLER].tenant, resp_id):
+        raise NotFound(f"Response with id '{resp_id}' not found.")
+    return json_response({"id": resp_id, "object": "response", "deleted": True})
+
+
+async def input_items(request: web.Request) -> web.Response:
+    items = [{"id": item.get("id") or f"item_{n}", **item} for n, item in enumerate((await _stored(request)).input)]
+    return json_response({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+                          "last_id": items[-1]["id"] if items else None, "has_more": False})
+
+
+async def input_tokens(request: web.Request) -> web.Response:
+    """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
+    parsed = responses.parse_request(await read_json(request))
+    req = parsed.chat(await _history(request, parsed))
+    target = await request.app[ROUTER].resolve(req.model)
+    tokens, exact = await prompt_tokens(target, replace(req, model=target.model))
+    return json_response({"object": "response.input_tokens", "input_tokens": tokens},
+                         headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/v1/responses", create)
+    r.add_post("/v1/responses/input_tokens", input_tokens)
+    r.add_get("/v1/responses/{id}", retrieve)
+    r.add_delete("/v1/responses/{id}", delete)
+    r.add_get("/v1/responses/{id}/input_items", input_items)

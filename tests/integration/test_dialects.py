@@ -1,0 +1,154 @@
+"""All four dialects over the real backends: the official `ollama`, `openai` (chat and responses) and `anthropic`
+clients -> `velo serve` -> the embedded engine and the real llama-server, both on SmolLM2-135M.
+
+Greedy decoding makes every dialect's request the same internal request, so they must get the same text and the
+same tool calls, and an answer cached through one dialect must replay through the others."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import aiohttp
+import anthropic
+import ollama
+import openai
+import orjson
+import pytest
+
+from tests.http_ready import wait_until_ok
+from tests.llama_server import free_port
+
+ROOT = str(Path(__file__).resolve().parents[2])
+MODELS = {"engine": "smollm2:135m", "llama": "llama-smollm2"}
+WEATHER = {"name": "get_weather", "description": "Get the current weather for a city",
+           "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                          "properties": {"city": {"type": "string", "maxLength": 20}}}}
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def velo(llama_chat, tmp_path_factory) -> Iterator[str]:
+    """`velo serve` with the cache on, in front of the embedded engine and the real llama-server."""
+    port, folder = free_port(), tmp_path_factory.mktemp("dialects")
+    (folder / "config.toml").write_text(f"""
+[server]
+port = {port}
+[[backends]]
+name = "engine"
+kind = "engine"
+options = {{ progress = false }}
+[[backends]]
+name = "llama"
+kind = "llamacpp"
+url = "{llama_chat.url}"
+models = ["{MODELS['llama']}"]
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    log = open(folder / "velo.log", "wb")  # a file, not a pipe: a full pipe would stall the server
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
+                            cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_until_ok(url + "/api/tags", 180, proc=proc))
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def sdks(url: str, headers: dict[str, str] | None = None):
+    return (ollama.AsyncClient(host=url, headers=headers),
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0, default_headers=headers),
+            anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0, default_headers=headers))
+
+
+async def answers(url: str, model: str, prompt: str, tokens: int, headers: dict | None = None) -> dict[str, str]:
+    """The same greedy question through each dialect's official client."""
+    oll, oai, ant = sdks(url, headers)
+    user = [{"role": "user", "content": prompt}]
+    out = {"ollama": (await oll.chat(model=model, messages=user,
+                                     options={"temperature": 0, "num_predict": tokens})).message.content,
+           "openai": (await oai.chat.completions.create(model=model, messages=user, temperature=0,
+                                                        max_tokens=tokens)).choices[0].message.content}
+    msg = await ant.messages.create(model=model, messages=user, max_tokens=tokens, extra_body={"temperature": 0})
+    out["anthropic"] = msg.content[0].text
+    out["responses"] = (await oai.responses.create(model=model, input=prompt, temperature=0,
+                                                   max_output_tokens=tokens)).output_text
+    return out
+
+
+@pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_every_dialect_gets_the_same_answer(velo, backend):
+    got = await answers(velo, MODELS[backend], "Name three colours.", 12, NO_CACHE)
+    assert got["ollama"] and len(set(got.values())) == 1, got
+
+
+@pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_streams_give_what_whole_answers_give(velo, backend):
+    _, oai, ant = sdks(velo, NO_CACHE)
+    model, user = MODELS[backend], [{"role": "user", "content": "Count to five."}]
+    whole = await ant.messages.create(model=model, messages=user, max_tokens=10, extra_body={"temperature": 0})
+    async with ant.messages.stream(model=model, messages=user, max_tokens=10,
+                                   extra_body={"temperature": 0}) as stream:
+        streamed = await stream.get_final_message()
+    assert streamed.content[0].text == whole.content[0].text and streamed.stop_reason == "max_tokens"
+    async with oai.responses.stream(model=model, input="Count to five.", temperature=0,
+                                    max_output_tokens=10) as stream:
+        final = await stream.get_final_response()
+    assert final.output_text == whole.content[0].text and final.status == "incomplete"
+
+
+@pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_an_answer_cached_through_one_dialect_replays_through_the_others(velo, backend):
+    model, prompt = MODELS[backend], f"Say something about {backend}s."
+    first = await answers(velo, model, prompt, 8)
+    async with aiohttp.ClientSession() as s:
+        user = [{"role": "user", "content": prompt}]
+        calls = [("/api/chat", {"model": model, "messages": user, "stream": False,
+                                "options": {"temperature": 0, "num_predict": 8}}),
+                 ("/v1/chat/completions", {"model": model, "messages": user, "temperature": 0, "max_tokens": 8}),
+                 ("/v1/messages", {"model": model, "messages": user, "temperature": 0, "max_tokens": 8}),
+                 ("/v1/responses", {"model": model, "input": prompt, "temperature": 0, "max_output_tokens": 8})]
+        for path, body in calls:
+            async with s.post(velo + path, json=body) as resp:
+                assert resp.status == 200 and resp.headers["X-Velo-Cache"] == "exact", path
+    assert len(set(first.values())) == 1, first
+
+
+@pytest.mark.parametrize("backend", ["engine"])
+async def test_a_forced_tool_call_is_the_same_in_every_dialect_that_can_force_one(velo, backend):
+    _, oai, ant = sdks(velo, NO_CACHE)
+    model, ask = MODELS[backend], "What is the weather in Paris?"
+    chat = await oai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": ask}], temperature=0, max_tokens=40,
+        tools=[{"type": "function", "function": WEATHER}], tool_choice="required")
+    msg = await ant.messages.create(
+        model=model, messages=[{"role": "user", "content": ask}], max_tokens=40, extra_body={"temperature": 0},
+        tools=[{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}],
+        tool_choice={"type": "any"})
+    resp = await oai.responses.create(model=model, input=ask, temperature=0, max_output_tokens=40,
+                                      tools=[{"type": "function", **WEATHER}], tool_choice="required")
+    call = chat.choices[0].message.tool_calls[0].function
+    calls = {(call.name, orjson.dumps(orjson.loads(call.arguments)).decode()),
+             (msg.content[-1].name, orjson.dumps(msg.content[-1].input).decode()),
+             (resp.output[-1].name, orjson.dumps(orjson.loads(resp.output[-1].arguments)).decode())}
+    assert len(calls) == 1 and next(iter(calls))[0] == "get_weather", calls
+    assert msg.stop_reason == "tool_use" and chat.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_token_counts_come_from_the_backends_tokenizer(velo, backend):
+    _, oai, ant = sdks(velo)
+    user = [{"role": "user", "content": "Hello there, how are you today?"}]
+    counted = await ant.messages.with_raw_response.count_tokens(model=MODELS[backend], messages=user)
+    assert counted.headers["X-Velo-Token-Count"] == "exact"
+    answer = await oai.chat.completions.create(model=MODELS[backend], messages=user, max_tokens=1,
+                                               extra_headers=NO_CACHE)
+    assert (await counted.parse()).input_tokens == answer.usage.prompt_tokens

@@ -1,0 +1,222 @@
+"""The Anthropic Messages API under /v1/messages, driven by the official `anthropic` package (messages, streaming
+helpers, tools, count_tokens) plus raw-wire checks of the events and error shapes Claude Code relies on."""
+from __future__ import annotations
+
+import anthropic
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.errors import BackendUnavailable
+from adapters.protocol import ToolCall
+from proxy.app import make_app
+from proxy.config import Config, ServerConfig
+from tests.scripted import Script, ScriptedBackend
+
+USER = [{"role": "user", "content": "hi"}]
+READ = {"name": "read_file", "description": "Read a file", "input_schema": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+
+
+def _client(base_url: str, **kw) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key="sk-ant-test", max_retries=0, **kw)
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in filter(None, text.split("\n\n")):
+        name, data = block.split("\n", 1)
+        assert name.startswith("event: ") and data.startswith("data: "), block
+        out.append((name[7:], orjson.loads(data[6:])))
+    return out
+
+
+async def test_message_with_text_and_tool_use(base_url, scripted: ScriptedBackend):
+    scripted.script.tool_calls = [ToolCall("read_file", {"path": "a.py"}, "toolu_1")]
+    msg = await _client(base_url).messages.create(model="tiny", max_tokens=64, messages=USER, tools=[READ])
+    assert msg.id.startswith("msg_") and msg.role == "assistant" and msg.model == "tiny"
+    assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.content[0].text == "Hello world"
+    assert (msg.content[1].id, msg.content[1].name, msg.content[1].input) == ("toolu_1", "read_file", {"path": "a.py"})
+    assert msg.stop_reason == "tool_use" and msg.stop_sequence is None
+    assert (msg.usage.input_tokens, msg.usage.output_tokens) == (5, 3)
+    req = scripted.requests[0]
+    assert req.tools[0].name == "read_file" and req.tools[0].parameters == READ["input_schema"]
+    assert req.options.max_tokens == 64
+
+
+async def test_stream_events_in_anthropics_order(client, scripted: ScriptedBackend):
+    scripted.script.thinking = "Let me think."
+    scripted.script.tool_calls = [ToolCall("read_file", {"path": "a.py"}, "toolu_1")]
+    resp = await client.post("/v1/messages?beta=true", json={"model": "tiny", "max_tokens": 64, "stream": True,
+                                                             "messages": USER, "tools": [READ]})
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    events = sse_events(await resp.text())
+    assert [e for e, _ in events] == [
+        "message_start", "ping",
+        "content_block_start", "content_block_delta", "content_block_stop",  # thinking
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
+        "content_block_stop",  # text, a delta per piece
+        "content_block_start", "content_block_delta", "content_block_stop",  # tool_use
+        "message_delta", "message_stop"]
+    assert all(data["type"] == name for name, data in events)
+    starts = [d["content_block"] for e, d in events if e == "content_block_start"]
+    assert [b["type"] for b in starts] == ["thinking", "text", "tool_use"]
+    assert starts[2] == {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}
+    deltas = [d["delta"] for e, d in events if e == "content_block_delta"]
+    assert deltas[0] == {"type": "thinking_delta", "thinking": "Let me think."}
+    assert deltas[-1] == {"type": "input_json_delta", "partial_json": '{"path":"a.py"}'}
+    assert [d["index"] for e, d in events if e.startswith("content_block")] == [0] * 3 + [1] * 5 + [2] * 3
+    delta = events[-2][1]
+    assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert delta["usage"]["output_tokens"] == 3 and delta["usage"]["input_tokens"] == 5
+
+
+async def test_streaming_helper_accumulates_the_same_message(base_url, scripted: ScriptedBackend):
+    scripted.script.thinking = "Hmm."
+    async with _client(base_url).messages.stream(model="tiny", max_tokens=64, messages=USER) as stream:
+        texts = [t async for t in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(texts) == "Hello world"
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == "Hmm."
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+
+
+async def test_a_claude_code_turn_converts_to_the_internal_conversation(client, scripted: ScriptedBackend):
+    """System blocks with cache_control, a system message inside messages, a tool round trip with string and block
+    results, an error result, thinking echoed back, an image, adaptive thinking: as Claude Code sends them."""
+    body = {"model": "claude-sonnet-4", "max_tokens": 32000, "stream": False,
+            "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                       {"type": "text", "text": "Be brief."}],
+            "thinking": {"type": "adaptive"}, "metadata": {"user_id": "u"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": []}, "tools": [READ],
+            "messages": [
+                {"role": "system", "content": "Reminder."},
+                {"role": "user", "content": [{"type": "text", "text": "Read a.py"},
+                                             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                          "data": "QUJD"}}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "I should read it.", "signature": "sig"},
+                    {"type": "text", "text": "Reading."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.py"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "read_file", "input": {"path": "b.py"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1\tprint(1)",
+                     "cache_control": {"type": "ephemeral"}},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+                     "content": [{"type": "text", "text": "no such file"}]},
+                    {"type": "text", "text": "Go on."}]}]}
+    resp = await client.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01",
+                                                               "anthropic-beta": "claude-code-20250219"})
+    assert resp.status == 200, await resp.text()
+    req = scripted.requests[0]
+    assert [(m.role, m.content) for m in req.messages] == [
+        ("system", "You are Claude Code.\nBe brief."), ("system", "Reminder."), ("user", "Read a.py"),
+        ("assistant", "Reading."), ("tool", "1\tprint(1)"), ("tool", "Error: no such file"), ("user", "Go on.")]
+    assert req.messages[2].images == ["QUJD"] and req.messages[3].thinking == "I should read it."
+    assert [(c.id, c.arguments) for c in req.messages[3].tool_calls] == [("toolu_1", {"path": "a.py"}),
+                                                                        ("toolu_2", {"path": "b.py"})]
+    assert [(m.tool_call_id, m.tool_name) for m in req.messages[4:6]] == [("toolu_1", "read_file"),
+                                                                         ("toolu_2", "read_file")]
+    assert req.think is None and req.options.max_tokens == 32000
+
+
+@pytest.mark.parametrize("choice, internal", [
+    ({"type": "auto"}, None), ({"type": "any"}, "required"), ({"type": "none"}, "none"),
+    ({"type": "tool", "name": "read_file"}, {"type": "function", "function": {"name": "read_file"}})])
+async def test_tool_choice_maps_to_the_internal_form(client, scripted, choice, internal):
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
+                                                   "tools": [READ], "tool_choice": choice})
+    assert resp.status == 200 and scripted.requests[0].tool_choice == internal
+
+
+@pytest.mark.parametrize("thinking, think", [
+    ({"type": "enabled", "budget_tokens": 1024}, True), ({"type": "disabled"}, False), ({"type": "adaptive"}, None)])
+async def test_thinking_switch_reaches_the_request(client, scripted, thinking, think):
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
+                                                   "thinking": thinking})
+    assert resp.status == 200 and scripted.requests[0].think == think
+
+
+async def test_sampling_fields_and_structured_output(client, scripted):
+    scripted.script.pieces = ['{"a": 1}']
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    resp = await client.post("/v1/messages", json={
+        "model": "tiny", "max_tokens": 8, "messages": USER, "temperature": 0.2, "top_p": 0.5, "top_k": 7,
+        "stop_sequences": ["END"], "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert resp.status == 200
+    o, req = scripted.requests[0].options, scripted.requests[0]
+    assert (o.temperature, o.top_p, o.top_k, o.stop, req.format) == (0.2, 0.5, 7, ["END"], schema)
+
+
+async def test_server_tools_are_left_out_and_named(client, scripted):
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER, "tools": [
+        READ, {"type": "web_search_20250305", "name": "web_search"}]})
+    assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "web_search"
+    assert [t.name for t in scripted.requests[0].tools] == ["read_file"]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"model": "tiny", "messages": USER}, "max_tokens"),
+    ({"model": "tiny", "max_tokens": 0, "messages": USER}, "max_tokens"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "temperature": 1.5}, "temperature"),
+    ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}, "source"),
+    ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "role"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": "sometimes"}}, "tool_choice"),
+    ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+     "document"),
+])
+async def test_bad_requests_are_400_in_anthropics_shape(client, body, field):
+    resp = await client.post("/v1/messages", json=body)
+    data = await resp.json()
+    assert resp.status == 400 and data["type"] == "error"
+    assert data["error"]["type"] == "invalid_request_error" and field in data["error"]["message"]
+
+
+async def test_sdk_raises_its_own_errors(base_url):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await _client(base_url).messages.create(model="tiny", max_tokens=8, messages=USER,
+                                                extra_body={"temperature": 3})
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+
+
+class _Down(ScriptedBackend):
+    def chat(self, req):
+        raise BackendUnavailable("backend 's' is not reachable")
+
+
+async def test_unavailable_backend_is_529_overloaded():
+    async with TestClient(TestServer(make_app(Config(), {"s": _Down("s")}))) as c:
+        resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER})
+        data = await resp.json()
+    assert resp.status == 529 and data == {"type": "error", "error": {
+        "type": "overloaded_error", "message": "backend 's' is not reachable"}}
+
+
+async def test_failure_mid_stream_is_an_error_event():
+    backend = ScriptedBackend("s", script=Script(fail_after=1))
+    async with TestClient(TestServer(make_app(Config(), {"s": backend}))) as c:
+        resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER, "stream": True})
+        events = sse_events(await resp.text())
+    assert events[-1][0] == "error"
+    assert events[-1][1] == {"type": "error", "error": {"type": "api_error",
+                                                        "message": "scripted backend broke mid-stream"}}
+
+
+async def test_x_api_key_authenticates_like_bearer():
+    app = make_app(Config(server=ServerConfig(api_keys=["secret"])), {"s": ScriptedBackend("s")})
+    async with TestClient(TestServer(app)) as c:
+        base = str(c.make_url("")).rstrip("/")
+        keyed = anthropic.AsyncAnthropic(base_url=base, api_key="secret", max_retries=0)
+        assert (await keyed.messages.create(model="tiny", max_tokens=8, messages=USER)).content
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            await _client(base).messages.create(model="tiny", max_tokens=8, messages=USER)
+    assert e.value.body["error"]["type"] == "authentication_error"
+
+
+async def test_count_tokens_estimates_when_the_backend_has_no_tokenizer(base_url, client):
+    counted = await _client(base_url).messages.count_tokens(model="tiny", messages=[
+        {"role": "user", "content": "x" * 400}], system="y" * 40)
+    assert counted.input_tokens == 110  # (400 + 40) characters / 4
+    resp = await client.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": USER})
+    assert resp.headers["X-Velo-Token-Count"] == "estimate"

@@ -1,0 +1,213 @@
+"""The OpenAI Responses API under /v1/responses, driven by the official `openai` package's `responses` (create,
+stream, previous_response_id, retrieve, delete, input_items, input_tokens) plus raw-wire checks of what Codex
+needs: numbered events, every item in `response.output_item.done`, `response.completed` last."""
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.protocol import ToolCall
+from proxy.app import make_app
+from proxy.config import Config
+from proxy.responses_store import ResponsesConfig
+from tests.scripted import Script, ScriptedBackend
+
+
+def _client(base_url: str, key: str = "sk-test") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in filter(None, text.split("\n\n")):
+        name, data = block.split("\n", 1)
+        out.append((name.removeprefix("event: "), orjson.loads(data.removeprefix("data: "))))
+    return out
+
+
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {
+        "cmd": {"type": "string"}}, "required": ["cmd"]}},
+    {"type": "namespace", "name": "files", "description": "File tools", "tools": [
+        {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {
+            "path": {"type": "string"}}}}]},
+    {"type": "custom", "name": "apply_patch", "description": "Apply a patch",
+     "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+    {"type": "web_search"}]
+
+
+async def test_create_returns_a_response_object(base_url, scripted: ScriptedBackend):
+    r = await _client(base_url).responses.create(model="tiny", input="hi", instructions="Be brief.",
+                                                 max_output_tokens=50, temperature=0.3)
+    assert r.id.startswith("resp_") and r.object == "response" and r.status == "completed"
+    assert r.output_text == "Hello world" and r.output[0].type == "message" and r.output[0].role == "assistant"
+    assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (5, 3, 8)
+    assert (r.instructions, r.temperature, r.max_output_tokens, r.store) == ("Be brief.", 0.3, 50, True)
+    req = scripted.requests[0]
+    assert [(m.role, m.content) for m in req.messages] == [("system", "Be brief."), ("user", "hi")]
+    assert (req.options.max_tokens, req.options.temperature) == (50, 0.3)
+
+
+async def test_stream_events_are_numbered_and_complete(client, scripted: ScriptedBackend):
+    scripted.script.thinking = "Think."
+    scripted.script.tool_calls = [ToolCall("exec_command", {"cmd": "ls"}, "call_1")]
+    resp = await client.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True,
+                                                    "tools": CODEX_TOOLS})
+    events = sse_events(await resp.text())
+    names = [e for e, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"] and names[-1] == "response.completed"
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(d["type"] == e for e, d in events)
+    assert names.count("response.output_item.added") == names.count("response.output_item.done") == 3
+    done = [d["item"] for e, d in events if e == "response.output_item.done"]
+    final = events[-1][1]["response"]
+    assert final["output"] == done and final["status"] == "completed" and final["usage"]["total_tokens"] == 8
+    assert [i["type"] for i in done] == ["reasoning", "message", "function_call"]
+    assert done[0]["summary"] == [{"type": "summary_text", "text": "Think."}]
+    assert done[0]["encrypted_content"] == "Think."
+    assert done[1]["content"][0]["text"] == "Hello world"
+    assert (done[2]["call_id"], done[2]["name"], orjson.loads(done[2]["arguments"])) == ("call_1", "exec_command",
+                                                                                        {"cmd": "ls"})
+    assert "".join(d["delta"] for e, d in events if e == "response.output_text.delta") == "Hello world"
+
+
+async def test_sdk_stream_helper_gives_the_final_response(base_url):
+    async with _client(base_url).responses.stream(model="tiny", input="hi") as stream:
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "Hello world"
+
+
+async def test_a_codex_turn_converts_to_the_internal_conversation(client, scripted: ScriptedBackend):
+    """store false, the system prompt as a developer item, reasoning echoed back, a call and its output,
+    namespace and custom tools, a hosted tool that cannot run here."""
+    body = {"model": "gpt-5-codex", "stream": True, "store": False, "tool_choice": "auto",
+            "parallel_tool_calls": True, "reasoning": {"effort": "medium", "summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k", "tools": CODEX_TOOLS,
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "I will run ls."},
+                {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": '{"cmd":"ls"}'},
+                {"type": "function_call_output", "call_id": "call_1", "output": "a.py\nb.py"},
+                {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin"},
+                {"type": "custom_tool_call_output", "call_id": "call_2", "output": "Done"}]}
+    resp = await client.post("/v1/responses", json=body)
+    assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "web_search"
+    req = scripted.requests[0]
+    assert [(m.role, m.content) for m in req.messages] == [
+        ("system", "You are Codex."), ("user", "list files"), ("assistant", ""), ("tool", "a.py\nb.py"),
+        ("assistant", ""), ("tool", "Done")]
+    assert req.messages[2].thinking == "I will run ls." and req.messages[2].tool_calls[0].arguments == {"cmd": "ls"}
+    assert req.messages[4].tool_calls[0].arguments == {"input": "*** Begin"}
+    assert [(m.tool_call_id, m.tool_name) for m in (req.messages[3], req.messages[5])] == [
+        ("call_1", "exec_command"), ("call_2", "apply_patch")]
+    assert [t.name for t in req.tools] == ["exec_command", "files.read", "apply_patch"]
+    assert req.tools[2].parameters["properties"] == {"input": {"type": "string"}}
+    assert "start: /.+/" in req.tools[2].description and req.think == "medium" and req.tool_choice is None
+
+
+async def test_namespace_and_custom_calls_are_answered_in_their_own_shape(base_url, scripted: ScriptedBackend):
+    scripted.script.tool_calls = [ToolCall("files.read", {"path": "a.py"}, "call_1"),
+                                  ToolCall("apply_patch", {"input": "*** Begin"}, "call_2")]
+    r = await _client(base_url).responses.create(model="tiny", input="go", tools=CODEX_TOOLS)
+    read, patch = r.output[1], r.output[2]
+    assert (read.type, read.name, read.namespace, orjson.loads(read.arguments)) == (
+        "function_call", "read", "files", {"path": "a.py"})
+    assert (patch.type, patch.name, patch.input, patch.call_id) == ("custom_tool_call", "apply_patch", "*** Begin",
+                                                                   "call_2")
+
+
+async def test_previous_response_id_continues_the_conversation(base_url, scripted: ScriptedBackend):
+    client = _client(base_url)
+    first = await client.responses.create(model="tiny", input="My name is Ada.", instructions="Be brief.")
+    await client.responses.create(model="tiny", input="What is my name?", previous_response_id=first.id)
+    second = scripted.requests[1]
+    assert [(m.role, m.content) for m in second.messages] == [
+        ("user", "My name is Ada."), ("assistant", "Hello world"), ("user", "What is my name?")]
+    assert (await client.responses.retrieve(first.id)).output_text == "Hello world"
+    items = await client.responses.input_items.list(first.id)
+    assert [i.content[0].text for i in items.data] == ["My name is Ada."]
+
+
+async def test_stored_responses_belong_to_their_api_key(base_url):
+    mine, other = _client(base_url, "key-a"), _client(base_url, "key-b")
+    r = await mine.responses.create(model="tiny", input="secret")
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.create(model="tiny", input="x", previous_response_id=r.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.delete(r.id)
+    await mine.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        await mine.responses.retrieve(r.id)
+    assert e.value.body["code"] is None and "not found" in e.value.body["message"]
+
+
+async def test_store_false_keeps_nothing(base_url):
+    r = await _client(base_url).responses.create(model="tiny", input="hi", store=False)
+    with pytest.raises(openai.NotFoundError):
+        await _client(base_url).responses.retrieve(r.id)
+
+
+async def test_stored_responses_expire_and_survive_a_restart_in_sqlite(tmp_path):
+    cfg = Config(responses=ResponsesConfig(ttl_s=0.3, sqlite_path=str(tmp_path / "responses.db")))
+    async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:
+        r = await (await c.post("/v1/responses", json={"model": "tiny", "input": "hi"})).json()
+    async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:  # a restart
+        assert (await c.get(f"/v1/responses/{r['id']}")).status == 200
+        await asyncio.sleep(0.4)
+        assert (await c.get(f"/v1/responses/{r['id']}")).status == 404
+
+
+async def test_output_limit_makes_an_incomplete_response(base_url, scripted: ScriptedBackend):
+    scripted.script.finish_reason = "length"
+    r = await _client(base_url).responses.create(model="tiny", input="hi", max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+
+
+async def test_text_format_and_reasoning_effort_reach_the_request(client, scripted: ScriptedBackend):
+    scripted.script.pieces = ['{"a": 1}']
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    resp = await client.post("/v1/responses", json={
+        "model": "tiny", "input": "hi", "reasoning": {"effort": "minimal"},
+        "text": {"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}}})
+    assert resp.status == 200 and scripted.requests[0].format == schema and scripted.requests[0].think is False
+
+
+async def test_failure_mid_stream_fails_the_response():
+    backend = ScriptedBackend("s", script=Script(fail_after=1))
+    async with TestClient(TestServer(make_app(Config(), {"s": backend}))) as c:
+        resp = await c.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True})
+        events = sse_events(await resp.text())
+    assert events[-1][0] == "response.failed"
+    failed = events[-1][1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["message"] == "scripted backend broke mid-stream"
+    assert failed["error"]["code"] == "backend_error"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "tiny", "input": 5}, "input"),
+    ({"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, "input"),
+    ({"model": "tiny", "input": "hi", "temperature": 3}, "temperature"),
+    ({"model": "tiny", "input": "hi", "text": {"format": {"type": "yaml"}}}, "text"),
+    ({"model": "tiny", "input": "hi", "tool_choice": {"type": "mystery"}}, "tool_choice"),
+    ({"model": "tiny", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]},
+     "input"),
+])
+async def test_bad_requests_are_400_in_openais_shape(client, body, param):
+    resp = await client.post("/v1/responses", json=body)
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["type"] == "invalid_request_error" and err["param"] == param
+    assert err["code"] is None or isinstance(err["code"], str)
+
+
+async def test_input_tokens_counts_the_turn(base_url):
+    counted = await _client(base_url).responses.input_tokens.count(model="tiny", input="x" * 40,
+                                                                    instructions="y" * 40)
+    assert counted.input_tokens == 20 and counted.object == "response.input_tokens"
