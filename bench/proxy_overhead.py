@@ -1,14 +1,16 @@
 """What Velo costs on the request path: the same OpenAI-dialect requests sent straight to an upstream and through
 Velo, in the same run, reported as ratios against the direct baseline; against the fast upstream also through
 LiteLLM's proxy (`litellm[proxy]`, installed apart by scripts/install-litellm.sh: its pins would fight Velo's),
-as the peer. Figures: latency p50/p99 of short requests, streamed pieces/s, and max req/s of one process.
+as the peer. Figures: latency p50/p99 of short requests, streamed pieces/s, and max req/s of one process; and
+each of Velo's four dialects (Ollama, OpenAI chat, Anthropic Messages, OpenAI Responses) asking the same
+question of the same upstream, against the OpenAI dialect (goal: within 10%).
 
 Two upstreams: a fast fake (tests/fakes.py FakeOpenAI, no delay: the proxy's own cost dominates) and the real
 llama-server with SmolLM2-135M (tests/llama_server.py: what a user feels). Upstream, Velo and this client each run
 in their own process; direct and proxied requests alternate so machine noise hits both alike. Velo's response
 cache is off (it would answer from memory, which measures the cache, not the path).
 
-    python bench/proxy_overhead.py [--requests 200] [--stream-words 256] [--skip-llama]
+    python bench/proxy_overhead.py [--requests 200] [--stream-words 256] [--skip-llama] [--dialect-requests 300]
                                    [--rps-clients 32] [--rps-seconds 5] [--litellm PATH]
 """
 from __future__ import annotations
@@ -166,6 +168,54 @@ async def bench_sides(name: str, sides: Sides, requests: int, short: dict, long:
     report(name, lat, tput, unit, rps)
 
 
+# The same question in each dialect: (path, short non-streamed body, long streamed body).
+DIALECTS = {
+    "openai": ("/v1/chat/completions", {"model": "fake", "messages": MSG, "max_tokens": 8},
+               {"model": "fake", "messages": MSG, "stream": True}),
+    "ollama": ("/api/chat", {"model": "fake", "messages": MSG, "stream": False, "options": {"num_predict": 8}},
+               {"model": "fake", "messages": MSG}),
+    "anthropic": ("/v1/messages", {"model": "fake", "messages": MSG, "max_tokens": 8},
+                  {"model": "fake", "messages": MSG, "max_tokens": 4096, "stream": True}),
+    "responses": ("/v1/responses", {"model": "fake", "input": "Say hello", "max_output_tokens": 8, "store": False},
+                  {"model": "fake", "input": "Say hello", "stream": True, "store": False}),
+}
+
+
+async def dialect_latency(session: aiohttp.ClientSession, velo: str, n: int, streamed: bool) -> dict[str, list[float]]:
+    """Seconds per sequential request through each dialect, taking turns in a rotating order."""
+    out: dict[str, list[float]] = {name: [] for name in DIALECTS}
+    names = list(DIALECTS)
+    for i in range(n):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            path, short, long = DIALECTS[name]
+            started = time.perf_counter()
+            async with session.post(velo + path, json=long if streamed else short) as resp:
+                assert resp.status == 200, (path, await resp.text())
+                await resp.read()
+            out[name].append(time.perf_counter() - started)
+    return out
+
+
+async def bench_dialects(velo: str, direct: str, n: int) -> None:
+    """Each dialect against the OpenAI dialect, through the same Velo to the same upstream; the direct call to the
+    upstream (same short question) shows what Velo itself adds."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=AUTH) as session:
+        await dialect_latency(session, velo, 5, False)
+        base = (await latency(session, {"direct": direct}, DIALECTS["openai"][1], n))["direct"]
+        short = await dialect_latency(session, velo, n, False)
+        streamed = await dialect_latency(session, velo, max(n // 10, 10), True)
+    print(f"dialects       {n} sequential short requests each, {max(n // 10, 10)} streamed answers each, one Velo")
+    for q in (50, 99):
+        ref, d = pct(short["openai"], q), pct(base, q)
+        print(f"dialects       latency p{q}  openai {ref * 1e3:6.2f} ms (+{(ref - d) * 1e3:.2f} over direct)" + "".join(
+            f"   {name} {pct(v, q) * 1e3:6.2f} ms ({pct(v, q) / ref:.2f}x)" for name, v in short.items()
+            if name != "openai"))
+    ref = statistics.median(streamed["openai"])
+    print(f"dialects       stream median openai {ref * 1e3:6.1f} ms" + "".join(
+        f"   {name} {statistics.median(v) * 1e3:6.1f} ms ({statistics.median(v) / ref:.2f}x)"
+        for name, v in streamed.items() if name != "openai"))
+
+
 def _start_litellm(binary: str, upstream: str, model: str) -> tuple[subprocess.Popen, str]:
     """LiteLLM's proxy in front of the same upstream, one worker, no database, its own logging quiet."""
     port, folder = free_port(), Path(tempfile.mkdtemp())
@@ -186,6 +236,7 @@ def main() -> None:
     ap.add_argument("--llama-requests", type=int, default=20)
     ap.add_argument("--llama-tokens", type=int, default=64)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--dialect-requests", type=int, default=300, help="sequential requests per dialect")
     ap.add_argument("--rps-clients", type=int, default=32)
     ap.add_argument("--rps-seconds", type=float, default=5)
     ap.add_argument("--litellm", default=str(LITELLM), help="LiteLLM proxy binary (scripts/install-litellm.sh); "
@@ -208,6 +259,7 @@ def main() -> None:
     try:
         asyncio.run(bench_sides("fake upstream", sides, args.requests, short, long, 5, 4, "pieces/s",
                                 args.rps_clients, args.rps_seconds))
+        asyncio.run(bench_dialects(velo, fake, args.dialect_requests))
     finally:
         for p in procs:
             p.terminate()

@@ -1,0 +1,83 @@
+"""The two newest dialects over each HTTP backend kind: the official `anthropic` and `openai` (responses)
+clients -> Velo -> the Ollama protocol double and the OpenAI-compatible fake (tests/fakes.py), streamed and not,
+with tool calls and thinking."""
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+
+from adapters.base import BackendConfig
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config
+from tests.fakes import FakeOpenAI, OllamaDouble
+
+MODELS = {"ollama": "smollm2:135m", "openai": "fake-gpt"}
+READ = {"name": "read_file", "description": "Read a file", "input_schema": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+
+
+@pytest.fixture(params=["ollama", "openai"])
+async def velo(request):
+    """(base URL, the fake upstream) for each backend kind."""
+    fake = OllamaDouble() if request.param == "ollama" else FakeOpenAI(models=[MODELS["openai"]])
+    async with fake:
+        fake.script.reply = "Paris is the capital."
+        fake.script.tool_calls = [{"name": "read_file", "arguments": {"path": "a.py"}}]
+        cfg = Config(backends=[BackendConfig(name="up", kind=request.param, urls=[fake.url])],
+                     cache=CacheConfig(enabled=False))
+        server = TestServer(make_app(cfg), host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            yield str(server.make_url("")).rstrip("/"), request.param, fake
+        finally:
+            await server.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_messages_with_tools(velo, stream):
+    url, kind, fake = velo
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
+    args = dict(model=MODELS[kind], max_tokens=64, tools=[READ], messages=[{"role": "user", "content": "Read a.py"}])
+    if stream:
+        async with client.messages.stream(**args) as s:
+            msg = await s.get_final_message()
+    else:
+        msg = await client.messages.create(**args)
+    assert msg.content[0].text == "Paris is the capital." and msg.stop_reason == "tool_use"
+    assert (msg.content[1].name, msg.content[1].input) == ("read_file", {"path": "a.py"})
+    sent = fake.last("/api/chat" if kind == "ollama" else "/v1/chat/completions")
+    assert sent["tools"][0]["function"]["name"] == "read_file"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_with_tools(velo, stream):
+    url, kind, fake = velo
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    args = dict(model=MODELS[kind], input="Read a.py", tools=[{"type": "function", "name": "read_file",
+                                                              "parameters": READ["input_schema"]}])
+    if stream:
+        async with client.responses.stream(**args) as s:
+            r = await s.get_final_response()
+    else:
+        r = await client.responses.create(**args)
+    assert r.output_text == "Paris is the capital." and r.status == "completed"
+    call = r.output[-1]
+    assert (call.type, call.name, call.arguments) == ("function_call", "read_file", '{"path":"a.py"}')
+
+
+@pytest.mark.parametrize("velo", ["ollama"], indirect=True)
+async def test_thinking_from_ollama_comes_back_in_both_dialects(velo):
+    url, kind, fake = velo
+    fake.script.thinking, fake.script.tool_calls = "Let me see.", []
+    ant = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
+    msg = await ant.messages.create(model=MODELS[kind], max_tokens=64, thinking={"type": "enabled",
+                                    "budget_tokens": 1024}, messages=[{"role": "user", "content": "Hi"}])
+    assert fake.last("/api/chat")["think"] is True
+    assert [(b.type, getattr(b, "thinking", None)) for b in msg.content][0] == ("thinking", "Let me see.")
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    r = await oai.responses.create(model=MODELS[kind], input="Hi", reasoning={"effort": "high"})
+    assert fake.last("/api/chat")["think"] == "high"
+    assert r.output[0].type == "reasoning" and r.output[0].summary[0].text == "Let me see."
