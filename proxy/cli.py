@@ -1,4 +1,5 @@
-"""`velo serve`: load config.toml (or pick the embedded default) and serve on :8000."""
+"""`velo serve`: load config.toml (or pick the embedded default) and serve on :8000.
+`velo doctor`, `velo bench` and `velo chat` live in proxy/commands/."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ from aiohttp import web
 from adapters.base import BackendConfig
 
 from .app import make_app
+from .commands import chat
 from .config import Config, ConfigError, load_config
 
 log = logging.getLogger("velo")
@@ -81,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     serve_p.add_argument("--host")
     serve_p.add_argument("--port", type=int)
     serve_p.add_argument("--log-level", default="INFO")
+    for command in (chat,):
+        command.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command != "serve":
+        return args.func(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         path = find_config(args.config)

@@ -1,0 +1,134 @@
+"""`velo chat [MODEL]`: a terminal chat through Velo, for a first check after install.
+
+Answers stream as they come; the conversation is kept and sent whole each turn (`/clear` forgets it).
+Lines are read with `input()` between turns while no event loop runs, so GNU readline (line editing, arrow-key
+history) works and nothing blocks the loop; one `asyncio.Runner` keeps the loop and its HTTP session across
+turns. Ctrl-C while an answer streams stops that answer (the server cancels its work when the stream closes);
+at the prompt it leaves. With piped input nothing is echoed and any error ends the run with status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from . import CommandError, guarded
+from .client import add_connection_args, chat_stream, check_model, list_models, open_session
+
+HELP = """commands:
+  /model         show the current model and the ones the server lists
+  /model NAME    switch to NAME (the conversation so far is kept)
+  /clear         forget the conversation
+  /exit          leave (also /bye, Ctrl-D)"""
+
+
+@dataclass
+class Conversation:
+    base: str
+    model: str
+    system: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def messages(self, user_text: str) -> list[dict[str, Any]]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, *self.history, {"role": "user", "content": user_text}]
+
+
+async def answer(session: aiohttp.ClientSession, chat: Conversation, user_text: str) -> str:
+    """Streams the reply to stdout; the turn joins the history only once the answer is complete."""
+    pieces: list[str] = []
+    async with chat_stream(session, chat.base, chat.model, chat.messages(user_text)) as reply:
+        async for text in reply.texts():
+            pieces.append(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    text = "".join(pieces)
+    chat.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": text}]
+    return text
+
+
+async def switch_model(session: aiohttp.ClientSession, chat: Conversation, name: str) -> str:
+    if not name:
+        names = await list_models(session, chat.base)
+        return f"model: {chat.model}\navailable: {', '.join(names) or 'none listed'}"
+    chat.model = await check_model(session, chat.base, name)
+    return f"(now talking to {chat.model})"
+
+
+def read_line(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+def enable_line_editing() -> None:
+    try:
+        import readline  # noqa: F401 - importing it is what turns editing on for input()
+    except ImportError:  # Windows without pyreadline: plain input() still works
+        pass
+
+
+def chat_loop(runner: asyncio.Runner, session: aiohttp.ClientSession, chat: Conversation, interactive: bool) -> None:
+    say = print if interactive else (lambda *a: None)
+    say(f"talking to {chat.model} at {chat.base}; /help lists the commands")
+    while (line := read_line(f"{chat.model}> " if interactive else "")) is not None:
+        line = line.strip()
+        command, _, argument = line.partition(" ")
+        try:
+            if not line:
+                continue
+            if command in ("/exit", "/bye", "/quit"):
+                break
+            if command == "/help":
+                say(HELP)
+            elif command == "/clear":
+                chat.history.clear()
+                say("(conversation cleared)")
+            elif command == "/model":
+                say(runner.run(switch_model(session, chat, argument.strip())))
+            elif command.startswith("/"):
+                say(f"unknown command {command}; /help lists them")
+            else:
+                runner.run(answer(session, chat, line))
+        except CommandError as e:
+            if not interactive:
+                raise
+            print(f"velo chat: {e}", file=sys.stderr)
+        except KeyboardInterrupt:  # Ctrl-C while streaming: the runner cancelled the answer
+            print("\n(stopped)")
+
+
+def run(args: argparse.Namespace) -> int:
+    interactive = sys.stdin.isatty()
+    if interactive:
+        enable_line_editing()
+    base = args.url.rstrip("/")
+    with asyncio.Runner() as runner:
+        session = runner.run(_open(args.api_key))
+        try:
+            model = runner.run(check_model(session, base, args.model))
+            chat_loop(runner, session, Conversation(base, model, args.system), interactive)
+        except KeyboardInterrupt:  # at the prompt: leave quietly
+            print()
+        finally:
+            runner.run(session.close())
+    return 0
+
+
+async def _open(api_key: str | None) -> aiohttp.ClientSession:
+    return open_session(api_key)  # made inside the loop that will use it
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("chat", help="chat with a model through Velo in the terminal",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", help="model name (default: the first one the server lists)")
+    add_connection_args(p)
+    p.add_argument("--system", help="a system prompt for the whole conversation")
+    p.set_defaults(func=guarded("chat", run))

@@ -1,0 +1,159 @@
+"""What `velo chat` and `velo bench` say to a running Velo (or any Ollama- or OpenAI-compatible server).
+
+Chat goes through the OpenAI dialect as a stream (`/v1/chat/completions`, SSE) with
+`stream_options.include_usage`, so token counts are the ones the server reports, not guessed. Models are listed
+from Ollama's `/api/tags` (Velo, Ollama), else `/v1/models` (llama-server, vLLM, LM Studio). Every failure a
+user can cause becomes a `CommandError` with one line that names the URL.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from . import CommandError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class HttpError(CommandError):
+    """The server answered with an error status; `status` lets callers try another route on a 404."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def add_connection_args(parser: Any) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"Velo or any Ollama/OpenAI server (default {DEFAULT_URL})")
+    parser.add_argument("--api-key", default=os.environ.get("VELO_API_KEY"),
+                        help="sent as a bearer token (default: $VELO_API_KEY)")
+
+
+def open_session(api_key: str | None, connect_timeout: float = 5.0) -> aiohttp.ClientSession:
+    """No total timeout: a bench stream or a long answer may take minutes; a dead peer still fails to connect."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
+    return aiohttp.ClientSession(headers=headers, timeout=timeout,
+                                 connector=aiohttp.TCPConnector(limit=0))
+
+
+def error_text(raw: bytes) -> str:
+    """The message inside an Ollama (`{"error": "..."}`) or OpenAI (`{"error": {"message": ...}}`) error body."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace").strip()[:200] or "(empty body)"
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        err = err.get("message")
+    return str(err or body)[:200]
+
+
+@asynccontextmanager
+async def request(session: aiohttp.ClientSession, method: str, url: str,
+                  **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+    """`session.request` with failures as one-line `CommandError`s, including a stream that breaks mid-way."""
+    try:
+        async with session.request(method, url, **kwargs) as resp:
+            if resp.status >= 400:
+                raise HttpError(f"{method} {url} answered {resp.status}: {error_text(await resp.read())}", resp.status)
+            yield resp
+    except aiohttp.ClientConnectorError as e:
+        reason = "connection refused" if isinstance(e.os_error, ConnectionRefusedError) else str(e.os_error or e)
+        raise CommandError(f"cannot reach {URL(url).origin()} ({reason}): is `velo serve` running there? "
+                           "(--url picks another address)") from None
+    except aiohttp.ClientError as e:
+        raise CommandError(f"{method} {url} failed: {e or type(e).__name__}") from None
+    except asyncio.TimeoutError:
+        raise CommandError(f"{method} {url} timed out") from None
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    async with request(session, "GET", url) as resp:
+        try:
+            return orjson.loads(await resp.read())
+        except orjson.JSONDecodeError:
+            raise CommandError(f"GET {url} did not answer JSON: is it a model server?") from None
+
+
+async def list_models(session: aiohttp.ClientSession, base: str) -> list[str]:
+    """Names from /api/tags (Velo, Ollama), else /v1/models (OpenAI-compatible servers)."""
+    try:
+        return [m["name"] for m in (await get_json(session, f"{base}/api/tags")).get("models") or []]
+    except HttpError as e:
+        if e.status != 404:
+            raise
+    return [m["id"] for m in (await get_json(session, f"{base}/v1/models")).get("data") or []]
+
+
+async def check_model(session: aiohttp.ClientSession, base: str, model: str | None) -> str:
+    """The model to use: `model` if the server knows it (listed, or `/api/show` finds it: aliases, routes),
+    else the first one listed when `model` is None."""
+    names = await list_models(session, base)
+    if model is None:
+        if not names:
+            raise CommandError(f"{base} lists no models: pull or configure one first")
+        return names[0]
+    if model in names:
+        return model
+    try:
+        async with request(session, "POST", f"{base}/api/show", json={"model": model}):
+            return model
+    except HttpError:
+        listed = ", ".join(names[:10]) + (" …" if len(names) > 10 else "")
+        raise CommandError(f"model {model!r} is not served by {base} (it lists: {listed or 'nothing'})") from None
+
+
+@dataclass
+class Reply:
+    """One streamed chat completion: iterate `texts()`; afterwards `usage` holds what the server counted."""
+
+    response: aiohttp.ClientResponse
+    usage: dict[str, int] | None = None
+    finish_reason: str | None = None
+
+    @property
+    def cache(self) -> str:
+        """Velo's `X-Velo-Cache` verdict (exact, semantic, miss, bypass, off); empty from other servers."""
+        return self.response.headers.get("X-Velo-Cache", "")
+
+    async def texts(self) -> AsyncIterator[str]:
+        async for event in _sse_events(self.response.content):
+            if "error" in event:
+                raise CommandError(f"the stream from {self.response.url} failed: {error_text(orjson.dumps(event))}")
+            self.usage = event.get("usage") or self.usage
+            for choice in event.get("choices") or []:
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                if text := (choice.get("delta") or {}).get("content"):
+                    yield text
+
+
+async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    async for line in content:
+        if not line.startswith(b"data:"):
+            continue  # blank separators, `event:` and `:` comment lines
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise CommandError(f"a malformed stream event: {data[:100]!r}") from None
+        yield event
+
+
+@asynccontextmanager
+async def chat_stream(session: aiohttp.ClientSession, base: str, model: str, messages: list[dict[str, Any]],
+                      headers: dict[str, str] | None = None, **options: Any) -> AsyncIterator[Reply]:
+    """POST /v1/chat/completions with stream=true; `options` are OpenAI fields (max_tokens, temperature)."""
+    body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
+            **options}
+    async with request(session, "POST", f"{base}/v1/chat/completions", json=body, headers=headers) as resp:
+        yield Reply(resp)
