@@ -15,7 +15,7 @@ from aiohttp import web
 from adapters.base import BackendConfig
 
 from .app import make_app
-from .commands import bench, chat
+from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
 
 log = logging.getLogger("velo")
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_p.add_argument("--host")
     serve_p.add_argument("--port", type=int)
     serve_p.add_argument("--log-level", default="INFO")
-    for command in (bench, chat):
+    for command in (doctor, bench, chat):
         command.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command != "serve":

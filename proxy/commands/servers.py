@@ -1,0 +1,111 @@
+"""Which model servers answer on this machine, what they are and what models they serve.
+
+Each port gets the same handful of GETs at once, with a short timeout, and is named by its answers, not by its
+number (a llama-server may well listen on 8000):
+- `/` says "Ollama is running" and `/metrics` has `velo_` series: a Velo (it imitates Ollama; never configure
+  a Velo as its own backend); without those series: Ollama (`/api/version`, `/api/tags`);
+- `/props` with `default_generation_settings`: llama.cpp's llama-server (slots and context from it);
+- `/v1/models` with a `data` list (or 401: it wants a key): an OpenAI-compatible server (vLLM, SGLang, LM Studio).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+# The usual port of each server, and what a server found there is called when its answers do not say.
+USUAL_PORTS = {11434: "Ollama", 8080: "llama-server", 8000: "vLLM", 30000: "SGLang", 1234: "LM Studio"}
+PROBED_PATHS = ("/", "/api/version", "/api/tags", "/props", "/v1/models", "/metrics")
+OPENAI_PORTS = {8000: "vLLM", 30000: "SGLang", 1234: "LM Studio"}  # OpenAI-compatible servers' usual ports
+OWNERS = {"vllm": "vLLM", "sglang": "SGLang"}  # /v1/models `owned_by` -> product
+
+
+@dataclass
+class Answer:
+    status: int  # 0: no answer (refused, timed out)
+    body: bytes = b""
+
+    def json(self) -> Any:
+        if self.status != 200:
+            return None
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            return None
+
+
+@dataclass
+class Server:
+    port: int
+    url: str
+    kind: str  # "velo" | "ollama" | "llamacpp" | "openai" | "unknown"
+    product: str  # what to call it: "Ollama", "llama-server", "vLLM", "OpenAI API", "Velo"
+    models: list[str] = field(default_factory=list)
+    version: str = ""
+    slots: int | None = None
+    context: int | None = None
+    note: str = ""
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> Answer:
+    try:
+        async with session.get(url, allow_redirects=False) as resp:
+            return Answer(resp.status, await resp.read())
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return Answer(0)
+
+
+def _ollama_models(answers: dict[str, Answer]) -> list[str]:
+    return [m.get("name", "") for m in (answers["/api/tags"].json() or {}).get("models") or []]
+
+
+def _openai_ids(answers: dict[str, Answer]) -> list[str]:
+    listing = answers["/v1/models"].json()
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return [m.get("id", "") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+
+def identify(port: int, url: str, answers: dict[str, Answer]) -> Server | None:
+    """What answered on `port`, from the answers to PROBED_PATHS; None if nothing did."""
+    if all(a.status == 0 for a in answers.values()):
+        return None
+    if answers["/"].status == 200 and answers["/"].body.startswith(b"Ollama is running"):
+        if answers["/metrics"].status == 200 and b"velo_" in answers["/metrics"].body:
+            return Server(port, url, "velo", "Velo", _ollama_models(answers),
+                          note="a Velo gateway: not configured as a backend of itself")
+        version = (answers["/api/version"].json() or {}).get("version", "")
+        return Server(port, url, "ollama", "Ollama", _ollama_models(answers), version=version)
+    props = answers["/props"].json()
+    if isinstance(props, dict) and "default_generation_settings" in props:
+        ids = _openai_ids(answers) or [props.get("model_path", "")]
+        return Server(port, url, "llamacpp", "llama-server", [os.path.basename(i) for i in ids if i],
+                      slots=props.get("total_slots"), context=props["default_generation_settings"].get("n_ctx"))
+    if answers["/v1/models"].status in (401, 403):
+        return Server(port, url, "openai", OPENAI_PORTS.get(port, "OpenAI API"),
+                      note="it asks for an API key: set api_key in its [[backends]] entry")
+    listing = answers["/v1/models"].json()
+    if isinstance(listing, dict) and isinstance(listing.get("data"), list):
+        models = [m for m in listing["data"] if isinstance(m, dict)]
+        owner = next((OWNERS[m.get("owned_by")] for m in models if m.get("owned_by") in OWNERS), None)
+        return Server(port, url, "openai", owner or OPENAI_PORTS.get(port, "OpenAI API"),
+                      [m.get("id", "") for m in models])
+    return Server(port, url, "unknown", "unknown", note="answers HTTP but speaks none of the model-server APIs")
+
+
+async def probe_port(session: aiohttp.ClientSession, host: str, port: int) -> Server | None:
+    url = f"http://{host}:{port}"
+    answers = await asyncio.gather(*(_get(session, url + path) for path in PROBED_PATHS))
+    return identify(port, url, dict(zip(PROBED_PATHS, answers)))
+
+
+async def find_servers(host: str = "127.0.0.1", ports: list[int] | None = None, timeout: float = 1.5) -> list[Server]:
+    """The servers answering on `ports` (default: the usual ones), in the order of `ports`."""
+    ports = ports or list(USUAL_PORTS)
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(timeout=client_timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        found = await asyncio.gather(*(probe_port(session, host, p) for p in ports))
+    return [s for s in found if s is not None]

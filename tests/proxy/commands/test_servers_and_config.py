@@ -1,0 +1,66 @@
+"""Naming servers by their answers, and the config.toml written for them."""
+from __future__ import annotations
+
+import socket
+import tomllib
+
+from aiohttp import web
+
+from proxy.commands.config_toml import render_config
+from proxy.commands.servers import Answer, Server, find_servers, identify
+from proxy.config import parse_config
+
+
+def _answers(**by_path: Answer) -> dict[str, Answer]:
+    paths = ("/", "/api/version", "/api/tags", "/props", "/v1/models", "/metrics")
+    return {p: by_path.get(p.strip("/").replace("/", "_") or "root", Answer(404)) for p in paths}
+
+
+def test_openai_servers_are_named_by_owner_then_port():
+    listing = Answer(200, b'{"object":"list","data":[{"id":"Qwen/Qwen3-8B","owned_by":"vllm"}]}')
+    assert identify(9999, "u", _answers(v1_models=listing)).product == "vLLM"
+    anonymous = Answer(200, b'{"object":"list","data":[{"id":"m","owned_by":"me"}]}')
+    assert identify(1234, "u", _answers(v1_models=anonymous)).product == "LM Studio"
+    assert identify(9999, "u", _answers(v1_models=anonymous)).product == "OpenAI API"
+
+
+def test_a_velo_is_told_from_ollama_by_its_metrics():
+    root = Answer(200, b"Ollama is running")
+    ollama = identify(11434, "u", _answers(root=root, api_version=Answer(200, b'{"version":"0.12.6"}')))
+    velo = identify(11434, "u", _answers(root=root, metrics=Answer(200, b"# HELP velo_requests_total ...")))
+    assert (ollama.kind, ollama.version, velo.kind) == ("ollama", "0.12.6", "velo")
+
+
+async def test_a_web_server_that_is_no_model_server():
+    async def blog(request: web.Request) -> web.Response:
+        return web.Response(text="<html>my blog</html>")
+    app = web.Application()
+    app.router.add_get("/", blog)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        (server,) = await find_servers(ports=[port])
+    finally:
+        await runner.cleanup()
+    assert server.kind == "unknown" and "none of the model-server APIs" in server.note
+    assert "[[backends]]" in render_config([server], []) and 'kind = "engine"' in render_config([server], [])
+
+
+def test_a_server_on_velos_port_moves_velo():
+    vllm = Server(8000, "http://127.0.0.1:8000", "openai", "vLLM", ["Qwen/Qwen3-8B"])
+    text = render_config([vllm], [])
+    cfg = parse_config(tomllib.loads(text))
+    assert cfg.server.port != 8000 and [b.name for b in cfg.backends] == ["vllm"]
+    with socket.socket() as s:  # the port it picked was free when it looked
+        s.bind(("127.0.0.1", cfg.server.port))
+
+
+def test_two_servers_of_a_kind_get_distinct_names():
+    a = Server(8000, "http://127.0.0.1:8000", "openai", "OpenAI API")
+    b = Server(8001, "http://127.0.0.1:8001", "openai", "OpenAI API")
+    velo = Server(8002, "http://127.0.0.1:8002", "velo", "Velo")
+    cfg = parse_config(tomllib.loads(render_config([a, b, velo], [])))
+    assert [b.name for b in cfg.backends] == ["openai-api", "openai-api-8001"]
