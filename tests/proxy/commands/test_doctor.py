@@ -2,6 +2,8 @@
 the config.toml it prints (loaded back with `load_config`), the CLI's --json and --write."""
 from __future__ import annotations
 
+import struct
+
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
@@ -53,10 +55,17 @@ async def test_finds_each_kind_and_configures_all_but_velo(velo_port, unused_tcp
 
 
 async def test_nothing_answering_gives_the_embedded_engine(unused_tcp_port, tmp_path):
-    found = await survey(ports=[unused_tcp_port], timeout=1.0, models_dir=tmp_path)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "extra.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 0))
+    found = await survey(ports=[unused_tcp_port], timeout=1.0, models_dir=models)
     assert found.servers == []
     cfg = _loads(found.config_toml, tmp_path)
-    assert [(b.name, b.kind) for b in cfg.backends] == [("engine", "engine")] and cfg.default_backend == "engine"
+    assert [(b.name, b.kind, b.options) for b in cfg.backends] == [("engine", "engine", {})]
+    assert cfg.default_backend == "engine"
+    # the other installed GGUF is offered as a commented line that loads once uncommented
+    offered = found.config_toml.replace("# options = ", "options = ")
+    assert _loads(offered, tmp_path).backends[0].options == {"model": str(models / "extra.gguf")}
 
 
 async def test_only_a_velo_answering_still_gives_the_engine(velo_port, tmp_path):

