@@ -96,6 +96,16 @@ async def one_request(session: aiohttp.ClientSession, opts: BenchOptions, model:
                   from_usage=bool(usage))
 
 
+async def attempt(session: aiohttp.ClientSession, opts: BenchOptions, model: str, text: str,
+                  headers: dict[str, str] | None = None, **options: Any) -> Sample:
+    """`one_request`, with a failure kept in the sample instead of raised: one bad request ends no run."""
+    start = time.perf_counter()
+    try:
+        return await one_request(session, opts, model, text, headers, **options)
+    except CommandError as e:
+        return Sample(ttft=None, total=time.perf_counter() - start, error=str(e))
+
+
 async def run_level(session: aiohttp.ClientSession, opts: BenchOptions, model: str, words: int, concurrency: int,
                     tag: str, bar: tqdm) -> tuple[LevelResult, list[Sample]]:
     """`requests_at(concurrency)` requests, `concurrency` of them in flight at any time."""
@@ -103,12 +113,8 @@ async def run_level(session: aiohttp.ClientSession, opts: BenchOptions, model: s
 
     async def worker() -> None:
         for i in todo:  # one iterator shared by the workers: each request is taken once
-            start = time.perf_counter()
-            try:
-                samples.append(await one_request(session, opts, model, prompt_text(words, f"{tag} c{concurrency} "
-                                                                                             f"r{i}"), NO_CACHE))
-            except CommandError as e:
-                samples.append(Sample(ttft=None, total=time.perf_counter() - start, error=str(e)))
+            text = prompt_text(words, f"{tag} c{concurrency} r{i}")
+            samples.append(await attempt(session, opts, model, text, NO_CACHE))
             bar.update(1)
 
     start = time.perf_counter()
@@ -137,7 +143,7 @@ async def measure(opts: BenchOptions, bar: tqdm) -> BenchReport:
         text = prompt_text(words, f"{tag} cache")
         probes = []
         for _ in range(1 + opts.cache_repeats):
-            probes.append(await one_request(session, opts, model, text, temperature=0))
+            probes.append(await attempt(session, opts, model, text, temperature=0))
             bar.update(1)
     counted = "usage" if all(s.from_usage for s in samples + probes if not s.error) else "chunks"
     return BenchReport(url=opts.base, model=model, started=started, prompt_tokens=opts.prompt_tokens,
@@ -147,18 +153,20 @@ async def measure(opts: BenchOptions, bar: tqdm) -> BenchReport:
 
 def write_outputs(report: BenchReport, prefix: Path) -> list[str]:
     """PREFIX.json always; PREFIX.png when matplotlib is there. Returns lines to print."""
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    json_path = prefix.with_name(prefix.name + ".json")
-    json_path.write_bytes(orjson.dumps(asdict(report), option=orjson.OPT_INDENT_2))
-    lines = [f"wrote {json_path}"]
+    json_path, png = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".png")
     try:
-        from .bench_plot import plot
-        png = prefix.with_name(prefix.name + ".png")
-        plot(report.levels, f"{report.model} via {report.url}: prompt ~{report.prompt_tokens} tokens, "
-                            f"output <= {report.output_tokens}", png)
-        lines.append(f"wrote {png}")
-    except ImportError:
-        lines.append("no plot: matplotlib is not installed (pip install matplotlib)")
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_bytes(orjson.dumps(asdict(report), option=orjson.OPT_INDENT_2))
+        lines = [f"wrote {json_path}"]
+        try:
+            from .bench_plot import plot
+            plot(report.levels, f"{report.model} via {report.url}: prompt ~{report.prompt_tokens} tokens, "
+                                f"output <= {report.output_tokens}", png)
+            lines.append(f"wrote {png}")
+        except ImportError:
+            lines.append("no plot: matplotlib is not installed (pip install matplotlib)")
+    except OSError as e:
+        raise CommandError(f"cannot write the results under {prefix.parent}/: {e.strerror}") from None
     return lines
 
 

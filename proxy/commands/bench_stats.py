@@ -71,14 +71,16 @@ class CacheResult:
     hit_ttft_p50_s: float | None
     repeats: int
     hit_cache: str  # X-Velo-Cache of the repeats, e.g. "exact"; "" when the server is not a Velo
+    error: str = ""
 
     @classmethod
     def of(cls, first: Sample, repeats: list[Sample]) -> "CacheResult":
-        statuses = sorted({s.cache for s in repeats})
+        ok = [s for s in repeats if not s.error]
         return cls(miss_s=first.total, miss_cache=first.cache,
-                   hit_p50_s=percentile([s.total for s in repeats], 50),
-                   hit_ttft_p50_s=percentile([s.ttft for s in repeats if s.ttft is not None], 50),
-                   repeats=len(repeats), hit_cache="/".join(statuses))
+                   hit_p50_s=percentile([s.total for s in ok], 50),
+                   hit_ttft_p50_s=percentile([s.ttft for s in ok if s.ttft is not None], 50),
+                   repeats=len(ok), hit_cache="/".join(sorted({s.cache for s in ok})),
+                   error=next((s.error for s in [first, *repeats] if s.error), ""))
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -99,6 +101,8 @@ def table(levels: list[LevelResult]) -> str:
 
 
 def cache_line(c: CacheResult) -> str:
+    if c.error:
+        return f"the cache probe failed: {c.error}"
     if c.hit_cache in ("exact", "semantic"):
         ratio = f", {c.miss_s / c.hit_p50_s:.0f}x faster" if c.hit_p50_s else ""
         return (f"cache hit ({c.hit_cache}, p50 of {c.repeats}): {_ms(c.hit_p50_s)} whole answer, "

@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
@@ -38,7 +38,7 @@ class Conversation:
         return [*system, *self.history, {"role": "user", "content": user_text}]
 
 
-async def answer(session: aiohttp.ClientSession, chat: Conversation, user_text: str) -> str:
+async def answer(session: aiohttp.ClientSession, chat: Conversation, user_text: str) -> None:
     """Streams the reply to stdout; the turn joins the history only once the answer is complete."""
     pieces: list[str] = []
     async with chat_stream(session, chat.base, chat.model, chat.messages(user_text)) as reply:
@@ -47,9 +47,7 @@ async def answer(session: aiohttp.ClientSession, chat: Conversation, user_text: 
             sys.stdout.write(text)
             sys.stdout.flush()
     sys.stdout.write("\n")
-    text = "".join(pieces)
-    chat.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": text}]
-    return text
+    chat.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": "".join(pieces)}]
 
 
 async def switch_model(session: aiohttp.ClientSession, chat: Conversation, name: str) -> str:
@@ -74,28 +72,33 @@ def enable_line_editing() -> None:
         pass
 
 
+def run_line(runner: asyncio.Runner, session: aiohttp.ClientSession, chat: Conversation, line: str,
+             say: Callable[[str], None]) -> bool:
+    """One line typed: a command or a message. False when it asks to leave."""
+    command, _, argument = line.partition(" ")
+    if command in ("/exit", "/bye", "/quit"):
+        return False
+    if command == "/help":
+        say(HELP)
+    elif command == "/clear":
+        chat.history.clear()
+        say("(conversation cleared)")
+    elif command == "/model":
+        say(runner.run(switch_model(session, chat, argument.strip())))
+    elif command.startswith("/"):
+        say(f"unknown command {command}; /help lists them")
+    else:
+        runner.run(answer(session, chat, line))
+    return True
+
+
 def chat_loop(runner: asyncio.Runner, session: aiohttp.ClientSession, chat: Conversation, interactive: bool) -> None:
-    say = print if interactive else (lambda *a: None)
+    say: Callable[[str], None] = print if interactive else (lambda _: None)
     say(f"talking to {chat.model} at {chat.base}; /help lists the commands")
     while (line := read_line(f"{chat.model}> " if interactive else "")) is not None:
-        line = line.strip()
-        command, _, argument = line.partition(" ")
         try:
-            if not line:
-                continue
-            if command in ("/exit", "/bye", "/quit"):
+            if line.strip() and not run_line(runner, session, chat, line.strip(), say):
                 break
-            if command == "/help":
-                say(HELP)
-            elif command == "/clear":
-                chat.history.clear()
-                say("(conversation cleared)")
-            elif command == "/model":
-                say(runner.run(switch_model(session, chat, argument.strip())))
-            elif command.startswith("/"):
-                say(f"unknown command {command}; /help lists them")
-            else:
-                runner.run(answer(session, chat, line))
         except CommandError as e:
             if not interactive:
                 raise

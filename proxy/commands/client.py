@@ -7,7 +7,6 @@ user can cause becomes a `CommandError` with one line that names the URL.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -90,10 +89,8 @@ async def request(session: aiohttp.ClientSession, method: str, url: str,
         reason = "connection refused" if isinstance(e.os_error, ConnectionRefusedError) else str(e.os_error or e)
         raise CommandError(f"cannot reach {URL(url).origin()} ({reason}): is `velo serve` running there? "
                            "(--url picks another address)") from None
-    except aiohttp.ClientError as e:
+    except aiohttp.ClientError as e:  # timeouts included: aiohttp's are ClientErrors too
         raise CommandError(f"{method} {url} failed: {e or type(e).__name__}") from None
-    except asyncio.TimeoutError:
-        raise CommandError(f"{method} {url} timed out") from None
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
@@ -104,14 +101,23 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
             raise CommandError(f"GET {url} did not answer JSON: is it a model server?") from None
 
 
+def listed_names(body: Any, key: str, name: str) -> list[str]:
+    """`body[key][i][name]` for Ollama's /api/tags (models, name) and OpenAI's /v1/models (data, id); any other
+    shape lists nothing (a server that is not what it seemed)."""
+    items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return []
+    return [m[name] for m in items if isinstance(m, dict) and isinstance(m.get(name), str)]
+
+
 async def list_models(session: aiohttp.ClientSession, base: str) -> list[str]:
     """Names from /api/tags (Velo, Ollama), else /v1/models (OpenAI-compatible servers)."""
     try:
-        return [m["name"] for m in (await get_json(session, f"{base}/api/tags")).get("models") or []]
+        return listed_names(await get_json(session, f"{base}/api/tags"), "models", "name")
     except HttpError as e:
         if e.status != 404:
             raise
-    return [m["id"] for m in (await get_json(session, f"{base}/v1/models")).get("data") or []]
+    return listed_names(await get_json(session, f"{base}/v1/models"), "data", "id")
 
 
 async def check_model(session: aiohttp.ClientSession, base: str, model: str | None) -> str:
@@ -138,7 +144,6 @@ class Reply:
 
     response: aiohttp.ClientResponse
     usage: dict[str, int] | None = None
-    finish_reason: str | None = None
 
     @property
     def cache(self) -> str:
@@ -151,7 +156,6 @@ class Reply:
                 raise CommandError(f"the stream from {self.response.url} failed: {error_text(orjson.dumps(event))}")
             self.usage = event.get("usage") or self.usage
             for choice in event.get("choices") or []:
-                self.finish_reason = choice.get("finish_reason") or self.finish_reason
                 if text := (choice.get("delta") or {}).get("content"):
                     yield text
 
@@ -166,7 +170,9 @@ async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, 
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raise CommandError(f"a malformed stream event: {data[:100]!r}") from None
+            event = None
+        if not isinstance(event, dict):
+            raise CommandError(f"a malformed stream event: {data[:100]!r}")
         yield event
 
 

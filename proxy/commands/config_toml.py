@@ -52,7 +52,7 @@ def backend_block(server: Server, name: str, max_concurrency: int | None) -> lis
     if server.kind == "ollama" and max_concurrency:
         lines.append(f"max_concurrency = {max_concurrency}  # = OLLAMA_NUM_PARALLEL: requests wait in Velo's "
                      "queue, where autocomplete goes first")
-    if server.note.startswith("it asks for an API key"):
+    if server.needs_key:
         lines.append('# api_key = "..."  # this server answered 401 without one')
     return [*lines, _served(server)]
 

@@ -71,7 +71,8 @@ def _server_lines(servers: list[Server], host: str, ports: list[int]) -> list[st
         lines.append(f"  :{s.port:<6} {name:<{width}}  {models}{slots}{note}")
     silent = [p for p in ports if p not in {s.port for s in servers}]
     if silent:
-        lines.append("  nothing on " + ", ".join(f":{p} ({USUAL_PORTS.get(p, 'no usual server')})" for p in silent))
+        usual = {p: product for p, (product, _) in USUAL_PORTS.items()}
+        lines.append("  nothing on " + ", ".join(f":{p} ({usual.get(p, 'no usual server')})" for p in silent))
     return lines
 
 

@@ -17,10 +17,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-# The usual port of each server, and what a server found there is called when its answers do not say.
-USUAL_PORTS = {11434: "Ollama", 8080: "llama-server", 8000: "vLLM", 30000: "SGLang", 1234: "LM Studio"}
+from .client import listed_names
+
+# The usual port of each server: (product, kind). An OpenAI-compatible server whose answers do not name it is
+# called after its port's usual product.
+USUAL_PORTS = {11434: ("Ollama", "ollama"), 8080: ("llama-server", "llamacpp"), 8000: ("vLLM", "openai"),
+               30000: ("SGLang", "openai"), 1234: ("LM Studio", "openai")}
 PROBED_PATHS = ("/", "/api/version", "/api/tags", "/props", "/v1/models", "/metrics")
-OPENAI_PORTS = {8000: "vLLM", 30000: "SGLang", 1234: "LM Studio"}  # OpenAI-compatible servers' usual ports
 OWNERS = {"vllm": "vLLM", "sglang": "SGLang"}  # /v1/models `owned_by` -> product
 
 
@@ -48,6 +51,7 @@ class Server:
     version: str = ""
     slots: int | None = None
     context: int | None = None
+    needs_key: bool = False  # answered 401/403 without an API key
     note: str = ""
 
 
@@ -59,40 +63,36 @@ async def _get(session: aiohttp.ClientSession, url: str) -> Answer:
         return Answer(0)
 
 
-def _ollama_models(answers: dict[str, Answer]) -> list[str]:
-    return [m.get("name", "") for m in (answers["/api/tags"].json() or {}).get("models") or []]
-
-
-def _openai_ids(answers: dict[str, Answer]) -> list[str]:
-    listing = answers["/v1/models"].json()
-    data = listing.get("data") if isinstance(listing, dict) else None
-    return [m.get("id", "") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+def _openai_product(port: int, models: list[dict[str, Any]]) -> str:
+    owner = next((OWNERS[m["owned_by"]] for m in models if m.get("owned_by") in OWNERS), None)
+    product, kind = USUAL_PORTS.get(port, ("", ""))
+    return owner or (product if kind == "openai" else "OpenAI API")
 
 
 def identify(port: int, url: str, answers: dict[str, Answer]) -> Server | None:
     """What answered on `port`, from the answers to PROBED_PATHS; None if nothing did."""
     if all(a.status == 0 for a in answers.values()):
         return None
+    tags = listed_names(answers["/api/tags"].json(), "models", "name")
     if answers["/"].status == 200 and answers["/"].body.startswith(b"Ollama is running"):
         if answers["/metrics"].status == 200 and b"velo_" in answers["/metrics"].body:
-            return Server(port, url, "velo", "Velo", _ollama_models(answers),
-                          note="a Velo gateway: not configured as a backend of itself")
-        version = (answers["/api/version"].json() or {}).get("version", "")
-        return Server(port, url, "ollama", "Ollama", _ollama_models(answers), version=version)
+            return Server(port, url, "velo", "Velo", tags, note="a Velo gateway: not configured as a backend of itself")
+        version = answers["/api/version"].json()
+        return Server(port, url, "ollama", "Ollama", tags,
+                      version=str(version.get("version", "")) if isinstance(version, dict) else "")
+    ids = listed_names(answers["/v1/models"].json(), "data", "id")
     props = answers["/props"].json()
-    if isinstance(props, dict) and "default_generation_settings" in props:
-        ids = _openai_ids(answers) or [props.get("model_path", "")]
-        return Server(port, url, "llamacpp", "llama-server", [os.path.basename(i) for i in ids if i],
-                      slots=props.get("total_slots"), context=props["default_generation_settings"].get("n_ctx"))
+    if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
+        files = [os.path.basename(i) for i in ids or [props.get("model_path", "")] if i]
+        return Server(port, url, "llamacpp", "llama-server", files, slots=props.get("total_slots"),
+                      context=props["default_generation_settings"].get("n_ctx"))
     if answers["/v1/models"].status in (401, 403):
-        return Server(port, url, "openai", OPENAI_PORTS.get(port, "OpenAI API"),
+        return Server(port, url, "openai", _openai_product(port, []), needs_key=True,
                       note="it asks for an API key: set api_key in its [[backends]] entry")
     listing = answers["/v1/models"].json()
     if isinstance(listing, dict) and isinstance(listing.get("data"), list):
         models = [m for m in listing["data"] if isinstance(m, dict)]
-        owner = next((OWNERS[m.get("owned_by")] for m in models if m.get("owned_by") in OWNERS), None)
-        return Server(port, url, "openai", owner or OPENAI_PORTS.get(port, "OpenAI API"),
-                      [m.get("id", "") for m in models])
+        return Server(port, url, "openai", _openai_product(port, models), ids)
     return Server(port, url, "unknown", "unknown", note="answers HTTP but speaks none of the model-server APIs")
 
 

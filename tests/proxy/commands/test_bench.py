@@ -7,7 +7,7 @@ import pytest
 from tqdm import tqdm
 
 from proxy.commands.bench import BenchOptions, calibrated_words, measure
-from proxy.commands.bench_stats import LevelResult, Sample
+from proxy.commands.bench_stats import LevelResult, Sample, cache_line
 from tests.fakes import FakeOpenAI
 from tests.scripted import Script, ScriptedBackend
 
@@ -80,6 +80,21 @@ async def test_a_level_where_every_request_fails_stops_the_run(base_url, scripte
     bar.update = fail_after_warmup  # type: ignore[method-assign]
     with pytest.raises(CommandError, match="every request at concurrency 1 failed: .*scripted backend broke"):
         await measure(opts, bar)
+
+
+async def test_a_failing_cache_probe_is_reported_and_the_levels_kept(base_url, scripted: ScriptedBackend):
+    opts = BenchOptions(base=base_url, concurrency=[1], requests=2, cache_repeats=2, prompt_tokens=8)
+    ticks = []
+
+    def break_after_the_level(n: int) -> None:  # warm-up and 2 timed requests, then the backend breaks
+        ticks.append(n)
+        if len(ticks) == 3:
+            scripted.script.fail_after = 0
+    bar = _bar()
+    bar.update = break_after_the_level  # type: ignore[method-assign]
+    report = await measure(opts, bar)
+    assert report.levels[0].errors == 0 and report.cache.error.endswith("scripted backend broke mid-stream")
+    assert cache_line(report.cache).startswith("the cache probe failed: ")
 
 
 def test_level_figures():

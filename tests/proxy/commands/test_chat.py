@@ -5,6 +5,10 @@ import asyncio
 import os
 import sys
 
+from aiohttp.test_utils import TestServer
+
+from proxy.app import make_app
+from proxy.config import Config, ServerConfig
 from tests.proxy.commands.conftest import ROOT
 from tests.scripted import ScriptedBackend
 
@@ -54,6 +58,22 @@ async def test_unreachable_server_is_one_line(run_cli, unused_tcp_port):
     assert result.code == 1 and "Traceback" not in result.err
     assert result.err == (f"velo chat: cannot reach http://127.0.0.1:{unused_tcp_port} (connection refused): "
                           "is `velo serve` running there? (--url picks another address)\n")
+
+
+async def test_api_key_from_the_option_or_the_environment(run_cli, monkeypatch):
+    backend = ScriptedBackend()
+    server = TestServer(make_app(Config(server=ServerConfig(api_keys=["k1"])), {"s": backend}), host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        denied = await run_cli("chat", "--url", url, stdin="Hi\n")
+        assert denied.code == 1 and denied.err.startswith(f"velo chat: GET {url}/api/tags answered 401: ")
+        assert (await run_cli("chat", "--url", url, "--api-key", "k1", stdin="Hi\n")).out == "Hello world\n"
+        monkeypatch.setenv("VELO_API_KEY", "k1")
+        assert (await run_cli("chat", "--url", url, stdin="Hi\n")).out == "Hello world\n"
+    finally:
+        await server.close()
+    assert len(backend.requests) == 2
 
 
 async def test_backend_failure_mid_answer_is_one_line(run_cli, base_url, scripted):

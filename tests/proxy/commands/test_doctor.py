@@ -42,7 +42,7 @@ async def test_finds_each_kind_and_configures_all_but_velo(velo_port, unused_tcp
     assert (servers[ports[0]].kind, servers[ports[0]].version) == ("ollama", "0.12.6")
     assert servers[ports[0]].models == ["smollm2:135m", "all-minilm:latest"]
     assert (servers[ports[1]].kind, servers[ports[1]].models) == ("openai", ["qwen-7b"])
-    assert servers[ports[2]].kind == "openai" and "API key" in servers[ports[2]].note
+    assert servers[ports[2]].kind == "openai" and servers[ports[2]].needs_key and "API key" in servers[ports[2]].note
     assert (servers[velo_port].kind, servers[velo_port].models) == ("velo", ["relayed:1b"])
 
     cfg = _loads(found.config_toml, tmp_path)
@@ -52,6 +52,7 @@ async def test_finds_each_kind_and_configures_all_but_velo(velo_port, unused_tcp
     parallel = next(s.value for s in found.ollama_settings if s.name == "OLLAMA_NUM_PARALLEL")
     assert cfg.backends[0].max_concurrency == int(parallel)
     assert f":{velo_port}" not in found.config_toml  # never a backend of itself
+    assert '# api_key = "..."  # this server answered 401 without one' in found.config_toml
 
 
 async def test_nothing_answering_gives_the_embedded_engine(unused_tcp_port, tmp_path):
