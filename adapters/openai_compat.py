@@ -21,6 +21,9 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
                        stream=req.stream, keep_alive=req.keep_alive, think=req.think, n=req.n)
 
 
+_ASSUMED = ("completion", "tools", "thinking")
+
+
 def _created(model: dict[str, Any]) -> dict[str, str]:
     """A listed model's `created` (Unix seconds) as ModelInfo's `modified_at`, when the server gives a sane one."""
     created = model.get("created")
@@ -28,6 +31,7 @@ def _created(model: dict[str, Any]) -> dict[str, str]:
 
 
 class OpenAIBackend(Backend):
+    forces_tool_choice = True  # vLLM and SGLang force calls with guided decoding
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         # Users copy base URLs with or without the /v1 that OpenAI SDKs expect; the paths below add it.
@@ -44,10 +48,13 @@ class OpenAIBackend(Backend):
         return True
 
     async def list_models(self) -> list[ModelInfo]:
+        """The OpenAI API cannot say what a model supports: vLLM and SGLang parse tool calls and thinking
+        themselves, and answer in their own words when a model cannot."""
         if self.config.models:
-            return [ModelInfo(name=m, backend=self.name) for m in self.config.models]
+            return [ModelInfo(name=m, backend=self.name, capabilities=list(_ASSUMED)) for m in self.config.models]
         listing = await self.http.call("GET", "/v1/models")
-        return [ModelInfo(name=m["id"], backend=self.name, **_created(m)) for m in listing.get("data", [])]
+        return [ModelInfo(name=m["id"], backend=self.name, capabilities=list(_ASSUMED), **_created(m))
+                for m in listing.get("data", [])]
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         return chat_to_wire(req)

@@ -17,6 +17,7 @@ from . import options
 from .errors import BackendError
 from .protocol import (ChatRequest, Chunk, CompletionRequest, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
+from .tool_prompt import in_prompt
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
                                     "function_call": "tool_calls", "content_filter": "stop"}
@@ -79,6 +80,8 @@ def _with_common(body: dict[str, Any], sampling: SamplingOptions, fmt: OutputFor
 
 
 def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
+    if req.tools_in_prompt:
+        req = in_prompt(req)
     body: dict[str, Any] = {"model": req.model, "messages": messages_to_wire(req.messages)}
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,

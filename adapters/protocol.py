@@ -92,12 +92,13 @@ class ChatRequest:
     messages: list[Message]
     options: SamplingOptions = field(default_factory=SamplingOptions)
     tools: list[Tool] = field(default_factory=list)
-    tool_choice: Any = None  # OpenAI's "auto" | "none" | "required" | {"type": "function", ...}
+    tool_choice: Any = None  # None (auto) | "none" | "required" | {"type": "function", "function": {"name"}}
     format: OutputFormat = None
     stream: bool = True
     keep_alive: Any = None
     think: bool | str | None = None
     n: int = 1
+    tools_in_prompt: bool = False  # the model's template ignores tools: adapters write them in (tool_prompt.py)
 
 
 @dataclass

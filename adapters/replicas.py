@@ -83,6 +83,14 @@ class ReplicaSet(Backend):
         self.replicas = [Replica(b) for b in replicas]
         self._prober: asyncio.Task | None = None
 
+    @property
+    def fits_context(self) -> bool:  # type: ignore[override]
+        return self.replicas[0].backend.fits_context
+
+    @property
+    def forces_tool_choice(self) -> bool:  # type: ignore[override]
+        return self.replicas[0].backend.forces_tool_choice
+
     @classmethod
     def from_config(cls, config: BackendConfig, make: Callable[[BackendConfig], Backend]) -> "ReplicaSet":
         opts, rest = ReplicaOptions.split(config.options)

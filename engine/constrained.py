@@ -39,7 +39,8 @@ def grammar_for(format: str | dict | None = None, tools: list[dict] | None = Non
 
     format: None, "json" or a JSON Schema. tools: [{"name", "parameters"}]; tool_choice "none" ignores
     them, "required" or {"function": {"name"}} forces a call, anything else ("auto") allows either a
-    call or an answer (free text that does not start with "{", or JSON matching format if given)."""
+    call or an answer: JSON matching format if given, else free text that does not start with "{" and in
+    which every `<tool_call>` the model opens (Hermes / Qwen format) must hold a valid call and close."""
     grammar = _grammar(format, tools, tool_choice)
     if grammar is not None:
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
@@ -57,9 +58,22 @@ def _grammar(format, tools, tool_choice) -> str | None:
     call = tool_call_schema(tools)
     if tool_choice == "required" or isinstance(tool_choice, dict):
         return json_grammar(call)
-    answer = _lark_json(format if isinstance(format, dict) else {"type": "object"}) if format is not None \
-        else r"/(\s*[^{\s](.|\n)*)?/"
-    return llguidance.LLMatcher.grammar_from_lark(f"start: answer | call\nanswer: {answer}\ncall: {_lark_json(call)}\n")
+    if format is not None:
+        answer = _lark_json(format if isinstance(format, dict) else {"type": "object"})
+        return llguidance.LLMatcher.grammar_from_lark(f"start: answer | call\nanswer: {answer}\ncall: {_lark_json(call)}\n")
+    return llguidance.LLMatcher.grammar_from_lark(_LAZY_CALLS.format(call=_lark_json(call)))
+
+
+# Free text until the model writes "<tool_call>" (a lazy lexeme: it ends at the first one), then a valid call and
+# "</tool_call>", any number of times; or one bare call. Free text may not start with "{": a model that opens a
+# JSON object makes a call.
+_LAZY_CALLS = """start: call | tagged* TEXT
+call: {call}
+tagged: tagged_hd /\\s*/ call /\\s*/ "</tool_call>"
+tagged_hd[lazy]: ANY "<tool_call>"
+ANY: /([^{{](.|\\n)*)?/
+TEXT: /\\s*([^{{\\s](.|\\n)*)?/
+"""
 
 
 def _lark_json(schema: dict) -> str:

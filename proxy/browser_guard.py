@@ -24,7 +24,8 @@ from aiohttp import web
 
 from adapters.errors import Forbidden
 
-from .errors import dialect_of, error_response
+from .dialects import dialect_of
+from .errors import error_response
 
 LOCAL_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
                       for port in ("", ":*") for scheme in ("http", "https")) + (

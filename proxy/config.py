@@ -44,6 +44,10 @@ class ServerConfig:
                                  "every origin). OLLAMA_ORIGINS (comma-separated) is honoured too. Other origins get "
                                  "403, as with Ollama")
     log_prompts: bool = setting(False, "log prompt and answer text (off: only sizes and timings are logged)")
+    default_max_tokens: int = setting(4096, "output limit of a request that sets none (most clients send none): a "
+                                      "small model that loops would otherwise run to the end of its context, holding "
+                                      "a backend slot for minutes (seen: 297 s for one answer); the answer then ends "
+                                      "with the dialect's length reason. 0: no limit", min=0)
     shutdown_grace_s: float = setting(10.0, "on SIGTERM, in-flight requests get this long to finish", min=0)
 
 

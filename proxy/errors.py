@@ -9,24 +9,17 @@ from aiohttp import web
 from adapters.errors import NotFound, VeloError
 
 from .auth import Handler
-from .dialects import anthropic, ollama, openai
+from .dialects import anthropic, dialect_of, ollama, openai
 from .http_io import json_response
 
 log = logging.getLogger("velo")
-
-
-def dialect_of(path: str) -> str:
-    """The Responses API answers errors in OpenAI's shape; the Messages API in Anthropic's."""
-    if path.startswith("/v1/messages"):
-        return "anthropic"
-    return "openai" if path.startswith("/v1/") or path == "/v1" else "ollama"
 
 
 def error_response(err: VeloError, dialect: str) -> web.Response:
     headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after is not None else None
     if dialect == "anthropic":
         return json_response(anthropic.error_object(err), status=anthropic.error_status(err), headers=headers)
-    body = openai.error_object(err) if dialect == "openai" else ollama.error_object(err.message)
+    body = ollama.error_object(err.message) if dialect == "ollama" else openai.error_object(err, dialect)
     return json_response(body, status=err.status, headers=headers)
 
 

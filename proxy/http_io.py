@@ -17,6 +17,7 @@ from adapters.errors import BadRequest, PayloadTooLarge, VeloError
 
 from .auth import CALLER
 from .cache.policy import bypass_requested
+from .dialects import dialect_of
 from .job import Job, Request
 from .streams import first_then_rest
 
@@ -37,8 +38,9 @@ async def read_json(request: web.Request) -> Any:
 
 
 def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
-    """The pipeline's job for a parsed request: who asks, and whether they asked Velo to leave its cache alone."""
-    return Job(req, request[CALLER], cache_bypass=bypass_requested(request.headers, body))
+    """The pipeline's job for a parsed request: who asks, in which dialect, and whether they asked Velo to leave its
+    cache alone."""
+    return Job(req, request[CALLER], dialect_of(request.path), cache_bypass=bypass_requested(request.headers, body))
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -26,22 +26,29 @@ class Outcome:
 
     cache: str = "off"  # "exact" | "semantic" | "miss" | "skip" | "bypass" | "off" (X-Velo-Cache)
     repairs: list[str] = field(default_factory=list)  # X-Velo-Repair
+    tools: str = ""  # how the offered tools reached the model: "native" | "prompt" | "grammar" (X-Velo-Tools)
+    trimmed: str = ""  # what was dropped to fit the context, e.g. "3 messages" (X-Velo-Context-Trimmed)
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}
         if self.repairs:
             out["X-Velo-Repair"] = "; ".join(self.repairs)[:1000]
+        if self.tools:
+            out["X-Velo-Tools"] = self.tools
+        if self.trimmed:
+            out["X-Velo-Context-Trimmed"] = self.trimmed
         return out
 
 
 @dataclass
 class Job:
-    """`request` and `caller` come from the edge; `cache_bypass` too (the client asked Velo itself not to use its
-    cache: headers or body, proxy/cache/policy.py). `target` is set by the resolve stage, `outcome` by the
+    """`request`, `caller` and `dialect` come from the edge; `cache_bypass` too (the client asked Velo itself not to
+    use its cache: headers or body, proxy/cache/policy.py). `target` is set by the resolve stage, `outcome` by the
     others. A stage that changes the request passes a copy (`dataclasses.replace`) that shares the outcome."""
 
     request: Request
     caller: Caller = field(default_factory=Caller)
+    dialect: str = "openai"  # "ollama" | "openai" | "anthropic" | "responses": proxy/dialects RULES apply
     cache_bypass: bool = False
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)

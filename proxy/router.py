@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+import time
 from dataclasses import dataclass, replace
 
 from adapters.base import Backend
@@ -23,11 +24,29 @@ class Target:
 
 
 class Router:
-    def __init__(self, config: Config, backends: dict[str, Backend], listing_timeout: float = 3.0):
+    def __init__(self, config: Config, backends: dict[str, Backend], listing_timeout: float = 3.0,
+                 info_ttl_s: float = 30.0):
         self.config = config
         self.backends = backends
         self.listing_timeout = listing_timeout
+        self.info_ttl_s = info_ttl_s
         self._listed: dict[str, str] = {}  # model name -> backend name, from the last listing
+        self._info: dict[tuple[str, str], tuple[float, ModelInfo | None]] = {}  # (backend, model) -> (when, its info)
+
+    async def model_info(self, target: Target) -> ModelInfo | None:
+        """What the backend says about the model (context, capabilities), kept `info_ttl_s`: stages ask per
+        request, and Ollama answers /api/show over HTTP. None when it cannot say (a model it serves without
+        listing it, or a backend that is down): the request itself then finds out."""
+        key, now = (target.backend.name, target.model), time.monotonic()
+        cached = self._info.get(key)
+        if cached is None or now - cached[0] > self.info_ttl_s:
+            try:
+                info = await asyncio.wait_for(target.backend.show(target.model), self.listing_timeout)
+            except Exception as e:  # noqa: BLE001 - any failure here means "unknown", never a failed request
+                log.debug("no model info for %s on %r: %s", target.model, target.backend.name, e)
+                info = None
+            cached = self._info[key] = (now, info)
+        return cached[1]
 
     async def resolve(self, model: str) -> Target:
         if not model:

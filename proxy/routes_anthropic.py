@@ -3,7 +3,6 @@ parse -> pipeline -> write. `x-api-key` authenticates like a Bearer token (proxy
 `anthropic-beta` are accepted and change nothing."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 from aiohttp import web
 
@@ -43,7 +42,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     `X-Velo-Token-Count` says which."""
     req = anthropic.parse_messages(await read_json(request), count_only=True).request
     target = await request.app[ROUTER].resolve(req.model)
-    tokens, exact = await prompt_tokens(target, replace(req, model=target.model))
+    tokens, exact = await prompt_tokens(target, req)
     return json_response({"input_tokens": tokens}, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
 
 

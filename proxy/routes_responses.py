@@ -4,7 +4,6 @@ response continues with `previous_response_id` (proxy/responses_store.py)."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -97,7 +96,7 @@ async def input_tokens(request: web.Request) -> web.Response:
     parsed = responses.parse_request(await read_json(request))
     req = parsed.chat(await _history(request, parsed))
     target = await request.app[ROUTER].resolve(req.model)
-    tokens, exact = await prompt_tokens(target, replace(req, model=target.model))
+    tokens, exact = await prompt_tokens(target, req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},
                          headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
 

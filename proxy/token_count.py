@@ -1,27 +1,34 @@
-"""A chat's prompt tokens: the backend's own count where it has a tokenizer (the engine, llama-server), else an
+"""A request's prompt tokens: the backend's own count where it has a tokenizer (the engine, llama-server), else an
 estimate of one token per 4 characters of text, tool schemas included (OpenAI's rule of thumb for English;
 tokenizers of local models give 3.5-4.5 on chat text)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import orjson
 
-from adapters.protocol import ChatRequest
+from adapters.protocol import ChatRequest, CompletionRequest
 
 from .router import Target
 
 CHARS_PER_TOKEN = 4
 
 
-def estimate(req: ChatRequest) -> int:
+def characters(req: ChatRequest | CompletionRequest) -> int:
+    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt)."""
+    if isinstance(req, CompletionRequest):
+        return len(req.prompt) + len(req.suffix or "") + len(req.system or "")
     chars = sum(len(m.content) + len(m.thinking) for m in req.messages)
     chars += sum(len(orjson.dumps(c.arguments)) + len(c.name) for m in req.messages for c in m.tool_calls)
-    chars += len(orjson.dumps([[t.name, t.description, t.parameters] for t in req.tools])) if req.tools else 0
-    return math.ceil(chars / CHARS_PER_TOKEN)
+    return chars + (len(orjson.dumps([[t.name, t.description, t.parameters] for t in req.tools])) if req.tools else 0)
 
 
-async def prompt_tokens(target: Target, req: ChatRequest) -> tuple[int, bool]:
-    """(tokens, exact): exact when the backend counted them itself."""
-    counted = await target.backend.count_tokens(req)
+def estimate(req: ChatRequest | CompletionRequest) -> int:
+    return math.ceil(characters(req) / CHARS_PER_TOKEN)
+
+
+async def prompt_tokens(target: Target, req: ChatRequest | CompletionRequest) -> tuple[int, bool]:
+    """(tokens, exact): exact when the backend counted them itself. `req` is named as the client named it."""
+    counted = await target.backend.count_tokens(replace(req, model=target.model))
     return (counted, True) if counted is not None else (estimate(req), False)

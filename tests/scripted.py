@@ -26,17 +26,19 @@ class Script:
 
 
 class ScriptedBackend(Backend):
-    def __init__(self, name: str = "scripted", models: tuple[str, ...] = ("tiny:latest",), script: Script | None = None):
+    def __init__(self, name: str = "scripted", models: tuple[str, ...] = ("tiny:latest",), script: Script | None = None,
+                 capabilities: tuple[str, ...] = ("completion", "tools", "thinking"), context_length: int = 8192):
         super().__init__(BackendConfig(name=name, kind="openai", urls=["http://scripted"]))
         self.models = list(models)
+        self.capabilities, self.context_length = list(capabilities), context_length
         self.script = script or Script()
         self.requests: list[Any] = []
         self.cancelled = 0
         self.completed = 0
 
     async def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo(name=m, family="llama", context_length=8192, capabilities=["completion", "tools"],
-                          modified_at=MODIFIED_AT)
+        return [ModelInfo(name=m, family="llama", context_length=self.context_length,
+                          capabilities=list(self.capabilities), modified_at=MODIFIED_AT)
                 for m in self.models]
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
@@ -46,6 +48,12 @@ class ScriptedBackend(Backend):
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         self.requests.append(req)
         return self._run()
+
+    async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int:
+        """An exact count of the double's own: one token per word, plus one per message."""
+        if isinstance(req, CompletionRequest):
+            return len(req.prompt.split())
+        return sum(len(m.content.split()) + 1 for m in req.messages)
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         self.requests.append(req)

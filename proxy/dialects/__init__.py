@@ -1,0 +1,29 @@
+"""The four dialects Velo speaks (one converter module each), and where their APIs differ in what they ask of Velo
+beyond the request itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rules:
+    trims_context: bool  # a chat longer than the context loses its oldest turns (Ollama), else a 400 the client knows
+    strict_thinking: bool  # asking a model that cannot think to think is a 400; else the switch is left to the model
+
+
+RULES = {
+    "ollama": Rules(trims_context=True, strict_thinking=True),  # Ollama's own behaviour, both
+    "openai": Rules(trims_context=False, strict_thinking=True),  # code "context_length_exceeded" makes agents compact
+    # Ollama relaxes thinking for its Anthropic API so Claude Code (thinking: adaptive or enabled) runs on any model;
+    # Codex sends reasoning.effort on every request, so the Responses API gets the same.
+    "anthropic": Rules(trims_context=False, strict_thinking=False),
+    "responses": Rules(trims_context=False, strict_thinking=False),
+}
+
+
+def dialect_of(path: str) -> str:
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/responses"):
+        return "responses"
+    return "openai" if path.startswith("/v1/") or path == "/v1" else "ollama"

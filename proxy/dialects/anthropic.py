@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from adapters import options
-from adapters.errors import BadRequest, VeloError
+from adapters.errors import BadRequest, ContextOverflow, VeloError
 from adapters.fields import body_object, get, get_model
 from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
 
@@ -296,7 +296,9 @@ def error_status(err: VeloError) -> int:
 def error_object(err: VeloError) -> dict[str, Any]:
     status = error_status(err)
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    message = f"prompt is too long: {err.tokens} tokens > {err.limit} maximum" \
+        if isinstance(err, ContextOverflow) else err.message  # Anthropic's wording, which Claude Code acts on
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def error_event(err: VeloError) -> bytes:

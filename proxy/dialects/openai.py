@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from adapters import options
-from adapters.errors import BadRequest, VeloError
+from adapters.errors import BadRequest, ContextOverflow, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, ToolCall, Usage, epoch)
 
@@ -280,6 +280,15 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
             "owned_by": info.backend or "velo"}
 
 
-def error_object(err: VeloError) -> dict[str, Any]:
-    """OpenAI's error object: `code` is a string or null, never a number (SDKs and agents test it by value)."""
-    return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
+def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
+    """OpenAI's error object: `code` is a string or null, never a number (SDKs and agents test it by value). A
+    context overflow is worded as OpenAI words it, which is what agents look for before they compact."""
+    message = err.message
+    if isinstance(err, ContextOverflow):
+        message = _RESPONSES_OVERFLOW if dialect == "responses" else _CHAT_OVERFLOW.format(err.limit, err.tokens)
+    return {"error": {"message": message, "type": err.kind, "param": err.param, "code": err.code}}
+
+
+_CHAT_OVERFLOW = ("This model's maximum context length is {} tokens. However, your messages resulted in {} tokens. "
+                  "Please reduce the length of the messages.")
+_RESPONSES_OVERFLOW = "Your input exceeds the context window of this model. Please adjust your input and try again."

@@ -23,7 +23,6 @@ from adapters.errors import BadRequest, VeloError
 from adapters.fields import body_object, get, get_model
 from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
 
-from . import openai
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 _NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
@@ -323,6 +322,3 @@ def status_of(whole: Chunk) -> str:
     return "incomplete" if whole.finish_reason == "length" else "completed"
 
 
-def error_object(err: VeloError) -> dict[str, Any]:
-    """Errors outside a stream are OpenAI's shape."""
-    return openai.error_object(err)

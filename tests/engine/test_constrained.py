@@ -51,8 +51,11 @@ def accepts(constrainer: Constrainer, grammar: str, text: str) -> bool:
      [CALL, '{"name": "get_time", "arguments": {}}'], ["Sure", '{"name": "get_weather", "arguments": {}}']),
     ({"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
      ['{"name": "get_time", "arguments": {"zone": "UTC"}}'], [CALL]),
-    ({"tools": [WEATHER]}, [CALL, "Sure, here you go.", "\nSure", ""],
-     ['{"zone": 1}', '{"name": "get_time", "arguments": {}}', ' {"a": 1}']),
+    ({"tools": [WEATHER]}, [CALL, "Sure, here you go.", "\nSure", "",
+                            f"Sure.<tool_call>\n{CALL}\n</tool_call>", f"<tool_call>{CALL}</tool_call>\n<tool_call>\n"
+                            f"{CALL}\n</tool_call>\nDone.", "I will use <tool"],
+     ['{"zone": 1}', '{"name": "get_time", "arguments": {}}', ' {"a": 1}', "Sure.<tool_call>\nhello",
+      f"<tool_call>\n{CALL}", '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>']),
     ({"tools": [WEATHER], "format": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
      [CALL, '{"ok": true}'], ["Sure", '{"ok": 1}']),
 ])

@@ -214,9 +214,16 @@ async def test_x_api_key_authenticates_like_bearer():
     assert e.value.body["error"]["type"] == "authentication_error"
 
 
-async def test_count_tokens_estimates_when_the_backend_has_no_tokenizer(base_url, client):
-    counted = await _client(base_url).messages.count_tokens(model="tiny", messages=[
-        {"role": "user", "content": "x" * 400}], system="y" * 40)
-    assert counted.input_tokens == 110  # (400 + 40) characters / 4
-    resp = await client.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": USER})
+class _NoTokenizer(ScriptedBackend):
+    async def count_tokens(self, req):
+        return None
+
+
+async def test_count_tokens_uses_the_backends_count_else_an_estimate(base_url):
+    counted = await _client(base_url).messages.count_tokens(model="tiny", messages=USER, system="Be brief.")
+    assert counted.input_tokens == 5  # the scripted backend's own count: a word each, one per message
+    async with TestClient(TestServer(make_app(Config(), {"s": _NoTokenizer("s")}))) as c:
+        resp = await c.post("/v1/messages/count_tokens", json={"model": "tiny", "system": "y" * 40,
+                                                               "messages": [{"role": "user", "content": "x" * 400}]})
+        assert (await resp.json()) == {"input_tokens": 110}  # (400 + 40) characters / 4
     assert resp.headers["X-Velo-Token-Count"] == "estimate"

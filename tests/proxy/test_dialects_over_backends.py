@@ -71,6 +71,7 @@ async def test_responses_with_tools(velo, stream):
 @pytest.mark.parametrize("velo", ["ollama"], indirect=True)
 async def test_thinking_from_ollama_comes_back_in_both_dialects(velo):
     url, kind, fake = velo
+    fake.models[MODELS[kind]].capabilities.append("thinking")  # as Ollama's /api/show says of a thinking model
     fake.script.thinking, fake.script.tool_calls = "Let me see.", []
     ant = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
     msg = await ant.messages.create(model=MODELS[kind], max_tokens=64, thinking={"type": "enabled",

@@ -1,0 +1,63 @@
+"""A chat through a model's own Jinja chat template (engine.tokenizer renders it), and what that template can do.
+
+Whether a template renders tools is found by rendering it, not by reading it: SmolLM2's template mentions no tools
+and drops them, while some templates name "tools" only to raise an error. A model whose template cannot render
+them gets them from adapters/tool_prompt.py instead.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.tokenizer import Tokenizer
+
+from .errors import BadRequest
+from .protocol import ChatRequest, Message
+from .think import OPEN
+from .tool_prompt import in_prompt
+
+_PROBE = [{"role": "user", "content": "hi"}]
+_PROBE_TOOL = [{"type": "function", "function": {"name": "velo_probe_tool", "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+
+
+def message_dict(m: Message) -> dict[str, Any]:
+    """A message as Hugging Face chat templates expect it."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_name:
+        out["name"] = m.tool_name
+    return out
+
+
+def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
+    """The prompt text of a chat; `think` reaches templates that switch thinking (`enable_thinking`, Qwen3)."""
+    if req.tools_in_prompt:
+        req = in_prompt(req)
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                "parameters": t.parameters}} for t in req.tools] or None
+    switches = {} if req.think is None else {"enable_thinking": bool(req.think)}
+    try:
+        return tokenizer.apply_chat_template([message_dict(m) for m in req.messages], tools=tools, **switches)
+    except Exception as exc:  # jinja errors, raise_exception() in the template
+        raise BadRequest(f"chat template: {exc}") from exc
+
+
+def capabilities(tokenizer: Tokenizer) -> list[str]:
+    """Ollama's capability names for what the model's template does: "completion", "tools" when it renders
+    them, "thinking" when it has <think> blocks."""
+    template = tokenizer.chat_template or ""
+    return (["completion"] + (["tools"] if renders_tools(tokenizer) else [])
+            + (["thinking"] if OPEN in template or "enable_thinking" in template else []))
+
+
+def renders_tools(tokenizer: Tokenizer) -> bool:
+    if not tokenizer.chat_template:
+        return False
+    try:
+        return "velo_probe_tool" in tokenizer.apply_chat_template(_PROBE, tools=_PROBE_TOOL)
+    except Exception:  # noqa: BLE001 - a template that refuses tools does not render them
+        return False

@@ -1,0 +1,111 @@
+"""Fits a job to its model before the cache sees it (so the cache keys what is really asked):
+
+- an output limit where the client set none (`[server] default_max_tokens`): a looping small model otherwise runs
+  to the end of its context;
+- the thinking switch: a model that cannot think gets Ollama's 400 in the dialects that are strict about it
+  (proxy/dialects RULES), and the switch is dropped in those that leave it to the model;
+- the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
+  oldest turns (keeping system prompts and the last turn) and trims a raw prompt's start, as Ollama does; the
+  others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). Backends that
+  fit the context themselves (Ollama) are left to it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import replace
+from typing import AsyncIterator
+
+from adapters.errors import ContextOverflow, ModelLacks
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo
+
+from ..dialects import RULES
+from ..job import Job, Request
+from ..router import Target
+from ..token_count import characters, prompt_tokens
+from .base import Next, Stage
+
+log = logging.getLogger("velo.fit")
+# A prompt whose characters / 2 stay under the window surely fits: local tokenizers give 3.5-4.5 characters per
+# token on chat and code, and 2 on lists of digits or one-letter words, so the exact count (an HTTP round trip for
+# llama-server) is only asked of prompts that may be near the limit.
+_SURELY_FITS_CHARS_PER_TOKEN = 2
+_ANSWER_SHARE = 4  # a trimmed chat leaves at least 1/4 of the window (or max_tokens, if less) for the answer
+
+
+class Fit(Stage):
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        assert job.target is not None
+        req = self._capped(job.request)
+        info = await self.services.router.model_info(job.target)
+        if info is not None:  # a model the backend cannot describe is left to the backend
+            req = await self._in_window(self._thinking(req, info, job), info, job)
+        async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
+            async for chunk in rest:
+                yield chunk
+
+    def _capped(self, req: Request) -> Request:
+        cap = self.services.config.server.default_max_tokens
+        if req.options.max_tokens is not None or cap == 0:
+            return req
+        return replace(req, options=replace(req.options, max_tokens=cap))
+
+    @staticmethod
+    def _thinking(req: Request, info: ModelInfo, job: Job) -> Request:
+        if req.think in (None, False) or "thinking" in info.capabilities:
+            return req
+        if RULES[job.dialect].strict_thinking:
+            raise ModelLacks(req.model, "thinking")
+        return replace(req, think=None)
+
+    async def _in_window(self, req: Request, info: ModelInfo, job: Job) -> Request:
+        assert job.target is not None
+        limit = min(filter(None, (info.context_length, req.options.num_ctx)), default=None)
+        if limit is None or job.target.backend.fits_context or characters(req) / _SURELY_FITS_CHARS_PER_TOKEN < limit:
+            return req
+        tokens = await _count(job.target, req)
+        if tokens < limit:
+            return req
+        if not RULES[job.dialect].trims_context:
+            raise ContextOverflow(tokens, limit)
+        return await _trimmed(job, req, tokens, limit)
+
+
+async def _count(target: Target, req: Request) -> int:
+    return (await prompt_tokens(target, req))[0]
+
+
+async def _trimmed(job: Job, req: Request, tokens: int, limit: int) -> Request:
+    """Drops what Ollama drops until the prompt leaves room for an answer; a 400 when even the least it keeps
+    (system prompts and the last turn) does not fit."""
+    assert job.target is not None
+    room = limit - min(req.options.max_tokens or limit, limit // _ANSWER_SHARE)
+    before, dropped = tokens, 0
+    while tokens > room:
+        shorter, n = _shorter(req, room / tokens)
+        if shorter is None:
+            raise ContextOverflow(tokens, limit)
+        req, dropped = shorter, dropped + n
+        tokens = await _count(job.target, req)
+    what = f"{dropped} messages" if isinstance(req, ChatRequest) else f"{dropped} characters"
+    job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
+    log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)
+    return req
+
+
+def _shorter(req: Request, keep: float) -> tuple[Request | None, int]:
+    """`req` cut to about `keep` of its size: a chat's oldest non-system turns (never its last), or the start of a
+    raw prompt; None when nothing more can go."""
+    if isinstance(req, CompletionRequest):
+        cut = max(1, len(req.prompt) - math.floor(len(req.prompt) * keep * 0.95))
+        return (replace(req, prompt=req.prompt[cut:]), cut) if cut < len(req.prompt) else (None, 0)
+    kept, dropped = list(req.messages), 0
+    total = sum(len(m.content) + 1 for m in kept)
+    goal = total * keep
+    while (first := next((i for i, m in enumerate(kept[:-1]) if m.role != "system"), None)) is not None:
+        if dropped and total <= goal and kept[first].role != "tool":  # a tool answer goes with its call
+            break
+        total -= len(kept.pop(first).content) + 1
+        dropped += 1
+    return (replace(req, messages=kept), dropped) if dropped else (None, 0)

@@ -1,0 +1,138 @@
+"""The fit stage: the default output limit, the thinking switch per dialect, and the context window at its
+boundary (one token under and over, with and without a system prompt) in every dialect's own terms."""
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import Config, ServerConfig
+from tests.scripted import ScriptedBackend
+
+LIMIT = 50  # the scripted model's context; it counts one token per word plus one per message
+
+
+def words(n: int, tag: str = "w") -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+@pytest.fixture
+async def velo():
+    """A client of Velo over a scripted model with a 50-token context that can think."""
+    backends: list[ScriptedBackend] = []
+
+    async def start(config: Config | None = None, **kw) -> tuple[TestClient, ScriptedBackend]:
+        backend = ScriptedBackend("s", context_length=LIMIT, **kw)
+        backends.append(backend)
+        client = TestClient(TestServer(make_app(config or Config(), {"s": backend})))
+        await client.start_server()
+        clients.append(client)
+        return client, backend
+    clients: list[TestClient] = []
+    yield start
+    for c in clients:
+        await c.close()
+
+
+def chat(n_tokens: int, system: bool) -> list[dict]:
+    """A conversation of exactly n_tokens by the scripted count: an optional system turn, history, a last turn."""
+    head = [{"role": "system", "content": words(4, "s")}] if system else []  # 5 tokens
+    last = {"role": "user", "content": words(9, "q")}  # 10 tokens
+    rest = n_tokens - 10 - (5 if system else 0) - 2  # two history turns of one token of overhead each
+    history = [{"role": "user", "content": words(rest // 2, "a")},
+               {"role": "assistant", "content": words(rest - rest // 2, "b")}]
+    return head + history + [last]
+
+
+@pytest.mark.parametrize("system", [False, True])
+async def test_one_token_under_the_window_passes_untouched_in_every_dialect(velo, system):
+    c, backend = await velo()
+    messages = chat(LIMIT - 1, system)
+    assert (await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False})).status == 200
+    assert (await c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})).status == 200
+    assert len(backend.requests[0].messages) == len(messages) == len(backend.requests[1].messages)
+
+
+@pytest.mark.parametrize("system", [False, True])
+async def test_ollama_drops_the_oldest_turns_one_token_over(velo, system):
+    c, backend = await velo()
+    messages = chat(LIMIT, system)
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                           "options": {"num_predict": 5}})
+    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("1 messages (50 -> ")
+    sent = backend.requests[0].messages
+    assert [m.content for m in sent] == [m["content"] for m in messages if m["content"] not in
+                                         (messages[-3]["content"],)]  # the oldest non-system turn went
+    assert sent[-1].content == messages[-1]["content"] and (sent[0].role == "system") == system
+
+
+async def test_ollama_keeps_the_last_turn_or_answers_400(velo):
+    c, _ = await velo()
+    too_long = [{"role": "system", "content": words(10)}, {"role": "user", "content": words(60)}]
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False})
+    assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
+
+
+async def test_num_ctx_narrows_the_window(velo):
+    c, backend = await velo()
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": chat(40, False), "stream": False,
+                                           "options": {"num_ctx": 30, "num_predict": 5}})
+    assert resp.status == 200 and "X-Velo-Context-Trimmed" in resp.headers
+    assert await backend.count_tokens(backend.requests[0]) <= 30 - 5
+
+
+async def test_generate_trims_the_start_of_a_raw_prompt(velo):
+    c, backend = await velo()
+    prompt = words(70)
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": prompt, "raw": True, "stream": False,
+                                               "options": {"num_predict": 5}})
+    assert resp.status == 200 and "characters" in resp.headers["X-Velo-Context-Trimmed"]
+    sent = backend.requests[0].prompt
+    assert prompt.endswith(sent) and len(sent.split()) <= LIMIT - 5
+
+
+async def test_openai_answers_context_length_exceeded_one_token_over(velo):
+    c, backend = await velo()
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(LIMIT, True)})
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
+    assert err["message"] == ("This model's maximum context length is 50 tokens. However, your messages resulted "
+                              "in 50 tokens. Please reduce the length of the messages.")
+    assert backend.requests == []
+
+
+async def test_responses_and_anthropic_word_the_overflow_their_way(velo):
+    c, _ = await velo()
+    resp = await c.post("/v1/responses", json={"model": "tiny", "input": words(60)})
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["code"] == "context_length_exceeded" and "context window" in err["message"]
+    resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 5,
+                                              "messages": [{"role": "user", "content": words(60)}]})
+    assert resp.status == 400 and (await resp.json())["error"] == {
+        "type": "invalid_request_error", "message": "prompt is too long: 61 tokens > 50 maximum"}
+
+
+async def test_requests_without_an_output_limit_get_the_default(velo):
+    c, backend = await velo(Config(server=ServerConfig(default_max_tokens=77)))
+    await c.post("/api/chat", json={"model": "tiny", "messages": chat(20, False), "stream": False})
+    await c.post("/api/chat", json={"model": "tiny", "messages": chat(20, False), "stream": False,
+                                    "options": {"num_predict": 5}})
+    assert [r.options.max_tokens for r in backend.requests] == [77, 5]
+    c2, backend2 = await velo(Config(server=ServerConfig(default_max_tokens=0)))
+    await c2.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(20, False)})
+    assert backend2.requests[0].options.max_tokens is None
+
+
+@pytest.mark.parametrize("path, body, strict", [
+    ("/api/chat", {"think": True, "stream": False}, True),
+    ("/v1/messages", {"thinking": {"type": "enabled", "budget_tokens": 100}, "max_tokens": 9}, False),
+    ("/v1/responses", {"reasoning": {"effort": "high"}}, False),
+])
+async def test_thinking_on_a_model_that_cannot_think(velo, path, body, strict):
+    c, backend = await velo(capabilities=("completion", "tools"))
+    shape = {"input": "hi"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "hi"}]}
+    resp = await c.post(path, json={"model": "tiny", **shape, **body})
+    if strict:
+        assert resp.status == 400 and (await resp.json()) == {"error": '"tiny" does not support thinking'}
+    else:
+        assert resp.status == 200 and backend.requests[0].think is None
