@@ -111,9 +111,11 @@ class LlamaCppBackend(OpenAIBackend):
         listing, props = await self.http.call("GET", "/v1/models"), await self.props()
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
-        caps = ["completion"]
+        caps, template = ["completion"], props.get("chat_template", "")
         if (props.get("chat_template_caps") or {}).get("supports_tools"):
             caps.append("tools")
+        if "<think>" in template or "enable_thinking" in template:
+            caps.append("thinking")
         if await self.can_infill():
             caps.append("insert")
         names = self.config.models or [gguf_name(e["id"]) for e in entries]
@@ -125,7 +127,7 @@ class LlamaCppBackend(OpenAIBackend):
                           quantization_level=props.get("model_ftype", ""),
                           parameter_size=parameter_size(params),
                           context_length=await self.context_length(), capabilities=list(caps),
-                          template=props.get("chat_template", ""),
+                          template=template,
                           model_info={"general.parameter_count": params, "n_ctx_train": meta.get("n_ctx_train")})
                 for n in names]
 

@@ -14,7 +14,7 @@ from adapters.protocol import Chunk, aggregate
 from .auth import CALLER
 from .dialects import openai
 from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
-from .job import Job, Outcome, Request
+from .job import Job, Request
 from .state import PIPELINE, ROUTER
 from .streams import collect, merge
 
@@ -79,8 +79,8 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
 
 
 def _headers(jobs: list[Job]) -> dict[str, str]:
-    """One response for n jobs: the first's cache outcome (they share their cacheability), every job's repairs."""
-    return Outcome(jobs[0].outcome.cache, [r for j in jobs for r in j.outcome.repairs]).headers()
+    """One response for n jobs: the first's outcome (they differ in their seed alone), every job's repairs."""
+    return replace(jobs[0].outcome, repairs=[r for j in jobs for r in j.outcome.repairs]).headers()
 
 
 async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterator[Chunk]],

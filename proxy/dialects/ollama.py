@@ -70,12 +70,20 @@ def parse_tools(body: dict[str, Any]) -> list[Tool]:
     return tools
 
 
+def parse_think(body: dict[str, Any]) -> bool | str | None:
+    """Ollama's `think`: true / false, or a level ("low", "medium", "high") for models that take one."""
+    think = body.get("think")
+    if think is None or isinstance(think, bool) or think in ("low", "medium", "high"):
+        return think
+    raise BadRequest('think must be true, false, "low", "medium" or "high"', param="think")
+
+
 def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
     return ChatRequest(
         model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
         options=parse_options(body), tools=parse_tools(body), format=parse_format(body),
-        stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"), think=body.get("think"))
+        stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"), think=parse_think(body))
 
 
 def parse_generate(body: Any) -> CompletionRequest:
@@ -88,7 +96,7 @@ def parse_generate(body: Any) -> CompletionRequest:
         system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
         images=[str(i) for i in get(body, "images", list, [])], options=parse_options(body),
         format=parse_format(body), stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"),
-        think=body.get("think"), context=context)
+        think=parse_think(body), context=context)
 
 
 def parse_embed(body: Any) -> EmbedRequest:

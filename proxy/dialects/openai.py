@@ -119,6 +119,16 @@ def parse_tool_choice(raw: Any) -> Any:
     return {"type": "function", "function": {"name": fn["name"]}}
 
 
+def parse_reasoning_effort(body: dict[str, Any]) -> bool | str | None:
+    """`reasoning_effort` as the internal think switch: "none" / "minimal" off, a level on at that level."""
+    effort = get(body, "reasoning_effort", str)
+    if effort is None:
+        return None
+    if effort not in ("none", "minimal", "low", "medium", "high"):
+        raise BadRequest("reasoning_effort must be one of none, minimal, low, medium, high", param="reasoning_effort")
+    return False if effort in ("none", "minimal") else effort
+
+
 def _n(body: dict[str, Any]) -> int:
     n = get(body, "n", int, 1)
     if not 1 <= n <= 16:
@@ -134,7 +144,7 @@ def parse_chat(body: Any) -> ChatRequest:
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
                        options=parse_options(body), tools=parse_tools(body),
                        tool_choice=parse_tool_choice(body.get("tool_choice")), format=parse_response_format(body),
-                       stream=get(body, "stream", bool, False), n=_n(body))
+                       stream=get(body, "stream", bool, False), n=_n(body), think=parse_reasoning_effort(body))
 
 
 def parse_completion(body: Any) -> CompletionRequest:

@@ -128,9 +128,13 @@ class CallRepairer:
         return kept
 
     def _is_attempt(self, raw: RawCall, region: Region) -> bool:
-        """Bare JSON in prose is only a call when it names an offered tool or has an arguments key."""
+        """Bare JSON in prose is only a call when it names an offered tool or has an arguments key, and never
+        when its "arguments" are a JSON Schema: small models echo a tool's definition back (seen from
+        Qwen2.5-Coder-0.5B: the read_file signature in a json fence instead of a call)."""
         if region.kind not in ("json", "fence"):
             return True
+        if _is_schema(raw.arguments):
+            return False
         return self.resolve(raw.name) is not None or "flattened_arguments" not in raw.fixes
 
     def resolve(self, name: str) -> str | None:
@@ -160,6 +164,10 @@ class CallRepairer:
             self.report.invalid.append(f"{name}: " + "; ".join(errors))
             return None
         return _Accepted(ToolCall(name, args, call_id or new_call_id()), fixes, changes)
+
+
+def _is_schema(value: object) -> bool:
+    return isinstance(value, dict) and value.get("type") == "object" and isinstance(value.get("properties"), dict)
 
 
 def new_call_id() -> str:

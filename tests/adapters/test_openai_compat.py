@@ -9,6 +9,7 @@ from adapters.base import BackendConfig
 from adapters.errors import (BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded,
                              Unauthorized, VeloError)
 from adapters.openai_compat import OpenAIBackend
+from adapters.openai_wire import chat_to_wire
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
 from tests.fakes import FakeOpenAI
@@ -202,3 +203,13 @@ async def test_ollama_style_history_gets_linked_call_ids(backend, openai_fake):
     ids = [c["id"] for c in sent[1]["tool_calls"]]
     assert len(set(ids)) == 2
     assert [(m["tool_call_id"], m["name"]) for m in sent[2:]] == [(ids[1], "get_time"), (ids[0], "get_weather")]
+
+
+@pytest.mark.parametrize("think, wire", [
+    (True, {"chat_template_kwargs": {"enable_thinking": True}}),
+    (False, {"chat_template_kwargs": {"enable_thinking": False}}),
+    ("high", {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": "high"}),
+    (None, {})])
+def test_the_think_switch_on_the_openai_wire(think, wire):
+    body = chat_to_wire(ChatRequest("m", [Message("user", "hi")], think=think))
+    assert {k: body[k] for k in ("chat_template_kwargs", "reasoning_effort") if k in body} == wire

@@ -122,7 +122,7 @@ async def test_an_answer_cached_through_one_dialect_replays_through_the_others(v
     assert len(set(first.values())) == 1, first
 
 
-@pytest.mark.parametrize("backend", ["engine"])
+@pytest.mark.parametrize("backend", ["engine", "llama"])
 async def test_a_forced_tool_call_is_the_same_in_every_dialect_that_can_force_one(velo, backend):
     _, oai, ant = sdks(velo, NO_CACHE)
     model, ask = MODELS[backend], "What is the weather in Paris?"

@@ -24,7 +24,8 @@ async def test_ollama_client_chat_generate_embed(velo, ollama_double):
     assert "".join(p.message.content for p in parts) == "Hello big world" and parts[-1].done_reason == "stop"
     assert parts[-1].eval_count == 3 and parts[-1].prompt_eval_count == 1
     sent = ollama_double.last("/api/chat")
-    assert sent["options"] == {"num_ctx": 1024, "mirostat": 2} and sent["keep_alive"] == "5m"
+    # num_predict: Velo's [server] default_max_tokens for a request that sets no output limit
+    assert sent["options"] == {"num_ctx": 1024, "mirostat": 2, "num_predict": 4096} and sent["keep_alive"] == "5m"
 
     gen = await oll.generate(model=MODEL, prompt="def f():", suffix="\n", raw=True, options={"num_predict": 2})
     assert gen.response == "Hello big" and gen.done_reason == "length"

@@ -122,3 +122,10 @@ async def test_failure_before_first_chunk_is_an_http_error(client, scripted: Scr
 async def test_management_calls_need_an_ollama_backend(client):
     resp = await client.post("/api/pull", json={"model": "llama3"})
     assert resp.status == 501 and "Ollama backend" in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize("think, status", [(True, 200), ("high", 200), (False, 200), ("loud", 400), (3, 400)])
+async def test_think_takes_a_switch_or_a_level(client, think, status):
+    resp = await client.post("/api/chat", json={"model": "tiny", "think": think, "stream": False,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == status

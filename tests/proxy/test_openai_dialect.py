@@ -167,3 +167,16 @@ def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
     second = dialect.chat_chunk(ids, "m", 0, Chunk(tool_calls=[ToolCall(name="b", arguments={})]), calls_sent=1)
     indexes = [tc["index"] for obj in (first, second) for tc in obj["choices"][0]["delta"]["tool_calls"]]
     assert indexes == [0, 1]
+
+
+@pytest.mark.parametrize("effort, think", [("high", "high"), ("low", "low"), ("minimal", False), ("none", False)])
+async def test_reasoning_effort_is_the_think_switch(client, scripted: ScriptedBackend, effort, think):
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": effort,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200 and scripted.requests[0].think == think
+
+
+async def test_a_bad_reasoning_effort_is_a_400(client):
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "max",
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == "reasoning_effort"

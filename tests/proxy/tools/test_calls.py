@@ -191,3 +191,11 @@ def test_a_schema_with_a_remote_ref_is_refused_without_fetching_it() -> None:
     remote = Tool("fetchy", "", {"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/a.json"}}})
     with pytest.raises(ToolCallInvalid, match="schema cannot be used: .*is not fetched"):
         repair_message('{"name": "fetchy", "arguments": {"a": 1}}', [], [remote])
+
+
+def test_a_tool_definition_echoed_in_a_fence_is_text_not_a_failed_call() -> None:
+    """Qwen2.5-Coder-0.5B answered a read-this-file request with the tool's signature in a json fence."""
+    echo = ('```json\n{"type": "function", "function": {"name": "search", "description": "Web search", '
+            '"parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}\n```')
+    content, calls, report = repair_message(echo, [], TOOLS)
+    assert calls == [] and content == echo and not report.invalid

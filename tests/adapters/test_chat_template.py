@@ -1,0 +1,41 @@
+"""What a chat template can do is found by rendering it; rendering passes tools and the thinking switch."""
+from __future__ import annotations
+
+import pytest
+
+from adapters.chat_template import capabilities, render
+from adapters.protocol import ChatRequest, Message, Tool
+from engine.tokenizer import Tokenizer
+from tests.engine.tiny import CHATML, byte_tokenizer
+
+TOOLS = CHATML + "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools>{% endif %}"
+REFUSES = CHATML + "{% if tools %}{{ raise_exception('this model has no tools') }}{% endif %}"
+MENTIONS = "{# tools are not supported #}" + CHATML  # names tools, renders none
+QWEN3_LIKE = (CHATML + "{% if add_generation_prompt %}{% if enable_thinking is defined and not enable_thinking %}"
+              "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
+READ = Tool("read_file", "Read", {"type": "object"})
+
+
+def tokenizer(template: str | None) -> Tokenizer:
+    return Tokenizer(byte_tokenizer(), template, None, "<|im_end|>", [])
+
+
+@pytest.mark.parametrize("template, caps", [
+    (CHATML, ["completion"]), (TOOLS, ["completion", "tools"]), (REFUSES, ["completion"]),
+    (MENTIONS, ["completion"]), (QWEN3_LIKE, ["completion", "thinking"]), (None, ["completion"])])
+def test_capabilities_come_from_rendering(template, caps):
+    assert capabilities(tokenizer(template)) == caps
+
+
+def test_tools_render_natively_or_in_the_prompt():
+    req = ChatRequest("m", [Message("user", "hi")], tools=[READ])
+    assert "<tools>read_file</tools>" in render(tokenizer(TOOLS), req)
+    prompted = render(tokenizer(CHATML), ChatRequest("m", req.messages, tools=[READ], tools_in_prompt=True))
+    assert prompted.startswith("<|im_start|>system\n# Tools") and '"name":"read_file"' in prompted
+
+
+def test_the_thinking_switch_reaches_the_template():
+    req = ChatRequest("m", [Message("user", "hi")])
+    assert render(tokenizer(QWEN3_LIKE), req).endswith("<think>\n")
+    off = render(tokenizer(QWEN3_LIKE), ChatRequest("m", req.messages, think=False))
+    assert off.endswith("<think>\n\n</think>\n\n")
