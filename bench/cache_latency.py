@@ -38,7 +38,7 @@ from proxy.app import make_app  # noqa: E402
 from proxy.cache import CacheConfig  # noqa: E402
 from proxy.cache.encoders import PRECISIONS  # noqa: E402
 from proxy.config import Config  # noqa: E402
-from proxy.state import PIPELINE  # noqa: E402
+from proxy.state import GENERATIONS  # noqa: E402
 from proxy.stages.cache import Cache  # noqa: E402
 from tests.fakes import FakeOpenAI  # noqa: E402
 
@@ -64,7 +64,7 @@ class Velo:
         return self
 
     def _time_lookups(self) -> None:
-        cache = self.app[PIPELINE].stage(Cache).layer
+        cache = self.app[GENERATIONS].current.pipeline.stage(Cache).layer
         lookup = cache.lookup
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
@@ -132,7 +132,7 @@ async def run(n: int) -> None:
             for pair in pairs:
                 for p, velo in semantic.items():
                     sem[p].append(await ask(session, velo.url, pair["similar"]))
-            threshold = semantic["int8"].app[PIPELINE].stage(Cache).layer.cfg.semantic_threshold
+            threshold = semantic["int8"].app[GENERATIONS].current.pipeline.stage(Cache).layer.cfg.semantic_threshold
     print(f"upstream: fake OpenAI-compatible server over HTTP; {n} questions; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} (other processes share them)")
     print(summary("miss, end to end", [s for _, s in misses]))

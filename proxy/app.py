@@ -1,25 +1,31 @@
-"""The aiohttp app factory: routes registered in one place, state in AppKeys, backends opened and closed by
-`cleanup_ctx`; middlewares: the browser guard, errors in the client's dialect, authentication."""
+"""The aiohttp app factory: routes registered in one place, state in AppKeys, the configuration in force as a
+`Generation` each request is pinned to (proxy/generation.py), reloaded from `config_path` when it changes
+(proxy/reload.py); middlewares: the browser guard, errors in the client's dialect, the pin, authentication."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import AsyncIterator
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from adapters.base import Backend
 
-from . import routes_anthropic, routes_ollama, routes_openai, routes_responses
-from .auth import authenticate
+from . import routes_anthropic, routes_ollama, routes_openai, routes_responses, routes_ui
+from .auth import Handler, authenticate
 from .browser_guard import OriginPolicy, guard
 from .config import Config
 from .errors import errors_in_dialect
+from .generation import Generation, Generations
 from .http_io import json_response
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, render
-from .pipeline import Pipeline
-from .router import Router
+from .keep import Keep
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, new_registry, render
+from .reload import Reloader
 from .responses_store import ResponseStore
-from .state import BACKENDS, CONFIG, PIPELINE, RESPONSES, ROUTER
+from .state import GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
+
+APP_METRICS = web.AppKey("app_metrics", CollectorRegistry)  # what outlives generations (config reloads)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -27,14 +33,14 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    backends = request.app[BACKENDS]
+    backends = request[GENERATION].backends
     states = dict(zip(backends, await asyncio.gather(*(_healthy(b) for b in backends.values()))))
     ok = any(states.values()) or not states
     return json_response({"status": "ready" if ok else "unavailable", "backends": states}, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = render(request.app[PIPELINE].registry)
+    body = render(request[PIPELINE].registry) + render(request.app[APP_METRICS])
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -45,31 +51,42 @@ async def _healthy(backend: Backend) -> bool:
         return False
 
 
-async def _backends_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Backends open first, then the stages that ask them things (slots) or load models (semantic cache)."""
-    backends, pipeline = app[BACKENDS], app[PIPELINE]
-    await asyncio.gather(*(b.start() for b in backends.values()))
-    await pipeline.start()
-    app[RESPONSES] = await ResponseStore.open(app[CONFIG].responses)
+@web.middleware
+async def pin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Runs the request on the generation current when it arrived, to the end of its answer, streams included."""
+    generation = request.app[GENERATIONS].current
+    request[GENERATION], request[PIPELINE], request[ROUTER] = generation, generation.pipeline, generation.router
+    generation.enter()
+    try:
+        return await handler(request)
+    finally:
+        generation.leave()
+
+
+async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[RESPONSES] = await ResponseStore.open(app[GENERATIONS].current.config.responses)
     yield
     await app[RESPONSES].close()
-    await pipeline.close()
-    await asyncio.gather(*(b.close() for b in backends.values()), return_exceptions=True)
 
 
-def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.Application:
-    """Builds the app; `backends` may be given ready-made (tests), else they come from the config."""
-    if backends is None:
-        from adapters.registry import make_backend
-        backends = {b.name: make_backend(b) for b in config.backends}
+def make_app(config: Config, backends: dict[str, Backend] | None = None,
+             config_path: str | Path | None = None) -> web.Application:
+    """Builds the app; `backends` may be given ready-made (tests), else they come from the config. With
+    `config_path`, edits of that file (or `reload()`, which SIGHUP calls) change the configuration live."""
+    keep = Keep()
+    generations = Generations(Generation.build(1, config, keep, backends))
     browser_guard, add_cors_headers = guard(OriginPolicy.for_server(config.server.host, config.server.origins))
     app = web.Application(client_max_size=config.server.max_body_bytes,
-                          middlewares=[browser_guard, errors_in_dialect, authenticate(config.server.api_keys)])
+                          middlewares=[browser_guard, errors_in_dialect, pin,
+                                       authenticate(lambda r: r[GENERATION].config.server.api_keys)])
     app.on_response_prepare.append(add_cors_headers)
-    router = Router(config, backends)
-    app[CONFIG], app[BACKENDS], app[ROUTER] = config, backends, router
-    app[PIPELINE] = Pipeline(config, router)
-    app.cleanup_ctx.append(_backends_ctx)
+    app[GENERATIONS], app[APP_METRICS] = generations, new_registry()
+    app.cleanup_ctx.append(generations.lifetime)
+    app.cleanup_ctx.append(_responses_ctx)
+    if config_path is not None:
+        app[RELOADER] = Reloader(config_path, generations, keep)
+        app[APP_METRICS].register(app[RELOADER])
+        app.cleanup_ctx.append(app[RELOADER].lifetime)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
@@ -77,4 +94,5 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None) -> web.
     routes_openai.add_routes(app)
     routes_anthropic.add_routes(app)
     routes_responses.add_routes(app)
+    routes_ui.add_routes(app)
     return app

@@ -37,10 +37,11 @@ def caller_for(request: web.Request, api_keys: list[str]) -> Caller:
     return Caller(tenant=tenant, client=client, path=request.path)
 
 
-def authenticate(api_keys: list[str]) -> Callable:
+def authenticate(api_keys: Callable[[web.Request], list[str]]) -> Callable:
+    """`api_keys(request)`: the keys in force for that request (they change with a config reload)."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
-            request[CALLER] = caller_for(request, api_keys)
+            request[CALLER] = caller_for(request, api_keys(request))
         return await handler(request)
     return middleware

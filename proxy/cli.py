@@ -17,6 +17,7 @@ from adapters.base import BackendConfig
 from .app import make_app
 from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
+from .state import RELOADER
 
 log = logging.getLogger("velo")
 OLLAMA_DEFAULT_URL = "http://127.0.0.1:11434"
@@ -51,11 +52,12 @@ def find_config(explicit: str | None) -> Path | None:
     return None
 
 
-async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
+async def serve(config: Config, stop: asyncio.Event | None = None, config_path: Path | None = None) -> None:
     """Serves until SIGINT/SIGTERM (or `stop` is set), then shuts down gracefully: the listening socket closes
     first, in-flight requests get `server.shutdown_grace_s` to finish and are cancelled after that (which
-    cancels their backend calls), and only then are the backends closed."""
-    app = make_app(config)
+    cancels their backend calls), and only then are the backends closed. With `config_path`, SIGHUP or an edit
+    of that file reloads the configuration (proxy/reload.py)."""
+    app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
                            shutdown_timeout=config.server.shutdown_grace_s)
     await runner.setup()
@@ -66,10 +68,12 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, app[RELOADER].trigger)
     try:
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         log.info("shutting down: finishing in-flight requests (up to %.0fs)", config.server.shutdown_grace_s)
         await runner.cleanup()
@@ -96,5 +100,5 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"velo: config error: {e}\n")
     config.server.host = args.host or config.server.host
     config.server.port = args.port or config.server.port
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, config_path=path))
     return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from adapters.errors import VeloError
 from adapters.protocol import Chunk
@@ -49,21 +50,24 @@ class Observation:
 
 
 class RequestMetrics:
-    """Per-request series in `registry`: counts by outcome, latency, time to first token, tokens and their rate."""
+    """Per-request series: counts by outcome, latency, time to first token, tokens and their rate. A collector of
+    its own (registered in each configuration's registry), so the series outlive config reloads."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+    def __init__(self) -> None:
         labels = ("endpoint", "model", "backend")
         self.requests = Counter("velo_requests", "Requests by outcome (HTTP status; 499: client left)",
-                                (*labels, "status"), registry=self.registry)
+                                (*labels, "status"), registry=None)
         self.latency = Histogram("velo_request_seconds", "Whole-request latency", labels,
-                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+                                 buckets=_LATENCY_BUCKETS, registry=None)
         self.ttft = Histogram("velo_time_to_first_token_seconds", "Time to the first streamed chunk", labels,
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.tokens = Counter("velo_completion_tokens", "Tokens generated", ("model", "backend"),
-                              registry=self.registry)
+                              buckets=_LATENCY_BUCKETS, registry=None)
+        self.tokens = Counter("velo_completion_tokens", "Tokens generated", ("model", "backend"), registry=None)
         self.token_rate = Histogram("velo_tokens_per_second", "Decode speed per request, after the first token",
-                                    ("model", "backend"), buckets=_RATE_BUCKETS, registry=self.registry)
+                                    ("model", "backend"), buckets=_RATE_BUCKETS, registry=None)
+
+    def collect(self) -> Iterator[Metric]:
+        for series in (self.requests, self.latency, self.ttft, self.tokens, self.token_rate):
+            yield from series.collect()
 
     @contextmanager
     def observe(self, endpoint: str, model: str, backend: str) -> Iterator[Observation]:

@@ -15,6 +15,7 @@ from adapters.protocol import Chunk, EmbedRequest, EmbedResult
 from .config import Config
 from .embeddings import Embeddings
 from .job import Caller, Job
+from .keep import Lease
 from .metrics import new_registry
 from .router import Router
 from .stages.admit import Admit
@@ -33,8 +34,8 @@ S = TypeVar("S", bound=Stage)
 
 
 class Pipeline:
-    def __init__(self, config: Config, router: Router) -> None:
-        self.services = Services(config, router, new_registry())
+    def __init__(self, config: Config, router: Router, lease: Lease) -> None:
+        self.services = Services(config, router, new_registry(), lease)
         self.stages = [cls(self.services) for cls in STAGES]
         self.embeddings = Embeddings(self.services, self.stage(Observe).metrics)
         call = functools.partial(self.stages[-1], next=None)

@@ -19,7 +19,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = anthropic.parse_messages(body)
     req, job = parsed.request, job_for(request, parsed.request, body)
-    stream = request.app[PIPELINE].generate(job)
+    stream = request[PIPELINE].generate(job)
     msg_id = anthropic.new_id("msg")
 
     def headers() -> dict[str, str]:
@@ -41,7 +41,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer (engine, llama-server), else an estimate (token_count.py);
     `X-Velo-Token-Count` says which."""
     req = anthropic.parse_messages(await read_json(request), count_only=True).request
-    target = await request.app[ROUTER].resolve(req.model)
+    target = await request[ROUTER].resolve(req.model)
     tokens, exact = await prompt_tokens(target, req)
     return json_response({"input_tokens": tokens}, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
 

@@ -29,7 +29,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def tags(request: web.Request) -> web.Response:
-    models = await request.app[ROUTER].list_models()
+    models = await request[ROUTER].list_models()
     return json_response({"models": [ollama.tag_object(m) for m in models]})
 
 
@@ -40,14 +40,14 @@ async def show(request: web.Request) -> web.Response:
     name = body.get("model") or body.get("name")  # older clients send "name"
     if not isinstance(name, str) or not name:
         raise BadRequest("model is required", param="model")
-    target = await request.app[ROUTER].resolve(name)
+    target = await request[ROUTER].resolve(name)
     info = await target.backend.show(target.model)
     info.name = name
     return json_response(ollama.show_object(info))
 
 
 async def ps(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+    router = request[ROUTER]
     running = [m for b in router.backends.values() for m in await _safe_running(b)]
     return json_response({"models": [ollama.ps_object(m) for m in running]})
 
@@ -63,7 +63,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_chat(body), time.perf_counter_ns()
     if not req.messages:  # Ollama loads the model and answers done at once
-        await request.app[ROUTER].resolve(req.model)
+        await request[ROUTER].resolve(req.model)
         return json_response({"model": req.model, "created_at": ollama.now_iso(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
     return await _answer(request, job_for(request, req, body), lambda c: ollama.chat_object(req.model, c, started))
@@ -73,14 +73,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_generate(body), time.perf_counter_ns()
     if not req.prompt and not req.suffix and not req.images:
-        await request.app[ROUTER].resolve(req.model)
+        await request[ROUTER].resolve(req.model)
         return json_response(ollama.load_object(req.model, unload=req.keep_alive in (0, "0", "0s")))
     return await _answer(request, job_for(request, req, body),
                          lambda c: ollama.generate_object(req.model, c, started))
 
 
 async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]) -> web.StreamResponse:
-    stream = request.app[PIPELINE].generate(job)
+    stream = request[PIPELINE].generate(job)
     if job.request.stream:
         return await write_stream(request, stream, lambda c: ndjson(shape(c)),
                                   lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
@@ -92,13 +92,13 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 async def embed(request: web.Request) -> web.Response:
     req = ollama.parse_embed(await read_json(request))
-    result = await request.app[PIPELINE].embed(req, request[CALLER])
+    result = await request[PIPELINE].embed(req, request[CALLER])
     return json_response(ollama.embed_object(req.model, result))
 
 
 async def embeddings(request: web.Request) -> web.Response:
     req = ollama.parse_legacy_embeddings(await read_json(request))
-    result = await request.app[PIPELINE].embed(req, request[CALLER])
+    result = await request[PIPELINE].embed(req, request[CALLER])
     return json_response({"embedding": result.embeddings[0] if result.embeddings else []})
 
 
@@ -121,7 +121,7 @@ async def manage(request: web.Request) -> web.StreamResponse:
 
 
 async def _ollama_backend_for(request: web.Request, model: Any) -> Backend:
-    router = request.app[ROUTER]
+    router = request[ROUTER]
     if isinstance(model, str) and model:
         try:
             target = await router.resolve(model)

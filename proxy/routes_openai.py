@@ -20,13 +20,13 @@ from .streams import collect, merge
 
 
 async def models(request: web.Request) -> web.Response:
-    listed = await request.app[ROUTER].list_models()
+    listed = await request[ROUTER].list_models()
     return json_response({"object": "list", "data": [openai.model_object(m) for m in listed]})
 
 
 async def model(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    for info in await request.app[ROUTER].list_models():
+    for info in await request[ROUTER].list_models():
         if info.name == name:
             return json_response(openai.model_object(info))
     raise NotFound(f"The model '{name}' does not exist")
@@ -36,7 +36,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = openai.parse_chat(body)
     jobs = _choices(request, req, body)
-    streams = [request.app[PIPELINE].generate(job) for job in jobs]
+    streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("chatcmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
@@ -56,7 +56,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = openai.parse_completion(body)
     jobs = _choices(request, req, body)
-    streams = [request.app[PIPELINE].generate(job) for job in jobs]
+    streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
@@ -113,7 +113,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
 async def embeddings(request: web.Request) -> web.Response:
     req, encoding = openai.parse_embeddings(await read_json(request))
-    result = await request.app[PIPELINE].embed(req, request[CALLER])
+    result = await request[PIPELINE].embed(req, request[CALLER])
     return json_response(openai.embeddings_object(req.model, result, encoding))
 
 

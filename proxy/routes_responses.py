@@ -26,7 +26,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     parsed = responses.parse_request(body)
     history = await _history(request, parsed)
     job = job_for(request, parsed.chat(history), body)
-    stream = request.app[PIPELINE].generate(job)
+    stream = request[PIPELINE].generate(job)
     resp_id = responses.new_id("resp")
 
     def headers() -> dict[str, str]:
@@ -95,7 +95,7 @@ async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
     parsed = responses.parse_request(await read_json(request))
     req = parsed.chat(await _history(request, parsed))
-    target = await request.app[ROUTER].resolve(req.model)
+    target = await request[ROUTER].resolve(req.model)
     tokens, exact = await prompt_tokens(target, req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},
                          headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})

@@ -1,17 +1,21 @@
-"""Typed keys for what the app carries (aiohttp's AppKey, never module globals)."""
+"""Typed keys for what the app and each request carry (aiohttp's AppKey and RequestKey, never module globals).
+
+The configuration in force is a `Generation` (proxy/generation.py); each request is pinned to the one current
+when it arrived, and reads its pipeline and router from the request, so a reload never changes them mid-request.
+"""
 from __future__ import annotations
 
 from aiohttp import web
 
-from adapters.base import Backend
-
-from .config import Config
+from .generation import Generation, Generations
 from .pipeline import Pipeline
+from .reload import Reloader
 from .responses_store import ResponseStore
 from .router import Router
 
-CONFIG = web.AppKey("config", Config)
-BACKENDS = web.AppKey("backends", dict[str, Backend])
-ROUTER = web.AppKey("router", Router)
-PIPELINE = web.AppKey("pipeline", Pipeline)
+GENERATIONS = web.AppKey("generations", Generations)
+RELOADER = web.AppKey("reloader", Reloader)
 RESPONSES = web.AppKey("responses", ResponseStore)
+GENERATION = web.RequestKey("generation", Generation)
+PIPELINE = web.RequestKey("pipeline", Pipeline)
+ROUTER = web.RequestKey("router", Router)

@@ -15,6 +15,7 @@ from adapters.protocol import Chunk, CompletionRequest
 from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController
 from ..config import Config
 from ..job import Job
+from ..keep import fingerprint
 from .base import Next, Services, Stage
 
 log = logging.getLogger("velo.pipeline")
@@ -40,11 +41,20 @@ class Admit(Stage):
         services.registry.register(self)
 
     async def start(self) -> None:
-        """Sizes each backend's queue from what it reports (e.g. llama-server slots)."""
-        backends = list(self.services.router.backends.values())
+        """Sizes each backend's queue from what it reports (e.g. llama-server slots). A backend kept open from the
+        previous configuration keeps its queue, so requests of both configurations share its slots."""
         max_queue = self.services.config.batching.max_queue
-        for backend, limit in zip(backends, await asyncio.gather(*(_slots(b) for b in backends))):
-            self.controllers[backend.name] = AdmissionController(limit=limit, max_queue=max_queue)
+        backends = list(self.services.router.backends.values())
+        for backend, controller in zip(backends, await asyncio.gather(*(self._queue(b, max_queue) for b in backends))):
+            controller.max_queue = max_queue
+            self.controllers[backend.name] = controller
+
+    def _queue(self, backend: Backend, max_queue: int) -> asyncio.Future:
+        async def opened() -> AdmissionController:
+            return AdmissionController(limit=await _slots(backend), max_queue=max_queue)
+        opening, _ = self.services.lease.hold(f"queue:{backend.name}:{fingerprint(backend.config)}",
+                                              lambda: asyncio.ensure_future(opened()))
+        return opening
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None

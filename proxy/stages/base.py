@@ -8,7 +8,8 @@
                     yield chunk      # during: may look at or change each chunk
             ...                      # after
 
-plus one line in proxy/pipeline.py's STAGES. A stage writes only `job.outcome` (and `job.target`, for resolve);
+plus one line in proxy/pipeline.py's STAGES. A stage is built anew for each configuration (a reload makes a new
+pipeline); what must outlive that goes through `services.lease`. A stage writes only `job.outcome` (and `job.target`, for resolve);
 one that needs live state exported on /metrics registers itself as a Prometheus collector (`collect`).
 Leaving the `async with` early closes the rest of the pipeline, which cancels the backend's work.
 """
@@ -23,6 +24,7 @@ from adapters.protocol import Chunk
 
 from ..config import Config
 from ..job import Job
+from ..keep import Lease
 from ..router import Router
 
 Next = Callable[[Job], AsyncIterator[Chunk]]
@@ -30,11 +32,14 @@ Next = Callable[[Job], AsyncIterator[Chunk]]
 
 @dataclass
 class Services:
-    """What stages are built from, once per app."""
+    """What stages are built from, once per configuration generation (proxy/generation.py). State that should
+    outlive a config reload when its settings did not change (queues, an open cache, counters) is held through
+    `lease` (proxy/keep.py) under a key naming those settings."""
 
     config: Config
     router: Router
     registry: CollectorRegistry
+    lease: Lease
 
 
 class Stage:

@@ -1,7 +1,9 @@
 """Answers from the response cache (proxy/cache/), and whole answers stored into it on their way back."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from dataclasses import replace
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -9,7 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from adapters.protocol import Chunk
 
 from ..cache import CacheLayer
-from ..job import Job
+from ..job import Job, Request
+from ..keep import fingerprint
 from .base import Next, Services, Stage
 
 
@@ -20,18 +23,18 @@ class Cache(Stage):
         services.registry.register(self)
 
     async def start(self) -> None:
-        if self.services.config.cache.enabled:
-            self.layer = await CacheLayer.create(self.services.config.cache)
-
-    async def close(self) -> None:
-        if self.layer is not None:
-            await self.layer.close()
+        """The layer of the previous configuration when the cache settings did not change: its entries stay."""
+        cfg = self.services.config.cache
+        if cfg.enabled:
+            opening, _ = self.services.lease.hold(f"cache:{fingerprint(cfg)}",
+                                                  lambda: asyncio.ensure_future(CacheLayer.create(cfg)), _close)
+            self.layer = await opening
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         if self.layer is None:
             job.outcome.cache = "off"
         else:
-            hit = await self.layer.lookup(job.request, job.caller.tenant, job.cache_bypass, route=job.model)
+            hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, route=job.model)
             job.outcome.cache = hit.kind if hit else ("bypass" if job.cache_bypass else "miss")
             if hit is not None:
                 for chunk in hit.chunks:
@@ -43,7 +46,7 @@ class Cache(Stage):
                 chunks.append(chunk)
                 yield chunk
         if self.layer is not None and job.outcome.cache == "miss":
-            await self.layer.store(job.request, job.caller.tenant, chunks, route=job.model)
+            await self.layer.store(_keyed(job), job.caller.tenant, chunks, route=job.model)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.layer.stats() if self.layer is not None else {}
@@ -58,3 +61,14 @@ class Cache(Stage):
             size.add_metric([what], n)
         yield events
         yield size
+
+
+def _keyed(job: Job) -> Request:
+    """The request as the cache keys it: under the backend and model that answer it, so an answer is never
+    replayed for a name that a route, an alias or a config reload has since sent elsewhere."""
+    assert job.target is not None
+    return replace(job.request, model=f"{job.target.backend.name}/{job.target.model}/{job.model}")
+
+
+async def _close(opening: asyncio.Future) -> None:
+    await (await opening).close()

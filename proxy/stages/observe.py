@@ -14,7 +14,8 @@ from .base import Next, Services, Stage
 class Observe(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
-        self.metrics = RequestMetrics(services.registry)
+        self.metrics, _ = services.lease.hold("metrics:requests", RequestMetrics)
+        services.registry.register(self.metrics)
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None

@@ -18,7 +18,7 @@ from .base import Next, Services, Stage
 class Repair(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
-        self.metrics = ToolMetrics()
+        self.metrics, _ = services.lease.hold("metrics:tools", ToolMetrics)
         services.registry.register(self)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:

@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import make_app
 from proxy.config import Config
-from proxy.state import PIPELINE
+from proxy.state import GENERATIONS
 from proxy.stages.repair import Repair
 from proxy.tools.metrics import ModelCounts
 from tests.scripted import Script, ScriptedBackend
@@ -71,7 +71,7 @@ async def test_cache_and_tool_repair_counters_are_exported():
     app = make_app(Config(), {"s": ScriptedBackend("s")})
     greedy = {**CHAT, "stream": False, "options": {"temperature": 0}}
     async with TestClient(TestServer(app)) as c:
-        app[PIPELINE].stage(Repair).metrics.by_model["tiny"] = ModelCounts(extracted=2, coerced=1)
+        app[GENERATIONS].current.pipeline.stage(Repair).metrics.by_model["tiny"] = ModelCounts(extracted=2, coerced=1)
         for _ in range(2):
             await (await c.post("/api/chat", json=greedy)).read()
         found = await scrape(c)

@@ -19,7 +19,7 @@ from proxy.batching.config import BatchingConfig
 from proxy.cache.config import CacheConfig
 from proxy.cli import serve
 from proxy.config import Config, ServerConfig
-from proxy.state import PIPELINE
+from proxy.state import GENERATIONS
 from proxy.stages.admit import Admit
 from tests.fakes import FakeOpenAI
 from tests.llama_server import LlamaServer
@@ -187,7 +187,7 @@ async def test_client_leaving_the_queue_frees_its_place_and_never_reaches_the_ba
         running = asyncio.create_task(c.post("/api/chat", json=CHAT))
         await wait_for(lambda: len(backend.requests) == 1)
         queued = asyncio.create_task(c.post("/api/chat", json=CHAT))
-        admission = app[PIPELINE].stage(Admit).controllers["s"]
+        admission = app[GENERATIONS].current.pipeline.stage(Admit).controllers["s"]
         await wait_for(lambda: admission.queued == 1)
         queued.cancel()
         await wait_for(lambda: admission.queued == 0)
@@ -293,7 +293,7 @@ async def test_real_llama_server_slots_and_being_killed_mid_stream():
         backend = BackendConfig(name="llama", kind="llamacpp", urls=[server.url])
         app = make_app(Config(backends=[backend], default_backend="llama", cache=CacheConfig(enabled=False)))
         async with TestClient(TestServer(app, handler_cancellation=True)) as c:
-            assert app[PIPELINE].stage(Admit).controllers["llama"].limit == 2  # from llama-server's /props total_slots
+            assert app[GENERATIONS].current.pipeline.stage(Admit).controllers["llama"].limit == 2  # from llama-server's /props total_slots
             resp = await c.post("/api/generate", json={"model": "smollm2", "prompt": "Once upon a time",
                                                        "options": {"num_predict": 4000, "ignore_eos": True}})
             assert resp.status == 200
@@ -306,7 +306,7 @@ async def test_real_llama_server_slots_and_being_killed_mid_stream():
             assert "error" in orjson.loads(body.splitlines()[-1])
             after = await c.post("/v1/chat/completions", json=CHAT)
             assert after.status == 503 and "not reachable" in await openai_error(after)
-            assert app[PIPELINE].stage(Admit).controllers["llama"].running == 0
+            assert app[GENERATIONS].current.pipeline.stage(Admit).controllers["llama"].running == 0
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -321,4 +321,4 @@ async def test_client_leaving_mid_stream_closes_the_upstream_connection():
             await resp.content.readline()
             resp.close()
             await wait_for(lambda: up.disconnects == 1)
-            await wait_for(lambda: app[PIPELINE].stage(Admit).controllers["up"].running == 0)
+            await wait_for(lambda: app[GENERATIONS].current.pipeline.stage(Admit).controllers["up"].running == 0)

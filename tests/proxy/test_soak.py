@@ -16,7 +16,7 @@ from proxy.app import make_app
 from proxy.batching.config import BatchingConfig
 from proxy.cache.config import CacheConfig
 from proxy.config import Config
-from proxy.state import PIPELINE
+from proxy.state import GENERATIONS
 from proxy.stages.admit import Admit
 from proxy.stages.coalesce import Coalesce
 from tests.scripted import Script, ScriptedBackend
@@ -90,7 +90,7 @@ async def test_soak_mixed_traffic_leaves_no_tasks_sockets_slots_or_memory_behind
         tasks1, fds1, objects1, rss1 = await quiesce(backend)
         second = await phase(c, rng)
         tasks2, fds2, objects2, rss2 = await quiesce(backend)
-        pipeline = app[PIPELINE]
+        pipeline = app[GENERATIONS].current.pipeline
         admission = pipeline.stage(Admit).controllers["s"]
         assert admission.running == 0 and admission.queued == 0
         assert pipeline.stage(Coalesce).coalescer.in_flight == 0

@@ -7,7 +7,7 @@ import uuid
 import orjson
 
 from proxy.cache import CacheConfig, RoutePolicy
-from proxy.state import PIPELINE
+from proxy.state import GENERATIONS
 from proxy.stages.cache import Cache
 from tests.scripted import Script, ScriptedBackend
 
@@ -129,7 +129,7 @@ async def test_cancelled_streams_are_not_cached(velo):
 async def test_a_stream_is_stored_only_once_complete(velo):
     backend = ScriptedBackend(script=Script(delay=0.1))
     client = await velo(CacheConfig(), backend)
-    cache = client.app[PIPELINE].stage(Cache).layer
+    cache = client.app[GENERATIONS].current.pipeline.stage(Cache).layer
     resp = await client.post("/api/chat", json=_ollama())
     await resp.content.readline()
     assert cache.stats()["bytes"]["memory_entries"] == 0
@@ -164,7 +164,7 @@ async def test_memory_tier_is_bounded_by_bytes(velo):
     first, second = _ollama(stream=False), _ollama(stream=False, seed=1)
     for body in (first, second, first):
         assert (await client.post("/api/chat", json=body)).headers["X-Velo-Cache"] == "miss"
-    assert client.app[PIPELINE].stage(Cache).layer.stats()["bytes"]["memory"] <= 600
+    assert client.app[GENERATIONS].current.pipeline.stage(Cache).layer.stats()["bytes"]["memory"] <= 600
     assert len(backend.requests) == 3
 
 
@@ -187,7 +187,7 @@ async def test_two_velo_processes_share_one_redis(velo, redis_url):
     await (await a.post("/v1/chat/completions", json=body)).read()
     resp = await b.post("/api/chat", json={**body, "options": {"temperature": 0}})
     assert resp.headers["X-Velo-Cache"] == "exact" and b_backend.requests == []
-    assert b.app[PIPELINE].stage(Cache).layer.stats()["events"]["redis"]["tiny"] == {"hit": 1}
+    assert b.app[GENERATIONS].current.pipeline.stage(Cache).layer.stats()["events"]["redis"]["tiny"] == {"hit": 1}
 
 
 async def test_semantic_hit_through_the_proxy(velo, shared_embedder):

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from adapters.protocol import ChatRequest
 from proxy.config import Config, ServerConfig, ToolsConfig
-from proxy.state import CONFIG, PIPELINE
+from proxy.state import GENERATIONS
 from proxy.stages.repair import Repair
 from tests.scripted import Script, ScriptedBackend
 
@@ -86,7 +86,7 @@ async def test_non_streamed_answer_says_what_was_repaired_in_a_header(client: Te
     assert body["choices"][0]["finish_reason"] == "tool_calls" and body["choices"][0]["message"]["content"] is None
     header = resp.headers["X-Velo-Repair"]
     assert "extracted=1" in header and "trailing_comma" in header and "coerced=1" in header
-    counts = client.server.app[PIPELINE].stage(Repair).metrics.snapshot()["tiny"]
+    counts = client.server.app[GENERATIONS].current.pipeline.stage(Repair).metrics.snapshot()["tiny"]
     assert counts["extracted"] == 1 and counts["coerced"] == 1 and counts["repaired"] == 1
 
 
@@ -103,7 +103,7 @@ async def test_retry_asks_again_with_the_error_and_returns_the_valid_answer(clie
     assert again[-2].role == "assistant" and again[-2].content == BAD
     assert again[-1].role == "user" and '"city" is a required property' in again[-1].content
     assert "retry=1" in resp.headers["X-Velo-Repair"]
-    assert client.server.app[PIPELINE].stage(Repair).metrics.snapshot()["tiny"]["retried"] == 1
+    assert client.server.app[GENERATIONS].current.pipeline.stage(Repair).metrics.snapshot()["tiny"]["retried"] == 1
 
 
 @pytest.mark.parametrize("scripted", [Answers(Script(pieces=_cut(BAD, 3)), Script(pieces=_cut(CALL, 3)))])
@@ -128,7 +128,7 @@ async def test_unrepairable_answer_is_a_clear_502_and_nothing_is_cached(client: 
     scripted.scripts = [Script(pieces=[CALL])]
     again = await client.post("/v1/chat/completions", json=body)
     assert again.status == 200 and again.headers["X-Velo-Cache"] == "miss" and len(scripted.requests) == 4
-    assert client.server.app[PIPELINE].stage(Repair).metrics.snapshot()["tiny"]["invalid"] == 3
+    assert client.server.app[GENERATIONS].current.pipeline.stage(Repair).metrics.snapshot()["tiny"]["invalid"] == 3
 
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=[BAD]))])
@@ -167,7 +167,7 @@ async def test_format_json_that_cannot_be_json_is_a_502(client: TestClient) -> N
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=["plain ", CALL]))])
 async def test_repair_off_passes_text_through(client: TestClient) -> None:
-    client.server.app[CONFIG].tools.repair = False
+    client.server.app[GENERATIONS].current.config.tools.repair = False
     resp = await client.post("/api/chat", json={"model": "tiny", "messages": MESSAGES, "tools": [WEATHER],
                                                 "stream": False})
     body = await resp.json()

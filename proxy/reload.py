@@ -1,0 +1,114 @@
+"""config.toml read again without a restart: on SIGHUP (`velo serve` wires it) or when the file's modification time
+changes (polled, like llama-swap's `--watch-config`). A config that loads and whose new backends open becomes the
+current generation (proxy/generation.py); one that does not is refused, its error in the log, and the one in force
+stays. Requests in flight finish on the generation they started on.
+
+What a generation cannot change (the listening address, the body limit, the browser origins, the shutdown grace,
+the responses store) is logged as needing a restart.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .config import Config, load_config
+from .generation import Generation, Generations
+from .keep import Keep, fingerprint
+
+log = logging.getLogger("velo.reload")
+RESTART_ONLY = ("server.host", "server.port", "server.max_body_bytes", "server.origins", "server.shutdown_grace_s",
+                "responses")
+
+
+class Reloader:
+    def __init__(self, path: str | Path, generations: Generations, keep: Keep, interval_s: float = 1.0) -> None:
+        self.path, self.generations, self.keep, self.interval_s = Path(path), generations, keep, interval_s
+        self.applied = self.refused = 0
+        self.last_error = ""
+        self._mtime: int | None = None
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    def trigger(self) -> None:
+        """For a signal handler: reload soon, on the event loop."""
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> bool:
+        """True when the file's config is now in force; False (and the old one stays) when it was refused."""
+        async with self._lock:
+            self._mtime = await asyncio.to_thread(_mtime, self.path)
+            old = self.generations.current
+            try:
+                config = _keep_restart_only(old.config, await asyncio.to_thread(load_config, self.path))
+                new = Generation.build(old.number + 1, config, self.keep)
+                await new.start()
+            except Exception as e:  # noqa: BLE001 - any failure refuses the new config; the old one serves on
+                self.refused += 1
+                self.last_error = str(e)
+                log.error("config reload refused, configuration %d stays in force: %s", old.number, e)
+                return False
+            self.generations.swap(new)
+            self.applied += 1
+            self.last_error = ""
+            log.info("configuration %d from %s is in force (%d backends, %d kept open)", new.number, self.path,
+                     len(new.backends), len(new.backends) - len(new.fresh))
+            return True
+
+    async def watch(self) -> None:
+        self._mtime = await asyncio.to_thread(_mtime, self.path)
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if await asyncio.to_thread(_mtime, self.path) != self._mtime:
+                await self.reload()
+
+    async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
+        """`cleanup_ctx`: watches the file while the app runs."""
+        watcher = asyncio.create_task(self.watch())
+        yield
+        watcher.cancel()
+        for task in (watcher, *self._tasks):
+            task.cancel()
+        await asyncio.gather(watcher, *self._tasks, return_exceptions=True)
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        reloads = CounterMetricFamily("velo_config_reloads", "Config reloads by outcome", labels=["outcome"])
+        reloads.add_metric(["applied"], self.applied)
+        reloads.add_metric(["refused"], self.refused)
+        yield reloads
+        yield GaugeMetricFamily("velo_config_generation", "Number of the configuration in force",
+                                value=self.generations.current.number)
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _keep_restart_only(old: Config, new: Config) -> Config:
+    """`new` with the values in force for what only a restart changes (so the config in force says what is
+    true), and a warning for each one the file changed."""
+    for key in RESTART_ONLY:
+        *parents, name = key.split(".")
+        old_owner, new_owner = _at(old, parents), _at(new, parents)
+        before, after = getattr(old_owner, name), getattr(new_owner, name)
+        if fingerprint(before) != fingerprint(after):
+            log.warning("%s changed (%r -> %r): it takes effect when Velo restarts", key, before, after)
+            setattr(new_owner, name, before)
+    return new
+
+
+def _at(config: Config, parts: list[str]) -> object:
+    value: object = config
+    for part in parts:
+        value = getattr(value, part)
+    return value

@@ -1,0 +1,176 @@
+"""Config reload without a restart: an edit of config.toml (or SIGHUP, in tests/integration/test_serve_reload.py)
+swaps routes, aliases, backends, limits and cache settings; requests in flight finish on the old configuration; a
+bad file is refused and the old configuration stays; what did not change stays open."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import load_config
+from proxy.state import GENERATIONS, RELOADER
+from tests.engine.tiny import write_tiny_model
+from tests.fakes import FakeOpenAI
+from tests.proxy.test_metrics import scrape, value
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+        "options": {"temperature": 0}}
+
+
+def toml(a: str, b: str, alias_to: str, extra: str = "") -> str:
+    return f"""
+{extra}
+[aliases]
+m = "{alias_to}:fake-gpt"
+
+[[backends]]
+name = "a"
+kind = "openai"
+url = "{a}"
+
+[[backends]]
+name = "b"
+kind = "openai"
+url = "{b}"
+"""
+
+
+@pytest.fixture
+async def two_fakes():
+    async with FakeOpenAI() as a, FakeOpenAI() as b:
+        a.script.reply, b.script.reply = "from a", "from b"
+        yield a, b
+
+
+async def reloaded_app(path: Path) -> TestClient:
+    app = make_app(load_config(path), config_path=path)
+    return TestClient(TestServer(app, handler_cancellation=True))
+
+
+async def answer(c: TestClient, body: dict = CHAT, **headers: str) -> str:
+    resp = await c.post("/api/chat", json=body, headers=headers)
+    assert resp.status == 200, await resp.text()
+    return (await resp.json())["message"]["content"]
+
+
+async def streamed(c: TestClient) -> str:
+    resp = await c.post("/api/chat", json={**CHAT, "stream": True})
+    assert resp.status == 200
+    return "".join([json.loads(line)["message"]["content"] async for line in resp.content if line.strip()])
+
+
+async def test_an_edit_of_the_file_reroutes_and_keeps_unchanged_backends_open(tmp_path, two_fakes):
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        app[RELOADER].interval_s = 0.05
+        first = app[GENERATIONS].current
+        assert await answer(c) == "from a"
+        path.write_text(toml(a.url, b.url, "b", extra='default_backend = "b"'))
+        for _ in range(200):
+            if app[GENERATIONS].current is not first:
+                break
+            await asyncio.sleep(0.05)
+        second = app[GENERATIONS].current
+        assert second.number == 2 and second.config.default_backend == "b"
+        assert await answer(c) == "from b"
+        assert second.backends["a"] is first.backends["a"] and second.backends["b"] is first.backends["b"]
+        assert second.fresh == []  # nothing reopened
+        await asyncio.sleep(0.1)
+        assert not first.backends["a"].http._session.closed  # kept: still open for the new configuration
+        assert value(await scrape(c), "velo_config_reloads_total", outcome="applied") == 1
+
+
+async def test_a_request_in_flight_finishes_on_the_old_configuration(tmp_path, two_fakes):
+    a, b = two_fakes
+    a.script.reply, a.script.token_delay = "one two three four five six", 0.4
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        first = app[GENERATIONS].current
+        streaming = asyncio.create_task(streamed(c))
+        while not any(r.path == "/v1/chat/completions" for r in a.requests):
+            await asyncio.sleep(0.01)
+        # backend "a" leaves the config: its requests in flight still finish on it
+        path.write_text(toml(b.url, b.url, "b").replace(f'name = "a"\nkind = "openai"\nurl = "{b.url}"\n\n'
+                                                        "[[backends]]\n", ""))
+        assert await app[RELOADER].reload()
+        assert list(app[GENERATIONS].current.backends) == ["b"]
+        assert await answer(c) == "from b"  # new requests: the new configuration
+        assert first.in_flight == 1 and not first.backends["a"].http._session.closed
+        assert await streaming == "one two three four five six"
+        await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
+        assert first.backends["a"].http._session is None  # closed once its last request was done
+        assert "b" in app[GENERATIONS].current.backends and app[GENERATIONS].current.backends["b"].http._session
+
+
+async def test_a_bad_config_is_refused_with_its_error_logged_and_the_old_one_stays(tmp_path, two_fakes, caplog):
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        first = app[GENERATIONS].current
+        for bad in ("[[backends]\nname =", toml(a.url, b.url, "a") + '\n[[routes]]\nmatch = "x"\nbackend = "nope"\n'):
+            path.write_text(bad)
+            with caplog.at_level(logging.ERROR, logger="velo.reload"):
+                assert not await app[RELOADER].reload()
+            assert app[GENERATIONS].current is first
+            assert await answer(c) == "from a"
+        assert "routes[0].backend: no backend named 'nope'" in caplog.text
+        assert "config reload refused, configuration 1 stays in force" in caplog.text
+        assert value(await scrape(c), "velo_config_reloads_total", outcome="refused") == 2
+
+
+async def test_keys_limits_and_cache_settings_change_live_and_the_cache_survives_other_edits(tmp_path, two_fakes):
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        await answer(c)
+        a.script.reply = "changed"
+        path.write_text(toml(a.url, b.url, "a", extra='default_backend = "a"'))  # the cache settings did not change
+        assert await app[RELOADER].reload()
+        assert await answer(c) == "from a"  # a cache hit: the layer (and its entries) was kept
+        path.write_text(toml(a.url, b.url, "a", extra='[server]\napi_keys = ["k"]\n[cache]\nenabled = false'))
+        assert await app[RELOADER].reload()
+        assert (await c.post("/api/chat", json=CHAT)).status == 401
+        assert await answer(c, Authorization="Bearer k") == "changed"  # no cache any more
+
+
+async def test_an_unchanged_engine_keeps_its_loaded_model_and_a_changed_one_reloads(tmp_path, two_fakes):
+    model_dir = write_tiny_model(str(tmp_path / "tiny"), "qwen2")
+    engine = f"""
+[[backends]]
+name = "engine"
+kind = "engine"
+options = {{ model = "{model_dir}", name = "tiny", progress = false, block_size = 4, kv_memory = 8388608 %s }}
+"""
+    path = tmp_path / "config.toml"
+    path.write_text(engine % "")
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        before = app[GENERATIONS].current.backends["engine"]
+        loaded = before.engine
+        assert loaded is not None
+        path.write_text('[aliases]\nsmall = "engine:tiny"\n' + engine % "")
+        assert await app[RELOADER].reload()
+        kept = app[GENERATIONS].current.backends["engine"]
+        assert kept is before and kept.engine is loaded
+        path.write_text(engine % ", max_num_seqs = 2")
+        assert await app[RELOADER].reload()
+        await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 10)
+        changed = app[GENERATIONS].current.backends["engine"]
+        assert changed is not before and changed.engine is not None and before.engine is None
+        resp = await c.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False,
+                                                   "options": {"num_predict": 2}})
+        assert resp.status == 200
