@@ -15,6 +15,7 @@ from adapters.schema import SchemaError, build, setting
 
 from .batching.config import BatchingConfig
 from .cache.config import CacheConfig
+from .limits import LimitsConfig
 from .responses_store import ResponsesConfig
 
 if sys.version_info >= (3, 11):
@@ -82,6 +83,7 @@ class Config:
     tools: ToolsConfig = setting(factory=ToolsConfig)
     cache: CacheConfig = setting(factory=CacheConfig)
     batching: BatchingConfig = setting(factory=BatchingConfig)
+    limits: LimitsConfig = setting(factory=LimitsConfig)
     responses: ResponsesConfig = setting(factory=ResponsesConfig)
 
     def backend(self, name: str) -> BackendConfig:

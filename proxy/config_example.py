@@ -22,6 +22,7 @@ from .batching.config import BatchingConfig
 from .cache.config import CacheConfig
 from .cache.policy import RoutePolicy
 from .config import Config, RouteConfig, ServerConfig, ToolsConfig
+from .limits import LimitsConfig
 from .responses_store import ResponsesConfig
 
 HEADER = """\
@@ -52,7 +53,7 @@ EXAMPLE: dict[str, Any] = {
     "cache.routes": [{"match": "qwen2.5-coder*", "semantic": False, "ttl_s": 600.0}],
 }
 _TABLES = {"server": ServerConfig, "tools": ToolsConfig, "cache": CacheConfig, "batching": BatchingConfig,
-           "responses": ResponsesConfig}
+           "limits": LimitsConfig, "responses": ResponsesConfig}
 _KIND_OPTIONS = (ModelChoice, EngineConfig, ReplicaOptions)
 _WIDTH = 116
 
@@ -155,7 +156,7 @@ def render() -> str:
     out += ["", *_array("routes", RouteConfig, EXAMPLE["routes"])]
     out += ["", *field_doc(config_fields["aliases"]), "[aliases]",
             *(f"{_key(k)} = {toml_value(v)}" for k, v in EXAMPLE["aliases"].items())]
-    for name in ("tools", "batching", "cache"):
+    for name in ("tools", "batching", "limits", "cache"):
         out += ["", *_table(name, _TABLES[name])]
     out += ["", *_array("cache.routes", RoutePolicy, EXAMPLE["cache.routes"])]
     out += ["", *_table("responses", ResponsesConfig)]

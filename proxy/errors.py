@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import logging
 
 from aiohttp import web
@@ -16,7 +17,8 @@ log = logging.getLogger("velo")
 
 
 def error_response(err: VeloError, dialect: str) -> web.Response:
-    headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after is not None else None
+    headers = {"Retry-After": str(max(1, math.ceil(err.retry_after)))} if err.retry_after is not None else {}
+    headers |= getattr(err, "headers", {})  # a per-key limit's state (proxy/limits.py)
     if dialect == "anthropic":
         return json_response(anthropic.error_object(err), status=anthropic.error_status(err), headers=headers)
     body = ollama.error_object(err.message) if dialect == "ollama" else openai.error_object(err, dialect)

@@ -28,6 +28,7 @@ class Outcome:
     repairs: list[str] = field(default_factory=list)  # X-Velo-Repair
     tools: str = ""  # how the offered tools reached the model: "native" | "prompt" | "grammar" (X-Velo-Tools)
     trimmed: str = ""  # what was dropped to fit the context, e.g. "3 messages" (X-Velo-Context-Trimmed)
+    rate_limit: dict[str, str] = field(default_factory=dict)  # the key's limits, in the dialect's headers
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}
@@ -37,7 +38,7 @@ class Outcome:
             out["X-Velo-Tools"] = self.tools
         if self.trimmed:
             out["X-Velo-Context-Trimmed"] = self.trimmed
-        return out
+        return out | self.rate_limit
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The request path below the dialects: a job passes through the stages in order, each wrapping the rest.
 
-    resolve -> observe -> fit -> cache -> repair -> offer tools -> coalesce -> admit -> call backend
+    resolve -> observe -> limit -> fit -> cache -> repair -> offer tools -> coalesce -> admit -> call backend
 
 Every stage sees the internal model only (adapters.protocol), so every dialect and every backend share it. A new
 stage is one file in proxy/stages/ (see stages/base.py) and one line in STAGES.
@@ -24,12 +24,14 @@ from .stages.cache import Cache
 from .stages.call_backend import CallBackend
 from .stages.coalesce import Coalesce
 from .stages.fit import Fit
+from .stages.limit import Limit
 from .stages.observe import Observe
 from .stages.offer_tools import OfferTools
 from .stages.repair import Repair
 from .stages.resolve import Resolve
 
-STAGES: tuple[type[Stage], ...] = (Resolve, Observe, Fit, Cache, Repair, OfferTools, Coalesce, Admit, CallBackend)
+STAGES: tuple[type[Stage], ...] = (Resolve, Observe, Limit, Fit, Cache, Repair, OfferTools, Coalesce, Admit,
+                                   CallBackend)
 S = TypeVar("S", bound=Stage)
 
 

@@ -79,7 +79,8 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
 
 
 def _headers(jobs: list[Job]) -> dict[str, str]:
-    """One response for n jobs: the first's outcome (they differ in their seed alone), every job's repairs."""
+    """One response for n jobs: the first's outcome (they share their cacheability and limits), every job's
+    repairs."""
     return replace(jobs[0].outcome, repairs=[r for j in jobs for r in j.outcome.repairs]).headers()
 
 

@@ -1,0 +1,160 @@
+"""Per-key limits (the `[limits]` table): requests and tokens per minute as token buckets with a burst, and a cap
+on requests running at once, each per API key. Plain bookkeeping with an injectable clock; the pipeline stage
+(proxy/stages/limit.py) applies it and words the answer in the client's dialect.
+
+A bucket holds up to `burst` units and refills at `per_minute / 60` a second; a request takes one unit of the
+request bucket, and its tokens from the token bucket: the prompt estimate up front (so a burst of big requests
+cannot all pass at once), the difference to the real count once the answer is done. The token bucket may go into
+debt that way; later requests then wait until it is paid back, as OpenAI's token limit behaves.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from adapters.errors import Overloaded
+from adapters.schema import setting
+
+_MAX_KEYS = 10_000  # buckets kept before idle, refilled ones are dropped (they equal fresh ones)
+
+
+@dataclass
+class LimitsConfig:
+    """Per API key (each key its own buckets; requests without a key share one). 0 turns a limit off."""
+
+    requests_per_minute: int = setting(0, "requests a key may start per minute, on average", min=0)
+    request_burst: int | None = setting(None, "requests a key may start at once after being idle", min=1,
+                                        default_doc="requests_per_minute")
+    tokens_per_minute: int = setting(0, "prompt + output tokens a key may use per minute, on average (answers "
+                                     "from the cache cost none)", min=0)
+    token_burst: int | None = setting(None, "tokens a key may use at once after being idle", min=1,
+                                      default_doc="tokens_per_minute")
+    concurrency: int = setting(0, "requests of one key running at once; more get 429 at once", min=0)
+
+
+class RateLimited(Overloaded):
+    """Over a key's limit: 429 with Retry-After, and the dialect's rate-limit headers."""
+
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, limit: str, retry_after: float):
+        super().__init__(message, retry_after=retry_after)
+        self.limit = limit  # "requests" | "tokens" | "concurrency"
+        self.headers: dict[str, str] = {}  # the dialect's, set by the stage
+
+
+@dataclass
+class Bucket:
+    capacity: float
+    per_second: float
+    level: float
+    updated: float
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + max(0.0, now - self.updated) * self.per_second)
+        self.updated = max(now, self.updated)
+
+    def wait_for(self, units: float) -> float:
+        """Seconds until `units` are there (0: now)."""
+        return max(0.0, (units - self.level) / self.per_second)
+
+    def until_full(self) -> float:
+        return max(0.0, (self.capacity - self.level) / self.per_second)
+
+
+@dataclass
+class State:
+    """One key's view for the response headers: limit, remaining and seconds until full, per bucket."""
+
+    requests: tuple[int, int, float] | None = None
+    tokens: tuple[int, int, float] | None = None
+
+
+@dataclass
+class _Key:
+    requests: Bucket | None
+    tokens: Bucket | None
+    running: int = 0
+
+
+@dataclass
+class KeyLimits:
+    cfg: LimitsConfig
+    clock: Callable[[], float] = time.monotonic
+    keys: dict[str, _Key] = field(default_factory=dict)
+    refused: dict[tuple[str, str], int] = field(default_factory=dict)  # (key, limit) -> 429s
+
+    @property
+    def active(self) -> bool:
+        return bool(self.cfg.requests_per_minute or self.cfg.tokens_per_minute or self.cfg.concurrency)
+
+    def admit(self, key: str, prompt_tokens: int) -> State:
+        """Takes a request's share for `key` or raises RateLimited (taking nothing)."""
+        entry, now = self._entry(key), self.clock()
+        for bucket in (entry.requests, entry.tokens):
+            if bucket is not None:
+                bucket.refill(now)
+        if self.cfg.concurrency and entry.running >= self.cfg.concurrency:
+            self._refuse(key, "concurrency", f"{entry.running} requests of this key are running (limit "
+                         f"{self.cfg.concurrency})", 1.0)
+        if entry.requests is not None and entry.requests.level < 1:
+            self._refuse(key, "requests", f"request limit of {self.cfg.requests_per_minute} per minute reached",
+                         entry.requests.wait_for(1))
+        if entry.tokens is not None:
+            wanted = min(prompt_tokens, entry.tokens.capacity)
+            if entry.tokens.level < wanted or entry.tokens.level <= 0:
+                self._refuse(key, "tokens", f"token limit of {self.cfg.tokens_per_minute} per minute reached",
+                             entry.tokens.wait_for(max(wanted, 1)))
+            entry.tokens.level -= prompt_tokens
+        if entry.requests is not None:
+            entry.requests.level -= 1
+        entry.running += 1
+        return self.state(key)
+
+    def done(self, key: str, tokens_more: int) -> None:
+        """The request ended; `tokens_more` is what it used beyond its prompt estimate (negative: less)."""
+        entry = self.keys[key]
+        entry.running -= 1
+        if entry.tokens is not None:
+            entry.tokens.refill(self.clock())
+            entry.tokens.level -= tokens_more
+
+    def state(self, key: str) -> State:
+        entry = self.keys[key]
+        return State(*(None if b is None else (int(b.capacity), max(0, math.floor(b.level)), b.until_full())
+                       for b in (entry.requests, entry.tokens)))
+
+    def running(self) -> dict[str, int]:
+        return {key: e.running for key, e in self.keys.items() if e.running}
+
+    def _refuse(self, key: str, limit: str, why: str, retry_after: float) -> None:
+        self.refused[key, limit] = self.refused.get((key, limit), 0) + 1
+        raise RateLimited(f"rate limit exceeded: {why}; retry in {math.ceil(retry_after)} s", limit, retry_after)
+
+    def _entry(self, key: str) -> _Key:
+        entry = self.keys.get(key)
+        if entry is None:
+            if len(self.keys) >= _MAX_KEYS:
+                self._drop_idle()
+            now, cfg = self.clock(), self.cfg
+            entry = self.keys[key] = _Key(_bucket(cfg.requests_per_minute, cfg.request_burst, now),
+                                          _bucket(cfg.tokens_per_minute, cfg.token_burst, now))
+        return entry
+
+    def _drop_idle(self) -> None:
+        now = self.clock()
+        for key, entry in list(self.keys.items()):
+            buckets = [b for b in (entry.requests, entry.tokens) if b is not None]
+            for b in buckets:
+                b.refill(now)
+            if not entry.running and all(b.level >= b.capacity for b in buckets):
+                del self.keys[key]
+
+
+def _bucket(per_minute: int, burst: int | None, now: float) -> Bucket | None:
+    if not per_minute:
+        return None
+    capacity = float(burst or per_minute)
+    return Bucket(capacity, per_minute / 60, capacity, now)

@@ -1,0 +1,100 @@
+"""Per-key limits (proxy/limits.py): requests and tokens per minute, and requests at once, per API key.
+
+Placed after observe, so a refused request is counted on /metrics with its 429, and before fit and the cache: a
+limit is the caller's quota, and every request costs Velo work, cache hits included, so a repeated question is no
+way around the request limit. Tokens are what backends spend, so an answer from the cache costs none.
+
+Every answer carries the key's state in the client's own headers: OpenAI's `x-ratelimit-*` (the Chat Completions
+and Responses APIs), Anthropic's `anthropic-ratelimit-*` (the Messages API); Ollama's API has none, so its clients
+get only the 429 with Retry-After.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+from typing import AsyncIterator, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from adapters.protocol import Chunk
+
+from ..job import Job
+from ..keep import fingerprint
+from ..limits import KeyLimits, RateLimited, State
+from ..token_count import estimate
+from .base import Next, Services, Stage
+
+
+class Limit(Stage):
+    def __init__(self, services: Services) -> None:
+        super().__init__(services)
+        cfg = services.config.limits
+        self.limits, _ = services.lease.hold(f"limits:{fingerprint(cfg)}", lambda: KeyLimits(cfg))
+        services.registry.register(self)
+
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        if not self.limits.active:
+            async with contextlib.aclosing(next(job)) as rest:
+                async for chunk in rest:
+                    yield chunk
+            return
+        key, prompt = job.caller.tenant, estimate(job.request)
+        try:
+            job.outcome.rate_limit = headers(job.dialect, self.limits.admit(key, prompt))
+        except RateLimited as e:
+            e.headers = headers(job.dialect, self.limits.state(key))
+            raise
+        counted, pieces = 0, 0
+        try:
+            async with contextlib.aclosing(next(job)) as rest:
+                async for chunk in rest:
+                    counted, pieces = _tokens(chunk, prompt) or counted, pieces + bool(chunk.text)
+                    yield chunk
+        finally:
+            spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
+            self.limits.done(key, spent - prompt)
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        refused = CounterMetricFamily("velo_rate_limited", "Requests refused by a per-key limit",
+                                      labels=["key", "limit"])
+        for (key, limit), n in self.limits.refused.items():
+            refused.add_metric([key, limit], n)
+        running = GaugeMetricFamily("velo_key_in_flight", "Requests running per API key (hashed)", labels=["key"])
+        for key, n in self.limits.running().items():
+            running.add_metric([key], n)
+        yield refused
+        yield running
+
+
+def _tokens(chunk: Chunk, prompt: int) -> int:
+    """The backend's own count, once it gives one (the last chunk): prompt and output."""
+    usage = chunk.usage
+    if usage is None or not (usage.prompt_tokens or usage.completion_tokens):
+        return 0
+    return (usage.prompt_tokens or prompt) + usage.completion_tokens
+
+
+def headers(dialect: str, state: State) -> dict[str, str]:
+    """The key's state as the dialect's API reports its own limits."""
+    out: dict[str, str] = {}
+    for what, counted in (("requests", state.requests), ("tokens", state.tokens)):
+        if counted is None:
+            continue
+        limit, remaining, reset_s = counted
+        if dialect in ("openai", "responses"):
+            out |= {f"x-ratelimit-limit-{what}": str(limit), f"x-ratelimit-remaining-{what}": str(remaining),
+                    f"x-ratelimit-reset-{what}": _duration(reset_s)}
+        elif dialect == "anthropic":
+            at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=reset_s)
+            out |= {f"anthropic-ratelimit-{what}-limit": str(limit),
+                    f"anthropic-ratelimit-{what}-remaining": str(remaining),
+                    f"anthropic-ratelimit-{what}-reset": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return out
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's way: "12ms", "1s", "6m0s"."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"

@@ -1,0 +1,75 @@
+"""The limit stage over HTTP: 429 with Retry-After in each dialect, the dialect's rate-limit headers on every answer,
+cache hits free of tokens, counts on /metrics."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import Config, ServerConfig
+from proxy.limits import LimitsConfig
+from proxy.stages.limit import headers
+from proxy.limits import State
+from tests.proxy.test_metrics import scrape, value
+from tests.scripted import Script, ScriptedBackend
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+KEYS = ["k1", "k2"]
+
+
+def app(**limits) -> TestClient:
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(**limits))
+    return TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s", script=Script(delay=0.05))})))
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_each_dialect_gets_429_with_retry_after_and_its_own_headers():
+    async with app(requests_per_minute=6, request_burst=1) as c:
+        ok = await c.post("/v1/chat/completions", json=CHAT, headers=auth("k1"))
+        assert ok.status == 200
+        assert ok.headers["x-ratelimit-limit-requests"] == "1" and ok.headers["x-ratelimit-remaining-requests"] == "0"
+        assert ok.headers["x-ratelimit-reset-requests"] == "10s"
+        refused = await c.post("/v1/chat/completions", json=CHAT, headers=auth("k1"))
+        body = await refused.json()
+        assert refused.status == 429 and refused.headers["Retry-After"] == "10"
+        assert body["error"]["type"] == "rate_limit_error" and body["error"]["code"] == "rate_limit_exceeded"
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        anthropic = await c.post("/v1/messages", json={**CHAT, "max_tokens": 20}, headers={"x-api-key": "k1"})
+        assert anthropic.status == 429 and (await anthropic.json())["error"]["type"] == "rate_limit_error"
+        assert anthropic.headers["anthropic-ratelimit-requests-limit"] == "1"
+        assert anthropic.headers["anthropic-ratelimit-requests-reset"].endswith("Z")
+        ollama = await c.post("/api/chat", json=CHAT, headers=auth("k1"))
+        assert ollama.status == 429 and "error" in await ollama.json() and ollama.headers["Retry-After"]
+        assert (await c.post("/api/chat", json=CHAT, headers=auth("k2"))).status == 200  # another key
+        found = await scrape(c)
+    refused_k1 = [v for (name, labels), v in found.items() if name == "velo_rate_limited_total"
+                  and ("limit", "requests") in labels]
+    assert refused_k1 == [3]
+    assert value(found, "velo_requests_total", endpoint="/api/chat", model="tiny", backend="s", status="429") == 1
+
+
+async def test_concurrency_per_key_and_tokens_not_charged_for_cache_hits():
+    async with app(concurrency=1, tokens_per_minute=1000) as c:
+        slow = asyncio.create_task(c.post("/api/chat", json={**CHAT, "stream": True}, headers=auth("k1")))
+        await asyncio.sleep(0.02)
+        busy = await c.post("/api/chat", json=CHAT, headers=auth("k1"))
+        assert busy.status == 429 and busy.headers["Retry-After"] == "1"
+        await (await slow).read()
+        greedy = {**CHAT, "stream": False, "options": {"temperature": 0}}
+        first = await c.post("/v1/chat/completions", json=greedy, headers=auth("k2"))
+        spent = 1000 - int(first.headers["x-ratelimit-remaining-tokens"])
+        hit = await c.post("/v1/chat/completions", json=greedy, headers=auth("k2"))
+        assert hit.headers["X-Velo-Cache"] == "exact"
+        after = await c.post("/v1/chat/completions", json={**greedy, "seed": 7}, headers=auth("k2"))
+        # the first answer's real usage (prompt + 3 tokens) was charged; the cache hit only its estimate, refunded
+        assert 0 < spent and int(after.headers["x-ratelimit-remaining-tokens"]) >= 1000 - 2 * spent - 10
+
+
+def test_openai_reset_durations_are_written_as_openai_writes_them():
+    out = headers("openai", State(requests=(60, 59, 0.012), tokens=(1000, 10, 361.0)))
+    assert out["x-ratelimit-reset-requests"] == "12ms" and out["x-ratelimit-reset-tokens"] == "6m1s"
+    assert headers("ollama", State(requests=(1, 0, 1.0))) == {}

@@ -1,0 +1,74 @@
+"""Per-key token buckets (proxy/limits.py) on a fake clock."""
+from __future__ import annotations
+
+import pytest
+
+from proxy.limits import KeyLimits, LimitsConfig, RateLimited
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def limits(**cfg) -> tuple[KeyLimits, Clock]:
+    clock = Clock()
+    return KeyLimits(LimitsConfig(**cfg), clock), clock
+
+
+def test_requests_pass_up_to_the_burst_then_refill_at_the_rate():
+    lim, clock = limits(requests_per_minute=60, request_burst=3)
+    for _ in range(3):
+        lim.admit("k", 0)
+        lim.done("k", 0)
+    with pytest.raises(RateLimited) as refused:
+        lim.admit("k", 0)
+    assert refused.value.limit == "requests" and refused.value.status == 429
+    assert refused.value.retry_after == pytest.approx(1.0)  # one request a second
+    lim.admit("other", 0)  # each key its own bucket
+    clock.now += 1.0
+    state = lim.admit("k", 0)
+    assert state.requests == (3, 0, pytest.approx(3.0)) and lim.refused == {("k", "requests"): 1}
+
+
+def test_tokens_are_taken_up_front_and_trued_up_to_the_real_count():
+    lim, clock = limits(tokens_per_minute=600)  # 10 a second, burst 600
+    lim.admit("k", 100)
+    assert lim.state("k").tokens[1] == 500
+    lim.done("k", 350)  # the answer used 450 in all
+    assert lim.state("k").tokens[1] == 150
+    lim.admit("k", 100)
+    lim.done("k", 200)  # 300 used: the bucket is 150 in debt
+    with pytest.raises(RateLimited) as refused:
+        lim.admit("k", 1)
+    assert refused.value.limit == "tokens" and refused.value.retry_after == pytest.approx(15.1)
+    clock.now += 16
+    lim.admit("k", 1)
+
+
+def test_a_prompt_larger_than_the_burst_waits_for_a_full_bucket_not_forever():
+    lim, clock = limits(tokens_per_minute=60, token_burst=50)
+    lim.admit("k", 500)
+    lim.done("k", 0)
+    with pytest.raises(RateLimited):
+        lim.admit("k", 500)
+    clock.now += 600
+    lim.admit("k", 500)
+
+
+def test_concurrency_caps_requests_running_at_once_per_key():
+    lim, _ = limits(concurrency=2)
+    lim.admit("k", 0)
+    lim.admit("k", 0)
+    with pytest.raises(RateLimited) as refused:
+        lim.admit("k", 0)
+    assert refused.value.limit == "concurrency" and lim.running() == {"k": 2}
+    lim.done("k", 0)
+    lim.admit("k", 0)
+
+
+def test_no_limits_configured_is_inactive():
+    assert not KeyLimits(LimitsConfig()).active
