@@ -3,7 +3,6 @@
 (proxy/reload.py); middlewares: the browser guard, errors in the client's dialect, the pin, authentication."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -33,8 +32,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    backends = request[GENERATION].backends
-    states = dict(zip(backends, await asyncio.gather(*(_healthy(b) for b in backends.values()))))
+    states = await request[GENERATION].health()
     ok = any(states.values()) or not states
     return json_response({"status": "ready" if ok else "unavailable", "backends": states}, status=200 if ok else 503)
 
@@ -42,13 +40,6 @@ async def ready(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     body = render(request[PIPELINE].registry) + render(request.app[APP_METRICS])
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
-
-
-async def _healthy(backend: Backend) -> bool:
-    try:
-        return await asyncio.wait_for(backend.health(), 2.0)
-    except Exception:  # noqa: BLE001 - a health probe reports, it does not raise
-        return False
 
 
 @web.middleware

@@ -1,6 +1,8 @@
 """Who is asking: the API key check (when keys are configured) and the caller's cache scope."""
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from typing import Awaitable, Callable
 
@@ -16,10 +18,16 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def api_key(request: web.Request) -> str | None:
-    """`Authorization: Bearer KEY` (OpenAI, Ollama clients), else `x-api-key` (Anthropic clients)."""
+    """`Authorization: Bearer KEY` (OpenAI, Ollama clients), else `x-api-key` (Anthropic clients), else HTTP Basic
+    with the key as the password (a browser's own login box, for the dashboard)."""
     auth = request.headers.get("Authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip() or None
+    if auth.lower().startswith("basic "):
+        try:
+            return base64.b64decode(auth[6:].strip(), validate=True).decode().partition(":")[2] or None
+        except (binascii.Error, UnicodeDecodeError):
+            return None
     return request.headers.get("X-Api-Key") or None
 
 
@@ -42,6 +50,12 @@ def authenticate(api_keys: Callable[[web.Request], list[str]]) -> Callable:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
-            request[CALLER] = caller_for(request, api_keys(request))
+            try:
+                request[CALLER] = caller_for(request, api_keys(request))
+            except Unauthorized:
+                if request.path == "/ui" or request.path.startswith("/ui/"):  # the browser asks for the key
+                    return web.Response(status=401, text="an API key is needed (as the password; any user name)",
+                                        headers={"WWW-Authenticate": 'Basic realm="Velo", charset="UTF-8"'})
+                raise
         return await handler(request)
     return middleware

@@ -71,6 +71,11 @@ class Generation:
         await self.pipeline.close()
         await self.lease.give_back()
 
+    async def health(self) -> dict[str, bool]:
+        """Each backend's health probe, 2 s at most each."""
+        names = list(self.backends)
+        return dict(zip(names, await asyncio.gather(*(_healthy(self.backends[n]) for n in names))))
+
     def enter(self) -> None:
         self.in_flight += 1
         self.idle.clear()
@@ -83,6 +88,13 @@ class Generation:
 
 async def _close_backend(backend: Backend) -> None:
     await backend.close()
+
+
+async def _healthy(backend: Backend) -> bool:
+    try:
+        return await asyncio.wait_for(backend.health(), 2.0)
+    except Exception:  # noqa: BLE001 - a health probe reports, it does not raise
+        return False
 
 
 class Generations:

@@ -19,6 +19,8 @@ from prometheus_client.metrics_core import Metric
 from adapters.errors import VeloError
 from adapters.protocol import Chunk
 
+from .recent import Finished, Recent
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -39,6 +41,8 @@ class Observation:
     started: float = field(default_factory=time.perf_counter)
     first: float | None = None
     tokens: int = 0
+    cache: str = ""  # the cache outcome, for the dashboard's list of recent requests
+    prompt: str = ""  # the last user turn, kept only with `[server] log_prompts`
 
     def chunk(self, chunk: Chunk) -> None:
         if self.first is None:
@@ -64,6 +68,7 @@ class RequestMetrics:
         self.tokens = Counter("velo_completion_tokens", "Tokens generated", ("model", "backend"), registry=None)
         self.token_rate = Histogram("velo_tokens_per_second", "Decode speed per request, after the first token",
                                     ("model", "backend"), buckets=_RATE_BUCKETS, registry=None)
+        self.recent = Recent()
 
     def collect(self) -> Iterator[Metric]:
         for series in (self.requests, self.latency, self.ttft, self.tokens, self.token_rate):
@@ -90,11 +95,17 @@ class RequestMetrics:
 
     def _record(self, obs: Observation, status: str, endpoint: str, model: str, backend: str) -> None:
         now = time.perf_counter()
+        ttft = None if obs.first is None else obs.first - obs.started
+        rate = (obs.tokens - 1) / (now - obs.first) if obs.first is not None and obs.tokens > 1 and now > obs.first \
+            else None
+        self.recent.add(Finished(time.time(), endpoint, model, backend, status, round(now - obs.started, 4),
+                                 None if ttft is None else round(ttft, 4), obs.tokens,
+                                 None if rate is None else round(rate, 1), obs.cache, obs.prompt))
         self.requests.labels(endpoint, model, backend, status).inc()
         self.latency.labels(endpoint, model, backend).observe(now - obs.started)
-        if obs.first is None:
+        if ttft is None:
             return
-        self.ttft.labels(endpoint, model, backend).observe(obs.first - obs.started)
+        self.ttft.labels(endpoint, model, backend).observe(ttft)
         self.tokens.labels(model, backend).inc(obs.tokens)
-        if obs.tokens > 1 and now > obs.first:
-            self.token_rate.labels(model, backend).observe((obs.tokens - 1) / (now - obs.first))
+        if rate is not None:
+            self.token_rate.labels(model, backend).observe(rate)

@@ -4,11 +4,13 @@ from __future__ import annotations
 import contextlib
 from typing import AsyncIterator
 
-from adapters.protocol import Chunk
+from adapters.protocol import Chunk, CompletionRequest
 
-from ..job import Job
+from ..job import Job, Request
 from ..metrics import RequestMetrics
 from .base import Next, Services, Stage
+
+_PROMPT_CHARS = 300  # of the last user turn, shown on the dashboard with log_prompts
 
 
 class Observe(Stage):
@@ -20,7 +22,18 @@ class Observe(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
         with self.metrics.observe(job.caller.path, job.model, job.target.backend.name) as seen:
-            async with contextlib.aclosing(next(job)) as rest:
-                async for chunk in rest:
-                    seen.chunk(chunk)
-                    yield chunk
+            if self.services.config.server.log_prompts:
+                seen.prompt = _prompt(job.request)[:_PROMPT_CHARS]
+            try:
+                async with contextlib.aclosing(next(job)) as rest:
+                    async for chunk in rest:
+                        seen.chunk(chunk)
+                        yield chunk
+            finally:
+                seen.cache = job.outcome.cache
+
+
+def _prompt(req: Request) -> str:
+    if isinstance(req, CompletionRequest):
+        return req.prompt
+    return next((m.content for m in reversed(req.messages) if m.role == "user"), "")

@@ -1,0 +1,71 @@
+"""The dashboard in a real headless browser (Debian's chromium through Playwright): the page loads behind the API
+key, shows the live backend, and updates after a request; the screenshot is kept in bench/out/."""
+from __future__ import annotations
+
+import asyncio
+
+import base64
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import Config, ServerConfig
+from tests.proxy.ui.browser import ARTEFACTS, chromium
+from tests.scripted import Script, ScriptedBackend
+
+KEY = "dash-key"
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "What is a token bucket?"}], "stream": False}
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def app(log_prompts: bool = True) -> TestClient:
+    cfg = Config(server=ServerConfig(api_keys=[KEY], log_prompts=log_prompts))
+    backend = ScriptedBackend("llama", script=Script(pieces=["A ", "bucket ", "of ", "tokens."], delay=0.02))
+    return TestClient(TestServer(make_app(cfg, {"llama": backend})))
+
+
+async def test_the_page_shows_the_live_backend_and_updates_after_a_request():
+    async with app() as c, chromium() as browser:
+        context = await browser.new_context(http_credentials={"username": "me", "password": KEY},
+                                            viewport={"width": 1280, "height": 860})
+        page = await context.new_page()
+        assert (await page.goto(str(c.make_url("/ui")))).status == 200
+        await page.wait_for_selector('#backends tr[data-backend="llama"] td.up')  # polled: the backend is live
+        assert "no requests yet" in await page.inner_text("#recent")
+        assert "live" in await page.inner_text("#status")
+        for _ in range(3):
+            resp = await c.post("/api/chat", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
+            assert resp.status == 200
+        await page.wait_for_selector('#recent td:has-text("/api/chat")', timeout=10_000)
+        recent = await page.inner_text("#recent")
+        assert "What is a token bucket?" in recent and "miss" in recent  # log_prompts is on
+        assert await page.inner_text("#total") == "3"
+        assert "tiny:latest" in await page.inner_text("#backends")  # the models it has loaded
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTEFACTS / "dashboard.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        print(f"dashboard screenshot: {shot}")
+        assert shot.stat().st_size > 10_000
+
+
+async def test_the_key_is_asked_for_and_prompts_stay_out_without_log_prompts():
+    async with app(log_prompts=False) as c:
+        asked = await c.get("/ui")
+        assert asked.status == 401 and asked.headers["WWW-Authenticate"].startswith("Basic")
+        assert (await c.get("/ui/state")).status == 401
+        assert (await c.get("/ui/state", headers=basic("anyone", "wrong"))).status == 401
+        await (await c.post("/api/chat", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})).read()
+        state = await (await c.get("/ui/state", headers=basic("anyone", KEY))).json()
+        assert (await c.get("/", headers=basic("anyone", KEY))).status == 200
+    assert state["backends"][0]["name"] == "llama" and state["backends"][0]["healthy"]
+    assert state["recent"][0]["prompt"] == "" and state["recent"][0]["tokens"] == 4
+    assert state["requests"] == {"200": 1.0} and sum(state["series"]["requests"]) == 1
+
+
+async def test_the_root_still_answers_like_ollama():
+    async with app() as c:
+        resp = await c.get("/")
+        assert resp.status == 200 and await resp.text() == "Ollama is running"
+        await asyncio.sleep(0)
