@@ -31,6 +31,16 @@ class BackendConfig:
     models: list[str] = setting(factory=list, doc="names to list when the server cannot list its own models")
     options: dict[str, Any] = setting(factory=dict, doc="kind-specific settings (engine: model, device, ...; "
                                       "replica sets: affinity, ...), see below")
+    model: str | None = setting(None, 'llamacpp without a url: a GGUF file that Velo serves with its own '
+                                "llama-server, started on the first request for it", default_doc="none (use url)")
+    command: list[str] = setting(factory=lambda: ["llama-server"], doc="with `model`: the server and its arguments; "
+                                 "Velo adds -m MODEL --host 127.0.0.1 --port PORT",
+                                 default_doc='["llama-server"] (on PATH)')
+    ttl_s: float = setting(300.0, "with `model`: seconds idle before the server is stopped (0: kept until another "
+                           "model needs the room)", min=0)
+    max_loaded: int = setting(1, "with `model`: managed servers, this one included, that may run while it runs (1: "
+                              "alone); a request for a model that does not fit waits until the running servers' "
+                              "streams end, and the least recently used stops", min=1)
 
 
 class Backend(ABC):

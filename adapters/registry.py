@@ -6,13 +6,18 @@ import importlib
 
 from .base import Backend, BackendConfig
 from .errors import BadRequest
+from .swaps import Swaps
 
 KINDS = {"ollama": ("adapters.ollama", "OllamaBackend"), "llamacpp": ("adapters.llamacpp", "LlamaCppBackend"),
          "openai": ("adapters.openai_compat", "OpenAIBackend"), "engine": ("adapters.engine", "EngineBackend")}
 
 
-def make_backend(cfg: BackendConfig) -> Backend:
-    """The backend's adapter; several urls make a `ReplicaSet` of one adapter per url."""
+def make_backend(cfg: BackendConfig, swaps: Swaps | None = None) -> Backend:
+    """The backend's adapter; several urls make a `ReplicaSet` of one adapter per url; a llamacpp `model` makes a
+    server Velo runs itself, swapped with the others through `swaps` (one per app)."""
+    if cfg.kind == "llamacpp" and cfg.model:
+        from .llamacpp_managed import ManagedLlamaCpp
+        return ManagedLlamaCpp(cfg, swaps or Swaps())
     if len(cfg.urls) > 1:
         from .replicas import ReplicaSet
         return ReplicaSet.from_config(cfg, _make_one)

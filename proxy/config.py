@@ -131,8 +131,11 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
     """What depends on the kind: a url, and the kind's own options, checked now rather than at first use."""
     if cfg.kind not in KINDS:
         raise SchemaError(f"{path}.kind: must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
-    if cfg.kind != "engine" and not cfg.urls:
-        raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url")
+    if cfg.model is not None and (cfg.kind != "llamacpp" or cfg.urls):
+        raise SchemaError(f"{path}.model: only a llamacpp backend without a url runs its own server from a model file")
+    if cfg.kind != "engine" and not cfg.urls and cfg.model is None:
+        raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url" +
+                          (" (or a GGUF `model` that Velo serves itself)" if cfg.kind == "llamacpp" else ""))
     options = cfg.options
     if len(cfg.urls) > 1:
         _, options = ReplicaOptions.split(cfg.options, f"{path}.options")

@@ -43,6 +43,8 @@ EXAMPLE: dict[str, Any] = {
         {"name": "vllm", "kind": "openai", "url": "http://10.0.0.5:8000/v1", "api_key": "change-me",
          "max_concurrency": 64},
         {"name": "engine", "kind": "engine", "options": {"device": "cpu"}},
+        {"name": "coder", "kind": "llamacpp", "model": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+         "command": ["llama-server", "-c", "8192", "--jinja"], "ttl_s": 600.0},
     ],
     "routes": [{"match": "qwen2.5-coder*", "backend": "llama"}, {"match": "meta-llama/*", "backend": "vllm"}],
     "aliases": {"gpt-4o-mini": "vllm:meta-llama/Llama-3.1-8B-Instruct", "fast": "smollm2"},

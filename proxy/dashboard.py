@@ -53,16 +53,18 @@ def _backend(found: Samples, b: BackendView) -> dict[str, Any]:
     one = {"backend": b.name}
     replicas = by(found, "velo_replica_up", "replica", **one)
     outstanding = by(found, "velo_replica_outstanding", "replica", **one)
-    managed = {labels["model"]: {k: v for k, v in labels.items() if k not in ("backend", "model")} | {"value": v}
-               for labels, v in found.get("velo_managed_state", []) if labels.get("backend") == b.name}
+    managed = next((labels for labels, _ in found.get("velo_managed_state", []) if labels.get("backend") == b.name),
+                   None)
     return {"name": b.name, "kind": b.kind, "healthy": b.healthy, "models": b.models,
             "queue": _one(found, "velo_queue_depth", one), "in_flight": _one(found, "velo_in_flight", one),
             "slots": _one(found, "velo_backend_slots", one),
             "replicas": [{"name": r, "up": bool(up), "outstanding": outstanding.get(r, 0)}
                          for r, up in replicas.items()],
-            "managed": {"servers": managed, "waiting": _one(found, "velo_managed_waiting", one),
+            "managed": {"model": managed["model"], "state": managed["state"],
+                        "waiting": _one(found, "velo_managed_waiting", one),
+                        "starts": _one(found, "velo_managed_starts_total", one),
                         "swaps": _one(found, "velo_managed_swaps_total", one),
-                        "swap_wait_s": _one(found, "velo_managed_swap_wait_seconds_sum", one)} if managed else None}
+                        "wait_s": _one(found, "velo_managed_wait_seconds_total", one)} if managed else None}
 
 
 def _one(found: Samples, name: str, match: dict[str, str]) -> float:

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from adapters.base import Backend
+from adapters.swaps import Swaps
 
 from .config import Config
 from .keep import Keep, Lease, fingerprint
@@ -44,12 +45,13 @@ class Generation:
         ready-made backends)."""
         from adapters.registry import make_backend  # only configured kinds import their adapters
         lease = keep.lease()
+        swaps, _ = lease.hold("llamacpp:swaps", Swaps)  # llama-servers Velo runs, across generations
         made = given if given is not None else {b.name: b for b in config.backends}
         backends, fresh = {}, []
         for name, made_or_cfg in made.items():
             cfg = made_or_cfg.config if isinstance(made_or_cfg, Backend) else made_or_cfg
             backend, new = lease.hold(f"backend:{name}:{fingerprint(cfg)}",
-                                      lambda m=made_or_cfg: m if isinstance(m, Backend) else make_backend(m),
+                                      lambda m=made_or_cfg: m if isinstance(m, Backend) else make_backend(m, swaps),
                                       _close_backend)
             backends[name] = backend
             if new:

@@ -29,10 +29,10 @@ function health(b) {
 }
 
 function servers(b) {
-  if (b.managed) {
-    return Object.entries(b.managed.servers).map(([model, s]) =>
-      `${model}: ${s.state}${s.waiting ? `, ${s.waiting} waiting` : ""}`).join("; ") +
-      ` · swaps ${fmt(b.managed.swaps, 0)}, swap wait ${fmt(b.managed.swap_wait_s)} s`;
+  const m = b.managed;
+  if (m) {
+    return `llama-server ${m.state} · ${fmt(m.waiting, 0)} waiting · ${fmt(m.starts, 0)} starts, ` +
+      `${fmt(m.swaps, 0)} swaps, ${fmt(m.wait_s, 1)} s waited`;
   }
   return b.replicas.map(r => `${r.name} ${r.up ? "up" : "down"} (${r.outstanding})`).join(", ") || "–";
 }

@@ -1,0 +1,217 @@
+"""A llama-server that Velo runs itself: a `llamacpp` backend with `model = "...gguf"` (and `command`) instead of
+a url. The server starts on the first request that needs it (Velo waits for its /health), stops after `ttl_s`
+idle, and is swapped with other managed servers when only `max_loaded` may run (adapters/swaps.py). Listing its
+model needs no running server; everything else goes to the server as for any llama-server (adapters/llamacpp.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
+
+from .base import BackendConfig
+from .errors import BackendError, BackendUnavailable
+from .llamacpp import LlamaCppBackend, gguf_name
+from .model_file import model_file
+from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
+from .swaps import Swaps
+
+log = logging.getLogger("velo.adapters.llamacpp_managed")
+_HEALTH_POLL_S = 0.1  # llama-server answers /health 0.5 s after start for a 100 MB model (MODELS.md)
+_STOP_GRACE_S = 10.0
+
+
+@dataclass
+class ManagedStats:
+    """For /metrics and the dashboard."""
+
+    waiting: int = 0  # requests waiting for this server to start (or for room to start it)
+    starts: int = 0
+    swaps: int = 0  # times it was stopped (or drained) to make room for another
+    wait_s: float = 0.0  # seconds requests spent waiting for it, all together
+    last_error: str = ""
+
+
+class ManagedLlamaCpp(LlamaCppBackend):
+    def __init__(self, config: BackendConfig, swaps: Swaps):
+        super().__init__(config)
+        assert config.model, "a managed llama-server needs a model file"
+        self.swaps = swaps
+        swaps.add(self)
+        self.state = "stopped"  # "starting" | "ready" | "stopping"
+        self.users = 0
+        self.draining = False
+        self.last_used = 0.0
+        self.stats = ManagedStats()
+        self.process: asyncio.subprocess.Process | None = None
+        self._up: asyncio.Future[None] | None = None
+        self._timer: asyncio.Task | None = None
+        self._stopping: asyncio.Task | None = None
+        self._output: deque[str] = deque(maxlen=20)
+
+    @property
+    def max_loaded(self) -> int:
+        return self.config.max_loaded
+
+    @property
+    def model_name(self) -> str:
+        return self.config.models[0] if self.config.models else gguf_name(self.config.model or "")
+
+    # -- lifecycle, driven by Swaps -----------------------------------------------------------
+
+    def starting(self) -> None:
+        self.state, self._up = "starting", asyncio.get_running_loop().create_future()
+
+    def take(self) -> None:
+        self.users += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def ready(self) -> None:
+        assert self._up is not None
+        await asyncio.shield(self._up)
+
+    async def launch(self) -> None:
+        """Runs `command -m MODEL --host 127.0.0.1 --port PORT` and waits for /health (up to first_token_timeout:
+        a request waiting for a start waits for its first token)."""
+        assert self._up is not None
+        try:
+            await self._run()
+        except BaseException as e:
+            self.stats.last_error = str(e)
+            self._up.set_exception(e if isinstance(e, Exception) else BackendUnavailable("start cancelled"))
+            self._up.exception()  # retrieved: the requests waiting on it raise it themselves
+            await self._kill()
+            raise
+        self._up.set_result(None)
+
+    async def _run(self) -> None:
+        started, port = time.monotonic(), _free_port()
+        self.http.config.urls = [f"http://127.0.0.1:{port}"]
+        self._props, self._can_infill = None, None  # facts of the previous process
+        cmd = [*self.config.command, "-m", self.config.model or "", "--host", "127.0.0.1", "--port", str(port)]
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        except OSError as e:
+            raise BackendUnavailable(f"backend {self.name!r}: cannot run {cmd[0]!r}: {e}") from e
+        asyncio.get_running_loop().create_task(self._keep_output(self.process))
+        deadline = started + self.config.first_token_timeout
+        while not await self.healthy_now():
+            if self.process.returncode is not None or time.monotonic() > deadline:
+                why = f"exited with {self.process.returncode}" if self.process.returncode is not None \
+                    else f"was not ready within {self.config.first_token_timeout:g}s"
+                raise BackendUnavailable(f"backend {self.name!r}: llama-server {why}: {' | '.join(self._output)}")
+            await asyncio.sleep(_HEALTH_POLL_S)
+        self.stats.starts += 1
+        log.info("backend %r: llama-server for %s ready on port %d in %.1fs", self.name, self.model_name, port,
+                 time.monotonic() - started)
+
+    async def _keep_output(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        async for line in process.stdout:
+            self._output.append(line.decode(errors="replace").rstrip())
+
+    async def healthy_now(self) -> bool:
+        return await LlamaCppBackend.health(self)
+
+    def idle(self) -> None:
+        """The last user left: stop now if another server waits for the room, else after ttl_s (0: never)."""
+        if self.draining:
+            self.stop_soon()
+        elif self.config.ttl_s > 0 and self.state == "ready":
+            self._timer = asyncio.get_running_loop().create_task(self._stop_after(self.config.ttl_s))
+
+    async def _stop_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        if self.users == 0 and self.state == "ready":
+            log.info("backend %r: llama-server for %s idle for %gs, stopping", self.name, self.model_name, seconds)
+            self.stop_soon()
+
+    def stop_soon(self) -> None:
+        self.state = "stopping"
+        self._stopping = asyncio.get_running_loop().create_task(self._stop())
+
+    async def _stop(self) -> None:
+        await self._kill()
+        await self.swaps.stopped(self)
+
+    async def _kill(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), _STOP_GRACE_S)
+            except asyncio.TimeoutError:
+                process.kill()
+                await process.wait()
+        await self.http.close()
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._stopping is not None:
+            await self._stopping
+        await self._kill()
+        self.state = "stopped"
+        self.swaps.remove(self)
+
+    # -- the Backend contract ------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """A stopped server is healthy while it can be started (its last start did not fail)."""
+        if self.state == "ready":
+            return await self.healthy_now()
+        return not self.stats.last_error
+
+    async def concurrency(self) -> int:
+        return self.config.max_concurrency or 4  # llama-server's default slots; asking would start it
+
+    async def list_models(self) -> list[ModelInfo]:
+        """From the file while the server is down (listing never starts it), else what the server says."""
+        if self.state == "ready":
+            with contextlib.suppress(BackendError):
+                return await LlamaCppBackend.list_models(self)
+        file = model_file(self.config.model or "") if os.path.isfile(self.config.model or "") else None
+        dated = {"modified_at": file.modified_at, "digest": file.digest, "size": file.size} if file else {}
+        return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", capabilities=["completion"],
+                          **dated)]
+
+    async def running(self) -> list[RunningModel]:
+        return [RunningModel(name=self.model_name)] if self.state == "ready" else []
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        return self._held(lambda: LlamaCppBackend.chat(self, req))
+
+    def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        return self._held(lambda: LlamaCppBackend.complete(self, req))
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        return await self._once(lambda: LlamaCppBackend.embed(self, req))
+
+    async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
+        return await self._once(lambda: LlamaCppBackend.count_tokens(self, req))
+
+    async def _held(self, call: Callable[[], AsyncIterator[Chunk]]) -> AsyncIterator[Chunk]:
+        """The server stays up, and is never swapped out, until the stream is over."""
+        async with self.swaps.use(self):
+            async with contextlib.aclosing(call()) as stream:  # type: ignore[type-var]
+                async for chunk in stream:
+                    yield chunk
+
+    async def _once(self, call: Callable[[], Awaitable]) -> object:
+        async with self.swaps.use(self):
+            return await call()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,96 @@
+"""Which managed llama-servers run (adapters/llamacpp_managed.py), as llama-swap decides it: a server starts on the
+first request for its model; it may start only while fewer than its `max_loaded` managed servers run (1: it runs
+alone); to make room, idle servers stop, least recently used first, and a busy one is drained: it takes no new
+requests, its streams in flight finish, then it stops. Nothing in flight is ever cut. One `Swaps` per app.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, AsyncIterator
+
+if TYPE_CHECKING:
+    from .llamacpp_managed import ManagedLlamaCpp
+
+
+class Swaps:
+    def __init__(self) -> None:
+        self.servers: list[ManagedLlamaCpp] = []  # every managed server, running or not
+        self._changed = asyncio.Condition()
+
+    def add(self, server: ManagedLlamaCpp) -> None:
+        self.servers.append(server)
+
+    def remove(self, server: ManagedLlamaCpp) -> None:
+        self.servers.remove(server)
+
+    @asynccontextmanager
+    async def use(self, server: ManagedLlamaCpp) -> AsyncIterator[None]:
+        """Holds `server` running for the block: waits (in line, counted in `server.waiting`) for room, starts it if
+        it is not up, and lets it idle (then stop after its ttl_s) when the last user leaves."""
+        waited = time.monotonic()
+        server.stats.waiting += 1
+        try:
+            starter = await self._admit(server)
+        finally:
+            server.stats.waiting -= 1
+        try:
+            if starter:
+                await self._start(server)
+            await server.ready()
+            server.stats.wait_s += time.monotonic() - waited
+            yield
+        finally:
+            async with self._changed:
+                server.users -= 1
+                server.last_used = time.monotonic()
+                if server.users == 0:
+                    server.idle()
+                self._changed.notify_all()
+
+    async def _admit(self, server: ManagedLlamaCpp) -> bool:
+        """Counts the caller as a user of `server`; True when the caller must start it."""
+        async with self._changed:
+            while True:
+                if server.state in ("starting", "ready") and not server.draining:
+                    server.take()
+                    return False
+                if server.state == "stopped":
+                    others = [s for s in self.servers if s is not server and s.state != "stopped"]
+                    if len(others) < server.max_loaded:
+                        server.starting()
+                        server.take()
+                        return True
+                    self._make_room(others)
+                await self._changed.wait()
+
+    def _make_room(self, others: list[ManagedLlamaCpp]) -> None:
+        """Stops the least recently used idle server, or drains the least recently used busy one."""
+        if any(s.state in ("stopping", "starting") or s.draining for s in others):
+            return  # room is being made already
+        idle = sorted((s for s in others if s.users == 0 and s.state == "ready"), key=lambda s: s.last_used)
+        victim = idle[0] if idle else min(others, key=lambda s: s.last_used)
+        victim.stats.swaps += 1
+        if victim.users == 0:
+            victim.stop_soon()
+        else:
+            victim.draining = True  # stopped by `use` when its last stream ends
+
+    async def _start(self, server: ManagedLlamaCpp) -> None:
+        try:
+            await server.launch()
+        except BaseException:
+            async with self._changed:
+                server.state = "stopped"
+                self._changed.notify_all()
+            raise
+        async with self._changed:
+            server.state = "ready"
+            self._changed.notify_all()
+
+    async def stopped(self, server: ManagedLlamaCpp) -> None:
+        """Called by a server once its process is gone: room for the next."""
+        async with self._changed:
+            server.state, server.draining = "stopped", False
+            self._changed.notify_all()

@@ -1,0 +1,102 @@
+"""Llama-servers that Velo runs itself, with the real llama-server and two GGUFs (the shipped SmolLM2 under two
+names): started on the first request, swapped when only one may run without cutting the stream in flight,
+stopped after ttl_s idle; waits and swaps on /metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import parse_config
+from proxy.state import GENERATIONS
+from tests.llama_server import binary, model_path
+from tests.proxy.test_metrics import scrape, value
+
+pytestmark = pytest.mark.slow
+COUNT = [{"role": "user", "content": "Count from 1 to 300, separated by commas."}]
+
+
+def managed(tmp_path, ttl_s: float, max_loaded: int = 1, names=("first", "second")) -> dict:
+    backends = []
+    for name in names:
+        gguf = tmp_path / f"{name}.gguf"
+        if not gguf.exists():
+            os.symlink(model_path(), gguf)
+        backends.append({"name": name, "kind": "llamacpp", "model": str(gguf), "ttl_s": ttl_s,
+                         "max_loaded": max_loaded, "first_token_timeout": 60.0,
+                         "command": [binary(), "-c", "1024", "-np", "2", "-t", "1", "-tb", "1"]})
+    return {"backends": backends, "cache": {"enabled": False}}
+
+
+def client(raw: dict) -> TestClient:
+    return TestClient(TestServer(make_app(parse_config(raw)), handler_cancellation=True))
+
+
+async def test_a_swap_waits_for_the_stream_in_flight_and_never_cuts_it(tmp_path):
+    async with client(managed(tmp_path, ttl_s=0)) as c:
+        first, second = (c.server.app[GENERATIONS].current.backends[n] for n in ("first", "second"))
+        tags = await (await c.get("/api/tags")).json()
+        assert sorted(m["name"] for m in tags["models"]) == ["first", "second"]
+        assert first.process is None and second.process is None  # listing starts nothing
+        stream = await c.post("/api/chat", json={"model": "first", "messages": COUNT, "stream": True,
+                                                 "options": {"temperature": 0, "num_predict": 120}})
+        assert stream.status == 200
+        lines = [json.loads(await stream.content.readline())]
+        assert first.state == "ready" and first.process is not None
+        other = asyncio.create_task(c.post("/api/chat", json={
+            "model": "second", "messages": [{"role": "user", "content": "Hi"}], "stream": False,
+            "options": {"temperature": 0, "num_predict": 5}}))
+        for _ in range(100):
+            if value(await scrape(c), "velo_managed_waiting", backend="second") == 1:
+                break
+            await asyncio.sleep(0.02)
+        found = await scrape(c)
+        assert value(found, "velo_managed_waiting", backend="second") == 1  # queued behind the stream
+        assert value(found, "velo_managed_state", backend="first", model="first", state="ready") == 1
+        assert value(found, "velo_managed_in_flight", backend="first") == 1
+        lines += [json.loads(line) async for line in stream.content if line.strip()]
+        assert lines[-1]["done"] is True and "error" not in lines[-1]  # the stream ran to its end
+        assert len("".join(x["message"]["content"] for x in lines)) > 20
+        answer = await other
+        assert answer.status == 200 and (await answer.json())["done"] is True
+        assert second.state == "ready" and first.state == "stopped" and first.process is None
+        found = await scrape(c)
+        assert value(found, "velo_managed_swaps_total", backend="first") == 1
+        assert value(found, "velo_managed_starts_total", backend="second") == 1
+        assert value(found, "velo_managed_wait_seconds_total", backend="second") > 0
+        ps = await (await c.get("/api/ps")).json()
+        assert [m["name"] for m in ps["models"]] == ["second"]
+
+
+async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp_path):
+    async with client(managed(tmp_path, ttl_s=0.5, max_loaded=2)) as c:
+        backends = c.server.app[GENERATIONS].current.backends
+        ask = [c.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "Hi"}],
+                                                    "max_tokens": 3}) for name in ("first", "second")]
+        assert [r.status for r in await asyncio.gather(*ask)] == [200, 200]  # two may run at once: no swap
+        found = await scrape(c)
+        assert value(found, "velo_managed_swaps_total", backend="first") == 0
+        for _ in range(100):
+            if all(b.state == "stopped" for b in backends.values()):
+                break
+            await asyncio.sleep(0.1)
+        assert all(b.state == "stopped" and b.process is None for b in backends.values())
+        again = await c.post("/v1/chat/completions", json={"model": "first", "max_tokens": 3,
+                                                           "messages": [{"role": "user", "content": "Hi"}]})
+        assert again.status == 200
+        assert value(await scrape(c), "velo_managed_starts_total", backend="first") == 2
+
+
+async def test_a_server_that_cannot_start_is_a_clear_503(tmp_path):
+    raw = managed(tmp_path, ttl_s=0, names=("first",))
+    raw["backends"][0]["command"] = [binary(), "--no-such-flag"]
+    async with client(raw) as c:
+        resp = await c.post("/v1/chat/completions", json={"model": "first", "max_tokens": 3,
+                                                          "messages": [{"role": "user", "content": "Hi"}]})
+        body = await resp.json()
+        assert resp.status == 503 and "llama-server exited" in body["error"]["message"]
+        assert (await (await c.get("/ready")).json())["backends"] == {"first": False}
