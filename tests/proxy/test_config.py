@@ -52,3 +52,18 @@ def test_bad_toml_is_a_config_error(tmp_path):
     p.write_text("[server\nport = 1")
     with pytest.raises(ConfigError):
         load_config(p)
+
+
+def test_a_managed_llamacpp_backend_needs_a_model_or_a_url_never_both():
+    from proxy.config import ConfigError, parse_config
+    ok = parse_config({"backends": [{"name": "m", "kind": "llamacpp", "model": "/m.gguf", "ttl_s": 5}]})
+    assert ok.backends[0].command == ["llama-server"] and ok.backends[0].max_loaded == 1
+    for bad, where in (({"kind": "llamacpp"}, "backends[0].url"),
+                       ({"kind": "llamacpp", "model": "/m.gguf", "url": "http://x"}, "backends[0].model"),
+                       ({"kind": "ollama", "model": "/m.gguf"}, "backends[0].model")):
+        try:
+            parse_config({"backends": [{"name": "m", **bad}]})
+        except ConfigError as e:
+            assert str(e).startswith(where)
+        else:
+            raise AssertionError(f"{bad} was accepted")

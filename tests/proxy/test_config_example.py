@@ -36,4 +36,4 @@ def test_every_key_is_documented_with_its_default(cls):
 
 def test_rendered_example_loads():
     cfg = load_config(ROOT / "config.example.toml")
-    assert cfg.server.port == 8000 and len(cfg.backends) == 4
+    assert cfg.server.port == 8000 and len(cfg.backends) == 5 and cfg.backends[4].model.endswith(".gguf")
