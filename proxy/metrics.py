@@ -41,10 +41,12 @@ class Observation:
     started: float = field(default_factory=time.perf_counter)
     first: float | None = None
     tokens: int = 0
+    chunks: int = 0
     cache: str = ""  # the cache outcome, for the dashboard's list of recent requests
     prompt: str = ""  # the last user turn, kept only with `[server] log_prompts`
 
     def chunk(self, chunk: Chunk) -> None:
+        self.chunks += 1
         if self.first is None:
             self.first = time.perf_counter()
         if chunk.usage is not None and chunk.usage.completion_tokens:
@@ -96,8 +98,9 @@ class RequestMetrics:
     def _record(self, obs: Observation, status: str, endpoint: str, model: str, backend: str) -> None:
         now = time.perf_counter()
         ttft = None if obs.first is None else obs.first - obs.started
-        rate = (obs.tokens - 1) / (now - obs.first) if obs.first is not None and obs.tokens > 1 and now > obs.first \
-            else None
+        decoded = obs.first is not None and obs.chunks > 1 and obs.tokens > 1 and now > obs.first \
+            and obs.cache not in ("exact", "semantic")  # one whole chunk, or a replay, tells no decode speed
+        rate = (obs.tokens - 1) / (now - obs.first) if decoded else None
         self.recent.add(Finished(time.time(), endpoint, model, backend, status, round(now - obs.started, 4),
                                  None if ttft is None else round(ttft, 4), obs.tokens,
                                  None if rate is None else round(rate, 1), obs.cache, obs.prompt))
