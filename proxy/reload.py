@@ -31,7 +31,7 @@ class Reloader:
         self.path, self.generations, self.keep, self.interval_s = Path(path), generations, keep, interval_s
         self.applied = self.refused = 0
         self.last_error = ""
-        self._mtime: int | None = None
+        self._mtime = _mtime(self.path)  # the file the config in force was read from (read before serving)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
 
@@ -63,7 +63,6 @@ class Reloader:
             return True
 
     async def watch(self) -> None:
-        self._mtime = await asyncio.to_thread(_mtime, self.path)
         while True:
             await asyncio.sleep(self.interval_s)
             if await asyncio.to_thread(_mtime, self.path) != self._mtime:
