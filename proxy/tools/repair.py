@@ -16,6 +16,8 @@ from typing import Any
 import json_repair
 import orjson
 
+from .quote import placed_quote
+
 _TOKEN = re.compile(
     r"""(?P<ws>\s+)
     |(?P<dq>"(?:[^"\\]|\\.)*(?:"|\Z))
@@ -140,7 +142,10 @@ def _library_repair(text: str) -> Repaired:
     if not isinstance(value, (dict, list)):
         raise Unrepairable("text is not repairable into a JSON object or array")
     if any(_SWALLOWED.search(s) for s in _strings(value)):
-        raise Unrepairable("a string swallowed the keys after it (a missing quote the repair could not place)")
+        placed = placed_quote(text[start.start():].rstrip())
+        if placed is None:
+            raise Unrepairable("a string swallowed the keys after it (a missing quote the repair could not place)")
+        return Repaired(_clean_floats(placed), ["missing_quote"])
     return Repaired(_clean_floats(value), ["json_repair"])
 
 

@@ -61,10 +61,16 @@ def test_a_string_that_swallowed_structure_is_no_value(text: str, value: object)
     assert out.value == value and out.fixes == ["json_repair"]
 
 
-def test_a_repair_that_leaves_a_key_inside_a_string_is_refused() -> None:
+def test_a_quote_that_fits_in_one_place_only_is_put_back() -> None:
     """The library reads this as to=["ada@example.com], ", "subject\": \"Hi"]: valid, and wrong."""
+    out = parse_json('{"to": ["ada@example.com], "subject": "Hi"}')
+    assert out.value == {"to": ["ada@example.com"], "subject": "Hi"} and out.fixes == ["missing_quote"]
+
+
+def test_a_repair_that_leaves_a_key_inside_a_string_is_refused() -> None:
+    """Two quotes missing: no single one makes the text JSON, and the library's reading is wrong."""
     with pytest.raises(Unrepairable):
-        parse_json('{"to": ["ada@example.com], "subject": "Hi"}')
+        parse_json('{"to": ["a@b.c], "cc": ["d@e.f], "subject": "Hi"}')
 
 
 def test_a_string_cut_off_at_the_end_is_still_a_truncation() -> None:
