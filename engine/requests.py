@@ -13,15 +13,16 @@ from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class RequestState:
-    """Lives in `Sequence.payload`. Holds back the last `len(longest stop) - 1` characters so a stop
-    string split across tokens is never streamed before it is recognised."""
+    """Lives in `Sequence.payload`. Holds back only the text at the end that begins some stop string (it may
+    still become one), so a stop string split across tokens is never streamed before it is recognised, and text
+    that cannot start one is sent at once."""
 
     def __init__(self, params: SamplingParams, tokenizer: Tokenizer, sink: Callable):
         self.params, self.tokenizer, self.sink = params, tokenizer, sink
         self.detok = IncrementalDetokenizer(tokenizer)
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.text, self.sent = "", 0
-        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.longest_stop = max((len(s) for s in params.stop), default=0)
         self.done = False
         self.matcher = None  # llguidance matcher when the output must match a grammar (engine.constrained)
 
@@ -37,10 +38,10 @@ class RequestState:
             self.text += self.detok.push(token)
         if reason:
             self.text += self.detok.flush()
-        cut = self._find_stop(max(0, before - self.holdback))
+        cut = self._find_stop(max(0, before - self.longest_stop + 1))
         if cut is not None:
             self.text, reason = self.text[:cut], "stop"
-        end = len(self.text) if reason else max(self.sent, len(self.text) - self.holdback)
+        end = len(self.text) if reason else max(self.sent, len(self.text) - self._open_stop())
         self._emit(seq, self.text[self.sent:end], tokens, reason, self._logprobs(tokens[-1], row, result))
         self.sent = end
         return cut is not None
@@ -58,6 +59,16 @@ class RequestState:
     def _find_stop(self, start: int) -> int | None:
         hits = [i for s in self.params.stop if s and (i := self.text.find(s, start)) >= 0]
         return min(hits) if hits else None
+
+    def _open_stop(self) -> int:
+        """How many characters at the end of the text are the start of some stop string."""
+        text, held = self.text, 0
+        for stop in self.params.stop:
+            for k in range(min(len(stop) - 1, len(text)), held, -1):
+                if text.endswith(stop[:k]):
+                    held = k
+                    break
+        return held
 
     def _emit(self, seq: Sequence, text: str, token_ids: list[int], reason: str | None, logprobs) -> None:
         if self.done:

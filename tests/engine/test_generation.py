@@ -116,6 +116,22 @@ def test_utf8_is_never_split_and_stop_strings_cut(tiny_llama, engine_factory):
     assert text_of(cut) == full[:full.index(stop)] and cut[-1].finish_reason == "stop"
 
 
+def test_stop_strings_hold_back_only_a_tail_that_could_still_become_one(tiny_llama, engine_factory):
+    eng = engine_factory(tiny_llama)
+    prompt, sampled = eng.tokenizer.encode("ab"), dict(max_tokens=40, temperature=1.0, seed=5)
+    free = [o.text for o in generate(eng, prompt, SamplingParams(**sampled))]
+    full = "".join(free)
+    never = ["\x00" * 10, "\x01" * 12]  # long stop strings whose first character never comes
+    assert not any(s[0] in full for s in never)
+    held = [o.text for o in generate(eng, prompt, SamplingParams(**sampled, stop=never))]
+    assert held == free  # every token's text is sent as it comes, none held for a stop that cannot start
+    tail = full[-6:-3]
+    partial = [o.text for o in generate(eng, prompt, SamplingParams(**sampled, stop=[tail + "\x00"]))]
+    assert "".join(partial) == full  # held while the tail could start the stop, released at the end
+    held_at = max(i for i, o in enumerate(partial) if o != free[i])
+    assert held_at > 0 and "".join(partial[:held_at]) == full[:len("".join(partial[:held_at]))]
+
+
 def test_embeddings_run_between_steps_and_fail_once_the_engine_is_gone(tiny_llama, engine_factory):
     eng = engine_factory(tiny_llama, block_size=4)
     alone = eng.embed(["hello", "world"])
