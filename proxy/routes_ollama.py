@@ -15,6 +15,7 @@ from .dialects import ollama
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
 from .state import PIPELINE, ROUTER
+from .stream_ends import separate_finish
 from .streams import collect
 
 OLLAMA_VERSION = "0.14.0"  # the Ollama API level Velo speaks (/v1/messages: 0.14.0); clients gate features on it
@@ -82,7 +83,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]) -> web.StreamResponse:
     stream = request[PIPELINE].generate(job)
     if job.request.stream:
-        return await write_stream(request, stream, lambda c: ndjson(shape(c)),
+        return await write_stream(request, separate_finish(stream), lambda c: ndjson(shape(c)),
                                   lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
                                   job.outcome.headers)
     whole = aggregate(await collect(stream))

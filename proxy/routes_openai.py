@@ -16,6 +16,7 @@ from .dialects import openai
 from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Request
 from .state import PIPELINE, ROUTER
+from .stream_ends import separate_finish
 from .streams import collect, merge
 
 
@@ -90,7 +91,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
     usages: list = []
 
     async def events() -> AsyncIterator[tuple[int, Chunk]]:
-        async for index, chunk in merge(streams):
+        async for index, chunk in merge([separate_finish(s) for s in streams]):
             if chunk.usage is not None:
                 usages.append(chunk.usage)
             yield index, chunk

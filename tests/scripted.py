@@ -23,6 +23,8 @@ class Script:
     finish_reason: str = "stop"
     fail_after: int | None = None  # raise BackendError after this many chunks
     delay: float = 0.0
+    last_in_finish: bool = False  # the last piece comes in the finishing chunk, as the engine and llama-server send it
+    empties: int = 0  # empty chunks before each piece, as a backend holding text back for a stop string sends
 
 
 class ScriptedBackend(Backend):
@@ -64,13 +66,17 @@ class ScriptedBackend(Backend):
         try:
             if s.thinking:
                 yield Chunk(thinking=s.thinking)
-            for i, piece in enumerate(s.pieces):
+            pieces = s.pieces[:-1] if s.last_in_finish else s.pieces
+            for i, piece in enumerate(pieces):
                 if s.fail_after is not None and i >= s.fail_after:
                     raise BackendError("scripted backend broke mid-stream")
                 if s.delay:
                     await asyncio.sleep(s.delay)
+                for _ in range(s.empties):
+                    yield Chunk()
                 yield Chunk(text=piece)
-            yield Chunk(tool_calls=list(s.tool_calls), finish_reason=s.finish_reason,  # type: ignore[arg-type]
+            yield Chunk(text=s.pieces[-1] if s.last_in_finish and s.pieces else "", tool_calls=list(s.tool_calls),
+                        finish_reason=s.finish_reason,  # type: ignore[arg-type]
                         usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces)))
             self.completed += 1
         except (GeneratorExit, asyncio.CancelledError):
