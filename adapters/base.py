@@ -51,6 +51,7 @@ class Backend(ABC):
 
     fits_context = False  # True where the server itself keeps a chat inside its context (Ollama drops old turns)
     forces_tool_choice = False  # True where a required or named tool_choice always gets a call (engine, vLLM)
+    constrains_format = False  # True where `format` is decoded under a grammar, so the answer can stream unchecked
 
     def __init__(self, config: BackendConfig):
         self.config = config

@@ -90,6 +90,7 @@ def engine_config(options: dict[str, Any], path: str = "options") -> tuple[Model
 
 class EngineBackend(Backend):
     forces_tool_choice = True  # its grammar constrains the output to a call
+    constrains_format = True
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         try:

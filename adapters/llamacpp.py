@@ -66,6 +66,7 @@ def parameter_size(n: int) -> str:
 
 class LlamaCppBackend(OpenAIBackend):
     forces_tool_choice = False  # llama-server answers in prose to tool_choice "required" with generic templates
+    constrains_format = True  # response_format and json_schema become a grammar
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         self._props: dict[str, Any] | None = None

@@ -137,6 +137,7 @@ class _StreamState:
 
 
 class OllamaBackend(Backend):
+    constrains_format = True  # Ollama decodes `format` under a grammar
     fits_context = True  # Ollama drops a chat's oldest turns to fit num_ctx, and trims /api/generate prompts
 
     def __init__(self, config: BackendConfig):

@@ -91,6 +91,10 @@ class ReplicaSet(Backend):
     def forces_tool_choice(self) -> bool:  # type: ignore[override]
         return self.replicas[0].backend.forces_tool_choice
 
+    @property
+    def constrains_format(self) -> bool:  # type: ignore[override]
+        return self.replicas[0].backend.constrains_format
+
     @classmethod
     def from_config(cls, config: BackendConfig, make: Callable[[BackendConfig], Backend]) -> "ReplicaSet":
         opts, rest = ReplicaOptions.split(config.options)

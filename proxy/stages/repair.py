@@ -29,7 +29,9 @@ class Repair(Stage):
 
         def run(request: Request) -> AsyncIterator[Chunk]:
             return next(job if request is job.request else replace(job, request=request))
-        return with_retry(run, job.request, tools.max_retries, self.metrics, job.outcome.repairs)
+        assert job.target is not None
+        return with_retry(run, job.request, tools.max_retries, self.metrics, job.outcome.repairs,
+                          job.target.backend.constrains_format)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         repairs = CounterMetricFamily("velo_tool_repairs", "Tool-call and structured-output repairs",

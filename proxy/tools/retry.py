@@ -26,20 +26,22 @@ _INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 
 
 def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ToolMetrics,
-               notes: list[str]) -> AsyncIterator[Chunk]:
+               notes: list[str], constrained: bool = False) -> AsyncIterator[Chunk]:
     """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
-    header) and logged. Completions are repaired but never retried: there is no conversation to append to."""
+    header) and logged. Completions are repaired but never retried: there is no conversation to append to.
+    `constrained`: the backend enforces `format` with a grammar (structured output then streams unbuffered)."""
     if not offered_tools(req) and req.format is None:
         return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
-        return _streamed(run, req, metrics, notes)
+        return _streamed(run, req, metrics, notes, constrained)
     return _retried(run, req, max_retries, metrics, notes)
 
 
-async def _streamed(run: RunFn, req: Request, metrics: ToolMetrics, notes: list[str]) -> AsyncIterator[Chunk]:
+async def _streamed(run: RunFn, req: Request, metrics: ToolMetrics, notes: list[str],
+                    constrained: bool) -> AsyncIterator[Chunk]:
     report = RepairReport()
     try:
-        async with contextlib.aclosing(repair_stream(run(req), req, metrics, report)) as stream:
+        async with contextlib.aclosing(repair_stream(run(req), req, metrics, report, constrained)) as stream:
             async for chunk in stream:
                 yield chunk
     finally:

@@ -33,14 +33,17 @@ def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
 
 
 def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
-                  metrics: ToolMetrics | None = None, report: RepairReport | None = None) -> AsyncIterator[Chunk]:
+                  metrics: ToolMetrics | None = None, report: RepairReport | None = None,
+                  constrained: bool = False) -> AsyncIterator[Chunk]:
     """Wrap a chunk stream; with neither tools nor a format it is returned as is (no overhead).
-    What was done is added to `report` as the stream runs and to `metrics` when it ends."""
+    What was done is added to `report` as the stream runs and to `metrics` when it ends. `constrained`: the
+    backend decodes the format under a grammar, so structured output streams as it comes and is checked at the end."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
         return _hold_back(chunks, HoldBack(CallRepairer(tools, report)), req.model, metrics)
     if req.format is not None:
-        return _buffer_structured(chunks, req, metrics, report)
+        check = _check_structured if constrained else _buffer_structured
+        return check(chunks, req, metrics, report)
     return chunks
 
 
@@ -153,6 +156,24 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, model: str,
         if metrics is not None:
             metrics.record(model, state.repairer.report)
     yield state.out(last, text, calls) or last
+
+
+async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
+                            metrics: ToolMetrics | None, report: RepairReport) -> AsyncIterator[Chunk]:
+    """A grammar-constrained answer flows token by token, as Ollama streams it; the whole is checked before the
+    last chunk, and one that does not parse ends the stream in StructuredOutputInvalid (never cached). An answer
+    cut by max_tokens is sent as it is, as Ollama sends it."""
+    parts: list[str] = []
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            parts.append(chunk.text)
+            if chunk.finish_reason == "stop":
+                try:
+                    repair_structured("".join(parts), req.format, report)  # type: ignore[arg-type]
+                finally:
+                    if metrics is not None:
+                        metrics.record(req.model, report)
+            yield chunk
 
 
 async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,

@@ -72,3 +72,11 @@ async def test_anthropic_and_responses_streams_still_end_whole(client):
     resp = await client.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True})
     raw = (await resp.read()).decode()
     assert "event: response.completed" in raw and '"text":"Hello world"' in raw
+
+
+@pytest.mark.parametrize("constrains, lines", [(True, ['{"a"', ": 1}", ""]), (False, ['{"a": 1}', ""])])
+async def test_format_streams_token_by_token_from_a_backend_that_enforces_it(client, scripted, constrains, lines):
+    scripted.constrains_format = constrains  # engine, llama-server, Ollama: a grammar; others: repaired whole
+    scripted.script.pieces = ['{"a"', ": 1}"]
+    resp = await client.post("/api/chat", json={**CHAT, "format": "json"})
+    assert [orjson.loads(x)["message"]["content"] for x in (await resp.read()).splitlines()] == lines

@@ -117,6 +117,23 @@ async def test_structured_output_off_schema_is_an_error() -> None:
         await _run(['{"m": 1}'], _req(format=schema))
 
 
+async def test_grammar_constrained_structured_output_streams_token_by_token() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    pieces = ['{"n"', ': ', '3}']
+    stream = repair_stream(_source(pieces), _req(format=schema), constrained=True)
+    first = await stream.__anext__()  # sent before the answer is whole
+    rest = [c async for c in stream]
+    assert first.text == '{"n"' and [c.text for c in rest] == [": ", "3}", ""] and rest[-1].finish_reason == "stop"
+
+
+async def test_grammar_constrained_output_that_breaks_the_schema_ends_in_an_error() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with pytest.raises(StructuredOutputInvalid):
+        await _run(['{"m": 1}'], _req(format=schema), constrained=True)
+    cut = await _run(['{"n": '], _req(format=schema), finish="length", constrained=True)
+    assert cut[-1].finish_reason == "length"  # cut by max_tokens: sent as it is, as Ollama sends it
+
+
 async def test_closing_the_repaired_stream_closes_the_backend_stream() -> None:
     closed = []
 
