@@ -64,9 +64,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if req.echo:
             for c in choices:
                 c.text = req.prompt + c.text
-        return json_response(openai.completion_object(ids, req.model, choices, stream=False), headers=_headers(jobs))
-    return await _sse(request, jobs, streams, lambda i, c: openai.completion_chunk(ids, req.model, i, c),
-                      openai.stream_options_usage(body), ids, req.model, "text_completion", opening=False)
+        offsets = [len(req.prompt) if req.echo else 0] * len(choices)
+        return json_response(openai.completion_object(ids, req.model, choices, stream=False, offsets=offsets),
+                             headers=_headers(jobs))
+    written = [0] * len(jobs)  # characters each choice has streamed, for logprobs' text_offset
+
+    def shape(i: int, chunk: Chunk) -> dict:
+        obj = openai.completion_chunk(ids, req.model, i, chunk, written[i])
+        written[i] += len(chunk.text)
+        return obj
+
+    return await _sse(request, jobs, streams, shape, openai.stream_options_usage(body), ids, req.model,
+                      "text_completion", opening=False)
 
 
 def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[Job]:

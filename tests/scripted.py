@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 from adapters.base import Backend, BackendConfig
 from adapters.errors import BackendError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
-                               ToolCall, Usage)
+                               TokenLogprob, ToolCall, Usage)
 
 MODIFIED_AT = "2024-05-01T10:00:00.123456789-07:00"  # as Ollama writes it: nanoseconds and an offset
 
@@ -45,11 +45,11 @@ class ScriptedBackend(Backend):
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         self.requests.append(req)
-        return self._run()
+        return self._run(req.options.logprobs)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         self.requests.append(req)
-        return self._run()
+        return self._run(req.options.logprobs)
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int:
         """An exact count of the double's own: one token per word, plus one per message."""
@@ -61,7 +61,8 @@ class ScriptedBackend(Backend):
         self.requests.append(req)
         return EmbedResult(embeddings=[[float(len(t)), 1.0, 0.0] for t in req.inputs], prompt_tokens=len(req.inputs))
 
-    async def _run(self) -> AsyncIterator[Chunk]:
+    async def _run(self, logprobs: bool = False) -> AsyncIterator[Chunk]:
+        """With `logprobs`, each piece is one token of logprob -0.5, with " x" as the runner-up."""
         s = self.script
         try:
             if s.thinking:
@@ -74,7 +75,7 @@ class ScriptedBackend(Backend):
                     await asyncio.sleep(s.delay)
                 for _ in range(s.empties):
                     yield Chunk()
-                yield Chunk(text=piece)
+                yield Chunk(text=piece, logprobs=_logprobs(piece) if logprobs else [])
             yield Chunk(text=s.pieces[-1] if s.last_in_finish and s.pieces else "", tool_calls=list(s.tool_calls),
                         finish_reason=s.finish_reason,  # type: ignore[arg-type]
                         usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces)))
@@ -82,3 +83,7 @@ class ScriptedBackend(Backend):
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled += 1
             raise
+
+
+def _logprobs(piece: str) -> list[TokenLogprob]:
+    return [TokenLogprob(piece, -0.5, [(piece, -0.5), (" x", -2.0)])]

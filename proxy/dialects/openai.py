@@ -5,6 +5,7 @@ Tool-call `arguments` travel as JSON strings here (objects internally); streams 
 from __future__ import annotations
 
 import base64
+import itertools
 import struct
 import time
 from dataclasses import fields
@@ -136,6 +137,15 @@ def _n(body: dict[str, Any]) -> int:
     return n
 
 
+def _stream(body: dict[str, Any]) -> bool:
+    """`stream`, and OpenAI's 400 for `stream_options` on an answer that is not streamed."""
+    stream = get(body, "stream", bool, False)
+    if body.get("stream_options") is not None and not stream:
+        raise BadRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                         param="stream_options")
+    return stream
+
+
 def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
     messages = get(body, "messages", list, required=True)
@@ -144,7 +154,7 @@ def parse_chat(body: Any) -> ChatRequest:
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
                        options=parse_options(body), tools=parse_tools(body),
                        tool_choice=parse_tool_choice(body.get("tool_choice")), format=parse_response_format(body),
-                       stream=get(body, "stream", bool, False), n=_n(body), think=parse_reasoning_effort(body))
+                       stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body))
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -156,7 +166,7 @@ def parse_completion(body: Any) -> CompletionRequest:
         raise BadRequest("prompt must be a string (token arrays and batches are not supported)", param="prompt")
     return CompletionRequest(model=get_model(body), prompt=prompt, suffix=get(body, "suffix", str), raw=True,
                              options=parse_options(body), format=parse_response_format(body),
-                             stream=get(body, "stream", bool, False), echo=get(body, "echo", bool, False),
+                             stream=_stream(body), echo=get(body, "echo", bool, False),
                              n=_n(body))
 
 
@@ -262,16 +272,30 @@ def usage_chunk(ids: ChatIds, model: str, obj: str, usages: list[Usage | None]) 
             "usage": _usage(total)}
 
 
-def completion_object(ids: ChatIds, model: str, choices: list[Chunk], stream: bool) -> dict[str, Any]:
-    out = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": _finish(c)} for i, c in enumerate(choices)]
+def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:
+    """/v1/completions' legacy shape: parallel lists, `text_offset` counting characters from `offset` (where this
+    chunk's text starts in the choice's text, the prompt included with `echo`)."""
+    if not chunk.logprobs:
+        return None
+    tokens = [lp.token for lp in chunk.logprobs]
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in chunk.logprobs],
+            "top_logprobs": [dict(lp.top) for lp in chunk.logprobs],
+            "text_offset": list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset))}
+
+
+def completion_object(ids: ChatIds, model: str, choices: list[Chunk], stream: bool,
+                      offsets: list[int] | None = None) -> dict[str, Any]:
+    offsets = offsets or [0] * len(choices)
+    out = [{"index": i, "text": c.text, "logprobs": completion_logprobs(c, offsets[i]), "finish_reason": _finish(c)}
+           for i, c in enumerate(choices)]
     obj = {"id": ids.id, "object": "text_completion", "created": ids.created, "model": model, "choices": out}
     if not stream:
         obj["usage"] = _sum_usage(choices)
     return obj
 
 
-def completion_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk) -> dict[str, Any]:
-    obj = completion_object(ids, model, [chunk], stream=True)
+def completion_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk, offset: int = 0) -> dict[str, Any]:
+    obj = completion_object(ids, model, [chunk], stream=True, offsets=[offset])
     obj["choices"][0]["index"] = index
     return obj
 

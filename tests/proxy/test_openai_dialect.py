@@ -117,6 +117,10 @@ async def test_models_listing(base_url):
      "response_format", "response_format"),
     ({"model": "tiny", "messages": [{"role": "assistant", "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "not valid JSON", "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
+     "only allowed when 'stream' is enabled", "stream_options"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, "temperature",
+     "temperature"),
 ])
 async def test_bad_input_gets_openai_error(client, scripted, body, fragment, param):
     resp = await client.post("/v1/chat/completions", json=body)
@@ -180,3 +184,24 @@ async def test_a_bad_reasoning_effort_is_a_400(client):
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "max",
                                                           "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status == 400 and (await resp.json())["error"]["param"] == "reasoning_effort"
+
+
+async def test_completions_logprobs_come_in_the_completions_shape(client):
+    body = {"model": "tiny", "prompt": "Say", "logprobs": 2, "echo": True}
+    choice = (await (await client.post("/v1/completions", json=body)).json())["choices"][0]
+    assert choice["logprobs"] == {"tokens": ["Hel", "lo", " world"], "token_logprobs": [-0.5] * 3,
+                                  "top_logprobs": [{"Hel": -0.5, " x": -2.0}, {"lo": -0.5, " x": -2.0},
+                                                   {" world": -0.5, " x": -2.0}],
+                                  "text_offset": [3, 6, 8]}
+    resp = await client.post("/v1/completions", json={**body, "echo": False, "stream": True})
+    events = [orjson.loads(e[6:]) for e in (await resp.text()).split("\n\n") if e.startswith("data: {")]
+    offsets = [o for e in events if e["choices"][0]["logprobs"] for o in e["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == [0, 3, 5]
+
+
+async def test_completions_stream_options_without_stream_is_a_400(client, scripted):
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": "x",
+                                                      "stream_options": {"include_usage": True}})
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == "stream_options"
+    assert scripted.requests == []
+
