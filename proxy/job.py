@@ -25,6 +25,7 @@ class Outcome:
     """What the stages did; the route turns it into response headers and the access log."""
 
     cache: str = "off"  # "exact" | "semantic" | "miss" | "skip" | "bypass" | "off" (X-Velo-Cache)
+    cache_reason: str = ""  # why a request was skipped (X-Velo-Cache-Reason)
     repairs: list[str] = field(default_factory=list)  # X-Velo-Repair
     tools: str = ""  # how the offered tools reached the model: "native" | "prompt" | "grammar" (X-Velo-Tools)
     trimmed: str = ""  # what was dropped to fit the context, e.g. "3 messages" (X-Velo-Context-Trimmed)
@@ -32,6 +33,8 @@ class Outcome:
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}
+        if self.cache_reason:
+            out["X-Velo-Cache-Reason"] = self.cache_reason
         if self.repairs:
             out["X-Velo-Repair"] = "; ".join(self.repairs)[:1000]
         if self.tools:

@@ -71,6 +71,10 @@ class CacheLayer:
         base = Policy(self.cfg.enabled, self.cfg.semantic, self.cfg.cache_nondeterministic, self.cfg.ttl_s)
         return base.with_route(self.cfg.routes, route)
 
+    def skip_reason(self, req: Request, route: str | None = None) -> str:
+        """Why `req` is not cacheable, or "" when it is."""
+        return self._policy(route or req.model).why_not(req)
+
     async def lookup(self, req: Request, scope: str, bypass: bool, route: str | None = None) -> CacheHit | None:
         route = route or req.model
         policy = self._policy(route)

@@ -76,4 +76,12 @@ class Policy:
 
     def cacheable(self, req: Request) -> bool:
         """Greedy or seeded requests only by default: a sampled answer replayed would hide the sampling."""
-        return self.enabled and (self.cache_nondeterministic or req.options.deterministic)
+        return not self.why_not(req)
+
+    def why_not(self, req: Request) -> str:
+        """Why `req` is never answered from the cache, or "" when it may be (X-Velo-Cache-Reason)."""
+        if not self.enabled:
+            return "the cache is off for this model"
+        if not (self.cache_nondeterministic or req.options.deterministic):
+            return "sampled: only requests with temperature 0 or a seed are cached"
+        return ""

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import replace
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from adapters.protocol import Chunk
+from adapters.protocol import Chunk, Usage
 
 from ..cache import CacheLayer
 from ..job import Job, Request
@@ -34,12 +35,15 @@ class Cache(Stage):
         if self.layer is None:
             job.outcome.cache = "off"
         else:
+            started = time.perf_counter_ns()
             hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, route=job.model)
-            job.outcome.cache = hit.kind if hit else ("bypass" if job.cache_bypass else "miss")
             if hit is not None:
-                for chunk in hit.chunks:
+                job.outcome.cache = hit.kind
+                async for chunk in _replay(hit.chunks, started):
                     yield chunk
                 return
+            job.outcome.cache_reason = "" if job.cache_bypass else self.layer.skip_reason(_keyed(job), job.model)
+            job.outcome.cache = "bypass" if job.cache_bypass else "skip" if job.outcome.cache_reason else "miss"
         chunks: list[Chunk] = []
         async with contextlib.aclosing(next(job)) as rest:
             async for chunk in rest:
@@ -61,6 +65,19 @@ class Cache(Stage):
             size.add_metric([what], n)
         yield events
         yield size
+
+
+async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
+    """The cached answer with the replay's own timings (the lookup as prompt evaluation, the replay as decoding,
+    no load) and the original token counts; cached chunks are shared, so the one with usage is copied."""
+    found = time.perf_counter_ns()
+    for chunk in chunks:
+        if chunk.usage is not None:
+            now = time.perf_counter_ns()
+            chunk = replace(chunk, usage=Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens,
+                                               total_ns=now - started_ns, prompt_eval_ns=found - started_ns,
+                                               eval_ns=now - found))
+        yield chunk
 
 
 def _keyed(job: Job) -> Request:

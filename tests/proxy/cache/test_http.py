@@ -67,10 +67,26 @@ async def test_completions_are_cached_across_dialects_too(velo):
 async def test_sampled_requests_are_not_cached(velo):
     backend = ScriptedBackend()
     client = await velo(CacheConfig(), backend)
-    for _ in range(2):
-        body = {"model": "tiny", "messages": MESSAGES, "temperature": 0.7, "stream": False}
-        await (await client.post("/v1/chat/completions", json=body)).read()
-    assert len(backend.requests) == 2
+    for body in ({"model": "tiny", "messages": MESSAGES, "temperature": 0.7, "stream": False},
+                 {"model": "tiny", "messages": MESSAGES}):  # no temperature: the backend samples
+        for _ in range(2):
+            resp = await client.post("/v1/chat/completions", json=body)
+            assert resp.headers["X-Velo-Cache"] == "skip" and "temperature 0 or a seed" in \
+                resp.headers["X-Velo-Cache-Reason"]
+    assert len(backend.requests) == 4
+
+
+async def test_a_replay_reports_its_own_timings_and_the_original_counts(velo):
+    backend = ScriptedBackend(script=Script(total_ns=9_900_000_000))  # the first answer took 9.9 s
+    client = await velo(CacheConfig(), backend)
+    first = await (await client.post("/api/chat", json=_ollama(stream=False))).json()
+    replay = await client.post("/api/chat", json=_ollama(stream=False))
+    again = await replay.json()
+    assert replay.headers["X-Velo-Cache"] == "exact" and "X-Velo-Cache-Reason" not in replay.headers
+    assert (again["eval_count"], again["prompt_eval_count"]) == (first["eval_count"], first["prompt_eval_count"])
+    assert first["total_duration"] == 9_900_000_000 and again["total_duration"] < 1_000_000_000
+    assert again["load_duration"] == 0
+    assert again["eval_duration"] + again["prompt_eval_duration"] <= again["total_duration"]
 
 
 async def test_policy_per_route(velo):
@@ -82,7 +98,7 @@ async def test_policy_per_route(velo):
                 (await client.post("/api/chat", json=_ollama(stream=False))).headers["X-Velo-Cache"],
                 (await client.post("/v1/chat/completions", json=sampled)).headers["X-Velo-Cache"],
                 (await client.post("/v1/chat/completions", json=sampled)).headers["X-Velo-Cache"]]
-    assert statuses == ["miss", "miss", "miss", "exact"] and len(backend.requests) == 3
+    assert statuses == ["skip", "skip", "miss", "exact"] and len(backend.requests) == 3
 
 
 async def test_bypass_headers_and_fields(velo):
