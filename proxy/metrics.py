@@ -44,6 +44,7 @@ class Observation:
     chunks: int = 0
     cache: str = ""  # the cache outcome, for the dashboard's list of recent requests
     prompt: str = ""  # the last user turn, kept only with `[server] log_prompts`
+    status: str = ""  # the HTTP status it ended with (499: the client left), once it has ended
 
     def chunk(self, chunk: Chunk) -> None:
         self.chunks += 1
@@ -93,6 +94,7 @@ class RequestMetrics:
             status = "500"
             raise
         finally:
+            obs.status = status
             self._record(obs, status, endpoint, model, backend)
 
     def _record(self, obs: Observation, status: str, endpoint: str, model: str, backend: str) -> None:

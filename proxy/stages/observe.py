@@ -1,4 +1,5 @@
-"""Counts, times and measures every request on its way through (proxy/metrics.py holds the Prometheus series)."""
+"""Counts, times, measures and logs every request on its way through (proxy/metrics.py holds the Prometheus series,
+proxy/request_log.py the log lines)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,7 @@ from adapters.protocol import Chunk, CompletionRequest
 
 from ..job import Job, Request
 from ..metrics import RequestMetrics
+from ..request_log import RequestLine
 from .base import Next, Services, Stage
 
 _PROMPT_CHARS = 300  # of the last user turn, shown on the dashboard with log_prompts
@@ -21,16 +23,27 @@ class Observe(Stage):
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        with self.metrics.observe(job.caller.path, job.model, job.target.backend.name) as seen:
-            if self.services.config.server.log_prompts:
-                seen.prompt = _prompt(job.request)[:_PROMPT_CHARS]
-            try:
-                async with contextlib.aclosing(next(job)) as rest:
-                    async for chunk in rest:
-                        seen.chunk(chunk)
-                        yield chunk
-            finally:
-                seen.cache = job.outcome.cache
+        log_prompts = self.services.config.server.log_prompts
+        line = RequestLine(job.caller.path, job.model, job.target.backend.name,
+                           _prompt(job.request) if log_prompts else None)
+        error: BaseException | None = None
+        try:
+            with self.metrics.observe(job.caller.path, job.model, job.target.backend.name) as seen:
+                if log_prompts:
+                    seen.prompt = _prompt(job.request)[:_PROMPT_CHARS]
+                try:
+                    async with contextlib.aclosing(next(job)) as rest:
+                        async for chunk in rest:
+                            seen.chunk(chunk)
+                            line.chunk(chunk, job.outcome.cache)
+                            yield chunk
+                finally:
+                    seen.cache = job.outcome.cache
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            line.end(seen.status, error)
 
 
 def _prompt(req: Request) -> str:

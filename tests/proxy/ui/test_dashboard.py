@@ -40,7 +40,7 @@ async def test_the_page_shows_the_live_backend_and_updates_after_a_request():
             assert resp.status == 200
         await page.wait_for_selector('#recent td:has-text("/api/chat")', timeout=10_000)
         recent = await page.inner_text("#recent")
-        assert "What is a token bucket?" in recent and "miss" in recent  # log_prompts is on
+        assert "What is a token bucket?" in recent and "skip" in recent  # log_prompts is on; sampled: not cached
         assert await page.inner_text("#total") == "3"
         assert "tiny:latest" in await page.inner_text("#backends")  # the models it has loaded
         ARTEFACTS.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,67 @@
+"""Two log lines per generation request (logger `velo.requests`, INFO): one when its answer starts (the first
+chunk, before the client sees a byte) and one when it ends, with its outcome: done, cancelled by client, or the
+error. The access log alone writes a line only once a response is whole, so a long stream shows nothing until it
+ends and a request the client abandons shows nothing at all. With `[server] log_prompts`, the start line carries
+the prompt (the last user turn, or a completion's prompt) and the end line the answer, each cut at
+`_TEXT_CHARS` characters; off (the default), only sizes and timings are logged."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from adapters.errors import VeloError
+from adapters.protocol import Chunk
+
+log = logging.getLogger("velo.requests")
+_numbers = itertools.count(1)
+_TEXT_CHARS = 2000  # a coding agent resends ~76 KB a turn; the tail of a line that long helps nobody
+
+
+@dataclass
+class RequestLine:
+    """One request's log lines: `chunk` for each chunk on its way out, `end` once, whatever ended it."""
+
+    path: str
+    model: str
+    backend: str
+    prompt: str | None = None  # only with log_prompts
+    number: int = field(default_factory=lambda: next(_numbers))
+    started: float = field(default_factory=time.perf_counter)
+    streaming: bool = False
+    tokens: int = 0
+    finish: str | None = None
+    answer: list[str] = field(default_factory=list)
+
+    def chunk(self, chunk: Chunk, cache: str) -> None:
+        if not self.streaming:
+            self.streaming = True
+            log.info("#%d %s %s on %s: answer started after %.3fs (cache %s)%s", self.number, self.path, self.model,
+                     self.backend, self._elapsed(), cache, _text("prompt", self.prompt))
+        self.tokens = chunk.usage.completion_tokens if chunk.usage is not None else self.tokens + bool(chunk.text)
+        self.finish = chunk.finish_reason or self.finish
+        if self.prompt is not None:
+            self.answer.append(chunk.text)
+
+    def end(self, status: str, error: BaseException | None) -> None:
+        answer = "".join(self.answer) if self.prompt is not None else None
+        if status == "200":
+            outcome = f"done ({self.finish or 'stop'})"
+        elif status == "499":
+            outcome = "cancelled by client"
+        else:
+            outcome = f"error {status}: {error.message if isinstance(error, VeloError) else repr(error)}"
+        level = logging.WARNING if status not in ("200", "499") else logging.INFO
+        log.log(level, "#%d %s %s on %s: %s after %.3fs, %d tokens%s", self.number, self.path, self.model,
+                self.backend, outcome, self._elapsed(), self.tokens, _text("answer", answer))
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def _text(label: str, text: str | None) -> str:
+    if text is None:
+        return ""
+    cut = text[:_TEXT_CHARS] + ("..." if len(text) > _TEXT_CHARS else "")
+    return f"; {label}: {cut!r}"

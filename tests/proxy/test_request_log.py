@@ -1,0 +1,63 @@
+"""Each generation request logs when its answer starts and when it ends, with the outcome; prompts only when asked."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import Config, ServerConfig
+from tests.scripted import ScriptedBackend
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "secret question"}], "stream": True}
+
+
+@pytest.fixture(autouse=True)
+def info_logs(caplog):
+    caplog.set_level(logging.INFO, logger="velo.requests")
+
+
+def lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "velo.requests"]
+
+
+async def until_logged(caplog, fragment: str) -> list[str]:
+    """The server logs the end of a cancelled stream once its handler notices; wait for it (5 s at most)."""
+    for _ in range(500):
+        if any(fragment in line for line in lines(caplog)):
+            break
+        await asyncio.sleep(0.01)
+    return lines(caplog)
+
+
+async def test_a_stream_logs_its_start_and_its_end_without_the_prompt(client, caplog):
+    await (await client.post("/api/chat", json=CHAT)).read()
+    start, end = lines(caplog)
+    assert "/api/chat tiny on scripted: answer started after" in start and "(cache skip)" in start
+    assert "done (stop) after" in end and "3 tokens" in end
+    assert "secret" not in start + end and "Hello" not in end
+
+
+async def test_log_prompts_logs_the_prompt_and_the_answer(scripted, caplog):
+    app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        await (await client.post("/v1/chat/completions", json=CHAT)).read()
+    start, end = lines(caplog)
+    assert start.endswith("prompt: 'secret question'") and end.endswith("answer: 'Hello world'")
+
+
+async def test_a_client_that_leaves_is_logged_as_cancelled(client, scripted, caplog):
+    scripted.script.delay = 0.2
+    resp = await client.post("/api/chat", json=CHAT)
+    await resp.content.readline()
+    resp.close()
+    logged = await until_logged(caplog, "cancelled by client")
+    assert any("answer started" in line for line in logged) and any("cancelled by client" in line for line in logged)
+
+
+async def test_a_failure_is_logged_with_its_error(client, scripted, caplog):
+    scripted.script.fail_after = 1
+    await (await client.post("/api/chat", json=CHAT)).read()
+    assert "error 502: scripted backend broke mid-stream" in lines(caplog)[-1]
