@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from adapters import options
-from adapters.errors import BadRequest, ContextOverflow, VeloError
+from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, ToolCall, Usage, epoch)
 
@@ -317,10 +317,12 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
 def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
     """OpenAI's error object: `code` is a string or null, never a number (SDKs and agents test it by value). A
     context overflow is worded as OpenAI words it, which is what agents look for before they compact."""
-    message = err.message
+    message, kind, param = err.message, err.kind, err.param
     if isinstance(err, ContextOverflow):
         message = _RESPONSES_OVERFLOW if dialect == "responses" else _CHAT_OVERFLOW.format(err.limit, err.tokens)
-    return {"error": {"message": message, "type": err.kind, "param": err.param, "code": err.code}}
+    if isinstance(err, ModelNotFound):  # OpenAI: an invalid request naming no parameter
+        kind, param = "invalid_request_error", None
+    return {"error": {"message": message, "type": kind, "param": param, "code": err.code}}
 
 
 _CHAT_OVERFLOW = ("This model's maximum context length is {} tokens. However, your messages resulted in {} tokens. "
