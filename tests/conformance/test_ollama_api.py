@@ -1,6 +1,7 @@
 """Velo's Ollama API against api/types.go, over every backend kind, streamed and not, fresh and replayed."""
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from tests.conformance import fields
@@ -100,3 +101,15 @@ async def test_embeddings(velo, backend):
 async def test_errors(velo, path, body, status):
     got = await call(velo, "POST", path, body)
     assert got.status == status and fields.check(got.json(), fields.ERROR) == []
+
+
+@pytest.mark.parametrize("backend", ["engine", "llamacpp"])
+async def test_structured_output_streams_token_by_token(velo, backend):
+    """Backends that decode `format` under a grammar stream it as Ollama does, not in one line at the end."""
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]}
+    body = {**ROUTES["/api/chat"][0], "model": CHAT_MODELS[backend], "format": schema,
+            "options": {"temperature": 0, "num_predict": 24}}
+    *lines, last = (await answer(velo, "/api/chat", body, "fresh", {})).ndjson()
+    text = "".join(text_of(x) for x in lines)
+    assert len(lines) > 3 and text.replace(" ", "").replace("\n", "").startswith('{"colour"')
+    assert last["done_reason"] == "length" or isinstance(orjson.loads(text)["colour"], str)
