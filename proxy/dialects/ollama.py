@@ -134,7 +134,8 @@ def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
     if chunk.thinking:
         message["thinking"] = chunk.thinking
     if chunk.tool_calls:
-        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in chunk.tool_calls]
+        message["tool_calls"] = [{"function": {"index": i, "name": c.name, "arguments": c.arguments}}
+                                 for i, c in enumerate(chunk.tool_calls)]  # api/types.go: `index` always sent
     out: dict[str, Any] = {"model": model, "created_at": now_iso(), "message": message,
                            "done": chunk.finish_reason is not None}
     if out["done"]:

@@ -113,3 +113,22 @@ async def test_structured_output_streams_token_by_token(velo, backend):
     text = "".join(text_of(x) for x in lines)
     assert len(lines) > 3 and text.replace(" ", "").replace("\n", "").startswith('{"colour"')
     assert last["done_reason"] == "length" or isinstance(orjson.loads(text)["colour"], str)
+
+
+async def test_tool_calls(velo, ollama_upstream):
+    """`message.tool_calls` as types.go has them (object arguments, an index), streamed and not."""
+    ollama_upstream.script.tool_calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    body = {**ROUTES["/api/chat"][0], **ASK, "model": CHAT_MODELS["ollama"], "tools": [weather]}
+    try:
+        whole = (await answer(velo, "/api/chat", {**body, "stream": False}, "fresh", {})).json()
+        lines = (await answer(velo, "/api/chat", body, "fresh", {})).ndjson()
+    finally:
+        ollama_upstream.script.tool_calls = []
+    for line in (whole, *lines):
+        assert fields.check(line, fields.CHAT_RESPONSE) == []
+    calls = [c for line in lines for c in line["message"].get("tool_calls", [])]
+    assert calls == whole["message"]["tool_calls"] == [
+        {"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
+    assert lines[-1]["done"] and "tool_calls" not in lines[-1]["message"]

@@ -113,3 +113,24 @@ async def test_errors(velo, body, status, code, param):
     assert got.status == status and fields.check(err, ERROR) == []
     assert err["error"]["code"] == code and err["error"]["param"] == param
     assert err["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("backend", ["engine", "llamacpp"])
+async def test_forced_tool_calls(velo, backend):
+    """A forced call: `tool_calls` with string arguments, finish_reason "tool_calls", alone in the last chunk."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}}}
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "model": CHAT_MODELS[backend],
+            "temperature": 0, "max_tokens": 60, "tools": [weather], "tool_choice": "required"}
+    whole = (await answer(velo, "/v1/chat/completions", body, "fresh", {})).json()
+    assert fields.check_openai(whole, ChatCompletion) == []
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    assert whole["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    *events, done = (await answer(velo, "/v1/chat/completions", {**body, "stream": True}, "fresh", {})).sse()
+    for event in events:
+        assert fields.check_openai(event, ChatCompletionChunk) == []
+    last = events[-1]["choices"][0]
+    assert last["finish_reason"] == "tool_calls" and last["delta"] == {}
+    assert [c["function"]["name"] for e in events for c in e["choices"][0]["delta"].get("tool_calls", [])] == [
+        "get_weather"]
