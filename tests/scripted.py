@@ -46,11 +46,11 @@ class ScriptedBackend(Backend):
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         self.requests.append(req)
-        return self._run(req.options.logprobs)
+        return self._run(True) if req.options.logprobs else self._run()
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         self.requests.append(req)
-        return self._run(req.options.logprobs)
+        return self._run(True) if req.options.logprobs else self._run()
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int:
         """An exact count of the double's own: one token per word, plus one per message."""
