@@ -72,9 +72,9 @@ async def test_openai_chat_completions_and_responses(velo, backend):
                                                             max_tokens=LIMIT, stream=True)]
     assert "".join(c.choices[0].text for c in pieces) == said.choices[0].text
     response = await oai.responses.create(model=model, input="Name three colours.", temperature=0,
-                                          max_output_tokens=16)
+                                          max_output_tokens=LIMIT)
     events = [e async for e in await oai.responses.create(model=model, input="Name three colours.", temperature=0,
-                                                          max_output_tokens=16, stream=True)]
+                                                          max_output_tokens=LIMIT, stream=True)]
     assert response.status in ("completed", "incomplete") and events[-1].type in ("response.completed",
                                                                                   "response.incomplete")
     assert events[-1].response.output_text == response.output_text

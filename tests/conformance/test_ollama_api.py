@@ -108,7 +108,7 @@ async def test_structured_output_streams_token_by_token(velo, backend):
     """Backends that decode `format` under a grammar stream it as Ollama does, not in one line at the end."""
     schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]}
     body = {**ROUTES["/api/chat"][0], "model": CHAT_MODELS[backend], "format": schema,
-            "options": {"temperature": 0, "num_predict": 24}}
+            "options": {"temperature": 0, "num_predict": 16}}
     *lines, last = (await answer(velo, "/api/chat", body, "fresh", {})).ndjson()
     text = "".join(text_of(x) for x in lines)
     assert len(lines) > 3 and text.replace(" ", "").replace("\n", "").startswith('{"colour"')

@@ -122,7 +122,7 @@ async def test_forced_tool_calls(velo, backend):
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
         "additionalProperties": False}}}
     body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "model": CHAT_MODELS[backend],
-            "temperature": 0, "max_tokens": 60, "tools": [weather], "tool_choice": "required"}
+            "temperature": 0, "max_tokens": 40, "tools": [weather], "tool_choice": "required"}
     whole = (await answer(velo, "/v1/chat/completions", body, "fresh", {})).json()
     assert fields.check_openai(whole, ChatCompletion) == []
     assert whole["choices"][0]["finish_reason"] == "tool_calls"
