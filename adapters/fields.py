@@ -1,5 +1,5 @@
 """Typed reads from a client's JSON body, raising BadRequest that names the field, so every dialect (and the
-options table, adapters/options.py) validates alike."""
+options table, adapters/options.py) validates alike; and the checks every JSON value from outside shares."""
 from __future__ import annotations
 
 from typing import Any
@@ -48,3 +48,34 @@ def string_list(body: dict[str, Any], key: str) -> list[str]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
     raise BadRequest(f"{key} must be a string or an array of strings", param=key)
+
+
+# Deepest nesting of arrays and objects Velo takes from a client or a model: JSON Schemas of real tools nest under
+# 20 levels, while orjson refuses to write past 254 and Python's recursion limit is hit near 300 in recursive
+# walkers (seen: 500s from bodies nested 256-1000 deep).
+MAX_DEPTH = 64
+
+
+def nests_deeper(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """True when `value` holds arrays/objects more than `limit` levels deep; iterative, so any depth is safe."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if type(node) is not dict and type(node) is not list:
+            continue
+        if depth > limit:
+            return True
+        for item in node.values() if type(node) is dict else node:
+            if type(item) is dict or type(item) is list:
+                stack.append((item, depth + 1))
+    return False
+
+
+def wire_text(value: Any) -> str:
+    """A text field of a backend's answer: absent is "", anything but a string is the backend's mistake (the
+    adapters' parsing turns the TypeError into a 502, adapters/http.py)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value

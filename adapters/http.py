@@ -5,6 +5,11 @@ transport failure or upstream error status to Velo's domain errors, so adapters 
 
 Timeouts: `connect_timeout` bounds the TCP connect; `first_token_timeout` bounds the wait for the response head
 and its first bytes; `idle_timeout` bounds each later gap between bytes; `total_timeout` bounds the whole stream.
+Generations are always streamed from the backend (the adapters aggregate for a client that asked for one answer),
+so a backend that hangs is found out after `first_token_timeout`, not `total_timeout`.
+
+Every answer is parsed inside `shaped`: valid JSON of the wrong shape is the backend's fault, a 502 naming it,
+never a 500 with a traceback.
 """
 from __future__ import annotations
 
@@ -12,19 +17,43 @@ import asyncio
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import aiohttp
 import orjson
 
 from .base import BackendConfig
 from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelNotFound, Overloaded,
-                     Unsupported)
+                     Unsupported, VeloError)
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _timeout
 else:  # aiohttp depends on async_timeout below 3.11
     from async_timeout import timeout as _timeout
+
+T = TypeVar("T")
+# Pooled connections idle longer than this are not reused: below the 5 s after which llama-server and uvicorn
+# (vLLM, SGLang) close idle keep-alive connections, so a request is never sent on one the server is closing.
+KEEPALIVE_S = 4.0
+_SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
+
+
+def _as_is(obj: Any) -> Any:
+    return obj
+
+
+def json_object(obj: Any) -> dict[str, Any]:
+    """An answer that must be a JSON object (for `parse=`)."""
+    if not isinstance(obj, dict):
+        raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _never_sent(e: BaseException) -> bool:
+    """aiohttp found the connection closed while writing the request (a pooled connection the server had just
+    closed: llama-server closes some after a stream), so the backend never got a whole request."""
+    return isinstance(e, aiohttp.ClientConnectionResetError) or isinstance(e.__cause__,
+                                                                           aiohttp.ClientConnectionResetError)
 
 
 def error_message(body: bytes) -> str:
@@ -44,7 +73,9 @@ class Upstream:
     """The HTTP side of one backend: its session, its base URL and its timeout policy."""
 
     config: BackendConfig
+    pooled: bool = True  # keep connections alive between requests (False: a new connection for each)
     _session: aiohttp.ClientSession | None = None
+    _fresh: aiohttp.ClientSession | None = None  # never reuses a connection: for the one retry
 
     @property
     def url(self) -> str:
@@ -53,21 +84,29 @@ class Upstream:
         return self.config.urls[0].rstrip("/")
 
     def session(self) -> aiohttp.ClientSession:
+        if not self.pooled:
+            return self.fresh_session()
         if self._session is None or self._session.closed:
-            cfg = self.config
-            headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
-            self._session = aiohttp.ClientSession(
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout,
-                                              sock_connect=cfg.connect_timeout),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-                json_serialize=lambda obj: orjson.dumps(obj).decode())
+            self._session = self._new_session(aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
         return self._session
 
+    def fresh_session(self) -> aiohttp.ClientSession:
+        if self._fresh is None or self._fresh.closed:
+            self._fresh = self._new_session(aiohttp.TCPConnector(limit=0, force_close=True))
+        return self._fresh
+
+    def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+        cfg = self.config
+        return aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None,
+            timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout, sock_connect=cfg.connect_timeout),
+            connector=connector, json_serialize=lambda obj: orjson.dumps(obj).decode())
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     @asynccontextmanager
     async def request(self, method: str, path: str, body: Any = None, *, wait: float,
@@ -87,6 +126,9 @@ class Upstream:
             raise BackendTimeout(f"backend {name!r} did not answer {path} within {wait:g}s") from e
         except aiohttp.ClientConnectorError as e:
             raise BackendUnavailable(f"backend {name!r} at {self.url} is not reachable ({e.os_error})") from e
+        except aiohttp.ServerDisconnectedError as e:
+            raise BackendError(f"backend {name!r} closed the connection on {path} before answering (not sent "
+                               "again: it may have taken the request)") from e
         except aiohttp.ClientError as e:
             raise BackendError(f"backend {name!r} failed on {path}: {e!r}") from e
         try:
@@ -100,14 +142,17 @@ class Upstream:
                 resp.close()
 
     async def _send(self, method: str, path: str, body: Any) -> aiohttp.ClientResponse:
-        """One retry when a pooled keep-alive connection turns out closed by the server (llama-server drops idle
-        ones after 5 s): the request never reached it, so sending it again on a fresh connection is safe."""
+        """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
+        while writing it. Never once the backend may have taken it (it read the request, then dropped the
+        connection): it may have crashed on it, and sending it again would crash it again."""
         try:
             return await self.session().request(method, self.url + path, json=body)
         except aiohttp.ClientConnectorError:
             raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            return await self.session().request(method, self.url + path, json=body)
+        except aiohttp.ClientOSError as e:
+            if not _never_sent(e):
+                raise
+            return await self.fresh_session().request(method, self.url + path, json=body)
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
         body = b""
@@ -134,22 +179,22 @@ class Upstream:
         """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each."""
         loop = asyncio.get_running_loop()
         deadline = None if total is None else loop.time() + total
-        wait, what = first_wait, "first data"
+        wait, what = first_wait, "sent no first data"
         while True:
             limit = wait if deadline is None else min(wait, deadline - loop.time())
             if deadline is not None and limit < wait:
-                what = f"the whole answer ({total:g}s total)"
+                limit, what = max(limit, 0), f"did not send the whole answer ({total:g}s total)"
             try:
-                async with _timeout(max(limit, 0)):
+                async with _timeout(limit):
                     data = await resp.content.readany()
             except asyncio.TimeoutError as e:
-                raise BackendTimeout(f"backend {self.config.name!r} sent no {what} within {limit:g}s") from e
+                raise BackendTimeout(f"backend {self.config.name!r} {what} within {limit:g}s") from e
             except aiohttp.ClientError as e:
                 raise BackendError(f"backend {self.config.name!r} broke the stream: {e!r}") from e
             if not data:
                 return
             yield data
-            wait, what = self.config.idle_timeout, "data between chunks"
+            wait, what = self.config.idle_timeout, "sent no data between chunks"
 
     async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float,
                     total: float | None) -> AsyncIterator[bytes]:
@@ -175,19 +220,31 @@ class Upstream:
         except orjson.JSONDecodeError as e:
             raise BackendError(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}") from e
 
-    async def call(self, method: str, path: str, body: Any = None, *, model: str | None = None) -> Any:
-        """A plain request/response call (listing, show, embeddings, non-streamed answers)."""
+    def shaped(self, parse: Callable[[Any], T], obj: Any, path: str) -> T:
+        """`parse(obj)`, where an answer of the wrong shape (a field missing or of another type) is a 502."""
+        try:
+            return parse(obj)
+        except VeloError:
+            raise
+        except _SHAPE_ERRORS as e:
+            raise BackendError(f"backend {self.config.name!r} sent an answer to {path} of an unexpected shape "
+                               f"({type(e).__name__}: {e})") from e
+
+    async def call(self, method: str, path: str, body: Any = None, *, model: str | None = None,
+                   parse: Callable[[Any], T] = _as_is) -> T:
+        """A plain request/response call (listing, show, embeddings): the answer through `parse`."""
         async with self.request(method, path, body, wait=self.config.total_timeout, model=model) as resp:
-            return await self.read_json(resp)
+            return self.shaped(parse, await self.read_json(resp), path)
 
-    async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float,
-                     total: float | None) -> AsyncIterator[dict]:
+    async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
+                     parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
         async for line in self.lines(resp, first_wait=first_wait, total=total):
-            yield self._loads(line)
+            yield self.shaped(parse, self._loads(line), resp.url.path)
 
-    async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float,
-                  total: float | None) -> AsyncIterator[dict]:
-        """The JSON payloads of `data:` events; `[DONE]` and comments are skipped, `error:` events raise."""
+    async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
+                  parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
+        """The JSON payloads of `data:` events through `parse`; `[DONE]` and comments are skipped, `error:` events
+        raise."""
         async for line in self.lines(resp, first_wait=first_wait, total=total):
             field, _, value = line.partition(b":")
             value = value.strip()
@@ -198,4 +255,4 @@ class Upstream:
             obj = self._loads(value)
             if isinstance(obj, dict) and "error" in obj:
                 raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
-            yield obj
+            yield self.shaped(parse, obj, resp.url.path)

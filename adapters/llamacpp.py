@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from . import options
 from .base import BackendConfig
 from .errors import BackendError, Unsupported
+from .fields import wire_text
+from .http import json_object
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, SamplingOptions, TokenLogprob, Usage
@@ -36,8 +39,8 @@ def native_body(req: CompletionRequest) -> dict[str, Any]:
 
 
 def native_chunk(obj: dict[str, Any]) -> Chunk:
-    """One `/completion` or `/infill` event (or whole answer); the last has `stop: true` and the counts."""
-    chunk = Chunk(text=obj.get("content") or "", logprobs=[
+    """One `/completion` or `/infill` event; the last has `stop: true` and the counts."""
+    chunk = Chunk(text=wire_text(obj.get("content")), logprobs=[
         TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p.get("top_logprobs") or []])
         for p in obj.get("completion_probabilities") or [] if "logprob" in p])
     if obj.get("stop"):
@@ -67,6 +70,11 @@ def parameter_size(n: int) -> str:
 class LlamaCppBackend(OpenAIBackend):
     forces_tool_choice = False  # llama-server answers in prose to tool_choice "required" with generic templates
     constrains_format = True  # response_format and json_schema become a grammar
+    # llama-server drops kept-alive connections after some streams, unannounced (2 of 6 sequential streamed
+    # requests failed on a reused connection): a request sent on one cannot be told from one it crashed on, so
+    # each request gets its own connection (~0.2 ms on loopback, where llama-server runs).
+    pools_connections = False
+
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         self._props: dict[str, Any] | None = None
@@ -75,12 +83,12 @@ class LlamaCppBackend(OpenAIBackend):
     async def props(self) -> dict[str, Any]:
         """/props changes only on restart: asked once."""
         if self._props is None:
-            self._props = await self.http.call("GET", "/props")
+            self._props = await self.http.call("GET", "/props", parse=json_object)
         return self._props
 
     async def health(self) -> bool:
         try:
-            return (await self.http.call("GET", "/health")).get("status") == "ok"
+            return (await self.http.call("GET", "/health", parse=json_object)).get("status") == "ok"
         except BackendError:
             return False
 
@@ -109,7 +117,7 @@ class LlamaCppBackend(OpenAIBackend):
         return self._can_infill
 
     async def list_models(self) -> list[ModelInfo]:
-        listing, props = await self.http.call("GET", "/v1/models"), await self.props()
+        listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self.props()
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
         caps, template = ["completion"], props.get("chat_template", "")
@@ -147,14 +155,11 @@ class LlamaCppBackend(OpenAIBackend):
         return super().complete(req)
 
     async def _native(self, path: str, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        body = native_body(req)
-        if not req.stream:
-            yield native_chunk(await self.http.call("POST", path, body, model=req.model))
-            return
-        cfg = self.config
+        """Always a stream from the server, whatever the client asked (see adapters/http.py)."""
+        body, cfg = native_body(replace(req, stream=True)), self.config
         async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=req.model) as resp:
-            async for event in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout):
-                chunk = native_chunk(event)
+            async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
+                                             parse=native_chunk):
                 yield chunk
                 if chunk.finish_reason:
                     return
@@ -166,9 +171,10 @@ class LlamaCppBackend(OpenAIBackend):
             req = as_chat(req)
         if isinstance(req, CompletionRequest):
             return len(await self.tokenize(req.prompt + (req.suffix or "")))
-        rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model)
-        return len(await self.tokenize(rendered["prompt"]))
+        rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
+                                        parse=lambda obj: wire_text(obj["prompt"]))
+        return len(await self.tokenize(rendered))
 
     async def tokenize(self, text: str) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything."""
-        return (await self.http.call("POST", "/tokenize", {"content": text}))["tokens"]
+        return await self.http.call("POST", "/tokenize", {"content": text}, parse=lambda obj: list(obj["tokens"]))

@@ -10,7 +10,8 @@ from typing import Any, AsyncIterator
 from . import options
 from .base import Backend, BackendConfig
 from .errors import BackendError
-from .http import Upstream
+from .fields import nests_deeper, wire_text
+from .http import Upstream, json_object
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
 from .tool_prompt import in_prompt
@@ -85,14 +86,13 @@ def logprobs_from_wire(items: list[dict[str, Any]] | None) -> list[TokenLogprob]
 
 
 def chunk_from_wire(obj: dict[str, Any]) -> Chunk:
-    """One `/api/chat` or `/api/generate` line (or whole non-streamed answer) as a Chunk."""
+    """One `/api/chat` or `/api/generate` line as a Chunk."""
     if "error" in obj:
         raise BackendError(f"ollama failed mid-stream: {obj['error']}")
     msg = obj.get("message") or {}
-    chunk = Chunk(text=msg.get("content") or obj.get("response") or "",
-                  thinking=msg.get("thinking") or obj.get("thinking") or "",
-                  tool_calls=[ToolCall(name=c["function"]["name"], arguments=c["function"].get("arguments") or {},
-                                       id=c.get("id", "")) for c in msg.get("tool_calls") or []],
+    chunk = Chunk(text=wire_text(msg.get("content")) or wire_text(obj.get("response")),
+                  thinking=wire_text(msg.get("thinking")) or wire_text(obj.get("thinking")),
+                  tool_calls=[_tool_call(c) for c in msg.get("tool_calls") or []],
                   logprobs=logprobs_from_wire(obj.get("logprobs")))
     if obj.get("done"):
         reason = obj.get("done_reason") or "stop"
@@ -100,6 +100,14 @@ def chunk_from_wire(obj: dict[str, Any]) -> Chunk:
         chunk.usage = usage_from_wire(obj)
         chunk.context = obj.get("context")
     return chunk
+
+
+def _tool_call(raw: dict[str, Any]) -> ToolCall:
+    """Ollama sends arguments as an object (api.md "Chat request (with tools)")."""
+    args = raw["function"].get("arguments") or {}
+    if not isinstance(args, dict) or nests_deeper(args):
+        raise TypeError("tool call arguments are not a JSON object of sane depth")
+    return ToolCall(name=wire_text(raw["function"]["name"]), arguments=args, id=wire_text(raw.get("id")))
 
 
 def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelInfo:
@@ -136,6 +144,13 @@ class _StreamState:
         return chunk
 
 
+def _embeddings(obj: dict[str, Any]) -> EmbedResult:
+    if not isinstance(obj["embeddings"], list) or not all(isinstance(e, list) for e in obj["embeddings"]):
+        raise TypeError("embeddings is not an array of arrays of numbers")
+    return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=obj.get("prompt_eval_count", 0),
+                       total_ns=obj.get("total_duration", 0), load_ns=obj.get("load_duration", 0))
+
+
 class OllamaBackend(Backend):
     constrains_format = True  # Ollama decodes `format` under a grammar
     fits_context = True  # Ollama drops a chat's oldest turns to fit num_ctx, and trims /api/generate prompts
@@ -155,15 +170,17 @@ class OllamaBackend(Backend):
             return False
 
     async def list_models(self) -> list[ModelInfo]:
-        tags = await self.http.call("GET", "/api/tags")
-        return [model_info_from_wire(m.get("name") or m["model"], self.name, m) for m in tags.get("models", [])]
+        return await self.http.call("GET", "/api/tags", parse=lambda tags: [
+            model_info_from_wire(m.get("name") or m["model"], self.name, m) for m in tags.get("models", [])])
 
     async def show(self, model: str) -> ModelInfo:
-        return model_info_from_wire(model, self.name, await self.http.call("POST", "/api/show", {"model": model},
-                                                                            model=model))
+        return await self.http.call("POST", "/api/show", {"model": model}, model=model,
+                                    parse=lambda obj: model_info_from_wire(model, self.name, obj))
 
     async def running(self) -> list[RunningModel]:
-        ps = await self.http.call("GET", "/api/ps")
+        return await self.http.call("GET", "/api/ps", parse=self._running)
+
+    def _running(self, ps: dict[str, Any]) -> list[RunningModel]:
         out = []
         for m in ps.get("models", []):
             info = model_info_from_wire(m.get("name") or m["model"], self.name, m)
@@ -172,18 +189,19 @@ class OllamaBackend(Backend):
         return out
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        return self._generate("/api/chat", chat_to_wire(req), req.model, req.stream)
+        return self._generate("/api/chat", chat_to_wire(req), req.model)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        return self._generate("/api/generate", generate_to_wire(req), req.model, req.stream)
+        return self._generate("/api/generate", generate_to_wire(req), req.model)
 
-    async def _generate(self, path: str, body: dict[str, Any], model: str, stream: bool) -> AsyncIterator[Chunk]:
-        cfg = self.config
-        first_wait = cfg.first_token_timeout if stream else cfg.total_timeout
-        state = _StreamState()
-        async with self.http.request("POST", path, body, wait=first_wait, model=model) as resp:
-            async for obj in self.http.ndjson(resp, first_wait=first_wait, total=cfg.total_timeout):
-                yield state.take(chunk_from_wire(obj))
+    async def _generate(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
+        """Always a stream from Ollama, whatever the client asked (see adapters/http.py)."""
+        cfg, state = self.config, _StreamState()
+        body["stream"] = True
+        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
+            async for chunk in self.http.ndjson(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
+                                                parse=lambda obj: state.take(chunk_from_wire(obj))):
+                yield chunk
                 if state.done:
                     return
         raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
@@ -195,16 +213,15 @@ class OllamaBackend(Backend):
         for key, value in (("dimensions", req.dimensions), ("keep_alive", req.keep_alive)):
             if value is not None:
                 body[key] = value
-        obj = await self.http.call("POST", "/api/embed", body, model=req.model)
-        return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=obj.get("prompt_eval_count", 0),
-                           total_ns=obj.get("total_duration", 0), load_ns=obj.get("load_duration", 0))
+        return await self.http.call("POST", "/api/embed", body, model=req.model, parse=_embeddings)
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Pass /api/pull, /api/push, /api/create, /api/copy, /api/delete through; empty answers yield nothing."""
         model = body.get("model") or body.get("name") or body.get("source")
         cfg = self.config
         async with self.http.request(method, path, body, wait=cfg.first_token_timeout, model=model) as resp:
-            async for obj in self.http.ndjson(resp, first_wait=cfg.first_token_timeout, total=None):
+            async for obj in self.http.ndjson(resp, first_wait=cfg.first_token_timeout, total=None,
+                                              parse=json_object):
                 if "error" in obj:
                     raise BackendError(f"backend {self.name!r} failed on {path}: {obj['error']}")
                 yield obj

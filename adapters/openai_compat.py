@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .http import Upstream
-from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, response_from_wire
+from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, embeddings_from_wire
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        rfc3339)
 
@@ -32,10 +32,13 @@ def _created(model: dict[str, Any]) -> dict[str, str]:
 
 class OpenAIBackend(Backend):
     forces_tool_choice = True  # vLLM and SGLang force calls with guided decoding
+    pools_connections = True
+
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         # Users copy base URLs with or without the /v1 that OpenAI SDKs expect; the paths below add it.
-        self.http = Upstream(replace(config, urls=[u.rstrip("/").removesuffix("/v1") for u in config.urls]))
+        self.http = Upstream(replace(config, urls=[u.rstrip("/").removesuffix("/v1") for u in config.urls]),
+                             pooled=self.pools_connections)
 
     async def close(self) -> None:
         await self.http.close()
@@ -52,29 +55,30 @@ class OpenAIBackend(Backend):
         themselves, and answer in their own words when a model cannot."""
         if self.config.models:
             return [ModelInfo(name=m, backend=self.name, capabilities=list(_ASSUMED)) for m in self.config.models]
-        listing = await self.http.call("GET", "/v1/models")
-        return [ModelInfo(name=m["id"], backend=self.name, capabilities=list(_ASSUMED), **_created(m))
+        return await self.http.call("GET", "/v1/models", parse=self._listed)
+
+    def _listed(self, listing: dict[str, Any]) -> list[ModelInfo]:
+        return [ModelInfo(name=str(m["id"]), backend=self.name, capabilities=list(_ASSUMED), **_created(m))
                 for m in listing.get("data", [])]
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         return chat_to_wire(req)
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        return self._answer("/v1/chat/completions", self.chat_body(req), req.model, req.stream)
+        return self._answer("/v1/chat/completions", self.chat_body(replace(req, stream=True)), req.model)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
-        return self._answer("/v1/completions", completion_to_wire(req), req.model, req.stream)
+        return self._answer("/v1/completions", completion_to_wire(replace(req, stream=True)), req.model)
 
-    async def _answer(self, path: str, body: dict[str, Any], model: str, stream: bool) -> AsyncIterator[Chunk]:
-        if not stream:
-            yield response_from_wire(await self.http.call("POST", path, body, model=model))
-            return
+    async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
+        """Always a stream from the backend, whatever the client asked (see adapters/http.py)."""
         cfg, parser = self.config, ChatStream()
         async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
-            async for event in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout):
-                if (chunk := parser.feed(event)) is not None:
+            async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
+                                             parse=parser.feed):
+                if chunk is not None:
                     yield chunk
         if parser.finish is None:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
@@ -84,7 +88,4 @@ class OpenAIBackend(Backend):
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if req.dimensions is not None:
             body["dimensions"] = req.dimensions
-        obj = await self.http.call("POST", "/v1/embeddings", body, model=req.model)
-        rows = sorted(obj.get("data", []), key=lambda d: d.get("index", 0))
-        return EmbedResult(embeddings=[r["embedding"] for r in rows],
-                           prompt_tokens=(obj.get("usage") or {}).get("prompt_tokens", 0))
+        return await self.http.call("POST", "/v1/embeddings", body, model=req.model, parse=embeddings_from_wire)

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from . import options
-from .errors import BackendError
-from .protocol import (ChatRequest, Chunk, CompletionRequest, FinishReason, Message, OutputFormat,
+from .fields import nests_deeper, wire_text
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedResult, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
 from .tool_prompt import in_prompt
 
@@ -149,11 +149,16 @@ def complete_calls(calls: list[_PendingCall]) -> tuple[list[ToolCall], str]:
             args = orjson.loads(c.arguments or "{}")
         except orjson.JSONDecodeError:
             args = None
-        if isinstance(args, dict):
+        if isinstance(args, dict) and not nests_deeper(args):
             done.append(ToolCall(name=c.name, arguments=args, id=c.id))
         else:
             raw += f'{{"name": {orjson.dumps(c.name).decode()}, "arguments": {c.arguments}}}'
     return done, raw
+
+
+def _arguments_text(args: Any) -> str:
+    """Some servers send arguments as an object although OpenAI specifies a string."""
+    return wire_text(args) if args is None or isinstance(args, str) else orjson.dumps(args).decode()
 
 
 def reconcile(finish: FinishReason, calls: list[ToolCall]) -> FinishReason:
@@ -179,14 +184,14 @@ class ChatStream:
         delta = choice.get("delta") or {}
         for frag in delta.get("tool_calls") or []:
             call = self.calls.setdefault(frag.get("index", 0), _PendingCall())
-            call.id = frag.get("id") or call.id
+            call.id = wire_text(frag.get("id")) or call.id
             fn = frag.get("function") or {}
-            call.name += fn.get("name") or ""
-            call.arguments += fn.get("arguments") or ""
+            call.name += wire_text(fn.get("name"))
+            call.arguments += _arguments_text(fn.get("arguments"))
         if choice.get("finish_reason"):
             self.finish = _FINISH.get(choice["finish_reason"], "stop")
-        chunk = Chunk(text=delta.get("content") or choice.get("text") or "",
-                      thinking=delta.get("reasoning_content") or "",
+        chunk = Chunk(text=wire_text(delta.get("content")) or wire_text(choice.get("text")),
+                      thinking=wire_text(delta.get("reasoning_content")),
                       logprobs=logprobs_from_wire(choice.get("logprobs")))
         return chunk if chunk.text or chunk.thinking or chunk.logprobs else None
 
@@ -197,23 +202,10 @@ class ChatStream:
                      usage=self.usage)
 
 
-def _arguments_text(args: Any) -> str:
-    """Some servers send arguments as an object although OpenAI specifies a string."""
-    return args if isinstance(args, str) else orjson.dumps(args or {}).decode()
-
-
-def response_from_wire(obj: dict[str, Any]) -> Chunk:
-    """A whole non-streamed `chat.completion` or `text_completion` answer (choice 0) as one Chunk."""
-    if "error" in obj:
-        raise BackendError(f"backend failed: {obj['error']}")
-    choice = obj["choices"][0]
-    msg = choice.get("message") or {}
-    pending = [_PendingCall(c.get("id", ""), c["function"]["name"], _arguments_text(c["function"].get("arguments")))
-               for c in msg.get("tool_calls") or []]
-    calls, raw = complete_calls(pending)
-    finish = _FINISH.get(choice.get("finish_reason") or "stop", "stop")
-    return Chunk(text=(msg.get("content") or choice.get("text") or "") + raw,
-                 thinking=msg.get("reasoning_content") or "", tool_calls=calls,
-                 logprobs=logprobs_from_wire(choice.get("logprobs")),
-                 finish_reason=reconcile(finish, calls),
-                 usage=usage_from_wire(obj.get("usage"), obj.get("timings")))
+def embeddings_from_wire(obj: dict[str, Any]) -> EmbedResult:
+    """An `/v1/embeddings` answer: its rows in `index` order, each a list of numbers."""
+    rows = sorted(obj.get("data", []), key=lambda d: d.get("index", 0))
+    embeddings = [r["embedding"] for r in rows]
+    if not all(isinstance(e, list) for e in embeddings):
+        raise TypeError("an embedding is not an array of numbers")
+    return EmbedResult(embeddings=embeddings, prompt_tokens=(obj.get("usage") or {}).get("prompt_tokens", 0))

@@ -9,8 +9,9 @@ in each handler), and the `ollama` Python client's `_types.py` for fields api.md
 "Models", "Error codes"), as the `openai` Python client's `types/` model them: streamed tool-call arguments are
 string fragments, usage comes in a last chunk with empty `choices` when `stream_options.include_usage` is set.
 
-Both share the knobs of `Script` (reply text, tool calls, per-token delay, failing status, cutting the stream)
-and record what they received in `requests`; `disconnects` counts streams whose client went away mid-way.
+Both share the knobs of `Script` (reply text, tool calls, per-token delay, failing status, cutting the stream, a
+malformed event mid-stream, a whole answer of any shape) and record what they received in `requests`;
+`disconnects` counts streams whose client went away mid-way.
 
     async with OllamaDouble() as ollama:          # or FakeOpenAI(api_key="k")
         ollama.script.token_delay = 0.05
@@ -41,6 +42,9 @@ class Script:
     fail_status: int | None = None  # answer every request with this error status
     fail_message: str = "simulated failure"
     cut_after: int | None = None  # drop the connection after this many streamed chunks
+    malformed: bytes | None = None  # a streamed line sent in place of the one at `malformed_at` (then the rest)
+    malformed_at: int = 2
+    answer: Any = None  # answer every POST with this JSON body (status 200), whatever its shape
 
 
 @dataclass
@@ -91,6 +95,8 @@ class FakeServer:
         self.requests.append(Received(request.method, request.path, dict(request.headers), body))
         if self.script.fail_status:
             return self.error(self.script.fail_status, self.script.fail_message)
+        if self.script.answer is not None and request.method == "POST":
+            return web.json_response(self.script.answer)
         return self.refuse(request) or await handler(request)
 
     def refuse(self, request: web.Request) -> web.Response | None:
@@ -131,6 +137,8 @@ class FakeServer:
             if request.transport is None or request.transport.is_closing():
                 self.disconnects += 1
                 return resp
+            if self.script.malformed is not None and n == self.script.malformed_at:
+                line = self.script.malformed
             try:
                 await resp.write(line)
             except ConnectionResetError:

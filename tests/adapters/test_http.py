@@ -1,35 +1,70 @@
-"""Upstream plumbing details that no fake server shows by itself."""
+"""Upstream plumbing details that no fake server shows by itself: when a request may be sent again."""
 import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
 
 from adapters.base import BackendConfig
+from adapters.errors import BackendError
 from adapters.http import Upstream
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok": 123}'
 
 
-async def test_a_keep_alive_connection_closed_by_the_server_is_retried_once():
-    """Like llama-server dropping an idle connection just as Velo reuses it: the request is sent again."""
-    connections = []
+async def serve(answers: list[bool]) -> tuple[asyncio.Server, list[int]]:
+    """A server that reads each request whole, then answers it or (False) hangs up: a backend that took the
+    request and crashed on it. Returns the server and the count of requests it read."""
+    read = [0]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
-        for served in range(2):
+        while True:
             try:
                 await reader.readuntil(b"\r\n\r\n")
                 await reader.readexactly(2)  # the `{}` body
             except asyncio.IncompleteReadError:  # the client closed the connection
                 return
-            if served == 0:
-                writer.write(ANSWER)
-        writer.close()  # the second request on this connection: hang up without answering
+            read[0] += 1
+            if not answers.pop(0):
+                writer.close()
+                return
+            writer.write(ANSWER)
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return await asyncio.start_server(handle, "127.0.0.1", 0), read
+
+
+def upstream(server: asyncio.Server) -> Upstream:
     port = server.sockets[0].getsockname()[1]
-    up = Upstream(BackendConfig(name="b", kind="openai", urls=[f"http://127.0.0.1:{port}"]))
+    return Upstream(BackendConfig(name="b", kind="openai", urls=[f"http://127.0.0.1:{port}"]))
+
+
+async def test_a_request_the_backend_took_is_never_sent_again():
+    """A backend that read the request and dropped the connection may have crashed on it: one try only."""
+    server, read = await serve([True, False, True])
+    up = upstream(server)
     try:
         assert await up.call("POST", "/x", {}) == {"ok": 123}
+        with pytest.raises(BackendError, match="closed the connection on /x before answering"):
+            await up.call("POST", "/x", {})  # on the kept-alive connection: taken, then dropped
+        assert read[0] == 2
+    finally:
+        await up.close()
+        server.close()
+
+
+async def test_a_request_that_never_went_out_is_sent_once_more_on_a_fresh_connection():
+    """A pooled connection found closed while the request was being written: nothing reached the backend."""
+    server, read = await serve([True])
+    up = upstream(server)
+
+    class Closed:
+        async def request(self, *args: Any, **kwargs: Any) -> Any:  # what aiohttp raises then
+            closing = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+            raise aiohttp.ClientOSError(None, "Can not write request body") from closing
+    up.session = lambda: Closed()  # type: ignore[method-assign, assignment, return-value]
+    try:
         assert await up.call("POST", "/x", {}) == {"ok": 123}
-        assert len(connections) == 2  # the reused one was dropped, the retry opened a fresh one
+        assert read[0] == 1
     finally:
         await up.close()
         server.close()

@@ -40,11 +40,17 @@ async def test_chat_stream_yields_tokens_then_a_final_chunk_with_usage(backend, 
     assert ollama_double.last("/api/chat")["stream"] is True
 
 
-async def test_chat_non_stream_asks_for_one_object(backend, ollama_double):
+async def test_chat_non_stream_is_streamed_from_ollama_so_a_hung_one_is_found_early(backend, ollama_double):
+    """One answer for the client, a stream from Ollama: `first_token_timeout` bounds the wait, not
+    `total_timeout` (seen: 600 s for a backend that accepted and never answered)."""
     ollama_double.script.reply = "All at once"
-    chunks = await collect(backend.chat(chat(stream=False)))
-    assert len(chunks) == 1 and chunks[0].text == "All at once" and chunks[0].finish_reason == "stop"
-    assert ollama_double.last("/api/chat")["stream"] is False
+    whole = aggregate(await collect(backend.chat(chat(stream=False))))
+    assert whole.text == "All at once" and whole.finish_reason == "stop"
+    assert ollama_double.last("/api/chat")["stream"] is True
+    ollama_double.script.token_delay = 1.0
+    backend.config.first_token_timeout = 0.2
+    with pytest.raises(BackendTimeout, match="sent no first data within 0.2s"):
+        await collect(backend.chat(chat(stream=False)))
 
 
 async def test_sampling_options_map_to_ollama_options(backend, ollama_double):

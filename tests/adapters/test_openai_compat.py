@@ -213,3 +213,23 @@ async def test_ollama_style_history_gets_linked_call_ids(backend, openai_fake):
 def test_the_think_switch_on_the_openai_wire(think, wire):
     body = chat_to_wire(ChatRequest("m", [Message("user", "hi")], think=think))
     assert {k: body[k] for k in ("chat_template_kwargs", "reasoning_effort") if k in body} == wire
+
+
+async def test_a_non_streamed_answer_is_streamed_from_the_backend_and_a_hung_one_found_early(backend, openai_fake):
+    """One answer for the client, a stream from the backend: `first_token_timeout` bounds the wait for a backend
+    that accepts and never answers, not `total_timeout` (600 s by default)."""
+    openai_fake.script.reply = "Hello big world"
+    assert aggregate(await collect(backend.chat(chat(stream=False)))).text == "Hello big world"
+    assert openai_fake.last("/v1/chat/completions")["stream"] is True
+    openai_fake.script.token_delay = 1.0
+    backend.config.first_token_timeout = backend.http.config.first_token_timeout = 0.2
+    with pytest.raises(BackendTimeout, match="sent no first data within 0.2s"):
+        await collect(backend.chat(chat(stream=False)))
+
+
+@pytest.mark.parametrize("rows", [[{"index": 0}], [{"index": 0, "embedding": "x"}], "rows"])
+async def test_embeddings_of_the_wrong_shape_are_the_backends_fault(backend, openai_fake, rows):
+    openai_fake.script.answer = {"object": "list", "data": rows}  # valid JSON, `embedding` missing or odd
+    with pytest.raises(BackendError, match="unexpected shape") as e:
+        await backend.embed(EmbedRequest(model=MODEL, inputs=["a"]))
+    assert e.value.status == 502
