@@ -208,11 +208,10 @@ class RunningModel:
 
 
 def aggregate(chunks: list[Chunk]) -> Chunk:
-    """Fold a whole stream into one chunk, as a non-streaming answer."""
-    out = Chunk()
+    """Fold a whole stream into one chunk, as a non-streaming answer (texts joined once: `+=` on an attribute
+    copies the whole text each time, 5 s of event loop for a 2 MB answer in 16-character chunks)."""
+    out = Chunk(text="".join(c.text for c in chunks), thinking="".join(c.thinking for c in chunks))
     for c in chunks:
-        out.text += c.text
-        out.thinking += c.thinking
         out.tool_calls.extend(c.tool_calls)
         out.logprobs.extend(c.logprobs)
         out.finish_reason = c.finish_reason or out.finish_reason

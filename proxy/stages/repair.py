@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily
 from adapters.protocol import Chunk
 
 from ..job import Job, Request
+from ..tools.budget import Budget, repair_threads
 from ..tools.metrics import ToolMetrics
 from ..tools.retry import with_retry
 from .base import Next, Services, Stage
@@ -19,7 +20,11 @@ class Repair(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
         self.metrics, _ = services.lease.hold("metrics:tools", ToolMetrics)
+        self.threads = repair_threads()
         services.registry.register(self)
+
+    async def close(self) -> None:
+        self.threads.shutdown(wait=False, cancel_futures=True)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is."""
@@ -30,8 +35,8 @@ class Repair(Stage):
         def run(request: Request) -> AsyncIterator[Chunk]:
             return next(job if request is job.request else replace(job, request=request))
         assert job.target is not None
-        return with_retry(run, job.request, tools.max_retries, self.metrics, job.outcome.repairs,
-                          job.target.backend.constrains_format)
+        return with_retry(run, job.request, tools.max_retries, self.metrics.of(job.target.label), job.outcome.repairs,
+                          Budget(tools.repair_budget_s, self.threads), job.target.backend.constrains_format)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         repairs = CounterMetricFamily("velo_tool_repairs", "Tool-call and structured-output repairs",

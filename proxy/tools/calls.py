@@ -35,10 +35,11 @@ class RepairReport:
     coerced: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
     deduped: int = 0
+    skipped: list[str] = field(default_factory=list)  # why some text was passed through unrepaired: "size", "budget"
 
     @property
     def changed(self) -> bool:
-        return bool(self.extracted or self.repaired or self.coerced or self.invalid or self.deduped)
+        return bool(self.extracted or self.repaired or self.coerced or self.invalid or self.deduped or self.skipped)
 
     def summary(self) -> str:
         """One line for the `X-Velo-Repair` header or a log: what changed, never argument values."""
@@ -47,6 +48,7 @@ class RepairReport:
             parts.append("repaired=" + ",".join(sorted({r.split(": ", 1)[-1] for r in self.repaired})))
         parts += [f"{k}={len(v)}" for k, v in (("coerced", self.coerced), ("invalid", self.invalid)) if v]
         parts += [f"deduped={self.deduped}"] if self.deduped else []
+        parts += ["skipped=" + ",".join(dict.fromkeys(self.skipped))] if self.skipped else []
         return "; ".join(parts)
 
     def merge(self, other: RepairReport) -> None:
@@ -55,6 +57,7 @@ class RepairReport:
         self.coerced += other.coerced
         self.invalid += other.invalid
         self.deduped += other.deduped
+        self.skipped += other.skipped
 
     def error(self) -> ToolCallInvalid:
         return ToolCallInvalid("the model's tool call is invalid: " + " | ".join(self.invalid))

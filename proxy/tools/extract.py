@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.tools.repair import Unrepairable, parse_json, parse_json_values
+from proxy.tools.repair import MAX_REPAIR_CHARS, Unrepairable, parse_json, parse_json_values
+from proxy.tools.scan import Brackets, Closer, EndSearch, Pattern
 
 _START = re.compile(r"<tool_call>|<function=|<\|python_tag\|>|\[TOOL_CALLS\]|```|[{\[]")
 _MARKERS = ("<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]", "```")
@@ -27,16 +28,28 @@ NAME_KEYS = ("name", "tool_name", "tool", "function")
 ARG_KEYS = ("arguments", "parameters", "args", "input", "tool_input")
 
 
+_HEADER_MAX = 256  # a tag's or fence's header, and a JSON value's first key, are found within this many characters
+_NON_SPACE = re.compile(r"\S")
+
+
 @dataclass
 class Region:
-    """text[start:end] may hold calls; `complete` is False while a stream could still extend it."""
+    """text[start:end] may hold calls, its body is text[body_start:body_end]; `complete` is False while a stream
+    could still extend it, and then `search` continues looking for its end in the extended text."""
 
     start: int
     end: int
     kind: str  # "tag" | "python_tag" | "mistral" | "function" | "fence" | "code" | "json"
-    body: str
+    text: str
+    body_start: int
+    body_end: int
     complete: bool
     name: str = ""  # `<function=name>` gives the name outside the JSON
+    search: EndSearch | None = None
+
+    @property
+    def body(self) -> str:
+        return self.text[self.body_start:self.body_end]
 
 
 @dataclass
@@ -59,8 +72,8 @@ def next_start(text: str, pos: int = 0) -> int:
 
 def is_partial_marker(text: str, i: int) -> bool:
     """True when text[i:] is the beginning of a marker that the next chunk may complete."""
-    rest = text[i:]
-    return any(mk.startswith(rest) and mk != rest for mk in _MARKERS)
+    rest = len(text) - i
+    return any(rest < len(mk) and mk.startswith(text[i:]) for mk in _MARKERS) if rest < 14 else False
 
 
 def _partial_marker(text: str, pos: int) -> int | None:
@@ -70,59 +83,65 @@ def _partial_marker(text: str, pos: int) -> int | None:
     return None
 
 
-def region_at(text: str, i: int, final: bool) -> Region | None:
+def region_at(text: str, i: int, final: bool, search: EndSearch | None = None) -> Region | None:
     """The region starting at text[i], or None when no call can start there (or a marker is cut off).
 
     With `final` False an unfinished region comes back incomplete; with True it runs to the end of the text.
+    `search` is the incomplete region's own from a shorter text: the search for its end goes on from there.
     """
-    rest = text[i:]
-    if rest.startswith("<tool_call>"):
-        return _closed_region(text, i, len("<tool_call>"), "</tool_call>", "tag", final)
-    if rest.startswith("<function="):
-        m = _FUNCTION_TAG.match(text, i)
+    if text.startswith("<tool_call>", i):
+        return _closed(text, i, len("<tool_call>"), "tag", final, search or Closer("</tool_call>", i + 11))
+    if text.startswith("<function=", i):
+        m = _FUNCTION_TAG.match(text, i, min(len(text), i + _HEADER_MAX))
         if m is None:
-            return None if final or ">" in rest else Region(i, len(text), "function", "", False)
-        r = _closed_region(text, i, m.end() - i, "</function>", "function", final)
+            header_done = text.find(">", i, i + _HEADER_MAX) >= 0 or len(text) - i >= _HEADER_MAX
+            return None if final or header_done else Region(i, len(text), "function", text, i, i, False)
+        r = _closed(text, i, m.end() - i, "function", final, search or Closer("</function>", m.end()))
         r.name = m.group(1)
         return r
-    if rest.startswith("<|python_tag|>"):
-        return _to_end_region(text, i, len("<|python_tag|>"), "python_tag", final)
-    if rest.startswith("[TOOL_CALLS]"):
-        return _to_end_region(text, i, len("[TOOL_CALLS]"), "mistral", final)
-    if rest.startswith("```"):
-        return _fence_region(text, i, final)
-    if rest[:1] in ("{", "["):
-        return _json_region(text, i, final)
+    if text.startswith("<|python_tag|>", i):
+        return _closed(text, i, len("<|python_tag|>"), "python_tag", final, search or Pattern(_END_OF_TURN, 10, i))
+    if text.startswith("[TOOL_CALLS]", i):
+        return _closed(text, i, len("[TOOL_CALLS]"), "mistral", final, search or Pattern(_END_OF_TURN, 10, i))
+    if text.startswith("```", i):
+        return _fence_region(text, i, final, search)
+    if text[i:i + 1] in ("{", "["):
+        return _json_region(text, i, final, search)
     return None  # a marker cut off at the end: the caller holds it until more text arrives
 
 
-def _closed_region(text: str, i: int, open_len: int, closer: str, kind: str, final: bool) -> Region:
-    j = text.find(closer, i + open_len)
-    if j >= 0:
-        return Region(i, j + len(closer), kind, text[i + open_len:j], True)
-    return Region(i, len(text), kind, text[i + open_len:], final)
+def _closed(text: str, i: int, open_len: int, kind: str, final: bool, search: EndSearch) -> Region:
+    found = search.find(text)
+    if found is not None:
+        return Region(i, found[1], kind, text, i + open_len, found[0], True)
+    return Region(i, len(text), kind, text, i + open_len, len(text), final, search=search)
 
 
-def _to_end_region(text: str, i: int, open_len: int, kind: str, final: bool) -> Region:
-    m = _END_OF_TURN.search(text, i)
-    if m is not None:
-        return Region(i, m.end(), kind, text[i + open_len:m.start()], True)
-    return Region(i, len(text), kind, text[i + open_len:], final)
-
-
-def _fence_region(text: str, i: int, final: bool) -> Region | None:
-    m = _FENCE.match(text, i)
+def _fence_region(text: str, i: int, final: bool, search: EndSearch | None) -> Region | None:
+    m = _FENCE.match(text, i, min(len(text), i + _HEADER_MAX))
     if m is None:
-        header_done = "\n" in text[i:] or final
-        return None if header_done else Region(i, len(text), "fence", "", False)
+        header_done = text.find("\n", i, i + _HEADER_MAX) >= 0 or len(text) - i >= _HEADER_MAX or final
+        return None if header_done else Region(i, len(text), "fence", text, len(text), len(text), False)
     kind = "fence" if m.group(1).lower() in _FENCE_LANGS else "code"  # code in another language is never a call
-    j = text.find("```", m.end())
-    if j >= 0:
-        return Region(i, j + 3, kind, text[m.end():j] if kind == "fence" else "", True)
-    return Region(i, len(text), kind, text[m.end():] if kind == "fence" else "", final)
+    r = _closed(text, i, m.end() - i, kind, final, search or Closer("```", m.end()))
+    if kind == "code":
+        r.body_end = r.body_start
+    return r
 
 
-def _json_region(text: str, i: int, final: bool) -> Region:
+def _json_region(text: str, i: int, final: bool, search: EndSearch | None) -> Region:
+    brackets = search if isinstance(search, Brackets) else Brackets(i)
+    found = brackets.find(text)
+    if found is not None:
+        return Region(i, found[1], "json", text, i, found[1], True)
+    if final and brackets.in_string and len(text) - i <= MAX_REPAIR_CHARS:
+        return _json_region_to_stray_quote(text, i)
+    return Region(i, len(text), "json", text, i, len(text), final, search=brackets)
+
+
+def _json_region_to_stray_quote(text: str, i: int) -> Region:
+    """A final text whose last string never closes: its quote is read as a stray character, so the value may end
+    before the text does (what whole-message repair has always done)."""
     depth = 0
     for m in _BRACKETS.finditer(text, i):
         tok = m.group()
@@ -131,22 +150,24 @@ def _json_region(text: str, i: int, final: bool) -> Region:
         elif tok in "}]":
             depth -= 1
             if depth == 0:
-                return Region(i, m.end(), "json", text[i:m.end()], True)
-    return Region(i, len(text), "json", text[i:], final)
+                return Region(i, m.end(), "json", text, i, m.end(), True)
+    return Region(i, len(text), "json", text, i, len(text), True)
 
 
 def could_be_call(region: Region) -> bool:
-    """Early release for streaming: False once an unfinished region's start rules out a call."""
+    """Early release for streaming: False once an unfinished region's start rules out a call (only its first
+    `_HEADER_MAX` characters are looked at, so asking again as it grows costs nothing)."""
     if region.kind == "code":
         return False
+    window = min(region.body_end, region.body_start + _HEADER_MAX)
     if region.kind == "fence":
-        body = region.body.lstrip()
-        return not body or body[0] in "{["
+        m = _NON_SPACE.search(region.text, region.body_start, window)
+        return (m is None and window == region.body_end) or (m is not None and m.group() in "{[")
     if region.kind != "json":
         return True
-    m = _FIRST_KEY.match(region.body)
+    m = _FIRST_KEY.match(region.text, region.body_start, window)
     if m is None:
-        return region.body.strip() in ("", "[")
+        return region.text[region.body_start:window].strip() in ("", "[")
     key, after = m.group(3), m.group(4)
     if not after:  # key still being written
         return any(k.startswith(key) for k in _CALL_KEYS)

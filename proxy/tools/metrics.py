@@ -14,22 +14,25 @@ class ModelCounts:
     deduped: int = 0  # identical repeated calls dropped
     retried: int = 0  # extra backend requests made by retry.with_retry
     invalid: int = 0  # calls (or structured answers) still invalid after repair, counted per attempt
+    skipped: int = 0  # answers passed through unrepaired: too large, or past the time budget
+
+    def record(self, report: RepairReport) -> None:
+        self.extracted += report.extracted
+        self.repaired += len(report.repaired)
+        self.coerced += len(report.coerced)
+        self.deduped += report.deduped
+        self.invalid += len(report.invalid)
+        self.skipped += bool(report.skipped)
 
 
 @dataclass
 class ToolMetrics:
+    """Counts per model label (proxy/router.py: a listed or configured name, else "other", so bounded)."""
+
     by_model: dict[str, ModelCounts] = field(default_factory=dict)
 
-    def record(self, model: str, report: RepairReport) -> None:
-        c = self.by_model.setdefault(model, ModelCounts())
-        c.extracted += report.extracted
-        c.repaired += len(report.repaired)
-        c.coerced += len(report.coerced)
-        c.deduped += report.deduped
-        c.invalid += len(report.invalid)
-
-    def retried(self, model: str) -> None:
-        self.by_model.setdefault(model, ModelCounts()).retried += 1
+    def of(self, model: str) -> ModelCounts:
+        return self.by_model.setdefault(model, ModelCounts())
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         return {model: asdict(c) for model, c in self.by_model.items()}

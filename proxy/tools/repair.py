@@ -5,6 +5,11 @@ commas, single quotes, unquoted keys, Python/JS literals, comments, missing comm
 after the value, raw control characters in strings) are fixed by one regex-tokenizer pass that costs a few
 microseconds; anything stranger goes to the `json-repair` library. The fast pass exists because json-repair is a
 char-by-char parser (50-500 us for one call) and repair sits on every tool-calling response.
+
+Hard limits keep every step linear in the text and short: text over `MAX_REPAIR_CHARS` is only parsed, never
+repaired; json-repair sees at most `MAX_LIBRARY_CHARS` nested at most `MAX_DEPTH` deep (it is superlinear in
+nesting: 1,000 `{` took 0.35 s, 32,768 took 10.8 s, 2 MB froze the proxy for minutes). Work moved to a thread
+(proxy/tools/budget.py) checks its deadline in the fast pass as it goes.
 """
 from __future__ import annotations
 
@@ -16,7 +21,14 @@ from typing import Any
 import json_repair
 import orjson
 
+from adapters.fields import MAX_DEPTH, nests_deeper
+from proxy.tools.budget import check_budget
+
 from .quote import placed_quote
+
+MAX_REPAIR_CHARS = 256 * 1024  # the fast pass: ~1 us a character, so at most ~0.3 s of a thread
+MAX_LIBRARY_CHARS = 16 * 1024  # json-repair: 10-40 ms for 16 KB of ordinary broken JSON on this machine
+_CHECK_EVERY = 4096  # fast-pass tokens between deadline checks
 
 _TOKEN = re.compile(
     r"""(?P<ws>\s+)
@@ -37,6 +49,7 @@ _NON_JSON = {"nan": "null", "infinity": "null", "undefined": "null"}
 _CLOSER = {"{": "}", "[": "]", "(": "]"}
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _JSON_START = re.compile(r"[{\[]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
 # A string that runs to the end of the text is a truncation only if it swallowed no structure: `"units}}]` is a
 # missing closing quote, whose value the fast pass cannot know (80.8% of such texts came out silently wrong).
@@ -57,16 +70,26 @@ class Repaired:
 def parse_json(text: str) -> Repaired:
     """Parse `text` (an object or array, possibly broken) into a value; `fixes` names each repair made."""
     try:
-        return Repaired(orjson.loads(text))
+        value = orjson.loads(text)
     except orjson.JSONDecodeError:
         pass
+    else:
+        if nests_deeper(value):
+            raise Unrepairable(f"the value nests deeper than {MAX_DEPTH} levels")
+        return Repaired(value)
+    if len(text) > MAX_REPAIR_CHARS:
+        raise Unrepairable(f"{len(text)} characters are more than repair takes ({MAX_REPAIR_CHARS})")
     fixes: list[str] = []
     fixed = _fast_repair(text, fixes)
     if fixed is not None:
         try:
-            return Repaired(orjson.loads(fixed), list(dict.fromkeys(fixes)))
+            value = orjson.loads(fixed)
         except orjson.JSONDecodeError:
             pass
+        else:
+            if nests_deeper(value):
+                raise Unrepairable(f"the value nests deeper than {MAX_DEPTH} levels")
+            return Repaired(value, list(dict.fromkeys(fixes)))
     return _library_repair(text)
 
 
@@ -138,15 +161,38 @@ def _library_repair(text: str) -> Repaired:
     start = _JSON_START.search(text)
     if start is None:
         raise Unrepairable("no JSON object or array found")
-    value = json_repair.repair_json(text[start.start():], return_objects=True, skip_json_loads=True)
+    if len(text) > MAX_LIBRARY_CHARS:
+        raise Unrepairable(f"{len(text)} characters of broken JSON are more than repair takes ({MAX_LIBRARY_CHARS})")
+    if _bracket_depth(text) > MAX_DEPTH:
+        raise Unrepairable(f"the text nests deeper than {MAX_DEPTH} levels")
+    check_budget()
+    try:
+        value = json_repair.repair_json(text[start.start():], return_objects=True, skip_json_loads=True)
+    except (ValueError, RecursionError) as e:  # the library's own limits
+        raise Unrepairable(f"json-repair gave up: {e}") from e
+    if nests_deeper(value):
+        raise Unrepairable(f"the value nests deeper than {MAX_DEPTH} levels")
     if not isinstance(value, (dict, list)):
         raise Unrepairable("text is not repairable into a JSON object or array")
     if any(_SWALLOWED.search(s) for s in _strings(value)):
         placed = placed_quote(text[start.start():].rstrip())
         if placed is None:
             raise Unrepairable("a string swallowed the keys after it (a missing quote the repair could not place)")
-        return Repaired(_clean_floats(placed), ["missing_quote"])
-    return Repaired(_clean_floats(value), ["json_repair"])
+        return Repaired(_cleaned(placed), ["missing_quote"])
+    return Repaired(_cleaned(value), ["json_repair"])
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest bracket nesting outside double-quoted strings (one linear scan)."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(text):
+        tok = m.group()
+        if tok in "{[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif tok in "}]":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def _strings(value: Any) -> list[str]:
@@ -159,15 +205,24 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def _clean_floats(value: Any) -> Any:
-    """json-repair keeps NaN/Infinity, which are not JSON: make them null, as the fast pass does."""
+def _cleaned(value: Any) -> Any:
+    """json-repair keeps NaN/Infinity, which are not JSON: null, as the fast pass does; and it decodes a lone
+    surrogate escape ("\\ud83d") into a string no JSON encoder writes: U+FFFD, as a UTF-8 decoder would."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str):
+        return _no_lone_surrogates(value)
     if isinstance(value, dict):
-        return {k: _clean_floats(v) for k, v in value.items()}
+        return {_no_lone_surrogates(k): _cleaned(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean_floats(v) for v in value]
+        return [_cleaned(v) for v in value]
     return value
+
+
+def _no_lone_surrogates(text: str) -> str:
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 @dataclass
@@ -186,7 +241,9 @@ class _Writer:
 def _fast_repair(text: str, fixes: list[str]) -> str | None:
     """One tokenizer pass that rewrites common breakages into JSON; None when it meets anything else."""
     w = _Writer()
-    for m in _TOKEN.finditer(text, _first_bracket(text, fixes)):
+    for n, m in enumerate(_TOKEN.finditer(text, _first_bracket(text, fixes))):
+        if n % _CHECK_EVERY == 0:
+            check_budget()
         kind, tok = m.lastgroup, m.group()
         if kind == "ws":
             continue
@@ -239,6 +296,8 @@ def _open(w: _Writer, tok: str, fixes: list[str]) -> bool:
         return False
     if tok == "(":
         fixes.append("python_tuple")
+    if len(w.stack) >= MAX_DEPTH:
+        return False
     w.out.append("{" if tok == "{" else "[")
     w.stack.append(tok)
     w.prev = "open"

@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import AsyncIterator, Callable
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message
+from proxy.tools.budget import Budget
 from proxy.tools.calls import RepairReport, ToolCallInvalid
-from proxy.tools.metrics import ToolMetrics
+from proxy.tools.metrics import ModelCounts
 from proxy.tools.stream import offered_tools, repair_stream
 from proxy.tools.structured import StructuredOutputInvalid
 
@@ -25,40 +26,43 @@ RunFn = Callable[[Request], AsyncIterator[Chunk]]
 _INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 
 
-def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ToolMetrics,
-               notes: list[str], constrained: bool = False) -> AsyncIterator[Chunk]:
+def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ModelCounts, notes: list[str],
+               budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
     """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
-    header) and logged. Completions are repaired but never retried: there is no conversation to append to.
-    `constrained`: the backend enforces `format` with a grammar (structured output then streams unbuffered)."""
+    header) and logged. Completions are repaired but never retried: there is no conversation to append to. Every
+    attempt shares `budget` (proxy/tools/budget.py). `constrained`: the backend enforces `format` with a grammar
+    (structured output then streams unbuffered)."""
     if not offered_tools(req) and req.format is None:
         return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
-        return _streamed(run, req, metrics, notes, constrained)
-    return _retried(run, req, max_retries, metrics, notes)
+        return _streamed(run, req, metrics, notes, budget, constrained)
+    return _retried(run, req, max_retries, metrics, notes, budget)
 
 
-async def _streamed(run: RunFn, req: Request, metrics: ToolMetrics, notes: list[str],
-                    constrained: bool) -> AsyncIterator[Chunk]:
+async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[str],
+                    budget: Budget | None, constrained: bool) -> AsyncIterator[Chunk]:
     report = RepairReport()
     try:
-        async with contextlib.aclosing(repair_stream(run(req), req, metrics, report, constrained)) as stream:
+        async with contextlib.aclosing(repair_stream(run(req), req, metrics, report, budget,
+                                                     constrained)) as stream:
             async for chunk in stream:
                 yield chunk
     finally:
         _note(report, req.model, notes)
 
 
-async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ToolMetrics,
-                   notes: list[str]) -> AsyncIterator[Chunk]:
+async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ModelCounts, notes: list[str],
+                   budget: Budget | None) -> AsyncIterator[Chunk]:
     attempt, usable, error = req, None, None
     for n in range(max_retries + 1):
         if n:
-            metrics.retried(req.model)
+            metrics.retried += 1
             notes.append(f"retry={n}")
         raw: list[str] = []
         report = RepairReport()
         try:
-            async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report)) as s:
+            async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report,
+                                                         budget)) as s:
                 chunks = [c async for c in s]
             usable, error = chunks, (report.error() if report.invalid else None)
         except _INVALID as e:

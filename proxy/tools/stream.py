@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, TypeVar
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Tool, ToolCall
+from proxy.tools.budget import INLINE_CHARS, Budget, OverBudget, check_budget
 from proxy.tools.calls import CallRepairer, RepairReport
 from proxy.tools.extract import could_be_call, is_partial_marker, next_start, region_at
-from proxy.tools.metrics import ToolMetrics
+from proxy.tools.metrics import ModelCounts
+from proxy.tools.repair import MAX_REPAIR_CHARS
+from proxy.tools.scan import EndSearch
 from proxy.tools.structured import repair_structured
 
 _OVERRIDABLE = (None, "stop", "length")
+T = TypeVar("T")
 
 
 def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
@@ -33,17 +37,18 @@ def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
 
 
 def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
-                  metrics: ToolMetrics | None = None, report: RepairReport | None = None,
-                  constrained: bool = False) -> AsyncIterator[Chunk]:
+                  metrics: ModelCounts | None = None, report: RepairReport | None = None,
+                  budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
     """Wrap a chunk stream; with neither tools nor a format it is returned as is (no overhead).
-    What was done is added to `report` as the stream runs and to `metrics` when it ends. `constrained`: the
-    backend decodes the format under a grammar, so structured output streams as it comes and is checked at the end."""
+    What was done is added to `report` as the stream runs and to `metrics` when it ends. Without a `budget`, all
+    the work runs on the caller's loop (tests, benchmarks). `constrained`: the backend decodes the format under a
+    grammar, so structured output streams as it comes and is checked at the end."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
-        return _hold_back(chunks, HoldBack(CallRepairer(tools, report)), req.model, metrics)
+        return _hold_back(chunks, HoldBack(CallRepairer(tools, report)), metrics, budget)
     if req.format is not None:
         check = _check_structured if constrained else _buffer_structured
-        return check(chunks, req, metrics, report)
+        return check(chunks, req, metrics, report, budget)
     return chunks
 
 
@@ -62,40 +67,68 @@ def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool]) -> 
 
 @dataclass
 class HoldBack:
-    """One turn's text state: text that may still become a call, and failed attempts not shown yet."""
+    """One turn's text state: text that may still become a call, and failed attempts not shown yet.
+
+    `held` starts with the region being held; `search` goes on looking for its end as chunks extend it. A region
+    that grows past MAX_REPAIR_CHARS is let go as text ("skipped=size"); once the repair budget is spent, the rest of
+    the turn passes through as it comes ("skipped=budget")."""
 
     repairer: CallRepairer
     held: str = ""
     doubt: str = ""
     sent_text: bool = False
     sent_calls: bool = False
+    search: EndSearch | None = None
+    passthrough: bool = False
+
+    def cost(self, text: str, final: bool) -> int:
+        """Characters the next `feed` may have to repair (what decides whether it leaves the event loop): a chunk
+        that only extends a held region is scanned where its search stopped, which is cheap whatever its size."""
+        if self.passthrough:
+            return 0
+        size = len(self.held) + len(text)
+        if len(text) > INLINE_CHARS or final or self.search is None:
+            return size
+        return size if self.search.find(self.held + text) is not None else len(text)
 
     def feed(self, text: str, final: bool) -> tuple[list[tuple[str, bool]], list[ToolCall]]:
         """Add text; return the segments that can be released now (text, is_failed_attempt) and the calls
         completed by it."""
         held, self.held = self.held + text, ""
+        search, self.search = self.search, None
         segments: list[tuple[str, bool]] = []
         calls: list[ToolCall] = []
+        if self.passthrough:
+            return [(held, False)], []
         pos = scan = 0
-        while (i := next_start(held, scan)) >= 0:
-            if not final and is_partial_marker(held, i):
-                self.held = held[i:]
-                break
-            region = region_at(held, i, final)
-            if region is None or (not region.complete and not could_be_call(region)):
-                scan = region.end if region is not None and region.kind == "code" else i + 1
-                continue
-            if not region.complete:
-                self.held = held[i:]
-                break
-            invalid = len(self.repairer.report.invalid)
-            found = self.repairer.region(region)
-            if found is not None or len(self.repairer.report.invalid) > invalid:
-                segments.append((held[pos:region.start], False))
-                segments += [] if found is not None else [(held[region.start:region.end], True)]
-                calls += found or []
-                pos = region.end
-            scan = region.end
+        try:
+            while (i := next_start(held, scan)) >= 0:
+                check_budget()
+                if not final and is_partial_marker(held, i):
+                    self.held = held[i:]
+                    break
+                region = region_at(held, i, final, search if i == 0 else None)
+                if region is None or (not region.complete and not could_be_call(region)):
+                    scan = region.end if region is not None and region.kind == "code" else i + 1
+                    continue
+                if region.end - region.start > MAX_REPAIR_CHARS:  # too large to hold or repair: text it stays
+                    self.repairer.report.skipped.append("size")
+                    scan = region.end
+                    continue
+                if not region.complete:
+                    self.held, self.search = held[i:], _rebased(region.search, i)
+                    break
+                invalid = len(self.repairer.report.invalid)
+                found = self.repairer.region(region)
+                if found is not None or len(self.repairer.report.invalid) > invalid:
+                    segments.append((held[pos:region.start], False))
+                    segments += [] if found is not None else [(held[region.start:region.end], True)]
+                    calls += found or []
+                    pos = region.end
+                scan = region.end
+        except OverBudget:
+            self.passthrough, self.held, self.search = True, "", None
+            self.repairer.report.skipped.append("budget")
         segments.append((held[pos:len(held) - len(self.held)], False))
         return segments, calls
 
@@ -130,8 +163,20 @@ class HoldBack:
         return None if empty else new
 
 
-async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, model: str,
-                     metrics: ToolMetrics | None) -> AsyncIterator[Chunk]:
+def _rebased(search: EndSearch | None, shift: int) -> EndSearch | None:
+    """The search of a region that moves `shift` characters to the front of the held text."""
+    if search is not None and shift:
+        search.pos -= shift  # type: ignore[attr-defined]
+        assert getattr(search, "end", None) is None  # only an unfinished region is held
+    return search
+
+
+async def _run(budget: Budget | None, fn: Callable[..., T], *args: object, size: int) -> T:
+    return fn(*args) if budget is None else await budget.run(fn, *args, size=size)
+
+
+async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: ModelCounts | None,
+                     budget: Budget | None) -> AsyncIterator[Chunk]:
     """Text flows; calls are all sent with the last chunk, so that a dialect numbering the calls of one chunk
     (OpenAI's `index`) gives each call of the turn its own number."""
     last = Chunk(finish_reason="stop")  # used when the stream ends without a finish_reason
@@ -142,43 +187,49 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, model: str,
             if chunk.finish_reason is not None:
                 last = chunk
                 break
-            segments, found = state.feed(chunk.text, final=False)
+            segments, found = await _run(budget, state.feed, chunk.text, False, size=state.cost(chunk.text, False))
             calls += found
             sent = state.out(chunk, state.release(segments), [])
             if sent is not None:
                 yield sent
-    segments, found = state.feed(last.text, final=True)
+    segments, found = await _run(budget, state.feed, last.text, True, size=state.cost(last.text, True))
     text = state.release(segments)
     calls += found
     try:
         text += state.close(calls)
     finally:
         if metrics is not None:
-            metrics.record(model, state.repairer.report)
+            metrics.record(state.repairer.report)
     yield state.out(last, text, calls) or last
 
 
 async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
-                            metrics: ToolMetrics | None, report: RepairReport) -> AsyncIterator[Chunk]:
+                            metrics: ModelCounts | None, report: RepairReport,
+                            budget: Budget | None) -> AsyncIterator[Chunk]:
     """A grammar-constrained answer flows token by token, as Ollama streams it; the whole is checked before the
-    last chunk, and one that does not parse ends the stream in StructuredOutputInvalid (never cached). An answer
-    cut by max_tokens is sent as it is, as Ollama sends it."""
+    last chunk (past the repair budget, not at all), and one that does not parse ends the stream in
+    StructuredOutputInvalid (never cached). An answer cut by max_tokens is sent as it is, as Ollama sends it."""
     parts: list[str] = []
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
             parts.append(chunk.text)
             if chunk.finish_reason == "stop":
+                text = "".join(parts)
                 try:
-                    repair_structured("".join(parts), req.format, report)  # type: ignore[arg-type]
+                    await _run(budget, repair_structured, text, req.format, report, size=len(text))
+                except OverBudget:
+                    report.skipped.append("budget")
                 finally:
                     if metrics is not None:
-                        metrics.record(req.model, report)
+                        metrics.record(report)
             yield chunk
 
 
 async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
-                             metrics: ToolMetrics | None, report: RepairReport) -> AsyncIterator[Chunk]:
-    """JSON can only be checked whole: hold all text, pass everything else, send the repaired text last."""
+                             metrics: ModelCounts | None, report: RepairReport,
+                             budget: Budget | None) -> AsyncIterator[Chunk]:
+    """JSON can only be checked whole: hold all text, pass everything else, send the repaired text last (or, past
+    the repair budget, the text as it came)."""
     parts: list[str] = []
     last = Chunk(finish_reason="stop")
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
@@ -189,9 +240,12 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
                 break
             if chunk.thinking or chunk.usage:
                 yield replace(chunk, text="", logprobs=[])
+    text = "".join(parts)
     try:
-        text = repair_structured("".join(parts), req.format, report)  # type: ignore[arg-type]
+        text = await _run(budget, repair_structured, text, req.format, report, size=len(text))
+    except OverBudget:
+        report.skipped.append("budget")
     finally:
         if metrics is not None:
-            metrics.record(req.model, report)
+            metrics.record(report)
     yield replace(last, text=text)

@@ -7,9 +7,10 @@ from typing import Any
 import orjson
 
 from adapters.errors import BackendError
+from adapters.fields import nests_deeper
 from proxy.tools.calls import RepairReport
 from proxy.tools.coerce import coerce, validation_errors
-from proxy.tools.repair import Unrepairable, parse_json
+from proxy.tools.repair import MAX_REPAIR_CHARS, Unrepairable, parse_json
 
 
 class StructuredOutputInvalid(BackendError):
@@ -19,12 +20,19 @@ class StructuredOutputInvalid(BackendError):
 
 
 def repair_structured(text: str, fmt: str | dict, report: RepairReport) -> str:
-    """Valid JSON for `fmt` ("json" or a JSON Schema), untouched when it already is; changes go to `report`."""
+    """Valid JSON for `fmt` ("json" or a JSON Schema), untouched when it already is; changes go to `report`. An
+    answer too large or too deeply nested to repair or check is passed through as it is ("skipped=size")."""
     changes = len(report.repaired) + len(report.coerced)
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
+        if len(text) > MAX_REPAIR_CHARS:
+            report.skipped.append("size")
+            return text
         value = _repaired(text, report)
+    if nests_deeper(value):
+        report.skipped.append("size")
+        return text
     schema = schema_of(fmt)
     if schema:
         value = _conform(value, schema, report)

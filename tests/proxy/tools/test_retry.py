@@ -6,7 +6,7 @@ from typing import AsyncIterator
 import pytest
 
 from adapters.protocol import ChatRequest, Chunk, Message
-from proxy.tools.metrics import ToolMetrics
+from proxy.tools.metrics import ModelCounts
 from proxy.tools.retry import with_retry
 from proxy.tools.structured import StructuredOutputInvalid
 from tests.proxy.tools.test_calls import TOOLS
@@ -32,9 +32,9 @@ def _req(**kw) -> ChatRequest:
     return ChatRequest(model="m", messages=[Message("user", "hi")], **kw)
 
 
-async def _answer(backend: Backend, req: ChatRequest, retries: int, metrics: ToolMetrics | None = None,
+async def _answer(backend: Backend, req: ChatRequest, retries: int, metrics: ModelCounts | None = None,
                   notes: list[str] | None = None) -> list[Chunk]:
-    stream = with_retry(backend, req, retries, metrics or ToolMetrics(), notes if notes is not None else [])
+    stream = with_retry(backend, req, retries, metrics or ModelCounts(), notes if notes is not None else [])
     return [c async for c in stream]
 
 
@@ -48,10 +48,10 @@ async def test_structured_output_is_asked_again_with_the_schema_error() -> None:
 
 
 async def test_gives_up_after_max_retries_with_the_last_error() -> None:
-    backend, metrics = Backend("not json"), ToolMetrics()
+    backend, metrics = Backend("not json"), ModelCounts()
     with pytest.raises(StructuredOutputInvalid):
         await _answer(backend, _req(format="json"), retries=2, metrics=metrics)
-    assert len(backend.requests) == 3 and metrics.snapshot()["m"]["retried"] == 2
+    assert len(backend.requests) == 3 and metrics.retried == 2
 
 
 async def test_a_usable_answer_with_an_invalid_call_is_retried_and_kept_if_nothing_better_comes() -> None:
@@ -77,5 +77,5 @@ async def test_a_valid_first_answer_is_not_retried() -> None:
 
 async def test_requests_without_tools_or_format_are_not_touched() -> None:
     backend = Backend("plain")
-    stream = with_retry(backend, _req(), 3, ToolMetrics(), [])
+    stream = with_retry(backend, _req(), 3, ModelCounts(), [])
     assert [c.text async for c in stream] == ["plain", ""]

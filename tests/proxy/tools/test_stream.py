@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ToolCall
 from proxy.tools.calls import RepairReport, ToolCallInvalid
-from proxy.tools.metrics import ToolMetrics
+from proxy.tools.metrics import ModelCounts
 from proxy.tools.stream import repair_message, repair_stream
 from proxy.tools.structured import StructuredOutputInvalid
 from tests.proxy.tools.test_calls import TOOLS
@@ -86,11 +86,10 @@ async def test_without_tools_or_format_the_stream_is_untouched() -> None:
 
 
 async def test_metrics_and_report_are_filled() -> None:
-    metrics, report = ToolMetrics(), RepairReport()
+    metrics, report = ModelCounts(), RepairReport()
     again_in_a_fence = "```json\n" + CALL.removeprefix("<tool_call>").removesuffix("</tool_call>") + "\n```"
     await _run([CALL, again_in_a_fence], _req(tools=TOOLS), metrics=metrics, report=report)
-    counts = metrics.snapshot()["m"]
-    assert counts["extracted"] == 1 and counts["coerced"] == 1 and counts["deduped"] == 1
+    assert metrics.extracted == 1 and metrics.coerced == 1 and metrics.deduped == 1
     assert report.extracted == 1
 
 
