@@ -34,7 +34,7 @@ class Embeddings:
     async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
         target = await self.services.router.resolve(req.model)
         batcher = self.batchers.get(target.backend.name)
-        with self.metrics.observe(caller.path, req.model, target.backend.name):
+        with self.metrics.observe(caller.path, target.label, target.backend.name):
             req = replace(req, model=target.model)
             return await (batcher.embed(req) if batcher else target.backend.embed(req))
 

@@ -61,8 +61,8 @@ class RequestMetrics:
     its own (registered in each configuration's registry), so the series outlive config reloads."""
 
     def __init__(self) -> None:
-        labels = ("endpoint", "model", "backend")
-        self.requests = Counter("velo_requests", "Requests by outcome (HTTP status; 499: client left)",
+        labels = ("endpoint", "model", "backend")  # model: a listed or configured name, else "other" (router.py)
+        self.requests = Counter("velo_requests", "Requests by outcome (HTTP status; 499: client left or cancelled)",
                                 (*labels, "status"), registry=None)
         self.latency = Histogram("velo_request_seconds", "Whole-request latency", labels,
                                  buckets=_LATENCY_BUCKETS, registry=None)

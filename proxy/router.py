@@ -1,5 +1,6 @@
 """Which backend serves a model name: aliases, then explicit routes (exact, then glob), then whoever lists it,
-then the default backend."""
+then the default backend. Listings come from memory (proxy/listings.py), so no request waits on a backend that
+hangs, and a name nobody serves is a fast 404."""
 from __future__ import annotations
 
 import asyncio
@@ -13,53 +14,87 @@ from adapters.errors import ModelNotFound
 from adapters.protocol import ModelInfo
 
 from .config import Config
+from .listings import Listings
 
 log = logging.getLogger("velo.router")
+OTHER = "other"  # the metrics label of every model name that no backend lists and no route or alias names
 
 
 @dataclass(frozen=True)
 class Target:
     backend: Backend
     model: str  # the name the backend knows the model by
+    label: str = OTHER  # the name /metrics may show: bounded by what backends list and the config names
+
+
+@dataclass
+class _Info:
+    at: float
+    info: ModelInfo | None
+    task: asyncio.Task | None = None
 
 
 class Router:
     def __init__(self, config: Config, backends: dict[str, Backend], listing_timeout: float = 3.0,
-                 info_ttl_s: float = 30.0):
+                 info_ttl_s: float = 30.0, refresh_s: float = 60.0, unknown_ttl_s: float = 2.0):
         self.config = config
         self.backends = backends
         self.listing_timeout = listing_timeout
         self.info_ttl_s = info_ttl_s
-        self._listed: dict[str, str] = {}  # model name -> backend name, from the last listing
-        self._info: dict[tuple[str, str], tuple[float, ModelInfo | None]] = {}  # (backend, model) -> (when, its info)
+        self.listings = Listings(backends, listing_timeout, refresh_s, unknown_ttl_s)
+        self._info: dict[tuple[str, str], _Info] = {}  # (backend, model) -> what the backend said, and when
+
+    async def start(self) -> None:
+        await self.listings.start()
+
+    async def close(self) -> None:
+        await self.listings.close()
+        pending = [e.task for e in self._info.values() if e.task is not None and not e.task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def model_info(self, target: Target) -> ModelInfo | None:
-        """What the backend says about the model (context, capabilities), kept `info_ttl_s`: stages ask per
-        request, and Ollama answers /api/show over HTTP. None when it cannot say (a model it serves without
-        listing it, or a backend that is down): the request itself then finds out."""
-        key, now = (target.backend.name, target.model), time.monotonic()
-        cached = self._info.get(key)
-        if cached is None or now - cached[0] > self.info_ttl_s:
-            try:
-                info = await asyncio.wait_for(target.backend.show(target.model), self.listing_timeout)
-            except Exception as e:  # noqa: BLE001 - any failure here means "unknown", never a failed request
-                log.debug("no model info for %s on %r: %s", target.model, target.backend.name, e)
-                info = None
-            cached = self._info[key] = (now, info)
-        return cached[1]
+        """What the backend says about the model (context, capabilities), kept `info_ttl_s` and refreshed behind
+        the requests' backs once known: stages ask per request, and Ollama answers /api/show over HTTP. Only the
+        first ask for a model waits (at most `listing_timeout`, shared by concurrent requests), and only requests
+        for that backend. None when it cannot say (a model it serves without listing it, or a backend that is down):
+        the request itself then finds out."""
+        key = (target.backend.name, target.model)
+        entry = self._info.get(key)
+        if entry is None:
+            entry = self._info[key] = _Info(0.0, None)
+            entry.task = asyncio.create_task(self._show(target, entry))
+            await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
+        elif time.monotonic() - entry.at > self.info_ttl_s and (entry.task is None or entry.task.done()):
+            entry.task = asyncio.create_task(self._show(target, entry))
+        elif entry.at == 0.0 and entry.task is not None:
+            await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
+        return entry.info
+
+    async def _show(self, target: Target, entry: _Info) -> None:
+        try:
+            entry.info = await asyncio.wait_for(target.backend.show(target.model), self.listing_timeout)
+        except Exception as e:  # noqa: BLE001 - any failure here means "unknown", never a failed request
+            log.debug("no model info for %s on %r: %s", target.model, target.backend.name, e)
+            entry.info = None
+        entry.at = time.monotonic()
 
     async def resolve(self, model: str) -> Target:
         if not model:
             raise ModelNotFound(model)
         alias = self.config.aliases.get(model)
-        if alias is not None:
-            backend, sep, name = alias.partition(":")
-            if sep and backend in self.backends:
-                return Target(self.backends[backend], name)
-            model = alias
+        if alias is None:
+            return await self._resolve(model)
+        backend, sep, name = alias.partition(":")
+        if sep and backend in self.backends:
+            return Target(self.backends[backend], name, model)
+        return replace(await self._resolve(alias), label=model)
+
+    async def _resolve(self, model: str) -> Target:
         target = self._routed(model)
-        if target is None and model not in self._listed:
-            await self.list_models()  # a model pulled since the last listing
+        if target is None and self._from_listing(model) is None:
+            await self.listings.refresh(unless_fresh=True)  # a model pulled since the last listing
         return target or self._from_listing(model) or self._default(model)
 
     def _routed(self, model: str) -> Target | None:
@@ -67,13 +102,13 @@ class Router:
             for route in self.config.routes:
                 hit = route.match == model if exact else fnmatch.fnmatchcase(model, route.match)
                 if hit:
-                    return Target(self.backends[route.backend], route.model or model)
+                    return Target(self.backends[route.backend], route.model or model, route.match)
         return None
 
     def _from_listing(self, model: str) -> Target | None:
         for name in (model, _with_latest(model)):
-            if name in self._listed:
-                return Target(self.backends[self._listed[name]], name)
+            if (backend := self.listings.owner.get(name)) is not None:
+                return Target(self.backends[backend], name, model)  # at most two spellings of a listed name
         return None
 
     def _default(self, model: str) -> Target:
@@ -83,26 +118,17 @@ class Router:
         return Target(self.backends[name], model)
 
     async def list_models(self) -> list[ModelInfo]:
-        """The union of every backend's models (a backend that is down contributes nothing), plus aliases."""
-        names = list(self.backends)
-        results = await asyncio.gather(*(self._list_one(self.backends[n]) for n in names))
+        """The union of every backend's models (first backend wins a name; a backend that never answered contributes
+        nothing), plus aliases. Asks the backends again, waiting only for those that answer."""
+        await self.listings.refresh()
         seen: dict[str, ModelInfo] = {}
-        for name, models in zip(names, results):
-            for info in models:
-                if info.name not in seen:
-                    seen[info.name] = replace(info, backend=name)
-        self._listed = {m.name: m.backend for m in seen.values()}
+        for backend, info in self.listings.models():
+            if info.name not in seen:
+                seen[info.name] = replace(info, backend=backend)
         for alias, target in self.config.aliases.items():
             base = seen.get(target.partition(":")[2] or target)
             seen.setdefault(alias, replace(base, name=alias) if base else ModelInfo(name=alias))
         return list(seen.values())
-
-    async def _list_one(self, backend: Backend) -> list[ModelInfo]:
-        try:
-            return await asyncio.wait_for(backend.list_models(), self.listing_timeout)
-        except Exception as e:  # noqa: BLE001 - one backend down must not hide the others' models
-            log.warning("listing models of backend %r failed: %s", backend.name, e)
-            return []
 
 
 def _with_latest(model: str) -> str:

@@ -75,18 +75,21 @@ class CacheLayer:
         """Why `req` is not cacheable, or "" when it is."""
         return self._policy(route or req.model).why_not(req)
 
-    async def lookup(self, req: Request, scope: str, bypass: bool, route: str | None = None) -> CacheHit | None:
-        route = route or req.model
-        policy = self._policy(route)
+    async def lookup(self, req: Request, scope: str, bypass: bool, route: str | None = None,
+                     label: str | None = None) -> CacheHit | None:
+        """`route` (the model name asked) picks the `[[cache.routes]]` policy; `label` (router.py: bounded) keys the
+        counters, which /metrics shows."""
+        policy = self._policy(route or req.model)
+        label = label or route or req.model
         if bypass or not policy.cacheable(req):
-            self.counters.count("all", route, "bypass" if bypass else "skip")
+            self.counters.count("all", label, "bypass" if bypass else "skip")
             return None
         start = time.perf_counter()
-        hit = await self._lookup_exact(exact_key(req, scope), route)
+        hit = await self._lookup_exact(exact_key(req, scope), label)
         if hit is None and policy.semantic and self.embedder is not None:
-            hit = await self._lookup_semantic(req, scope, route)
+            hit = await self._lookup_semantic(req, scope, label)
         kind = hit.kind if hit else "miss"
-        self.counters.count("all", route, "hit" if hit else "miss")
+        self.counters.count("all", label, "hit" if hit else "miss")
         self.counters.observe(kind, time.perf_counter() - start)
         return hit
 
@@ -167,11 +170,12 @@ class CacheLayer:
         self.counters.count("pgvector", route, "miss" if payload is None else "hit")
         return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
 
-    async def store(self, req: Request, scope: str, chunks: list[Chunk], route: str | None = None) -> bool:
+    async def store(self, req: Request, scope: str, chunks: list[Chunk], route: str | None = None,
+                    label: str | None = None) -> bool:
         """Write a finished answer to every tier. Errors, cancels, cut-off streams and sampled requests are
         refused (False)."""
-        route = route or req.model
-        policy = self._policy(route)
+        policy = self._policy(route or req.model)
+        route = label or route or req.model  # the counters' key from here on
         if not policy.cacheable(req) or not complete_stream(chunks):
             self.counters.count("all", route, "skip")
             return False

@@ -77,10 +77,13 @@ class Admit(Stage):
         yield from (queued, running, limit)
 
 
+_SLOTS_TIMEOUT_S = 5.0  # a backend that hangs at startup must not hold Velo's start for its total_timeout
+
+
 async def _slots(backend: Backend) -> int:
-    """What the backend reports; one that cannot say at startup (down) gets its configured limit or 4."""
+    """What the backend reports; one that cannot say at startup (down, hung) gets its configured limit or 4."""
     try:
-        return max(1, await backend.concurrency())
+        return max(1, await asyncio.wait_for(backend.concurrency(), _SLOTS_TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 - a backend that is down must not stop Velo from starting
         log.warning("backend %r did not report its concurrency (%s); using %d", backend.name, e,
                     backend.config.max_concurrency or 4)

@@ -32,11 +32,13 @@ class Cache(Stage):
             self.layer = await opening
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        assert job.target is not None
         if self.layer is None:
             job.outcome.cache = "off"
         else:
             started = time.perf_counter_ns()
-            hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, route=job.model)
+            hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, route=job.model,
+                                          label=job.target.label)
             if hit is not None:
                 job.outcome.cache = hit.kind
                 async for chunk in _replay(hit.chunks, started):
@@ -50,7 +52,7 @@ class Cache(Stage):
                 chunks.append(chunk)
                 yield chunk
         if self.layer is not None and job.outcome.cache == "miss":
-            await self.layer.store(_keyed(job), job.caller.tenant, chunks, route=job.model)
+            await self.layer.store(_keyed(job), job.caller.tenant, chunks, route=job.model, label=job.target.label)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.layer.stats() if self.layer is not None else {}

@@ -1,5 +1,5 @@
 """Counts, times, measures and logs every request on its way through (proxy/metrics.py holds the Prometheus series,
-proxy/request_log.py the log lines)."""
+proxy/request_log.py the log lines), and shows it in the list of requests in flight (proxy/inflight.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -23,12 +23,12 @@ class Observe(Stage):
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        log_prompts = self.services.config.server.log_prompts
-        line = RequestLine(job.caller.path, job.model, job.target.backend.name,
-                           _prompt(job.request) if log_prompts else None)
+        log_prompts, backend = self.services.config.server.log_prompts, job.target.backend.name
+        line = RequestLine(job.caller.path, job.model, backend, _prompt(job.request) if log_prompts else None)
         error: BaseException | None = None
         try:
-            with self.metrics.observe(job.caller.path, job.model, job.target.backend.name) as seen:
+            with self.metrics.observe(job.caller.path, job.target.label, backend) as seen:
+                self.services.inflight.watch(job.caller.request_id, job.model, backend, seen)
                 if log_prompts:
                     seen.prompt = _prompt(job.request)[:_PROMPT_CHARS]
                 try:

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from adapters.errors import ModelNotFound
 from proxy.config import parse_config
-from proxy.router import Router
+from proxy.router import Router, Target
 from tests.scripted import ScriptedBackend
 
 
@@ -51,3 +53,61 @@ async def test_a_down_backend_does_not_hide_the_others():
 async def test_aliases_are_listed():
     router, *_ = _router(aliases={"gpt-4o": "b:qwen-coder"})
     assert "gpt-4o" in {m.name for m in await router.list_models()}
+
+
+class Hung(ScriptedBackend):
+    """A backend that accepts and never answers a listing or a model's details, counting the asks."""
+
+    def __init__(self) -> None:
+        super().__init__("hung", ("big:70b",))
+        self.asked = {"list": 0, "show": 0}
+
+    async def list_models(self):  # type: ignore[override]
+        self.asked["list"] += 1
+        await asyncio.Event().wait()
+
+    async def show(self, model: str):  # type: ignore[override]
+        self.asked["show"] += 1
+        await asyncio.Event().wait()
+
+
+def _with_hung(timeout: float) -> tuple[Router, Hung, ScriptedBackend]:
+    cfg = parse_config({"backends": [{"name": "hung", "kind": "ollama", "url": "u"},
+                                     {"name": "b", "kind": "llamacpp", "url": "v"}]})
+    hung, fast = Hung(), ScriptedBackend("b", ("qwen-coder",))
+    return Router(cfg, {"hung": hung, "b": fast}, listing_timeout=timeout), hung, fast
+
+
+async def test_one_hung_backend_does_not_slow_anyone_once_listings_are_kept():
+    """Before: every request for a name no backend lists re-listed every backend, 3 s each with one hung."""
+    router, hung, fast = _with_hung(timeout=2.0)
+    await router.start()  # the first listing waits for the hung one, once, at most the timeout
+    try:
+        target = await asyncio.wait_for(router.resolve("qwen-coder"), 1.0)  # hang detectors: never the 2 s
+        assert target.backend is fast
+        for n in range(20):
+            with pytest.raises(ModelNotFound):
+                await asyncio.wait_for(router.resolve(f"nope-{n}"), 1.0)
+        assert hung.asked["list"] <= 2  # before: one listing per unknown name
+    finally:
+        await router.close()
+
+
+async def test_a_hung_backends_model_details_are_asked_once_for_everyone():
+    router, hung, _ = _with_hung(timeout=0.2)
+    target = Target(hung, "big:70b")
+    infos = await asyncio.gather(*(router.model_info(target) for _ in range(20)))
+    assert infos == [None] * 20 and hung.asked["show"] == 1  # before: 20 asks, each waiting the timeout
+    await router.close()
+
+
+async def test_a_model_pulled_since_the_last_listing_is_found():
+    router, a, b = _router()
+    router = Router(router.config, {"a": a, "b": b}, unknown_ttl_s=0.05)
+    await router.start()
+    try:
+        a.models.append("new:latest")
+        await asyncio.sleep(0.1)  # past the time a listing counts as fresh for unknown names
+        assert (await router.resolve("new")).backend is a
+    finally:
+        await router.close()

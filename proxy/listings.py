@@ -1,0 +1,93 @@
+"""Every backend's model list, kept in memory and refreshed in the background, so resolving a model never waits on
+a backend that hangs.
+
+A refresh asks every backend at once (one call in flight per backend) and waits only for the backends whose last
+listing answered, each for at most `timeout`: a backend that hung or failed keeps its last good list and is
+refreshed behind the requests' backs until it answers again. Refreshes for names nobody lists are rate-limited
+(`fresh_s`), so a flood of unknown names costs one listing round, not one per request (seen before: each unknown
+name re-listed every backend, 3 s per request with one hung backend).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from adapters.base import Backend
+from adapters.protocol import ModelInfo
+
+log = logging.getLogger("velo.router")
+
+
+@dataclass
+class Listing:
+    models: list[ModelInfo] = field(default_factory=list)
+    answered: bool = True  # the last refresh answered in time (until it has been asked, it is assumed to)
+    task: asyncio.Task | None = None
+
+
+class Listings:
+    def __init__(self, backends: dict[str, Backend], timeout: float, every_s: float, fresh_s: float) -> None:
+        self.backends, self.timeout, self.every_s, self.fresh_s = backends, timeout, every_s, fresh_s
+        self.by_backend = {name: Listing() for name in backends}
+        self.owner: dict[str, str] = {}  # model name -> backend name (the first backend that lists it)
+        self._asked = -float("inf")  # when a refresh round last started
+        self._loop: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._loop = asyncio.create_task(self._every())
+
+    async def close(self) -> None:
+        tasks = [t for t in [self._loop, *(entry.task for entry in self.by_backend.values())] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def models(self) -> list[tuple[str, ModelInfo]]:
+        """(backend name, model) in backend order."""
+        return [(name, info) for name, entry in self.by_backend.items() for info in entry.models]
+
+    async def refresh(self, *, unless_fresh: bool = False) -> None:
+        """A listing round; with `unless_fresh`, none when one started less than `fresh_s` ago (nothing waited)."""
+        now = time.monotonic()
+        if unless_fresh and now - self._asked < self.fresh_s:
+            return
+        self._asked = now
+        waits = [self._ask(name) for name, entry in self.by_backend.items() if entry.answered]
+        for name, entry in self.by_backend.items():
+            if not entry.answered:
+                self._ask(name)  # runs on in the background; its answer is used once it comes
+        if waits:
+            await asyncio.wait([asyncio.shield(t) for t in waits], timeout=self.timeout)
+
+    def _ask(self, name: str) -> asyncio.Task:
+        entry = self.by_backend[name]
+        if entry.task is None or entry.task.done():
+            entry.task = asyncio.create_task(self._list_one(name))
+        return entry.task
+
+    async def _list_one(self, name: str) -> None:
+        entry = self.by_backend[name]
+        try:
+            entry.models = await asyncio.wait_for(self.backends[name].list_models(), self.timeout)
+            entry.answered = True
+        except asyncio.TimeoutError:
+            entry.answered = False
+            log.warning("backend %r did not list its models within %gs; its last list is kept", name, self.timeout)
+        except Exception as e:  # noqa: BLE001 - one backend down must not hide the others' models
+            entry.answered = False
+            log.warning("listing models of backend %r failed (%s); its last list is kept", name, e)
+        self._index()
+
+    def _index(self) -> None:
+        owner: dict[str, str] = {}
+        for name, info in self.models():
+            owner.setdefault(info.name, name)
+        self.owner = owner
+
+    async def _every(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            await self.refresh()
