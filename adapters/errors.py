@@ -70,6 +70,13 @@ class PayloadTooLarge(VeloError):
     kind = "invalid_request_error"
 
 
+class RequestTimeout(VeloError):
+    """The client did not send its whole request body in time (slow or stalled uploads hold a connection)."""
+
+    status = 408
+    kind = "invalid_request_error"
+
+
 class Unsupported(VeloError):
     """The chosen backend cannot do this (e.g. /api/pull on llama-server)."""
 

@@ -1,6 +1,7 @@
 """The aiohttp app factory: routes registered in one place, state in AppKeys, the configuration in force as a
 `Generation` each request is pinned to (proxy/generation.py), reloaded from `config_path` when it changes
-(proxy/reload.py); middlewares: the browser guard, errors in the client's dialect, the pin, authentication."""
+(proxy/reload.py); middlewares: the browser guard, errors in the client's dialect, the declared body size, the pin,
+authentication, the list of requests in flight."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,16 +12,18 @@ from prometheus_client import CollectorRegistry
 
 from adapters.base import Backend
 
-from . import routes_anthropic, routes_ollama, routes_openai, routes_responses, routes_ui
+from . import routes_anthropic, routes_ollama, routes_openai, routes_responses, routes_ui, routes_velo
 from .auth import Handler, authenticate
 from .browser_guard import OriginPolicy, guard
 from .config import Config
 from .errors import errors_in_dialect
 from .generation import Generation, Generations
 from .http_io import json_response
+from .inflight import RUNNING
 from .keep import Keep
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, new_registry, render
 from .reload import Reloader
+from .request_bounds import refuse_oversized
 from .responses_store import ResponseStore
 from .state import GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
 
@@ -54,6 +57,17 @@ async def pin(request: web.Request, handler: Handler) -> web.StreamResponse:
         generation.leave()
 
 
+@web.middleware
+async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Lists the request among those in flight (proxy/inflight.py), one list for every configuration."""
+    return await request[PIPELINE].inflight.track(request, handler)
+
+
+async def _request_id(request: web.Request, response: web.StreamResponse) -> None:
+    if (running := request.get(RUNNING)) is not None:
+        response.headers["X-Velo-Request-Id"] = running.id
+
+
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
     app[RESPONSES] = await ResponseStore.open(app[GENERATIONS].current.config.responses)
     yield
@@ -68,9 +82,10 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     generations = Generations(Generation.build(1, config, keep, backends))
     browser_guard, add_cors_headers = guard(OriginPolicy.for_server(config.server.host, config.server.origins))
     app = web.Application(client_max_size=config.server.max_body_bytes,
-                          middlewares=[browser_guard, errors_in_dialect, pin,
-                                       authenticate(lambda r: r[GENERATION].config.server.api_keys)])
+                          middlewares=[browser_guard, errors_in_dialect, refuse_oversized, pin,
+                                       authenticate(lambda r: r[GENERATION].config.server.api_keys), track])
     app.on_response_prepare.append(add_cors_headers)
+    app.on_response_prepare.append(_request_id)
     app[GENERATIONS], app[APP_METRICS] = generations, new_registry()
     app.cleanup_ctx.append(generations.lifetime)
     app.cleanup_ctx.append(_responses_ctx)
@@ -86,4 +101,5 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     routes_anthropic.add_routes(app)
     routes_responses.add_routes(app)
     routes_ui.add_routes(app)
+    routes_velo.add_routes(app)
     return app

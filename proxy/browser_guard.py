@@ -37,7 +37,7 @@ ALLOW_HEADERS = ",".join([
                                    "package-version", "poll-helper", "retry-count", "runtime", "runtime-version",
                                    "timeout")),
     "Cache-Control", "X-Api-Key", "X-Velo-Cache"])  # the last three: Velo's own (cache bypass, keys)
-EXPOSE_HEADERS = "X-Velo-Cache,X-Velo-Repair,Retry-After"
+EXPOSE_HEADERS = "X-Velo-Cache,X-Velo-Repair,X-Velo-Request-Id,Retry-After"
 MAX_AGE = str(12 * 3600)
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 _ORIGIN = "velo.cors_origin"  # request key: the allowed Origin whose answer carries CORS headers

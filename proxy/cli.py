@@ -17,10 +17,13 @@ from adapters.base import BackendConfig
 from .app import make_app
 from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
-from .state import RELOADER
+from .inflight import InFlight, ShuttingDown
+from .request_bounds import server_options
+from .state import GENERATIONS, RELOADER
 
 log = logging.getLogger("velo")
 OLLAMA_DEFAULT_URL = "http://127.0.0.1:11434"
+_AFTER_ENDING_S = 2.0  # for ended requests to write their error events, and for aiohttp's own shutdown
 
 
 async def ollama_running(url: str = OLLAMA_DEFAULT_URL, timeout: float = 0.5) -> bool:
@@ -54,12 +57,14 @@ def find_config(explicit: str | None) -> Path | None:
 
 async def serve(config: Config, stop: asyncio.Event | None = None, config_path: Path | None = None) -> None:
     """Serves until SIGINT/SIGTERM (or `stop` is set), then shuts down gracefully: the listening socket closes
-    first, in-flight requests get `server.shutdown_grace_s` to finish and are cancelled after that (which
-    cancels their backend calls), and only then are the backends closed. With `config_path`, SIGHUP or an edit
-    of that file reloads the configuration (proxy/reload.py)."""
+    and idle connections are told to close, in-flight requests get `server.shutdown_grace_s` to finish, those
+    still running are ended with their dialect's error (a stream's error event; 503 "shutting down"), which
+    cancels their backend work, and only then are the backends closed (before, aiohttp's own shutdown waited
+    twice the grace and then cut streams with no error event). With `config_path`, SIGHUP or an edit of that file
+    reloads the configuration (proxy/reload.py)."""
     app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
-                           shutdown_timeout=config.server.shutdown_grace_s)
+                           shutdown_timeout=_AFTER_ENDING_S, **server_options(config.server))
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port)
     await site.start()
@@ -75,8 +80,21 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
-        log.info("shutting down: finishing in-flight requests (up to %.0fs)", config.server.shutdown_grace_s)
-        await runner.cleanup()
+        await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight,
+                         config.server.shutdown_grace_s)
+
+
+async def _shut_down(runner: web.AppRunner, inflight: InFlight, grace: float) -> None:
+    log.info("shutting down: finishing in-flight requests (up to %gs)", grace)
+    for site in list(runner.sites):
+        await site.stop()
+    assert runner.server is not None
+    runner.server.pre_shutdown()  # kept-alive connections take no new request
+    if not await inflight.drained(grace):
+        ended = inflight.cancel_all(ShuttingDown("Velo is shutting down; send the request again"))
+        log.warning("%d requests outlived the grace period of %gs and were ended", ended, grace)
+        await inflight.drained(_AFTER_ENDING_S)
+    await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:

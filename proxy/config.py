@@ -49,7 +49,15 @@ class ServerConfig:
                                       "small model that loops would otherwise run to the end of its context, holding "
                                       "a backend slot for minutes (seen: 297 s for one answer); the answer then ends "
                                       "with the dialect's length reason. 0: no limit", min=0)
-    shutdown_grace_s: float = setting(10.0, "on SIGTERM, in-flight requests get this long to finish", min=0)
+    shutdown_grace_s: float = setting(10.0, "on SIGTERM, in-flight requests get this long to finish; streams still "
+                                      "running then end with the dialect's error event (503, shutting down)", min=0)
+    header_timeout_s: float = setting(15.0, "a connection must send a request's headers within this long of opening "
+                                      "(or of its previous answer), else it is closed: slow clients cannot hold "
+                                      "connections open; idle keep-alive connections close after it too", min=0.1)
+    body_timeout_s: float = setting(60.0, "a request's whole body must arrive within this long, else 408", min=0.1)
+    long_request_s: float = setting(300.0, "a request running longer than this is logged once with its id, model, "
+                                    "client and tokens so far (`GET /velo/requests` lists every one, `DELETE "
+                                    "/velo/requests/{id}` cancels one). 0: never logged", min=0)
 
 
 @dataclass
@@ -68,6 +76,9 @@ class ToolsConfig:
     repair: bool = setting(True, "extract, repair, validate and coerce tool calls and JSON output")
     max_retries: int = setting(0, "ask the backend again (with the validation error) when a call stays invalid",
                                min=0)
+    repair_budget_s: float = setting(2.0, "seconds of a repair thread one answer's repair may take; past it the "
+                                     "answer is passed through unrepaired (X-Velo-Repair: skipped=budget). Answers "
+                                     "over 256 KB of broken JSON are never repaired (skipped=size)", min=0.01)
 
 
 @dataclass

@@ -11,14 +11,16 @@ from adapters.errors import NotFound, VeloError
 
 from .auth import Handler
 from .dialects import anthropic, dialect_of, ollama, openai
-from .http_io import json_response
+from .http_io import STREAM, json_response
+from .inflight import ending_reason, uncancel
 
 log = logging.getLogger("velo")
 
 
-def error_response(err: VeloError, dialect: str) -> web.Response:
-    headers = {"Retry-After": str(max(1, math.ceil(err.retry_after)))} if err.retry_after is not None else {}
-    headers |= getattr(err, "headers", {})  # a per-key limit's state (proxy/limits.py)
+def error_response(err: VeloError, dialect: str, headers: dict[str, str] | None = None) -> web.Response:
+    headers = {**(headers or {}), **getattr(err, "headers", {})}  # a per-key limit's state (proxy/limits.py)
+    if err.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after)))
     if dialect == "anthropic":
         return json_response(anthropic.error_object(err), status=anthropic.error_status(err), headers=headers)
     body = ollama.error_object(err.message) if dialect == "ollama" else openai.error_object(err, dialect)
@@ -27,21 +29,35 @@ def error_response(err: VeloError, dialect: str) -> web.Response:
 
 @web.middleware
 async def errors_in_dialect(request: web.Request, handler: Handler) -> web.StreamResponse:
-    dialect = dialect_of(request.path)
     try:
         return await handler(request)
-    except VeloError as err:
-        return error_response(err, dialect)
-    except web.HTTPNotFound:
+    except asyncio.CancelledError:
+        reason = ending_reason(request)  # Velo ended the request itself (an admin, a shutdown): say so
+        if reason is None:
+            raise
+        uncancel()
+        return request.get(STREAM) or error_response(reason, dialect_of(request.path))
+    except ConnectionResetError:
+        raise
+    except Exception as e:
+        if (streamed := request.get(STREAM)) is not None:  # its answer is out: never a second one in its stream
+            log.exception("error on %s %s after its stream ended", request.method, request.path)
+            return streamed
+        return _answer(request, e)
+
+
+def _answer(request: web.Request, e: Exception) -> web.StreamResponse:
+    dialect = dialect_of(request.path)
+    if isinstance(e, VeloError):
+        return error_response(e, dialect)
+    if isinstance(e, web.HTTPNotFound):
         return error_response(NotFound(f"no route for {request.method} {request.path}"), dialect)
-    except web.HTTPMethodNotAllowed as e:
-        err = VeloError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(e.allowed_methods))}")
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(e.allowed_methods))
+        err = VeloError(f"{request.method} is not allowed on {request.path}; use {allowed}")
         err.status, err.kind = 405, "invalid_request_error"
-        return error_response(err, dialect)
-    except web.HTTPException:
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(VeloError("internal error in Velo; see its log"), dialect)
+        return error_response(err, dialect, {"Allow": allowed})
+    if isinstance(e, web.HTTPException):
+        raise e
+    log.exception("unexpected error on %s %s", request.method, request.path)
+    return error_response(VeloError("internal error in Velo; see its log"), dialect)

@@ -60,10 +60,11 @@ class Generation:
         return cls(number, config, backends, router, Pipeline(config, router, lease), lease, fresh)
 
     async def start(self) -> None:
-        """New backends open first, then the stages that ask them things (slots) or load models (semantic cache).
-        On failure, what this generation took is given back, so a refused reload leaves nothing behind."""
+        """New backends open first, then their model lists, then the stages that ask them things (slots) or load
+        models (semantic cache). On failure, what this generation took is given back, so a refused reload leaves nothing behind."""
         try:
             await asyncio.gather(*(b.start() for b in self.fresh))
+            await self.router.start()  # the backends' model lists, kept and refreshed (proxy/listings.py)
             await self.pipeline.start()
         except BaseException:
             await self.close()
@@ -71,6 +72,7 @@ class Generation:
 
     async def close(self) -> None:
         await self.pipeline.close()
+        await self.router.close()
         await self.lease.give_back()
 
     async def health(self) -> dict[str, bool]:

@@ -1,8 +1,10 @@
 """Reading request bodies, making jobs of them, and writing JSON, NDJSON and SSE answers.
 
 A stream's first chunk is awaited before any byte is sent, so a backend that fails early gives a proper HTTP
-error status; a failure after that ends the stream with the dialect's error line. Whatever happens, the
-backend stream is closed, which cancels the backend's work.
+error status. After the first byte, whatever fails (the backend, a malformed upstream event, Velo itself, an admin's
+cancel, a shutdown) ends the stream with the dialect's error event and the stream's proper end: a second HTTP
+response is never written into an open stream. Whatever happens, the backend stream is closed, which cancels the
+backend's work.
 """
 from __future__ import annotations
 
@@ -13,28 +15,33 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from adapters.errors import BadRequest, PayloadTooLarge, VeloError
+from adapters.errors import BadRequest, VeloError
+from adapters.fields import MAX_DEPTH, nests_deeper
 
 from .auth import CALLER
 from .cache.policy import bypass_requested
 from .dialects import dialect_of
+from .inflight import ending_reason, uncancel
 from .job import Job, Request
+from .request_bounds import read_body
+from .state import GENERATION
 from .streams import first_then_rest
 
 log = logging.getLogger("velo.http")
+STREAM = "velo.stream"  # request key: the stream response once its head is out (errors.py never answers twice)
 
 
 async def read_json(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise PayloadTooLarge(f"request body is larger than the limit of {request.client_max_size} bytes") from e
+    raw = await read_body(request, request[GENERATION].config.server.body_timeout_s)
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        return orjson.loads(raw)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from e
+    if nests_deeper(body):
+        raise BadRequest(f"request body nests arrays and objects deeper than {MAX_DEPTH} levels")
+    return body
 
 
 def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
@@ -52,28 +59,58 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
                        headers: Callable[[], dict[str, str]] = dict, trailer: bytes = b"",
                        finish: Callable[[], Awaitable[bytes]] | None = None) -> web.StreamResponse:
     """Streams `stream` item by item through `encode`; the first item is awaited before the headers (`headers()`,
-    read then: the pipeline has decided the cache outcome by its first chunk) go out."""
+    read then: the pipeline has decided the cache outcome by its first chunk) go out. A failure before that
+    propagates (the error middleware answers in the dialect); after it, `on_error` ends the stream."""
+    resp: web.StreamResponse | None = None
     try:
         first, rest = await first_then_rest(stream)
         resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers()})
         await resp.prepare(request)
-        try:
-            if first is not None:
-                await resp.write(encode(first))
-            async for item in rest:
-                await resp.write(encode(item))
-            if finish is not None:
-                await resp.write(await finish())
-            await resp.write(trailer)
-        except VeloError as err:
-            log.warning("stream for %s failed mid-way: %s", request.path, err.message)
-            await resp.write(on_error(err))
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise  # the client went away: closing the stream below cancels the backend work
-        await resp.write_eof()
-        return resp
+        request[STREAM] = resp
+        if first is not None:
+            await resp.write(encode(first))
+        async for item in rest:
+            await resp.write(encode(item))
+        if finish is not None:
+            await resp.write(await finish())
+        await resp.write(trailer)
+    except BaseException as e:
+        err = _mid_stream(request, e) if resp is not None and resp.prepared else None
+        if err is None:
+            raise
+        await _end_with(request, resp, on_error, err)  # type: ignore[arg-type]
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
+    await resp.write_eof()
+    return resp
+
+
+def _mid_stream(request: web.Request, e: BaseException) -> VeloError | None:
+    """The error to end an open stream with, or None when the stream cannot go on (the client left)."""
+    if isinstance(e, asyncio.CancelledError):
+        reason = ending_reason(request)
+        if reason is not None:
+            uncancel()
+        return reason
+    if isinstance(e, ConnectionResetError) or not isinstance(e, Exception):
+        return None
+    if isinstance(e, VeloError):
+        log.warning("stream for %s failed mid-way: %s", request.path, e.message)
+        return e
+    log.exception("stream for %s failed mid-way", request.path)
+    return VeloError("internal error in Velo; see its log")
+
+
+async def _end_with(request: web.Request, resp: web.StreamResponse, on_error: Callable[[VeloError], bytes],
+                    err: VeloError) -> None:
+    """The dialect's error event; the stream's end follows (a complete chunked body: the connection stays usable,
+    as a client that pooled it expects)."""
+    try:
+        event = on_error(err)
+    except Exception:  # noqa: BLE001 - a writer that cannot word the error still ends the stream
+        log.exception("the %s stream's error event could not be written", request.path)
+        return
+    await resp.write(event)
 
 
 def ndjson(obj: Any) -> bytes:

@@ -18,6 +18,7 @@ class Caller:
     tenant: str = "anonymous"  # cache scope: no request ever sees another tenant's cached answer
     client: str = ""  # for fairness and autocomplete supersession
     path: str = ""  # the URL path asked, e.g. "/api/chat"
+    request_id: str = ""  # X-Velo-Request-Id: the request's entry in proxy/inflight.py
 
 
 @dataclass

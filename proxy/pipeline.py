@@ -14,6 +14,7 @@ from adapters.protocol import Chunk, EmbedRequest, EmbedResult
 
 from .config import Config
 from .embeddings import Embeddings
+from .inflight import InFlight
 from .job import Caller, Job
 from .keep import Lease
 from .metrics import new_registry
@@ -37,7 +38,9 @@ S = TypeVar("S", bound=Stage)
 
 class Pipeline:
     def __init__(self, config: Config, router: Router, lease: Lease) -> None:
-        self.services = Services(config, router, new_registry(), lease)
+        inflight, _ = lease.hold("inflight", lambda: InFlight(config.server.long_request_s), _close_inflight)
+        self.services = Services(config, router, new_registry(), lease, inflight)
+        self.services.registry.register(inflight)
         self.stages = [cls(self.services) for cls in STAGES]
         self.embeddings = Embeddings(self.services, self.stage(Observe).metrics)
         call = functools.partial(self.stages[-1], next=None)
@@ -52,7 +55,12 @@ class Pipeline:
     def stage(self, cls: type[S]) -> S:
         return next(s for s in self.stages if isinstance(s, cls))
 
+    @property
+    def inflight(self) -> InFlight:
+        return self.services.inflight
+
     async def start(self) -> None:
+        await self.inflight.start()
         for stage in self.stages:
             await stage.start()
         await self.embeddings.start()
@@ -68,3 +76,7 @@ class Pipeline:
 
     async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
         return await self.embeddings.embed(req, caller)
+
+
+async def _close_inflight(inflight: InFlight) -> None:
+    await inflight.close()

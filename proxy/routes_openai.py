@@ -83,8 +83,10 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
     per choice."""
     def nth(i: int) -> Request:
         seed = req.options.seed
-        options = req.options if i == 0 or seed is None else replace(req.options, seed=seed + i)
-        return replace(req, n=1, options=options)
+        if i == 0 or seed is None:
+            return replace(req, n=1)
+        seed = seed + i if seed + i < 2**64 else seed + i - 2**64  # JSON encoders stop at unsigned 64 bits
+        return replace(req, n=1, options=replace(req.options, seed=seed))
     return [job_for(request, nth(i), body) for i in range(req.n)]
 
 

@@ -57,7 +57,8 @@ def parse_response_format(body: dict[str, Any]) -> Any:
     if fmt["type"] == "json_object":
         return "json"
     if fmt["type"] == "json_schema":
-        schema = (fmt.get("json_schema") or {}).get("schema")
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise BadRequest("response_format.json_schema.schema must be an object", param="response_format")
         return schema
@@ -76,7 +77,10 @@ def _content_text(content: Any) -> tuple[str, list[str]]:
         if kind == "text":
             texts.append(str(part.get("text", "")))
         elif kind == "image_url":
-            url = str((part.get("image_url") or {}).get("url", ""))
+            image = part.get("image_url")
+            if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+                raise BadRequest("image_url must be an object {url: ...}", param="messages")
+            url = image["url"]
             images.append(url.split(",", 1)[1] if url.startswith("data:") else url)
         else:
             raise BadRequest(f"unsupported content part type {kind!r}", param="messages")

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from adapters.protocol import Chunk
 
 from ..config import Config
+from ..inflight import InFlight
 from ..job import Job
 from ..keep import Lease
 from ..router import Router
@@ -40,6 +41,7 @@ class Services:
     router: Router
     registry: CollectorRegistry
     lease: Lease
+    inflight: InFlight  # one per app, kept through config reloads
 
 
 class Stage:

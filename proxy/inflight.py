@@ -1,0 +1,161 @@
+"""Requests in flight: listed (`GET /velo/requests`, two gauges on /metrics, one log line for each that runs past
+`[server] long_request_s`), cancellable by an admin (`DELETE /velo/requests/{id}`), and ended with the client's own
+error when Velo shuts down.
+
+Every /api and /v1 request gets an id, sent back as `X-Velo-Request-Id`. Ending a request cancels its handler's
+task with a reason kept here; the stream writer (http_io.write_stream) and the error middleware (errors.py) turn
+that cancel into the dialect's error event or error answer, and the cancel closes the pipeline's stream on its way,
+which cancels the backend's work.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily
+
+from adapters.errors import VeloError
+
+from .auth import CALLER, OPEN_PATHS, Handler
+from .metrics import Observation
+
+log = logging.getLogger("velo.requests")
+RUNNING = "velo.running"  # request key: the request's Running entry
+ADMIN_PREFIX = "/velo/"  # the routes that look at requests are not requests themselves
+_WATCH_EVERY_S = 10.0
+
+
+class Cancelled(VeloError):
+    """An admin ended the request; 499 as for a client that left, which no SDK retries."""
+
+    status = 499
+    kind = "request_cancelled"
+
+
+class ShuttingDown(VeloError):
+    """Velo is stopping and the request outlived the grace period: worth retrying once Velo is back."""
+
+    status = 503
+    kind = "service_unavailable"
+
+
+@dataclass
+class Running:
+    """One request being served; `jobs` are its generations (several with OpenAI's `n`), added by the observe stage."""
+
+    id: str
+    method: str
+    path: str
+    client: str
+    task: asyncio.Task
+    started: float = field(default_factory=time.monotonic)
+    jobs: list[tuple[str, str, Observation]] = field(default_factory=list)  # (model, backend, observation)
+    reason: VeloError | None = None  # why Velo itself ended it
+    logged: bool = False
+
+    def view(self, now: float) -> dict[str, Any]:
+        return {"id": self.id, "method": self.method, "path": self.path, "client": self.client,
+                "models": sorted({m for m, _, _ in self.jobs}), "backends": sorted({b for _, b, _ in self.jobs}),
+                "seconds": round(now - self.started, 3), "tokens": sum(o.tokens for _, _, o in self.jobs),
+                "ending": self.reason is not None}
+
+
+def ending_reason(request: web.Request) -> VeloError | None:
+    """Why Velo cancelled this request's handler (an admin, a shutdown), or None for any other cancel (the client
+    left)."""
+    running = request.get(RUNNING)
+    return running.reason if running is not None else None
+
+
+def uncancel() -> None:
+    """A handler that turns Velo's own cancel into an answer goes on: take the cancel back (asyncio.timeout and
+    task groups count them, Python 3.11+)."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
+
+
+class InFlight:
+    def __init__(self, long_request_s: float) -> None:
+        self.long_request_s = long_request_s
+        self.running: dict[str, Running] = {}
+        self._watch: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Each configuration's pipeline starts it; the first start runs the watch for long requests."""
+        if self.long_request_s > 0 and self._watch is None:
+            self._watch = asyncio.create_task(self._watch_long())
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+
+    @web.middleware
+    async def track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Registers the request for as long as its handler runs (inside authentication: it knows the caller)."""
+        if request.path in OPEN_PATHS or request.path.startswith(ADMIN_PREFIX):
+            return await handler(request)
+        task = asyncio.current_task()
+        assert task is not None
+        caller = request[CALLER]
+        entry = Running("req_" + os.urandom(8).hex(), request.method, request.path, caller.client, task)
+        request[RUNNING], request[CALLER] = entry, replace(caller, request_id=entry.id)
+        self.running[entry.id] = entry
+        try:
+            return await handler(request)
+        finally:
+            del self.running[entry.id]
+
+    def watch(self, request_id: str, model: str, backend: str, seen: Observation) -> None:
+        """The observe stage reports each generation of a request, so the listing shows its model and tokens."""
+        if (entry := self.running.get(request_id)) is not None:
+            entry.jobs.append((model, backend, seen))
+
+    def cancel(self, request_id: str, reason: VeloError) -> bool:
+        entry = self.running.get(request_id)
+        if entry is None or entry.reason is not None:
+            return False
+        entry.reason = reason
+        entry.task.cancel()
+        log.warning("request %s (%s %s) ended by Velo: %s", entry.id, entry.method, entry.path, reason.message)
+        return True
+
+    def cancel_all(self, reason: VeloError) -> int:
+        return sum(self.cancel(request_id, reason) for request_id in list(self.running))
+
+    async def drained(self, timeout: float) -> bool:
+        """Waits up to `timeout` for every request to finish; True when none is left."""
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return not self.running
+
+    def views(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return sorted((r.view(now) for r in self.running.values()), key=lambda v: -v["seconds"])
+
+    async def _watch_long(self) -> None:
+        while True:
+            await asyncio.sleep(min(_WATCH_EVERY_S, self.long_request_s))
+            now = time.monotonic()
+            for entry in list(self.running.values()):
+                if not entry.logged and now - entry.started > self.long_request_s:
+                    entry.logged = True
+                    view = entry.view(now)
+                    log.warning("request %s (%s %s, models %s, client %r) has run %.0f s and produced %d tokens; "
+                                "DELETE /velo/requests/%s cancels it", entry.id, entry.method, entry.path,
+                                ",".join(view["models"]) or "-", entry.client, view["seconds"], view["tokens"],
+                                entry.id)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = time.monotonic()
+        oldest = max((now - r.started for r in self.running.values()), default=0.0)
+        yield GaugeMetricFamily("velo_requests_running", "Requests being served now (GET /velo/requests lists them)",
+                                value=len(self.running))
+        yield GaugeMetricFamily("velo_request_oldest_seconds", "Age of the oldest request being served", value=oldest)

@@ -1,0 +1,56 @@
+"""What one client may hold of Velo: the time to send a request's headers and body, and the body size it declares.
+
+aiohttp's server closes a connection that has not sent a whole request head within its `keepalive_timeout`,
+counted from the connection's start or from its previous answer (aiohttp >= 3.14.4; before, a connection that
+never finished its headers was held for good: 300 slowloris connections held 300 descriptors for 90 s and more).
+The body is bounded by `body_timeout_s` where handlers read it (http_io.read_json), and a declared
+`Content-Length` over `max_body_bytes` is refused before anything is read.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from adapters.errors import PayloadTooLarge, RequestTimeout
+
+from .auth import Handler
+from .config import ServerConfig
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # aiohttp depends on async_timeout below 3.11
+    from async_timeout import timeout as _timeout
+
+
+# After an answer sent before its request body was read (413, 408), aiohttp reads and drops what the client still
+# sends, so the answer is not lost to a reset, for this long (its default, 10 s, let a trickling client hold on).
+_LINGER_S = 2.0
+
+
+def server_options(server: ServerConfig) -> dict[str, Any]:
+    """Keyword arguments for aiohttp's runner that bound how long a connection may take to send its headers."""
+    return {"keepalive_timeout": server.header_timeout_s, "lingering_time": _LINGER_S}
+
+
+@web.middleware
+async def refuse_oversized(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A declared body over the limit is refused at once (413), before the client sends any of it."""
+    declared = request.content_length
+    if declared is not None and declared > request.client_max_size:
+        raise PayloadTooLarge(f"request body of {declared} bytes is larger than the limit of "
+                              f"{request.client_max_size} bytes")
+    return await handler(request)
+
+
+async def read_body(request: web.Request, timeout: float) -> bytes:
+    """The whole body within `timeout` seconds (408 after), and within the size limit (413)."""
+    try:
+        async with _timeout(timeout):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise PayloadTooLarge(f"request body is larger than the limit of {request.client_max_size} bytes") from e
+    except asyncio.TimeoutError as e:
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g}s") from e

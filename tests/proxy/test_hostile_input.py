@@ -1,0 +1,100 @@
+"""Client input that used to give 500s, and what a client is told about the rules of the road: nesting extremes,
+odd field types, a seed at the top of the 64-bit range, a wrong method, a huge declared body."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.base import BackendConfig
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config, ServerConfig
+from tests.fakes import FakeOpenAI
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def nested(depth: int, leaf: object = 1) -> object:
+    value = leaf
+    for n in range(depth):
+        value = {"a": value} if n % 2 else [value]
+    return value
+
+
+class Raw:
+    """JSON text written by hand: every encoder refuses to write 1,000 levels, and the point is to send them."""
+
+    def __init__(self, depth: int):
+        self.text = "".join('{"a": ' if n % 2 else "[" for n in reversed(range(depth))) + "1" + "".join(
+            "}" if n % 2 else "]" for n in range(depth))
+
+
+async def post_raw(client: TestClient, path: str, body: dict) -> tuple[int, dict]:
+    text = json.dumps({k: v for k, v in body.items() if not isinstance(v, Raw)})
+    for key, value in body.items():
+        if isinstance(value, Raw):
+            text = text[:-1] + f', "{key}": {value.text}}}'
+    resp = await client.post(path, data=text, headers={"Content-Type": "application/json"})
+    return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize("depth", [65, 256, 1000])
+@pytest.mark.parametrize("path,field", [
+    ("/v1/chat/completions", "tools"), ("/v1/chat/completions", "tool_choice"), ("/api/chat", "format"),
+    ("/api/chat", "options"), ("/v1/chat/completions", "response_format"), ("/v1/messages", "metadata"),
+    ("/v1/responses", "input")])
+async def test_deep_nesting_anywhere_is_a_400(client: TestClient, path: str, field: str, depth: int) -> None:
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 5, field: Raw(depth)}
+    status, answer = await post_raw(client, path, body)
+    assert status == 400 and "deeper than 64 levels" in json.dumps(answer), answer
+
+
+async def test_ordinary_nesting_still_passes(client: TestClient) -> None:
+    schema = {"type": "object", "properties": {"a": nested(20, {"type": "string"})}}
+    status, _ = await post_raw(client, "/api/chat", {"model": "tiny", "messages": MESSAGES, "stream": False,
+                                                      "format": {"type": "object", "properties": {"x": schema}}})
+    assert status in (200, 502)  # the scripted answer is not JSON; what matters is that it was taken
+
+
+@pytest.mark.parametrize("body,where", [
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "http://x/cat.png"}]}]},
+     "image_url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]}]}, "image_url"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": "a schema"}},
+     "json_schema"),
+])
+async def test_odd_field_types_are_a_400_naming_the_field(client: TestClient, body: dict, where: str) -> None:
+    status, answer = await post_raw(client, "/v1/chat/completions", {"model": "tiny", **body})
+    assert status == 400 and where in answer["error"]["message"], answer
+
+
+async def test_a_seed_at_the_top_of_64_bits_with_several_choices_wraps() -> None:
+    async with FakeOpenAI(models=["m"]) as up:
+        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
+                        cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(config))) as c:
+            resp = await c.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "n": 3,
+                                                              "seed": 2**64 - 1})
+            assert resp.status == 200 and len((await resp.json())["choices"]) == 3
+        assert sorted(r.body["seed"] for r in up.requests if r.method == "POST") == [0, 1, 2**64 - 1]
+
+
+async def test_a_wrong_method_says_which_are_allowed(client: TestClient) -> None:
+    resp = await client.get("/api/chat")
+    assert resp.status == 405 and resp.headers["Allow"] == "POST"
+    resp = await client.put("/v1/responses/resp_1")
+    assert resp.status == 405 and set(resp.headers["Allow"].split(", ")) == {"DELETE", "GET", "HEAD"}
+
+
+@pytest.mark.parametrize("config", [Config(server=ServerConfig(max_body_bytes=64 * 1024))])
+async def test_a_huge_declared_body_is_refused_before_it_is_sent(client: TestClient) -> None:
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 10000000000\r\n\r\n")  # 10 GB promised, nothing sent
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)  # before: waited for the body, forever
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413")

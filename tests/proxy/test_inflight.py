@@ -1,0 +1,91 @@
+"""Runaway generations made visible and cancellable: every request's id in `X-Velo-Request-Id`, the list of
+requests in flight (`GET /velo/requests`, /metrics, a log line past `long_request_s`), and an admin's cancel
+(`DELETE /velo/requests/{id}`) that ends the stream with its dialect's error and cancels the backend's work."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config, ServerConfig
+from tests.scripted import Script, ScriptedBackend
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def runaway() -> ScriptedBackend:
+    return ScriptedBackend("s", script=Script(pieces=["tok "] * 2000, delay=0.01))
+
+
+async def wait_for_request(c: TestClient, path: str) -> dict:
+    for _ in range(200):
+        listed = (await (await c.get("/velo/requests")).json())["requests"]
+        running = [r for r in listed if r["path"] == path and r["tokens"] > 0]
+        if running:
+            return running[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError("the request never showed up")
+
+
+@pytest.mark.parametrize("path,body", [("/api/chat", CHAT), ("/v1/chat/completions", {**CHAT, "stream": True}),
+                                       ("/v1/messages", {**CHAT, "max_tokens": 9000, "stream": True}),
+                                       ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True})])
+async def test_a_running_stream_is_listed_then_cancelled_with_its_dialects_error(path: str, body: dict) -> None:
+    backend = runaway()
+    app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
+    async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+        resp = await c.post(path, json=body)
+        request_id = resp.headers["X-Velo-Request-Id"]
+        listed = await wait_for_request(c, path)
+        assert listed["id"] == request_id and listed["models"] == ["tiny"] and listed["backends"] == ["s"]
+        metrics = await (await c.get("/metrics")).text()
+        assert "velo_requests_running 1.0" in metrics and "velo_request_oldest_seconds" in metrics
+        cancelled = await c.delete(f"/velo/requests/{request_id}")
+        assert cancelled.status == 200 and (await cancelled.json())["cancelled"] is True
+        text = (await asyncio.wait_for(resp.read(), 10)).decode()
+        assert "cancelled by an administrator" in text.strip().splitlines()[-1]
+        assert (await (await c.get("/velo/requests")).json())["requests"] == []
+        assert (await c.delete(f"/velo/requests/{request_id}")).status == 404
+    assert backend.cancelled == 1 and backend.completed == 0
+
+
+async def test_a_request_not_answering_yet_is_cancelled_with_a_499_in_its_dialect() -> None:
+    backend = ScriptedBackend("s", script=Script(pieces=["x"], delay=5))  # not a byte before 5 s
+    app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
+    async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+        pending = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
+        for _ in range(200):
+            listed = (await (await c.get("/velo/requests")).json())["requests"]
+            if listed:
+                break
+            await asyncio.sleep(0.02)
+        await c.delete(f"/velo/requests/{listed[0]['id']}")
+        resp = await asyncio.wait_for(pending, 10)
+        error = (await resp.json())["error"]
+        assert resp.status == 499 and error["type"] == "request_cancelled" and "administrator" in error["message"]
+    assert backend.cancelled == 1
+
+
+async def test_with_api_keys_the_admin_routes_need_one() -> None:
+    app = make_app(Config(server=ServerConfig(api_keys=["k"])), {"s": ScriptedBackend()})
+    async with TestClient(TestServer(app)) as c:
+        assert (await c.get("/velo/requests")).status == 401
+        assert (await c.delete("/velo/requests/req_x")).status == 401
+        assert (await c.get("/velo/requests", headers={"Authorization": "Bearer k"})).status == 200
+
+
+async def test_a_long_request_is_logged_once_with_its_id_and_tokens(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="velo.requests")
+    app = make_app(Config(server=ServerConfig(long_request_s=0.2), cache=CacheConfig(enabled=False)),
+                   {"s": ScriptedBackend("s", script=Script(pieces=["tok "] * 60, delay=0.01))})
+    async with TestClient(TestServer(app)) as c:
+        resp = await c.post("/api/chat", json=CHAT)
+        lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+    assert lines[-1]["done"] is True
+    logged = [r.getMessage() for r in caplog.records if "has run" in r.getMessage()]
+    assert len(logged) == 1 and resp.headers["X-Velo-Request-Id"] in logged[0] and "tiny" in logged[0]

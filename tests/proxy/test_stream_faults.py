@@ -1,0 +1,94 @@
+"""Upstream faults after the first streamed byte, through every generation endpoint of every dialect, against both
+kinds of fake upstream: the stream ends with the dialect's own error and its proper end, never with a second HTTP
+response written into it (before: `HTTP/1.1 500` inside the stream, and a socket held open for 100 s and more).
+And answers of the wrong shape that are the upstream's fault: 502 naming it, never a 500."""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.base import BackendConfig
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config
+from tests.fakes import FakeOpenAI, FakeServer, OllamaDouble
+
+HANG_S = 10  # a hang detector: the old code left such streams open for 100 s and more
+MESSAGES = [{"role": "user", "content": "hi"}]
+REQUESTS = {  # path -> a streamed request in that dialect
+    "/api/chat": {"model": "m", "messages": MESSAGES},
+    "/api/generate": {"model": "m", "prompt": "hi"},
+    "/v1/chat/completions": {"model": "m", "messages": MESSAGES, "stream": True},
+    "/v1/completions": {"model": "m", "prompt": "hi", "stream": True},
+    "/v1/messages": {"model": "m", "max_tokens": 50, "messages": MESSAGES, "stream": True},
+    "/v1/responses": {"model": "m", "input": "hi", "stream": True},
+}
+MALFORMED = {  # upstream kind -> events that are valid framing but not what the API promises
+    "openai": [b'data: {"choices": [{"index": 0, "delta": {"content": 5}}]}\n\n', b"data: [1, 2]\n\n",
+               b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"function": {"name": 7}}]}}]}\n\n'],
+    "ollama": [b'{"message": "oops", "done": false}\n', b"[1]\n",
+               b'{"message": {"content": "", "tool_calls": [{"function": {"name": "f", "arguments": "x"}}]}}\n'],
+}
+
+
+def upstream(kind: str) -> FakeServer:
+    return FakeOpenAI(models=["m"]) if kind == "openai" else OllamaDouble(models=["m"])
+
+
+def velo(kind: str, url: str) -> TestClient:
+    config = Config(backends=[BackendConfig(name="up", kind=kind, urls=[url])], default_backend="up",
+                    cache=CacheConfig(enabled=False))
+    return TestClient(TestServer(make_app(config), handler_cancellation=True))
+
+
+def stream_error(path: str, body: bytes) -> str | None:
+    """The error message a whole stream ended with, in the dialect's own shape, or None when it ended well."""
+    text = body.decode()
+    assert "HTTP/1.1" not in text, text[-500:]
+    if path.startswith("/api/"):
+        return orjson.loads(body.splitlines()[-1]).get("error")
+    last = [e for e in text.split("\n\n") if e.strip()][-1]
+    if path == "/v1/messages":
+        failed = last.startswith("event: error\n")
+        return orjson.loads(last.split("data: ", 1)[1])["error"]["message"] if failed else None
+    if path == "/v1/responses":
+        failed = last.startswith("event: response.failed\n")
+        return orjson.loads(last.split("data: ", 1)[1])["response"]["error"]["message"] if failed else None
+    if last == "data: [DONE]":
+        return None
+    return orjson.loads(last.removeprefix("data: "))["error"]["message"]
+
+
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
+@pytest.mark.parametrize("path", list(REQUESTS))
+async def test_a_malformed_event_mid_stream_ends_it_with_the_dialects_error(kind: str, path: str) -> None:
+    async with upstream(kind) as up, velo(kind, up.url) as c:
+        up.script.reply = "one two three four five six"
+        for bad in MALFORMED[kind]:
+            up.script.malformed = bad
+            resp = await c.post(path, json=REQUESTS[path])
+            body = await asyncio.wait_for(resp.read(), HANG_S)
+            assert resp.status == 200, body[:300]
+            message = stream_error(path, body)
+            assert message is not None and "unexpected shape" in message, message
+        up.script.malformed = None
+        after = await c.post(path, json=REQUESTS[path])  # the same pooled connection still serves
+        assert after.status == 200 and stream_error(path, await after.read()) is None
+
+
+@pytest.mark.parametrize("kind,path,answer", [
+    ("openai", "/v1/embeddings", {"object": "list", "data": [{"index": 0}]}),
+    ("openai", "/api/embed", {"object": "list", "data": [{"index": 0, "embedding": None}]}),
+    ("ollama", "/api/embed", {"model": "m", "embeddings": "no"}),
+    ("ollama", "/v1/embeddings", {"model": "m"}),
+])
+async def test_an_answer_of_the_wrong_shape_is_a_502_naming_the_backend(kind: str, path: str, answer: dict) -> None:
+    async with upstream(kind) as up, velo(kind, up.url) as c:
+        up.script.answer = answer
+        resp = await c.post(path, json={"model": "m", "input": "hello"})
+        body = await resp.json()
+        message = body["error"] if path.startswith("/api/") else body["error"]["message"]
+        assert resp.status == 502 and "backend 'up'" in message and "unexpected shape" in message, body
