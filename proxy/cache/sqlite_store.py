@@ -3,6 +3,7 @@ event loop and never sees two threads."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ class SqliteStore:
         return store
 
     def _open(self) -> None:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(self.path))
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
@@ -87,3 +88,13 @@ class SqliteStore:
         if self._db is not None:
             await self._run(self._db.close)
         self._pool.shutdown(wait=True)
+
+
+def _private_file(path: Path) -> None:
+    """Cached answers are the users' conversations: the file is its owner's alone (0600; SQLite gives its -wal and
+    -shm files the same mode), in folders Velo creates for its owner alone (0700)."""
+    missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    os.chmod(path, 0o600)

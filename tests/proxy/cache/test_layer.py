@@ -63,6 +63,21 @@ async def test_sqlite_tier_survives_a_restart_and_keeps_the_expiry(tmp_path):
     await second.close()
 
 
+async def test_the_sqlite_tier_is_readable_by_its_owner_alone(tmp_path):
+    """Cached answers are conversations: 0600 files in 0700 folders (before: 0644 and 0755)."""
+    cfg = CacheConfig(sqlite_path=str(tmp_path / "new" / "folder" / "cache.db"))
+    layer = await CacheLayer.create(cfg)
+    await layer.store(_ask("hi"), "t", ANSWER)
+    files = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "new" / "folder").iterdir()}
+    await layer.close()
+    assert files["cache.db"] == 0o600 and all(mode == 0o600 for mode in files.values()), files
+    assert [(tmp_path / f).stat().st_mode & 0o777 for f in ("new", "new/folder")] == [0o700, 0o700]
+    (tmp_path / "old.db").touch(mode=0o644)  # a file from an older Velo is tightened too
+    old = await CacheLayer.create(CacheConfig(sqlite_path=str(tmp_path / "old.db")))
+    await old.close()
+    assert (tmp_path / "old.db").stat().st_mode & 0o777 == 0o600
+
+
 async def test_semantic_hit_on_a_paraphrase_but_not_across_scopes_or_guarded_changes(embedder: Embedder):
     layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
     await layer.store(_ask("How do I learn Python quickly?"), "t", ANSWER)
