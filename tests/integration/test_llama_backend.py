@@ -102,3 +102,23 @@ async def test_model_listing_and_show(velo_llama):
     assert {"completion", "tools", "insert"} <= set(shown.capabilities)
     assert shown.modelinfo["llama.context_length"] == 512 and "<tool_call>" in shown.template
     assert shown.details.format == "gguf" and shown.details.quantization_level == "Q4_1"
+
+
+async def test_n_choices_take_one_slot_each_and_up_to_16_are_served(velo_llama, llama_chat):
+    """Each choice is one generation with n=1 on the wire: n=2 occupies 2 of llama-server's 4 slots (before: 4,
+    the backend asked for n on each of the n calls), and n up to 16 (Velo's limit) is served (before: failed)."""
+    import aiohttp
+    oai, _ = clients(velo_llama)
+    story = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+    stream = await oai.chat.completions.create(model=CHAT_MODEL, messages=story, n=2, max_tokens=400,
+                                               temperature=0.8, stream=True)
+    busy = []
+    async with aiohttp.ClientSession() as s:
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content and len(busy) < 20:
+                async with s.get(f"{llama_chat.url}/slots") as r:
+                    busy.append(sum(slot["is_processing"] for slot in await r.json()))
+    assert max(busy) == 2, busy
+    many = await oai.chat.completions.create(model=CHAT_MODEL, messages=HELLO, n=16, max_tokens=3, temperature=0.8)
+    assert sorted(c.index for c in many.choices) == list(range(16))
+    assert all(c.message.content for c in many.choices)
