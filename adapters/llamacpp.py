@@ -12,7 +12,7 @@ from . import options
 from .base import BackendConfig
 from .errors import BackendError, Unsupported
 from .fields import wire_text
-from .http import json_object
+from .http import json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, SamplingOptions, TokenLogprob, Usage
@@ -148,11 +148,10 @@ class LlamaCppBackend(OpenAIBackend):
         return {**native, **super().chat_body(req)}
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if req.suffix is not None:
-            return self._native("/infill", req)
-        if req.raw:
-            return self._native("/completion", req)
-        return super().complete(req)
+        if req.suffix is None and not req.raw:
+            return super().complete(req)
+        stream = self._native("/infill" if req.suffix is not None else "/completion", req)
+        return stream if req.stream else one_answer(stream)
 
     async def _native(self, path: str, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Always a stream from the server, whatever the client asked (see adapters/http.py)."""

@@ -11,7 +11,7 @@ from . import options
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .fields import nests_deeper, wire_text
-from .http import Upstream, json_object
+from .http import Upstream, json_object, one_answer
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
 from .tool_prompt import in_prompt
@@ -189,10 +189,12 @@ class OllamaBackend(Backend):
         return out
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        return self._generate("/api/chat", chat_to_wire(req), req.model)
+        stream = self._generate("/api/chat", chat_to_wire(req), req.model)
+        return stream if req.stream else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        return self._generate("/api/generate", generate_to_wire(req), req.model)
+        stream = self._generate("/api/generate", generate_to_wire(req), req.model)
+        return stream if req.stream else one_answer(stream)
 
     async def _generate(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """Always a stream from Ollama, whatever the client asked (see adapters/http.py)."""

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator
 
 from .base import Backend, BackendConfig
 from .errors import BackendError
-from .http import Upstream
+from .http import Upstream, one_answer
 from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, embeddings_from_wire
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        rfc3339)
@@ -65,12 +65,14 @@ class OpenAIBackend(Backend):
         return chat_to_wire(req)
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        return self._answer("/v1/chat/completions", self.chat_body(replace(req, stream=True)), req.model)
+        stream = self._answer("/v1/chat/completions", self.chat_body(replace(req, stream=True)), req.model)
+        return stream if req.stream else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
-        return self._answer("/v1/completions", completion_to_wire(replace(req, stream=True)), req.model)
+        stream = self._answer("/v1/completions", completion_to_wire(replace(req, stream=True)), req.model)
+        return stream if req.stream else one_answer(stream)
 
     async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """Always a stream from the backend, whatever the client asked (see adapters/http.py)."""

@@ -1,13 +1,15 @@
-"""Upstream plumbing details that no fake server shows by itself: when a request may be sent again."""
+"""Upstream plumbing details that no fake server shows by itself: when a request may be sent again, and how a
+stream becomes one answer."""
 import asyncio
-from typing import Any
+from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
 
 from adapters.base import BackendConfig
 from adapters.errors import BackendError
-from adapters.http import Upstream
+from adapters.http import Upstream, one_answer
+from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage, aggregate
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok": 123}'
 
@@ -68,3 +70,41 @@ async def test_a_request_that_never_went_out_is_sent_once_more_on_a_fresh_connec
     finally:
         await up.close()
         server.close()
+
+
+async def test_one_answer_folds_a_stream_into_one_chunk_and_keeps_every_field():
+    """A non-streamed client request: the backend's stream folded before the pipeline, with nothing lost."""
+    call = ToolCall(name="f", arguments={"a": 1}, id="c0")
+    pieces = [Chunk(text="Hel", thinking="hm", logprobs=[TokenLogprob("Hel", -0.1)]),
+              Chunk(text="lo", logprobs=[TokenLogprob("lo", -0.2, [("lo", -0.2)])], tool_calls=[call]),
+              Chunk(finish_reason="tool_calls", usage=Usage(prompt_tokens=3, completion_tokens=2), context=[1, 2])]
+
+    async def stream() -> AsyncIterator[Chunk]:
+        for c in pieces:
+            yield c
+
+    assert [c async for c in one_answer(stream())] == [aggregate(pieces)]
+    assert aggregate(pieces) == Chunk(text="Hello", thinking="hm", tool_calls=[call], finish_reason="tool_calls",
+                                      logprobs=[TokenLogprob("Hel", -0.1), TokenLogprob("lo", -0.2, [("lo", -0.2)])],
+                                      usage=Usage(prompt_tokens=3, completion_tokens=2), context=[1, 2])
+
+
+async def test_one_answer_cancelled_closes_the_backend_stream():
+    """The client left while its one answer was being gathered: the backend's stream is closed at once (which
+    closes its connection, cancelling the generation)."""
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                yield Chunk(text="w")
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    task = asyncio.ensure_future(one_answer(endless()).__anext__())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed.is_set()

@@ -3,6 +3,7 @@
 Greedy decoding keeps answers reproducible; short `max_tokens` keep the whole file to a few seconds of CPU."""
 import asyncio
 import urllib.request
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -77,8 +78,11 @@ async def test_raw_completion_uses_native_endpoint(backend):
     prompt = "The capital of France is"
     req = CompletionRequest(model=MODEL, prompt=prompt, raw=True, options=SamplingOptions(max_tokens=4, temperature=0,
                                                                                          logprobs=True, top_logprobs=2))
-    chunks = await collect(backend.complete(req))
-    out = aggregate(chunks)
+    streamed = aggregate(await collect(backend.complete(req)))
+    [whole] = await collect(backend.complete(replace(req, stream=False)))  # folded into one chunk by the adapter
+    assert (whole.text, whole.usage.completion_tokens) == (streamed.text, streamed.usage.completion_tokens)
+    assert [p.token for p in whole.logprobs] == [p.token for p in streamed.logprobs]
+    out = whole
     assert out.text and out.finish_reason == "length" and out.usage.completion_tokens == 4
     assert out.usage.prompt_tokens == len(await backend.tokenize(prompt))
     assert len(out.logprobs) == 4 and all(len(p.top) == 2 and p.logprob <= 0 for p in out.logprobs)

@@ -125,6 +125,32 @@ async def test_idle_timeout_ends_the_stream_with_an_error_event():
     assert "no data between chunks within 0.3s" in events[-1]["error"]["message"]
 
 
+async def test_a_non_streamed_request_has_the_first_token_and_idle_timeouts_too():
+    """Before: a client asking for one answer waited `total_timeout` (600 s) for a hung backend."""
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.token_delay = 2
+        async with velo(velo_config(up.url, first_token_timeout=0.3)) as c:
+            resp = await c.post("/v1/chat/completions", json=CHAT)
+            assert resp.status == 504 and "sent no first data within 0.3s" in await openai_error(resp)
+    async with Trickle(stall=3) as url:
+        async with velo(velo_config(url, idle_timeout=0.3)) as c:
+            resp = await c.post("/api/chat", json={**CHAT, "stream": False})
+            assert resp.status == 504 and "no data between chunks within 0.3s" in (await resp.json())["error"]
+
+
+async def test_client_leaving_a_non_streamed_request_cancels_the_backends_work():
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["w"] * 100)
+        up.script.token_delay = 0.02
+        app = make_app(velo_config(up.url))
+        async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.post("/v1/chat/completions", json=CHAT), 0.3)
+            await wait_for(lambda: up.disconnects == 1)
+            await wait_for(lambda: app[GENERATIONS].current.pipeline.stage(Admit).controllers["up"].running == 0)
+            assert [r.path for r in up.requests].count("/v1/chat/completions") == 1  # never sent again
+
+
 async def test_total_timeout_ends_the_stream_with_an_ollama_error_line():
     async with FakeOpenAI(models=["m"]) as up:
         up.script.reply = " ".join(["word"] * 100)
