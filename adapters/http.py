@@ -30,9 +30,9 @@ from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadReques
                      Unsupported, VeloError)
 
 if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout
+    from asyncio import timeout as wait_at_most
 else:  # aiohttp depends on async_timeout below 3.11
-    from async_timeout import timeout as _timeout
+    from async_timeout import timeout as wait_at_most
 
 T = TypeVar("T")
 # Pooled connections idle longer than this are not reused: below the 5 s after which llama-server and uvicorn
@@ -127,7 +127,7 @@ class Upstream:
         """
         name = self.config.name
         try:
-            async with _timeout(wait):
+            async with wait_at_most(wait):
                 resp = await self._send(method, path, body)
         except aiohttp.ServerTimeoutError as e:
             raise BackendTimeout(f"backend {name!r} at {self.url} did not accept a connection within "
@@ -195,7 +195,7 @@ class Upstream:
             if deadline is not None and limit < wait:
                 limit, what = max(limit, 0), f"did not send the whole answer ({total:g}s total)"
             try:
-                async with _timeout(limit):
+                async with wait_at_most(limit):
                     data = await resp.content.readany()
             except asyncio.TimeoutError as e:
                 raise BackendTimeout(f"backend {self.config.name!r} {what} within {limit:g}s") from e

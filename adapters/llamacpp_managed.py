@@ -51,6 +51,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         self.stats = ManagedStats()
         self.process: asyncio.subprocess.Process | None = None
         self._up: asyncio.Future[None] | None = None
+        self.launching: asyncio.Task | None = None  # the start under way (adapters/swaps.py)
         self._timer: asyncio.Task | None = None
         self._stopping: asyncio.Task | None = None
         self._output: deque[str] = deque(maxlen=20)
@@ -157,6 +158,9 @@ class ManagedLlamaCpp(LlamaCppBackend):
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.launching is not None:
+            self.launching.cancel()
+            await asyncio.gather(self.launching, return_exceptions=True)
         if self._stopping is not None:
             await self._stopping
         await self._kill()

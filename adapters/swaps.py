@@ -2,6 +2,10 @@
 first request for its model; it may start only while fewer than its `max_loaded` managed servers run (1: it runs
 alone); to make room, idle servers stop, least recently used first, and a busy one is drained: it takes no new
 requests, its streams in flight finish, then it stops. Nothing in flight is ever cut. One `Swaps` per app.
+
+A request waits for room and for the start together at most its backend's `first_token_timeout` (then a 504: a
+drained server's stream may run for long), and may leave at any time (client gone, admin cancel): the start runs
+in a task of its own, so the request that happened to ask first never takes the start down for the others.
 """
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, AsyncIterator
+
+from .errors import BackendTimeout
+from .http import wait_at_most
 
 if TYPE_CHECKING:
     from .llamacpp_managed import ManagedLlamaCpp
@@ -27,41 +34,51 @@ class Swaps:
 
     @asynccontextmanager
     async def use(self, server: ManagedLlamaCpp) -> AsyncIterator[None]:
-        """Holds `server` running for the block: waits (in line, counted in `server.waiting`) for room, starts it if
-        it is not up, and lets it idle (then stop after its ttl_s) when the last user leaves."""
-        waited = time.monotonic()
+        """Holds `server` running for the block: waits (in line, counted in `server.stats.waiting`) for room, has it
+        started if it is not up, and lets it idle (then stop after its ttl_s) when the last user leaves."""
+        waited, limit, admitted = time.monotonic(), server.config.first_token_timeout, False
         server.stats.waiting += 1
         try:
-            starter = await self._admit(server)
-        finally:
-            server.stats.waiting -= 1
-        try:
-            if starter:
-                await self._start(server)
-            await server.ready()
+            try:
+                async with wait_at_most(limit):
+                    await self._admit(server)
+                    admitted = True
+                    await server.ready()
+            except asyncio.TimeoutError as e:
+                why = "its start is still under way" if admitted else (
+                    f"no room: {server.max_loaded} managed server(s) may run and the others are busy")
+                raise BackendTimeout(f"backend {server.name!r}: llama-server for {server.model_name} was not ready "
+                                     f"within {limit:g}s ({why})") from e
+            finally:
+                server.stats.waiting -= 1
             server.stats.wait_s += time.monotonic() - waited
             yield
         finally:
-            async with self._changed:
-                server.users -= 1
-                server.last_used = time.monotonic()
-                if server.users == 0:
-                    server.idle()
-                self._changed.notify_all()
+            if admitted:
+                await self._release(server)
 
-    async def _admit(self, server: ManagedLlamaCpp) -> bool:
-        """Counts the caller as a user of `server`; True when the caller must start it."""
+    async def _release(self, server: ManagedLlamaCpp) -> None:
+        async with self._changed:
+            server.users -= 1
+            server.last_used = time.monotonic()
+            if server.users == 0:
+                server.idle()
+            self._changed.notify_all()
+
+    async def _admit(self, server: ManagedLlamaCpp) -> None:
+        """Counts the caller as a user of `server`, starting it when it is down and there is room."""
         async with self._changed:
             while True:
                 if server.state in ("starting", "ready") and not server.draining:
                     server.take()
-                    return False
+                    return
                 if server.state == "stopped":
                     others = [s for s in self.servers if s is not server and s.state != "stopped"]
                     if len(others) < server.max_loaded:
                         server.starting()
                         server.take()
-                        return True
+                        server.launching = asyncio.get_running_loop().create_task(self._start(server))
+                        return
                     self._make_room(others)
                 await self._changed.wait()
 
@@ -78,15 +95,18 @@ class Swaps:
             victim.draining = True  # stopped by `use` when its last stream ends
 
     async def _start(self, server: ManagedLlamaCpp) -> None:
+        """The start, in a task of its own; its outcome reaches the requests through `server.ready()`."""
         try:
             await server.launch()
         except BaseException:
             async with self._changed:
                 server.state = "stopped"
                 self._changed.notify_all()
-            raise
+            return  # `launch` gave the error to `server.ready()`, where every waiting request raises it
         async with self._changed:
             server.state = "ready"
+            if server.users == 0:  # everyone who asked left during the start: it idles from now on
+                server.idle()
             self._changed.notify_all()
 
     async def stopped(self, server: ManagedLlamaCpp) -> None:

@@ -9,20 +9,15 @@ The body is bounded by `body_timeout_s` where handlers read it (http_io.read_jso
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
 from aiohttp import web
 
 from adapters.errors import PayloadTooLarge, RequestTimeout
+from adapters.http import wait_at_most
 
 from .auth import Handler
 from .config import ServerConfig
-
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout
-else:  # aiohttp depends on async_timeout below 3.11
-    from async_timeout import timeout as _timeout
 
 
 # After an answer sent before its request body was read (413, 408), aiohttp reads and drops what the client still
@@ -48,7 +43,7 @@ async def refuse_oversized(request: web.Request, handler: Handler) -> web.Stream
 async def read_body(request: web.Request, timeout: float) -> bytes:
     """The whole body within `timeout` seconds (408 after), and within the size limit (413)."""
     try:
-        async with _timeout(timeout):
+        async with wait_at_most(timeout):
             return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise PayloadTooLarge(f"request body is larger than the limit of {request.client_max_size} bytes") from e
