@@ -14,6 +14,7 @@ from .job import Caller
 
 CALLER = "velo.caller"  # request key: the Caller of every /api and /v1 request
 OPEN_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
+ANONYMOUS = "anonymous"  # the scope of requests without a key
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -40,9 +41,13 @@ def caller_for(request: web.Request, api_keys: list[str]) -> Caller:
     key = api_key(request)
     if api_keys and key not in api_keys:
         raise Unauthorized("invalid or missing API key")
-    tenant = hashlib.sha256(key.encode()).hexdigest()[:16] if key else "anonymous"
     client = request.headers.get("X-Velo-Client") or key or (request.remote or "")
-    return Caller(tenant=tenant, client=client, path=request.path)
+    return Caller(tenant=tenant_of(key), client=client, path=request.path)
+
+
+def tenant_of(key: str | None) -> str:
+    """A key's scope: its hash (the key itself is never kept), or the anonymous scope."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16] if key else ANONYMOUS
 
 
 def authenticate(api_keys: Callable[[web.Request], list[str]]) -> Callable:

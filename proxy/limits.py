@@ -84,28 +84,30 @@ class KeyLimits:
     cfg: LimitsConfig
     clock: Callable[[], float] = time.monotonic
     keys: dict[str, _Key] = field(default_factory=dict)
-    refused: dict[tuple[str, str], int] = field(default_factory=dict)  # (key, limit) -> 429s
+    refused: dict[tuple[str, str], int] = field(default_factory=dict)  # (label, limit) -> 429s
+    sweep_at: int = _MAX_KEYS  # the number of keys at which idle ones are dropped next
 
     @property
     def active(self) -> bool:
         return bool(self.cfg.requests_per_minute or self.cfg.tokens_per_minute or self.cfg.concurrency)
 
-    def admit(self, key: str, prompt_tokens: int) -> State:
-        """Takes a request's share for `key` or raises RateLimited (taking nothing)."""
+    def admit(self, key: str, prompt_tokens: int, label: str | None = None) -> State:
+        """Takes a request's share for `key` or raises RateLimited (taking nothing); a refusal is counted under
+        `label` (what /metrics may show; `key` by default)."""
         entry, now = self._entry(key), self.clock()
         for bucket in (entry.requests, entry.tokens):
             if bucket is not None:
                 bucket.refill(now)
         if self.cfg.concurrency and entry.running >= self.cfg.concurrency:
-            self._refuse(key, "concurrency", f"{entry.running} requests of this key are running (limit "
+            self._refuse(label or key, "concurrency", f"{entry.running} requests of this key are running (limit "
                          f"{self.cfg.concurrency})", 1.0)
         if entry.requests is not None and entry.requests.level < 1:
-            self._refuse(key, "requests", f"request limit of {self.cfg.requests_per_minute} per minute reached",
+            self._refuse(label or key, "requests", f"request limit of {self.cfg.requests_per_minute} per minute reached",
                          entry.requests.wait_for(1))
         if entry.tokens is not None:
             wanted = min(prompt_tokens, entry.tokens.capacity)
             if entry.tokens.level < wanted or entry.tokens.level <= 0:
-                self._refuse(key, "tokens", f"token limit of {self.cfg.tokens_per_minute} per minute reached",
+                self._refuse(label or key, "tokens", f"token limit of {self.cfg.tokens_per_minute} per minute reached",
                              entry.tokens.wait_for(max(wanted, 1)))
             entry.tokens.level -= prompt_tokens
         if entry.requests is not None:
@@ -136,8 +138,11 @@ class KeyLimits:
     def _entry(self, key: str) -> _Key:
         entry = self.keys.get(key)
         if entry is None:
-            if len(self.keys) >= _MAX_KEYS:
+            if len(self.keys) >= self.sweep_at:
                 self._drop_idle()
+                # A sweep costs a pass over every key: when it frees little (made-up keys, each with one request
+                # taken), the next one waits until there are twice as many, so each new key costs O(1) on average.
+                self.sweep_at = max(_MAX_KEYS, 2 * len(self.keys))
             now, cfg = self.clock(), self.cfg
             entry = self.keys[key] = _Key(_bucket(cfg.requests_per_minute, cfg.request_burst, now),
                                           _bucket(cfg.tokens_per_minute, cfg.token_burst, now))

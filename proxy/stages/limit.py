@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from adapters.protocol import Chunk
 
+from ..auth import ANONYMOUS, tenant_of
 from ..job import Job
 from ..keep import fingerprint
 from ..limits import KeyLimits, RateLimited, State
@@ -30,6 +31,7 @@ class Limit(Stage):
         super().__init__(services)
         cfg = services.config.limits
         self.limits, _ = services.lease.hold(f"limits:{fingerprint(cfg)}", lambda: KeyLimits(cfg))
+        self.named = {tenant_of(k) for k in services.config.server.api_keys} | {ANONYMOUS}
         services.registry.register(self)
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
@@ -40,7 +42,7 @@ class Limit(Stage):
             return
         key, prompt = job.caller.tenant, estimate(job.request)
         try:
-            job.outcome.rate_limit = headers(job.dialect, self.limits.admit(key, prompt))
+            job.outcome.rate_limit = headers(job.dialect, self.limits.admit(key, prompt, self.label(key)))
         except RateLimited as e:
             e.headers = headers(job.dialect, self.limits.state(key))
             raise
@@ -54,14 +56,24 @@ class Limit(Stage):
             spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
             self.limits.done(key, spent - prompt)
 
+    def label(self, tenant: str) -> str:
+        """What /metrics calls a key: a configured key's hash, the anonymous scope, else `other` (with no
+        `api_keys` any client may send made-up keys, each its own scope: as labels they would grow /metrics
+        without bound)."""
+        return tenant if tenant in self.named else "other"
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         refused = CounterMetricFamily("velo_rate_limited", "Requests refused by a per-key limit",
                                       labels=["key", "limit"])
-        for (key, limit), n in self.limits.refused.items():
-            refused.add_metric([key, limit], n)
-        running = GaugeMetricFamily("velo_key_in_flight", "Requests running per API key (hashed)", labels=["key"])
+        for (label, limit), n in self.limits.refused.items():
+            refused.add_metric([label, limit], n)
+        running = GaugeMetricFamily("velo_key_in_flight", "Requests running per API key (hashed; keys not "
+                                    "configured: other)", labels=["key"])
+        by_label: dict[str, int] = {}
         for key, n in self.limits.running().items():
-            running.add_metric([key], n)
+            by_label[self.label(key)] = by_label.get(self.label(key), 0) + n
+        for label, n in by_label.items():
+            running.add_metric([label], n)
         yield refused
         yield running
 

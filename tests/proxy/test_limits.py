@@ -72,3 +72,20 @@ def test_concurrency_caps_requests_running_at_once_per_key():
 
 def test_no_limits_configured_is_inactive():
     assert not KeyLimits(LimitsConfig()).active
+
+
+def test_made_up_keys_cost_a_sweep_of_all_keys_only_now_and_then():
+    """Before: past 10,000 keys, every new key that found none idle swept them all again (a client sending a new
+    made-up key with each request made each request O(keys) on the event loop)."""
+    lim, clock = limits(requests_per_minute=60)
+    sweeps = []
+    sweep = lim._drop_idle
+    lim._drop_idle = lambda: (sweeps.append(len(lim.keys)), sweep())[1]  # type: ignore[method-assign]
+    for i in range(30_000):
+        lim.admit(f"made-up-{i}", 0, label="other")
+        lim.done(f"made-up-{i}", 0)
+    assert sweeps == [10_000, 20_000]  # nothing was idle (no time passed), so nothing was dropped
+    clock.now += 60  # every bucket refilled: all idle
+    lim.admit("one-more", 0)
+    assert len(lim.keys) == 30_001  # under the next sweep mark
+    assert lim.sweep_at == 40_000

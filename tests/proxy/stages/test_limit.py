@@ -69,6 +69,22 @@ async def test_concurrency_per_key_and_tokens_not_charged_for_cache_hits():
         assert 0 < spent and int(after.headers["x-ratelimit-remaining-tokens"]) >= 1000 - 2 * spent - 10
 
 
+async def test_keys_nobody_configured_share_one_label_on_metrics():
+    """Without `api_keys` any client may send made-up keys, each its own scope; on /metrics they are `other`
+    (before: one label each, without bound, as the made-up model names of issue 20)."""
+    cfg = Config(limits=LimitsConfig(requests_per_minute=60, request_burst=1))
+    async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:
+        for i in range(20):
+            for _ in range(2):
+                await c.post("/api/chat", json={**CHAT, "stream": False}, headers=auth(f"made-up-{i}"))
+        assert (await c.post("/api/chat", json={**CHAT, "stream": False})).status == 200  # no key: anonymous
+        assert (await c.post("/api/chat", json={**CHAT, "stream": False})).status == 429
+        found = await scrape(c)
+    refused = {labels: v for (name, labels), v in found.items() if name == "velo_rate_limited_total"}
+    assert refused == {(("key", "other"), ("limit", "requests")): 20,
+                       (("key", "anonymous"), ("limit", "requests")): 1}
+
+
 def test_openai_reset_durations_are_written_as_openai_writes_them():
     out = headers("openai", State(requests=(60, 59, 0.012), tokens=(1000, 10, 361.0)))
     assert out["x-ratelimit-reset-requests"] == "12ms" and out["x-ratelimit-reset-tokens"] == "6m1s"
