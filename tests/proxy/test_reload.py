@@ -174,3 +174,25 @@ options = {{ model = "{model_dir}", name = "tiny", progress = false, block_size 
         resp = await c.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False,
                                                    "options": {"num_predict": 2}})
         assert resp.status == 200
+
+
+async def test_a_request_from_the_old_configuration_stays_listed_and_cancellable(tmp_path, two_fakes):
+    """One list of requests in flight for every configuration: a reload never hides a runaway request from
+    `GET /velo/requests`, nor from an admin's cancel."""
+    a, b = two_fakes
+    a.script.reply, a.script.token_delay = " ".join(["w"] * 200), 0.05
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        resp = await c.post("/api/chat", json={**CHAT, "stream": True})
+        await resp.content.readline()
+        path.write_text(toml(a.url, b.url, "b"))
+        assert await app[RELOADER].reload()
+        listed = (await (await c.get("/velo/requests")).json())["requests"]
+        assert [r["id"] for r in listed] == [resp.headers["X-Velo-Request-Id"]]
+        assert (await c.delete(f"/velo/requests/{listed[0]['id']}")).status == 200
+        tail = (await asyncio.wait_for(resp.read(), 5)).decode().strip().splitlines()[-1]
+        assert "cancelled by an administrator" in tail
+        await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
+        assert app[GENERATIONS].current.pipeline.inflight.running == {}
