@@ -94,20 +94,20 @@ class KeyLimits:
     def admit(self, key: str, prompt_tokens: int, label: str | None = None) -> State:
         """Takes a request's share for `key` or raises RateLimited (taking nothing); a refusal is counted under
         `label` (what /metrics may show; `key` by default)."""
-        entry, now = self._entry(key), self.clock()
+        entry, now, label = self._entry(key), self.clock(), label or key
         for bucket in (entry.requests, entry.tokens):
             if bucket is not None:
                 bucket.refill(now)
         if self.cfg.concurrency and entry.running >= self.cfg.concurrency:
-            self._refuse(label or key, "concurrency", f"{entry.running} requests of this key are running (limit "
+            self._refuse(label, "concurrency", f"{entry.running} requests of this key are running (limit "
                          f"{self.cfg.concurrency})", 1.0)
         if entry.requests is not None and entry.requests.level < 1:
-            self._refuse(label or key, "requests", f"request limit of {self.cfg.requests_per_minute} per minute reached",
+            self._refuse(label, "requests", f"request limit of {self.cfg.requests_per_minute} per minute reached",
                          entry.requests.wait_for(1))
         if entry.tokens is not None:
             wanted = min(prompt_tokens, entry.tokens.capacity)
             if entry.tokens.level < wanted or entry.tokens.level <= 0:
-                self._refuse(label or key, "tokens", f"token limit of {self.cfg.tokens_per_minute} per minute reached",
+                self._refuse(label, "tokens", f"token limit of {self.cfg.tokens_per_minute} per minute reached",
                              entry.tokens.wait_for(max(wanted, 1)))
             entry.tokens.level -= prompt_tokens
         if entry.requests is not None:

@@ -3,7 +3,9 @@ a backend that hangs.
 
 A refresh asks every backend at once (one call in flight per backend) and waits only for the backends whose last
 listing answered, each for at most `timeout`: a backend that hung or failed keeps its last good list and is
-refreshed behind the requests' backs until it answers again. Refreshes for names nobody lists are rate-limited
+refreshed behind the requests' backs until it answers again: at once with the next round, and on its own after
+`fresh_s`, doubling up to `every_s` (a backend slow at Velo's start, seen with a 1.5B model loading beside it,
+had its models answered 404 until the next round a minute later). Refreshes for names nobody lists are rate-limited
 (`fresh_s`), so a flood of unknown names costs one listing round, not one per request (seen before: each unknown
 name re-listed every backend, 3 s per request with one hung backend).
 """
@@ -25,6 +27,8 @@ class Listing:
     models: list[ModelInfo] = field(default_factory=list)
     answered: bool = True  # the last refresh answered in time (until it has been asked, it is assumed to)
     task: asyncio.Task | None = None
+    retry_s: float = 0.0  # after a failed listing: the wait before it is asked again on its own
+    retry: asyncio.TimerHandle | None = None
 
 
 class Listings:
@@ -40,6 +44,9 @@ class Listings:
         self._loop = asyncio.create_task(self._every())
 
     async def close(self) -> None:
+        for entry in self.by_backend.values():
+            if entry.retry is not None:
+                entry.retry.cancel()
         tasks = [t for t in [self._loop, *(entry.task for entry in self.by_backend.values())] if t is not None]
         for task in tasks:
             task.cancel()
@@ -70,15 +77,18 @@ class Listings:
 
     async def _list_one(self, name: str) -> None:
         entry = self.by_backend[name]
+        if entry.retry is not None:
+            entry.retry.cancel()
         try:
             entry.models = await asyncio.wait_for(self.backends[name].list_models(), self.timeout)
-            entry.answered = True
-        except asyncio.TimeoutError:
-            entry.answered = False
-            log.warning("backend %r did not list its models within %gs; its last list is kept", name, self.timeout)
+            entry.answered, entry.retry_s = True, 0.0
         except Exception as e:  # noqa: BLE001 - one backend down must not hide the others' models
             entry.answered = False
-            log.warning("listing models of backend %r failed (%s); its last list is kept", name, e)
+            entry.retry_s = min(self.every_s, max(self.fresh_s, 2 * entry.retry_s))
+            entry.retry = asyncio.get_running_loop().call_later(entry.retry_s, self._ask, name)
+            why = f"did not answer within {self.timeout:g}s" if isinstance(e, asyncio.TimeoutError) else f"failed ({e})"
+            log.warning("listing models of backend %r %s; its last list is kept, asked again in %gs", name, why,
+                        entry.retry_s)
         self._index()
 
     def _index(self) -> None:

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from adapters.errors import ModelNotFound
+from adapters.errors import BackendUnavailable, ModelNotFound
 from proxy.config import parse_config
 from proxy.router import Router, Target
 from tests.scripted import ScriptedBackend
@@ -109,5 +109,39 @@ async def test_a_model_pulled_since_the_last_listing_is_found():
         a.models.append("new:latest")
         await asyncio.sleep(0.1)  # past the time a listing counts as fresh for unknown names
         assert (await router.resolve("new")).backend is a
+    finally:
+        await router.close()
+
+
+class SlowAtFirst(ScriptedBackend):
+    """A backend whose first listing fails (busy at Velo's start), then answers, taking a moment as HTTP does."""
+
+    def __init__(self) -> None:
+        super().__init__("late", ("late:1b",))
+        self.asked = 0
+        self.listed = asyncio.Event()
+
+    async def list_models(self):  # type: ignore[override]
+        self.asked += 1
+        if self.asked == 1:
+            raise BackendUnavailable("still starting")
+        await asyncio.sleep(0.05)
+        self.listed.set()
+        return await super().list_models()
+
+
+async def test_a_backend_that_failed_its_listing_is_asked_again_on_its_own():
+    """Before: a backend whose listing failed at start had its models answered 404 (without waiting for it) until
+    the next full round, a minute later."""
+    cfg = parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"},
+                                     {"name": "late", "kind": "ollama", "url": "v"}]})
+    late = SlowAtFirst()
+    router = Router(cfg, {"b": ScriptedBackend("b", ("other:1b",)), "late": late}, unknown_ttl_s=0.1)
+    await router.start()
+    try:
+        assert late.asked == 1
+        await asyncio.wait([asyncio.ensure_future(late.listed.wait())], timeout=2)
+        await asyncio.sleep(0.01)
+        assert (await router.resolve("late:1b")).backend is late
     finally:
         await router.close()
