@@ -20,6 +20,10 @@ from adapters.base import Backend
 from adapters.protocol import ModelInfo
 
 log = logging.getLogger("velo.router")
+# The first listing at Velo's start may take longer than later ones: llama-server's probes /infill, a first prompt
+# evaluation (3.5 s for Qwen2.5-Coder-1.5B on this machine under load, 0.4-0.8 s after), and a backend that is not
+# listed in time has its models answered 404 until it is (seen in tests/integration/test_agent_quality.py).
+START_S = 10.0
 
 
 @dataclass
@@ -32,15 +36,18 @@ class Listing:
 
 
 class Listings:
-    def __init__(self, backends: dict[str, Backend], timeout: float, every_s: float, fresh_s: float) -> None:
-        self.backends, self.timeout, self.every_s, self.fresh_s = backends, timeout, every_s, fresh_s
+    def __init__(self, backends: dict[str, Backend], timeout: float, every_s: float, fresh_s: float,
+                 start_s: float = START_S) -> None:
+        self.backends, self.timeout, self.start_s = backends, timeout, start_s
+        self.every_s, self.fresh_s = every_s, fresh_s
         self.by_backend = {name: Listing() for name in backends}
         self.owner: dict[str, str] = {}  # model name -> backend name (the first backend that lists it)
         self._asked = -float("inf")  # when a refresh round last started
         self._loop: asyncio.Task | None = None
 
     async def start(self) -> None:
-        await self.refresh()
+        """The first round, each backend given `start_s` (Velo serves nothing before it anyway)."""
+        await self.refresh(timeout=self.start_s)
         self._loop = asyncio.create_task(self._every())
 
     async def close(self) -> None:
@@ -56,37 +63,37 @@ class Listings:
         """(backend name, model) in backend order."""
         return [(name, info) for name, entry in self.by_backend.items() for info in entry.models]
 
-    async def refresh(self, *, unless_fresh: bool = False) -> None:
+    async def refresh(self, *, unless_fresh: bool = False, timeout: float | None = None) -> None:
         """A listing round; with `unless_fresh`, none when one started less than `fresh_s` ago (nothing waited)."""
-        now = time.monotonic()
+        now, timeout = time.monotonic(), timeout or self.timeout
         if unless_fresh and now - self._asked < self.fresh_s:
             return
         self._asked = now
-        waits = [self._ask(name) for name, entry in self.by_backend.items() if entry.answered]
+        waits = [self._ask(name, timeout) for name, entry in self.by_backend.items() if entry.answered]
         for name, entry in self.by_backend.items():
             if not entry.answered:
-                self._ask(name)  # runs on in the background; its answer is used once it comes
+                self._ask(name, timeout)  # runs on in the background; its answer is used once it comes
         if waits:
-            await asyncio.wait([asyncio.shield(t) for t in waits], timeout=self.timeout)
+            await asyncio.wait([asyncio.shield(t) for t in waits], timeout=timeout)
 
-    def _ask(self, name: str) -> asyncio.Task:
+    def _ask(self, name: str, timeout: float | None = None) -> asyncio.Task:
         entry = self.by_backend[name]
         if entry.task is None or entry.task.done():
-            entry.task = asyncio.create_task(self._list_one(name))
+            entry.task = asyncio.create_task(self._list_one(name, timeout or self.timeout))
         return entry.task
 
-    async def _list_one(self, name: str) -> None:
+    async def _list_one(self, name: str, timeout: float) -> None:
         entry = self.by_backend[name]
         if entry.retry is not None:
             entry.retry.cancel()
         try:
-            entry.models = await asyncio.wait_for(self.backends[name].list_models(), self.timeout)
+            entry.models = await asyncio.wait_for(self.backends[name].list_models(), timeout)
             entry.answered, entry.retry_s = True, 0.0
         except Exception as e:  # noqa: BLE001 - one backend down must not hide the others' models
             entry.answered = False
             entry.retry_s = min(self.every_s, max(self.fresh_s, 2 * entry.retry_s))
             entry.retry = asyncio.get_running_loop().call_later(entry.retry_s, self._ask, name)
-            why = f"did not answer within {self.timeout:g}s" if isinstance(e, asyncio.TimeoutError) else f"failed ({e})"
+            why = f"did not answer within {timeout:g}s" if isinstance(e, asyncio.TimeoutError) else f"failed ({e})"
             log.warning("listing models of backend %r %s; its last list is kept, asked again in %gs", name, why,
                         entry.retry_s)
         self._index()

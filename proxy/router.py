@@ -14,7 +14,7 @@ from adapters.errors import ModelNotFound
 from adapters.protocol import ModelInfo
 
 from .config import Config
-from .listings import Listings
+from .listings import START_S, Listings
 
 log = logging.getLogger("velo.router")
 OTHER = "other"  # the metrics label of every model name that no backend lists and no route or alias names
@@ -36,12 +36,13 @@ class _Info:
 
 class Router:
     def __init__(self, config: Config, backends: dict[str, Backend], listing_timeout: float = 3.0,
-                 info_ttl_s: float = 30.0, refresh_s: float = 60.0, unknown_ttl_s: float = 2.0):
+                 info_ttl_s: float = 30.0, refresh_s: float = 60.0, unknown_ttl_s: float = 2.0,
+                 start_listing_s: float = START_S):
         self.config = config
         self.backends = backends
         self.listing_timeout = listing_timeout
         self.info_ttl_s = info_ttl_s
-        self.listings = Listings(backends, listing_timeout, refresh_s, unknown_ttl_s)
+        self.listings = Listings(backends, listing_timeout, refresh_s, unknown_ttl_s, start_listing_s)
         self._info: dict[tuple[str, str], _Info] = {}  # (backend, model) -> what the backend said, and when
 
     async def start(self) -> None:

@@ -75,7 +75,7 @@ def _with_hung(timeout: float) -> tuple[Router, Hung, ScriptedBackend]:
     cfg = parse_config({"backends": [{"name": "hung", "kind": "ollama", "url": "u"},
                                      {"name": "b", "kind": "llamacpp", "url": "v"}]})
     hung, fast = Hung(), ScriptedBackend("b", ("qwen-coder",))
-    return Router(cfg, {"hung": hung, "b": fast}, listing_timeout=timeout), hung, fast
+    return Router(cfg, {"hung": hung, "b": fast}, listing_timeout=timeout, start_listing_s=timeout), hung, fast
 
 
 async def test_one_hung_backend_does_not_slow_anyone_once_listings_are_kept():
@@ -143,5 +143,31 @@ async def test_a_backend_that_failed_its_listing_is_asked_again_on_its_own():
         await asyncio.wait([asyncio.ensure_future(late.listed.wait())], timeout=2)
         await asyncio.sleep(0.01)
         assert (await router.resolve("late:1b")).backend is late
+    finally:
+        await router.close()
+
+
+class SlowFirstListing(ScriptedBackend):
+    """Its first listing takes longer than later ones (llama-server probing /infill: a first prompt evaluation)."""
+
+    def __init__(self) -> None:
+        super().__init__("cold", ("cold:1b",))
+        self.asked = 0
+
+    async def list_models(self):  # type: ignore[override]
+        self.asked += 1
+        await asyncio.sleep(0.3 if self.asked == 1 else 0.0)
+        return await super().list_models()
+
+
+async def test_the_first_listing_at_start_has_more_time_than_later_ones():
+    cfg = parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"},
+                                     {"name": "cold", "kind": "ollama", "url": "v"}]})
+    cold = SlowFirstListing()
+    router = Router(cfg, {"b": ScriptedBackend("b", ("other:1b",)), "cold": cold}, listing_timeout=0.1,
+                    start_listing_s=2.0)
+    await router.start()
+    try:
+        assert (await router.resolve("cold:1b")).backend is cold and cold.asked == 1
     finally:
         await router.close()
