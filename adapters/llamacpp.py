@@ -3,19 +3,23 @@ openai_compat), raw completion through native `/completion` (cache_prompt, n_pre
 fill-in-the-middle through `/infill`, and the server's own facts from `/props`, `/v1/models` and `/health`."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import replace
 from typing import Any, AsyncIterator
 
-from . import options
+from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
 from .errors import BackendError, Unsupported
 from .fields import wire_text
 from .http import json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
-from .protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo, SamplingOptions, TokenLogprob, Usage
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, SamplingOptions,
+                       TokenLogprob, Usage)
+from .think import OPEN, ThinkSplitter, opens_thinking
 
 log = logging.getLogger("velo.adapters.llamacpp")
 
@@ -40,7 +44,7 @@ def native_body(req: CompletionRequest) -> dict[str, Any]:
 
 def native_chunk(obj: dict[str, Any]) -> Chunk:
     """One `/completion` or `/infill` event; the last has `stop: true` and the counts."""
-    chunk = Chunk(text=wire_text(obj.get("content")), logprobs=[
+    chunk = Chunk(text=wire_text(obj.get("content")), context=obj.get("tokens") or None, logprobs=[
         TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p.get("top_logprobs") or []])
         for p in obj.get("completion_probabilities") or [] if "logprob" in p])
     if obj.get("stop"):
@@ -74,11 +78,13 @@ class LlamaCppBackend(OpenAIBackend):
     # requests failed on a reused connection): a request sent on one cannot be told from one it crashed on, so
     # each request gets its own connection (~0.2 ms on loopback, where llama-server runs).
     pools_connections = False
+    knows_capabilities = True  # /props and /infill tell
 
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         self._props: dict[str, Any] | None = None
         self._can_infill: bool | None = None
+        self._gguf: tuple[str, asyncio.Future] | None = None  # (model path, the reading of its GGUF facts)
 
     async def props(self) -> dict[str, Any]:
         """/props changes only on restart: asked once."""
@@ -120,25 +126,52 @@ class LlamaCppBackend(OpenAIBackend):
         listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self.props()
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
-        caps, template = ["completion"], props.get("chat_template", "")
+        caps, jinja = ["completion"], props.get("chat_template", "")
         if (props.get("chat_template_caps") or {}).get("supports_tools"):
             caps.append("tools")
-        if "<think>" in template or "enable_thinking" in template:
+        if OPEN in jinja or "enable_thinking" in jinja:
             caps.append("thinking")
-        if await self.can_infill():
+        infill = await self.can_infill()
+        if infill:
             caps.append("insert")
         names = self.config.models or [gguf_name(e["id"]) for e in entries]
-        params = meta.get("n_params", 0)
+        params, context = meta.get("n_params", 0), await self.context_length()
         path = props.get("model_path", "")
         file = model_file(path) if os.path.isfile(path) else None  # llama-server runs on this machine
         dated = {"modified_at": file.modified_at, "digest": file.digest} if file else {}
+        # llama-server writes the FIM prompt itself (/infill): the template's tokens only document it, and tell
+        # clients that FIM works; until the file says which (show), StarCoder's, which llama.cpp also recognises.
+        fim = model_card.FIM_STYLES[1] if infill else None
         return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", **dated,
                           quantization_level=props.get("model_ftype", ""),
-                          parameter_size=parameter_size(params),
-                          context_length=await self.context_length(), capabilities=list(caps),
-                          template=template,
-                          model_info={"general.parameter_count": params, "n_ctx_train": meta.get("n_ctx_train")})
+                          parameter_size=parameter_size(params), context_length=context, capabilities=list(caps),
+                          template=model_card.go_template(jinja, fim),
+                          parameters=model_card.parameters(context, model_card.stop_words(jinja)),
+                          model_info={"general.parameter_count": params})
                 for n in names]
+
+    async def show(self, model: str) -> ModelInfo:
+        """The listing's facts, plus the model file's own metadata where the file is on this machine."""
+        props = await self.props()
+        return await self.with_file(await super().show(model), props.get("model_path", ""),
+                                    props.get("chat_template", ""))
+
+    async def with_file(self, info: ModelInfo, path: str, jinja: str) -> ModelInfo:
+        if not os.path.isfile(path):
+            return info
+        gguf, fim = await self._gguf_facts(path)
+        info.family = gguf.get("general.architecture", info.family)
+        info.model_info = gguf | info.model_info
+        if fim and "insert" in info.capabilities:
+            info.template = model_card.go_template(jinja, fim)
+        return info
+
+    async def _gguf_facts(self, path: str) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+        """Read once per file, off the event loop, by a task that a caller who gives up (a timed-out model lookup)
+        does not cancel: 0.13 s for SmolLM2's header, 0.27 s for Qwen2.5-Coder's 151k-token vocabulary, idle."""
+        if self._gguf is None or self._gguf[0] != path:
+            self._gguf = (path, asyncio.ensure_future(asyncio.to_thread(model_card.gguf_facts, path)))
+        return await asyncio.shield(self._gguf[1])
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         """The OpenAI body plus llama-server's own sampling keys (repeat_penalty, typical_p, mirostat, ...)."""
@@ -148,14 +181,42 @@ class LlamaCppBackend(OpenAIBackend):
         return {**native, **super().chat_body(req)}
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if req.suffix is None and not req.raw:
-            return super().complete(req)
-        stream = self._native("/infill" if req.suffix is not None else "/completion", req)
+        if req.raw or (req.template is None and req.suffix is not None):
+            stream = self._native("/infill" if req.suffix is not None else "/completion", req)
+        else:
+            stream = self._with_context(req)
         return stream if req.stream else one_answer(stream)
 
-    async def _native(self, path: str, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        """Always a stream from the server, whatever the client asked (see adapters/http.py)."""
+    async def _with_context(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        """Ollama's non-raw /api/generate: the prompt rendered (by the client's Go `template`, else the server's own
+        chat template), its tokens after an earlier answer's `context`, sent to /completion; the last chunk carries
+        the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here."""
+        if req.template is not None:
+            prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
+        else:
+            prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
+                                           model=req.model))["prompt"]
+        ids = (req.context or []) + await self.tokenize(prompt)
+        said, jinja = list(ids), (await self.props()).get("chat_template", "")
+        thinking = ThinkSplitter(opens_thinking(prompt)) if OPEN in jinja or "enable_thinking" in jinja else None
+        async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
+            async for chunk in stream:
+                said += chunk.context or []
+                chunk.context = said if chunk.finish_reason else None
+                if thinking is not None:
+                    chunk.thinking, chunk.text = thinking.feed(chunk.text)
+                    if chunk.finish_reason:
+                        held = thinking.flush()
+                        chunk.thinking, chunk.text = chunk.thinking + held[0], chunk.text + held[1]
+                yield chunk
+
+    async def _native(self, path: str, req: CompletionRequest,
+                      prompt_ids: list[int] | None = None) -> AsyncIterator[Chunk]:
+        """Always a stream from the server, whatever the client asked (see adapters/http.py). `prompt_ids`: the
+        prompt as token ids; each chunk's `context` then holds the tokens it adds."""
         body, cfg = native_body(replace(req, stream=True)), self.config
+        if prompt_ids is not None:
+            body.update(prompt=prompt_ids, return_tokens=True)
         async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=req.model) as resp:
             async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
                                              parse=native_chunk):
@@ -163,6 +224,16 @@ class LlamaCppBackend(OpenAIBackend):
                 if chunk.finish_reason:
                     return
         raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        """llama-server cannot shorten vectors (`dimensions` is done here, as Ollama does it); `embd_normalize: -1`
+        gives the raw vector that legacy /api/embeddings answers."""
+        body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
+        if not req.normalize:
+            body["embd_normalize"] = -1
+        result = await self.embed_body(body, req.model)
+        result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
+        return result
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a raw prompt as is."""

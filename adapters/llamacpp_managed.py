@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
-from .base import BackendConfig
+from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
 from .llamacpp import LlamaCppBackend, gguf_name
 from .model_file import model_file
@@ -39,6 +39,7 @@ class ManagedStats:
 
 
 class ManagedLlamaCpp(LlamaCppBackend):
+    knows_capabilities = False  # stopped, it lists only "completion" (asking would start it): suffix goes through
     def __init__(self, config: BackendConfig, swaps: Swaps):
         super().__init__(config)
         assert config.model, "a managed llama-server needs a model file"
@@ -187,6 +188,13 @@ class ManagedLlamaCpp(LlamaCppBackend):
         dated = {"modified_at": file.modified_at, "digest": file.digest, "size": file.size} if file else {}
         return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", capabilities=["completion"],
                           **dated)]
+
+    async def show(self, model: str) -> ModelInfo:
+        """Stopped, from the file alone (showing never starts it)."""
+        if self.state == "ready":
+            with contextlib.suppress(BackendError):
+                return await LlamaCppBackend.show(self, model)
+        return await self.with_file(await Backend.show(self, model), self.config.model or "", "")
 
     async def running(self) -> list[RunningModel]:
         return [RunningModel(name=self.model_name)] if self.state == "ready" else []

@@ -177,6 +177,14 @@ class OllamaBackend(Backend):
         return await self.http.call("POST", "/api/show", {"model": model}, model=model,
                                     parse=lambda obj: model_info_from_wire(model, self.name, obj))
 
+    async def load(self, model: str, keep: Any) -> int:
+        """Ollama's own load request, passed on: an empty /api/generate."""
+        body = {"model": model} | ({} if keep is None else {"keep_alive": keep})
+        return (await self.http.call("POST", "/api/generate", body, model=model)).get("load_duration", 0)
+
+    async def unload(self, model: str) -> None:
+        await self.http.call("POST", "/api/generate", {"model": model, "keep_alive": 0}, model=model)
+
     async def running(self) -> list[RunningModel]:
         return await self.http.call("GET", "/api/ps", parse=self._running)
 
@@ -185,7 +193,8 @@ class OllamaBackend(Backend):
         for m in ps.get("models", []):
             info = model_info_from_wire(m.get("name") or m["model"], self.name, m)
             out.append(RunningModel(name=info.name, size=info.size, size_vram=m.get("size_vram", 0),
-                                    digest=info.digest, expires_at=m.get("expires_at", info.modified_at), info=info))
+                                    digest=info.digest, expires_at=m.get("expires_at", info.modified_at),
+                                    context_length=m.get("context_length"), info=info))
         return out
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
@@ -209,6 +218,8 @@ class OllamaBackend(Backend):
         raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
+        if not req.normalize:  # the legacy route, which Ollama answers with the raw vector
+            return await self._legacy_embed(req)
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "truncate": req.truncate}
         if req.options:
             body["options"] = req.options
@@ -216,6 +227,15 @@ class OllamaBackend(Backend):
             if value is not None:
                 body[key] = value
         return await self.http.call("POST", "/api/embed", body, model=req.model, parse=_embeddings)
+
+    async def _legacy_embed(self, req: EmbedRequest) -> EmbedResult:
+        vectors = []
+        for text in req.inputs:
+            body = {"model": req.model, "prompt": text} | ({"options": req.options} if req.options else {})
+            if req.keep_alive is not None:
+                body["keep_alive"] = req.keep_alive
+            vectors.append((await self.http.call("POST", "/api/embeddings", body, model=req.model))["embedding"])
+        return EmbedResult(embeddings=vectors)
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Pass /api/pull, /api/push, /api/create, /api/copy, /api/delete through; empty answers yield nothing."""

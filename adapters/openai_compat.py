@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, AsyncIterator
 
+from . import go_template, model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .http import Upstream, one_answer
@@ -33,6 +34,7 @@ def _created(model: dict[str, Any]) -> dict[str, str]:
 class OpenAIBackend(Backend):
     forces_tool_choice = True  # vLLM and SGLang force calls with guided decoding
     pools_connections = True
+    knows_capabilities = False  # _ASSUMED: suffix and images go to the server, which answers for itself
 
     def __init__(self, config: BackendConfig):
         super().__init__(config)
@@ -52,14 +54,20 @@ class OpenAIBackend(Backend):
 
     async def list_models(self) -> list[ModelInfo]:
         """The OpenAI API cannot say what a model supports: vLLM and SGLang parse tool calls and thinking
-        themselves, and answer in their own words when a model cannot."""
+        themselves, and answer in their own words when a model cannot. vLLM lists each model's context."""
         if self.config.models:
-            return [ModelInfo(name=m, backend=self.name, capabilities=list(_ASSUMED)) for m in self.config.models]
+            return [self._info({"id": m}) for m in self.config.models]
         return await self.http.call("GET", "/v1/models", parse=self._listed)
 
     def _listed(self, listing: dict[str, Any]) -> list[ModelInfo]:
-        return [ModelInfo(name=str(m["id"]), backend=self.name, capabilities=list(_ASSUMED), **_created(m))
-                for m in listing.get("data", [])]
+        return [self._info(m) for m in listing.get("data", [])]
+
+    def _info(self, listed: dict[str, Any]) -> ModelInfo:
+        context = listed.get("max_model_len")  # vLLM's field; other servers list no context
+        context = context if isinstance(context, int) and context > 0 else None
+        return ModelInfo(name=str(listed["id"]), backend=self.name, capabilities=list(_ASSUMED),
+                         context_length=context, template=model_card.PLAIN,
+                         parameters=model_card.parameters(context, []), **_created(listed))
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         return chat_to_wire(req)
@@ -69,6 +77,9 @@ class OpenAIBackend(Backend):
         return stream if req.stream else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        if req.template is not None and not req.raw:  # Ollama's template override: the prompt it renders, raw
+            prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
+            req = replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
         stream = self._answer("/v1/completions", completion_to_wire(replace(req, stream=True)), req.model)
@@ -90,4 +101,7 @@ class OpenAIBackend(Backend):
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if req.dimensions is not None:
             body["dimensions"] = req.dimensions
-        return await self.http.call("POST", "/v1/embeddings", body, model=req.model, parse=embeddings_from_wire)
+        return await self.embed_body(body, req.model)
+
+    async def embed_body(self, body: dict[str, Any], model: str) -> EmbedResult:
+        return await self.http.call("POST", "/v1/embeddings", body, model=model, parse=embeddings_from_wire)

@@ -130,6 +130,7 @@ class EmbedRequest:
     dimensions: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: Any = None
+    normalize: bool = True  # False: the model's raw vector (Ollama's legacy /api/embeddings)
 
 
 @dataclass
@@ -192,7 +193,7 @@ class ModelInfo:
     capabilities: list[str] = field(default_factory=lambda: ["completion"])
     template: str = ""
     parameters: str = ""
-    model_info: dict[str, Any] = field(default_factory=dict)
+    model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
 
 
 @dataclass
@@ -204,6 +205,7 @@ class RunningModel:
     size_vram: int = 0
     digest: str = ""
     expires_at: str = field(default_factory=lambda: rfc3339(time.time() + KEPT_LOADED_S))  # never unloaded
+    context_length: int | None = None  # the context it was loaded with (Ollama's /api/ps), else the model's
     info: ModelInfo | None = None
 
 

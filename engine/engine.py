@@ -7,6 +7,7 @@ scheduler, the block manager and the KV cache, so none of them needs a lock.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import queue
@@ -116,12 +117,13 @@ class LLMEngine:
             if not done:
                 self.abort(request_id)
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """One vector per text: the mean of the final (normed) hidden states over its tokens, L2-normalised.
+    def embed(self, texts: list[str], normalize: bool = True) -> list[list[float]]:
+        """One vector per text: the mean of the final (normed) hidden states over its tokens, L2-normalised
+        unless `normalize` is False.
         A causal LM's pooled states make usable but not state-of-the-art embeddings. Runs between steps on the
         engine thread (engine/threads.py says why), so the caller blocks until then."""
         done: Future = Future()
-        self._inbox.put(("call", (self._embed, texts, done)))
+        self._inbox.put(("call", (functools.partial(self._embed, normalize=normalize), texts, done)))
         while True:
             try:
                 return done.result(timeout=1)
@@ -129,12 +131,12 @@ class LLMEngine:
                 if not self.alive:
                     raise RuntimeError("engine shut down") from None
 
-    def _embed(self, texts: list[str]) -> list[list[float]]:
+    def _embed(self, texts: list[str], normalize: bool) -> list[list[float]]:
         vectors = []
         for text in texts:
             ids = self.tokenizer.encode(text)[: self.model_info["context_length"]] or [0]
             hidden = self.runner.hidden_states(ids).float().mean(dim=0)
-            vectors.append(torch.nn.functional.normalize(hidden, dim=0).tolist())
+            vectors.append((torch.nn.functional.normalize(hidden, dim=0) if normalize else hidden).tolist())
         return vectors
 
     @property

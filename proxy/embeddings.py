@@ -12,12 +12,13 @@ from adapters.protocol import EmbedRequest, EmbedResult
 from .batching import EmbedBatcher
 from .job import Caller
 from .metrics import RequestMetrics
+from .residency import Residency
 from .stages.base import Services
 
 
 class Embeddings:
-    def __init__(self, services: Services, metrics: RequestMetrics) -> None:
-        self.services, self.metrics = services, metrics
+    def __init__(self, services: Services, metrics: RequestMetrics, residency: Residency) -> None:
+        self.services, self.metrics, self.residency = services, metrics, residency
         self.batchers: dict[str, EmbedBatcher] = {}
         services.registry.register(self)
 
@@ -36,7 +37,8 @@ class Embeddings:
         batcher = self.batchers.get(target.backend.name)
         with self.metrics.observe(caller.path, target.label, target.backend.name):
             req = replace(req, model=target.model)
-            return await (batcher.embed(req) if batcher else target.backend.embed(req))
+            async with self.residency.use(target, req.keep_alive):
+                return await (batcher.embed(req) if batcher else target.backend.embed(req))
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",

@@ -1,6 +1,7 @@
 """The request path below the dialects: a job passes through the stages in order, each wrapping the rest.
 
-    resolve -> observe -> limit -> fit -> cache -> repair -> offer tools -> coalesce -> admit -> call backend
+    resolve -> keep loaded -> observe -> limit -> fit -> cache -> repair -> offer tools -> coalesce -> admit
+      -> call backend
 
 Every stage sees the internal model only (adapters.protocol), so every dialect and every backend share it. A new
 stage is one file in proxy/stages/ (see stages/base.py) and one line in STAGES.
@@ -25,14 +26,15 @@ from .stages.cache import Cache
 from .stages.call_backend import CallBackend
 from .stages.coalesce import Coalesce
 from .stages.fit import Fit
+from .stages.keep_loaded import KeepLoaded
 from .stages.limit import Limit
 from .stages.observe import Observe
 from .stages.offer_tools import OfferTools
 from .stages.repair import Repair
 from .stages.resolve import Resolve
 
-STAGES: tuple[type[Stage], ...] = (Resolve, Observe, Limit, Fit, Cache, Repair, OfferTools, Coalesce, Admit,
-                                   CallBackend)
+STAGES: tuple[type[Stage], ...] = (Resolve, KeepLoaded, Observe, Limit, Fit, Cache, Repair, OfferTools, Coalesce,
+                                   Admit, CallBackend)
 S = TypeVar("S", bound=Stage)
 
 
@@ -42,7 +44,8 @@ class Pipeline:
         self.services = Services(config, router, new_registry(), lease, inflight)
         self.services.registry.register(inflight)
         self.stages = [cls(self.services) for cls in STAGES]
-        self.embeddings = Embeddings(self.services, self.stage(Observe).metrics)
+        self.residency = self.stage(KeepLoaded).residency
+        self.embeddings = Embeddings(self.services, self.stage(Observe).metrics, self.residency)
         call = functools.partial(self.stages[-1], next=None)
         for stage in reversed(self.stages[:-1]):
             call = functools.partial(stage, next=call)

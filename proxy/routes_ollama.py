@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
+from adapters import keep_alive
 from adapters.base import Backend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported, VeloError
-from adapters.protocol import Chunk, aggregate
+from adapters.fields import body_object
+from adapters.protocol import Chunk, RunningModel, aggregate
 
 from .auth import CALLER
 from .dialects import ollama
@@ -48,25 +50,38 @@ async def show(request: web.Request) -> web.Response:
 
 
 async def ps(request: web.Request) -> web.Response:
-    router = request[ROUTER]
-    running = [m for b in router.backends.values() for m in await _safe_running(b)]
+    router, residency = request[ROUTER], request[PIPELINE].residency
+    running = []
+    for backend in router.backends.values():
+        for model in await _safe_running(backend):
+            if backend.idle_unload:  # Velo unloads it: when, it knows (an Ollama backend says for itself)
+                model.expires_at = residency.expires_at(backend.name, model.name) or model.expires_at
+            running.append(model)
     return json_response({"models": [ollama.ps_object(m) for m in running]})
 
 
-async def _safe_running(backend: Backend) -> list:
+async def _safe_running(backend: Backend) -> list[RunningModel]:
     try:
         return await backend.running()
     except VeloError:
         return []
 
 
+async def _load_or_unload(request: web.Request, model: str, keep: Any) -> tuple[str, int]:
+    """Ollama's bare request (no messages, no prompt): loads the model, or with `keep_alive: 0` unloads it."""
+    target, residency = await request[ROUTER].resolve(model), request[PIPELINE].residency
+    if keep_alive.unloads(keep):
+        await residency.unload(target)
+        return "unload", 0
+    return "load", await residency.load(target, keep)
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_chat(body), time.perf_counter_ns()
-    if not req.messages:  # Ollama loads the model and answers done at once
-        await request[ROUTER].resolve(req.model)
-        return json_response({"model": req.model, "created_at": ollama.now_iso(),
-                              "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
+    if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
+        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
+        return json_response(ollama.chat_load_object(req.model, reason, load_ns))
     return await _answer(request, job_for(request, req, body), lambda c: ollama.chat_object(req.model, c, started))
 
 
@@ -74,8 +89,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_generate(body), time.perf_counter_ns()
     if not req.prompt and not req.suffix and not req.images:
-        await request[ROUTER].resolve(req.model)
-        return json_response(ollama.load_object(req.model, unload=req.keep_alive in (0, "0", "0s")))
+        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
+        return json_response(ollama.load_object(req.model, reason, load_ns))
     return await _answer(request, job_for(request, req, body),
                          lambda c: ollama.generate_object(req.model, c, started))
 
@@ -99,6 +114,9 @@ async def embed(request: web.Request) -> web.Response:
 
 async def embeddings(request: web.Request) -> web.Response:
     req = ollama.parse_legacy_embeddings(await read_json(request))
+    if not req.inputs[0]:  # Ollama answers an empty prompt with an empty vector
+        await request[ROUTER].resolve(req.model)
+        return json_response({"embedding": []})
     result = await request[PIPELINE].embed(req, request[CALLER])
     return json_response({"embedding": result.embeddings[0] if result.embeddings else []})
 
@@ -119,6 +137,29 @@ async def manage(request: web.Request) -> web.StreamResponse:
         return json_response(statuses[-1] if statuses else {"status": "success"})
     return await write_stream(request, stream, ndjson, lambda e: ndjson(ollama.error_object(e.message)),
                               "application/x-ndjson")
+
+
+async def pull_or_push(request: web.Request) -> web.StreamResponse:
+    """/api/pull and /api/push go to an Ollama backend. Without one, a model Velo already serves is "pulled" at once
+    (Codex's --oss pulls any model it does not see listed); anything else is a 400 saying where models come from."""
+    body = body_object(await read_json(request))
+    model = body.get("model") or body.get("name")
+    router, verb = request[ROUTER], request.path.rsplit("/", 1)[-1]
+    if any(b.config.kind == "ollama" for b in router.backends.values()):
+        return await manage(request)
+    if verb == "pull" and isinstance(model, str) and any(m.name == model for m in await router.list_models()):
+        done = {"status": "success"}
+        if body.get("stream", True) is False:
+            return json_response(done)
+        return await write_stream(request, _one(done), ndjson, lambda e: ndjson(ollama.error_object(e.message)),
+                                  "application/x-ndjson")
+    raise BadRequest(f"cannot {verb} {model!r}: Velo {verb}s models only through an Ollama backend, and none is "
+                     "configured; it serves the models of the backends in config.toml (engine, llama.cpp, "
+                     "OpenAI-compatible): add a model there", param="model")
+
+
+async def _one(status: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield status
 
 
 async def _ollama_backend_for(request: web.Request, model: Any) -> Backend:
@@ -147,6 +188,8 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/api/generate", generate)
     r.add_post("/api/embed", embed)
     r.add_post("/api/embeddings", embeddings)
-    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy"):
+    r.add_post("/api/pull", pull_or_push)
+    r.add_post("/api/push", pull_or_push)
+    for path in ("/api/create", "/api/copy"):
         r.add_post(path, manage)
     r.add_delete("/api/delete", manage)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from adapters.errors import BackendError
@@ -77,9 +77,7 @@ class EmbedBatcher:
         if not live:
             return
         first = batch.requests[live[0]]
-        merged = EmbedRequest(model=first.model, inputs=[s for i in live for s in batch.requests[i].inputs],
-                              truncate=first.truncate, dimensions=first.dimensions, options=first.options,
-                              keep_alive=first.keep_alive)
+        merged = replace(first, inputs=[s for i in live for s in batch.requests[i].inputs])  # the rest is equal
         self.batches += 1
         try:
             result = await self.call(merged)
@@ -102,7 +100,7 @@ class EmbedBatcher:
 
 def _batch_key(req: EmbedRequest) -> str:
     """Requests merge only when everything but the inputs is equal."""
-    return json.dumps([req.model, req.truncate, req.dimensions, req.options, req.keep_alive],
+    return json.dumps([req.model, req.truncate, req.dimensions, req.options, req.keep_alive, req.normalize],
                       sort_keys=True, default=str)
 
 

@@ -9,7 +9,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from adapters import options
+from adapters import keep_alive, options
 from adapters.errors import BadRequest
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, RunningModel, SamplingOptions, Tool, ToolCall, Usage)
@@ -78,12 +78,19 @@ def parse_think(body: dict[str, Any]) -> bool | str | None:
     raise BadRequest('think must be true, false, "low", "medium" or "high"', param="think")
 
 
+def parse_keep_alive(body: dict[str, Any]) -> Any:
+    """The client's value as sent (an Ollama backend gets it untouched), once checked as Ollama checks it."""
+    value = body.get("keep_alive")
+    keep_alive.seconds(value)
+    return value
+
+
 def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
     return ChatRequest(
         model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
         options=parse_options(body), tools=parse_tools(body), format=parse_format(body),
-        stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"), think=parse_think(body))
+        stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body))
 
 
 def parse_generate(body: Any) -> CompletionRequest:
@@ -91,11 +98,13 @@ def parse_generate(body: Any) -> CompletionRequest:
     context = get(body, "context", list)
     if context is not None and not all(isinstance(t, int) for t in context):
         raise BadRequest("context must be an array of integers", param="context")
+    if get(body, "raw", bool, False) and (body.get("template") or body.get("system") or context):
+        raise BadRequest("raw mode does not support template, system, or context", param="raw")  # Ollama's words
     return CompletionRequest(
         model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str),
         system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
         images=[str(i) for i in get(body, "images", list, [])], options=parse_options(body),
-        format=parse_format(body), stream=get(body, "stream", bool, True), keep_alive=body.get("keep_alive"),
+        format=parse_format(body), stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body),
         think=parse_think(body), context=context)
 
 
@@ -104,13 +113,13 @@ def parse_embed(body: Any) -> EmbedRequest:
     inputs = string_list(body, "input")
     return EmbedRequest(model=get_model(body), inputs=inputs, truncate=get(body, "truncate", bool, True),
                         dimensions=get(body, "dimensions", int), options=get(body, "options", dict, {}),
-                        keep_alive=body.get("keep_alive"))
+                        keep_alive=parse_keep_alive(body))
 
 
 def parse_legacy_embeddings(body: Any) -> EmbedRequest:
     body = body_object(body)
     return EmbedRequest(model=get_model(body), inputs=[get(body, "prompt", str, "")],
-                        options=get(body, "options", dict, {}), keep_alive=body.get("keep_alive"))
+                        options=get(body, "options", dict, {}), keep_alive=parse_keep_alive(body), normalize=False)
 
 
 def now_iso() -> str:
@@ -157,10 +166,17 @@ def generate_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]
     return out
 
 
-def load_object(model: str, unload: bool) -> dict[str, Any]:
+def load_object(model: str, reason: str, load_ns: int = 0) -> dict[str, Any]:
     """/api/generate with an empty prompt only loads (or, with keep_alive 0, unloads) the model."""
-    return {"model": model, "created_at": now_iso(), "response": "", "done": True,
-            "done_reason": "unload" if unload else "load"}
+    out = {"model": model, "created_at": now_iso(), "response": "", "done": True, "done_reason": reason}
+    return out | ({"load_duration": load_ns, "total_duration": load_ns} if load_ns else {})
+
+
+def chat_load_object(model: str, reason: str, load_ns: int = 0) -> dict[str, Any]:
+    """/api/chat with no messages: the same, in a chat answer's shape."""
+    out = {"model": model, "created_at": now_iso(), "message": {"role": "assistant", "content": ""}, "done": True,
+           "done_reason": reason}
+    return out | ({"load_duration": load_ns, "total_duration": load_ns} if load_ns else {})
 
 
 def embed_object(model: str, result: EmbedResult) -> dict[str, Any]:
@@ -179,20 +195,38 @@ def tag_object(info: ModelInfo) -> dict[str, Any]:
             "digest": info.digest, "details": _details(info)}
 
 
+def shown_capabilities(capabilities: list[str]) -> list[str]:
+    """Ollama's capability list for a model: a chat model has `tools` (Velo writes tools into the prompt of a model
+    whose template cannot render them, adapters/tool_prompt.py); `embedding` stands alone, never beside
+    `completion` (a chat model that can also embed is shown as the chat model it is)."""
+    if "completion" not in capabilities:
+        return ["embedding"] if "embedding" in capabilities else list(capabilities)
+    shown = [c for c in capabilities if c != "embedding"]
+    return shown if "tools" in shown else shown[:1] + ["tools"] + shown[1:]
+
+
+def _modelfile(info: ModelInfo) -> str:
+    """Ollama's generated Modelfile: FROM, TEMPLATE and the PARAMETER lines."""
+    params = "".join(f"PARAMETER {line}\n" for line in info.parameters.splitlines())
+    return (f'# Modelfile generated by "ollama show"\nFROM {info.name}\n'
+            f'TEMPLATE """{info.template}"""\n{params}')
+
+
 def show_object(info: ModelInfo) -> dict[str, Any]:
     model_info = dict(info.model_info)
     arch = model_info.setdefault("general.architecture", info.family or "llama")
     if info.context_length:
         model_info.setdefault(f"{arch}.context_length", info.context_length)
-    return {"modelfile": f"FROM {info.name}\n", "parameters": info.parameters, "template": info.template,
-            "details": _details(info), "model_info": model_info, "capabilities": info.capabilities,
-            "modified_at": info.modified_at}
+    return {"modelfile": _modelfile(info), "parameters": info.parameters, "template": info.template,
+            "details": _details(info), "model_info": model_info,
+            "capabilities": shown_capabilities(info.capabilities), "modified_at": info.modified_at}
 
 
 def ps_object(model: RunningModel) -> dict[str, Any]:
     info = model.info or ModelInfo(name=model.name)
     return {"name": model.name, "model": model.name, "size": model.size, "digest": model.digest,
-            "details": _details(info), "expires_at": model.expires_at, "size_vram": model.size_vram}
+            "details": _details(info), "expires_at": model.expires_at, "size_vram": model.size_vram,
+            "context_length": model.context_length or info.context_length or 0}
 
 
 def error_object(message: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 - an output limit where the client set none (`[server] default_max_tokens`): a looping small model otherwise runs
   to the end of its context;
+- what the model cannot do (fill in the middle, images): Ollama's 400 `"x" does not support insert`;
 - the thinking switch: a model that cannot think gets Ollama's 400 in the dialects that are strict about it
   (proxy/dialects RULES), and the switch is dropped in those that leave it to the model;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
@@ -40,6 +41,7 @@ class Fit(Stage):
         req = self._capped(job.request)
         info = await self.services.router.model_info(job.target)
         if info is not None:  # a model the backend cannot describe is left to the backend
+            self._check_capabilities(req, info, job)
             req = await self._in_window(self._thinking(req, info, job), info, job)
         async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
             async for chunk in rest:
@@ -50,6 +52,18 @@ class Fit(Stage):
         if req.options.max_tokens is not None or cap == 0:
             return req
         return replace(req, options=replace(req.options, max_tokens=cap))
+
+    @staticmethod
+    def _check_capabilities(req: Request, info: ModelInfo, job: Job) -> None:
+        """Ollama's 400 for what the model cannot do, where the backend's capabilities are facts."""
+        assert job.target is not None
+        if not job.target.backend.knows_capabilities:
+            return
+        if isinstance(req, CompletionRequest) and req.suffix is not None and "insert" not in info.capabilities:
+            raise ModelLacks(req.model, "insert")
+        images = req.images if isinstance(req, CompletionRequest) else [i for m in req.messages for i in m.images]
+        if images and "vision" not in info.capabilities:
+            raise ModelLacks(req.model, "vision")
 
     @staticmethod
     def _thinking(req: Request, info: ModelInfo, job: Job) -> Request:

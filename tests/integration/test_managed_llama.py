@@ -85,6 +85,9 @@ async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp
                 break
             await asyncio.sleep(0.1)
         assert all(b.state == "stopped" and b.process is None for b in backends.values())
+        shown = await (await c.post("/api/show", json={"model": "first"})).json()
+        assert shown["model_info"]["llama.block_count"] == 30  # from the file: showing never starts it
+        assert all(b.state == "stopped" for b in backends.values())
         again = await c.post("/v1/chat/completions", json={"model": "first", "max_tokens": 3,
                                                            "messages": [{"role": "user", "content": "Hi"}]})
         assert again.status == 200

@@ -119,9 +119,21 @@ async def test_failure_before_first_chunk_is_an_http_error(client, scripted: Scr
     assert resp.status == 502 and "broke" in (await resp.json())["error"]
 
 
-async def test_management_calls_need_an_ollama_backend(client):
-    resp = await client.post("/api/pull", json={"model": "llama3"})
-    assert resp.status == 501 and "Ollama backend" in (await resp.json())["error"]
+async def test_pull_and_push_without_an_ollama_backend(client, base_url):
+    """A 400 in Ollama's shape that says where models come from (an OpenAI SDK would retry a 5xx); a model Velo
+    already serves is "pulled" at once, as Codex's --oss pulls whatever it does not see listed."""
+    for path in ("/api/pull", "/api/push"):
+        resp = await client.post(path, json={"model": "llama3"})
+        error = (await resp.json())["error"]
+        assert resp.status == 400 and "Ollama backend" in error and "config.toml" in error
+    resp = await client.post("/api/push", json={"model": "tiny:latest"})
+    assert resp.status == 400
+    c = ollama.AsyncClient(host=base_url)
+    assert (await c.pull("tiny:latest")).status == "success"
+    assert [p.status async for p in await c.pull("tiny:latest", stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError) as e:
+        await c.pull("llama3")
+    assert e.value.status_code == 400
 
 
 @pytest.mark.parametrize("think, status", [(True, 200), ("high", 200), (False, 200), ("loud", 400), (3, 400)])

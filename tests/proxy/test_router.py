@@ -37,7 +37,7 @@ async def test_resolution_order_alias_exact_glob_listing_default():
 
 async def test_unknown_model_without_default_is_404():
     router, *_ = _router()
-    with pytest.raises(ModelNotFound, match='model "nope" not found'):
+    with pytest.raises(ModelNotFound, match="model 'nope' not found"):
         await router.resolve("nope")
 
 

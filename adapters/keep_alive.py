@@ -1,0 +1,52 @@
+"""Ollama's `keep_alive`: how long a model stays loaded after a request, read as Ollama's `api.Duration` reads it
+(api/types.go, UnmarshalJSON): a number is seconds, a string is a Go duration ("5m", "1h30m", "0"), anything
+negative means forever; a string Go cannot parse is a 400 with Go's own wording."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .errors import BadRequest
+
+DEFAULT_S = 300.0  # Ollama's default: 5 minutes
+FOREVER = math.inf
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def go_duration(text: str) -> float:
+    """Seconds of a Go duration string (time.ParseDuration); ValueError in Go's words when it is not one."""
+    sign, rest = (-1.0, text[1:]) if text[:1] == "-" else (1.0, text.removeprefix("+"))
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise ValueError(f'time: invalid duration "{text}"')
+    total, pos = 0.0, 0
+    while pos < len(rest):
+        part = _PART.match(rest, pos)
+        if part is None:
+            unitless = re.fullmatch(r"\d+\.?\d*", rest[pos:])
+            raise ValueError(f'time: {"missing unit in" if unitless else "invalid"} duration "{text}"')
+        total += float(part.group(1)) * _UNITS[part.group(2)]
+        pos = part.end()
+    return sign * total
+
+
+def seconds(value: Any) -> float:
+    """How long to keep the model after this request: the default when unset, FOREVER when negative."""
+    if value is None:
+        return DEFAULT_S
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise BadRequest(f"Unsupported type: '{type(value).__name__}'", param="keep_alive")
+    if isinstance(value, str):
+        try:
+            value = go_duration(value)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="keep_alive") from exc
+    return FOREVER if value < 0 else float(value)
+
+
+def unloads(value: Any) -> bool:
+    """`keep_alive: 0` (or "0s", ...): unload the model once this request is done."""
+    return value is not None and seconds(value) == 0

@@ -1,0 +1,115 @@
+"""What Ollama's `/api/show` says about a model, for backends that are not Ollama: the Modelfile `parameters` text,
+an Ollama-style Go `template`, and `model_info` under Ollama's GGUF key names with scalar values.
+
+IDE clients read only `parameters` (`num_ctx`, one `stop` line per stop word) and test `template` for
+`{{ .Suffix }}` to decide whether fill-in-the-middle works, so the template is written per chat family Velo knows
+(recognised from the model's Jinja template by its turn markers) and carries a `.Suffix` branch exactly when the
+backend can fill in the middle. The templates follow Ollama's own (`template/chatml.gotmpl`,
+`llama3-instruct.gotmpl`, `gemma-instruct.gotmpl`; qwen2.5-coder's for the FIM branch).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .gguf_header import read_metadata
+
+
+@dataclass(frozen=True)
+class Family:
+    marker: str  # what the model's Jinja template contains
+    turns: str  # the Go template of a conversation, Ollama's form (range over .Messages)
+    stops: tuple[str, ...]
+
+
+FAMILIES = {
+    "chatml": Family("<|im_start|>",  # Qwen, SmolLM2, Hermes ...
+                     "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n"
+                     "{{ end }}<|im_start|>assistant\n", ("<|im_start|>", "<|im_end|>")),
+    "llama3": Family("<|start_header_id|>",
+                     "{{- range .Messages }}<|start_header_id|>{{ .Role }}<|end_header_id|>\n\n{{ .Content }}"
+                     "<|eot_id|>\n{{- end }}<|start_header_id|>assistant<|end_header_id|>\n\n",
+                     ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "gemma": Family("<start_of_turn>",
+                    "{{- range .Messages }}<start_of_turn>{{ if eq .Role \"assistant\" }}model{{ else }}{{ .Role }}"
+                    "{{ end }}\n{{ .Content }}<end_of_turn>\n{{ end }}<start_of_turn>model\n", ("<end_of_turn>",)),
+}
+PLAIN = "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"  # a base model: the prompt as it is
+
+# Fill-in-the-middle token triples (prefix, suffix, middle), most specific first: Qwen2.5-Coder, StarCoder and
+# SmolLM2 (whose tokenizer has StarCoder's), CodeLlama.
+FIM_STYLES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+              ("<PRE>", "<SUF>", "<MID>"))
+_PARAM_COLUMN = 30  # Ollama writes `fmt.Sprintf("%-*s %#v", 30, key, value)` (server/routes.go, GetModelInfo)
+
+
+def family(jinja: str) -> Family | None:
+    return next((f for f in FAMILIES.values() if f.marker in (jinja or "")), None)
+
+
+def fim_style(has_token: Callable[[str], bool]) -> tuple[str, str, str] | None:
+    """The FIM tokens a vocabulary has, or None."""
+    return next((style for style in FIM_STYLES if all(has_token(t) for t in style)), None)
+
+
+def go_template(jinja: str, fim: tuple[str, str, str] | None = None) -> str:
+    """An Ollama-style template for a model whose chat template is `jinja`; with a `.Suffix` branch iff `fim`."""
+    fam = family(jinja)
+    body = fam.turns if fam else PLAIN
+    if fim is None:
+        return body
+    prefix, suffix, middle = fim
+    fill = f"{prefix}{{{{ .Prompt }}}}{suffix}{{{{ .Suffix }}}}{middle}"
+    return f"{{{{- if .Suffix }}}}{fill}{{{{ else }}}}{body}{{{{ end }}}}"
+
+
+def stop_words(jinja: str) -> list[str]:
+    fam = family(jinja)
+    return list(fam.stops) if fam else []
+
+
+def parameters(num_ctx: int | None, stops: list[str]) -> str:
+    """Modelfile PARAMETER lines as Ollama's /api/show writes them: `num_ctx 8192`, `stop "<|im_end|>"` per word."""
+    pairs: list[tuple[str, Any]] = [("num_ctx", num_ctx)] if num_ctx else []
+    pairs += [("stop", s) for s in stops]
+    return "\n".join(f"{key:<{_PARAM_COLUMN}} {json.dumps(value, ensure_ascii=False)}" for key, value in pairs)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A transformer's dimensions, as Ollama's model_info names them under `<architecture>.`."""
+
+    architecture: str
+    parameter_count: int
+    context_length: int
+    embedding_length: int = 0
+    block_count: int = 0
+    feed_forward_length: int = 0
+    head_count: int = 0
+    head_count_kv: int = 0
+    vocab_size: int = 0
+    rope_freq_base: float = 0.0
+
+
+def model_info(shape: Shape) -> dict[str, Any]:
+    """Ollama's keys with scalar values; dimensions a backend cannot tell (0) are left out."""
+    a = shape.architecture
+    keys = {"general.architecture": a, "general.parameter_count": shape.parameter_count,
+            f"{a}.context_length": shape.context_length, f"{a}.embedding_length": shape.embedding_length,
+            f"{a}.block_count": shape.block_count, f"{a}.feed_forward_length": shape.feed_forward_length,
+            f"{a}.attention.head_count": shape.head_count, f"{a}.attention.head_count_kv": shape.head_count_kv,
+            f"{a}.vocab_size": shape.vocab_size, f"{a}.rope.freq_base": shape.rope_freq_base}
+    return {k: v for k, v in keys.items() if v}
+
+
+def gguf_facts(path: str) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+    """A local GGUF file's metadata as Ollama shows it (every scalar key; arrays such as the vocabulary, and the
+    chat template, left out), and the FIM tokens its vocabulary has."""
+    meta = read_metadata(path, arrays=frozenset({"tokenizer.ggml.tokens"}))
+    vocab = meta.pop("tokenizer.ggml.tokens", None) or []
+    info = {k: v for k, v in meta.items() if v is not None and k != "tokenizer.chat_template"}
+    roles = [info.get(f"tokenizer.ggml.fim_{r}_token_id") for r in ("pre", "suf", "mid")]  # llama.cpp's own keys
+    if all(isinstance(i, int) and 0 <= i < len(vocab) for i in roles):
+        return info, (vocab[roles[0]], vocab[roles[1]], vocab[roles[2]])
+    return info, fim_style(set(vocab).__contains__)

@@ -1,0 +1,110 @@
+"""How long each model stays loaded, as Ollama's `keep_alive` says: every request (any dialect, embeddings too)
+sets its model's stay to its own `keep_alive` (Ollama's default: 5 minutes) from the moment it ends; `/api/ps`
+shows that as `expires_at`, and for backends whose model Velo itself loads (the engine: `Backend.idle_unload`) a
+timer unloads the model once the stay runs out with no request in flight. `keep_alive: 0` unloads at the end of
+the request (at once for a bare load request). Ollama backends get `keep_alive` with the request and expire their
+models themselves.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from adapters import keep_alive
+from adapters.protocol import KEPT_LOADED_S, rfc3339
+
+from .router import Target
+
+log = logging.getLogger("velo.residency")
+
+
+@dataclass
+class Stay:
+    keep_s: float = keep_alive.DEFAULT_S
+    last_used: float = field(default_factory=time.time)
+    in_flight: int = 0
+    unloading: bool = False  # keep_alive 0 came while requests ran: unloaded when they are done (Ollama's way)
+
+    @property
+    def expires(self) -> float:
+        return math.inf if self.in_flight or math.isinf(self.keep_s) else self.last_used + self.keep_s
+
+
+class Residency:
+    def __init__(self) -> None:
+        self.stays: dict[tuple[str, str], tuple[Target, Stay]] = {}
+        self._wake = asyncio.Event()
+        self._timer: asyncio.Task | None = None
+
+    def _stay(self, target: Target) -> Stay:
+        key = (target.backend.name, target.model)
+        if key not in self.stays:
+            self.stays[key] = (target, Stay())
+        return self.stays[key][1]
+
+    @contextlib.asynccontextmanager
+    async def use(self, target: Target, keep: Any) -> AsyncIterator[None]:
+        """Around one request: its model is not unloaded under it, and stays `keep` after it."""
+        stay = self._stay(target)
+        stay.in_flight += 1
+        try:
+            yield
+        finally:
+            stay.in_flight -= 1
+            stay.last_used = time.time()
+            keep = target.backend.default_keep_alive if keep is None else keep
+            stay.keep_s = 0.0 if stay.unloading else keep_alive.seconds(keep)
+            stay.unloading = stay.unloading and stay.in_flight > 0
+            self._wake.set()
+
+    async def load(self, target: Target, keep: Any) -> int:
+        """A bare load request (no prompt): nanoseconds spent loading."""
+        async with self.use(target, keep):
+            return await target.backend.load(target.model, keep)
+
+    async def unload(self, target: Target) -> None:
+        """`keep_alive: 0` with no prompt: unloaded now, or as soon as the requests in flight are done."""
+        stay = self._stay(target)
+        stay.keep_s, stay.last_used, stay.unloading = 0.0, time.time(), stay.in_flight > 0
+        if stay.in_flight == 0:
+            await target.backend.unload(target.model)
+
+    def expires_at(self, backend: str, model: str) -> str | None:
+        """RFC 3339 time the model is due to unload, as /api/ps says it; None when no request used it yet."""
+        held = self.stays.get((backend, model))
+        if held is None:
+            return None
+        expires = held[1].expires
+        return rfc3339(time.time() + KEPT_LOADED_S if math.isinf(expires) else expires)
+
+    async def start(self) -> None:
+        self._timer = asyncio.create_task(self._expire_forever())
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+
+    async def _expire_forever(self) -> None:
+        while True:
+            now = time.time()
+            mine = [(t, s) for t, s in self.stays.values() if t.backend.idle_unload]
+            for target, stay in mine:
+                if stay.expires <= now:
+                    del self.stays[(target.backend.name, target.model)]
+                    try:
+                        await target.backend.unload(target.model)
+                    except Exception:  # noqa: BLE001 - a failed unload leaves the model loaded, nothing worse
+                        log.exception("unloading %s from %r failed", target.model, target.backend.name)
+            soonest = min((s.expires for t, s in mine if s.expires > now), default=math.inf) - time.time()
+            self._wake.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the cancel that close() sends
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if math.isinf(soonest) else max(soonest, 0.05)):
+                    await self._wake.wait()

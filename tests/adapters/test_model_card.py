@@ -1,0 +1,83 @@
+"""What /api/show says for backends that are not Ollama: Modelfile parameters, Go templates, GGUF metadata."""
+import os
+
+import gguf
+import numpy as np
+import pytest
+
+from adapters import model_card
+from adapters.gguf_header import read_metadata
+from engine import default_model_path
+
+CHATML_JINJA = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+
+
+def test_parameters_are_ollama_modelfile_lines():
+    text = model_card.parameters(8192, model_card.stop_words(CHATML_JINJA))
+    assert text.splitlines() == ["num_ctx" + " " * 24 + "8192", "stop" + " " * 27 + '"<|im_start|>"',
+                                 "stop" + " " * 27 + '"<|im_end|>"']
+    # How Continue reads them: key, then the rest of the line; stop words unquoted
+    parsed = [line.split(None, 1) for line in text.splitlines()]
+    assert [(k, v.strip('"')) for k, v in parsed] == [("num_ctx", "8192"), ("stop", "<|im_start|>"),
+                                                      ("stop", "<|im_end|>")]
+    assert model_card.parameters(None, []) == ""
+
+
+@pytest.mark.parametrize("jinja, marker", [(CHATML_JINJA, "<|im_start|>assistant"),
+                                           ("<|start_header_id|>{{ role }}", "<|start_header_id|>assistant"),
+                                           ("<start_of_turn>", "<start_of_turn>model"), ("{{ prompt }}", ".Prompt")])
+def test_template_has_suffix_exactly_when_fim_works(jinja, marker):
+    plain = model_card.go_template(jinja)
+    assert marker in plain and ".Suffix" not in plain
+    fim = model_card.go_template(jinja, model_card.FIM_STYLES[0])
+    assert "{{ .Suffix }}" in fim and "<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>" in fim
+    assert marker in fim
+
+
+def test_model_info_keeps_ollama_keys_and_drops_unknown_dimensions():
+    info = model_card.model_info(model_card.Shape("qwen2", 494_032_768, 32768, 896, 24, 4864, 14, 2, 151936, 1e6))
+    assert info == {"general.architecture": "qwen2", "general.parameter_count": 494_032_768,
+                    "qwen2.context_length": 32768, "qwen2.embedding_length": 896, "qwen2.block_count": 24,
+                    "qwen2.feed_forward_length": 4864, "qwen2.attention.head_count": 14,
+                    "qwen2.attention.head_count_kv": 2, "qwen2.vocab_size": 151936, "qwen2.rope.freq_base": 1e6}
+    assert model_card.model_info(model_card.Shape("llama", 10, 512)) == {
+        "general.architecture": "llama", "general.parameter_count": 10, "llama.context_length": 512}
+
+
+def test_header_reader_matches_the_gguf_library_on_the_shipped_model():
+    path = default_model_path()
+    ours = read_metadata(path)
+    theirs = {name: f.contents() for name, f in gguf.GGUFReader(path).fields.items() if not name.startswith("GGUF.")}
+    assert ours.keys() == theirs.keys()
+    scalars = {k for k, v in theirs.items() if not isinstance(v, list)}
+    assert {k: ours[k] for k in scalars} == {k: theirs[k] for k in scalars}
+    assert all(ours[k] is None for k in theirs.keys() - scalars)  # arrays are skipped unless asked for
+    info, fim = model_card.gguf_facts(path)
+    assert fim is None  # SmolLM2's vocabulary has no FIM tokens
+    assert info["llama.block_count"] == 30 and info["llama.attention.head_count"] == 9
+    assert not any(isinstance(v, (list, dict)) for v in info.values()) and "tokenizer.chat_template" not in info
+
+
+def _gguf(path: str, tokens: list[str], **ids: int) -> str:
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_context_length(4096)
+    w.add_token_list(tokens)
+    for key, value in ids.items():
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", value)
+    w.add_tensor("t", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_fim_tokens_from_llama_cpp_keys_or_the_vocabulary(tmp_path):
+    tokens = ["a", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<PRE>", "<SUF>", "<MID>"]
+    info, fim = model_card.gguf_facts(_gguf(str(tmp_path / "v.gguf"), tokens))
+    assert fim == ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>") and info["qwen2.context_length"] == 4096
+    _, fim = model_card.gguf_facts(_gguf(str(tmp_path / "k.gguf"), tokens, fim_pre=4, fim_suf=5, fim_mid=6))
+    assert fim == ("<PRE>", "<SUF>", "<MID>")  # llama.cpp's own keys win over guessing
+    _, fim = model_card.gguf_facts(_gguf(str(tmp_path / "n.gguf"), ["a", "b"]))
+    assert fim is None
+    assert os.path.getsize(tmp_path / "n.gguf") > 0

@@ -1,0 +1,179 @@
+"""The Ollama model surface (/api/show, /api/ps, keep_alive, context, template, embeddings) on each backend kind,
+through the real `ollama` client: Velo's engine (a tiny random model, real weights not needed for the shape), the
+real llama-server, the Ollama protocol double (tests/fakes.py) and an OpenAI-compatible server (FakeOpenAI)."""
+import json
+import math
+import time
+
+import aiohttp
+import ollama
+import pytest
+from aiohttp.test_utils import TestServer
+
+from adapters.base import BackendConfig
+from adapters.engine import EngineBackend
+from proxy.app import make_app
+from tests.engine.tiny import write_tiny_model
+from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients, config, serve
+
+TINY = "tiny"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return write_tiny_model(str(tmp_path_factory.mktemp("tiny")), "qwen2")
+
+
+@pytest.fixture
+async def velo_engine(model_dir):
+    engine = EngineBackend(BackendConfig(name="engine", kind="engine", options={
+        "model": model_dir, "name": TINY, "progress": False, "block_size": 4, "kv_memory": 8 * 2**20}))
+    server = TestServer(make_app(config(), {"engine": engine}), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), engine
+    finally:
+        await server.close()
+
+
+def _norm(v: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in v))
+
+
+def _parameters(text: str) -> list[tuple[str, str]]:
+    """As Continue reads them: `key value` lines."""
+    return [tuple(line.split(None, 1)) for line in text.splitlines()]
+
+
+async def test_engine_show(velo_engine, model_dir):
+    url, _ = velo_engine
+    _, c = clients(url)
+    shown = await c.show(TINY)
+    assert _parameters(shown.parameters) == [("num_ctx", "512"), ("stop", '"<|im_start|>"'), ("stop", '"<|im_end|>"')]
+    assert shown.template.startswith("{{- range .Messages }}<|im_start|>") and "{%" not in shown.template
+    assert ("{{ .Suffix }}" in shown.template) == ("insert" in shown.capabilities)  # FIM only where it works
+    assert shown.capabilities[:2] == ["completion", "tools"] and "embedding" not in shown.capabilities
+    info = shown.modelinfo
+    assert info["general.architecture"] == "qwen2" and info["qwen2.context_length"] == 512
+    assert {"general.parameter_count", "qwen2.embedding_length", "qwen2.block_count", "qwen2.attention.head_count",
+            "qwen2.attention.head_count_kv"} <= info.keys()
+    assert all(isinstance(v, (int, float, str, bool)) for v in info.values())
+    raw = await _post(url, "/api/show", {"model": TINY})
+    assert model_dir not in json.dumps(raw)  # no local paths; nothing but Ollama's fields (tests/conformance)
+
+
+async def _post(url: str, path: str, body: dict) -> dict:
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def test_engine_keep_alive_zero_unloads_and_the_next_request_loads(velo_engine):
+    url, engine = velo_engine
+    _, c = clients(url)
+    first = await c.generate(model=TINY, prompt="hi", options={"num_predict": 2})
+    assert first.load_duration == 0  # loaded at start-up: this request waited for nothing
+    [running] = (await c.ps()).models
+    assert running.context_length == 512 and running.expires_at.year < 2300  # last request's default 5 minutes
+    assert (await c.generate(model=TINY, prompt="", keep_alive=0)).done_reason == "unload"
+    assert engine.engine is None and (await c.ps()).models == []
+    assert [m.model for m in (await c.list()).models] == [TINY]  # listing does not load it again
+    again = await c.generate(model=TINY, prompt="hi", options={"num_predict": 2}, keep_alive="1h")
+    assert engine.engine is not None and 0 < again.load_duration <= again.total_duration
+    [running] = (await c.ps()).models
+    assert running.expires_at.timestamp() - time.time() > 3500
+    emb = await c.embed(model=TINY, input="x")
+    assert emb.load_duration == 0 < emb.total_duration
+    assert (await c.chat(model=TINY, messages=[], keep_alive=0)).done_reason == "unload"
+    loaded = await c.chat(model=TINY, messages=[])
+    assert loaded.done_reason == "load" and loaded.load_duration > 0 and engine.engine is not None
+
+
+async def test_engine_generate_context_and_template(velo_engine):
+    url, _ = velo_engine
+    _, c = clients(url)
+    first = await c.generate(model=TINY, prompt="hello", options={"num_predict": 3, "temperature": 0})
+    assert first.context and all(isinstance(t, int) for t in first.context)
+    assert len(first.context) == first.prompt_eval_count + first.eval_count
+    second = await c.generate(model=TINY, prompt="more", context=first.context, options={"num_predict": 3})
+    assert second.prompt_eval_count > len(first.context) and second.context[:len(first.context)] == first.context
+    raw = await c.generate(model=TINY, prompt="a b c", raw=True, options={"num_predict": 1})
+    assert raw.context is None  # Ollama sends no context for raw requests
+    templated = await c.generate(model=TINY, prompt="a b c", template="{{ .Prompt }}", options={"num_predict": 1})
+    assert templated.prompt_eval_count == raw.prompt_eval_count  # the template replaced the chat template
+    with pytest.raises(ollama.ResponseError) as e:
+        await c.generate(model=TINY, prompt="x", context=[10**9])
+    assert e.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as e:  # the tiny model's vocabulary has no FIM tokens
+        await c.generate(model=TINY, prompt="def f(", suffix="pass", raw=True)
+    assert (e.value.status_code, e.value.error) == (400, '"tiny" does not support insert')
+    with pytest.raises(ollama.ResponseError) as e:
+        await c.chat(model=TINY, messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}])
+    assert (e.value.status_code, e.value.error) == (400, '"tiny" does not support vision')
+
+
+async def test_engine_embeddings_legacy_and_dimensions(velo_engine):
+    url, _ = velo_engine
+    _, c = clients(url)
+    legacy = await c.embeddings(model=TINY, prompt="hello there")
+    assert abs(_norm(legacy.embedding) - 1) > 1e-3  # not normalised, as Ollama's legacy route
+    assert list((await c.embeddings(model=TINY, prompt="")).embedding) == []
+    full = (await c.embed(model=TINY, input="hello there")).embeddings[0]
+    short = (await c.embed(model=TINY, input="hello there", dimensions=8)).embeddings[0]
+    assert len(short) == 8 and abs(_norm(short) - 1) < 1e-6
+    scale = _norm(full[:8])
+    assert all(abs(s - f / scale) < 1e-6 for s, f in zip(short, full[:8]))
+
+
+async def test_llama_server_show_context_template_and_embeddings(velo_llama):
+    _, c = clients(velo_llama)
+    shown = await c.show(CHAT_MODEL)
+    assert _parameters(shown.parameters)[0] == ("num_ctx", "512")  # per slot: -c 2048 over 4 slots
+    assert "{{ .Suffix }}" in shown.template and "insert" in shown.capabilities  # /infill works (FIM overrides)
+    assert shown.modelinfo["llama.block_count"] == 30 and shown.modelinfo["llama.attention.head_count"] == 9
+    assert shown.modelinfo["general.parameter_count"] == 134_515_008
+    first = await c.generate(model=CHAT_MODEL, prompt="Say hi", options={"num_predict": 3, "temperature": 0})
+    assert len(first.context) == first.prompt_eval_count + first.eval_count
+    streamed = [p async for p in await c.generate(model=CHAT_MODEL, prompt="Say hi", stream=True,
+                                                  options={"num_predict": 3, "temperature": 0})]
+    assert streamed[-1].context == first.context and all(p.context is None for p in streamed[:-1])
+    second = await c.generate(model=CHAT_MODEL, prompt="again", context=first.context, options={"num_predict": 2})
+    assert second.context[:len(first.context)] == first.context
+    templated = await c.generate(model=CHAT_MODEL, prompt="a b c", template="{{ .Prompt }}",
+                                 options={"num_predict": 1})
+    raw = await c.generate(model=CHAT_MODEL, prompt="a b c", raw=True, options={"num_predict": 1})
+    assert templated.prompt_eval_count == raw.prompt_eval_count
+    legacy = await c.embeddings(model=EMBED_MODEL, prompt="hello there")
+    assert abs(_norm(legacy.embedding) - 1) > 1e-3
+    short = (await c.embed(model=EMBED_MODEL, input="hello there", dimensions=16)).embeddings[0]
+    assert len(short) == 16 and abs(_norm(short) - 1) < 1e-6
+
+
+async def test_ollama_backend_passes_show_unload_and_pull_through(ollama_double):
+    async with serve(config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))) as url:
+        _, c = clients(url)
+        shown = await c.show("smollm2:135m")
+        assert shown.parameters == 'stop                           "<|im_end|>"'  # Ollama's own, untouched
+        assert shown.modelinfo["llama.embedding_length"] == 576 and "insert" in shown.capabilities
+        [running, _] = (await c.ps()).models
+        assert running.context_length == 8192 and running.expires_at.year == 2099  # Ollama's own expiry
+        assert (await c.chat(model="smollm2:135m", messages=[], keep_alive=0)).done_reason == "unload"
+        assert ollama_double.last("/api/generate") == {"model": "smollm2:135m", "keep_alive": 0}
+        await c.generate(model="smollm2:135m", prompt="", keep_alive="10m")
+        assert ollama_double.last("/api/generate") == {"model": "smollm2:135m", "keep_alive": "10m"}
+        await c.embeddings(model="smollm2:135m", prompt="x")
+        assert ollama_double.last("/api/embeddings")["prompt"] == "x"  # the legacy route, not normalised by Velo
+        progress = [p async for p in await c.pull("qwen2.5-coder:0.5b", stream=True)]
+        assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
+        assert progress[1].total == 2142590208
+
+
+async def test_openai_backend_show_says_what_it_can(openai_fake):
+    async with serve(config(BackendConfig(name="oai", kind="openai", urls=[openai_fake.url]))) as url:
+        _, c = clients(url)
+        shown = await c.show("fake-gpt")
+        assert shown.template == "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}" and shown.parameters == ""
+        assert shown.capabilities == ["completion", "tools", "thinking"]
+        with pytest.raises(ollama.ResponseError) as e:
+            await c.pull("fake-gpt2")
+        assert e.value.status_code == 400 and "config.toml" in e.value.error

@@ -1,0 +1,44 @@
+"""Ollama's statuses and words for what it refuses, through the real `ollama` client where it has the route."""
+import ollama
+import pytest
+
+from tests.scripted import ScriptedBackend
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, body, status, error", [
+    ("/api/generate", {"prompt": "x", "raw": True, "system": "s"}, 400,
+     "raw mode does not support template, system, or context"),
+    ("/api/generate", {"prompt": "x", "raw": True, "template": "{{ .Prompt }}"}, 400, "raw mode does not support"),
+    ("/api/generate", {"prompt": "x", "raw": True, "context": [1]}, 400, "raw mode does not support"),
+    ("/api/generate", {"prompt": "x", "keep_alive": "bogus"}, 400, 'time: invalid duration "bogus"'),
+    ("/api/chat", {"messages": CHAT, "keep_alive": "10"}, 400, 'time: missing unit in duration "10"'),
+    ("/api/embed", {"input": "x", "keep_alive": "bogus"}, 400, "invalid duration"),
+])
+async def test_refused_as_ollama_refuses(client, scripted: ScriptedBackend, path, body, status, error):
+    resp = await client.post(path, json={"model": "tiny", "stream": False, **body})
+    assert resp.status == status and error in (await resp.json())["error"]
+    assert scripted.requests == []
+
+
+async def test_what_the_model_lacks_is_a_400_with_ollamas_words(base_url, scripted: ScriptedBackend):
+    scripted.capabilities = ["completion"]
+    c = ollama.AsyncClient(host=base_url)
+    for call, feature in ((c.generate(model="tiny", prompt="def f(", suffix="pass", raw=True), "insert"),
+                          (c.generate(model="tiny", prompt="what is this", images=[b"\x89PNG"]), "vision"),
+                          (c.chat(model="tiny", messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}]),
+                           "vision"),
+                          (c.chat(model="tiny", messages=CHAT, think=True), "thinking")):
+        with pytest.raises(ollama.ResponseError) as e:
+            await call
+        assert (e.value.status_code, e.value.error) == (400, f'"tiny" does not support {feature}')
+    assert scripted.requests == []
+
+
+async def test_unknown_model_is_ollamas_404(base_url, scripted: ScriptedBackend):
+    scripted.models = ["other:latest"]
+    c = ollama.AsyncClient(host=base_url)
+    with pytest.raises(ollama.ResponseError) as e:
+        await c.show("tiny")
+    assert (e.value.status_code, e.value.error) == (404, "model 'tiny' not found")

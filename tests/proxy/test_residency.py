@@ -1,0 +1,100 @@
+"""How long models stay loaded: keep_alive per request, /api/ps's expires_at, unloading when it runs out."""
+import asyncio
+import time
+from datetime import datetime
+
+import ollama
+
+from adapters.protocol import RunningModel
+from proxy.residency import Residency
+from proxy.router import Target
+from tests.scripted import ScriptedBackend
+
+
+class Unloadable(ScriptedBackend):
+    """A backend whose model Velo loads and unloads itself, as the engine's."""
+
+    idle_unload = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded, self.unloads = True, 0
+
+    async def load(self, model, keep_alive):
+        self.loaded = True
+        return 1234
+
+    async def unload(self, model):
+        self.loaded, self.unloads = False, self.unloads + 1
+
+    async def running(self):
+        return [RunningModel(name="tiny:latest")] if self.loaded else []
+
+
+async def test_expires_after_the_last_requests_keep_alive_and_not_while_in_flight():
+    backend, residency = Unloadable(), Residency()
+    target = Target(backend, "tiny:latest")
+    await residency.start()
+    try:
+        async with residency.use(target, "0.2s"):
+            await asyncio.sleep(0.4)  # in flight: never unloaded under a request
+            assert backend.unloads == 0 and residency.expires_at("scripted", "tiny:latest").startswith("2")
+        async with residency.use(target, "1h"):
+            pass
+        expires = datetime.fromisoformat(residency.expires_at("scripted", "tiny:latest")).timestamp()
+        assert 3590 < expires - time.time() <= 3600
+        async with residency.use(target, 0.1):
+            pass
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if backend.unloads:
+                break
+        assert backend.unloads == 1 and residency.expires_at("scripted", "tiny:latest") is None
+        async with residency.use(target, -1):
+            pass
+        assert residency.expires_at("scripted", "tiny:latest") > "2300"  # kept for good, as Ollama writes it
+    finally:
+        await residency.close()
+
+
+async def test_keep_alive_zero_waits_for_requests_in_flight():
+    backend, residency = Unloadable(), Residency()
+    target = Target(backend, "tiny:latest")
+    await residency.start()
+    try:
+        async with residency.use(target, None):
+            async with residency.use(target, "5m"):
+                await residency.unload(target)
+                assert backend.unloads == 0
+            await asyncio.sleep(0.2)
+            assert backend.unloads == 0  # one request still runs
+        for _ in range(50):
+            await asyncio.sleep(0.02)
+            if backend.unloads:
+                break
+        assert backend.unloads == 1  # once the last is done, whatever keep_alive they sent
+        async with residency.use(target, "5m"):
+            pass
+        await asyncio.sleep(0.2)
+        assert backend.unloads == 1
+        await residency.unload(target)
+        assert backend.unloads == 2
+        assert await residency.load(target, None) == 1234 and backend.loaded
+    finally:
+        await residency.close()
+
+
+async def test_ps_load_and_unload_through_the_ollama_client(base_url, scripted: ScriptedBackend):
+    c = ollama.AsyncClient(host=base_url)
+    [running] = (await c.ps()).models
+    assert running.context_length == 8192  # always sent, as Ollama >= 0.12.6 does
+    await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], keep_alive="10m")
+    [running] = (await c.ps()).models
+    assert running.expires_at.year > 2300  # a backend that keeps its model (not Velo's to unload) says so
+    loaded = await c.chat(model="tiny", messages=[])
+    assert loaded.done and loaded.done_reason == "load"
+    unloaded = await c.chat(model="tiny", messages=[], keep_alive=0)
+    assert unloaded.done_reason == "unload"
+    assert (await c.generate(model="tiny", prompt="", keep_alive="0s")).done_reason == "unload"
+    assert (await c.generate(model="tiny", prompt="")).done_reason == "load"
+    assert len(scripted.requests) == 1  # loading and unloading generate nothing
