@@ -44,7 +44,10 @@ async def show(request: web.Request) -> web.Response:
     if not isinstance(name, str) or not name:
         raise BadRequest("model is required", param="model")
     target = await request[ROUTER].resolve(name)
-    info = await target.backend.show(target.model)
+    try:
+        info = await target.backend.show(target.model)
+    except ModelNotFound as e:
+        raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
     info.name = name
     return json_response(ollama.show_object(info))
 
