@@ -93,7 +93,7 @@ LIST_MODEL = {"name": F(str), "model": F(str), "remote_model": opt(str), "remote
 LIST_RESPONSE = {"models": F(list, items=F(dict, shape=LIST_MODEL))}
 PROCESS_MODEL = {"name": F(str), "model": F(str), "size": F(INT), "digest": F(str),
                  "details": F(dict, shape=DETAILS), "expires_at": F(str), "size_vram": F(INT),
-                 "context_length": opt(INT)}  # required in types.go: Velo sends it once /api/ps learns it (issue 18)
+                 "context_length": F(INT)}
 PROCESS_RESPONSE = {"models": F(list, items=F(dict, shape=PROCESS_MODEL))}
 SHOW_RESPONSE = {"license": opt(str), "modelfile": opt(str), "parameters": opt(str), "template": opt(str),
                  "system": opt(str), "renderer": opt(str), "parser": opt(str), "details": opt(dict, shape=DETAILS),

@@ -81,6 +81,7 @@ async def test_model_lists_and_version(velo):
 async def test_show(velo, backend):
     got = await call(velo, "POST", "/api/show", {"model": CHAT_MODELS[backend]})
     assert got.status == 200 and fields.check(got.json(), fields.SHOW_RESPONSE) == []
+    assert "completion" in got.json()["capabilities"] and "embedding" not in got.json()["capabilities"]
 
 
 @pytest.mark.parametrize("backend", list(EMBED_MODELS))
