@@ -100,24 +100,18 @@ _BLOCKS = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 _SPLIT = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
 
 
-@dataclass
-class Int4Switch:
-    """Shared by a model's Int4Linear layers and set by its runner each step: on for steps that compute only
-    generated tokens. Prompt chunks run dense even when short, so a prompt's last token gets the same logits
-    whether its prefix came from the prefix cache (a 1-token chunk) or not: the int4 kernel's products differ
-    from the dense ones by rounding, enough to change a greedy answer."""
-
-    decoding: bool = False
-
-
 class Int4Linear(nn.Module):
     """nn.Linear's forward over an Int4Weight. The int4 kernel wins only on few rows (2.2x at 1 row, 1.4x at 4,
     0.7x at 16, 0.4x at 512 for SmolLM2's MLP on 2 cores), so decode steps on few rows use it and the rest a
-    dense copy in the compute dtype: memory for speed, about 21 bits per weight instead of 16."""
+    dense copy in the compute dtype: memory for speed, about 21 bits per weight instead of 16.
 
-    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, switch: Int4Switch):
+    The caller says per call whether the kernel may be used (`int4`): the runner allows it only for steps that
+    compute generated tokens alone. Prompt chunks run dense even when short, so a prompt's last token gets the
+    same logits whether its prefix came from the prefix cache (a 1-token chunk) or not: the int4 kernel's
+    products differ from the dense ones by rounding, enough to change a greedy answer."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
-        self.switch = switch
         self.out_features, self.in_features = weight.shape
         zero = weight.min + 8 * weight.scale
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
@@ -127,9 +121,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("dense", weight.dequantize().to(dtype), persistent=False)
         self.register_buffer("bias", bias, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, int4: bool = False) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if not self.switch.decoding or flat.shape[0] > INT4_MAX_ROWS:
+        if not int4 or flat.shape[0] > INT4_MAX_ROWS:
             return F.linear(x, self.dense, self.bias)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
         out = out.view(*x.shape[:-1], self.out_features)

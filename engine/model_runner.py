@@ -6,6 +6,7 @@ budget; slot `block * block_size + offset` holds one token's K and V for every l
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +14,13 @@ import torch
 
 from engine.attention import AttentionBatch, build_group
 from engine.models.llama import LlamaModel
+
+
+class GroupKind(enum.Enum):
+    """The attention groups of a step, built in this order: the inputs of one kind share one padded group."""
+    DECODE = "decode"    # one new token each
+    VERIFY = "verify"    # a pending token plus speculative drafts, logits for each
+    PREFILL = "prefill"  # a prompt chunk
 
 
 @dataclass
@@ -24,7 +32,13 @@ class StepInput:
     block_table: list[int]    # the sequence's blocks, covering positions [0, start + len(token_ids))
     samples: bool             # whether to return logits for its last token
     num_logits: int = 1       # with samples: logits for this many last tokens (speculative verification)
-    prompt: bool = False      # computes prompt positions: the step runs dense (engine/int4.py Int4Switch)
+    prompt: bool = False      # computes prompt positions: the whole step runs dense (LlamaModel.forward's int4)
+
+    @property
+    def kind(self) -> GroupKind:
+        if len(self.token_ids) == 1:
+            return GroupKind.DECODE
+        return GroupKind.VERIFY if self.num_logits > 1 else GroupKind.PREFILL
 
 
 def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
@@ -64,9 +78,8 @@ class ModelRunner:
             token_starts.append(offset)
             offset += len(x.token_ids)
         groups = []
-        kinds = [0 if len(x.token_ids) == 1 else 1 if x.num_logits > 1 else 2 for x in inputs]
-        for kind in (0, 1, 2):  # groups of single-token decodes, speculative verifications, prefill chunks
-            idx = [i for i, k in enumerate(kinds) if k == kind]
+        for kind in GroupKind:
+            idx = [i for i, x in enumerate(inputs) if x.kind is kind]
             if idx:
                 groups.append(build_group([token_starts[i] for i in idx], [inputs[i].start for i in idx],
                                           [len(inputs[i].token_ids) for i in idx],
@@ -74,8 +87,8 @@ class ModelRunner:
         batch = AttentionBatch(
             positions=self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
             slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups)
-        self.model.int4.decoding = not any(x.prompt for x in inputs)
-        hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches)
+        hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches,
+                            int4=not any(x.prompt for x in inputs))
         last = [token_starts[i] + len(x.token_ids) - n for i, x in enumerate(inputs) if x.samples
                 for n in range(x.num_logits, 0, -1)]
         return (head or self.model.logits)(hidden.index_select(0, self._tensor(last)))
@@ -86,8 +99,7 @@ class ModelRunner:
         n = len(token_ids)
         batch = AttentionBatch(self._tensor(list(range(n))), None,
                                [build_group([0], [0], [n], None, self.block_size, self.device)])
-        self.model.int4.decoding = False
-        return self.model(self._tensor(token_ids), batch)
+        return self.model(self._tensor(token_ids), batch, int4=False)
 
     def _copy_blocks(self, copies) -> None:
         """Copy-on-write: duplicate whole blocks (all layers, K and V) before anyone writes to them."""

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBatch, paged_attention
-from engine.int4 import Int4Linear, Int4Switch, Int4Weight
+from engine.int4 import Int4Linear, Int4Weight
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,14 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: biases on q, k, v
     qk_norm: bool = False         # Qwen3: RMSNorm on each head's q and k
+
+
+class Linear(nn.Linear):
+    """nn.Linear called as Int4Linear is, `(x, int4)`, so every projection is called alike; a dense matrix
+    ignores the flag."""
+
+    def forward(self, x: torch.Tensor, int4: bool = False) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -99,33 +107,33 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, rotary: Rotary, batch: AttentionBatch, cache) -> torch.Tensor:
+    def forward(self, x, rotary: Rotary, batch: AttentionBatch, cache, int4: bool) -> torch.Tensor:
         cfg, t = self.cfg, x.shape[0]
-        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv(x, int4).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, cfg.num_heads, cfg.head_dim)
         k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(batch.positions, q, k)
-        return self.o_proj(paged_attention(q, k, v, cache, batch).reshape(t, self.q_size))
+        return self.o_proj(paged_attention(q, k, v, cache, batch).reshape(t, self.q_size), int4)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, int4: bool) -> torch.Tensor:
+        gate, up = self.gate_up(x, int4).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up, int4)
 
 
 class DecoderLayer(nn.Module):
@@ -136,13 +144,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rotary, batch, cache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, batch, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, rotary, batch, cache, int4: bool) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, batch, cache, int4)
+        return x + self.mlp(self.post_attention_layernorm(x), int4)
 
 
 class LlamaModel(nn.Module):
-    """forward(token ids (T,), batch, caches) -> final hidden states (T, hidden); logits(hidden)."""
+    """forward(token ids (T,), batch, caches, int4) -> final hidden states (T, hidden); logits(hidden)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -152,13 +160,13 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.int4 = Int4Switch()  # the runner's say over this model's Int4Linear layers
 
     def forward(self, input_ids: torch.Tensor, batch: AttentionBatch,
-                caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+                caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None, int4: bool = False) -> torch.Tensor:
+        """int4: Int4Linear layers may use their 4-bit kernel (steps that compute generated tokens only)."""
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.rotary, batch, caches[i] if caches is not None else None)
+            x = layer(x, self.rotary, batch, caches[i] if caches is not None else None, int4)
         return self.norm(x)
 
     @property
@@ -192,7 +200,7 @@ class LlamaModel(nn.Module):
                 w[name] = w[name].dequantize().to(dtype)
                 continue
             layer = name.removesuffix(".weight")
-            self.set_submodule(layer, Int4Linear(w.pop(name), w.pop(f"{layer}.bias", None), dtype, self.int4))
+            self.set_submodule(layer, Int4Linear(w.pop(name), w.pop(f"{layer}.bias", None), dtype))
         self.load_state_dict(w, strict=True, assign=True)
 
 

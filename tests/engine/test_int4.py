@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.int4 import INT4_MAX_ROWS, Int4Linear, Int4Switch, Int4Weight, int4_from_gguf
+from engine.int4 import INT4_MAX_ROWS, Int4Linear, Int4Weight, int4_from_gguf
 from engine.loader import load
 from engine.models.llama import LlamaModel
 
@@ -55,11 +55,11 @@ def test_other_types_stay_dense(gguf_tensors):
 def test_int4_linear_matches_a_dense_matmul(gguf_tensors, dtype, tolerance, rows):
     weight = int4_from_gguf(gguf_tensors["Q4_K"])
     bias = torch.randn(N, dtype=dtype)
-    layer = Int4Linear(weight, bias, dtype, Int4Switch(decoding=True))
+    layer = Int4Linear(weight, bias, dtype)
     x = torch.randn(2, rows, K).to(dtype)
     expected = F.linear(x.float(), weight.dequantize(), bias.float())
-    error = (layer(x).float() - expected).abs().max() / expected.abs().max()
-    assert layer(x).shape == (2, rows, N) and error < tolerance
+    error = (layer(x, int4=True).float() - expected).abs().max() / expected.abs().max()
+    assert layer(x, int4=True).shape == (2, rows, N) and error < tolerance
 
 
 def test_row_order_and_fusion_keep_the_weights(gguf_tensors):
@@ -81,25 +81,22 @@ def test_shipped_model_runs_its_q4_layers_in_int4(shipped: dict[bool, LlamaModel
     assert len(layers) == 4 * packed.cfg.num_layers  # qkv, o, gate_up, down: all Q4_1 in this file
     assert packed.num_parameters == dense.num_parameters
     torch.manual_seed(0)
-    packed.int4.decoding = True
     for name, layer in layers.items():  # q/k rows un-permuted alike, scales rounded to bf16 only
         reference = dense.get_submodule(name)
         assert torch.equal(layer.dense, reference.weight)
         x = torch.randn(1, layer.in_features, dtype=torch.bfloat16)
         expected = reference(x).float()
-        assert ((layer(x).float() - expected).abs().max() / expected.abs().max()) < 2e-2, name
+        assert ((layer(x, int4=True).float() - expected).abs().max() / expected.abs().max()) < 2e-2, name
 
 
 
 def test_prompt_steps_run_dense_even_on_one_row(gguf_tensors):
     """A prefix-cache hit recomputes a prompt's last token alone: it must get the dense products a full
     prefill gives it, or a greedy answer can change with the cache."""
-    switch = Int4Switch()
-    layer = Int4Linear(int4_from_gguf(gguf_tensors["Q4_1"]), None, torch.bfloat16, switch)
+    layer = Int4Linear(int4_from_gguf(gguf_tensors["Q4_1"]), None, torch.bfloat16)
     x = torch.randn(1, K, dtype=torch.bfloat16)
-    assert torch.equal(layer(x), F.linear(x, layer.dense))
-    switch.decoding = True
-    assert not torch.equal(layer(x), F.linear(x, layer.dense))  # the int4 kernel, equal up to rounding
+    assert torch.equal(layer(x, int4=False), F.linear(x, layer.dense))
+    assert not torch.equal(layer(x, int4=True), F.linear(x, layer.dense))  # the int4 kernel, equal up to rounding
 
 
 
