@@ -39,10 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  # noqa: E402
+from engine.draft_model import DraftModelProposer  # noqa: E402
 from engine.loader import load  # noqa: E402
 from engine.model_runner import ModelRunner, num_blocks_for  # noqa: E402
 from engine.models.llama import LlamaModel  # noqa: E402
-from engine.speculative import DraftModelProposer, SpeculativeConfig  # noqa: E402
+from engine.speculative import SpeculativeConfig  # noqa: E402
 from engine.threads import in_passing_thread  # noqa: E402
 
 CODE = '''def moving_average(values, window):

@@ -1,10 +1,11 @@
-"""The engine's settings and what it streams back per request."""
+"""The engine's settings."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
 
 def _doc(default, doc: str, **more):
     """A field whose `doc` metadata config.example.toml is rendered from (proxy/config_example.py)."""
@@ -77,19 +78,3 @@ def _cpu_has_bf16() -> bool:
     """AVX512-BF16 / AMX: bf16 matmuls run natively, halving the weight bytes each decode step reads (a
     memory-bound step on CPU: 68 -> 35 ms for SmolLM2-135M on 2 cores); without them bf16 is emulated and slower."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-@dataclass
-class RequestOutput:
-    """One streamed step of a request. `text` is the new text since the previous output (never a
-    broken UTF-8 character, never part of a stop string); `token_ids` the new tokens."""
-    request_id: int
-    text: str
-    token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None   # "stop", "length" or "abort"
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
-    num_output_tokens: int = 0
-    logprobs: list[dict] | None = None  # per new token: {"token_id", "token", "logprob", "top_logprobs"}
-    extra: dict = field(default_factory=dict)

@@ -12,27 +12,27 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from engine.config import EngineConfig, RequestOutput
+from engine.config import EngineConfig
 from engine.constrained import Constrainer
+from engine.draft_model import DraftModelProposer, load_draft
 from engine.kv_cache import BlockManager
 from engine.loader import load
 from engine.model_runner import ModelRunner, StepInput, num_blocks_for
-from engine.requests import RequestState
-from engine.sampling import SampleResult, SampleRow, Sampler, SamplingParams
-from engine.scheduler import ScheduledItem, Scheduler
+from engine.requests import RequestOutput, RequestState, Sink
+from engine.sampling import Sample, SampleRow, Sampler, SamplingParams
+from engine.scheduler import ScheduledItem, Scheduler, StepPlan
 from engine.sequence import Sequence
-from engine.speculative import Draft, DraftModelProposer, Speculator, eligible, load_draft
+from engine.speculative import Draft, Speculator, eligible
 from engine.threads import in_passing_thread
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-Sink = Callable[[RequestOutput | BaseException], None]
 
 
 class LLMEngine:
@@ -88,11 +88,12 @@ class LLMEngine:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context length {self.max_context} "
                              f"(model context {self.model_info['context_length']}, or KV memory if smaller)")
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
-        seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops))
-        seq.payload = RequestState(params, self.tokenizer, sink)
+        matcher = None
         if params.grammar is not None:  # an invalid schema fails here, in the caller's thread
             self._constrainer = self._constrainer or Constrainer(self.tokenizer, self.runner.model.cfg.vocab_size)
-            seq.payload.matcher = self._constrainer.matcher(params.grammar)
+            matcher = self._constrainer.matcher(params.grammar)
+        seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops),
+                       request=RequestState(params, self.tokenizer, sink, matcher))
         self._inbox.put(("add", seq))
         return seq.seq_id
 
@@ -163,11 +164,11 @@ class LLMEngine:
                 log.exception("engine step failed")
                 for seq in [*self.scheduler.running, *self.scheduler.waiting]:
                     self.scheduler.abort(seq.seq_id)
-                    seq.payload.fail(exc)
+                    seq.request.fail(exc)
             self._snapshot = self._metrics_now()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.abort(seq.seq_id)
-            seq.payload.fail(RuntimeError("engine shut down"))
+            seq.request.fail(RuntimeError("engine shut down"))
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued adds and aborts; False once shutdown was asked for."""
@@ -188,42 +189,16 @@ class LLMEngine:
                 except Exception as exc:  # the caller's to handle
                     done.set_exception(exc)
             elif (seq := self.scheduler.abort(arg)) is not None:
-                seq.payload.finish(seq, "abort")
+                seq.request.finish(seq, "abort")
 
     def _step(self) -> None:
         drafts = self._propose()
         plan = self.scheduler.schedule({sid: d.tokens for sid, d in drafts.items()})
         self._stats["preemptions"] += len(plan.preempted)
-        if plan.is_empty:
-            return
-        self._stats["steps"] += 1
-        inputs = [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples,
-                            1 + len(item.draft), prompt=item.start < item.seq.num_prompt_tokens)
-                  for item in plan.items]
-        logits = self.runner.execute(inputs, plan.copies)
-        items = [item for item in plan.items if item.samples]
-        sampled, result = self._sample(items, logits, drafts)
-        sampling = [item.seq for item in items]
-        for seq in sampling:
-            if not seq.output_ids:  # first token: count the prompt and its cache hit once
-                self._stats["prompt_tokens"] += seq.num_prompt_tokens
-                self._stats["cached_prompt_tokens"] += seq.num_cached_prefix
-        before = [len(seq.output_ids) for seq in sampling]
-        finished = {s.seq_id: s for s in self.scheduler.postprocess(
-            plan, {s.seq_id: t for s, t in zip(sampling, sampled)})}
-        plain = itertools.count()
-        for item, seq, n in zip(items, sampling, before):
-            state: RequestState = seq.payload
-            new = len(seq.output_ids) - n
-            row = -1 if item.draft else next(plain)
-            for token in seq.output_ids[n:] if state.matcher else ():
-                self._constrainer.advance(state.matcher, token)
-            if new and state.on_token(seq, row, result, finished.get(seq.seq_id), new) \
-                    and seq.seq_id not in finished:
-                self.scheduler.abort(seq.seq_id)  # a stop string matched
-            self._stats["generated_tokens"] += new
-        if self.speculator is not None:
-            self.speculator.retain({s.seq_id for s in self.scheduler.running})
+        if not plan.is_empty:
+            logits = self.runner.execute(_step_inputs(plan), plan.copies)
+            samples = self._sample(plan.sampling, logits, drafts)
+            self._postprocess(plan, samples)
 
     def _propose(self) -> dict[int, Draft]:
         """Speculative drafts for the running, decoding, eligible sequences (none without speculation or
@@ -233,34 +208,41 @@ class LLMEngine:
         decoding = [s for s in self.scheduler.running if not s.is_prefilling]
         if len(decoding) > self.speculator.config.max_batch:
             return {}
-        seqs = [s for s in decoding if eligible(s.payload.params)]
-        return self.speculator.propose(seqs, [self._row(s) for s in seqs], self.sampler.generator)
+        seqs = [s for s in decoding if eligible(s.request.params)]
+        return self.speculator.propose(seqs, [_row(s) for s in seqs], self.sampler.generator)
 
-    def _sample(self, items: list[ScheduledItem], logits: torch.Tensor,
-                drafts: dict[int, Draft]) -> tuple[list[int | list[int]], SampleResult | None]:
+    def _sample(self, items: list[ScheduledItem], logits: torch.Tensor, drafts: dict[int, Draft]) -> list[Sample]:
         """Per sampling item, its new token (constrained where the request has a grammar) or, for an
         item with a draft, the verified tokens. Logits hold 1 + len(draft) rows per item."""
         starts = list(itertools.accumulate((1 + len(item.draft) for item in items), initial=0))
         plain = [i for i, item in enumerate(items) if not item.draft]
-        out: list[int | list[int]] = [0] * len(items)
-        result = None
+        out: list[Sample] = [Sample([])] * len(items)
         if plain:
             seqs = [items[i].seq for i in plain]
             rows = logits[[starts[i] for i in plain]]
-            if any(s.payload.matcher for s in seqs):
-                rows = self._constrainer.mask(rows, [s.payload.matcher for s in seqs])
-            result = self.sampler(rows, [self._row(s) for s in seqs])
-            for i, token in zip(plain, result.token_ids):
-                out[i] = token
+            if any(s.request.matcher for s in seqs):
+                rows = self._constrainer.mask(rows, [s.request.matcher for s in seqs])
+            result = self.sampler(rows, [_row(s) for s in seqs])
+            for row, i in enumerate(plain):
+                out[i] = result.sample(row)
         for i, item in enumerate(items):
             if item.draft:
-                out[i] = self.speculator.verify(item.seq, logits[starts[i]:starts[i + 1]], drafts[item.seq.seq_id],
-                                                self._row(item.seq), self.sampler.generator)
-        return out, result
+                out[i] = Sample(self.speculator.verify(item.seq, logits[starts[i]:starts[i + 1]],
+                                                       drafts[item.seq.seq_id], _row(item.seq), self.sampler.generator))
+        return out
 
-    @staticmethod
-    def _row(seq: Sequence) -> SampleRow:
-        return SampleRow(seq.payload.params, seq.prompt_ids, seq.output_ids, seq.payload.generator)
+    def _postprocess(self, plan: StepPlan, samples: list[Sample]) -> None:
+        """The scheduler appends the tokens and finishes sequences (Sequence.append decides which); then each
+        sampled request streams what it gained."""
+        self._stats["steps"] += 1
+        for seq in (item.seq for item in plan.sampling if not item.seq.output_ids):  # a prompt, counted once
+            self._stats["prompt_tokens"] += seq.num_prompt_tokens
+            self._stats["cached_prompt_tokens"] += seq.num_cached_prefix
+        self.scheduler.postprocess(plan, {item.seq.seq_id: s.tokens for item, s in zip(plan.sampling, samples)})
+        for item, sample in zip(plan.sampling, samples):
+            self._stats["generated_tokens"] += item.seq.request.emit(item.seq, sample)
+        if self.speculator is not None:
+            self.speculator.retain({s.seq_id for s in self.scheduler.running})
 
     def _metrics_now(self) -> dict:
         b = self.blocks
@@ -269,3 +251,12 @@ class LLMEngine:
             "kv_blocks_total": b.num_blocks, "kv_blocks_free": b.num_free_blocks, "kv_usage": b.usage,
             "kv_waste": b.kv_waste(), "cache_hit_tokens": self._stats["cached_prompt_tokens"]} \
             | (self.speculator.stats.as_dict() if self.speculator else {})
+
+
+def _step_inputs(plan: StepPlan) -> list[StepInput]:
+    return [StepInput(item.token_ids, item.start, item.slots, item.seq.block_table, item.samples, 1 + len(item.draft),
+                      prompt=item.start < item.seq.num_prompt_tokens) for item in plan.items]
+
+
+def _row(seq: Sequence) -> SampleRow:
+    return SampleRow(seq.request.params, seq.prompt_ids, seq.output_ids, seq.request.generator)

@@ -160,6 +160,17 @@ class BlockManager:
             self.allocator.decref(b)
         seq.block_table = []
 
+    def release_rejected_blocks(self, seq: Sequence) -> int:
+        """Roll back KV memory after speculative verification: free the blocks past those seq's known tokens
+        need. They were appended this step for drafts that got rejected, so only seq holds them. Returns how
+        many. Rejected K/V left inside a kept block sits past num_computed: never read, later overwritten."""
+        keep = self.blocks_needed(seq.num_tokens)
+        tail = seq.block_table[keep:]
+        del seq.block_table[keep:]
+        for b in tail:
+            assert self.allocator.decref(b), f"rolled-back block {b} was shared"
+        return len(tail)
+
     def evict(self, num_blocks: int) -> int:
         """Free up to num_blocks cached blocks (LRU); returns how many were freed."""
         if self.cache is None:

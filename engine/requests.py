@@ -1,50 +1,80 @@
-"""Per-request postprocessing on the engine thread: detokenize, cut at stop strings, build outputs."""
+"""A request as the engine thread keeps it, and what it streams back: detokenize, cut at stop strings, send."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import llguidance
 import torch
 
-from engine.config import RequestOutput
-from engine.sampling import SampleResult, SamplingParams
+from engine.constrained import Constrainer
+from engine.sampling import Sample, SamplingParams
 from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
-class RequestState:
-    """Lives in `Sequence.payload`. Holds back only the text at the end that begins some stop string (it may
-    still become one), so a stop string split across tokens is never streamed before it is recognised, and text
-    that cannot start one is sent at once."""
+@dataclass
+class RequestOutput:
+    """One streamed step of a request. `text` is the new text since the previous output (never a
+    broken UTF-8 character, never part of a stop string); `token_ids` the new tokens."""
+    request_id: int
+    text: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None   # "stop", "length" or "abort"
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
+    num_output_tokens: int = 0
+    logprobs: list[dict] | None = None  # per new token: {"token_id", "token", "logprob", "top_logprobs"}
+    extra: dict = field(default_factory=dict)
 
-    def __init__(self, params: SamplingParams, tokenizer: Tokenizer, sink: Callable):
+
+Sink = Callable[[RequestOutput | BaseException], None]
+
+
+class RequestState:
+    """Lives in `Sequence.request`: a request's knobs, its generator and grammar matcher, and its output text.
+    Holds back only the text at the end that begins some stop string (it may still become one), so a stop string
+    split across tokens is never streamed before it is recognised, and text that cannot start one is sent at
+    once."""
+
+    def __init__(self, params: SamplingParams, tokenizer: Tokenizer, sink: Sink,
+                 matcher: llguidance.LLMatcher | None = None):
         self.params, self.tokenizer, self.sink = params, tokenizer, sink
+        self.matcher = matcher  # when the output must match a grammar (engine.constrained)
         self.detok = IncrementalDetokenizer(tokenizer)
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.text, self.sent = "", 0
+        self.num_sent_tokens = 0
         self.longest_stop = max((len(s) for s in params.stop), default=0)
         self.done = False
-        self.matcher = None  # llguidance matcher when the output must match a grammar (engine.constrained)
 
-    def on_token(self, seq: Sequence, row: int, result: SampleResult | None, finished: Sequence | None,
-                 num_new: int = 1) -> bool:
-        """Handle the num_new tokens just appended to seq (several after speculative verification);
-        True if a stop string ended the request here."""
-        tokens = seq.output_ids[-num_new:]
-        reason = finished.finish_reason if finished else None
-        hit_stop_token = reason == "stop" and tokens[-1] in seq.stop_token_ids
+    def push(self, tokens: list[int], reason: str | None) -> bool:
+        """Take the tokens just appended to the sequence (Sequence.append; reason "stop" means the last one is a
+        stop token, whose text is not shown): advance the grammar, extend the text. True if a stop string
+        ended the text here."""
+        for token in tokens if self.matcher is not None else ():
+            Constrainer.advance(self.matcher, token)
         before = len(self.text)
-        for token in tokens[:-1] if hit_stop_token else tokens:
+        for token in tokens[:-1] if reason == "stop" else tokens:
             self.text += self.detok.push(token)
         if reason:
             self.text += self.detok.flush()
         cut = self._find_stop(max(0, before - self.longest_stop + 1))
         if cut is not None:
-            self.text, reason = self.text[:cut], "stop"
-        end = len(self.text) if reason else max(self.sent, len(self.text) - self._open_stop())
-        self._emit(seq, self.text[self.sent:end], tokens, reason, self._logprobs(tokens[-1], row, result))
-        self.sent = end
+            self.text = self.text[:cut]
         return cut is not None
+
+    def emit(self, seq: Sequence, sample: Sample) -> int:
+        """Stream what seq gained this step (text past the hold-back, or all of it once finished); returns the
+        number of new tokens."""
+        tokens = seq.output_ids[self.num_sent_tokens:]
+        self.num_sent_tokens = len(seq.output_ids)
+        end = len(self.text) if seq.finished else max(self.sent, len(self.text) - self._open_stop())
+        self._emit(seq, self.text[self.sent:end], tokens, seq.finish_reason, self._logprobs(tokens[-1], sample))
+        self.sent = end
+        return len(tokens)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End without a new token (abort): flush what is held back."""
@@ -77,17 +107,17 @@ class RequestState:
         self._send(RequestOutput(seq.seq_id, text, token_ids, reason is not None, reason, seq.num_prompt_tokens,
                                  seq.num_cached_prefix, len(seq.output_ids), logprobs))
 
-    def _send(self, out) -> None:
+    def _send(self, out: RequestOutput | BaseException) -> None:
         try:
             self.sink(out)
         except RuntimeError:  # the caller's event loop is gone; nobody is listening any more
             pass
 
-    def _logprobs(self, token: int, row: int, result: SampleResult) -> list[dict] | None:
-        if not (self.params.logprobs or self.params.top_logprobs) or result.logprobs is None:
+    def _logprobs(self, token: int, sample: Sample) -> list[dict] | None:
+        if not (self.params.logprobs or self.params.top_logprobs) or sample.logprob is None:
             return None
         decode = self.tokenizer.decode
         top = [{"token_id": t, "token": decode([t], skip_special_tokens=False), "logprob": lp}
-               for t, lp in result.top_logprobs[row]]
+               for t, lp in sample.top_logprobs]
         return [{"token_id": token, "token": decode([token], skip_special_tokens=False),
-                 "logprob": result.logprobs[row], "top_logprobs": top}]
+                 "logprob": sample.logprob, "top_logprobs": top}]

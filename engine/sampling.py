@@ -50,10 +50,24 @@ class SampleRow:
 
 
 @dataclass
+class Sample:
+    """One sequence's result of a step: its new tokens (one, or the kept drafts plus the target's own after
+    verification) and, where logprobs were asked for, the chosen token's and the best alternatives."""
+    tokens: list[int]
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None  # (token, logprob), best first
+
+
+@dataclass
 class SampleResult:
     token_ids: list[int]
     logprobs: list[float] | None = None                     # of each chosen token
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per row: (token, logprob), best first
+
+    def sample(self, row: int) -> Sample:
+        if self.logprobs is None:
+            return Sample([self.token_ids[row]])
+        return Sample([self.token_ids[row]], self.logprobs[row], self.top_logprobs[row])
 
 
 class Sampler:

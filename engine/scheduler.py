@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
-from engine.speculative import release_rejected_blocks
 
 
 @dataclass
@@ -49,6 +48,11 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not self.items
+
+    @property
+    def sampling(self) -> list[ScheduledItem]:
+        """The items that sample this step, in plan order: the rows of the runner's logits."""
+        return [item for item in self.items if item.samples]
 
 
 class Scheduler:
@@ -134,8 +138,8 @@ class Scheduler:
     def postprocess(self, plan: StepPlan, sampled: dict[int, int | list[int]]) -> list[Sequence]:
         """Record a step's results: advance progress, append sampled tokens (seq_id -> token, or the
         kept drafts plus the target's token for an item with a draft; exactly for the items whose
-        `samples` is True), release the KV blocks of rejected drafts, finish and free done sequences.
-        Returns them."""
+        `samples` is True), release the KV blocks of rejected drafts, finish and free the sequences that
+        Sequence.append says are done (stop token, length, stop string). Returns them."""
         finished = []
         for item in plan.items:
             seq = item.seq
@@ -148,7 +152,7 @@ class Scheduler:
                 continue
             tokens = sampled[seq.seq_id]
             tokens = tokens if isinstance(tokens, list) else [tokens]
-            reason = self._append(seq, tokens)
+            reason = seq.append(tokens)
             # K/V is valid up to the last kept draft, and only for tokens the sequence still holds
             seq.num_computed = min(item.end - len(item.draft) + len(tokens) - 1, seq.num_tokens)
             if reason:
@@ -157,7 +161,7 @@ class Scheduler:
                 self._finish(seq, reason)
                 finished.append(seq)
             elif item.draft:
-                release_rejected_blocks(self.blocks, seq)
+                self.blocks.release_rejected_blocks(seq)
         return finished
 
     # -- internals ---------------------------------------------------------------------------
@@ -188,17 +192,6 @@ class Scheduler:
         start, end = seq.num_computed, seq.num_computed + n
         plan.items.append(ScheduledItem(seq, start, n, self.blocks.slot_mapping(seq, start, end),
                                         samples=end - len(draft) == seq.num_tokens, draft=list(draft)))
-
-    @staticmethod
-    def _append(seq: Sequence, tokens: list[int]) -> str | None:
-        """Append tokens up to the first stop token or the length limit; the finish reason if one hit."""
-        for token in tokens:
-            seq.output_ids.append(token)
-            if token in seq.stop_token_ids:
-                return "stop"
-            if len(seq.output_ids) >= seq.max_tokens:
-                return "length"
-        return None
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.running.remove(seq)

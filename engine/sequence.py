@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: the scheduler and block manager import this module without torch
+    from engine.requests import RequestState
 
 
 class SequenceStatus(enum.Enum):
@@ -27,7 +30,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # physical block ids, in order
     num_computed: int = 0        # tokens whose K/V are already written in the cache (prefix hits count)
     num_cached_prefix: int = 0   # tokens served from the radix cache at admission (metric)
-    payload: Any = None          # opaque: the engine's per-request state (sampling params, output queue)
+    request: RequestState | None = None  # the engine's per-request state; None for bookkeeping-only sequences
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
 
     def __post_init__(self) -> None:
@@ -58,6 +61,23 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def append(self, tokens: list[int]) -> str | None:
+        """Append tokens up to the first stop token or the length limit; the finish reason if one hit, or if a
+        stop string ended the request's text. The one place that decides a sequence is finished."""
+        assert tokens, "nothing to append"
+        reason, n = None, 0
+        for n, token in enumerate(tokens, 1):
+            self.output_ids.append(token)
+            if token in self.stop_token_ids:
+                reason = "stop"
+                break
+            if len(self.output_ids) >= self.max_tokens:
+                reason = "length"
+                break
+        if self.request is not None and self.request.push(self.output_ids[-n:], reason):
+            reason = "stop"
+        return reason
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end), without copying the whole sequence."""

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,12 @@ def test_only_pipeline_stages_write_a_jobs_outcome_and_target():
         if lines := _writes_to(tree, "outcome") + _writes_to(tree, "target"):
             bad[str(path.relative_to(ROOT))] = lines
     assert bad == {}
+
+
+def test_engine_bookkeeping_loads_without_torch():
+    """The scheduler, block manager, radix cache and sequence are plain Python: importing them must not pull in
+    torch (2.8 s), so they stay testable and reusable without it."""
+    modules = ["engine.scheduler", "engine.kv_cache", "engine.radix_cache", "engine.sequence"]
+    code = f"import sys\nfor m in {modules}: __import__(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

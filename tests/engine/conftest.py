@@ -3,9 +3,13 @@ synchronous way to drive LLMEngine from a test thread."""
 
 from __future__ import annotations
 
+import os
 import queue
+import shutil
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from tests.engine.tiny import write_tiny_model
@@ -14,6 +18,18 @@ from tests.engine.tiny import write_tiny_model
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> str:
     return write_tiny_model(str(tmp_path_factory.mktemp("llama")), "llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_llama, tmp_path_factory) -> str:
+    """The target's weights plus noise, same tokenizer: a draft that is often but not always right."""
+    path = str(tmp_path_factory.mktemp("draft"))
+    shutil.copytree(tiny_llama, path, dirs_exist_ok=True)
+    file = os.path.join(path, "model.safetensors")
+    g = torch.Generator().manual_seed(1)
+    save_file({k: v + 0.05 * v.std() * torch.randn(v.shape, generator=g) if v.dim() == 2 else v
+               for k, v in load_file(file).items()}, file)
+    return path
 
 
 @pytest.fixture

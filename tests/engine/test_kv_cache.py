@@ -1,9 +1,9 @@
-"""Block allocator and block manager: refcounts, prefix reuse, copy-on-write, slot mapping."""
+"""Block allocator and block manager: refcounts, prefix reuse, copy-on-write, slot mapping, draft rollback."""
 
 import pytest
 
 from engine.kv_cache import BlockAllocator, BlockManager
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 
 BS = 4
 
@@ -153,3 +153,54 @@ def test_integrity_check_catches_a_leak():
     bm.allocator.allocate()                           # a block no one holds
     with pytest.raises(AssertionError):
         bm.check_integrity()
+
+
+# -- rollback of rejected speculative drafts -------------------------------------------------
+
+def _decoding_sequence(blocks: BlockManager, prompt_len: int) -> Sequence:
+    seq = Sequence(1, list(range(prompt_len)), 64)
+    assert blocks.allocate_prompt(seq)
+    seq.status = SequenceStatus.RUNNING
+    blocks.append_slots(seq, seq.num_uncomputed)
+    seq.num_computed = seq.num_tokens
+    seq.output_ids.append(100)
+    return seq
+
+
+@pytest.mark.parametrize("kept", [0, 1, 5, 9])
+def test_rollback_frees_exactly_the_blocks_of_rejected_drafts(kept):
+    blocks = BlockManager(num_blocks=16, block_size=4)
+    seq = _decoding_sequence(blocks, prompt_len=6)  # 7 tokens, position 6 pending
+    free_before = blocks.num_free_blocks
+    k = 9
+    assert blocks.append_slots(seq, 1 + k) == []     # pending token + 9 drafts: positions 6..15
+    assert len(seq.block_table) == 4
+    start = seq.num_computed
+    seq.output_ids += [200 + i for i in range(kept)] + [300]  # kept drafts and the target's token
+    seq.num_computed = start + 1 + kept
+    released = blocks.release_rejected_blocks(seq)
+    assert len(seq.block_table) == min(4, blocks.blocks_needed(seq.num_tokens))  # never grows
+    assert released == 4 - len(seq.block_table)
+    assert blocks.num_free_blocks == free_before - (len(seq.block_table) - 2)
+    blocks.check_integrity()
+    blocks.free(seq)
+    blocks.check_integrity()
+    assert blocks.num_available_blocks == blocks.num_blocks
+
+
+def test_rollback_keeps_blocks_shared_with_the_prefix_cache():
+    blocks = BlockManager(num_blocks=16, block_size=4)
+    first = _decoding_sequence(blocks, prompt_len=9)
+    blocks.free(first)  # caches two full blocks
+    seq = Sequence(2, list(range(9)) + [100], 64)
+    assert blocks.allocate_prompt(seq) and seq.num_cached_prefix == 8
+    seq.status = SequenceStatus.RUNNING
+    blocks.append_slots(seq, seq.num_uncomputed)
+    seq.num_computed = seq.num_tokens
+    seq.output_ids.append(7)
+    blocks.append_slots(seq, 1 + 6)
+    seq.output_ids.append(8)  # every draft rejected
+    seq.num_computed += 1
+    blocks.release_rejected_blocks(seq)
+    assert len(seq.block_table) == 3
+    blocks.check_integrity()

@@ -1,17 +1,14 @@
-"""Speculative decoding: proposers, adaptive k, exact verification (greedy and rejection sampling), KV rollback."""
+"""Speculative decoding: prompt lookup, adaptive k, exact verification (greedy and rejection sampling), in the engine."""
 
 from __future__ import annotations
 
 import collections
 import itertools
-import os
 import random
-import shutil
 import time
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from scipy.stats import chisquare
 
 from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path
@@ -20,11 +17,10 @@ from engine.loader import load
 from engine.model_runner import ModelRunner
 from engine.sampling import SampleRow, probabilities
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
-from engine.speculative import (PROBE_EVERY, Acceptance, DraftModelProposer, SpeculativeConfig, SpecStats, draft_cost,
-                                ngram_propose, release_rejected_blocks, verify_greedy, verify_sampled)
+from engine.sequence import Sequence
+from engine.speculative import (PROBE_EVERY, Acceptance, SpeculativeConfig, SpecStats, ngram_propose, verify_greedy,
+                                verify_sampled)
 from tests.engine.conftest import collect, generate, submit, tokens_of
-from tests.engine.tiny import write_tiny_model
 
 
 # -- prompt lookup ----------------------------------------------------------------------------
@@ -145,72 +141,9 @@ def test_rejected_token_is_never_resampled_from_a_one_hot_draft():
     assert any(len(o) == 1 for o in outs) and any(len(o) == 2 for o in outs)
 
 
-# -- KV rollback ------------------------------------------------------------------------------
-
-def _decoding_sequence(blocks: BlockManager, prompt_len: int) -> Sequence:
-    seq = Sequence(1, list(range(prompt_len)), 64)
-    assert blocks.allocate_prompt(seq)
-    seq.status = SequenceStatus.RUNNING
-    blocks.append_slots(seq, seq.num_uncomputed)
-    seq.num_computed = seq.num_tokens
-    seq.output_ids.append(100)
-    return seq
-
-
-@pytest.mark.parametrize("kept", [0, 1, 5, 9])
-def test_rollback_frees_exactly_the_blocks_of_rejected_drafts(kept):
-    blocks = BlockManager(num_blocks=16, block_size=4)
-    seq = _decoding_sequence(blocks, prompt_len=6)  # 7 tokens, position 6 pending
-    free_before = blocks.num_free_blocks
-    k = 9
-    assert blocks.append_slots(seq, 1 + k) == []     # pending token + 9 drafts: positions 6..15
-    assert len(seq.block_table) == 4
-    start = seq.num_computed
-    seq.output_ids += [200 + i for i in range(kept)] + [300]  # kept drafts and the target's token
-    seq.num_computed = start + 1 + kept
-    released = release_rejected_blocks(blocks, seq)
-    assert len(seq.block_table) == min(4, blocks.blocks_needed(seq.num_tokens))  # never grows
-    assert released == 4 - len(seq.block_table)
-    assert blocks.num_free_blocks == free_before - (len(seq.block_table) - 2)
-    blocks.check_integrity()
-    blocks.free(seq)
-    blocks.check_integrity()
-    assert blocks.num_available_blocks == blocks.num_blocks
-
-
-def test_rollback_keeps_blocks_shared_with_the_prefix_cache():
-    blocks = BlockManager(num_blocks=16, block_size=4)
-    first = _decoding_sequence(blocks, prompt_len=9)
-    blocks.free(first)  # caches two full blocks
-    seq = Sequence(2, list(range(9)) + [100], 64)
-    assert blocks.allocate_prompt(seq) and seq.num_cached_prefix == 8
-    seq.status = SequenceStatus.RUNNING
-    blocks.append_slots(seq, seq.num_uncomputed)
-    seq.num_computed = seq.num_tokens
-    seq.output_ids.append(7)
-    blocks.append_slots(seq, 1 + 6)
-    seq.output_ids.append(8)  # every draft rejected
-    seq.num_computed += 1
-    release_rejected_blocks(blocks, seq)
-    assert len(seq.block_table) == 3
-    blocks.check_integrity()
-
-
 # -- in the engine ----------------------------------------------------------------------------
 
 GREEDY = dict(temperature=0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_draft(tiny_llama, tmp_path_factory) -> str:
-    """The target's weights plus noise, same tokenizer: a draft that is often but not always right."""
-    path = str(tmp_path_factory.mktemp("draft"))
-    shutil.copytree(tiny_llama, path, dirs_exist_ok=True)
-    file = os.path.join(path, "model.safetensors")
-    g = torch.Generator().manual_seed(1)
-    save_file({k: v + 0.05 * v.std() * torch.randn(v.shape, generator=g) if v.dim() == 2 else v
-               for k, v in load_file(file).items()}, file)
-    return path
 
 
 def _prompts() -> list[list[int]]:
@@ -276,31 +209,6 @@ def test_no_speculation_while_more_sequences_decode_than_max_batch(tiny_llama, e
     assert tokens_of(generate(spec, prompt, params)) == expected  # alone: speculates
     assert spec.metrics()["spec_steps"] > 0
     _assert_no_leaks(spec)
-
-
-def test_a_part_vocabulary_draft_scores_low_ids_and_the_sequences_own(tiny_draft):
-    loaded = load(tiny_draft)
-    runner = ModelRunner(loaded.model, 16, 4)
-    proposer = DraftModelProposer(runner, 16, 4, cost=0.0, vocab=PART)
-    mirrors = [Sequence(1, [5, 250, 120, 250], 10), None, Sequence(2, [7, 101], 10)]
-    ids = proposer._scored_ids(mirrors)
-    assert ids.tolist() == list(range(PART)) + [101, 120, 250]
-    hidden = torch.randn(3, loaded.model.cfg.hidden_size)
-    assert torch.allclose(proposer._head(ids)(hidden), loaded.model.logits(hidden)[:, ids], atol=1e-5)
-    q = torch.softmax(torch.randn(len(ids)), dim=0)
-    full = proposer._full(q, ids)
-    assert full.shape == (loaded.model.cfg.vocab_size,) and torch.equal(full[ids], q) and full.sum() == pytest.approx(1)
-    assert draft_cost(loaded.model, loaded.model, PART) < draft_cost(loaded.model, loaded.model, 0) == 1.0
-    assert DraftModelProposer(runner, 16, 4, 0.0, vocab=0).vocab is None  # 0: all of it
-    assert DraftModelProposer(runner, 16, 4, 0.0, vocab=10**6).vocab is None  # past the vocabulary: all of it
-    with pytest.raises(ValueError):
-        SpeculativeConfig("draft", 4, "d.gguf", draft_vocab=-1)
-
-
-def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
-    other = write_tiny_model(str(tmp_path), "llama", vocab_size=300)
-    with pytest.raises(ValueError, match="vocabulary differs"):
-        LLMEngine.from_pretrained(tiny_llama, EngineConfig(progress=False, speculative=SpeculativeConfig("draft", 4, other)))
 
 
 @pytest.mark.parametrize("draft", [None, "tiny_draft"], ids=["ngram", "draft-model"])
