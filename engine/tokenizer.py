@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -22,14 +24,40 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 _SPLIT_REGEX = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2}
 
+# Fill-in-the-middle markers (prefix, suffix, middle) by family, the names llama.cpp's vocabulary scan knows.
+FIM_MARKERS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, Granite
+    ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+    ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"),  # DeepSeek-Coder
+    ("\u2581<PRE>", "\u2581<SUF>", "\u2581<MID>"),  # CodeLlama (SentencePiece)
+    ("<PRE>", "<SUF>", "<MID>"),
+    ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),  # GLM-4.5
+)
+_GGUF_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """A model's fill-in-the-middle markers, each the text of one special token of its vocabulary."""
+    prefix: str
+    suffix: str
+    middle: str
+
+    def prompt(self, prefix: str, suffix: str) -> str:
+        """The prompt asking for the text between prefix and suffix, in prefix-suffix-middle order as llama.cpp's
+        /infill builds it; the model's BOS is added when it is encoded."""
+        return f"{self.prefix}{prefix}{self.suffix}{suffix}{self.middle}"
+
 
 class Tokenizer:
     def __init__(self, tk: HFTokenizer, chat_template: str | None, bos_token: str | None,
-                 eos_token: str | None, eos_token_ids: list[int]):
+                 eos_token: str | None, eos_token_ids: list[int], fim_token_ids: tuple[int, int, int] | None = None):
         self.tk = tk
         self.chat_template = chat_template
         self.bos_token, self.eos_token = bos_token, eos_token
         self.eos_token_ids = eos_token_ids  # tokens that end generation unless the request ignores eos
+        self.fim_token_ids = fim_token_ids  # FIM markers the model file declares (GGUF metadata), if any
         self._template: jinja2.Template | None = None
 
     @property
@@ -44,6 +72,18 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def fim_tokens(self) -> FimTokens | None:
+        """The model's fill-in-the-middle markers: those its file declares, else the first family in FIM_MARKERS
+        whose three markers are all in the vocabulary; None if it has none (no FIM). A marker must be an added
+        token, which encoding finds in running text before anything else, so a prompt's text carries it."""
+        added = {t.content: i for i, t in self.tk.get_added_tokens_decoder().items()}
+        if self.fim_token_ids is not None:
+            found = FimTokens(*(self.tk.id_to_token(i) for i in self.fim_token_ids))
+            return found if all(added.get(m) == i for m, i in zip((found.prefix, found.suffix, found.middle),
+                                                                    self.fim_token_ids)) else None
+        return next((FimTokens(*m) for m in FIM_MARKERS if all(t in added for t in m)), None)
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
                             add_generation_prompt: bool = True, **kwargs) -> str:
@@ -93,8 +133,9 @@ class Tokenizer:
         if meta.get("tokenizer.ggml.add_bos_token", kind == "llama") and bos is not None:
             tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
         eos_ids = [i for i in (eos_id, meta.get("tokenizer.ggml.eot_token_id")) if i is not None]
+        fim = tuple(meta[k] for k in _GGUF_FIM_KEYS) if all(k in meta for k in _GGUF_FIM_KEYS) else None
         return cls(tk, meta.get("tokenizer.chat_template"), bos, tokens[eos_id] if eos_id is not None else None,
-                   list(dict.fromkeys(eos_ids)))
+                   list(dict.fromkeys(eos_ids)), fim)
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], pre: str) -> HFTokenizer:
