@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from engine.kv_store import LayerKV
 
 
 @dataclass
@@ -64,19 +69,17 @@ def build_group(token_starts: list[int], starts: list[int], lengths: list[int],
                           token_index.flatten()[flat_valid].to(device), kv_slots, mask[:, None].to(device))
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    cache: tuple[torch.Tensor, torch.Tensor] | None, batch: AttentionBatch) -> torch.Tensor:
-    """q: (T, H, D); k, v: (T, KVH, D); cache: (k_cache, v_cache) each (slots, KVH, D) or None to
-    attend only within this step's tokens. Returns (T, H, D)."""
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV | None,
+                    batch: AttentionBatch) -> torch.Tensor:
+    """q: (T, H, D); k, v: (T, KVH, D); cache: this layer's K/V by slot, or None to attend only within this
+    step's tokens. Returns (T, H, D)."""
     if cache is not None:
-        k_cache, v_cache = cache
-        k_cache.index_copy_(0, batch.slot_mapping, k)
-        v_cache.index_copy_(0, batch.slot_mapping, v)
+        cache.write(batch.slot_mapping, k, v)
     out = torch.empty_like(q)
     for g in batch.groups:
         b, q_len, k_len = g.shape
         if cache is not None:
-            kg, vg = k_cache.index_select(0, g.kv_slots), v_cache.index_select(0, g.kv_slots)
+            kg, vg = cache.read(g.kv_slots, q.dtype)
         else:
             kg, vg = k.index_select(0, g.token_index), v.index_select(0, g.token_index)
         qg = q.index_select(0, g.token_index).view(b, q_len, *q.shape[1:])

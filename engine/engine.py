@@ -63,13 +63,14 @@ class LLMEngine:
     def _build(cls, path: str, config: EngineConfig) -> "LLMEngine":
         dtype = config.torch_dtype()
         loaded = load(path, dtype, config.device, progress=config.progress, int4=config.int4_weights)
-        num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device)
+        num_blocks = num_blocks_for(loaded.model, config.kv_memory, config.block_size, dtype, config.device,
+                                    config.kv_int8)
         spec = config.speculative
         draft = None if not spec or spec.method != "draft" else load_draft(
             spec.draft_model, loaded.model, loaded.tokenizer, num_blocks, config.block_size, dtype, config.device,
             config.progress, spec.draft_vocab, config.int4_weights)
-        return cls(ModelRunner(loaded.model, num_blocks, config.block_size), loaded.tokenizer, loaded.info,
-                   config, num_blocks, draft)
+        runner = ModelRunner(loaded.model, num_blocks, config.block_size, config.kv_int8)
+        return cls(runner, loaded.tokenizer, loaded.info, config, num_blocks, draft)
 
     @property
     def max_context(self) -> int:

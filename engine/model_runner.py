@@ -1,7 +1,8 @@
 """Tensors in, logits out: owns the model and the paged KV cache, never decides policy.
 
-The KV cache is one tensor per engine, `(layers, 2, slots, kv_heads, head_dim)`, sized from a memory
-budget; slot `block * block_size + offset` holds one token's K and V for every layer.
+The KV cache is one tensor per engine, `(layers, 2, slots, kv_heads, head_dim)` (int8 with scales beside it
+for an int8 cache, engine/kv_store.py), sized from a memory budget; slot `block * block_size + offset` holds
+one token's K and V for every layer.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import kv_store
 from engine.attention import AttentionBatch, build_group
 from engine.models.llama import LlamaModel
 
@@ -41,13 +43,8 @@ class StepInput:
         return GroupKind.VERIFY if self.num_logits > 1 else GroupKind.PREFILL
 
 
-def kv_bytes_per_token(model: LlamaModel, dtype: torch.dtype) -> int:
-    cfg = model.cfg
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
-
-
 def num_blocks_for(model: LlamaModel, kv_memory: int | float, block_size: int, dtype: torch.dtype,
-                   device: str) -> int:
+                   device: str, kv_int8: bool = False) -> int:
     """Blocks that fit in kv_memory: bytes if > 1, else that fraction of the memory free right now."""
     if kv_memory <= 1:
         if torch.device(device).type == "cuda":
@@ -56,16 +53,17 @@ def num_blocks_for(model: LlamaModel, kv_memory: int | float, block_size: int, d
             import os
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         kv_memory = free * kv_memory
-    return max(1, int(kv_memory) // (kv_bytes_per_token(model, dtype) * block_size))
+    return max(1, int(kv_memory) // (kv_store.bytes_per_token(model.cfg, dtype, kv_int8) * block_size))
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
-        cfg, weight = model.cfg, model.embed_tokens.weight
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_int8: bool = False):
+        weight = model.embed_tokens.weight
         self.model, self.block_size, self.device = model, block_size, weight.device
-        self.kv = torch.zeros(cfg.num_layers, 2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim,
-                              dtype=weight.dtype, device=weight.device)
-        self.caches = [(layer[0], layer[1]) for layer in self.kv]
+        self.kv, self.kv_scales = kv_store.allocate(model.cfg, num_blocks * block_size, weight.dtype, kv_int8,
+                                                    weight.device)
+        self.caches = [kv_store.LayerKV(self.kv[i], None if self.kv_scales is None else self.kv_scales[i])
+                       for i in range(model.cfg.num_layers)]
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput], copies: list[tuple[int, int]] = (),
@@ -109,6 +107,8 @@ class ModelRunner:
         src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in copies]).to(self.device)
         dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in copies]).to(self.device)
         self.kv[:, :, dst] = self.kv[:, :, src]
+        if self.kv_scales is not None:
+            self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import nn
 
 from engine.attention import AttentionBatch, paged_attention
 from engine.int4 import Int4Linear, Int4Weight
+
+if TYPE_CHECKING:
+    from engine.kv_store import LayerKV
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ class LlamaModel(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, batch: AttentionBatch,
-                caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None, int4: bool = False) -> torch.Tensor:
+                caches: list[LayerKV] | None = None, int4: bool = False) -> torch.Tensor:
         """int4: Int4Linear layers may use their 4-bit kernel (steps that compute generated tokens only)."""
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):

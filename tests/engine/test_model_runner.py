@@ -46,13 +46,14 @@ def drive(sched: Scheduler, runner: ModelRunner, futures: dict[int, list[int]]) 
 
 
 # bfloat16: decode steps take the grouped-matmul attention on CPU, the contiguous reference SDPA; they agree to
-# bf16 rounding
-@pytest.mark.parametrize("model_name, tolerance", [("model", 1e-4), ("model_bf16", 1e-1)])
-def test_batched_paged_prefix_cached_logits_match_a_contiguous_run(request, model_name, tolerance):
+# bf16 rounding. int8 KV: the reference keeps K/V exact, the paged run reads them back from int8
+@pytest.mark.parametrize("model_name, tolerance, kv_int8", [("model", 1e-4, False), ("model_bf16", 1e-1, False),
+                                                            ("model", 1.5e-1, True)])
+def test_batched_paged_prefix_cached_logits_match_a_contiguous_run(request, model_name, tolerance, kv_int8):
     model = request.getfixturevalue(model_name)
     rng = random.Random(0)
     block_size = 4
-    runner = ModelRunner(model, num_blocks=64, block_size=block_size)
+    runner = ModelRunner(model, num_blocks=64, block_size=block_size, kv_int8=kv_int8)
     sched = Scheduler(BlockManager(64, block_size), max_num_seqs=8, max_step_tokens=24, prefill_chunk=7)
     shared = [rng.randrange(256) for _ in range(21)]
     prompts = [shared + [rng.randrange(256) for _ in range(rng.randrange(1, 9))] for _ in range(5)]
@@ -70,8 +71,13 @@ def test_batched_paged_prefix_cached_logits_match_a_contiguous_run(request, mode
         torch.testing.assert_close(torch.stack(got[i]), ref, rtol=tolerance, atol=tolerance)
 
 
-def test_copy_on_write_blocks_are_copied_before_writes(model):
-    runner = ModelRunner(model, num_blocks=8, block_size=4)
-    runner.kv[:, :, 4:8] = 1.5  # block 1
+@pytest.mark.parametrize("kv_int8", [False, True])
+def test_copy_on_write_blocks_are_copied_before_writes(model, kv_int8):
+    runner = ModelRunner(model, num_blocks=8, block_size=4, kv_int8=kv_int8)
+    runner.kv[:, :, 4:8] = 3  # block 1
     runner.execute([StepInput([5], 0, [8], [2], samples=False)], copies=[(1, 3)])
     assert torch.equal(runner.kv[:, :, 12:16], runner.kv[:, :, 4:8])
+    if kv_int8:
+        runner.kv_scales[:, :, 4:8] = 0.5
+        runner.execute([StepInput([5], 0, [8], [2], samples=False)], copies=[(1, 3)])
+        assert torch.equal(runner.kv_scales[:, :, 12:16], runner.kv_scales[:, :, 4:8])
