@@ -1,17 +1,23 @@
 """Velo's engine vs llama-server vs transformers generate(), on the same GGUF, prompts and output lengths.
 
     python bench/engine_cpu.py [--max-tokens 32] [--concurrency 1,8] [--threads 2] [--dtype bfloat16]
-                               [--reps 3] [--skip-llama] [--skip-hf]
+                               [--reps 3] [--skip-llama] [--skip-hf] [--background-load N] [--kv-dtype int8]
 
 Every system runs the same chat prompts (rendered once, sent as token ids) with greedy decoding and
 `ignore_eos`, so each request produces exactly --max-tokens tokens. Per concurrency level c, c requests
 start together: tok/s is generated tokens / wall time, TTFT the mean time to each request's first token
 (transformers: a batch of c through generate(); its TTFT is a max_new_tokens=1 run). Velo and llama-server
 run --reps times, interleaved, and report medians; transformers, the slow baseline, runs once after them.
+
+Roofline: the run measures the machine's memory bandwidth (a large copy, engine/roofline.py) and prints each
+system's decode rate at one stream times the bytes of weights a decode step reads, as a fraction of it.
+`--background-load N` keeps N busy processes (each one core, bounded in time) running beside both systems for
+the whole run, as an IDE and a browser would on a user's machine.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -21,12 +27,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  # noqa: E402
+from engine.roofline import decode_bytes, gguf_decode_bytes, memory_bandwidth  # noqa: E402
 from tests.llama_server import free_port  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion briefly.",
@@ -53,6 +60,33 @@ class Result:
     @property
     def tok_s(self) -> float:
         return self.tokens / self.wall_s
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens per second after the first token: the decode steps alone (per stream at concurrency 1)."""
+        return (self.tokens - self.concurrency) / (self.wall_s - self.ttft_s)
+
+
+@contextlib.contextmanager
+def background_load(n: int, seconds: float) -> Iterator[None]:
+    """n busy processes, one core each, that end by themselves after `seconds` if nothing stops them."""
+    loop = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def print_roofline(results: list[Result], bandwidth: float, bytes_per_token: dict[str, int]) -> None:
+    print(f"roofline: memory bandwidth {bandwidth:.1f} GB/s (a 512 MiB copy, bytes read + written)")
+    for r in results:
+        if r.concurrency == 1 and r.system in bytes_per_token:
+            achieved = r.decode_tok_s * bytes_per_token[r.system] / 1e9
+            print(f"  {r.system:13s} decode {r.decode_tok_s:6.1f} tok/s x {bytes_per_token[r.system] / 1e6:6.1f} MB "
+                  f"of weights a token = {achieved:5.1f} GB/s, {achieved / bandwidth:.2f} of the bandwidth")
 
 
 def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, float]:
@@ -171,23 +205,32 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="interleaved runs of Velo and llama-server (medians)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N",
+                    help="N busy processes beside both systems for the whole run")
+    ap.add_argument("--kv-dtype", default="auto", help="the engine's KV cache dtype (auto or int8)")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    bandwidth = memory_bandwidth(threads=args.threads)
     # no prefix cache: llama-server is asked not to reuse prompts either, and the reps repeat them
     engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, dtype=args.dtype,
-                                                                progress=False, enable_prefix_cache=False))
+                                                                progress=False, enable_prefix_cache=False,
+                                                                kv_dtype=args.kv_dtype))
     prompts = chat_prompts(engine.tokenizer, max(levels))
     systems = {"velo-engine": lambda p, n: run_velo(engine, p, n)}
+    bytes_per_token = {"velo-engine": decode_bytes(engine.runner.model)}
     proc = None
     if not args.skip_llama and os.path.exists(LLAMA_SERVER):
         proc, url = start_llama_server(args.model, max(levels), args.threads)
         systems["llama-server"] = lambda p, n: run_llama(url, p, n)
+        bytes_per_token["llama-server"] = gguf_decode_bytes(args.model)
     try:
-        results = measure(systems, levels, prompts, args.max_tokens, args.reps)
+        with background_load(args.background_load, seconds=3600):
+            results = measure(systems, levels, prompts, args.max_tokens, args.reps)
     finally:
         engine.shutdown()  # before transformers runs here: its OpenMP team would slow the engine's (engine/threads.py)
         if proc:
             proc.kill()
+    print_roofline(results, bandwidth, bytes_per_token)
     if not args.skip_hf:
         import torch
         import transformers
