@@ -12,7 +12,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -29,7 +29,7 @@ from engine.sampling import Sample, SampleRow, Sampler, SamplingParams
 from engine.scheduler import ScheduledItem, Scheduler, StepPlan
 from engine.sequence import Sequence
 from engine.speculative import Draft, Speculator, eligible
-from engine.threads import in_passing_thread
+from engine.threads import ThreadBudget, in_passing_thread
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,9 @@ class LLMEngine:
     def _loop(self) -> None:
         if self.config.num_threads:  # OpenMP's thread count is per calling thread: the caller's stays as it was
             torch.set_num_threads(self.config.num_threads)
-        while self._drain_inbox(block=not self.scheduler.has_work):
+        budget = ThreadBudget(torch.get_num_threads())
+        while self._drain_inbox(block=not self.scheduler.has_work, on_wake=budget.restart):
+            budget.apply()
             try:
                 self._step()
             except Exception as exc:  # fail every live request rather than hang their streams
@@ -171,13 +173,16 @@ class LLMEngine:
             self.scheduler.abort(seq.seq_id)
             seq.request.fail(RuntimeError("engine shut down"))
 
-    def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued adds and aborts; False once shutdown was asked for."""
+    def _drain_inbox(self, block: bool, on_wake: Callable[[], None]) -> bool:
+        """Apply queued adds and aborts (waiting for one if `block`, then calling on_wake); False once shutdown
+        was asked for."""
         while True:
             try:
                 kind, arg = self._inbox.get(block=block)
             except queue.Empty:
                 return True
+            if block:
+                on_wake()
             block = False
             if kind == "stop":
                 return False
