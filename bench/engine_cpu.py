@@ -2,6 +2,7 @@
 
     python bench/engine_cpu.py [--max-tokens 32] [--concurrency 1,8] [--threads 2] [--dtype bfloat16]
                                [--reps 3] [--skip-llama] [--skip-hf] [--background-load N] [--kv-dtype int8]
+                               [--compile]
 
 Every system runs the same chat prompts (rendered once, sent as token ids) with greedy decoding and
 `ignore_eos`, so each request produces exactly --max-tokens tokens. Per concurrency level c, c requests
@@ -208,13 +209,14 @@ def main() -> None:
     ap.add_argument("--background-load", type=int, default=0, metavar="N",
                     help="N busy processes beside both systems for the whole run")
     ap.add_argument("--kv-dtype", default="auto", help="the engine's KV cache dtype (auto or int8)")
+    ap.add_argument("--compile", action="store_true", help="the engine's decode steps through torch.compile")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     bandwidth = memory_bandwidth(threads=args.threads)
     # no prefix cache: llama-server is asked not to reuse prompts either, and the reps repeat them
     engine = LLMEngine.from_pretrained(args.model, EngineConfig(num_threads=args.threads, dtype=args.dtype,
                                                                 progress=False, enable_prefix_cache=False,
-                                                                kv_dtype=args.kv_dtype))
+                                                                kv_dtype=args.kv_dtype, compile=args.compile))
     prompts = chat_prompts(engine.tokenizer, max(levels))
     systems = {"velo-engine": lambda p, n: run_velo(engine, p, n)}
     bytes_per_token = {"velo-engine": decode_bytes(engine.runner.model)}

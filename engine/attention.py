@@ -44,6 +44,7 @@ class AttentionBatch:
     positions: torch.Tensor            # (T,) position of each flat token
     slot_mapping: torch.Tensor | None  # (T,) cache slot to write each token's K/V; None: no cache
     groups: list[AttentionGroup]
+    num_positions: int                 # 1 + the largest position, known without reading `positions` back
 
 
 def build_group(token_starts: list[int], starts: list[int], lengths: list[int],
@@ -84,7 +85,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
             kg, vg = k.index_select(0, g.token_index), v.index_select(0, g.token_index)
         qg = q.index_select(0, g.token_index).view(b, q_len, *q.shape[1:])
         kg, vg = kg.view(b, k_len, *kg.shape[1:]), vg.view(b, k_len, *vg.shape[1:])
-        attend = _grouped_attention if q_len == 1 and q.is_cpu and q.dtype != torch.float32 else _sdpa
+        if q_len == 1 and torch.compiler.is_compiling():
+            attend = _summed_attention
+        else:
+            attend = _grouped_attention if q_len == 1 and q.is_cpu and q.dtype != torch.float32 else _sdpa
         o = attend(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), g.mask)
         o = o.transpose(1, 2).reshape(b * q_len, *q.shape[1:])
         out.index_copy_(0, g.valid_tokens, o.index_select(0, g.valid_rows))
@@ -105,3 +109,15 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     scores = scores.view(b, kvh, h // kvh, q_len, k_len).masked_fill(~mask[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype).view(b, kvh, h // kvh * q_len, k_len)
     return torch.matmul(probs, v).view(b, h, q_len, d)
+
+
+def _summed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Decode attention as broadcast products and sums, for compiled steps: inductor fuses them, the gathers of
+    K/V from the cache and the softmax into a few loops, where matmuls would stay separate calls (two a layer,
+    each ~30 us for SmolLM2's tiny shapes on CPU). Shapes as _grouped_attention's, q_len 1."""
+    (b, h, _, d), kvh = q.shape, k.shape[1]
+    qg = q.view(b, kvh, h // kvh, 1, d).float()
+    scores = (qg * k[:, :, None].float()).sum(-1) * d ** -0.5  # (B, KVH, G, K)
+    probs = torch.softmax(scores.masked_fill(~mask[:, :, None, 0], float("-inf")), dim=-1)
+    out = (probs[..., None] * v[:, :, None].float()).sum(-2)  # (B, KVH, G, D)
+    return out.to(q.dtype).view(b, h, 1, d)

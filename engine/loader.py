@@ -1,9 +1,10 @@
 """Load a model and its tokenizer from a GGUF file or a Hugging Face safetensors folder.
 
-GGUF tensors are dequantized to float through `gguf.quants.dequantize` (numpy), except 4-bit layer matrices
-on CPU, which stay 4-bit (engine/int4.py). All are renamed to Hugging Face names, and for the llama
-architecture the q/k rows are un-permuted: llama.cpp's converter interleaves them for its rotary layout, while
-our model uses Hugging Face's rotate-half layout.
+GGUF tensors are dequantized to float through `gguf.quants.dequantize` (numpy); on CPU, 4-bit layer matrices
+stay 4-bit (engine/int4.py) and 5- to 8-bit ones become int8 (engine/int8.py) for decode steps, the LM head
+too. All are renamed to Hugging Face names, and for the llama architecture the q/k rows are un-permuted:
+llama.cpp's converter interleaves them for its rotary layout, while our model uses Hugging Face's rotate-half
+layout.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from engine.int4 import int4_from_gguf
+from engine.int4 import int4_from_gguf, int8_planes_from_gguf
+from engine.int8 import INT8_TYPES, Int8Source
 from engine.models.llama import LlamaModel, ModelConfig, rope_inv_freq
 from engine.tokenizer import Tokenizer
 
@@ -106,11 +108,19 @@ def _read_gguf(path: str, progress: bool, int4: bool):
     cfg = _gguf_config(meta, arch, {t.name for t in reader.tensors},
                        len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
+    head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     for t in tqdm(reader.tensors, desc="reading weights", disable=not progress):
-        packed = int4_from_gguf(t) if int4 and t.name.startswith("blk.") else None
+        packed = None
+        if int4 and t.name.startswith("blk."):
+            packed = int4_from_gguf(t)
+        elif int4 and t.name == head:
+            packed = int4_from_gguf(t) or int8_planes_from_gguf(t)
         order = _qk_row_order(t.name, cfg, gguf_arch)
         if packed is not None:
-            weights[_gguf_name(t.name)] = packed if order is None else packed.rows(order)
+            weights[_gguf_name(t.name)] = packed if order is None else packed.rows(order)  # (heads are not q/k)
+        elif int4 and (t.name.startswith("blk.") or t.name == head) and t.tensor_type.name in INT8_TYPES \
+                and len(t.shape) == 2:
+            weights[_gguf_name(t.name)] = Int8Source(_dequantize(t, order))
         else:
             weights[_gguf_name(t.name)] = _dequantize(t, order)
     tokenizer = Tokenizer.from_gguf(reader, meta)

@@ -34,7 +34,7 @@ class StepInput:
     block_table: list[int]    # the sequence's blocks, covering positions [0, start + len(token_ids))
     samples: bool             # whether to return logits for its last token
     num_logits: int = 1       # with samples: logits for this many last tokens (speculative verification)
-    prompt: bool = False      # computes prompt positions: the whole step runs dense (LlamaModel.forward's int4)
+    prompt: bool = False      # computes prompt positions: the whole step runs dense (LlamaModel.forward's quantized)
 
     @property
     def kind(self) -> GroupKind:
@@ -57,13 +57,29 @@ def num_blocks_for(model: LlamaModel, kv_memory: int | float, block_size: int, d
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_int8: bool = False):
+    """`compile`: decode steps (one new token per sequence) run through torch.compile's inductor, which fuses a
+    layer's small ops into a few C++ kernels: a step is hundreds of ops, each with a fixed cost in eager mode.
+    Two graphs, one sequence and several (sizes are symbolic otherwise), compiled by `warm_up`."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_int8: bool = False,
+                 compile: bool = False):
         weight = model.embed_tokens.weight
         self.model, self.block_size, self.device = model, block_size, weight.device
         self.kv, self.kv_scales = kv_store.allocate(model.cfg, num_blocks * block_size, weight.dtype, kv_int8,
                                                     weight.device)
         self.caches = [kv_store.LayerKV(self.kv[i], None if self.kv_scales is None else self.kv_scales[i])
                        for i in range(model.cfg.num_layers)]
+        # the fused kernels run on one thread: they are tiny, and a thread count fixed into them at compile time
+        # would defeat ThreadBudget (engine/threads.py); the matmuls they call follow torch's count
+        self._compiled = torch.compile(model, dynamic=True, options={"cpp.threads": 1}) if compile else None
+
+    def warm_up(self) -> None:
+        """Run decode steps of one and of two sequences in block 0 (free until a sequence takes it, which writes
+        its own K/V before reading them), so compiling happens now rather than in a request's first steps.
+        Positions 5 and 6: sizes 0 and 1 would be compiled as constants, equal sizes as one."""
+        table = [0] * (7 // self.block_size + 1)
+        for batch in (1, 2):
+            self.execute([StepInput([0], p, [p % self.block_size], table, True) for p in (5, 6)[:batch]])
 
     @torch.inference_mode()
     def execute(self, inputs: list[StepInput], copies: list[tuple[int, int]] = (),
@@ -84,20 +100,24 @@ class ModelRunner:
                                           [inputs[i].block_table for i in idx], self.block_size, self.device))
         batch = AttentionBatch(
             positions=self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
-            slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups)
-        hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches,
-                            int4=not any(x.prompt for x in inputs))
+            slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups,
+            num_positions=max(x.start + len(x.token_ids) for x in inputs))
+        decode = self._compiled is not None and all(x.kind is GroupKind.DECODE for x in inputs)
+        forward = self._compiled if decode else self.model
+        hidden = forward(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches,
+                         quantized=not any(x.prompt for x in inputs))
         last = [token_starts[i] + len(x.token_ids) - n for i, x in enumerate(inputs) if x.samples
                 for n in range(x.num_logits, 0, -1)]
-        return (head or self.model.logits)(hidden.index_select(0, self._tensor(last)))
+        hidden = hidden.index_select(0, self._tensor(last))
+        return head(hidden) if head else self.model.logits(hidden, quantized=not any(x.prompt for x in inputs))
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int]) -> torch.Tensor:
         """Final hidden states (T, hidden) of one sequence, without touching the KV cache."""
         n = len(token_ids)
         batch = AttentionBatch(self._tensor(list(range(n))), None,
-                               [build_group([0], [0], [n], None, self.block_size, self.device)])
-        return self.model(self._tensor(token_ids), batch, int4=False)
+                               [build_group([0], [0], [n], None, self.block_size, self.device)], n)
+        return self.model(self._tensor(token_ids), batch, quantized=False)
 
     def _copy_blocks(self, copies) -> None:
         """Copy-on-write: duplicate whole blocks (all layers, K and V) before anyone writes to them."""

@@ -12,6 +12,7 @@ import time
 import torch
 
 from engine.int4 import Int4Linear
+from engine.int8 import Int8Linear
 from engine.models.llama import LlamaModel
 from engine.threads import in_passing_thread
 
@@ -38,11 +39,15 @@ def _copy_bandwidth(size_bytes: int, reps: int, threads: int | None) -> float:
 
 
 def decode_bytes(model: LlamaModel) -> int:
-    """Bytes of weights one decode step reads: 4-bit layers as packed (their dense copies serve prompts only),
-    everything else as stored, the embedding only where it is the LM head."""
-    dense = _nbytes(*(p for name, p in model.named_parameters() if name != "embed_tokens.weight"))
-    packed = sum(_nbytes(m.packed, m.scale_zero, m.bias) for m in model.modules() if isinstance(m, Int4Linear))
-    return dense + packed + (_nbytes(model.embed_tokens.weight) if model.lm_head is None else 0)
+    """Bytes of weights one decode step reads: quantized layers and head as packed (their dense copies serve
+    prompts only), everything else as stored, the embedding only where it is the (dense) LM head."""
+    head = "embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
+    skip = {"embed_tokens.weight"} | ({head} if model.packed_head is not None else set())
+    dense = _nbytes(*(p for name, p in model.named_parameters() if name not in skip))
+    packed = sum(_nbytes(m.packed, m.scale_zero, m.bias) for m in model.modules() if isinstance(m, Int4Linear)) \
+        + sum(_nbytes(m.q, m.scale, m.bias) for m in model.modules() if isinstance(m, Int8Linear))
+    tied = model.lm_head is None and model.packed_head is None
+    return dense + packed + (_nbytes(model.embed_tokens.weight) if tied else 0)
 
 
 def gguf_decode_bytes(path: str) -> int:

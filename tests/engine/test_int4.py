@@ -58,8 +58,8 @@ def test_int4_linear_matches_a_dense_matmul(gguf_tensors, dtype, tolerance, rows
     layer = Int4Linear(weight, bias, dtype)
     x = torch.randn(2, rows, K).to(dtype)
     expected = F.linear(x.float(), weight.dequantize(), bias.float())
-    error = (layer(x, int4=True).float() - expected).abs().max() / expected.abs().max()
-    assert layer(x, int4=True).shape == (2, rows, N) and error < tolerance
+    error = (layer(x, quantized=True).float() - expected).abs().max() / expected.abs().max()
+    assert layer(x, quantized=True).shape == (2, rows, N) and error < tolerance
 
 
 def test_row_order_and_fusion_keep_the_weights(gguf_tensors):
@@ -77,7 +77,7 @@ def shipped():
 
 def test_shipped_model_runs_its_q4_layers_in_int4(shipped: dict[bool, LlamaModel]):
     packed, dense = shipped[True], shipped[False]
-    layers = {name: m for name, m in packed.named_modules() if isinstance(m, Int4Linear)}
+    layers = {f"layers.{name}": m for name, m in packed.layers.named_modules() if isinstance(m, Int4Linear)}
     assert len(layers) == 4 * packed.cfg.num_layers  # qkv, o, gate_up, down: all Q4_1 in this file
     assert packed.num_parameters == dense.num_parameters
     torch.manual_seed(0)
@@ -86,7 +86,20 @@ def test_shipped_model_runs_its_q4_layers_in_int4(shipped: dict[bool, LlamaModel
         assert torch.equal(layer.dense, reference.weight)
         x = torch.randn(1, layer.in_features, dtype=torch.bfloat16)
         expected = reference(x).float()
-        assert ((layer(x, int4=True).float() - expected).abs().max() / expected.abs().max()) < 2e-2, name
+        assert ((layer(x, quantized=True).float() - expected).abs().max() / expected.abs().max()) < 2e-2, name
+
+
+def test_shipped_q8_0_head_is_packed_exactly_as_two_planes(shipped: dict[bool, LlamaModel]):
+    """The tied Q8_0 embedding: dense for the lookup and prompt steps, two 4-bit planes for decode steps."""
+    packed, dense = shipped[True], shipped[False]
+    assert dense.packed_head is None and packed.packed_head.packed.shape[0] == 2
+    assert packed.packed_head.dense.data_ptr() == packed.embed_tokens.weight.data_ptr()  # one dense copy, shared
+    assert torch.equal(packed.embed_tokens.weight, dense.embed_tokens.weight)
+    hidden = torch.randn(3, packed.cfg.hidden_size, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    expected = dense.logits(hidden)
+    assert torch.equal(packed.logits(hidden), expected)  # prompt steps: the dense head
+    error = (packed.logits(hidden, quantized=True) - expected).abs().max() / expected.abs().max()
+    assert 0 < error < 1e-2
 
 
 
@@ -95,8 +108,8 @@ def test_prompt_steps_run_dense_even_on_one_row(gguf_tensors):
     prefill gives it, or a greedy answer can change with the cache."""
     layer = Int4Linear(int4_from_gguf(gguf_tensors["Q4_1"]), None, torch.bfloat16)
     x = torch.randn(1, K, dtype=torch.bfloat16)
-    assert torch.equal(layer(x, int4=False), F.linear(x, layer.dense))
-    assert not torch.equal(layer(x, int4=True), F.linear(x, layer.dense))  # the int4 kernel, equal up to rounding
+    assert torch.equal(layer(x, quantized=False), F.linear(x, layer.dense))
+    assert not torch.equal(layer(x, quantized=True), F.linear(x, layer.dense))  # the int4 kernel, equal up to rounding
 
 
 

@@ -81,3 +81,18 @@ def test_copy_on_write_blocks_are_copied_before_writes(model, kv_int8):
         runner.kv_scales[:, :, 4:8] = 0.5
         runner.execute([StepInput([5], 0, [8], [2], samples=False)], copies=[(1, 3)])
         assert torch.equal(runner.kv_scales[:, :, 12:16], runner.kv_scales[:, :, 4:8])
+
+
+def test_compiled_decode_steps_match_eager_ones(tiny_llama):
+    """compile=True: decode steps (one and several sequences) through torch.compile, prompts eager; same logits."""
+    model = load(tiny_llama, progress=False).model
+    eager, compiled = ModelRunner(model, 16, 4), ModelRunner(model, 16, 4, compile=True)
+    compiled.warm_up()
+    for runner in (eager, compiled):
+        runner.execute([StepInput(list(range(10, 19)), 0, list(range(9)), [0, 1, 2], False, prompt=True),
+                        StepInput(list(range(30, 35)), 0, list(range(12, 17)), [3, 4], False, prompt=True)])
+    steps = [[StepInput([7], 9, [9], [0, 1, 2], True)],
+             [StepInput([8], 10, [10], [0, 1, 2], True), StepInput([9], 5, [17], [3, 4], True)]]
+    for inputs in steps:
+        torch.testing.assert_close(compiled.execute(inputs), eager.execute(inputs), rtol=1e-4, atol=1e-4)
+    assert compiled._compiled is not None and eager._compiled is None

@@ -55,9 +55,10 @@ def _llama_cpp_permute(w, heads: int):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_spm_gguf(path: str, corpus: str, seed: int = 0) -> str:
+def write_tiny_spm_gguf(path: str, corpus: str, seed: int = 0, quant: dict[str, str] | None = None) -> str:
     """A tiny random Llama as a float32 GGUF with a SentencePiece vocabulary (`tokenizer.ggml.model = llama`,
-    as Llama 2 and Mistral files have): byte-fallback tokens, the corpus' characters and some scored merges."""
+    as Llama 2 and Mistral files have): byte-fallback tokens, the corpus' characters and some scored merges.
+    `quant`: GGUF quantization type by tensor kind (`attn_v`, `ffn_down`, `output`, ...), float32 otherwise."""
     import gguf
     import numpy as np
     chars = sorted(set(corpus.replace(" ", "\u2581")) | {"\u2581"})
@@ -79,18 +80,26 @@ def write_tiny_spm_gguf(path: str, corpus: str, seed: int = 0) -> str:
 
     def rand(*shape):
         return rng.normal(0, 0.2, shape).astype(np.float32)
-    w.add_tensor("token_embd.weight", rand(len(tokens), hidden))
-    w.add_tensor("output.weight", rand(len(tokens), hidden))
+
+    def add(name: str, data) -> None:
+        kind = (quant or {}).get(name.split(".")[-2])
+        if kind is None:
+            w.add_tensor(name, data)
+        else:
+            qtype = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    add("token_embd.weight", rand(len(tokens), hidden))
+    add("output.weight", rand(len(tokens), hidden))
     w.add_tensor("output_norm.weight", 1 + rand(hidden) / 4)
     head_dim = hidden // heads
     for i in range(layers):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_q.weight", _llama_cpp_permute(rand(heads * head_dim, hidden), heads))
-        w.add_tensor(p + "attn_k.weight", _llama_cpp_permute(rand(kv_heads * head_dim, hidden), kv_heads))
-        w.add_tensor(p + "attn_v.weight", rand(kv_heads * head_dim, hidden))
-        w.add_tensor(p + "attn_output.weight", rand(hidden, heads * head_dim))
+        add(p + "attn_q.weight", _llama_cpp_permute(rand(heads * head_dim, hidden), heads))
+        add(p + "attn_k.weight", _llama_cpp_permute(rand(kv_heads * head_dim, hidden), kv_heads))
+        add(p + "attn_v.weight", rand(kv_heads * head_dim, hidden))
+        add(p + "attn_output.weight", rand(hidden, heads * head_dim))
         for name, shape in (("ffn_gate", (inter, hidden)), ("ffn_up", (inter, hidden)), ("ffn_down", (hidden, inter))):
-            w.add_tensor(p + name + ".weight", rand(*shape))
+            add(p + name + ".weight", rand(*shape))
         w.add_tensor(p + "attn_norm.weight", 1 + rand(hidden) / 4)
         w.add_tensor(p + "ffn_norm.weight", 1 + rand(hidden) / 4)
     w.write_header_to_file()
