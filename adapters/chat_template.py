@@ -48,9 +48,10 @@ def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
 
 def capabilities(tokenizer: Tokenizer) -> list[str]:
     """Ollama's capability names for what the model's template does: "completion", "tools" when it renders
-    them, "thinking" when it has <think> blocks."""
+    them, "insert" when its vocabulary has fill-in-the-middle markers, "thinking" when it has <think> blocks."""
     template = tokenizer.chat_template or ""
     return (["completion"] + (["tools"] if renders_tools(tokenizer) else [])
+            + (["insert"] if tokenizer.fim_tokens else [])
             + (["thinking"] if OPEN in template or "enable_thinking" in template else []))
 
 

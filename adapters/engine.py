@@ -13,6 +13,10 @@ served under), and any EngineConfig field: `device`, `dtype`, `kv_memory`, `bloc
 Ollama `format`, OpenAI `response_format` and tools become an output grammar (engine.constrained): the
 engine masks every step so the answer parses and matches the schema; a forced or chosen tool call comes
 out as a bare `{"name": ..., "arguments": {...}}` object, which the proxy's tool-call extraction reads.
+
+A completion with a `suffix` (IDE autocomplete) is a fill-in-the-middle prompt built from the model's FIM markers
+(engine.tokenizer.FimTokens: Qwen2.5-Coder's `<|fim_prefix|>`...); a model without them (the shipped SmolLM2)
+answers Ollama's 400 `"<model>" does not support insert`, and lacks the `insert` capability.
 """
 from __future__ import annotations
 
@@ -27,10 +31,11 @@ from typing import Any, AsyncIterator, Callable
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
 from engine.constrained import grammar_for
+from engine.tokenizer import Tokenizer
 
 from . import chat_template, embed_shape, go_template, keep_alive, model_card, options
 from .base import Backend, BackendConfig
-from .errors import BackendError, BadRequest, ContextOverflow, ModelNotFound, Unsupported
+from .errors import BackendError, BadRequest, ContextOverflow, ModelLacks, ModelNotFound, Unsupported
 from .model_file import model_file
 from .openai_compat import as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
@@ -64,6 +69,14 @@ def _grammar(fmt: Any, tools: list[dict] | None = None, tool_choice: Any = None)
         return grammar_for(fmt, tools, tool_choice)
     except ValueError as exc:
         raise BadRequest(str(exc), param="format") from exc
+
+
+def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:
+    """The fill-in-the-middle prompt for the text between req.prompt and req.suffix; Ollama's 400 for a model
+    without FIM markers (SmolLM2, whose vocabulary has none)."""
+    if tokenizer.fim_tokens is None:
+        raise ModelLacks(req.model, "insert")
+    return tokenizer.fim_tokens.prompt(req.prompt, req.suffix)
 
 
 def to_chunk(out: RequestOutput) -> Chunk:
@@ -209,19 +222,23 @@ class EngineBackend(Backend):
                               problem, req.format, calls, req.tool_choice, splits_thinking=True)
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
-        if isinstance(req, CompletionRequest) and not req.raw:
+        if isinstance(req, CompletionRequest) and not req.raw and not req.suffix:
             req = as_chat(req)
         engine = self._check(req.model, await self._ready())
         text = chat_template.render(engine.tokenizer, req) if isinstance(req, ChatRequest) \
-            else req.prompt + (req.suffix or "")
+            else _fim_prompt(engine.tokenizer, req) if req.suffix else req.prompt
         return len(engine.tokenizer.encode(text))
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if not req.raw and (req.suffix is None or req.template is not None):
+        """A prompt with a suffix asks for the middle (IDE autocomplete), in the model's FIM format (an empty
+        suffix is none, as for Ollama), unless the client sent its own Go template; a raw prompt goes as it is;
+        any other through the chat template (_templated)."""
+        if req.suffix and req.template is None:
+            return self._generate(req.model, lambda engine: _fim_prompt(engine.tokenizer, req), req.options,
+                                  _unsupported(req.images), req.format, fills_middle=True)
+        if not req.raw:
             return self._templated(req)
-        problem = "the engine has no fill-in-the-middle template" if req.suffix is not None else None
-        return self._generate(req.model, lambda engine: req.prompt, req.options,
-                              problem or _unsupported(req.images), req.format)
+        return self._generate(req.model, lambda engine: req.prompt, req.options, _unsupported(req.images), req.format)
 
     def _templated(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Ollama's non-raw /api/generate: the prompt through the model's chat template (or the Go `template` the
@@ -236,10 +253,11 @@ class EngineBackend(Backend):
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
                         tool_choice: Any = None, splits_thinking: bool = False,
-                        context: list[int] | None = None) -> AsyncIterator[Chunk]:
+                        context: list[int] | None = None, fills_middle: bool = False) -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
         has its <think> text sent as thinking, not content. With `context` (token ids of an earlier answer, Ollama's
-        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids."""
+        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids. A middle
+        (fills_middle) ends at the model's FIM end tokens too."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)
@@ -250,7 +268,9 @@ class EngineBackend(Backend):
         ids = (context or []) + engine.tokenizer.encode(prompt)
         if not 0 < len(ids) < engine.max_context:
             raise ContextOverflow(len(ids), engine.max_context)
-        params = dataclasses.replace(sampling_params(options, engine.max_context), grammar=grammar)
+        params = sampling_params(options, engine.max_context)
+        ends = engine.tokenizer.fim_stop_ids if fills_middle else []
+        params = dataclasses.replace(params, grammar=grammar, stop_token_ids=[*params.stop_token_ids, *ends])
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
         start, first, said = time.perf_counter_ns(), 0, list(ids)

@@ -34,6 +34,10 @@ FIM_MARKERS = (
     ("<PRE>", "<SUF>", "<MID>"),
     ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),  # GLM-4.5
 )
+# Tokens that end a fill-in-the-middle answer besides EOS, as in llama.cpp's end-of-generation set: Qwen2.5-Coder
+# ends a middle with <|endoftext|>, which its EOS (<|im_end|>) is not, and goes on with more code otherwise.
+FIM_ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<file_sep>", "<EOT>", "\u2581<EOT>",
+            "<\uff5cend\u2581of\u2581sentence\uff5c>")
 _GGUF_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
 
 
@@ -84,6 +88,12 @@ class Tokenizer:
             return found if all(added.get(m) == i for m, i in zip((found.prefix, found.suffix, found.middle),
                                                                     self.fim_token_ids)) else None
         return next((FimTokens(*m) for m in FIM_MARKERS if all(t in added for t in m)), None)
+
+    @cached_property
+    def fim_stop_ids(self) -> list[int]:
+        """Tokens that end a fill-in-the-middle answer: EOS and those of FIM_ENDS in the vocabulary."""
+        ends = (self.tk.token_to_id(t) for t in FIM_ENDS)
+        return list(dict.fromkeys([*self.eos_token_ids, *(i for i in ends if i is not None)]))
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
                             add_generation_prompt: bool = True, **kwargs) -> str:

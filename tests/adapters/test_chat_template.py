@@ -27,6 +27,12 @@ def test_capabilities_come_from_rendering(template, caps):
     assert capabilities(tokenizer(template)) == caps
 
 
+def test_fim_markers_in_the_vocabulary_add_insert():
+    fim = Tokenizer(byte_tokenizer(("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")), TOOLS, None,
+                    "<|im_end|>", [])
+    assert capabilities(fim) == ["completion", "tools", "insert"]  # Ollama's order
+
+
 def test_tools_render_natively_or_in_the_prompt():
     req = ChatRequest("m", [Message("user", "hi")], tools=[READ])
     assert "<tools>read_file</tools>" in render(tokenizer(TOOLS), req)

@@ -8,10 +8,11 @@ import pytest
 
 from adapters.base import BackendConfig
 from adapters.engine import DEFAULT_NAME, EngineBackend
-from adapters.errors import BadRequest, ModelNotFound, Unsupported
+from adapters.errors import BadRequest, ModelLacks, ModelNotFound
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
+from engine.tokenizer import FIM_ENDS
 from tests.engine.tiny import write_tiny_model
 
 NAME = "tiny"
@@ -125,12 +126,39 @@ async def test_raw_completion_and_unsupported_requests(backend):
     raw = aggregate(await collect(backend.complete(CompletionRequest(
         model=NAME, prompt="abc", raw=True, options=SamplingOptions(max_tokens=5, temperature=0)))))
     assert raw.usage.prompt_tokens == 3 and raw.usage.completion_tokens == 5
-    with pytest.raises(Unsupported):
+    with pytest.raises(ModelLacks, match='"tiny" does not support insert'):  # no FIM markers in its vocabulary
         await collect(backend.complete(CompletionRequest(model=NAME, prompt="a", suffix="b")))
+    assert "insert" not in (await backend.show(NAME)).capabilities
     with pytest.raises(BadRequest):
         await collect(backend.chat(chat("x" * 600)))
     with pytest.raises(BadRequest, match="invalid output grammar"):
         await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], format={"type": 5})))
+
+
+async def test_a_suffix_asks_a_fim_model_for_the_middle(tmp_path):
+    """Qwen2.5-Coder's markers: the prompt is prefix-suffix-middle, generation ends at <|endoftext|> (not its EOS)
+    as well, and the model reports `insert`."""
+    path = write_tiny_model(str(tmp_path), "qwen2", added=("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": path, "name": NAME,
+                                                                           "progress": False, "kv_memory": 2**20}))
+    await b.start()
+    try:
+        assert "insert" in (await b.show(NAME)).capabilities
+        sent = []
+        generate = b.engine.generate
+        b.engine.generate = lambda ids, params: sent.append((ids, params)) or generate(ids, params)
+        req = CompletionRequest(model=NAME, prompt="ab", suffix="cd", options=SamplingOptions(max_tokens=4,
+                                                                                             temperature=0))
+        answer = aggregate(await collect(b.complete(req)))
+        tk = b.engine.tokenizer
+        [(ids, params)] = sent
+        assert ids == tk.encode("<|fim_prefix|>ab<|fim_suffix|>cd<|fim_middle|>") and len(ids) == 7
+        assert answer.usage.prompt_tokens == 7 == await b.count_tokens(req)
+        assert {tk.tk.token_to_id("<|im_end|>"), tk.tk.token_to_id(FIM_ENDS[0])} <= set(params.stop_token_ids)
+        empty = aggregate(await collect(b.complete(dataclasses.replace(req, suffix=""))))  # Ollama: no suffix
+        assert empty.usage.prompt_tokens > 7  # through the chat template
+    finally:
+        await b.close()
 
 
 async def test_format_and_forced_tool_calls_are_constrained(backend):

@@ -48,6 +48,12 @@ def test_qwen_markers_win_over_others_and_all_three_are_needed():
     assert tokenizer_with().fim_tokens is None
 
 
+def test_a_middle_ends_at_eos_and_at_the_end_of_text_markers_the_vocabulary_has():
+    tok = tokenizer_with(*QWEN, "<|fim_pad|>")
+    ids = {t: tok.tk.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>", "<|fim_pad|>")}
+    assert tok.fim_stop_ids == list(ids.values())  # EOS first; <|file_sep|> and the rest are not in this vocabulary
+
+
 def test_the_shipped_smollm2_has_no_fim_markers(shipped):
     """SmolLM2-135M-Instruct's specials are ChatML and StarCoder's repository tokens, without <fim_*>: no FIM."""
     tok = Tokenizer.from_gguf(*shipped)

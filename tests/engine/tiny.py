@@ -16,20 +16,22 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def byte_tokenizer() -> Tokenizer:
+def byte_tokenizer(added: tuple[str, ...] = ()) -> Tokenizer:
+    """`added`: more special tokens after SPECIALS (FIM markers, say)."""
     alphabet = ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
     tk = Tokenizer(models.BPE(vocab, [], ignore_merges=False))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in [*SPECIALS, *added]])
     return tk
 
 
-def write_tiny_model(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:
-    """Save a random `arch` ("llama", "qwen2", "qwen3") model with its tokenizer to path; returns path."""
+def write_tiny_model(path: str, arch: str = "llama", seed: int = 0, added: tuple[str, ...] = (), **overrides) -> str:
+    """Save a random `arch` ("llama", "qwen2", "qwen3") model with its tokenizer (byte_tokenizer(added)) to path;
+    returns path."""
     import transformers
-    tk = byte_tokenizer()
+    tk = byte_tokenizer(added)
     common = dict(vocab_size=tk.get_vocab_size() + 5, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   bos_token_id=None, eos_token_id=tk.token_to_id("<|im_end|>"), tie_word_embeddings=False)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import aiohttp
 import jsonschema
 import pytest
 
@@ -90,3 +91,17 @@ async def test_forced_tool_calls_are_valid_in_both_dialects(velo_default):
         assert c.function.name == "get_weather"
         jsonschema.validate(dict(c.function.arguments), WEATHER["function"]["parameters"])
     assert reply.message.tool_calls or reply.message.content.strip()
+
+
+async def test_autocomplete_on_the_shipped_model_gets_ollamas_insert_error(velo_default):
+    """SmolLM2's vocabulary has no fill-in-the-middle markers: /api/generate with a suffix is Ollama's 400, the
+    OpenAI dialect's too, and /api/show does not offer `insert`."""
+    body = {"model": MODEL, "prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n",
+            "stream": False}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(velo_default + "/api/generate", json=body) as resp:
+            assert resp.status == 400 and await resp.json() == {"error": f'"{MODEL}" does not support insert'}
+        async with http.post(velo_default + "/v1/completions", json=body) as resp:
+            assert resp.status == 400 and "does not support insert" in (await resp.json())["error"]["message"]
+        async with http.post(velo_default + "/api/show", json={"model": MODEL}) as resp:
+            assert "insert" not in (await resp.json())["capabilities"]
