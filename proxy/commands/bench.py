@@ -6,7 +6,9 @@ Every request streams through the OpenAI dialect and tokens are counted from the
 apart) and calibrates the prompt to about `--prompt-tokens` tokens of the server's own tokenizer. The timed
 requests start with a tag of their own, so no prefix cache or coalescing can serve one from another, and send
 `Cache-Control: no-cache`, so Velo's response cache neither answers nor keeps them. The cache probe sends one
-request at temperature 0 and repeats it: from the second on, Velo should answer from its cache.
+request at temperature 0 and repeats it: from the second on, Velo should answer from its cache. Where the
+server runs a GGUF on this machine (the embedded engine), the one-stream rate is also shown against the
+machine's memory bandwidth (bench_roofline.py).
 Writes PREFIX.json and PREFIX.png (`--out`).
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import orjson
 from tqdm import tqdm
 
 from . import CommandError, guarded
+from .bench_roofline import roofline_line, served_gguf
 from .bench_stats import CacheResult, LevelResult, Sample, cache_line, table
 from .client import add_connection_args, chat_stream, check_model, open_session
 
@@ -63,6 +66,7 @@ class BenchReport:
     tokens_counted_from: str  # "usage" (the server's count) or "chunks" (a server that sent no usage)
     levels: list[LevelResult]
     cache: CacheResult
+    gguf: str | None = None  # the model's file on this machine, where the server says (the embedded engine)
 
 
 def prompt_text(words: int, tag: str) -> str:
@@ -145,10 +149,11 @@ async def measure(opts: BenchOptions, bar: tqdm) -> BenchReport:
         for _ in range(1 + opts.cache_repeats):
             probes.append(await attempt(session, opts, model, text, temperature=0))
             bar.update(1)
+        gguf = await served_gguf(session, opts.base, model)
     counted = "usage" if all(s.from_usage for s in samples + probes if not s.error) else "chunks"
     return BenchReport(url=opts.base, model=model, started=started, prompt_tokens=opts.prompt_tokens,
                        output_tokens=opts.output_tokens, warmup_s=warm.total, tokens_counted_from=counted,
-                       levels=levels, cache=CacheResult.of(probes[0], probes[1:]))
+                       levels=levels, cache=CacheResult.of(probes[0], probes[1:]), gguf=gguf)
 
 
 def write_outputs(report: BenchReport, prefix: Path) -> list[str]:
@@ -187,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", report.model).strip("-")
     prefix = Path(args.out or f"velo-bench-{slug}-{time.strftime('%Y%m%d-%H%M%S')}")
     print(summary(report))
+    one = next((r.stream_tok_s_p50 for r in report.levels if r.concurrency == 1), None)
+    if report.gguf and one:
+        print(roofline_line(report.gguf, one))
     print("\n".join(write_outputs(report, prefix)))
     return 0
 

@@ -6,8 +6,11 @@ import orjson
 import pytest
 from tqdm import tqdm
 
+from adapters.protocol import ModelInfo
 from proxy.commands.bench import BenchOptions, calibrated_words, measure
+from proxy.commands.bench_roofline import roofline_line
 from proxy.commands.bench_stats import LevelResult, Sample, cache_line
+from tests.engine.tiny import write_tiny_spm_gguf
 from tests.fakes import FakeOpenAI
 from tests.scripted import Script, ScriptedBackend
 
@@ -106,6 +109,26 @@ def test_level_figures():
     assert level.stream_tok_s_p50 == pytest.approx(10.0)  # both decode at 10 tok/s after their first token
     assert level.aggregate_tok_s == pytest.approx(32 / 2.5)
     assert level.ttft_p50_s == pytest.approx(0.2) and level.output_tokens_mean == 16
+
+
+async def test_the_roofline_weighs_the_gguf_the_server_runs(base_url, scripted: ScriptedBackend, tmp_path,
+                                                            monkeypatch):
+    opts = BenchOptions(base=base_url, concurrency=[1], requests=1, cache_repeats=1, prompt_tokens=8,
+                        output_tokens=2)
+    assert (await measure(opts, _bar())).gguf is None  # a server that names no file: no roofline
+    gguf = write_tiny_spm_gguf(str(tmp_path / "tiny.gguf"), "the cat sat")
+    listed = ModelInfo(name="tiny:latest", family="llama", model_info={"path": gguf})
+    monkeypatch.setattr(scripted, "list_models", lambda: _async([listed]))
+    assert (await measure(opts, _bar())).gguf == gguf  # as the engine's /api/show says it
+    monkeypatch.setattr("engine.roofline.memory_bandwidth", lambda: 10.0)
+    from engine.roofline import gguf_decode_bytes
+    size = gguf_decode_bytes(gguf)
+    line = roofline_line(gguf, 1e9 / size)  # 1 GB/s of weights against a 10 GB/s copy
+    assert line.startswith("roofline: one stream at") and "reads 1.00 GB/s" in line and "10% of" in line
+
+
+async def _async(value):
+    return value
 
 
 def test_prompt_calibration():
