@@ -6,9 +6,9 @@ engine's RequestOutputs into Chunks. Closing a stream early aborts the engine re
 
 Options (`[backends.options]`): `model` (a .gguf file or Hugging Face folder), `name` (the name it is
 served under), and any EngineConfig field: `device`, `dtype`, `kv_memory`, `block_size`, `max_num_seqs`,
-`max_step_tokens`, `prefill_chunk`, `enable_prefix_cache`, `seed`, `progress`, `int4_weights`, and
-`speculative` (a table of SpeculativeConfig fields, e.g. `{ method = "ngram", num_tokens = 4 }` or
-`{ method = "draft", draft_model = "small.gguf", draft_vocab = 32768 }`).
+`max_step_tokens`, `prefill_chunk`, `enable_prefix_cache`, `seed`, `progress`, `num_threads`, `int4_weights`,
+`kv_dtype`, `compile`, and `speculative` (a table of SpeculativeConfig fields, e.g. `{ method = "ngram",
+num_tokens = 4 }` or `{ method = "draft", draft_model = "small.gguf", draft_vocab = 32768 }`).
 
 Ollama `format`, OpenAI `response_format` and tools become an output grammar (engine.constrained): the
 engine masks every step so the answer parses and matches the schema; a forced or chosen tool call comes
