@@ -209,7 +209,7 @@ class EngineBackend(Backend):
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
             context_length=meta["context_length"], template=model_card.go_template(jinja, fim),
             parameters=model_card.parameters(meta["context_length"], model_card.stop_words(jinja)),
-            capabilities=list(self.capabilities), model_info=model_card.model_info(shape))
+            capabilities=list(self.capabilities), model_info=model_card.model_info(shape), file=path)
 
     # -- generation --------------------------------------------------------------------------
 

@@ -194,6 +194,7 @@ class ModelInfo:
     template: str = ""
     parameters: str = ""
     model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
+    file: str = ""  # the model file on this machine, when Velo runs it: the Modelfile's FROM, as in Ollama's
 
 
 @dataclass

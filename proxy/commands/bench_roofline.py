@@ -1,7 +1,8 @@
 """`velo bench`'s roofline: one stream's decode rate as the memory bandwidth it achieved, as a fraction of this
 machine's copy bandwidth (engine/roofline.py). A decode step at batch 1 reads every weight once, so the fraction
 says how far one stream is from what the memory can give. Shown for a server that says which GGUF file on this
-machine it runs (the embedded engine's /api/show does, as `model_info.path`).
+machine it runs (the Modelfile's `FROM` in /api/show, as Ollama writes its blob's path: the engine's and a managed
+llama-server's do).
 """
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ async def served_gguf(session: aiohttp.ClientSession, base: str, model: str) -> 
             shown = orjson.loads(await resp.read())
     except (CommandError, orjson.JSONDecodeError):
         return None
-    path = (shown.get("model_info") or {}).get("path") if isinstance(shown, dict) else None
-    return path if isinstance(path, str) and path.endswith(".gguf") and os.path.isfile(path) else None
+    modelfile = shown.get("modelfile") if isinstance(shown, dict) else None
+    lines = modelfile.splitlines() if isinstance(modelfile, str) else []
+    path = next((line[5:].strip() for line in lines if line.startswith("FROM ")), "")
+    return path if path.endswith(".gguf") and os.path.isfile(path) else None
 
 
 def roofline_line(path: str, tok_s: float) -> str:

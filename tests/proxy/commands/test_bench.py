@@ -117,7 +117,7 @@ async def test_the_roofline_weighs_the_gguf_the_server_runs(base_url, scripted: 
                         output_tokens=2)
     assert (await measure(opts, _bar())).gguf is None  # a server that names no file: no roofline
     gguf = write_tiny_spm_gguf(str(tmp_path / "tiny.gguf"), "the cat sat")
-    listed = ModelInfo(name="tiny:latest", family="llama", model_info={"path": gguf})
+    listed = ModelInfo(name="tiny:latest", family="llama", file=gguf)
     monkeypatch.setattr(scripted, "list_models", lambda: _async([listed]))
     assert (await measure(opts, _bar())).gguf == gguf  # as the engine's /api/show says it
     monkeypatch.setattr("engine.roofline.memory_bandwidth", lambda: 10.0)
