@@ -48,10 +48,9 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 
 def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
-    """Velo's options as engine knobs over Ollama's documented defaults; unset or negative max_tokens (Ollama's
-    -1/-2) means up to the context."""
-    knobs = {options.BY_FIELD[f].engine: v for f, v in options.ollama_defaults().items()}
-    knobs |= options.write("engine", o)
+    """Velo's options as engine knobs (each dialect's defaults are filled in by the resolve stage, the engine's own
+    are plain sampling); unset or negative max_tokens (Ollama's -1/-2) means up to the context."""
+    knobs = options.write("engine", o)
     if knobs.get("max_tokens") is None or knobs["max_tokens"] < 1:
         knobs["max_tokens"] = max_context
     try:

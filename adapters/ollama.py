@@ -154,6 +154,7 @@ def _embeddings(obj: dict[str, Any]) -> EmbedResult:
 class OllamaBackend(Backend):
     constrains_format = True  # Ollama decodes `format` under a grammar
     fits_context = True  # Ollama drops a chat's oldest turns to fit num_ctx, and trims /api/generate prompts
+    own_defaults = "ollama"  # its api.DefaultOptions, under every option /api/chat leaves unset
 
     def __init__(self, config: BackendConfig):
         super().__init__(config)

@@ -12,7 +12,7 @@ not knobs of the sampler and differ in shape per wire (a flag, a count, `n_probs
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .errors import BadRequest
@@ -33,7 +33,7 @@ class Knob:
     anthropic: str | None = None
     responses: str | None = None
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # per wire, as its API documents: 400 outside
-    ollama_default: float | None = None  # Ollama's documented default (docs/modelfile.md "Valid Parameters")
+    defaults: dict[str, float] = field(default_factory=dict)  # per dialect: what its own server applies when unset
 
     def name(self, wire: str) -> str | None:
         return getattr(self, wire)
@@ -41,21 +41,29 @@ class Knob:
 
 _CHANCE = {"openai": (0, 1), "responses": (0, 1), "anthropic": (0, 1)}  # top_p and the like
 _PENALTY = {"openai": (-2, 2)}
+# Defaults as each dialect's server applies them: Ollama 0.14.0's api.DefaultOptions (the API level Velo reports;
+# Ollama 0.32.10 dropped repeat_penalty to 1.0), min_p 0 overriding llama-server's 0.05; OpenAI's API reference
+# (temperature 1, top_p 1, as Ollama's own /v1 sends them; its penalties' 0 is every backend's own default) and
+# Anthropic's (temperature 1).
+_OPENAI_1 = {"openai": 1.0, "responses": 1.0}
 KNOBS: tuple[Knob, ...] = (
     Knob("max_tokens", int, "num_predict", "max_tokens", "n_predict", "max_tokens", "max_tokens", "max_output_tokens"),
     Knob("temperature", float, "temperature", "temperature", "temperature", "temperature", "temperature",
-         "temperature", bounds={"openai": (0, 2), "responses": (0, 2), "anthropic": (0, 1)}, ollama_default=0.8),
-    Knob("top_p", float, "top_p", "top_p", "top_p", "top_p", "top_p", "top_p", bounds=_CHANCE, ollama_default=0.9),
-    Knob("top_k", int, "top_k", "top_k", "top_k", "top_k", "top_k", ollama_default=40),
-    Knob("min_p", float, "min_p", "min_p", "min_p", "min_p", bounds=_CHANCE),
+         "temperature", bounds={"openai": (0, 2), "responses": (0, 2), "anthropic": (0, 1)},
+         defaults={"ollama": 0.8, "anthropic": 1.0, **_OPENAI_1}),
+    Knob("top_p", float, "top_p", "top_p", "top_p", "top_p", "top_p", "top_p", bounds=_CHANCE,
+         defaults={"ollama": 0.9, **_OPENAI_1}),
+    Knob("top_k", int, "top_k", "top_k", "top_k", "top_k", "top_k", defaults={"ollama": 40}),
+    Knob("min_p", float, "min_p", "min_p", "min_p", "min_p", bounds=_CHANCE, defaults={"ollama": 0.0}),
     Knob("typical_p", float, "typical_p", None, "typical_p"),
     Knob("seed", int, "seed", "seed", "seed", "seed"),
     Knob("presence_penalty", float, "presence_penalty", "presence_penalty", "presence_penalty", "presence_penalty",
          bounds=_PENALTY),
     Knob("frequency_penalty", float, "frequency_penalty", "frequency_penalty", "frequency_penalty",
          "frequency_penalty", bounds=_PENALTY),
-    Knob("repeat_penalty", float, "repeat_penalty", "repetition_penalty", "repeat_penalty", "repetition_penalty"),
-    Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n"),
+    Knob("repeat_penalty", float, "repeat_penalty", "repetition_penalty", "repeat_penalty", "repetition_penalty",
+         defaults={"ollama": 1.1}),
+    Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n", defaults={"ollama": 64}),
     Knob("num_ctx", int, "num_ctx"),
     Knob("stop", list, "stop", "stop", "stop", "stop", "stop_sequences"),
 )
@@ -95,9 +103,15 @@ def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:
     return out
 
 
-def ollama_defaults() -> dict[str, Any]:
-    """SamplingOptions field -> Ollama's default, for the knobs Ollama documents a default for."""
-    return {k.field: k.ollama_default for k in KNOBS if k.ollama_default is not None}
+def defaults(dialect: str) -> SamplingOptions:
+    """What `dialect`'s own server samples with when a request leaves a knob unset."""
+    return SamplingOptions(**{k.field: k.kind(k.defaults[dialect]) for k in KNOBS if dialect in k.defaults})
+
+
+def under(opts: SamplingOptions, base: SamplingOptions) -> SamplingOptions:
+    """`opts`, with what it leaves unset taken from `base` (a preset's parameters, a model's config, defaults)."""
+    filled = {k.field: getattr(base, k.field) for k in KNOBS if getattr(opts, k.field) in (None, [])}
+    return replace(opts, **filled, extra=base.extra | opts.extra)
 
 
 def unlisted_fields() -> set[str]:

@@ -95,6 +95,10 @@ class ReplicaSet(Backend):
     def constrains_format(self) -> bool:  # type: ignore[override]
         return self.replicas[0].backend.constrains_format
 
+    @property
+    def own_defaults(self) -> str | None:  # type: ignore[override]
+        return self.replicas[0].backend.own_defaults
+
     @classmethod
     def from_config(cls, config: BackendConfig, make: Callable[[BackendConfig], Backend]) -> "ReplicaSet":
         opts, rest = ReplicaOptions.split(config.options)

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapters import options
 from adapters.base import BackendConfig
+from adapters.errors import BadRequest
+from adapters.protocol import SamplingOptions
 from adapters.registry import KINDS
 from adapters.replicas import ReplicaOptions
 from adapters.schema import SchemaError, build, setting
@@ -16,6 +19,7 @@ from adapters.schema import SchemaError, build, setting
 from .batching.config import BatchingConfig
 from .cache.config import CacheConfig
 from .limits import LimitsConfig
+from .presets import PresetsConfig
 from .responses_store import ResponsesConfig
 
 if sys.version_info >= (3, 11):
@@ -82,6 +86,18 @@ class ToolsConfig:
 
 
 @dataclass
+class ModelConfig:
+    """Settings for one model, by the name clients use (a listed model, an alias or a preset)."""
+
+    options: dict[str, int | float | list[str]] = setting(
+        factory=dict, doc='sampling options in Ollama\'s names (`{ temperature = 0.6, repeat_penalty = 1.2 }`), over '
+        "the defaults each dialect's own server applies; a request's options and a preset's parameters come first")
+
+    def sampling(self) -> SamplingOptions:
+        return options.read("ollama", self.options)
+
+
+@dataclass
 class Config:
     default_backend: str | None = setting(None, "the backend for models no route, alias or listing claims",
                                           default_doc="the only backend when there is one; else unknown models "
@@ -96,6 +112,8 @@ class Config:
     batching: BatchingConfig = setting(factory=BatchingConfig)
     limits: LimitsConfig = setting(factory=LimitsConfig)
     responses: ResponsesConfig = setting(factory=ResponsesConfig)
+    presets: PresetsConfig = setting(factory=PresetsConfig)
+    models: dict[str, ModelConfig] = setting(factory=dict, doc="per-model settings, one table per model name")
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:
@@ -168,3 +186,15 @@ def _check_references(cfg: Config) -> None:
         backend, sep, _ = target.partition(":")
         if sep and backend not in names:
             raise ConfigError(f"aliases.{alias}: no backend named {backend!r}")
+    for model, settings in cfg.models.items():
+        _check_options(settings, f"models.{model}.options")
+
+
+def _check_options(settings: ModelConfig, path: str) -> None:
+    if unknown := sorted(settings.options.keys() - options.names("ollama")):
+        raise ConfigError(f"{path}.{unknown[0]}: unknown option (expected one of: "
+                          f"{', '.join(sorted(options.names('ollama')))})")
+    try:
+        settings.sampling()
+    except BadRequest as e:
+        raise ConfigError(f"{path}.{e.param}: {e.message}") from e

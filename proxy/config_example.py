@@ -21,8 +21,9 @@ from engine.config import EngineConfig, SpeculativeConfig
 from .batching.config import BatchingConfig
 from .cache.config import CacheConfig
 from .cache.policy import RoutePolicy
-from .config import Config, RouteConfig, ServerConfig, ToolsConfig
+from .config import Config, ModelConfig, RouteConfig, ServerConfig, ToolsConfig
 from .limits import LimitsConfig
+from .presets import PresetsConfig
 from .responses_store import ResponsesConfig
 
 HEADER = """\
@@ -53,9 +54,11 @@ EXAMPLE: dict[str, Any] = {
     "cache.pg_dsn": "postgresql://velo@127.0.0.1:5432/velo",
     "cache.embed_model_path": "/models/all-MiniLM-L6-v2",
     "cache.routes": [{"match": "qwen2.5-coder*", "semantic": False, "ttl_s": 600.0}],
+    "presets.path": ".velo/presets.json",
+    "models": {"qwen2.5-coder:1.5b": {"options": {"temperature": 0.2, "num_ctx": 8192}}},
 }
 _TABLES = {"server": ServerConfig, "tools": ToolsConfig, "cache": CacheConfig, "batching": BatchingConfig,
-           "limits": LimitsConfig, "responses": ResponsesConfig}
+           "limits": LimitsConfig, "responses": ResponsesConfig, "presets": PresetsConfig}
 _KIND_OPTIONS = (ModelChoice, EngineConfig, ReplicaOptions)
 _WIDTH = 116
 
@@ -149,6 +152,17 @@ def _options_docs() -> Iterator[str]:
         yield from field_doc(f, f"options.speculative.{f.name}")
 
 
+def _models(doc: dataclasses.Field) -> Iterator[str]:
+    yield from field_doc(doc)
+    yield '# [models."NAME"]: ' + " ".join((ModelConfig.__doc__ or "").split())
+    for f in dataclasses.fields(ModelConfig):
+        yield from field_doc(f)
+    for name, table in EXAMPLE["models"].items():
+        yield ""
+        yield f"[models.{_key(name)}]"
+        yield from (f"{_key(k)} = {toml_value(v)}" for k, v in table.items())
+
+
 def render() -> str:
     out = [HEADER]
     config_fields = {f.name: f for f in dataclasses.fields(Config)}
@@ -162,6 +176,8 @@ def render() -> str:
         out += ["", *_table(name, _TABLES[name])]
     out += ["", *_array("cache.routes", RoutePolicy, EXAMPLE["cache.routes"])]
     out += ["", *_table("responses", ResponsesConfig)]
+    out += ["", *_table("presets", PresetsConfig)]
+    out += ["", *_models(config_fields["models"])]
     return "\n".join(out) + "\n"
 
 

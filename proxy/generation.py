@@ -19,6 +19,7 @@ from adapters.swaps import Swaps
 from .config import Config
 from .keep import Keep, Lease, fingerprint
 from .pipeline import Pipeline
+from .presets import PresetStore
 from .router import Router
 
 log = logging.getLogger("velo.generation")
@@ -56,7 +57,9 @@ class Generation:
             backends[name] = backend
             if new:
                 fresh.append(backend)
-        router = Router(config, backends)
+        path = config.presets.file()
+        presets, _ = lease.hold(f"presets:{path}", lambda: PresetStore(path))
+        router = Router(config, backends, presets=presets)
         return cls(number, config, backends, router, Pipeline(config, router, lease), lease, fresh)
 
     async def start(self) -> None:
@@ -65,6 +68,7 @@ class Generation:
         try:
             await asyncio.gather(*(b.start() for b in self.fresh))
             await self.router.start()  # the backends' model lists, kept and refreshed (proxy/listings.py)
+            await self.router.presets.open()
             await self.pipeline.start()
         except BaseException:
             await self.close()

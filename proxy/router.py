@@ -1,6 +1,6 @@
-"""Which backend serves a model name: aliases, then explicit routes (exact, then glob), then whoever lists it,
-then the default backend. Listings come from memory (proxy/listings.py), so no request waits on a backend that
-hangs, and a name nobody serves is a fast 404."""
+"""Which backend serves a model name: a preset's base (proxy/presets.py) in its place, then aliases, then explicit
+routes (exact, then glob), then whoever lists it, then the default backend. Listings come from memory
+(proxy/listings.py), so no request waits on a backend that hangs, and a name nobody serves is a fast 404."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +15,7 @@ from adapters.protocol import ModelInfo
 
 from .config import Config
 from .listings import START_S, Listings
+from .presets import PresetStore
 
 log = logging.getLogger("velo.router")
 OTHER = "other"  # the metrics label of every model name that no backend lists and no route or alias names
@@ -37,9 +38,10 @@ class _Info:
 class Router:
     def __init__(self, config: Config, backends: dict[str, Backend], listing_timeout: float = 3.0,
                  info_ttl_s: float = 30.0, refresh_s: float = 60.0, unknown_ttl_s: float = 2.0,
-                 start_listing_s: float = START_S):
+                 start_listing_s: float = START_S, presets: PresetStore | None = None):
         self.config = config
         self.backends = backends
+        self.presets = presets or PresetStore(config.presets.file())  # unopened: none until Generation opens it
         self.listing_timeout = listing_timeout
         self.info_ttl_s = info_ttl_s
         self.listings = Listings(backends, listing_timeout, refresh_s, unknown_ttl_s, start_listing_s)
@@ -84,6 +86,8 @@ class Router:
     async def resolve(self, model: str) -> Target:
         if not model:
             raise ModelNotFound(model)
+        if (preset := self.presets.get(model)) is not None:
+            model = preset.base
         alias = self.config.aliases.get(model)
         if alias is None:
             return await self._resolve(model)
@@ -120,7 +124,8 @@ class Router:
 
     async def list_models(self) -> list[ModelInfo]:
         """The union of every backend's models (first backend wins a name; a backend that never answered contributes
-        nothing), plus aliases. Asks the backends again, waiting only for those that answer."""
+        nothing), plus aliases and presets (described as their base model). Asks the backends again, waiting only
+        for those that answer."""
         await self.listings.refresh()
         seen: dict[str, ModelInfo] = {}
         for backend, info in self.listings.models():
@@ -129,6 +134,9 @@ class Router:
         for alias, target in self.config.aliases.items():
             base = seen.get(target.partition(":")[2] or target)
             seen.setdefault(alias, replace(base, name=alias) if base else ModelInfo(name=alias))
+        for preset in self.presets.all():
+            base = seen.get(preset.base) or seen.get(_with_latest(preset.base)) or ModelInfo(name=preset.base)
+            seen.setdefault(preset.name, replace(base, name=preset.name, modified_at=preset.modified_at))
         return list(seen.values())
 
 

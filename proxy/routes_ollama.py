@@ -192,7 +192,4 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/api/embed", embed)
     r.add_post("/api/embeddings", embeddings)
     r.add_post("/api/pull", pull_or_push)
-    r.add_post("/api/push", pull_or_push)
-    for path in ("/api/create", "/api/copy"):
-        r.add_post(path, manage)
-    r.add_delete("/api/delete", manage)
+    r.add_post("/api/push", pull_or_push)  # /api/create, /api/copy, /api/delete: routes_presets.py

@@ -5,6 +5,12 @@ from tests.fakes import FakeOpenAI, OllamaDouble
 from tests.llama_server import LlamaServer, LlamaServerMissing, chat_server, embedding_server
 
 
+@pytest.fixture(autouse=True)
+def _presets_in_tmp(tmp_path_factory, monkeypatch):
+    """Presets (proxy/presets.py) default to the user's data folder: each test keeps its own in a fresh one."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))
+
+
 @pytest.fixture
 async def ollama_double():
     async with OllamaDouble() as double:

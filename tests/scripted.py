@@ -14,6 +14,10 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
                                TokenLogprob, ToolCall, Usage)
 
 MODIFIED_AT = "2024-05-01T10:00:00.123456789-07:00"  # as Ollama writes it: nanoseconds and an offset
+# A model's [models] options setting every knob some dialect's defaults set (proxy/stages/resolve.py), so a request
+# in any dialect asks the very same: for tests of what the dialects share (cache entries, coalesced calls).
+SAME_IN_EVERY_DIALECT = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0,
+                         "repeat_last_n": 64}
 
 @dataclass
 class Script:

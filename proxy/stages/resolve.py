@@ -1,18 +1,53 @@
-"""Which backend serves the job's model (proxy/router.py), before anything that needs to know it."""
+"""What the job really asks, and of which backend, before anything that needs to know either (the cache keys the
+settled request): the model name through its preset (proxy/presets.py) and the router (proxy/router.py), and every
+sampling option the request leaves unset filled from, in order, the preset's parameters, the model's `[models]`
+table in config.toml, and the defaults the dialect's own server applies (adapters/options.py), unless the backend
+fills in those very defaults itself (Ollama, for the Ollama dialect)."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import AsyncIterator
 
-from adapters.protocol import Chunk
+from adapters import options
+from adapters.protocol import ChatRequest, Chunk, Message
 
-from ..job import Job
+from ..job import Job, Request
+from ..presets import Preset
 from .base import Next, Stage
 
 
 class Resolve(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        job.target = await self.services.router.resolve(job.model)
-        async with contextlib.aclosing(next(job)) as rest:
+        router = self.services.router
+        preset = router.presets.get(job.model)
+        job.target = await router.resolve(job.model)
+        settled = replace(job, request=self._settled(job, preset))
+        async with contextlib.aclosing(next(settled)) as rest:
             async for chunk in rest:
                 yield chunk
+
+    def _settled(self, job: Job, preset: Preset | None) -> Request:
+        assert job.target is not None
+        req, opts = job.request, job.request.options
+        if preset is not None:
+            req, opts = _with_prompt(req, preset), options.under(opts, preset.options)
+        models = self.services.config.models
+        if (settings := models.get(job.model) or (preset and models.get(preset.base))) is not None:
+            opts = options.under(opts, settings.sampling())
+        if job.target.backend.own_defaults != job.dialect:
+            opts = options.under(opts, options.defaults(job.dialect))
+        return replace(req, options=opts)
+
+
+def _with_prompt(req: Request, preset: Preset) -> Request:
+    """The preset's system prompt where the request has none, and its template for a prompt that is not raw, as
+    Ollama applies a Modelfile's SYSTEM and TEMPLATE."""
+    if isinstance(req, ChatRequest):
+        if preset.system is None or any(m.role == "system" for m in req.messages):
+            return req
+        return replace(req, messages=[Message(role="system", content=preset.system), *req.messages])
+    if req.raw:
+        return req
+    return replace(req, system=req.system if req.system is not None else preset.system,
+                   template=req.template if req.template is not None else preset.template)

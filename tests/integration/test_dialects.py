@@ -1,8 +1,9 @@
 """All four dialects over the real backends: the official `ollama`, `openai` (chat and responses) and `anthropic`
 clients -> `velo serve` -> the embedded engine and the real llama-server, both on SmolLM2-135M.
 
-Greedy decoding makes every dialect's request the same internal request, so they must get the same text and the
-same tool calls, and an answer cached through one dialect must replay through the others."""
+Greedy decoding, with each model's [models] options setting every knob some dialect's defaults set differently
+(Ollama's repeat_penalty 1.1, ...), makes every dialect's request the same internal request, so they must get the
+same text and the same tool calls, and an answer cached through one dialect must replay through the others."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,9 @@ import orjson
 import pytest
 
 from tests.http_ready import wait_until_ok
+from proxy.config_example import toml_value
 from tests.llama_server import free_port
+from tests.scripted import SAME_IN_EVERY_DIALECT
 
 ROOT = str(Path(__file__).resolve().parents[2])
 MODELS = {"engine": "smollm2:135m", "llama": "llama-smollm2"}
@@ -48,7 +51,7 @@ name = "llama"
 kind = "llamacpp"
 url = "{llama_chat.url}"
 models = ["{MODELS['llama']}"]
-""")
+""" + "".join(f'[models."{m}"]\noptions = {toml_value(SAME_IN_EVERY_DIALECT)}\n' for m in MODELS.values()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     log = open(folder / "velo.log", "wb")  # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],

@@ -9,14 +9,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.app import make_app
 from proxy.batching.config import BatchingConfig
 from proxy.cache.config import CacheConfig
-from proxy.config import Config
-from tests.scripted import Script, ScriptedBackend
+from proxy.config import Config, ModelConfig
+from tests.scripted import SAME_IN_EVERY_DIALECT, Script, ScriptedBackend
 
 MESSAGES = [{"role": "user", "content": "same question"}]
 
 
 def app_over(backend: ScriptedBackend, **batching: object) -> TestClient:
-    config = Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(**batching))  # type: ignore[arg-type]
+    config = Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(**batching),  # type: ignore[arg-type]
+                    models={"tiny": ModelConfig(SAME_IN_EVERY_DIALECT)})
     return TestClient(TestServer(make_app(config, {backend.name: backend}), handler_cancellation=True))
 
 
@@ -39,6 +40,7 @@ async def openai_text(c: TestClient, options: dict) -> str:
 
 
 async def test_identical_greedy_requests_in_both_dialects_share_one_backend_call():
+    """Greedy in both, and the model's config sets what the dialects' defaults would set differently."""
     backend = ScriptedBackend(script=Script(pieces=["one ", "two ", "three"], delay=0.1))
     async with app_over(backend) as c:
         texts = await asyncio.gather(*[ollama_text(c, {"temperature": 0}) for _ in range(3)],

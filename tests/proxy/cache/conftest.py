@@ -15,7 +15,7 @@ from proxy.app import make_app
 from proxy.cache import CacheConfig
 from proxy.cache.encoders import default_model_path, load_encoder
 from proxy.cache.semantic import Embedder
-from proxy.config import Config
+from proxy.config import Config, ModelConfig
 from tests.scripted import ScriptedBackend
 
 SERVICES = Path(__file__).resolve().parents[3] / "scripts" / "services.sh"
@@ -72,12 +72,13 @@ def shared_embedder(embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> Embe
 
 @pytest.fixture
 async def velo() -> AsyncIterator[Callable[..., Awaitable[TestClient]]]:
-    """`await velo(cache_cfg, backend)` starts a Velo app; all are closed at the end of the test."""
+    """`await velo(cache_cfg, backend)` starts a Velo app; all are closed at the end of the test. `models`: its
+    [models] tables (tests of what the dialects share give "tiny" SAME_IN_EVERY_DIALECT)."""
     clients: list[TestClient] = []
 
     async def start(cache: CacheConfig, backend: ScriptedBackend | None = None,
-                    api_keys: list[str] | None = None) -> TestClient:
-        config = Config(cache=cache)
+                    api_keys: list[str] | None = None, models: dict[str, ModelConfig] | None = None) -> TestClient:
+        config = Config(cache=cache, models=models or {})
         config.server.api_keys = api_keys or []
         client = TestClient(TestServer(make_app(config, {"scripted": backend or ScriptedBackend()}),
                                        handler_cancellation=True))

@@ -9,9 +9,11 @@ import orjson
 from proxy.cache import CacheConfig, RoutePolicy
 from proxy.state import GENERATIONS
 from proxy.stages.cache import Cache
-from tests.scripted import Script, ScriptedBackend
+from proxy.config import ModelConfig
+from tests.scripted import SAME_IN_EVERY_DIALECT, Script, ScriptedBackend
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+SHARED = {"tiny": ModelConfig(SAME_IN_EVERY_DIALECT)}  # the dialects' defaults differ; this makes them agree
 
 
 def _openai(stream: bool = True, **extra) -> dict:
@@ -28,7 +30,7 @@ def _sse_events(raw: bytes) -> list:
 
 async def test_dialects_share_entries_and_replay_as_ndjson_stream(velo):
     backend = ScriptedBackend()
-    client = await velo(CacheConfig(), backend)
+    client = await velo(CacheConfig(), backend, models=SHARED)
     first = await client.post("/v1/chat/completions", json=_openai(stream=False))
     assert first.headers["X-Velo-Cache"] == "miss"
     assert (await first.json())["choices"][0]["message"]["content"] == "Hello world"
@@ -42,7 +44,7 @@ async def test_dialects_share_entries_and_replay_as_ndjson_stream(velo):
 
 async def test_replay_as_sse_stream(velo):
     backend = ScriptedBackend()
-    client = await velo(CacheConfig(), backend)
+    client = await velo(CacheConfig(), backend, models=SHARED)
     await (await client.post("/api/chat", json=_ollama(stream=False))).read()
     replay = await client.post("/v1/chat/completions", json=_openai())
     assert replay.headers["X-Velo-Cache"] == "exact" and replay.content_type == "text/event-stream"
@@ -57,11 +59,25 @@ async def test_replay_as_sse_stream(velo):
 async def test_completions_are_cached_across_dialects_too(velo):
     """OpenAI completions are raw prompts; so is an Ollama generate with `raw`, and only then do they agree."""
     backend = ScriptedBackend()
-    client = await velo(CacheConfig(), backend)
+    client = await velo(CacheConfig(), backend, models=SHARED)
     await (await client.post("/api/generate", json={"model": "tiny", "prompt": "2+2=", "stream": False,
                                                     "raw": True, "options": {"seed": 7}})).read()
     again = await client.post("/v1/completions", json={"model": "tiny", "prompt": "2+2=", "seed": 7})
     assert again.headers["X-Velo-Cache"] == "exact" and len(backend.requests) == 1
+
+
+async def test_the_key_sees_each_dialects_defaults(velo):
+    """Greedy in both dialects, but Ollama's defaults add repeat_penalty 1.1 (and more) that OpenAI's do not: two
+    different requests, two entries; each hits its own."""
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    assert (await client.post("/api/chat", json=_ollama(stream=False))).headers["X-Velo-Cache"] == "miss"
+    assert (await client.post("/v1/chat/completions", json=_openai(stream=False))).headers["X-Velo-Cache"] == "miss"
+    assert [r.options.repeat_penalty for r in backend.requests] == [1.1, None]
+    for again in (_ollama(stream=False), _openai(stream=False)):
+        path = "/api/chat" if "options" in again else "/v1/chat/completions"
+        assert (await client.post(path, json=again)).headers["X-Velo-Cache"] == "exact"
+    assert len(backend.requests) == 2
 
 
 async def test_sampled_requests_are_not_cached(velo):
@@ -186,19 +202,19 @@ async def test_memory_tier_is_bounded_by_bytes(velo):
 
 async def test_sqlite_keeps_answers_across_a_restart(velo, tmp_path):
     cfg = CacheConfig(sqlite_path=str(tmp_path / "velo-cache.db"))
-    first = await velo(cfg)
+    first = await velo(cfg, models=SHARED)
     await (await first.post("/api/chat", json=_ollama(stream=False))).read()
     await first.close()
     backend = ScriptedBackend()
-    restarted = await velo(cfg, backend)
+    restarted = await velo(cfg, backend, models=SHARED)
     resp = await restarted.post("/v1/chat/completions", json=_openai(stream=False))
     assert resp.headers["X-Velo-Cache"] == "exact" and backend.requests == []
 
 
 async def test_two_velo_processes_share_one_redis(velo, redis_url):
     a_backend, b_backend = ScriptedBackend(), ScriptedBackend()
-    a = await velo(CacheConfig(redis_url=redis_url), a_backend)
-    b = await velo(CacheConfig(redis_url=redis_url), b_backend)
+    a = await velo(CacheConfig(redis_url=redis_url), a_backend, models=SHARED)
+    b = await velo(CacheConfig(redis_url=redis_url), b_backend, models=SHARED)
     body = {"model": "tiny", "messages": [{"role": "user", "content": f"hi {uuid.uuid4()}"}], "temperature": 0}
     await (await a.post("/v1/chat/completions", json=body)).read()
     resp = await b.post("/api/chat", json={**body, "options": {"temperature": 0}})

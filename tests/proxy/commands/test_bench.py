@@ -37,7 +37,8 @@ async def test_levels_cache_probe_and_what_reaches_the_backend(base_url, scripte
     prompts = [r.messages[0].content for r in scripted.requests]
     assert len(set(prompts)) == len(prompts)  # every timed prompt is its own: no coalescing, no prefix reuse
     assert all(r.options.max_tokens == 4 for r in scripted.requests)
-    assert scripted.requests[-1].options.temperature == 0 and scripted.requests[1].options.temperature is None
+    # the probe is greedy; the timed requests set no temperature and get OpenAI's default of 1
+    assert scripted.requests[-1].options.temperature == 0 and scripted.requests[1].options.temperature == 1.0
 
 
 async def test_directly_against_an_openai_server():

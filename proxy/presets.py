@@ -1,0 +1,115 @@
+"""Model presets: Ollama's Modelfile feature (`/api/create` with `from` + `system` / `parameters` / `template`) for
+every backend. A preset is a model name of its own that every dialect can use; the resolve stage reads it over its
+base model (proxy/stages/resolve.py), and the router lists and routes it as its base (proxy/router.py).
+
+Kept in one JSON file, mode 0600, rewritten whole (to a temporary file, then renamed) on each change: a handful of
+presets, changed by hand, needs no database, and a crash mid-write leaves the old file whole.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from adapters.protocol import SamplingOptions
+from adapters.schema import setting
+
+from .dialects.ollama import now_iso, parse_options
+
+
+@dataclass
+class PresetsConfig:
+    """Model presets made with /api/create (and /api/copy): a new model name over a base model."""
+
+    path: str | None = setting(None, "the JSON file presets are kept in across restarts (written with mode 0600)",
+                               default_doc='"$XDG_DATA_HOME/velo/presets.json" (~/.local/share/velo/presets.json)')
+
+    def file(self) -> Path:
+        if self.path:
+            return Path(self.path).expanduser()
+        data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+        return Path(data) / "velo" / "presets.json"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """`parameters` are Ollama option names, as the client sent them (Modelfile PARAMETER lines)."""
+
+    name: str
+    base: str  # never itself a preset: creating from a preset folds the two into one
+    system: str | None = None
+    template: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    modified_at: str = field(default_factory=now_iso)
+
+    @property
+    def options(self) -> SamplingOptions:
+        return parse_options({"options": self.parameters})
+
+    def over(self, older: "Preset") -> "Preset":
+        """This preset made from `older`: what this one leaves unset comes from it, as Ollama's layers do."""
+        return replace(self, base=older.base, system=self.system if self.system is not None else older.system,
+                       template=self.template if self.template is not None else older.template,
+                       parameters=older.parameters | self.parameters)
+
+
+def full_name(name: str) -> str:
+    """Ollama names a model without a tag `name:latest`."""
+    return name if ":" in name else f"{name}:latest"
+
+
+class PresetStore:
+    """The presets in memory, loaded once at start and saved on every change (file work on a thread)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._presets: dict[str, Preset] = {}
+        self._loaded = False
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        async with self._lock:
+            if not self._loaded:
+                self._presets = await asyncio.to_thread(_read, self.path)
+                self._loaded = True
+
+    def get(self, name: str) -> Preset | None:
+        return self._presets.get(full_name(name)) if name else None
+
+    def all(self) -> list[Preset]:
+        return list(self._presets.values())
+
+    async def put(self, preset: Preset) -> None:
+        async with self._lock:
+            self._presets[preset.name] = preset
+            await asyncio.to_thread(_write, self.path, list(self._presets.values()))
+
+    async def delete(self, name: str) -> bool:
+        async with self._lock:
+            if self._presets.pop(full_name(name), None) is None:
+                return False
+            await asyncio.to_thread(_write, self.path, list(self._presets.values()))
+            return True
+
+
+def _read(path: Path) -> dict[str, Preset]:
+    try:
+        raw = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    return {p["name"]: Preset(**p) for p in raw.get("presets", [])}
+
+
+def _write(path: Path, presets: list[Preset]) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(orjson.dumps({"presets": [asdict(p) for p in presets]}, option=orjson.OPT_INDENT_2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

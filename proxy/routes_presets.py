@@ -1,0 +1,121 @@
+"""/api/create, /api/copy and /api/delete as Ollama answers them, on model presets (proxy/presets.py) for every
+backend.
+
+A create from a model (`from` + `system` / `parameters` / `template`) is always a Velo preset, on an Ollama backend
+too: one behaviour for every backend and dialect, with Velo's defaults and `[models]` settings applied the same way,
+and a preset that outlives a change of backend. What only Ollama can build (a model from `files`, `adapters`,
+`quantize`, preset `messages`) goes to an Ollama backend when there is one; models an Ollama backend holds are
+copied and deleted there.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from adapters.errors import BadRequest, ModelNotFound
+from adapters.fields import get
+from adapters.protocol import ModelInfo
+
+from .dialects.ollama import now_iso, parse_options
+from .http_io import json_response, ndjson, read_json
+from .presets import Preset, full_name
+from .router import Router
+from .routes_ollama import manage
+from .state import ROUTER
+
+_OLLAMA_ONLY = ("files", "adapters", "quantize", "messages", "draft_files", "remote_host")
+# Ollama's last status lines of a create from a model whose layers all exist already.
+_CREATED = ({"status": "writing manifest"}, {"status": "success"})
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    name = _name(body, "model", "name")
+    if any(body.get(k) for k in _OLLAMA_ONLY):
+        return await _on_ollama(request, "a model from files, adapters, quantize or messages")
+    base = get(body, "from", str)
+    if not base:
+        raise BadRequest("neither 'from' or 'files' was specified", param="from")
+    parameters = get(body, "parameters", dict, {})
+    parse_options({"options": parameters})  # a bad parameter is a 400 naming it now, not at each request
+    preset = Preset(full_name(name), base, get(body, "system", str), get(body, "template", str), parameters)
+    router = request[ROUTER]
+    if (older := router.presets.get(base)) is not None:
+        preset = preset.over(older)
+    elif await _listed(router, base) is None:
+        raise ModelNotFound(base)
+    await router.presets.put(preset)
+    if body.get("stream", True) is False:
+        return json_response(_CREATED[-1])
+    return web.Response(body=b"".join(ndjson(s) for s in _CREATED), content_type="application/x-ndjson")
+
+
+async def copy(request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    source, destination = _name(body, "source"), full_name(_name(body, "destination"))
+    router = request[ROUTER]
+    if (preset := router.presets.get(source)) is not None:
+        await router.presets.put(replace(preset, name=destination, modified_at=now_iso()))
+        return web.Response()
+    info = await _listed(router, source)
+    if info is None:
+        raise ModelNotFound(source)
+    if _on_an_ollama_backend(router, info):
+        return await manage(request)
+    await router.presets.put(Preset(destination, source))  # a backend's model under a new name: a bare preset
+    return web.Response()
+
+
+async def delete(request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    name = _name(body, "model", "name")
+    router = request[ROUTER]
+    if await router.presets.delete(name):
+        return web.Response()
+    info = await _listed(router, name)
+    if info is None:
+        raise ModelNotFound(name)
+    if _on_an_ollama_backend(router, info):
+        return await manage(request)
+    raise BadRequest(f"model '{name}' comes from backend '{info.backend}', which Velo does not delete models from; "
+                     "only presets (made with /api/create or /api/copy) can be deleted", param="model")
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _name(body: dict[str, Any], *keys: str) -> str:
+    """The first of `keys` the body sets (Ollama's older clients send `name`), or Ollama's 400."""
+    value = next((body[k] for k in keys if body.get(k)), None)
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"{keys[0]} is required: a model name", param=keys[0])
+    return value
+
+
+async def _listed(router: Router, name: str) -> ModelInfo | None:
+    models = {m.name: m for m in await router.list_models()}
+    return models.get(name) or models.get(full_name(name))
+
+
+def _on_an_ollama_backend(router: Router, info: ModelInfo) -> bool:
+    backend = router.backends.get(info.backend)
+    return backend is not None and backend.config.kind == "ollama"
+
+
+async def _on_ollama(request: web.Request, what: str) -> web.StreamResponse:
+    if not any(b.config.kind == "ollama" for b in request[ROUTER].backends.values()):
+        raise BadRequest(f"creating {what} needs an Ollama backend, and none is configured; Velo's own presets take "
+                         "`from` with `system`, `parameters` and `template`")
+    return await manage(request)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/api/create", create)
+    app.router.add_post("/api/copy", copy)
+    app.router.add_delete("/api/delete", delete)
