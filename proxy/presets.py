@@ -99,9 +99,11 @@ class PresetStore:
 def _read(path: Path) -> dict[str, Preset]:
     try:
         raw = orjson.loads(path.read_bytes())
+        return {p["name"]: Preset(**p) for p in raw["presets"]}
     except FileNotFoundError:
         return {}
-    return {p["name"]: Preset(**p) for p in raw.get("presets", [])}
+    except (orjson.JSONDecodeError, KeyError, TypeError) as e:  # never start over it: the next save would erase it
+        raise ValueError(f"{path} is not a presets file Velo wrote ({e!r}): fix or move it") from e
 
 
 def _write(path: Path, presets: list[Preset]) -> None:

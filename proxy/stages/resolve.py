@@ -13,7 +13,8 @@ from adapters import options
 from adapters.protocol import ChatRequest, Chunk, Message
 
 from ..job import Job, Request
-from ..presets import Preset
+from ..config import ModelConfig
+from ..presets import Preset, full_name
 from .base import Next, Stage
 
 
@@ -32,12 +33,17 @@ class Resolve(Stage):
         req, opts = job.request, job.request.options
         if preset is not None:
             req, opts = _with_prompt(req, preset), options.under(opts, preset.options)
-        models = self.services.config.models
-        if (settings := models.get(job.model) or (preset and models.get(preset.base))) is not None:
+        names = (job.model, preset.base if preset else "", job.target.model)
+        if (settings := _first(self.services.config.models, names)) is not None:
             opts = options.under(opts, settings.sampling())
         if job.target.backend.own_defaults != job.dialect:
             opts = options.under(opts, options.defaults(job.dialect))
         return replace(req, options=opts)
+
+
+def _first(models: dict[str, ModelConfig], names: tuple[str, ...]) -> ModelConfig | None:
+    """The [models] table of the first name that has one, as asked or with Ollama's `:latest`."""
+    return next((models[n] for name in names if name for n in (name, full_name(name)) if n in models), None)
 
 
 def _with_prompt(req: Request, preset: Preset) -> Request:

@@ -98,3 +98,13 @@ def test_openai_ranges_are_enforced_and_ollama_passes_them_on(field, value):
 def test_a_wrong_type_names_the_key():
     with pytest.raises(BadRequest, match="top_k"):
         ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": {"top_k": "many"}})
+
+
+def test_defaults_per_dialect_and_what_fills_what():
+    assert options.defaults("ollama") == SamplingOptions(temperature=0.8, top_p=0.9, top_k=40, min_p=0.0,
+                                                         repeat_penalty=1.1, repeat_last_n=64)
+    assert options.defaults("openai") == options.defaults("responses") == SamplingOptions(temperature=1.0, top_p=1.0)
+    assert options.defaults("anthropic") == SamplingOptions(temperature=1.0)
+    mine = SamplingOptions(temperature=0.0, stop=["x"], extra={"mirostat": 2})
+    filled = options.under(mine, SamplingOptions(temperature=0.5, top_k=3, stop=["y"], extra={"mirostat": 1, "a": 1}))
+    assert (filled.temperature, filled.top_k, filled.stop, filled.extra) == (0.0, 3, ["x"], {"mirostat": 2, "a": 1})

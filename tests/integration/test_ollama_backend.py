@@ -73,3 +73,24 @@ async def test_openai_client_options_survive_to_ollama(velo, ollama_double):
     assert comp.choices[0].text == "one two three"
     sent = ollama_double.last("/api/generate")
     assert sent["suffix"] == "\n" and sent["options"]["num_predict"] == 3
+
+
+async def test_presets_over_ollama_are_velos_and_ollamas_defaults_are_not_doubled(velo, ollama_double):
+    """A create from a model stays in Velo (the double never sees it); a chat on the preset reaches Ollama as its
+    base model with the preset's system prompt and parameters, and no Ollama defaults that Ollama applies itself;
+    a create from files is Ollama's to do."""
+    oai, oll = clients(velo)
+    await oll.create("mario", from_=MODEL, system="You are Mario.", parameters={"temperature": 0.2})
+    assert not [r for r in ollama_double.requests if r.path == "/api/create"]
+    assert "mario:latest" in {m.model for m in (await oll.list()).models}
+
+    await oll.chat("mario", messages=[{"role": "user", "content": "hi"}])
+    sent = ollama_double.last("/api/chat")
+    assert sent["model"] == MODEL and sent["messages"][0] == {"role": "system", "content": "You are Mario."}
+    assert sent["options"] == {"temperature": 0.2, "num_predict": 4096}
+
+    await oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert ollama_double.last("/api/chat")["options"] == {"temperature": 1.0, "top_p": 1.0, "num_predict": 4096}
+
+    statuses = [s.status async for s in await oll.create("from-file", files={"m.gguf": "sha256:00"}, stream=True)]
+    assert statuses[-1] == "success" and ollama_double.last("/api/create")["model"] == "from-file"

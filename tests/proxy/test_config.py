@@ -41,6 +41,11 @@ def test_minimal_backend_and_url_shorthand():
     ({"backends": [{"name": "e", "kind": "engine", "options": {"speculative": {"methd": "ngram"}}}]},
      "backends[0].options.speculative"),
     ({"cache": {"semantic_threshold": 1.5}}, "cache.semantic_threshold"),
+    ({"models": {"m": {"options": {"temprature": 0.5}}}}, "models.m.options.temprature"),
+    ({"models": {"m": {"options": {"top_k": 1.5}}}}, "models.m.options.top_k"),
+    ({"models": {"m": {"options": {"stop": "x"}}}}, "models.m.options.stop"),
+    ({"models": {"m": {"system": "hi"}}}, "models.m.system"),
+    ({"presets": {"path": 3}}, "presets.path"),
 ])
 def test_errors_name_the_key_path(raw, path):
     with pytest.raises(ConfigError, match=path.replace("[", r"\[").replace("]", r"\]")):

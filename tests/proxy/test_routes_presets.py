@@ -1,0 +1,119 @@
+"""/api/create, /api/copy and /api/delete through the official `ollama` client, and preset names used from the
+`openai` client: presets listed, applied, copied, deleted, kept across a restart, and Ollama's errors."""
+from __future__ import annotations
+
+import os
+import stat
+
+import ollama
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import make_app
+from proxy.config import Config
+from proxy.presets import PresetsConfig
+from tests.scripted import ScriptedBackend
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def config(tmp_path) -> Config:
+    return Config(presets=PresetsConfig(path=str(tmp_path / "velo" / "presets.json")))
+
+
+@pytest.fixture
+def oll(base_url: str) -> ollama.AsyncClient:
+    return ollama.AsyncClient(host=base_url)
+
+
+async def names(oll: ollama.AsyncClient) -> set[str]:
+    return {m.model for m in (await oll.list()).models}
+
+
+async def test_create_lists_and_applies_a_preset(oll, base_url, scripted: ScriptedBackend):
+    statuses = [s.status async for s in await oll.create(
+        "mario", from_="tiny", system="You are Mario.", parameters={"temperature": 0.2, "stop": ["END"]},
+        stream=True)]
+    assert statuses == ["writing manifest", "success"]
+    listed = {m.model: m for m in (await oll.list()).models}
+    assert set(listed) == {"tiny:latest", "mario:latest"} and listed["mario:latest"].details.family == "llama"
+
+    await oll.chat("mario", messages=USER)
+    req = scripted.requests[-1]
+    assert req.model == "tiny:latest" and [(m.role, m.content) for m in req.messages] == [
+        ("system", "You are Mario."), ("user", "hi")]
+    assert (req.options.temperature, req.options.stop, req.options.top_k) == (0.2, ["END"], 40)
+
+    oai = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="k", max_retries=0)
+    assert "mario:latest" in {m.id async for m in oai.models.list()}
+    await oai.chat.completions.create(model="mario", messages=USER)
+    req = scripted.requests[-1]
+    assert req.messages[0].content == "You are Mario."
+    assert (req.options.temperature, req.options.top_p, req.options.top_k) == (0.2, 1.0, None)  # OpenAI's defaults
+
+
+async def test_copy_and_delete(oll, scripted: ScriptedBackend):
+    await oll.create("mario", from_="tiny", system="You are Mario.")
+    assert (await oll.copy("mario", "luigi")).status == "success"
+    assert await names(oll) == {"tiny:latest", "mario:latest", "luigi:latest"}
+    await oll.chat("luigi", messages=USER)
+    assert scripted.requests[-1].messages[0].content == "You are Mario."
+
+    await oll.delete("mario")
+    assert await names(oll) == {"tiny:latest", "luigi:latest"}
+    with pytest.raises(ollama.ResponseError) as missing:
+        await oll.delete("mario")
+    assert missing.value.status_code == 404 and "mario" in missing.value.error
+
+    await oll.copy("tiny", "tiny-2")  # a backend's model under a new name: a preset with nothing to add
+    await oll.chat("tiny-2", messages=USER)
+    assert scripted.requests[-1].model == "tiny:latest" and scripted.requests[-1].messages[0].role == "user"
+
+
+async def test_a_preset_from_a_preset_folds_into_one(oll, scripted: ScriptedBackend):
+    await oll.create("mario", from_="tiny", system="You are Mario.", parameters={"temperature": 0.2, "top_k": 3})
+    await oll.create("mario-hot", from_="mario", parameters={"temperature": 1.5})
+    await oll.delete("mario")
+    await oll.chat("mario-hot", messages=USER)
+    req = scripted.requests[-1]
+    assert req.model == "tiny:latest" and req.messages[0].content == "You are Mario."
+    assert (req.options.temperature, req.options.top_k) == (1.5, 3)
+
+
+async def test_presets_are_kept_across_a_restart_in_a_private_file(oll, config: Config):
+    await oll.create("mario", from_="tiny", system="You are Mario.")
+    path = config.presets.file()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and not path.with_name(path.name + ".tmp").exists()
+    backend = ScriptedBackend()
+    async with TestClient(TestServer(make_app(config, {"s": backend}))) as again:
+        tags = await (await again.get("/api/tags")).json()
+        assert {m["name"] for m in tags["models"]} == {"tiny:latest", "mario:latest"}
+        await again.post("/api/chat", json={"model": "mario", "messages": USER, "stream": False})
+        assert backend.requests[-1].messages[0].content == "You are Mario."
+
+
+@pytest.mark.parametrize("call, status, words", [
+    (lambda c: c.create("x", from_="nope"), 404, "nope"),
+    (lambda c: c.copy("nope", "x"), 404, "nope"),
+    (lambda c: c.create("x"), 400, "'from'"),
+    (lambda c: c.create("x", from_="tiny", parameters={"temperature": "hot"}), 400, "temperature"),
+    (lambda c: c.create("x", files={"m.gguf": "sha256:00"}), 400, "Ollama backend"),
+    (lambda c: c.delete("tiny"), 400, "only presets"),
+])
+async def test_errors_in_ollamas_shape(oll, call, status, words):
+    with pytest.raises(ollama.ResponseError) as err:
+        await call(oll)
+    assert err.value.status_code == status and words in err.value.error
+    assert await names(oll) == {"tiny:latest"}
+
+
+async def test_a_bad_presets_file_stops_the_start_rather_than_being_overwritten(config: Config):
+    path = config.presets.file()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a presets file"):
+        async with TestClient(TestServer(make_app(config, {"s": ScriptedBackend()}))):
+            pass
+    assert path.read_text() == "{not json"
