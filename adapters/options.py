@@ -63,7 +63,7 @@ KNOBS: tuple[Knob, ...] = (
          "frequency_penalty", bounds=_PENALTY),
     Knob("repeat_penalty", float, "repeat_penalty", "repetition_penalty", "repeat_penalty", "repetition_penalty",
          defaults={"ollama": 1.1}),
-    Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n", defaults={"ollama": 64}),
+    Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n", "repeat_last_n", defaults={"ollama": 64}),
     Knob("num_ctx", int, "num_ctx"),
     Knob("stop", list, "stop", "stop", "stop", "stop", "stop_sequences"),
 )

@@ -20,7 +20,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0                 # 0 or -1: off
     min_p: float = 0.0
-    repetition_penalty: float = 1.0  # >1 discourages any token in the prompt or the output so far
+    repetition_penalty: float = 1.0  # >1 discourages any token among the last `repeat_last_n` of prompt + output
+    repeat_last_n: int = -1          # as Ollama: -1 the whole history, 0 none (the penalty is off)
     presence_penalty: float = 0.0    # OpenAI-style, on output tokens only
     frequency_penalty: float = 0.0
     seed: int | None = None
@@ -187,13 +188,21 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
     pres = torch.tensor([r.params.presence_penalty for r in rows])
     freq = torch.tensor([r.params.frequency_penalty for r in rows])
     if (rep != 1).any():
-        seen = _counts(logits.shape, [r.prompt_ids + r.output_ids for r in rows]) > 0
+        seen = _counts(logits.shape, [_window(r) for r in rows]) > 0
         penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits = torch.where(seen, penalised, logits)
     if (pres != 0).any() or (freq != 0).any():
         counts = _counts(logits.shape, [r.output_ids for r in rows])
         logits = logits - pres[:, None] * (counts > 0) - freq[:, None] * counts
     return logits
+
+
+def _window(row: SampleRow) -> list[int]:
+    """The tokens the repetition penalty looks at: the last `repeat_last_n` of prompt + output."""
+    n = row.params.repeat_last_n
+    if n < 0:
+        return row.prompt_ids + row.output_ids
+    return (row.prompt_ids[-n:] + row.output_ids)[-n:] if n else []
 
 
 def _counts(shape: torch.Size, histories: list[list[int]]) -> torch.Tensor:

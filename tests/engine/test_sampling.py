@@ -67,6 +67,16 @@ def test_repetition_penalty_matches_transformers():
     assert all(abs(top[t] - expected[t].item()) < 1e-5 for t in range(30))
 
 
+@pytest.mark.parametrize("last_n, penalised", [(-1, {0, 1, 2}), (2, {1, 2}), (1, {2}), (0, set())])
+def test_repetition_penalty_looks_back_repeat_last_n_tokens(last_n, penalised):
+    """As Ollama's repeat_last_n: the window spans prompt and output, -1 is everything, 0 nothing."""
+    logits = torch.ones(1, 4)
+    result = Sampler()(logits, [row(prompt=[0, 1], output=[2], temperature=0, repetition_penalty=2.0,
+                                    repeat_last_n=last_n, logprobs=True, top_logprobs=4)])
+    top = dict(result.top_logprobs[0])
+    assert {t for t in range(4) if top[t] < top[3]} == penalised
+
+
 def test_presence_and_frequency_penalties_count_output_tokens_only():
     logits = torch.zeros(1, 5)
     result = Sampler()(logits, [row(prompt=[0], output=[1, 1, 2], temperature=0, presence_penalty=0.5,
