@@ -9,6 +9,7 @@ copied and deleted there.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,8 @@ from .router import Router
 from .routes_ollama import manage
 from .state import ROUTER
 
+# Ollama's model names (types/model/name.go): [host/][namespace/]model[:tag], letters, digits, "_", "-", ".".
+_VALID_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+){0,2}(:[\w][\w.-]{0,79})?")
 _OLLAMA_ONLY = ("files", "adapters", "quantize", "messages", "draft_files", "remote_host")
 # Ollama's last status lines of a create from a model whose layers all exist already.
 _CREATED = ({"status": "writing manifest"}, {"status": "success"})
@@ -32,7 +35,7 @@ _CREATED = ({"status": "writing manifest"}, {"status": "success"})
 
 async def create(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    name = _name(body, "model", "name")
+    name = _valid(_name(body, "model", "name"))
     if any(body.get(k) for k in _OLLAMA_ONLY):
         return await _on_ollama(request, "a model from files, adapters, quantize or messages")
     base = get(body, "from", str)
@@ -54,7 +57,7 @@ async def create(request: web.Request) -> web.StreamResponse:
 
 async def copy(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    source, destination = _name(body, "source"), full_name(_name(body, "destination"))
+    source, destination = _name(body, "source"), full_name(_valid(_name(body, "destination")))
     router = request[ROUTER]
     if (preset := router.presets.get(source)) is not None:
         await router.presets.put(replace(preset, name=destination, modified_at=now_iso()))
@@ -96,6 +99,13 @@ def _name(body: dict[str, Any], *keys: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadRequest(f"{keys[0]} is required: a model name", param=keys[0])
     return value
+
+
+def _valid(name: str) -> str:
+    if not _VALID_NAME.fullmatch(name):
+        raise BadRequest(f'invalid model name "{name}": letters, digits, "_", "-" and "." with an optional ":tag"',
+                         param="model")
+    return name
 
 
 async def _listed(router: Router, name: str) -> ModelInfo | None:

@@ -50,10 +50,10 @@ def _with_prompt(req: Request, preset: Preset) -> Request:
     """The preset's system prompt where the request has none, and its template for a prompt that is not raw, as
     Ollama applies a Modelfile's SYSTEM and TEMPLATE."""
     if isinstance(req, ChatRequest):
-        if preset.system is None or any(m.role == "system" for m in req.messages):
+        if not preset.system or any(m.role == "system" for m in req.messages):  # "": a SYSTEM cleared
             return req
         return replace(req, messages=[Message(role="system", content=preset.system), *req.messages])
     if req.raw:
         return req
-    return replace(req, system=req.system if req.system is not None else preset.system,
+    return replace(req, system=req.system if req.system is not None else preset.system or None,
                    template=req.template if req.template is not None else preset.template)

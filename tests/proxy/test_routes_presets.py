@@ -72,6 +72,12 @@ async def test_copy_and_delete(oll, scripted: ScriptedBackend):
     assert scripted.requests[-1].model == "tiny:latest" and scripted.requests[-1].messages[0].role == "user"
 
 
+async def test_names_as_ollama_writes_them(oll):
+    for name in ("library/mario:v1.2", "me/mario", "mario_2.5-x"):
+        await oll.create(name, from_="tiny")
+    assert await names(oll) == {"tiny:latest", "library/mario:v1.2", "me/mario:latest", "mario_2.5-x:latest"}
+
+
 async def test_a_preset_from_a_preset_folds_into_one(oll, scripted: ScriptedBackend):
     await oll.create("mario", from_="tiny", system="You are Mario.", parameters={"temperature": 0.2, "top_k": 3})
     await oll.create("mario-hot", from_="mario", parameters={"temperature": 1.5})
@@ -101,6 +107,8 @@ async def test_presets_are_kept_across_a_restart_in_a_private_file(oll, config: 
     (lambda c: c.create("x", from_="tiny", parameters={"temperature": "hot"}), 400, "temperature"),
     (lambda c: c.create("x", files={"m.gguf": "sha256:00"}), 400, "Ollama backend"),
     (lambda c: c.delete("tiny"), 400, "only presets"),
+    (lambda c: c.create("no spaces please", from_="tiny"), 400, "invalid model name"),
+    (lambda c: c.copy("tiny", "a?b"), 400, "invalid model name"),
 ])
 async def test_errors_in_ollamas_shape(oll, call, status, words):
     with pytest.raises(ollama.ResponseError) as err:
