@@ -39,6 +39,7 @@ async def test_create_lists_and_applies_a_preset(oll, base_url, scripted: Script
     assert statuses == ["writing manifest", "success"]
     listed = {m.model: m for m in (await oll.list()).models}
     assert set(listed) == {"tiny:latest", "mario:latest"} and listed["mario:latest"].details.family == "llama"
+    assert (await oll.show("mario")).details.family == "llama"  # described as its base model
 
     await oll.chat("mario", messages=USER)
     req = scripted.requests[-1]
