@@ -59,7 +59,8 @@ async def test_engine_show(velo_engine, model_dir):
             "qwen2.attention.head_count_kv"} <= info.keys()
     assert all(isinstance(v, (int, float, str, bool)) for v in info.values())
     raw = await _post(url, "/api/show", {"model": TINY})
-    assert model_dir not in json.dumps(raw)  # no local paths; nothing but Ollama's fields (tests/conformance)
+    # the model's file is named once, where Ollama names its blob (the Modelfile's FROM); nowhere else
+    assert f"\nFROM {model_dir}" in raw.pop("modelfile") and model_dir not in json.dumps(raw)
 
 
 async def _post(url: str, path: str, body: dict) -> dict:
