@@ -67,20 +67,20 @@ class CacheLayer:
         if self.embedder is not None and self.owns_embedder:
             await self.embedder.close()
 
-    def _policy(self, route: str) -> Policy:
+    def _policy(self, model: str) -> Policy:
         base = Policy(self.cfg.enabled, self.cfg.semantic, self.cfg.cache_nondeterministic, self.cfg.ttl_s)
-        return base.with_route(self.cfg.routes, route)
+        return base.with_route(self.cfg.routes, model)
 
-    def skip_reason(self, req: Request, route: str | None = None) -> str:
+    def skip_reason(self, req: Request, model: str | None = None) -> str:
         """Why `req` is not cacheable, or "" when it is."""
-        return self._policy(route or req.model).why_not(req)
+        return self._policy(model or req.model).why_not(req)
 
-    async def lookup(self, req: Request, scope: str, bypass: bool, route: str | None = None,
+    async def lookup(self, req: Request, scope: str, bypass: bool, model: str | None = None,
                      label: str | None = None) -> CacheHit | None:
-        """`route` (the model name asked) picks the `[[cache.routes]]` policy; `label` (router.py: bounded) keys the
+        """`model` (the name asked) picks the `[[cache.routes]]` policy; `label` (router.py: bounded) keys the
         counters, which /metrics shows."""
-        policy = self._policy(route or req.model)
-        label = label or route or req.model
+        policy = self._policy(model or req.model)
+        label = label or model or req.model
         if bypass or not policy.cacheable(req):
             self.counters.count("all", label, "bypass" if bypass else "skip")
             return None
@@ -93,23 +93,23 @@ class CacheLayer:
         self.counters.observe(kind, time.perf_counter() - start)
         return hit
 
-    async def _lookup_exact(self, key: str, route: str) -> CacheHit | None:
+    async def _lookup_exact(self, key: str, label: str) -> CacheHit | None:
         chunks = self.memory.get(key)
-        self.counters.count("memory", route, "miss" if chunks is None else "hit")
+        self.counters.count("memory", label, "miss" if chunks is None else "hit")
         if chunks is None:
-            chunks = await self._load(key, route)
+            chunks = await self._load(key, label)
         return CacheHit("exact", list(chunks)) if chunks is not None else None
 
-    async def _load(self, key: str, route: str) -> list[Chunk] | None:
+    async def _load(self, key: str, label: str) -> list[Chunk] | None:
         """Try the slower tiers in order; a hit is copied into memory with the expiry it was stored with."""
         for store in self.stores:
             try:
                 found = await store.get(key)
             except Exception:  # a shared tier that is down costs a miss, never the request
                 log.exception("cache tier %s failed on get", store.name)
-                self.counters.count(store.name, route, "error")
+                self.counters.count(store.name, label, "error")
                 continue
-            self.counters.count(store.name, route, "miss" if found is None else "hit")
+            self.counters.count(store.name, label, "miss" if found is None else "hit")
             if found is not None:
                 payload, expires_at = found
                 chunks = decode_chunks(payload)
@@ -126,82 +126,82 @@ class CacheLayer:
         text, context = query
         return text, digest([scope, context, self.embedder.model.name])
 
-    async def _lookup_semantic(self, req: Request, scope: str, route: str) -> CacheHit | None:
+    async def _lookup_semantic(self, req: Request, scope: str, label: str) -> CacheHit | None:
         query = self._semantic_query(req, scope)
         if query is None:
             return None
         text, sid = query
         index = self.indexes.get(sid)
         if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
-            self.counters.count("semantic", route, "miss")
+            self.counters.count("semantic", label, "miss")
             return None
-        query = await self._embed(text, route)
+        query = await self._embed(text, label)
         if query is None:
             return None
         now = self.clock()
         for entry in index.search(query, self.cfg.semantic_threshold, now) if index else []:
-            chunks = self.memory.get(entry.key) or await self._load(entry.key, route)
+            chunks = self.memory.get(entry.key) or await self._load(entry.key, label)
             if chunks is not None:
                 self.indexes.move_to_end(sid)
-                self.counters.count("semantic", route, "hit")
+                self.counters.count("semantic", label, "hit")
                 return CacheHit("semantic", list(chunks))
-        self.counters.count("semantic", route, "miss")
+        self.counters.count("semantic", label, "miss")
         if self.pg is not None:
-            return await self._lookup_pg(sid, query, route)
+            return await self._lookup_pg(sid, query, label)
         return None
 
-    async def _embed(self, text: str, route: str) -> Embedded | None:
+    async def _embed(self, text: str, label: str) -> Embedded | None:
         """The text's vector, or None when the model fails: the semantic tier then costs a miss, never the
         request (a store runs after the answer has been streamed)."""
         try:
             return await self.embedder.embed(text)
         except Exception:
             log.exception("cache embedding failed")
-            self.counters.count("semantic", route, "error")
+            self.counters.count("semantic", label, "error")
             return None
 
-    async def _lookup_pg(self, sid: str, query: Embedded, route: str) -> CacheHit | None:
+    async def _lookup_pg(self, sid: str, query: Embedded, label: str) -> CacheHit | None:
         try:
             payload = await self.pg.search(sid, query, self.cfg.semantic_threshold, self.embedder.verify)
         except Exception:
             log.exception("cache tier pgvector failed on search")
-            self.counters.count("pgvector", route, "error")
+            self.counters.count("pgvector", label, "error")
             return None
-        self.counters.count("pgvector", route, "miss" if payload is None else "hit")
+        self.counters.count("pgvector", label, "miss" if payload is None else "hit")
         return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
 
-    async def store(self, req: Request, scope: str, chunks: list[Chunk], route: str | None = None,
+    async def store(self, req: Request, scope: str, chunks: list[Chunk], model: str | None = None,
                     label: str | None = None) -> bool:
         """Write a finished answer to every tier. Errors, cancels, cut-off streams and sampled requests are
         refused (False)."""
-        policy = self._policy(route or req.model)
-        route = label or route or req.model  # the counters' key from here on
+        policy = self._policy(model or req.model)
+        label = label or model or req.model  # the counters' key
         if not policy.cacheable(req) or not complete_stream(chunks):
-            self.counters.count("all", route, "skip")
+            self.counters.count("all", label, "skip")
             return False
         key, payload = exact_key(req, scope), encode_chunks(chunks)
         expires_at = self.clock() + policy.ttl_s
         self.memory.put(key, decode_chunks(payload), len(payload), policy.ttl_s)
-        await asyncio.gather(*(self._put(store, key, payload, expires_at, route) for store in self.stores))
+        await asyncio.gather(*(self._put(store, key, payload, expires_at, label) for store in self.stores))
         if policy.semantic and self.embedder is not None:
-            await self._store_semantic(req, scope, key, payload, expires_at, route)
-        self.counters.count("all", route, "store")
+            await self._store_semantic(req, scope, key, payload, expires_at, label)
+        self.counters.count("all", label, "store")
         return True
 
-    async def _put(self, store: Any, key: str, payload: bytes, expires_at: float, route: str) -> None:
+    async def _put(self, store: Any, key: str, payload: bytes, expires_at: float, label: str) -> None:
         try:
             await store.put(key, payload, expires_at)
         except Exception:
             log.exception("cache tier %s failed on put", store.name)
-            self.counters.count(store.name, route, "error")
+            self.counters.count(store.name, label, "error")
 
     async def _store_semantic(self, req: Request, scope: str, key: str, payload: bytes, expires_at: float,
-                              route: str) -> None:
+                              label: str) -> None:
         query = self._semantic_query(req, scope)
         if query is None:
             return
         text, sid = query
-        embedded = await self._embed(text, route)
+        embedded = await self._embed(text, label)
         if embedded is None:
             return
         index = self.indexes.get(sid)
@@ -218,7 +218,7 @@ class CacheLayer:
                 await self.pg.add(sid, embedded.vector, text, payload, expires_at)
             except Exception:
                 log.exception("cache tier pgvector failed on add")
-                self.counters.count("pgvector", route, "error")
+                self.counters.count("pgvector", label, "error")
 
     def _evict_scopes(self) -> None:
         """Conversations come and go: past `semantic_max_entries` in all, the least recently used scopes go."""

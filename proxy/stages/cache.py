@@ -37,7 +37,7 @@ class Cache(Stage):
             job.outcome.cache = "off"
         else:
             started = time.perf_counter_ns()
-            hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, route=job.model,
+            hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, model=job.model,
                                           label=job.target.label)
             if hit is not None:
                 job.outcome.cache = hit.kind
@@ -52,7 +52,7 @@ class Cache(Stage):
                 chunks.append(chunk)
                 yield chunk
         if self.layer is not None and job.outcome.cache == "miss":
-            await self.layer.store(_keyed(job), job.caller.tenant, chunks, route=job.model, label=job.target.label)
+            await self.layer.store(_keyed(job), job.caller.tenant, chunks, model=job.model, label=job.target.label)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.layer.stats() if self.layer is not None else {}
