@@ -10,20 +10,14 @@ Everything is started once per session: the suite's cost is its requests, not it
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.fakes import OllamaDouble
-from tests.http_ready import wait_until_ok
-from tests.llama_server import free_port
+from tests.velo_serve import velo_serve
 
-ROOT = str(Path(__file__).resolve().parents[2])
 CHAT_MODELS = {"engine": "smollm2:135m", "llamacpp": "llama-smollm2", "ollama": "double:latest",
                "openai": "oai-smollm2"}
 EMBED_MODELS = {"engine": "smollm2:135m", "llamacpp": "llama-embed", "ollama": "double-embed:latest"}
@@ -45,10 +39,7 @@ def ollama_upstream() -> Iterator[OllamaDouble]:
 
 @pytest.fixture(scope="session")
 def velo(llama_chat, llama_embed, ollama_upstream, tmp_path_factory) -> Iterator[str]:
-    port, folder = free_port(), tmp_path_factory.mktemp("conformance")
-    (folder / "config.toml").write_text(f"""
-[server]
-port = {port}
+    with velo_serve(tmp_path_factory.mktemp("conformance"), f"""
 [[backends]]
 name = "engine"
 kind = "engine"
@@ -84,16 +75,5 @@ backend = "embed"
 [[routes]]
 match = "double*"
 backend = "double"
-""")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    log = open(folder / "velo.log", "wb")  # a file, not a pipe: a full pipe would stall the server
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
-                            cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_until_ok(url + "/api/tags", 180, proc=proc))
+""") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()

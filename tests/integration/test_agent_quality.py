@@ -6,10 +6,7 @@ The model is assembled by scripts/fetch-qwen-pair.sh (scripts/test runs it: 1.1 
 SmolLM2-135M cannot make these decisions (0 calls in 7 agent turns when the issue was filed)."""
 from __future__ import annotations
 
-import asyncio
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -19,8 +16,8 @@ import openai
 import orjson
 import pytest
 
-from tests.http_ready import wait_until_ok
-from tests.llama_server import LlamaServer, free_port
+from tests.llama_server import LlamaServer
+from tests.velo_serve import velo_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = os.environ.get("VELO_QWEN_GGUF") or str(ROOT / ".build/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
@@ -45,10 +42,8 @@ def velo(tmp_path_factory) -> Iterator[str]:
     if not Path(QWEN).is_file():
         pytest.fail(f"{QWEN} is missing: run scripts/fetch-qwen-pair.sh 1.5b (scripts/test does)", pytrace=False)
     llama = LlamaServer(["-c", "4096", "-np", "1", "-t", "2", "--jinja"], model=QWEN).start(ready_within=180)
-    port, folder = free_port(), tmp_path_factory.mktemp("agent")
-    (folder / "config.toml").write_text(f"""
-[server]
-port = {port}
+    try:
+        with velo_serve(tmp_path_factory.mktemp("agent"), f"""
 [cache]
 enabled = false
 [[backends]]
@@ -60,19 +55,9 @@ name = "llama"
 kind = "llamacpp"
 url = "{llama.url}"
 models = ["{MODELS['llama']}"]
-""")
-    log = open(folder / "velo.log", "wb")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
-                            cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_until_ok(url + "/api/tags", 300, proc=proc))
-        yield url
+""", ready_within=300) as url:
+            yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
         llama.stop()
 
 

@@ -6,11 +6,6 @@ Greedy decoding, with each model's [models] options setting every knob some dial
 same text and the same tool calls, and an answer cached through one dialect must replay through the others."""
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Iterator
 
 import aiohttp
@@ -20,12 +15,10 @@ import openai
 import orjson
 import pytest
 
-from tests.http_ready import wait_until_ok
 from proxy.config_example import toml_value
-from tests.llama_server import free_port
 from tests.scripted import SAME_IN_EVERY_DIALECT
+from tests.velo_serve import velo_serve
 
-ROOT = str(Path(__file__).resolve().parents[2])
 MODELS = {"engine": "smollm2:135m", "llama": "llama-smollm2"}
 WEATHER = {"name": "get_weather", "description": "Get the current weather for a city",
            "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
@@ -38,10 +31,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def velo(llama_chat, tmp_path_factory) -> Iterator[str]:
     """`velo serve` with the cache on, in front of the embedded engine and the real llama-server."""
-    port, folder = free_port(), tmp_path_factory.mktemp("dialects")
-    (folder / "config.toml").write_text(f"""
-[server]
-port = {port}
+    with velo_serve(tmp_path_factory.mktemp("dialects"), f"""
 [[backends]]
 name = "engine"
 kind = "engine"
@@ -51,19 +41,8 @@ name = "llama"
 kind = "llamacpp"
 url = "{llama_chat.url}"
 models = ["{MODELS['llama']}"]
-""" + "".join(f'[models."{m}"]\noptions = {toml_value(SAME_IN_EVERY_DIALECT)}\n' for m in MODELS.values()))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    log = open(folder / "velo.log", "wb")  # a file, not a pipe: a full pipe would stall the server
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
-                            cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_until_ok(url + "/api/tags", 180, proc=proc))
+""" + "".join(f'[models."{m}"]\noptions = {toml_value(SAME_IN_EVERY_DIALECT)}\n' for m in MODELS.values())) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def sdks(url: str, headers: dict[str, str] | None = None):
