@@ -160,6 +160,7 @@ class LlamaCppBackend(OpenAIBackend):
         if not os.path.isfile(path):
             return info
         gguf, fim = await self._gguf_facts(path)
+        info.file = path
         info.family = gguf.get("general.architecture", info.family)
         info.model_info = gguf | info.model_info
         if fim and "insert" in info.capabilities:

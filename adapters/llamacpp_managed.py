@@ -187,7 +187,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         file = model_file(self.config.model or "") if os.path.isfile(self.config.model or "") else None
         dated = {"modified_at": file.modified_at, "digest": file.digest, "size": file.size} if file else {}
         return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", capabilities=["completion"],
-                          file=self.config.model or "", **dated)]
+                          **dated)]
 
     async def show(self, model: str) -> ModelInfo:
         """Stopped, from the file alone (showing never starts it)."""

@@ -194,7 +194,7 @@ class ModelInfo:
     template: str = ""
     parameters: str = ""
     model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
-    file: str = ""  # the model file on this machine, when Velo runs it: the Modelfile's FROM, as in Ollama's
+    file: str = ""  # the model file, when it is on this machine: the Modelfile's FROM, as Ollama names its blob
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """`velo bench`'s roofline: one stream's decode rate as the memory bandwidth it achieved, as a fraction of this
 machine's copy bandwidth (engine/roofline.py). A decode step at batch 1 reads every weight once, so the fraction
 says how far one stream is from what the memory can give. Shown for a server that says which GGUF file on this
-machine it runs (the Modelfile's `FROM` in /api/show, as Ollama writes its blob's path: the engine's and a managed
-llama-server's do).
+machine it runs (the Modelfile's `FROM` in /api/show, as Ollama writes its blob's path: the engine's, and a
+llama-server's whose model file is on this machine, do).
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from adapters.engine import EngineBackend
 from proxy.app import make_app
 from tests.engine.tiny import write_tiny_model
 from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients, config, serve
+from tests.llama_server import model_path
 
 TINY = "tiny"
 
@@ -133,6 +134,7 @@ async def test_llama_server_show_context_template_and_embeddings(velo_llama):
     assert "{{ .Suffix }}" in shown.template and "insert" in shown.capabilities  # /infill works (FIM overrides)
     assert shown.modelinfo["llama.block_count"] == 30 and shown.modelinfo["llama.attention.head_count"] == 9
     assert shown.modelinfo["general.parameter_count"] == 134_515_008
+    assert f"\nFROM {model_path()}\n" in shown.modelfile  # the file the server runs, as Ollama names its blob
     first = await c.generate(model=CHAT_MODEL, prompt="Say hi", options={"num_predict": 3, "temperature": 0})
     assert len(first.context) == first.prompt_eval_count + first.eval_count
     streamed = [p async for p in await c.generate(model=CHAT_MODEL, prompt="Say hi", stream=True,
