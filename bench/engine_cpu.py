@@ -116,6 +116,19 @@ def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tu
     return sum(counts.values()), wall, sum(t - start for t in first.values()) / len(prompts)
 
 
+def engine_levels(model: str, threads: int, levels: list[int], max_tokens: int, **config) -> dict[int, tuple]:
+    """run_velo at each concurrency level on one freshly loaded engine (prefix cache off; `config`: the EngineConfig
+    fields a bench compares), after a short warm-up."""
+    engine = LLMEngine.from_pretrained(model, EngineConfig(num_threads=threads, progress=False,
+                                                           enable_prefix_cache=False, **config))
+    try:
+        prompts = chat_prompts(engine.tokenizer, max(levels))
+        run_velo(engine, prompts[:1], 4)  # warm-up
+        return {c: run_velo(engine, prompts[:c], max_tokens) for c in levels}
+    finally:
+        engine.shutdown()
+
+
 def start_llama_server(model: str, slots: int, threads: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([LLAMA_SERVER, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),

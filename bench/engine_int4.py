@@ -16,19 +16,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.engine_cpu import chat_prompts, run_velo  # noqa: E402
-from engine import EngineConfig, LLMEngine, default_model_path  # noqa: E402
-
-
-def one_engine(model: str, int4: bool, threads: int, levels: list[int], max_tokens: int) -> dict[int, tuple]:
-    engine = LLMEngine.from_pretrained(model, EngineConfig(num_threads=threads, progress=False, int4_weights=int4,
-                                                           enable_prefix_cache=False))
-    try:
-        prompts = chat_prompts(engine.tokenizer, max(levels))
-        run_velo(engine, prompts[:1], 4)  # warm-up
-        return {c: run_velo(engine, prompts[:c], max_tokens) for c in levels}
-    finally:
-        engine.shutdown()
+from bench.engine_cpu import engine_levels  # noqa: E402
+from engine import default_model_path  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +32,8 @@ def main() -> None:
     runs: dict[tuple[bool, int], list[tuple]] = {}
     for rep in range(args.reps):
         for int4 in ((True, False) if rep % 2 == 0 else (False, True)):
-            for c, result in one_engine(args.model, int4, args.threads, levels, args.max_tokens).items():
+            measured = engine_levels(args.model, args.threads, levels, args.max_tokens, int4_weights=int4)
+            for c, result in measured.items():
                 runs.setdefault((int4, c), []).append(result)
     print(f"{os.path.basename(args.model)}, {args.threads} threads, {args.max_tokens} tokens a request, "
           f"medians of {args.reps}")

@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.engine_cpu import chat_prompts, run_velo  # noqa: E402
-from engine import EngineConfig, LLMEngine, default_model_path  # noqa: E402
+from bench.engine_cpu import engine_levels  # noqa: E402
+from engine import EngineConfig, default_model_path  # noqa: E402
 from engine import kv_store  # noqa: E402
 from engine.loader import load  # noqa: E402
 from engine.model_runner import ModelRunner, StepInput  # noqa: E402
@@ -45,17 +45,6 @@ def perplexity(model, ids: list[int], chunk: int, kv_int8: bool, block_size: int
         targets = torch.tensor(ids[start + 1:start + 1 + len(piece)])
         nll -= torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum().item()
     return math.exp(nll / (len(ids) - 1))
-
-
-def one_engine(model: str, kv_dtype: str, threads: int, levels: list[int], max_tokens: int) -> dict[int, tuple]:
-    engine = LLMEngine.from_pretrained(model, EngineConfig(num_threads=threads, progress=False, kv_dtype=kv_dtype,
-                                                           enable_prefix_cache=False))
-    try:
-        prompts = chat_prompts(engine.tokenizer, max(levels))
-        run_velo(engine, prompts[:1], 4)  # warm-up
-        return {c: run_velo(engine, prompts[:c], max_tokens) for c in levels}
-    finally:
-        engine.shutdown()
 
 
 def main() -> None:
@@ -84,7 +73,8 @@ def main() -> None:
     runs: dict[tuple[str, int], list[tuple]] = {}
     for rep in range(args.reps):
         for kv in (("auto", "int8") if rep % 2 == 0 else ("int8", "auto")):
-            for c, result in one_engine(args.model, kv, args.threads, levels, args.max_tokens).items():
+            measured = engine_levels(args.model, args.threads, levels, args.max_tokens, kv_dtype=kv)
+            for c, result in measured.items():
                 runs.setdefault((kv, c), []).append(result)
     for c in levels:
         rate = {}
