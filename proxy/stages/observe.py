@@ -24,13 +24,14 @@ class Observe(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
         log_prompts, backend = self.services.config.server.log_prompts, job.target.backend.name
-        line = RequestLine(job.caller.path, job.model, backend, _prompt(job.request) if log_prompts else None)
+        prompt = _prompt(job.request) if log_prompts else None
+        line = RequestLine(job.caller.path, job.model, backend, prompt)
         error: BaseException | None = None
         try:
             with self.metrics.observe(job.caller.path, job.target.label, backend) as seen:
                 self.services.inflight.watch(job.caller.request_id, job.model, backend, seen)
-                if log_prompts:
-                    seen.prompt = _prompt(job.request)[:_PROMPT_CHARS]
+                if prompt is not None:
+                    seen.prompt = prompt[:_PROMPT_CHARS]
                 try:
                     async with contextlib.aclosing(next(job)) as rest:
                         async for chunk in rest:
