@@ -186,17 +186,22 @@ class Upstream:
 
     async def _reads(self, resp: aiohttp.ClientResponse, first_wait: float,
                      total: float | None) -> AsyncIterator[bytes]:
-        """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each."""
+        """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each. What has
+        arrived already is taken whole and at once; only an empty buffer arms a timer (a timer per read was 2.6% of
+        the proxy's time at max req/s, in a py-spy profile)."""
         loop = asyncio.get_running_loop()
         deadline = None if total is None else loop.time() + total
         wait, what = first_wait, "sent no first data"
+        content = resp.content
         while True:
             limit = wait if deadline is None else min(wait, deadline - loop.time())
             if deadline is not None and limit < wait:
                 limit, what = max(limit, 0), f"did not send the whole answer ({total:g}s total)"
             try:
-                async with wait_at_most(limit):
-                    data = await resp.content.readany()
+                data = content.read_nowait() if limit > 0 else b""
+                if not data and not content.at_eof():
+                    async with wait_at_most(limit):
+                        data = await content.readany()
             except asyncio.TimeoutError as e:
                 raise BackendTimeout(f"backend {self.config.name!r} {what} within {limit:g}s") from e
             except aiohttp.ClientError as e:
@@ -207,17 +212,17 @@ class Upstream:
             wait, what = self.config.idle_timeout, "sent no data between chunks"
 
     async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float,
-                    total: float | None) -> AsyncIterator[bytes]:
-        """Non-empty lines of the body (NDJSON or SSE), each as soon as it is complete."""
+                    total: float | None) -> AsyncIterator[list[bytes]]:
+        """Non-empty lines of the body (NDJSON or SSE), as soon as they are complete: all those that arrived
+        together in one list, so the layers above wake once per read, not once per line."""
         buf = b""
         async for data in self._reads(resp, first_wait, total):
-            buf += data
-            *complete, buf = buf.split(b"\n")
-            for line in complete:
-                if line.strip():
-                    yield line
+            *complete, buf = (buf + data).split(b"\n")
+            complete = [line for line in complete if line.strip()]
+            if complete:
+                yield complete
         if buf.strip():
-            yield buf
+            yield [buf]
 
     async def read_json(self, resp: aiohttp.ClientResponse) -> Any:
         body = b"".join([data async for data in self._reads(resp, self.config.total_timeout,
@@ -248,21 +253,23 @@ class Upstream:
 
     async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                      parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
-        async for line in self.lines(resp, first_wait=first_wait, total=total):
-            yield self.shaped(parse, self._loads(line), resp.url.path)
+        async for lines in self.lines(resp, first_wait=first_wait, total=total):
+            for line in lines:
+                yield self.shaped(parse, self._loads(line), resp.url.path)
 
     async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                   parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
         """The JSON payloads of `data:` events through `parse`; `[DONE]` and comments are skipped, `error:` events
         raise."""
-        async for line in self.lines(resp, first_wait=first_wait, total=total):
-            field, _, value = line.partition(b":")
-            value = value.strip()
-            if field == b"error":
-                raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
-            if field != b"data" or value == b"[DONE]":
-                continue
-            obj = self._loads(value)
-            if isinstance(obj, dict) and "error" in obj:
-                raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
-            yield self.shaped(parse, obj, resp.url.path)
+        async for lines in self.lines(resp, first_wait=first_wait, total=total):
+            for line in lines:
+                field, _, value = line.partition(b":")
+                value = value.strip()
+                if field == b"error":
+                    raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+                if field != b"data" or value == b"[DONE]":
+                    continue
+                obj = self._loads(value)
+                if isinstance(obj, dict) and "error" in obj:
+                    raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+                yield self.shaped(parse, obj, resp.url.path)
