@@ -37,7 +37,7 @@ class Embeddings:
         batcher = self.batchers.get(target.backend.name)
         with self.metrics.observe(caller.path, target.label, target.backend.name):
             req = replace(req, model=target.model)
-            async with self.residency.use(target, req.keep_alive):
+            with self.residency.use(target, req.keep_alive):
                 return await (batcher.embed(req) if batcher else target.backend.embed(req))
 
     def collect(self) -> Iterator[CounterMetricFamily]:

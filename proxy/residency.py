@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, Iterator
 
 from adapters import keep_alive
 from adapters.protocol import KEPT_LOADED_S, rfc3339
@@ -47,9 +47,10 @@ class Residency:
             self.stays[key] = (target, Stay())
         return self.stays[key][1]
 
-    @contextlib.asynccontextmanager
-    async def use(self, target: Target, keep: Any) -> AsyncIterator[None]:
-        """Around one request: its model is not unloaded under it, and stays `keep` after it."""
+    @contextlib.contextmanager
+    def use(self, target: Target, keep: Any) -> Iterator[None]:
+        """Around one request: its model is not unloaded under it, and stays `keep` after it. The unload timer
+        only watches backends whose model Velo unloads itself, so only their requests wake it."""
         stay = self._stay(target)
         stay.in_flight += 1
         try:
@@ -60,11 +61,12 @@ class Residency:
             keep = target.backend.default_keep_alive if keep is None else keep
             stay.keep_s = 0.0 if stay.unloading else keep_alive.seconds(keep)
             stay.unloading = stay.unloading and stay.in_flight > 0
-            self._wake.set()
+            if target.backend.idle_unload:
+                self._wake.set()
 
     async def load(self, target: Target, keep: Any) -> int:
         """A bare load request (no prompt): nanoseconds spent loading."""
-        async with self.use(target, keep):
+        with self.use(target, keep):
             return await target.backend.load(target.model, keep)
 
     async def unload(self, target: Target) -> None:

@@ -31,28 +31,32 @@ class Cache(Stage):
                                                   lambda: asyncio.ensure_future(CacheLayer.create(cfg)), _close)
             self.layer = await opening
 
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        assert job.target is not None
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """No cache: the rest of the pipeline's stream as is (see stages/base.py)."""
         if self.layer is None:
             job.outcome.cache = "off"
-        else:
-            started = time.perf_counter_ns()
-            hit = await self.layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, model=job.model,
-                                          label=job.target.label)
-            if hit is not None:
-                job.outcome.cache = hit.kind
-                async for chunk in _replay(hit.chunks, started):
-                    yield chunk
-                return
-            job.outcome.cache_reason = "" if job.cache_bypass else self.layer.skip_reason(_keyed(job), job.model)
-            job.outcome.cache = "bypass" if job.cache_bypass else "skip" if job.outcome.cache_reason else "miss"
+            return next(job)
+        return self._cached(job, next, self.layer)
+
+    async def _cached(self, job: Job, next: Next, layer: CacheLayer) -> AsyncIterator[Chunk]:
+        assert job.target is not None
+        started = time.perf_counter_ns()
+        hit = await layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, model=job.model,
+                                 label=job.target.label)
+        if hit is not None:
+            job.outcome.cache = hit.kind
+            async for chunk in _replay(hit.chunks, started):
+                yield chunk
+            return
+        job.outcome.cache_reason = "" if job.cache_bypass else layer.skip_reason(_keyed(job), job.model)
+        job.outcome.cache = "bypass" if job.cache_bypass else "skip" if job.outcome.cache_reason else "miss"
         chunks: list[Chunk] = []
         async with contextlib.aclosing(next(job)) as rest:
             async for chunk in rest:
                 chunks.append(chunk)
                 yield chunk
-        if self.layer is not None and job.outcome.cache == "miss":
-            await self.layer.store(_keyed(job), job.caller.tenant, chunks, model=job.model, label=job.target.label)
+        if job.outcome.cache == "miss":
+            await layer.store(_keyed(job), job.caller.tenant, chunks, model=job.model, label=job.target.label)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.layer.stats() if self.layer is not None else {}

@@ -24,7 +24,7 @@ class KeepLoaded(Stage):
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        async with self.residency.use(job.target, job.request.keep_alive):
+        with self.residency.use(job.target, job.request.keep_alive):
             async with contextlib.aclosing(next(job)) as rest:
                 async for chunk in rest:
                     yield chunk

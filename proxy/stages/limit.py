@@ -34,12 +34,11 @@ class Limit(Stage):
         self.named = {tenant_of(k) for k in services.config.server.api_keys} | {ANONYMOUS}
         services.registry.register(self)
 
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        if not self.limits.active:
-            async with contextlib.aclosing(next(job)) as rest:
-                async for chunk in rest:
-                    yield chunk
-            return
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """No limits set: the rest of the pipeline's stream as is (see stages/base.py)."""
+        return self._limited(job, next) if self.limits.active else next(job)
+
+    async def _limited(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         key, prompt = job.caller.tenant, estimate(job.request)
         try:
             job.outcome.rate_limit = headers(job.dialect, self.limits.admit(key, prompt, self.label(key)))

@@ -25,11 +25,14 @@ from .base import Next, Stage
 
 
 class OfferTools(Stage):
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """No tools: the rest of the pipeline's stream as is (see stages/base.py)."""
         req = job.request
         tools = offered_tools(req) if isinstance(req, ChatRequest) else []
-        if tools:
-            job = await self._offered(job, req, tools)  # type: ignore[arg-type]
+        return self._offering(job, req, tools, next) if tools else next(job)  # type: ignore[arg-type]
+
+    async def _offering(self, job: Job, req: ChatRequest, tools: list, next: Next) -> AsyncIterator[Chunk]:
+        job = await self._offered(job, req, tools)
         async with contextlib.aclosing(next(job)) as rest:
             async for chunk in rest:
                 yield chunk

@@ -36,21 +36,21 @@ async def test_expires_after_the_last_requests_keep_alive_and_not_while_in_fligh
     target = Target(backend, "tiny:latest")
     await residency.start()
     try:
-        async with residency.use(target, "0.2s"):
+        with residency.use(target, "0.2s"):
             await asyncio.sleep(0.4)  # in flight: never unloaded under a request
             assert backend.unloads == 0 and residency.expires_at("scripted", "tiny:latest").startswith("2")
-        async with residency.use(target, "1h"):
+        with residency.use(target, "1h"):
             pass
         expires = datetime.fromisoformat(residency.expires_at("scripted", "tiny:latest")).timestamp()
         assert 3590 < expires - time.time() <= 3600
-        async with residency.use(target, 0.1):
+        with residency.use(target, 0.1):
             pass
         for _ in range(50):
             await asyncio.sleep(0.05)
             if backend.unloads:
                 break
         assert backend.unloads == 1 and residency.expires_at("scripted", "tiny:latest") is None
-        async with residency.use(target, -1):
+        with residency.use(target, -1):
             pass
         assert residency.expires_at("scripted", "tiny:latest") > "2300"  # kept for good, as Ollama writes it
     finally:
@@ -62,8 +62,8 @@ async def test_keep_alive_zero_waits_for_requests_in_flight():
     target = Target(backend, "tiny:latest")
     await residency.start()
     try:
-        async with residency.use(target, None):
-            async with residency.use(target, "5m"):
+        with residency.use(target, None):
+            with residency.use(target, "5m"):
                 await residency.unload(target)
                 assert backend.unloads == 0
             await asyncio.sleep(0.2)
@@ -73,7 +73,7 @@ async def test_keep_alive_zero_waits_for_requests_in_flight():
             if backend.unloads:
                 break
         assert backend.unloads == 1  # once the last is done, whatever keep_alive they sent
-        async with residency.use(target, "5m"):
+        with residency.use(target, "5m"):
             pass
         await asyncio.sleep(0.2)
         assert backend.unloads == 1
