@@ -12,6 +12,8 @@ not knobs of the sampler and differ in shape per wire (a flag, a count, `n_probs
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -103,8 +105,10 @@ def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:
     return out
 
 
+@functools.cache
 def defaults(dialect: str) -> SamplingOptions:
-    """What `dialect`'s own server samples with when a request leaves a knob unset."""
+    """What `dialect`'s own server samples with when a request leaves a knob unset: one value per dialect, shared by
+    every request, so only read (`under` copies)."""
     return SamplingOptions(**{k.field: k.kind(k.defaults[dialect]) for k in KNOBS if dialect in k.defaults})
 
 
