@@ -54,12 +54,12 @@ def _run_fake(urls: multiprocessing.Queue, words: int) -> None:
 def _run_velo(port: int, kind: str, upstream: str) -> None:
     from adapters.base import BackendConfig
     from proxy.cache.config import CacheConfig
-    from proxy.cli import serve
+    from proxy.cli import run_server, serve
     from proxy.config import Config, ServerConfig
 
     cfg = Config(server=ServerConfig(port=port), backends=[BackendConfig(name="up", kind=kind, urls=[upstream])],
                  cache=CacheConfig(enabled=False))
-    asyncio.run(serve(cfg))
+    run_server(serve(cfg))
 
 
 def _spawn(target, *args) -> multiprocessing.Process:
