@@ -44,7 +44,7 @@ def decode_bytes(model: LlamaModel) -> int:
     head = "embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
     skip = {"embed_tokens.weight"} | ({head} if model.packed_head is not None else set())
     dense = _nbytes(*(p for name, p in model.named_parameters() if name not in skip))
-    packed = sum(_nbytes(m.packed, m.scale_zero, m.bias) for m in model.modules() if isinstance(m, Int4Linear)) \
+    packed = sum(_nbytes(*m.packed_tensors(), m.bias) for m in model.modules() if isinstance(m, Int4Linear)) \
         + sum(_nbytes(m.q, m.scale, m.bias) for m in model.modules() if isinstance(m, Int8Linear))
     tied = model.lm_head is None and model.packed_head is None
     return dense + packed + (_nbytes(model.embed_tokens.weight) if tied else 0)

@@ -92,7 +92,7 @@ def test_shipped_model_runs_its_q4_layers_in_int4(shipped: dict[bool, LlamaModel
 def test_shipped_q8_0_head_is_packed_exactly_as_two_planes(shipped: dict[bool, LlamaModel]):
     """The tied Q8_0 embedding: dense for the lookup and prompt steps, two 4-bit planes for decode steps."""
     packed, dense = shipped[True], shipped[False]
-    assert dense.packed_head is None and packed.packed_head.packed.shape[0] == 2
+    assert dense.packed_head is None and packed.packed_head.planes == 2
     assert packed.packed_head.dense.data_ptr() == packed.embed_tokens.weight.data_ptr()  # one dense copy, shared
     assert torch.equal(packed.embed_tokens.weight, dense.embed_tokens.weight)
     hidden = torch.randn(3, packed.cfg.hidden_size, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
