@@ -9,6 +9,7 @@ per-token path. The same code runs on CUDA (SDPA over gathered blocks; untested 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ class AttentionGroup:
     valid_tokens: torch.Tensor  # (V,) the step's flat token index of each of those rows
     kv_slots: torch.Tensor | None  # (B*K,) cache slot of each key position; None for contiguous runs
     mask: torch.Tensor         # (B, 1, Q, K) bool, True where a query may see a key
+    unpadded: bool = False     # token_index is 0 .. B*Q-1: the sequences' tokens as they lie, none padded
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -66,8 +68,9 @@ def build_group(token_starts: list[int], starts: list[int], lengths: list[int],
         block_idx = torch.clamp(k_pos // block_size, max=width - 1)
         kv_slots = (tables[:, block_idx] * block_size + k_pos % block_size).flatten().to(device)
     flat_valid = valid.flatten()
+    unpadded = all(n == q_len for n in lengths) and token_starts == list(range(0, q_len * len(lengths), q_len))
     return AttentionGroup(token_index.flatten().to(device), flat_valid.nonzero()[:, 0].to(device),
-                          token_index.flatten()[flat_valid].to(device), kv_slots, mask[:, None].to(device))
+                          token_index.flatten()[flat_valid].to(device), kv_slots, mask[:, None].to(device), unpadded)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV | None,
@@ -76,23 +79,32 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
     step's tokens. Returns (T, H, D)."""
     if cache is not None:
         cache.write(batch.slot_mapping, k, v)
+    if len(batch.groups) == 1 and batch.groups[0].unpadded and math.prod(batch.groups[0].shape[:2]) == q.shape[0]:
+        # every decode step (and a lone prompt chunk): the group is the step's tokens as they lie, so no gather in
+        # and no scatter out (four ops a layer)
+        return _attend_group(q, k, v, cache, batch.groups[0], gathered=False)
     out = torch.empty_like(q)
     for g in batch.groups:
-        b, q_len, k_len = g.shape
-        if cache is not None:
-            kg, vg = cache.read(g.kv_slots, q.dtype)
-        else:
-            kg, vg = k.index_select(0, g.token_index), v.index_select(0, g.token_index)
-        qg = q.index_select(0, g.token_index).view(b, q_len, *q.shape[1:])
-        kg, vg = kg.view(b, k_len, *kg.shape[1:]), vg.view(b, k_len, *vg.shape[1:])
-        if q_len == 1 and torch.compiler.is_compiling():
-            attend = _summed_attention
-        else:
-            attend = _grouped_attention if q_len == 1 and q.is_cpu and q.dtype != torch.float32 else _sdpa
-        o = attend(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), g.mask)
-        o = o.transpose(1, 2).reshape(b * q_len, *q.shape[1:])
-        out.index_copy_(0, g.valid_tokens, o.index_select(0, g.valid_rows))
+        out.index_copy_(0, g.valid_tokens, _attend_group(q, k, v, cache, g).index_select(0, g.valid_rows))
     return out
+
+
+def _attend_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV | None, g: AttentionGroup,
+                  gathered: bool = True) -> torch.Tensor:
+    """The group's padded rows (B*Q, H, D); `gathered`: its queries are picked out of the step's by token_index."""
+    b, q_len, k_len = g.shape
+    if cache is not None:
+        kg, vg = cache.read(g.kv_slots, q.dtype)
+    else:
+        kg, vg = k.index_select(0, g.token_index), v.index_select(0, g.token_index)
+    qg = (q.index_select(0, g.token_index) if gathered else q).view(b, q_len, *q.shape[1:])
+    kg, vg = kg.view(b, k_len, *kg.shape[1:]), vg.view(b, k_len, *vg.shape[1:])
+    if q_len == 1 and torch.compiler.is_compiling():
+        attend = _summed_attention
+    else:
+        attend = _grouped_attention if q_len == 1 and q.is_cpu and q.dtype != torch.float32 else _sdpa
+    o = attend(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), g.mask)
+    return o.transpose(1, 2).reshape(b * q_len, *q.shape[1:])
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
