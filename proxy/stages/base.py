@@ -10,9 +10,10 @@
 
 plus one line in proxy/pipeline.py's STAGES. A stage with nothing to do for a job returns `next(job)` itself from a
 plain `__call__`, and keeps its generator for the jobs it acts on (limit, cache, repair, offer tools, coalesce):
-every generator layer costs each request and each chunk a hop. A stage is built anew for each configuration (a reload makes a new
-pipeline); what must outlive that goes through `services.lease`. A stage writes only `job.outcome` (and `job.target`, for resolve);
-one that needs live state exported on /metrics registers itself as a Prometheus collector (`collect`).
+every generator layer costs each request and each chunk a hop. A stage is built anew for each configuration (a
+reload makes a new pipeline); what must outlive that goes through `services.lease`. A stage writes only
+`job.outcome` (and `job.target`, for resolve); one that needs live state exported on /metrics registers itself as a
+Prometheus collector (`collect`).
 Leaving the `async with` early closes the rest of the pipeline, which cancels the backend's work.
 """
 from __future__ import annotations
