@@ -57,14 +57,14 @@ def _run_velo(port: int, oai: str, oll: str) -> None:
     import logging
 
     from adapters.base import BackendConfig
-    from proxy.cli import serve
+    from proxy.cli import run_server, serve
     from proxy.config import Config, ServerConfig
 
     logging.basicConfig(level=logging.ERROR)
     cfg = Config(server=ServerConfig(port=port, max_body_bytes=1024 * 1024),
                  backends=[BackendConfig(name="oai", kind="openai", urls=[oai]),
                            BackendConfig(name="oll", kind="ollama", urls=[oll])])
-    asyncio.run(serve(cfg))
+    run_server(serve(cfg))
 
 
 def _spawn(target: Any, *args: Any) -> multiprocessing.Process:
