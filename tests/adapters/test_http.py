@@ -72,6 +72,39 @@ async def test_a_request_that_never_went_out_is_sent_once_more_on_a_fresh_connec
         server.close()
 
 
+async def serve_pieces(pieces: list[bytes]) -> asyncio.Server:
+    """A server that answers any request with a body sent in these pieces, each written and flushed apart."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)  # the `{}` body
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.02)  # so each piece arrives in a read of its own
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("pieces", [
+    [b'data: {"n": 1}\n\ndata: {"n": 2}\n\n: a comment\n\ndata: [DONE]\n\n'],  # every event in one read
+    [b'data: {"n"', b': 1}\n', b'\ndata: {"n": 2}\n\n: a com', b'ment\n\ndata: [DO', b'NE]'],  # split mid-line; no
+])  # newline after the last line
+async def test_sse_events_come_whole_and_in_order_however_the_body_is_cut(pieces: list[bytes]):
+    """Lines that arrive together go up together and a line cut between reads waits for its end: the same
+    events either way."""
+    server = await serve_pieces(pieces)
+    up = upstream(server)
+    try:
+        async with up.request("POST", "/x", {}, wait=5) as resp:
+            events = [e async for e in up.sse(resp, first_wait=5, total=None)]
+        assert events == [{"n": 1}, {"n": 2}]
+    finally:
+        await up.close()
+        server.close()
+
+
 async def test_one_answer_folds_a_stream_into_one_chunk_and_keeps_every_field():
     """A non-streamed client request: the backend's stream folded before the pipeline, with nothing lost."""
     call = ToolCall(name="f", arguments={"a": 1}, id="c0")
