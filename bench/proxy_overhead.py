@@ -5,10 +5,12 @@ as the peer. Figures: latency p50/p99 of short requests, streamed pieces/s, and 
 each of Velo's four dialects (Ollama, OpenAI chat, Anthropic Messages, OpenAI Responses) asking the same
 question of the same upstream, against the OpenAI dialect (goal: within 10%).
 
-Two upstreams: a fast fake (tests/fakes.py FakeOpenAI, no delay: the proxy's own cost dominates) and the real
+Two upstreams: a fast fake (tests/fakes.py FakeOpenAI, no delay: Velo's CPU is most of a request's) and the real
 llama-server with SmolLM2-135M (tests/llama_server.py: what a user feels). Upstream, Velo and this client each run
 in their own process; direct and proxied requests alternate so machine noise hits both alike. Velo's response
-cache is off (it would answer from memory, which measures the cache, not the path).
+cache is off (it would answer from memory, which measures the cache, not the path). Against the fake, a third side,
+`streamed`, asks the upstream for what Velo asks of it for a short request (a stream, read whole): Velo minus it
+is Velo's own cost; `streamed` minus direct is the upstream's extra work for the stream.
 
     python bench/proxy_overhead.py [--requests 200] [--stream-words 256] [--skip-llama] [--dialect-requests 300]
                                    [--rps-clients 32] [--rps-seconds 5] [--litellm PATH]
@@ -93,6 +95,16 @@ async def _timed(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[
 
 
 Sides = dict[str, str]  # side name -> base URL; "direct" is the baseline
+# The upstream asked what Velo asks of it for a one-answer request: a stream (so a backend that hangs is found after
+# first_token_timeout, adapters/http.py), read whole. Against it, Velo's own cost; against "direct", what the
+# client feels, the upstream's extra work for the stream included.
+STREAMED = "streamed"
+
+
+def as_sent(side: str, body: dict) -> dict:
+    if side != STREAMED or body.get("stream"):
+        return body
+    return {**body, "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def latency(session: aiohttp.ClientSession, sides: Sides, body: dict, n: int) -> dict[str, list[float]]:
@@ -101,13 +113,14 @@ async def latency(session: aiohttp.ClientSession, sides: Sides, body: dict, n: i
     names = list(sides)
     for i in range(n):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            out[name].append((await _once(session, sides[name], body))[0])
+            out[name].append((await _once(session, sides[name], as_sent(name, body)))[0])
     return out
 
 
 async def throughput(session: aiohttp.ClientSession, sides: Sides, body: dict, rounds: int,
                      concurrent: int) -> dict[str, list[float]]:
     """Streamed content pieces per second, `concurrent` streams at once, for each round."""
+    sides = {name: url for name, url in sides.items() if name != STREAMED}  # the same streams as direct
     out: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for i in range(rounds):
@@ -118,9 +131,24 @@ async def throughput(session: aiohttp.ClientSession, sides: Sides, body: dict, r
     return out
 
 
-async def max_rps(session: aiohttp.ClientSession, url: str, body: dict, clients: int, seconds: float) -> float:
-    """Completed non-streamed requests per second with `clients` always waiting on one."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+Pids = dict[str, int]  # process name -> pid, for CPU per request: on 2 shared cores, req/s also counts the others'
+
+
+async def max_rps(session: aiohttp.ClientSession, url: str, body: dict, clients: int, seconds: float,
+                  pids: Pids) -> tuple[float, dict[str, float]]:
+    """Completed non-streamed requests per second with `clients` always waiting on one, and the CPU microseconds
+    each process in `pids` spent per request meanwhile."""
     deadline, done = time.perf_counter() + seconds, 0
+    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
 
     async def client() -> None:
         nonlocal done
@@ -129,7 +157,8 @@ async def max_rps(session: aiohttp.ClientSession, url: str, body: dict, clients:
             done += 1
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    return done / (time.perf_counter() - started)
+    rate = done / (time.perf_counter() - started)
+    return rate, {name: (cpu_seconds(pid) - cpu[name]) / done * 1e6 for name, pid in pids.items()}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -137,8 +166,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def report(name: str, lat: dict[str, list[float]], tput: dict[str, list[float]], unit: str,
-           rps: dict[str, float]) -> None:
-    """Each proxy against direct: latency p50/p99, stream rate, max req/s."""
+           rps: dict[str, float], cpu: dict[str, dict[str, float]]) -> None:
+    """Each proxy against direct: latency p50/p99, stream rate, max req/s, CPU per request of each process."""
     for q in (50, 99):
         d = pct(lat["direct"], q) * 1e3
         print(f"{name:14} latency p{q}  direct {d:8.2f} ms" + "".join(
@@ -151,21 +180,33 @@ def report(name: str, lat: dict[str, list[float]], tput: dict[str, list[float]],
     if rps:
         print(f"{name:14} max req/s     direct {rps['direct']:8.1f}" + "".join(
             f"   {side} {v:8.1f} ({v / rps['direct']:.2f}x)" for side, v in rps.items() if side != "direct"))
+    if any(cpu.values()):
+        print(f"{name:14} CPU us per request at max req/s:" + ";".join(
+            f" {side}: " + ", ".join(f"{proc} {us:.0f}" for proc, us in used.items()) for side, used in cpu.items()))
+    if STREAMED in lat:
+        up, v = lat[STREAMED], lat["velo"]
+        print(f"{name:14} velo over the streamed upstream: latency p50 {(pct(v, 50) - pct(up, 50)) * 1e3:+.2f} ms, "
+              f"p99 {(pct(v, 99) - pct(up, 99)) * 1e3:+.2f} ms" +
+              (f", max req/s {rps['velo'] / rps[STREAMED]:.2f}x" if rps else ""))
 
 
 async def bench_sides(name: str, sides: Sides, requests: int, short: dict, long: dict, rounds: int,
-                      concurrent: int, unit: str, rps_clients: int = 0, rps_seconds: float = 0) -> None:
+                      concurrent: int, unit: str, rps_clients: int = 0, rps_seconds: float = 0,
+                      pids: Pids | None = None) -> None:
     for url in sides.values():
         await wait_until_ok(url + "/v1/models", 60, AUTH)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=AUTH) as session:
         await latency(session, sides, short, 5)  # warm connections and caches
         lat = await latency(session, sides, short, requests)
         tput = await throughput(session, sides, long, rounds, concurrent)
-        rps = {side: await max_rps(session, url, short, rps_clients, rps_seconds)
-               for side, url in sides.items()} if rps_clients else {}
+        # the upstream's CPU on every side, Velo's on its own
+        measured = {side: await max_rps(session, url, as_sent(side, short), rps_clients, rps_seconds,
+                                        {p: pid for p, pid in (pids or {}).items() if p in ("upstream", side)})
+                    for side, url in sides.items()} if rps_clients else {}
     print(f"{name:14} {requests} sequential requests, {rounds} rounds of {concurrent} concurrent streams"
           + (f", max req/s with {rps_clients} clients for {rps_seconds:g} s" if rps_clients else ""))
-    report(name, lat, tput, unit, rps)
+    report(name, lat, tput, unit, {side: r for side, (r, _) in measured.items()},
+           {side: used for side, (_, used) in measured.items()})
 
 
 # The same question in each dialect: (path, short non-streamed body, long streamed body).
@@ -250,7 +291,7 @@ def main() -> None:
     procs.append(_spawn(_run_velo, velo_port, "openai", fake))
     short = {"model": "fake", "messages": MSG, "max_tokens": 8}
     long = {"model": "fake", "messages": MSG, "stream": True}
-    sides = {"direct": fake, "velo": velo}
+    sides = {"direct": fake, STREAMED: fake, "velo": velo}
     litellm = None
     if Path(args.litellm).exists():
         litellm, sides["litellm"] = _start_litellm(args.litellm, fake, "fake")
@@ -258,7 +299,7 @@ def main() -> None:
         print(f"no LiteLLM at {args.litellm}: run scripts/install-litellm.sh for the peer figures")
     try:
         asyncio.run(bench_sides("fake upstream", sides, args.requests, short, long, 5, 4, "pieces/s",
-                                args.rps_clients, args.rps_seconds))
+                                args.rps_clients, args.rps_seconds, {"upstream": procs[0].pid, "velo": procs[1].pid}))
         asyncio.run(bench_dialects(velo, fake, args.dialect_requests))
     finally:
         for p in procs:
