@@ -129,6 +129,27 @@ def engine_levels(model: str, threads: int, levels: list[int], max_tokens: int, 
         engine.shutdown()
 
 
+def compare_configs(model: str, threads: int, levels: list[int], max_tokens: int, reps: int,
+                    variants: dict[str, dict]) -> None:
+    """Two EngineConfig variants (name -> fields), the first against the second: tok/s and TTFT at each level,
+    medians over `reps`. Two engines in one process would share the cores' OpenMP teams badly (engine/threads.py),
+    so each rep loads one engine, measures every level and shuts it down; reps alternate which goes first."""
+    runs: dict[tuple[str, int], list[tuple]] = {}
+    for rep in range(reps):
+        for name in (list(variants) if rep % 2 == 0 else list(reversed(variants))):
+            for c, result in engine_levels(model, threads, levels, max_tokens, **variants[name]).items():
+                runs.setdefault((name, c), []).append(result)
+    measured, baseline = variants
+    for c in levels:
+        rate = {}
+        for name in variants:
+            rs = runs[(name, c)]
+            wall, ttft = statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs)
+            rate[name] = rs[0][0] / wall
+            print(f"{name:7s} c={c:<2d} {rate[name]:7.1f} tok/s, TTFT {ttft * 1000:6.0f} ms (median of {reps})")
+        print(f"c={c}: {measured}/{baseline} tok/s {rate[measured] / rate[baseline]:.2f}x")
+
+
 def start_llama_server(model: str, slots: int, threads: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([LLAMA_SERVER, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),

@@ -5,21 +5,21 @@ perplexity on a fixed text, and decode tok/s / TTFT at 1 and 8 concurrent reques
 
 Perplexity: the text (Python's own reference topics from `pydoc_data`, fixed per Python version) runs through
 the paged cache in chunks of --chunk tokens, so every position attends to keys read back from the cache, as in
-decoding. Speed: as bench/engine_int4.py, one engine at a time, reps alternating which goes first, medians.
+decoding. Speed: bench/engine_cpu.py compare_configs, one engine at a time, reps alternating which goes first,
+medians.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.engine_cpu import engine_levels  # noqa: E402
+from bench.engine_cpu import compare_configs  # noqa: E402
 from engine import EngineConfig, default_model_path  # noqa: E402
 from engine import kv_store  # noqa: E402
 from engine.loader import load  # noqa: E402
@@ -69,21 +69,8 @@ def main() -> None:
     print(f"perplexity over {len(ids)} tokens, chunks of {args.chunk}: {name} {ppl[False]:.4f}, int8 {ppl[True]:.4f} "
           f"({(ppl[True] / ppl[False] - 1) * 100:+.2f}%)")
     del loaded
-    levels = [int(c) for c in args.concurrency.split(",")]
-    runs: dict[tuple[str, int], list[tuple]] = {}
-    for rep in range(args.reps):
-        for kv in (("auto", "int8") if rep % 2 == 0 else ("int8", "auto")):
-            measured = engine_levels(args.model, args.threads, levels, args.max_tokens, kv_dtype=kv)
-            for c, result in measured.items():
-                runs.setdefault((kv, c), []).append(result)
-    for c in levels:
-        rate = {}
-        for kv in ("auto", "int8"):
-            rs = runs[(kv, c)]
-            wall, ttft = statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs)
-            rate[kv] = rs[0][0] / wall
-            print(f"kv {kv:4s} c={c:<2d} {rate[kv]:7.1f} tok/s, TTFT {ttft * 1000:6.0f} ms (median of {args.reps})")
-        print(f"c={c}: int8/{name} tok/s {rate['int8'] / rate['auto']:.2f}x")
+    compare_configs(args.model, args.threads, [int(c) for c in args.concurrency.split(",")], args.max_tokens,
+                    args.reps, {"int8": {"kv_dtype": "int8"}, name: {"kv_dtype": "auto"}})
 
 
 if __name__ == "__main__":
