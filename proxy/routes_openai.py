@@ -2,7 +2,6 @@
 backend for one generation."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
@@ -17,7 +16,7 @@ from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_str
 from .job import Job, Request
 from .state import PIPELINE, ROUTER
 from .stream_ends import separate_finish
-from .streams import collect, merge
+from .streams import collect_each, merge
 
 
 async def models(request: web.Request) -> web.Response:
@@ -40,7 +39,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("chatcmpl")
     if not req.stream:
-        choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
+        choices = [aggregate(c) for c in await collect_each(streams)]
         return json_response(openai.chat_completion(ids, req.model, choices), headers=_headers(jobs))
     calls_sent = [0] * len(streams)
 
@@ -60,7 +59,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
     if not req.stream:
-        choices = [aggregate(c) for c in await asyncio.gather(*(collect(s) for s in streams))]
+        choices = [aggregate(c) for c in await collect_each(streams)]
         if req.echo:
             for c in choices:
                 c.text = req.prompt + c.text
@@ -84,7 +83,7 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
     def nth(i: int) -> Request:
         seed = req.options.seed
         if i == 0 or seed is None:
-            return replace(req, n=1)
+            return req if req.n == 1 else replace(req, n=1)
         seed = seed + i if seed + i < 2**64 else seed + i - 2**64  # JSON encoders stop at unsigned 64 bits
         return replace(req, n=1, options=replace(req.options, seed=seed))
     return [job_for(request, nth(i), body) for i in range(req.n)]
@@ -93,6 +92,8 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
 def _headers(jobs: list[Job]) -> dict[str, str]:
     """One response for n jobs: the first's outcome (they share their cacheability and limits), every job's
     repairs."""
+    if len(jobs) == 1:
+        return jobs[0].outcome.headers()
     return replace(jobs[0].outcome, repairs=[r for j in jobs for r in j.outcome.repairs]).headers()
 
 

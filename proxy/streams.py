@@ -23,6 +23,14 @@ async def collect(stream: AsyncIterator[T]) -> list[T]:
         await stream.aclose()  # type: ignore[attr-defined]
 
 
+async def collect_each(streams: list[AsyncIterator[T]]) -> list[list[T]]:
+    """Every stream whole, side by side; a single one in the caller's own task (a task for it cost ~15 us of the
+    proxy's ~550 a request at max req/s)."""
+    if len(streams) == 1:
+        return [await collect(streams[0])]
+    return list(await asyncio.gather(*(collect(s) for s in streams)))
+
+
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """(index, item) from several streams as items arrive; an error in one ends the merge with it, and closing the
     merge closes every stream (cancelling their backend work)."""
