@@ -70,6 +70,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("stop", list, "stop", "stop", "stop", "stop", "stop_sequences"),
 )
 BY_FIELD = {k.field: k for k in KNOBS}
+_FIELDS = tuple(BY_FIELD)
 _NOT_KNOBS = {"logprobs", "top_logprobs", "extra"}  # SamplingOptions fields every wire treats its own way
 
 
@@ -113,8 +114,12 @@ def defaults(dialect: str) -> SamplingOptions:
 
 
 def under(opts: SamplingOptions, base: SamplingOptions) -> SamplingOptions:
-    """`opts`, with what it leaves unset taken from `base` (a preset's parameters, a model's config, defaults)."""
-    filled = {k.field: getattr(base, k.field) for k in KNOBS if getattr(opts, k.field) in (None, [])}
+    """`opts`, with what it leaves unset taken from `base` (a preset's parameters, a model's config, defaults);
+    `opts` itself when `base` fills nothing (every request passes here, and a copy is 3 µs of its ~550)."""
+    filled = {f: value for f in _FIELDS
+              if getattr(opts, f) in (None, []) and (value := getattr(base, f)) not in (None, [])}
+    if not filled and not base.extra.keys() - opts.extra.keys():
+        return opts
     return replace(opts, **filled, extra=base.extra | opts.extra)
 
 

@@ -22,7 +22,9 @@ class CallBackend(Stage):
 
     def __call__(self, job: Job, next: Next | None = None) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        req, backend = replace(job.request, model=job.target.model), job.target.backend
+        req, backend = job.request, job.target.backend
+        if req.model != job.target.model:
+            req = replace(req, model=job.target.model)
         return backend.chat(req) if isinstance(req, ChatRequest) else backend.complete(req)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -38,7 +38,7 @@ class Resolve(Stage):
             opts = options.under(opts, settings.sampling())
         if job.target.backend.own_defaults != job.dialect:
             opts = options.under(opts, options.defaults(job.dialect))
-        return replace(req, options=opts)
+        return req if opts is req.options else replace(req, options=opts)
 
 
 def _first(models: dict[str, ModelConfig], names: tuple[str, ...]) -> ModelConfig | None:
