@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 from adapters.protocol import Chunk
 from adapters.schema import setting
 
@@ -23,18 +25,13 @@ COMPLETE = frozenset({"stop", "length", "tool_calls"})
 _OFF = frozenset({"off", "bypass", "no", "false", "0"})
 
 
-def _header(headers: Mapping[str, str], name: str) -> str:
-    value = headers.get(name)
-    if value is None:  # plain dicts are case-sensitive; aiohttp's CIMultiDict is not
-        value = next((v for k, v in headers.items() if k.lower() == name.lower()), "")
-    return value.lower()
-
-
 def bypass_requested(headers: Mapping[str, str], body_extras: dict[str, Any]) -> bool:
-    directives = {d.strip().split("=")[0] for d in _header(headers, "cache-control").split(",")}
-    if directives & {"no-cache", "no-store"} or "no-cache" in _header(headers, "pragma"):
+    if not isinstance(headers, (CIMultiDict, CIMultiDictProxy)):  # plain dicts are case-sensitive; aiohttp's not
+        headers = CIMultiDict(headers)
+    control, pragma, velo = (headers.get(name, "").lower() for name in ("cache-control", "pragma", "x-velo-cache"))
+    if {d.strip().split("=")[0] for d in control.split(",")} & {"no-cache", "no-store"} or "no-cache" in pragma:
         return True
-    if _header(headers, "x-velo-cache").strip() in _OFF:
+    if velo.strip() in _OFF:
         return True
     options = body_extras.get("options")
     return body_extras.get("cache") is False or (isinstance(options, dict) and options.get("cache") is False)
