@@ -102,12 +102,6 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
                obj: str, opening: bool) -> web.StreamResponse:
     usages: list = []
 
-    async def events() -> AsyncIterator[tuple[int, Chunk]]:
-        async for index, chunk in merge([separate_finish(s) for s in streams]):
-            if chunk.usage is not None:
-                usages.append(chunk.usage)
-            yield index, chunk
-
     async def finish() -> bytes:
         return sse(openai.usage_chunk(ids, model_name, obj, usages)) if include_usage else b""
 
@@ -115,14 +109,17 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
     def encode(item: tuple[int, Chunk]) -> bytes:
         index, chunk = item
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
         head = b""
         if opening and index not in opened:  # OpenAI opens each choice with a role delta
             opened.add(index)
             head = sse(openai.chat_chunk(ids, model_name, index, None, first=True))
         return head + sse(shape(index, chunk))
 
-    return await write_stream(request, events(), encode, lambda e: sse(openai.error_object(e)), "text/event-stream",
-                              lambda: _headers(jobs), SSE_DONE, finish)
+    return await write_stream(request, merge([separate_finish(s) for s in streams]), encode,
+                              lambda e: sse(openai.error_object(e)), "text/event-stream", lambda: _headers(jobs),
+                              SSE_DONE, finish)
 
 
 async def embeddings(request: web.Request) -> web.Response:
