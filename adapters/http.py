@@ -39,6 +39,7 @@ T = TypeVar("T")
 # (vLLM, SGLang) close idle keep-alive connections, so a request is never sent on one the server is closing.
 KEEPALIVE_S = 4.0
 _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
+_JSON = {"Content-Type": "application/json"}
 
 
 def _as_is(obj: Any) -> Any:
@@ -110,7 +111,7 @@ class Upstream:
         return aiohttp.ClientSession(
             headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None,
             timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout, sock_connect=cfg.connect_timeout),
-            connector=connector, json_serialize=lambda obj: orjson.dumps(obj).decode())
+            connector=connector)
 
     async def close(self) -> None:
         for session in (self._session, self._fresh):
@@ -155,14 +156,16 @@ class Upstream:
         """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
         while writing it. Never once the backend may have taken it (it read the request, then dropped the
         connection): it may have crashed on it, and sending it again would crash it again."""
+        data = None if body is None else orjson.dumps(body)  # bytes as they go out: `json=` made str, then bytes
+        headers = None if body is None else _JSON
         try:
-            return await self.session().request(method, self.url + path, json=body)
+            return await self.session().request(method, self.url + path, data=data, headers=headers)
         except aiohttp.ClientConnectorError:
             raise
         except aiohttp.ClientOSError as e:
             if not _never_sent(e):
                 raise
-            return await self.fresh_session().request(method, self.url + path, json=body)
+            return await self.fresh_session().request(method, self.url + path, data=data, headers=headers)
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
         body = b""
