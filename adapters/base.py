@@ -26,6 +26,10 @@ class BackendConfig:
     first_token_timeout: float = setting(120.0, "seconds until the first streamed byte; then a clear 504", min=0)
     idle_timeout: float = setting(60.0, "seconds between streamed bytes; then a clear 504", min=0)
     total_timeout: float = setting(600.0, "seconds for a whole answer; then a clear 504", min=0)
+    always_stream: bool = setting(True, "ask for a stream also when the client asked for one answer, so a hung "
+                                  "backend is found after first_token_timeout; false sends such requests as asked: "
+                                  "less work for a busy vLLM or SGLang, but a hang is found only after "
+                                  "total_timeout")
     max_concurrency: int | None = setting(None, "requests sent at once; the rest wait in Velo's queue",
                                           min=1, default_doc="what the backend reports (llama-server's slots), else 4")
     models: list[str] = setting(factory=list, doc="names to list when the server cannot list its own models")

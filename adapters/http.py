@@ -5,10 +5,11 @@ transport failure or upstream error status to Velo's domain errors, so adapters 
 
 Timeouts: `connect_timeout` bounds the TCP connect; `first_token_timeout` bounds the wait for the response head
 and its first bytes; `idle_timeout` bounds each later gap between bytes; `total_timeout` bounds the whole stream.
-Generations are always streamed from the backend, so a backend that hangs is found out after `first_token_timeout`,
+Generations are streamed from the backend, so a backend that hangs is found out after `first_token_timeout`,
 not `total_timeout`; for a client that asked for one answer, `one_answer` folds the stream into one chunk before it
 enters the pipeline, which then costs what a single answer did (per-token chunks through every stage halved the
-proxy's max req/s).
+proxy's max req/s). The stream costs the backend itself (a zero-work fake: 108 -> 208 us of CPU a request), so
+`always_stream = false` sends one-answer requests as asked, their hang found only after `total_timeout`.
 
 Every answer is parsed inside `shaped`: valid JSON of the wrong shape is the backend's fault, a 502 naming it,
 never a 500 with a traceback.

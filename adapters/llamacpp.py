@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from . import embed_shape, go_template, model_card, options
@@ -213,17 +212,24 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def _native(self, path: str, req: CompletionRequest,
                       prompt_ids: list[int] | None = None) -> AsyncIterator[Chunk]:
-        """Always a stream from the server, whatever the client asked (see adapters/http.py). `prompt_ids`: the
-        prompt as token ids; each chunk's `context` then holds the tokens it adds."""
-        body, cfg = native_body(replace(req, stream=True)), self.config
+        """A stream from the server, whatever the client asked, unless `always_stream = false` (see
+        adapters/http.py). `prompt_ids`: the prompt as token ids; each chunk's `context` then holds the tokens it
+        adds."""
+        body, cfg = native_body(self._asked(req)), self.config
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, return_tokens=True)
-        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=req.model) as resp:
-            async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
-                                             parse=native_chunk):
-                yield chunk
-                if chunk.finish_reason:
-                    return
+        if not body["stream"]:
+            whole = await self.http.call("POST", path, body, model=req.model, parse=native_chunk)
+            yield whole
+            if whole.finish_reason:
+                return
+        else:
+            async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=req.model) as resp:
+                async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout,
+                                                 total=cfg.total_timeout, parse=native_chunk):
+                    yield chunk
+                    if chunk.finish_reason:
+                        return
         raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:

@@ -207,16 +207,23 @@ class OllamaBackend(Backend):
         return stream if req.stream else one_answer(stream)
 
     async def _generate(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
-        """Always a stream from Ollama, whatever the client asked (see adapters/http.py)."""
+        """A stream from Ollama, whatever the client asked, unless `always_stream = false` (see adapters/http.py);
+        its one answer is the stream's last line with everything in it."""
         cfg, state = self.config, _StreamState()
-        body["stream"] = True
-        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
-            async for chunk in self.http.ndjson(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
-                                                parse=lambda obj: state.take(chunk_from_wire(obj))):
-                yield chunk
-                if state.done:
-                    return
-        raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
+        if not body["stream"] and not cfg.always_stream:
+            yield await self.http.call("POST", path, body, model=model,
+                                       parse=lambda answer: state.take(chunk_from_wire(json_object(answer))))
+        else:
+            body["stream"] = True
+            async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
+                async for chunk in self.http.ndjson(resp, first_wait=cfg.first_token_timeout,
+                                                    total=cfg.total_timeout,
+                                                    parse=lambda obj: state.take(chunk_from_wire(obj))):
+                    yield chunk
+                    if state.done:
+                        return
+        if not state.done:
+            raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         if not req.normalize:  # the legacy route, which Ollama answers with the raw vector

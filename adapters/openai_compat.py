@@ -3,15 +3,17 @@ with streaming, tools, response_format, embeddings and /v1/models; an optional A
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 from . import go_template, model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .http import Upstream, one_answer
-from .openai_wire import ChatStream, chat_to_wire, completion_to_wire, embeddings_from_wire
+from .openai_wire import ChatStream, as_stream_event, chat_to_wire, completion_to_wire, embeddings_from_wire
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        rfc3339)
+
+R = TypeVar("R", ChatRequest, CompletionRequest)
 
 
 def as_chat(req: CompletionRequest) -> ChatRequest:
@@ -73,8 +75,12 @@ class OpenAIBackend(Backend):
         return chat_to_wire(req)
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        stream = self._answer("/v1/chat/completions", self.chat_body(replace(req, stream=True)), req.model)
+        stream = self._answer("/v1/chat/completions", self.chat_body(self._asked(req)), req.model)
         return stream if req.stream else one_answer(stream)
+
+    def _asked(self, req: R) -> R:
+        """What the backend is asked: a stream, whatever the client asked, unless `always_stream = false`."""
+        return req if req.stream or not self.config.always_stream else replace(req, stream=True)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.template is not None and not req.raw:  # Ollama's template override: the prompt it renders, raw
@@ -82,17 +88,23 @@ class OpenAIBackend(Backend):
             req = replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
-        stream = self._answer("/v1/completions", completion_to_wire(replace(req, stream=True)), req.model)
+        stream = self._answer("/v1/completions", completion_to_wire(self._asked(req)), req.model)
         return stream if req.stream else one_answer(stream)
 
     async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
-        """Always a stream from the backend, whatever the client asked (see adapters/http.py)."""
+        """A stream from the backend, or its one answer folded the same way (see adapters/http.py)."""
         cfg, parser = self.config, ChatStream()
-        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
-            async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
-                                             parse=parser.feed):
-                if chunk is not None:
-                    yield chunk
+        if not body["stream"]:
+            whole = await self.http.call("POST", path, body, model=model,
+                                         parse=lambda answer: parser.feed(as_stream_event(answer)))
+            if whole is not None:
+                yield whole
+        else:
+            async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
+                async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
+                                                 parse=parser.feed):
+                    if chunk is not None:
+                        yield chunk
         if parser.finish is None:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
         yield parser.last()

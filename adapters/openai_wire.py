@@ -168,6 +168,17 @@ def reconcile(finish: FinishReason, calls: list[ToolCall]) -> FinishReason:
     return "stop" if finish == "tool_calls" and not calls else finish
 
 
+def as_stream_event(answer: dict[str, Any]) -> dict[str, Any]:
+    """A whole `chat.completion` / `text_completion` answer as the one stream event that says the same (its message
+    as the delta, each tool call under its index), for ChatStream to fold as it folds a stream."""
+    choices = []
+    for choice in answer.get("choices") or []:
+        message = choice.get("message") or {}
+        calls = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls") or [])]
+        choices.append({**choice, "delta": {**message, "tool_calls": calls}})
+    return {**answer, "choices": choices}
+
+
 @dataclass
 class ChatStream:
     """Folds `chat.completion.chunk` / `text_completion` stream events into Chunks (choice 0 only)."""

@@ -38,7 +38,7 @@ class Script:
     reply: str = "Hello from the double, nice to meet you."
     thinking: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"name", "arguments": dict | raw str}
-    token_delay: float = 0.0  # seconds before each streamed chunk
+    token_delay: float = 0.0  # seconds before each streamed chunk (OpenAI's one answer: per word, before it)
     fail_status: int | None = None  # answer every request with this error status
     fail_message: str = "simulated failure"
     cut_after: int | None = None  # drop the connection after this many streamed chunks
@@ -420,6 +420,7 @@ class FakeOpenAI(FakeServer):
         words, reason = self._words(body)
         head = {"id": "chatcmpl-fake", "created": int(time.time()), "model": body["model"]}
         if not body.get("stream"):
+            await asyncio.sleep(self.script.token_delay * len(words))  # the whole answer is made before it is sent
             msg: dict[str, Any] = {"role": "assistant", "content": "".join(words) or None}
             if self.script.tool_calls:
                 msg["tool_calls"] = self._calls()

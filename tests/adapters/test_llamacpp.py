@@ -89,6 +89,31 @@ async def test_raw_completion_uses_native_endpoint(backend):
     assert "".join(p.token for p in out.logprobs) == out.text
 
 
+async def test_with_always_stream_off_every_path_answers_as_the_stream_does(backend, llama_chat):
+    """`always_stream = false` sends one-answer requests as they are: chat, tool calls, the native /completion
+    (logprobs) and Ollama's /api/generate with its context read from llama-server's whole answers as from its
+    streams."""
+    plain = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[llama_chat.url], always_stream=False))
+    streamed, whole = aggregate(await collect(backend.chat(hello()))), aggregate(await collect(
+        plain.chat(hello(stream=False))))
+    assert (whole.text, whole.finish_reason, whole.usage.completion_tokens) == (
+        streamed.text, streamed.finish_reason, streamed.usage.completion_tokens) and whole.text
+    req = ChatRequest(model=MODEL, messages=TOOL_HISTORY, tools=[WEATHER], stream=False,
+                      options=SamplingOptions(max_tokens=40, temperature=0))
+    called = aggregate(await collect(plain.chat(req)))
+    assert [(c.name, c.arguments) for c in called.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert called.finish_reason == "tool_calls"
+    raw = CompletionRequest(model=MODEL, prompt="The capital of France is", raw=True, stream=False,
+                            options=SamplingOptions(max_tokens=4, temperature=0, logprobs=True, top_logprobs=2))
+    [one], [two] = await collect(plain.complete(raw)), await collect(backend.complete(raw))
+    assert (one.text, one.finish_reason, [p.token for p in one.logprobs]) == (
+        two.text, two.finish_reason, [p.token for p in two.logprobs]) and len(one.logprobs) == 4
+    said = CompletionRequest(model=MODEL, prompt="Say hello", stream=False, options=GREEDY)
+    [one], [two] = await collect(plain.complete(said)), await collect(backend.complete(said))
+    assert (one.text, one.context) == (two.text, two.context) and one.context
+    await plain.close()
+
+
 async def test_fill_in_the_middle_goes_through_infill(backend):
     for stream in (True, False):
         req = CompletionRequest(model=MODEL, prompt="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n",

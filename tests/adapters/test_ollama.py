@@ -53,6 +53,26 @@ async def test_chat_non_stream_is_streamed_from_ollama_so_a_hung_one_is_found_ea
         await collect(backend.chat(chat(stream=False)))
 
 
+async def test_with_always_stream_off_one_answer_is_asked_as_one_and_reads_as_the_stream_does(ollama_double):
+    """`always_stream = false`: Ollama gets the client's `stream: false`; text, usage, tool calls (finishing as
+    "tool_calls" though Ollama says "stop") and /api/generate's context come out as from the stream."""
+    plain = OllamaBackend(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url], always_stream=False))
+    ollama_double.script.reply = "All at once"
+    whole = aggregate(await collect(plain.chat(chat(stream=False))))
+    assert ollama_double.last("/api/chat")["stream"] is False
+    assert (whole.text, whole.finish_reason, whole.usage.completion_tokens) == ("All at once", "stop", 3)
+    ollama_double.script.reply = ""
+    ollama_double.script.tool_calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    calls = aggregate(await collect(plain.chat(chat(stream=False))))
+    assert calls.tool_calls == [ToolCall(name="get_weather", arguments={"city": "Paris"})]
+    assert calls.finish_reason == "tool_calls"
+    ollama_double.script.tool_calls = []
+    ollama_double.script.reply = "Hi"
+    first = aggregate(await collect(plain.complete(CompletionRequest(model=MODEL, prompt="Hi", stream=False))))
+    assert ollama_double.last("/api/generate")["stream"] is False and first.text == "Hi" and first.context
+    await plain.close()
+
+
 async def test_sampling_options_map_to_ollama_options(backend, ollama_double):
     opts = SamplingOptions(max_tokens=2, temperature=0.1, top_k=7, top_p=0.8, min_p=0.05, typical_p=0.7,
                            seed=42, stop=["\n"], repeat_penalty=1.1, repeat_last_n=33, num_ctx=1024,

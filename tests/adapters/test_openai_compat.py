@@ -227,6 +227,46 @@ async def test_a_non_streamed_answer_is_streamed_from_the_backend_and_a_hung_one
         await collect(backend.chat(chat(stream=False)))
 
 
+async def test_with_always_stream_off_one_answer_is_asked_as_one_and_folds_as_the_stream_does(openai_fake):
+    """`always_stream = false`: the backend gets the client's `stream: false` (less work for it) and the answer
+    comes out as the streamed one would: text, tool calls in order with their ids, finish, usage."""
+    plain = OpenAIBackend(config(openai_fake.url, always_stream=False))
+    openai_fake.script.reply = "Hello big world"
+    whole = aggregate(await collect(plain.chat(chat(stream=False))))
+    assert openai_fake.last("/v1/chat/completions")["stream"] is False
+    streamed = aggregate(await collect(plain.chat(chat(stream=True))))
+    assert openai_fake.last("/v1/chat/completions")["stream"] is True  # a client's stream stays a stream
+    assert (whole.text, whole.finish_reason, whole.usage.completion_tokens) == (
+        streamed.text, streamed.finish_reason, streamed.usage.completion_tokens) == ("Hello big world", "stop", 3)
+    openai_fake.script.reply = ""
+    openai_fake.script.tool_calls = [{"name": "get_weather", "arguments": {"city": "Paris"}},
+                                     {"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    calls = aggregate(await collect(plain.chat(chat(stream=False, tools=[WEATHER]))))
+    assert [(c.name, c.arguments, c.id) for c in calls.tool_calls] == [
+        ("get_weather", {"city": "Paris"}, "call_0"), ("get_weather", {"city": "Oslo"}, "call_1")]
+    assert calls.finish_reason == "tool_calls"
+    openai_fake.script.tool_calls = []
+    openai_fake.script.reply = "return a + b"
+    fim = CompletionRequest(model=MODEL, prompt="def add(a, b):\n    ", suffix="\n", raw=True, stream=False)
+    assert aggregate(await collect(plain.complete(fim))).text == "return a + b"
+    assert openai_fake.last("/v1/completions")["stream"] is False
+    await plain.close()
+
+
+async def test_with_always_stream_off_a_slow_answer_waits_for_total_timeout_not_the_first_token(openai_fake):
+    """The trade the setting names: no first byte to time, so a backend that takes longer than
+    `first_token_timeout` for its whole answer is still waited for, up to `total_timeout`."""
+    openai_fake.script.reply = "Hello big world"
+    openai_fake.script.token_delay = 0.1
+    plain = OpenAIBackend(config(openai_fake.url, always_stream=False, first_token_timeout=0.05, total_timeout=5))
+    assert aggregate(await collect(plain.chat(chat(stream=False)))).text == "Hello big world"
+    await plain.close()
+    hung = OpenAIBackend(config(openai_fake.url, always_stream=False, first_token_timeout=5, total_timeout=0.1))
+    with pytest.raises(BackendTimeout, match="within 0.1s"):
+        await collect(hung.chat(chat(stream=False)))
+    await hung.close()
+
+
 @pytest.mark.parametrize("rows", [[{"index": 0}], [{"index": 0, "embedding": "x"}], "rows"])
 async def test_embeddings_of_the_wrong_shape_are_the_backends_fault(backend, openai_fake, rows):
     openai_fake.script.answer = {"object": "list", "data": rows}  # valid JSON, `embedding` missing or odd
