@@ -10,7 +10,9 @@ llama-server with SmolLM2-135M (tests/llama_server.py: what a user feels). Upstr
 in their own process; direct and proxied requests alternate so machine noise hits both alike. Velo's response
 cache is off (it would answer from memory, which measures the cache, not the path). Against the fake, a third side,
 `streamed`, asks the upstream for what Velo asks of it for a short request (a stream, read whole): Velo minus it
-is Velo's own cost; `streamed` minus direct is the upstream's extra work for the stream.
+is Velo's own cost; `streamed` minus direct is the upstream's extra work for the stream. A fourth, `asked`, is a
+second Velo with `always_stream = false`, which sends one-answer requests as asked (no stream, so no early find of
+a hung backend): the path as it costs without that trade.
 
     python bench/proxy_overhead.py [--requests 200] [--stream-words 256] [--skip-llama] [--dialect-requests 300]
                                    [--rps-clients 32] [--rps-seconds 5] [--litellm PATH]
@@ -53,13 +55,14 @@ def _run_fake(urls: multiprocessing.Queue, words: int) -> None:
     asyncio.run(run())
 
 
-def _run_velo(port: int, kind: str, upstream: str) -> None:
+def _run_velo(port: int, kind: str, upstream: str, always_stream: bool = True) -> None:
     from adapters.base import BackendConfig
     from proxy.cache.config import CacheConfig
     from proxy.cli import run_server, serve
     from proxy.config import Config, ServerConfig
 
-    cfg = Config(server=ServerConfig(port=port), backends=[BackendConfig(name="up", kind=kind, urls=[upstream])],
+    cfg = Config(server=ServerConfig(port=port), backends=[BackendConfig(name="up", kind=kind, urls=[upstream],
+                                                                         always_stream=always_stream)],
                  cache=CacheConfig(enabled=False))
     run_server(serve(cfg))
 
@@ -99,6 +102,7 @@ Sides = dict[str, str]  # side name -> base URL; "direct" is the baseline
 # first_token_timeout, adapters/http.py), read whole. Against it, Velo's own cost; against "direct", what the
 # client feels, the upstream's extra work for the stream included.
 STREAMED = "streamed"
+ASKED = "asked"  # Velo with `always_stream = false`
 
 
 def as_sent(side: str, body: dict) -> dict:
@@ -120,7 +124,7 @@ async def latency(session: aiohttp.ClientSession, sides: Sides, body: dict, n: i
 async def throughput(session: aiohttp.ClientSession, sides: Sides, body: dict, rounds: int,
                      concurrent: int) -> dict[str, list[float]]:
     """Streamed content pieces per second, `concurrent` streams at once, for each round."""
-    sides = {name: url for name, url in sides.items() if name != STREAMED}  # the same streams as direct
+    sides = {name: url for name, url in sides.items() if name not in (STREAMED, ASKED)}  # streams as direct, velo
     out: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for i in range(rounds):
@@ -289,9 +293,11 @@ def main() -> None:
     fake, velo_port = urls.get(timeout=60), free_port()
     velo = f"http://127.0.0.1:{velo_port}"
     procs.append(_spawn(_run_velo, velo_port, "openai", fake))
+    asked_port = free_port()
+    procs.append(_spawn(_run_velo, asked_port, "openai", fake, False))
     short = {"model": "fake", "messages": MSG, "max_tokens": 8}
     long = {"model": "fake", "messages": MSG, "stream": True}
-    sides = {"direct": fake, STREAMED: fake, "velo": velo}
+    sides = {"direct": fake, STREAMED: fake, "velo": velo, ASKED: f"http://127.0.0.1:{asked_port}"}
     litellm = None
     if Path(args.litellm).exists():
         litellm, sides["litellm"] = _start_litellm(args.litellm, fake, "fake")
@@ -299,7 +305,8 @@ def main() -> None:
         print(f"no LiteLLM at {args.litellm}: run scripts/install-litellm.sh for the peer figures")
     try:
         asyncio.run(bench_sides("fake upstream", sides, args.requests, short, long, 5, 4, "pieces/s",
-                                args.rps_clients, args.rps_seconds, {"upstream": procs[0].pid, "velo": procs[1].pid}))
+                                args.rps_clients, args.rps_seconds, {"upstream": procs[0].pid, "velo": procs[1].pid,
+                                                                  ASKED: procs[2].pid}))
         asyncio.run(bench_dialects(velo, fake, args.dialect_requests))
     finally:
         for p in procs:
