@@ -95,6 +95,11 @@ class Upstream:
             raise BackendUnavailable(f"backend {self.config.name!r} has no url configured")
         return self.config.urls[0].rstrip("/")
 
+    def streams(self, asked: bool) -> bool:
+        """Whether a generation is asked of the backend as a stream: always, unless `always_stream = false`, which
+        leaves it as the client asked."""
+        return asked or self.config.always_stream
+
     def session(self) -> aiohttp.ClientSession:
         if not self.pooled:
             return self.fresh_session()

@@ -210,11 +210,11 @@ class OllamaBackend(Backend):
         """A stream from Ollama, whatever the client asked, unless `always_stream = false` (see adapters/http.py);
         its one answer is the stream's last line with everything in it."""
         cfg, state = self.config, _StreamState()
-        if not body["stream"] and not cfg.always_stream:
+        body["stream"] = self.http.streams(body["stream"])
+        if not body["stream"]:
             yield await self.http.call("POST", path, body, model=model,
                                        parse=lambda answer: state.take(chunk_from_wire(json_object(answer))))
         else:
-            body["stream"] = True
             async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
                 async for chunk in self.http.ndjson(resp, first_wait=cfg.first_token_timeout,
                                                     total=cfg.total_timeout,

@@ -80,7 +80,7 @@ class OpenAIBackend(Backend):
 
     def _asked(self, req: R) -> R:
         """What the backend is asked: a stream, whatever the client asked, unless `always_stream = false`."""
-        return req if req.stream or not self.config.always_stream else replace(req, stream=True)
+        return req if self.http.streams(req.stream) == req.stream else replace(req, stream=True)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.template is not None and not req.raw:  # Ollama's template override: the prompt it renders, raw
