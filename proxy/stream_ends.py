@@ -21,13 +21,10 @@ async def separate_finish(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
     try:
         async for chunk in stream:
             called |= bool(chunk.tool_calls)
-            if chunk.finish_reason is None and chunk.usage is None and chunk.context is None:
-                if has_payload(chunk):
-                    yield chunk  # most chunks: passed on as they are, not copied (~1.5 us each)
-                continue
             if has_payload(chunk):
-                yield Chunk(text=chunk.text, thinking=chunk.thinking, tool_calls=chunk.tool_calls,
-                            logprobs=chunk.logprobs)
+                plain = chunk.finish_reason is None and chunk.usage is None and chunk.context is None
+                yield chunk if plain else Chunk(text=chunk.text, thinking=chunk.thinking,  # most pass uncopied
+                                                tool_calls=chunk.tool_calls, logprobs=chunk.logprobs)
             if chunk.finish_reason is not None:
                 reason = "tool_calls" if called and chunk.finish_reason == "stop" else chunk.finish_reason
                 yield Chunk(finish_reason=reason, usage=chunk.usage, context=chunk.context)
