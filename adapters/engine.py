@@ -84,6 +84,28 @@ def to_chunk(out: RequestOutput) -> Chunk:
     return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None)
 
 
+def _prepared(engine: LLMEngine, render: Callable[[LLMEngine], str], options: SamplingOptions, grammar: str | None,
+              context: list[int] | None, fills_middle: bool) -> tuple[str, list[int], SamplingParams]:
+    """The prompt, its token ids (after an earlier answer's `context`) and the sampling parameters; a 400 for ids the
+    model does not have or a prompt that does not fit."""
+    prompt = render(engine)
+    if context and not all(0 <= t < engine.tokenizer.vocab_size for t in context):
+        raise BadRequest("context holds token ids this model does not have", param="context")
+    ids = (context or []) + engine.tokenizer.encode(prompt)
+    if not 0 < len(ids) < engine.max_context:
+        raise ContextOverflow(len(ids), engine.max_context)
+    params = sampling_params(options, engine.max_context)
+    ends = engine.tokenizer.fim_stop_ids if fills_middle else []
+    return prompt, ids, dataclasses.replace(params, grammar=grammar, stop_token_ids=[*params.stop_token_ids, *ends])
+
+
+def _usage(out: RequestOutput, start: int, first: int, load_ns: int) -> Usage:
+    """Counts and Ollama's timings (nanoseconds) for the last chunk; `start`: the request, `first`: its first token."""
+    now = time.perf_counter_ns()
+    return Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
+                 total_ns=now - start + load_ns, load_ns=load_ns, prompt_eval_ns=first - start, eval_ns=now - first)
+
+
 @dataclass
 class ModelChoice:
     """Options of engine backends: which model, under which name; the rest say how the engine runs."""
@@ -259,17 +281,9 @@ class EngineBackend(Backend):
         (fills_middle) ends at the model's FIM end tokens too."""
         if problem:
             raise Unsupported(problem)
-        grammar = _grammar(fmt, tools, tool_choice)
+        grammar = _grammar(fmt, tools, tool_choice)  # a bad schema is a 400 before any model loads
         engine, load_ns = await self._waited(model)
-        prompt = render(engine)
-        if context and not all(0 <= t < engine.tokenizer.vocab_size for t in context):
-            raise BadRequest("context holds token ids this model does not have", param="context")
-        ids = (context or []) + engine.tokenizer.encode(prompt)
-        if not 0 < len(ids) < engine.max_context:
-            raise ContextOverflow(len(ids), engine.max_context)
-        params = sampling_params(options, engine.max_context)
-        ends = engine.tokenizer.fim_stop_ids if fills_middle else []
-        params = dataclasses.replace(params, grammar=grammar, stop_token_ids=[*params.stop_token_ids, *ends])
+        prompt, ids, params = _prepared(engine, render, options, grammar, context, fills_middle)
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
         start, first, said = time.perf_counter_ns(), 0, list(ids)
@@ -287,10 +301,7 @@ class EngineBackend(Backend):
                             held_thinking, held_text = thinking.flush()
                             chunk.thinking, chunk.text = chunk.thinking + held_thinking, chunk.text + held_text
                     if out.finished:
-                        now = time.perf_counter_ns()
-                        chunk.usage = Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                                            total_ns=now - start + load_ns, load_ns=load_ns,
-                                            prompt_eval_ns=first - start, eval_ns=now - first)
+                        chunk.usage = _usage(out, start, first, load_ns)
                     yield chunk
             except Exception as exc:  # the engine step failed: every live request gets its exception
                 raise BackendError(f"engine: {exc}") from exc
