@@ -260,6 +260,23 @@ class Upstream:
         async with self.request(method, path, body, wait=self.config.total_timeout, model=model) as resp:
             return self.shaped(parse, await self.read_json(resp), path)
 
+    async def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T],
+                         whole: Callable[[Any], T] | None = None, ndjson: bool = False,
+                         last: Callable[[T], bool] = lambda _: False) -> AsyncIterator[T]:
+        """What a generation sends back, each through `parse`: the events of its stream (SSE, or NDJSON for Ollama)
+        up to the one `last` recognises, under the first-token, idle and total timeouts; or, when `body` asks for no
+        stream (`always_stream = false`), the whole answer once, through `whole` (default `parse`)."""
+        cfg = self.config
+        if not body["stream"]:
+            yield await self.call("POST", path, body, model=model, parse=whole or parse)
+            return
+        events = self.ndjson if ndjson else self.sse
+        async with self.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
+            async for item in events(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout, parse=parse):
+                yield item
+                if last(item):
+                    return
+
     async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                      parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
         async for lines in self.lines(resp, first_wait=first_wait, total=total):

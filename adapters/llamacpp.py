@@ -57,6 +57,10 @@ def native_chunk(obj: dict[str, Any]) -> Chunk:
     return chunk
 
 
+def _finishes(chunk: Chunk) -> bool:
+    return chunk.finish_reason is not None
+
+
 def gguf_name(model_id: str) -> str:
     """llama-server names its model by the GGUF path: keep the file name without `.gguf`."""
     name = os.path.basename(model_id)
@@ -215,22 +219,16 @@ class LlamaCppBackend(OpenAIBackend):
         """A stream from the server, whatever the client asked, unless `always_stream = false` (see
         adapters/http.py). `prompt_ids`: the prompt as token ids; each chunk's `context` then holds the tokens it
         adds."""
-        body, cfg = native_body(self._asked(req)), self.config
+        body, finished = native_body(self._asked(req)), False
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, return_tokens=True)
-        if not body["stream"]:
-            whole = await self.http.call("POST", path, body, model=req.model, parse=native_chunk)
-            yield whole
-            if whole.finish_reason:
-                return
-        else:
-            async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=req.model) as resp:
-                async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout,
-                                                 total=cfg.total_timeout, parse=native_chunk):
-                    yield chunk
-                    if chunk.finish_reason:
-                        return
-        raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
+        async with contextlib.aclosing(self.http.generation(path, body, model=req.model, parse=native_chunk,
+                                                            last=_finishes)) as events:
+            async for chunk in events:
+                finished = _finishes(chunk)
+                yield chunk
+        if not finished:
+            raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         """llama-server cannot shorten vectors (`dimensions` is done here, as Ollama does it); `embd_normalize: -1`

@@ -4,6 +4,7 @@ shapes (docs/api.md of ollama/ollama).
 """
 from __future__ import annotations
 
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -209,19 +210,14 @@ class OllamaBackend(Backend):
     async def _generate(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """A stream from Ollama, whatever the client asked, unless `always_stream = false` (see adapters/http.py);
         its one answer is the stream's last line with everything in it."""
-        cfg, state = self.config, _StreamState()
+        state = _StreamState()
         body["stream"] = self.http.streams(body["stream"])
-        if not body["stream"]:
-            yield await self.http.call("POST", path, body, model=model,
-                                       parse=lambda answer: state.take(chunk_from_wire(json_object(answer))))
-        else:
-            async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
-                async for chunk in self.http.ndjson(resp, first_wait=cfg.first_token_timeout,
-                                                    total=cfg.total_timeout,
-                                                    parse=lambda obj: state.take(chunk_from_wire(obj))):
-                    yield chunk
-                    if state.done:
-                        return
+        async with aclosing(self.http.generation(
+                path, body, model=model, ndjson=True, parse=lambda obj: state.take(chunk_from_wire(obj)),
+                whole=lambda answer: state.take(chunk_from_wire(json_object(answer))),
+                last=lambda _: state.done)) as events:
+            async for chunk in events:
+                yield chunk
         if not state.done:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
 

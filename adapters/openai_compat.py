@@ -2,6 +2,7 @@
 with streaming, tools, response_format, embeddings and /v1/models; an optional API key goes out as Bearer."""
 from __future__ import annotations
 
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, AsyncIterator, TypeVar
 
@@ -93,18 +94,12 @@ class OpenAIBackend(Backend):
 
     async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """A stream from the backend, or its one answer folded the same way (see adapters/http.py)."""
-        cfg, parser = self.config, ChatStream()
-        if not body["stream"]:
-            whole = await self.http.call("POST", path, body, model=model,
-                                         parse=lambda answer: parser.feed(as_stream_event(answer)))
-            if whole is not None:
-                yield whole
-        else:
-            async with self.http.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
-                async for chunk in self.http.sse(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout,
-                                                 parse=parser.feed):
-                    if chunk is not None:
-                        yield chunk
+        parser = ChatStream()
+        async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
+                                                 whole=lambda answer: parser.feed(as_stream_event(answer)))) as events:
+            async for chunk in events:
+                if chunk is not None:
+                    yield chunk
         if parser.finish is None:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
         yield parser.last()
