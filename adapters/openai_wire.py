@@ -103,8 +103,6 @@ def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
     body: dict[str, Any] = {"model": req.model, "prompt": req.prompt}
     if req.suffix is not None:
         body["suffix"] = req.suffix
-    if req.echo:
-        body["echo"] = True
     if req.options.logprobs:
         body["logprobs"] = req.options.top_logprobs or 1
     return _with_common(body, req.options, req.format, req.stream, req.n)

@@ -118,7 +118,6 @@ class CompletionRequest:
     keep_alive: Any = None
     think: bool | str | None = None
     context: list[int] | None = None
-    echo: bool = False
     n: int = 1
 
 

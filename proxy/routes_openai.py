@@ -1,5 +1,5 @@
 """OpenAI API handlers under /v1: parse -> pipeline -> write. `n > 1` runs n jobs side by side, each asking its
-backend for one generation."""
+backend for one generation, and a completions batch (a prompt array) n jobs for each prompt."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Callable
 from aiohttp import web
 
 from adapters.errors import NotFound
-from adapters.protocol import Chunk, aggregate
+from adapters.protocol import Chunk, Usage, aggregate
 
 from .auth import CALLER
 from .dialects import openai
@@ -49,23 +49,28 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return obj
 
     return await _sse(request, jobs, streams, shape,
-                      openai.stream_options_usage(body), ids, req.model, "chat.completion.chunk", opening=True)
+                      openai.stream_options_usage(body), ids, req.model, "chat.completion.chunk", opening=True,
+                      n=len(jobs))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    req = openai.parse_completion(body)
-    jobs = _choices(request, req, body)
+    reqs, echo = openai.parse_completions(body)
+    req = reqs[0]
+    jobs = [job for r in reqs for job in _choices(request, r, body)]
+    prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await collect_each(streams)]
-        if req.echo:
-            for c in choices:
-                c.text = req.prompt + c.text
-        offsets = [len(req.prompt) if req.echo else 0] * len(choices)
-        return json_response(openai.completion_object(ids, req.model, choices, stream=False, offsets=offsets),
-                             headers=_headers(jobs))
+        if echo:
+            for c, prompt in zip(choices, prompts):
+                c.text = prompt + c.text
+        offsets = [len(p) if echo else 0 for p in prompts]
+        return json_response(openai.completion_object(ids, req.model, choices, stream=False, offsets=offsets,
+                                                      n=req.n), headers=_headers(jobs))
+    if echo:
+        streams = [_echoed(s, prompt) for s, prompt in zip(streams, prompts)]
     written = [0] * len(jobs)  # characters each choice has streamed, for logprobs' text_offset
 
     def shape(i: int, chunk: Chunk) -> dict:
@@ -74,7 +79,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return obj
 
     return await _sse(request, jobs, streams, shape, openai.stream_options_usage(body), ids, req.model,
-                      "text_completion", opening=False)
+                      "text_completion", opening=False, n=req.n)
+
+
+async def _echoed(stream: AsyncIterator[Chunk], prompt: str) -> AsyncIterator[Chunk]:
+    """The prompt as the choice's first text, as OpenAI streams `echo`; sent with the backend's first chunk, so a
+    request that fails before one still answers with its error status."""
+    pending = bool(prompt)
+    try:
+        async for chunk in stream:
+            if pending:
+                pending = False
+                yield Chunk(text=prompt)
+            yield chunk
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
 
 
 def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[Job]:
@@ -99,18 +118,19 @@ def _headers(jobs: list[Job]) -> dict[str, str]:
 
 async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterator[Chunk]],
                shape: Callable[[int, Chunk], dict], include_usage: bool, ids: openai.ChatIds, model_name: str,
-               obj: str, opening: bool) -> web.StreamResponse:
-    usages: list = []
+               obj: str, opening: bool, n: int) -> web.StreamResponse:
+    """`n`: choices per prompt (a completions batch has several prompts), for the usage chunk."""
+    usages: list[tuple[int, Usage]] = []
 
     async def finish() -> bytes:
-        return sse(openai.usage_chunk(ids, model_name, obj, usages)) if include_usage else b""
+        return sse(openai.usage_chunk(ids, model_name, obj, usages, n)) if include_usage else b""
 
     opened: set[int] = set()
 
     def encode(item: tuple[int, Chunk]) -> bytes:
         index, chunk = item
         if chunk.usage is not None:
-            usages.append(chunk.usage)
+            usages.append((index, chunk.usage))
         head = b""
         if opening and index not in opened:  # OpenAI opens each choice with a role delta
             opened.add(index)

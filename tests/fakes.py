@@ -453,13 +453,14 @@ class FakeOpenAI(FakeServer):
             return missing
         words, reason = self._words(body)
         reason = "stop" if reason == "tool_calls" else reason
+        shown = [body["prompt"], *words] if body.get("echo") else words  # echo as vLLM and SGLang answer it
         head = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": body["model"]}
         if not body.get("stream"):
             return web.json_response({**head, "usage": self._usage(body, len(words)), "choices": [
-                {"index": 0, "text": "".join(words), "logprobs": None, "finish_reason": reason}]})
+                {"index": 0, "text": "".join(shown), "logprobs": None, "finish_reason": reason}]})
 
         def events() -> Iterable[bytes]:
-            for word in words:
+            for word in shown:
                 yield _sse({**head, "choices": [{"index": 0, "text": word, "logprobs": None, "finish_reason": None}]})
             yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]})
             if (body.get("stream_options") or {}).get("include_usage"):

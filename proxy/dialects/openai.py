@@ -9,7 +9,7 @@ import itertools
 import struct
 import time
 from dataclasses import fields
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 
@@ -161,17 +161,32 @@ def parse_chat(body: Any) -> ChatRequest:
                        stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body))
 
 
-def parse_completion(body: Any) -> CompletionRequest:
+# Choices one request may ask for (prompts × n): each is a generation that holds a backend slot.
+MAX_CHOICES = 64
+
+
+def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
+    """One request per prompt (`prompt` is a string or an array of them: a batch, answered with `n` choices for
+    each prompt, in prompt order), and `echo`, which Velo does itself: backends differ on it."""
     body = body_object(body)
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise BadRequest("prompt must be a string (token arrays and batches are not supported)", param="prompt")
-    return CompletionRequest(model=get_model(body), prompt=prompt, suffix=get(body, "suffix", str), raw=True,
-                             options=parse_options(body), format=parse_response_format(body),
-                             stream=_stream(body), echo=get(body, "echo", bool, False),
-                             n=_n(body))
+    prompts, n = _prompts(body.get("prompt", "")), _n(body)
+    if len(prompts) * n > MAX_CHOICES:
+        raise BadRequest(f"at most {MAX_CHOICES} choices a request (prompts × n), got {len(prompts) * n}",
+                         param="prompt")
+    return [CompletionRequest(model=get_model(body), prompt=prompt, suffix=get(body, "suffix", str), raw=True,
+                              options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
+                              n=n) for prompt in prompts], get(body, "echo", bool, False)
+
+
+def _prompts(prompt: Any) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt == []:
+        raise BadRequest("prompt must not be empty", param="prompt")
+    if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
+        raise BadRequest("prompt must be a string or an array of strings (token arrays are not supported)",
+                         param="prompt")
+    return prompt
 
 
 def parse_embeddings(body: Any) -> tuple[EmbedRequest, str]:
@@ -241,13 +256,19 @@ def chat_completion(ids: ChatIds, model: str, choices: list[Chunk]) -> dict[str,
             message["tool_calls"] = _tool_calls(c.tool_calls, stream=False)
         out.append({"index": i, "message": message, "logprobs": _logprobs(c), "finish_reason": _finish(c)})
     return {"id": ids.id, "object": "chat.completion", "created": ids.created, "model": model, "choices": out,
-            "usage": _sum_usage(choices), "system_fingerprint": "velo"}
+            "usage": total_usage(enumerate(c.usage for c in choices), len(choices)), "system_fingerprint": "velo"}
 
 
-def _sum_usage(choices: list[Chunk]) -> dict[str, int]:
-    usage = Usage(prompt_tokens=max((c.usage.prompt_tokens for c in choices if c.usage), default=0),
-                  completion_tokens=sum(c.usage.completion_tokens for c in choices if c.usage))
-    return _usage(usage)
+def total_usage(usages: Iterable[tuple[int, Usage | None]], n: int) -> dict[str, int]:
+    """One response's usage from its choices' (index, usage): completion tokens add up, and each prompt's tokens
+    count once, however many of its `n` choices there are (choice i answers prompt i // n)."""
+    prompts: dict[int, int] = {}
+    completion = 0
+    for i, u in usages:
+        if u is not None:
+            prompts[i // n] = max(prompts.get(i // n, 0), u.prompt_tokens)
+            completion += u.completion_tokens
+    return _usage(Usage(prompt_tokens=sum(prompts.values()), completion_tokens=completion))
 
 
 def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first: bool = False,
@@ -269,11 +290,9 @@ def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first:
             "system_fingerprint": "velo", "choices": [choice]}
 
 
-def usage_chunk(ids: ChatIds, model: str, obj: str, usages: list[Usage | None]) -> dict[str, Any]:
-    total = Usage(prompt_tokens=max((u.prompt_tokens for u in usages if u), default=0),
-                  completion_tokens=sum(u.completion_tokens for u in usages if u))
+def usage_chunk(ids: ChatIds, model: str, obj: str, usages: list[tuple[int, Usage]], n: int) -> dict[str, Any]:
     return {"id": ids.id, "object": obj, "created": ids.created, "model": model, "choices": [],
-            "usage": _usage(total)}
+            "usage": total_usage(usages, n)}
 
 
 def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:
@@ -288,13 +307,14 @@ def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:
 
 
 def completion_object(ids: ChatIds, model: str, choices: list[Chunk], stream: bool,
-                      offsets: list[int] | None = None) -> dict[str, Any]:
+                      offsets: list[int] | None = None, n: int = 1) -> dict[str, Any]:
+    """`n`: choices per prompt, for the usage of a batch."""
     offsets = offsets or [0] * len(choices)
     out = [{"index": i, "text": c.text, "logprobs": completion_logprobs(c, offsets[i]), "finish_reason": _finish(c)}
            for i, c in enumerate(choices)]
     obj = {"id": ids.id, "object": "text_completion", "created": ids.created, "model": model, "choices": out}
     if not stream:
-        obj["usage"] = _sum_usage(choices)
+        obj["usage"] = total_usage(enumerate(c.usage for c in choices), n)
     return obj
 
 

@@ -7,8 +7,13 @@ import struct
 import openai
 import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.base import BackendConfig
 from adapters.protocol import Chunk, ToolCall
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config
 from tests.scripted import ScriptedBackend
 
 
@@ -88,6 +93,65 @@ async def test_completions_fim_and_stream(base_url, scripted: ScriptedBackend):
     assert out.choices[0].text == "Hello world" and scripted.requests[0].suffix == "\n"
     stream = await c.completions.create(model="tiny", prompt="x", stream=True)
     assert "".join([ch.choices[0].text async for ch in stream]) == "Hello world"
+
+
+async def test_completions_batch_one_choice_per_prompt_and_n(base_url, scripted: ScriptedBackend):
+    """A prompt array is a batch: choices in prompt order, n each, and each prompt's tokens counted once."""
+    c = _client(base_url)
+    out = await c.completions.create(model="tiny", prompt=["One", "Two"], n=2, seed=7, echo=True)
+    assert [(ch.index, ch.text) for ch in out.choices] == [
+        (0, "OneHello world"), (1, "OneHello world"), (2, "TwoHello world"), (3, "TwoHello world")]
+    assert [(r.prompt, r.options.seed) for r in scripted.requests] == [("One", 7), ("One", 8), ("Two", 7), ("Two", 8)]
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (10, 12)
+    stream = await c.completions.create(model="tiny", prompt=["One", "Two"], stream=True,
+                                        stream_options={"include_usage": True})
+    texts: dict[int, str] = {}
+    async for ch in stream:
+        for choice in ch.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+        usage = ch.usage
+    assert texts == {0: "Hello world", 1: "Hello world"} and usage.prompt_tokens == 10
+
+
+async def test_completions_stream_echoes_the_prompt_first(client):
+    """As OpenAI and vLLM stream it: the prompt is the choice's first text, and text_offset counts past it."""
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": "Say", "echo": True, "stream": True,
+                                                      "logprobs": 1})
+    events = [orjson.loads(e[6:]) for e in (await resp.text()).split("\n\n") if e.startswith("data: {")]
+    assert [e["choices"][0]["text"] for e in events][:2] == ["Say", "Hel"]
+    assert "".join(e["choices"][0]["text"] for e in events) == "SayHello world"
+    offsets = [o for e in events if e["choices"][0]["logprobs"] for o in e["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == [3, 6, 8]
+
+
+async def test_echo_over_an_openai_compatible_backend_shows_the_prompt_once(openai_fake):
+    """vLLM and SGLang echo the prompt when asked (the fake answers as they do) and llama-server does not: Velo
+    echoes it itself and never asks the backend, so the prompt shows once over every backend."""
+    openai_fake.script.reply = "lo world"
+    cfg = Config(backends=[BackendConfig(name="up", kind="openai", urls=[openai_fake.url])],
+                 cache=CacheConfig(enabled=False))
+    async with TestClient(TestServer(make_app(cfg))) as c:
+        body = {"model": "fake-gpt", "prompt": "Hel", "echo": True}
+        assert (await (await c.post("/v1/completions", json=body)).json())["choices"][0]["text"] == "Hello world"
+        text = await (await c.post("/v1/completions", json={**body, "stream": True})).text()
+        events = [orjson.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
+        assert "".join(e["choices"][0]["text"] for e in events) == "Hello world"
+    assert all("echo" not in r.body for r in openai_fake.requests if r.path == "/v1/completions")
+
+
+@pytest.mark.parametrize("prompt, n, message", [
+    ([], 1, "prompt must not be empty"),
+    ([1, 2, 3], 1, "token arrays are not supported"),
+    ([[1, 2]], 1, "token arrays are not supported"),
+    (["a", 2], 1, "prompt must be a string or an array of strings"),
+    (["a"] * 65, 1, "at most 64 choices"),
+    (["a"] * 5, 16, "at most 64 choices"),
+])
+async def test_completions_prompt_errors_are_400s(client, scripted, prompt, n, message):
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "n": n})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["param"] == "prompt" and message in error["message"]
+    assert scripted.requests == []
 
 
 async def test_embeddings_float_and_base64(base_url):
