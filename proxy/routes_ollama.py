@@ -156,7 +156,8 @@ async def pull_or_push(request: web.Request) -> web.StreamResponse:
             return json_response(done)
         return await write_stream(request, _one(done), ndjson, lambda e: ndjson(ollama.error_object(e.message)),
                                   "application/x-ndjson")
-    raise BadRequest(f"cannot {verb} {model!r}: Velo {verb}s models only through an Ollama backend, and none is "
+    does = {"pull": "pulls", "push": "pushes"}[verb]
+    raise BadRequest(f"cannot {verb} {model!r}: Velo {does} models only through an Ollama backend, and none is "
                      "configured; it serves the models of the backends in config.toml (engine, llama.cpp, "
                      "OpenAI-compatible): add a model there", param="model")
 

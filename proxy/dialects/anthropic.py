@@ -117,11 +117,28 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         if block.get("is_error") is True:
             text = f"Error: {text}"  # the internal model has no error flag; the model must still see it failed
         return [Message("tool", text, tool_call_id=call_id, tool_name=names.get(call_id, ""))]
+    elif kind == "document":
+        turn.content += _document(block, where)
     elif kind == "thinking":
         turn.thinking += get(block, "thinking", str, "")
     elif kind != "redacted_thinking":  # encrypted by Anthropic: nothing a local model can read
         raise BadRequest(f"{where}: content blocks of type {kind!r} are not supported", param="messages")
     return []
+
+
+def _document(block: dict[str, Any], where: str) -> str:
+    """A plain-text document (a `text` source, or `content` of text blocks) as text of the turn, under its title and
+    context, apart from the text around it. A PDF or a file needs a reader that a local model lacks: a 400."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text" and isinstance(source.get("data"), str):
+        text = source["data"]
+    elif kind == "content":
+        text = _text_of(source.get("content"), f"{where}.source.content")
+    else:
+        raise BadRequest(f"{where}.source: only plain-text documents are supported (a text or content source)",
+                         param="messages")
+    return "\n\n".join([*(get(block, key, str) for key in ("title", "context") if block.get(key)), text]) + "\n\n"
 
 
 def _image(source: Any, where: str) -> str:

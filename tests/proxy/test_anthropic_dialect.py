@@ -120,6 +120,24 @@ async def test_a_claude_code_turn_converts_to_the_internal_conversation(client, 
     assert req.think is None and req.options.max_tokens == 32000
 
 
+async def test_plain_text_documents_become_text_of_the_turn(client, scripted: ScriptedBackend):
+    """A `text` or `content` document reads as text (title and context first) apart from the text around it; a PDF
+    is a 400 naming the block, not dropped (Ollama drops every document without a word)."""
+    doc = {"type": "document", "title": "notes.txt", "source": {"type": "text", "media_type": "text/plain",
+                                                                 "data": "Velo listens on 8000."}}
+    parts = {"type": "document", "context": "From the README", "citations": {"enabled": True},
+             "source": {"type": "content", "content": [{"type": "text", "text": "Port 8000."}]}}
+    body = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [doc, parts, {"type": "text", "text": "Which port?"}]}]}
+    assert (await client.post("/v1/messages", json=body)).status == 200
+    assert scripted.requests[0].messages[0].content == \
+        "notes.txt\n\nVelo listens on 8000.\n\nFrom the README\n\nPort 8000.\n\nWhich port?"
+    pdf = {**doc, "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    resp = await client.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": [pdf]}]})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and "messages.0.content.0.source" in error["message"]
+
+
 @pytest.mark.parametrize("choice, internal", [
     ({"type": "auto"}, None), ({"type": "any"}, "required"), ({"type": "none"}, "none"),
     ({"type": "tool", "name": "read_file"}, {"type": "function", "function": {"name": "read_file"}})])
