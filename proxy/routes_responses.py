@@ -1,6 +1,11 @@
 """OpenAI Responses API handlers: `POST /v1/responses` (streamed and not), `GET` / `DELETE /v1/responses/{id}`,
-`GET /v1/responses/{id}/input_items`, `POST /v1/responses/input_tokens`. parse -> pipeline -> write; a stored
-response continues with `previous_response_id` (proxy/responses_store.py)."""
+`GET /v1/responses/{id}/input_items`, `POST /v1/responses/input_tokens`, `POST /v1/responses/compact`. parse ->
+pipeline -> write; a stored response continues with `previous_response_id` (proxy/responses_store.py).
+
+Compaction, as Codex asks for it when its context fills (`POST /v1/responses/compact`, or `POST /v1/responses` whose
+input ends with a `compaction_trigger`): the model summarises the conversation, and the answer is one compaction
+item that Codex sends back in place of the history. The summary's job drops the oldest turns that do not fit the
+context: compaction is asked for exactly when the conversation has grown too long."""
 from __future__ import annotations
 
 import time
@@ -8,13 +13,14 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.errors import NotFound
-from adapters.protocol import aggregate
+from adapters.errors import BackendError, NotFound
+from adapters.protocol import Chunk, aggregate
 
 from .auth import CALLER
 from .dialects import responses
 from .dialects.responses_stream import ResponseStream
 from .http_io import job_for, json_response, read_json, write_stream
+from .job import Job
 from .responses_store import StoredResponse
 from .state import PIPELINE, RESPONSES, ROUTER
 from .streams import collect
@@ -25,7 +31,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = responses.parse_request(body)
     history = await _history(request, parsed)
-    job = job_for(request, parsed.chat(history), body)
+    job = _summary_job(request, parsed, history, body) if parsed.compact else \
+        job_for(request, parsed.chat(history), body)
     stream = request[PIPELINE].generate(job)
     resp_id = responses.new_id("resp")
 
@@ -35,11 +42,12 @@ async def create(request: web.Request) -> web.StreamResponse:
 
     if not parsed.stream:
         created, whole = time.time(), aggregate(await collect(stream))
-        obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole),
-                                        responses.output_items(whole, parsed.names), whole.usage)
+        output = [_compaction(whole)] if parsed.compact else responses.output_items(whole, parsed.names)
+        obj = responses.response_object(resp_id, parsed, created, "completed" if parsed.compact else
+                                        responses.status_of(whole), output, whole.usage)
         await _keep(request, parsed, history, obj)
         return json_response(obj, headers=headers())
-    writer = ResponseStream(resp_id, parsed)
+    writer = ResponseStream(resp_id, parsed, compacting=parsed.compact)
 
     async def finish() -> bytes:
         return writer.finish()
@@ -48,6 +56,33 @@ async def create(request: web.Request) -> web.StreamResponse:
     if writer.final is not None and writer.final["status"] != "failed":
         await _keep(request, parsed, history, writer.final)
     return resp
+
+
+async def compact(request: web.Request) -> web.Response:
+    """Codex's first remote compaction: the conversation in; out, as OpenAI answers it, every user message followed by
+    one compaction item."""
+    body = await read_json(request)
+    parsed = responses.parse_request(body)
+    history = await _history(request, parsed)
+    job = _summary_job(request, parsed, history, body)
+    whole = aggregate(await collect(request[PIPELINE].generate(job)))
+    output = responses.user_items(history + parsed.items) + [_compaction(whole)]
+    return json_response({"id": responses.new_id("resp"), "object": "response.compaction",
+                          "created_at": int(time.time()), "output": output,
+                          "usage": responses.usage_object(whole.usage)}, headers=job.outcome.headers())
+
+
+def _summary_job(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
+                 body: dict[str, Any]) -> Job:
+    job = job_for(request, parsed.summary(history), body)
+    job.trim_context = True
+    return job
+
+
+def _compaction(whole: Chunk) -> dict[str, Any]:
+    if not whole.text.strip():
+        raise BackendError("the model wrote no summary of the conversation")
+    return responses.compaction_item(whole.text.strip())
 
 
 async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[str, Any]]:
@@ -105,6 +140,7 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/v1/responses", create)
     r.add_post("/v1/responses/input_tokens", input_tokens)
+    r.add_post("/v1/responses/compact", compact)
     r.add_get("/v1/responses/{id}", retrieve)
     r.add_delete("/v1/responses/{id}", delete)
     r.add_get("/v1/responses/{id}/input_items", input_items)

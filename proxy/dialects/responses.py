@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -59,6 +59,7 @@ class Parsed:
     store: bool
     previous_response_id: str | None
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats
+    compact: bool = False  # the input ended with a compaction_trigger: the answer is one compaction item
 
     def chat(self, history: list[dict[str, Any]]) -> ChatRequest:
         """The internal request for this turn after `history` (the stored conversation, for previous_response_id)."""
@@ -66,6 +67,18 @@ class Parsed:
         return ChatRequest(model=self.model, messages=system + items_to_messages(history + self.items),
                            options=self.sampling, tools=self.tools, tool_choice=self.tool_choice,
                            format=self.format, stream=self.stream, think=self.think)
+
+    def summary(self, history: list[dict[str, Any]]) -> ChatRequest:
+        """The internal request that compacts this conversation: the conversation, then the ask for its summary, with
+        no tools to call and no thinking to spend the answer on. Where the client set none: greedy, a repeat penalty
+        (greedy SmolLM2-135M repeated one phrase to the cap, with 1.1 it stopped after 278 tokens) and an output
+        limit (a summary as long as the conversation would compact nothing)."""
+        req = self.chat(history)
+        o = req.options
+        sampling = replace(o, temperature=0.0 if o.temperature is None else o.temperature,
+                           repeat_penalty=o.repeat_penalty or 1.1, max_tokens=o.max_tokens or _SUMMARY_TOKENS)
+        return replace(req, messages=req.messages + [Message("user", SUMMARIZE)], tools=[], tool_choice=None,
+                       format=None, think=False, options=sampling)
 
 
 def parse_request(body: Any) -> Parsed:
@@ -86,11 +99,13 @@ def parse_request(body: Any) -> Parsed:
             "truncation": body.get("truncation", "disabled"), "metadata": body.get("metadata") or {},
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
             "store": get(body, "store", bool, True)}
-    return Parsed(model=get_model(body), items=_items(body.get("input")),
+    items = _items(body.get("input"))
+    compact = bool(items) and items[-1].get("type") == TRIGGER
+    return Parsed(model=get_model(body), items=items[:-1] if compact else items,
                   instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
                   tool_choice=tool_choice, format=_format(text.get("format")), think=_think(reasoning),
                   sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
-                  previous_response_id=get(body, "previous_response_id", str), echo=echo)
+                  previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact)
 
 
 def _items(raw: Any) -> list[dict[str, Any]]:
@@ -131,9 +146,47 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
                                tool_name=names.get(call_id, "")))
         elif kind == "reasoning":
             thinking += _reasoning_text(item)
+        elif kind == "compaction":
+            out.append(Message("user", _compacted(item, where)))
+        elif kind == TRIGGER:
+            raise BadRequest(f"{where}: {TRIGGER} must be the last input item", param="input")
         else:
             raise BadRequest(f"{where}: input items of type {kind!r} are not supported", param="input")
     return out
+
+
+# Compaction (Codex's remote compaction, v1 `POST /v1/responses/compact` and v2 a trailing `compaction_trigger`): the
+# answer is one `compaction` item that Codex keeps in place of the history and sends back. Its `encrypted_content`
+# is Velo's own JSON, not encrypted (Ollama does the same): the summary, read back as a user turn.
+TRIGGER = "compaction_trigger"
+_SUMMARY_TOKENS = 1024  # ~750 words: a handoff summary, a small part of any context it is meant to free
+SUMMARIZE = ("Compact the conversation above so that it can go on in a fresh context. Write a summary for whoever "
+             "continues it: the goal, what was decided and done (files changed, commands run and what they gave), "
+             "what failed, what is still open, and the next step. Keep names, paths and numbers exact. Write only "
+             "the summary.")
+_PAYLOAD = "velo_compaction"
+COMPACTED = "The conversation so far was compacted to fit the context. Its summary:\n\n"
+
+
+def compaction_item(summary: str, item_id: str | None = None) -> dict[str, Any]:
+    payload = {"type": _PAYLOAD, "version": 1, "summary": summary}
+    return {"id": item_id or new_id("cmp"), "type": "compaction", "encrypted_content": orjson.dumps(payload).decode()}
+
+
+def user_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user's messages among `items`: what `POST /v1/responses/compact` answers before its compaction item."""
+    return [i for i in items if i.get("type") == "message" and i.get("role") == "user"]
+
+
+def _compacted(item: dict[str, Any], where: str) -> str:
+    try:
+        payload = orjson.loads(get(item, "encrypted_content", str, required=True))
+    except orjson.JSONDecodeError:
+        payload = None
+    if not isinstance(payload, dict) or payload.get("type") != _PAYLOAD or not isinstance(payload.get("summary"), str):
+        raise BadRequest(f"{where}: a compaction item that Velo did not make (its encrypted_content is another "
+                         "server's); compact the conversation again through Velo", param="input")
+    return COMPACTED + payload["summary"]
 
 
 def _message(item: dict[str, Any], where: str) -> Message:

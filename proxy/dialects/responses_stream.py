@@ -7,6 +7,9 @@
         function call: function_call_arguments.delta/.done (custom tools: custom_tool_call_input.delta/.done)
     response.completed (its response's status "incomplete" when the output limit ran out) | response.failed
 
+A compaction's stream (`compacting`): response.compaction.compacting while the summary is written, then its one
+output item, the compaction item with the whole summary (output_item.added and .done).
+
 A client that reads its output only from `response.output_item.done` (Codex does) gets every item there, and
 `response.completed` ends every stream that did not fail: OpenAI sends `response.incomplete` instead when the
 output limit ran out, but Codex retries a stream without `response.completed` and the SDK's stream helper
@@ -20,10 +23,11 @@ from typing import Any
 
 import orjson
 
-from adapters.errors import VeloError
+from adapters.errors import BackendError, VeloError
 from adapters.protocol import Chunk, Usage
 
-from .responses import Parsed, call_item, message_item, new_id, reasoning_item, response_object, status_of
+from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
+                        status_of)
 
 
 @dataclass
@@ -36,8 +40,12 @@ class ResponseStream:
     open: dict[str, Any] | None = None  # the reasoning or message item being filled
     text: str = ""  # of the open item
     final: dict[str, Any] | None = None  # the response object once the stream ended
+    compacting: bool = False  # the text is a summary, sent as one compaction item
+    compaction_id: str = field(default_factory=lambda: new_id("cmp"))
 
     def encode(self, chunk: Chunk) -> bytes:
+        if self.compacting:
+            return self._summary(chunk)
         out = [] if self.sequence else self._start()
         if chunk.thinking:
             out += self._item("reasoning") + [self._event("response.reasoning_summary_text.delta", {
@@ -54,6 +62,25 @@ class ResponseStream:
         if chunk.finish_reason is not None:
             out += self._end(status_of(chunk), chunk.usage)
         return b"".join(out)
+
+    def _summary(self, chunk: Chunk) -> bytes:
+        """A compaction's stream: `response.compaction.compacting` as the summary is written (no content, as OpenAI
+        sends it), then the summary whole, as one compaction item (Codex takes exactly one, from
+        `response.output_item.done`)."""
+        out = [] if self.sequence else self._start()
+        if chunk.text:
+            self.text += chunk.text
+            out.append(self._event("response.compaction.compacting", {"item_id": self.compaction_id,
+                                                                       "output_index": 0}))
+        if chunk.finish_reason is None:
+            return b"".join(out)
+        if not self.text.strip():
+            return b"".join(out) + self.fail(BackendError("the model wrote no summary of the conversation"))
+        item, self.text = compaction_item(self.text.strip(), self.compaction_id), ""
+        out += [self._event("response.output_item.added", {"output_index": 0, "item": item}),
+                self._event("response.output_item.done", {"output_index": 0, "item": item})]
+        self.output.append(item)
+        return b"".join(out + self._end("completed", chunk.usage))
 
     def finish(self) -> bytes:
         """A stream that ended without a finish reason (never, when the backend behaves) still completes."""

@@ -7,8 +7,9 @@
   (proxy/dialects RULES), and the switch is dropped in those that leave it to the model;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts and the last turn) and trims a raw prompt's start, as Ollama does; the
-  others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). Backends that
-  fit the context themselves (Ollama) are left to it.
+  others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"), except a job that
+  trims whatever its dialect (a compaction's summary: proxy/routes_responses.py). Backends that fit the context
+  themselves (Ollama) are left to it.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class Fit(Stage):
         tokens = await _count(job.target, req)
         if tokens < limit:
             return req
-        if not RULES[job.dialect].trims_context:
+        if not (job.trim_context or RULES[job.dialect].trims_context):
             raise ContextOverflow(tokens, limit)
         return await _trimmed(job, req, tokens, limit)
 
