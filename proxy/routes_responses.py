@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.errors import BackendError, NotFound
-from adapters.protocol import Chunk, aggregate
+from adapters.errors import NotFound
+from adapters.protocol import aggregate
 
 from .auth import CALLER
 from .dialects import responses
@@ -42,7 +42,8 @@ async def create(request: web.Request) -> web.StreamResponse:
 
     if not parsed.stream:
         created, whole = time.time(), aggregate(await collect(stream))
-        output = [_compaction(whole)] if parsed.compact else responses.output_items(whole, parsed.names)
+        output = [responses.compaction_item(whole.text)] if parsed.compact else \
+            responses.output_items(whole, parsed.names)
         obj = responses.response_object(resp_id, parsed, created, "completed" if parsed.compact else
                                         responses.status_of(whole), output, whole.usage)
         await _keep(request, parsed, history, obj)
@@ -66,7 +67,7 @@ async def compact(request: web.Request) -> web.Response:
     history = await _history(request, parsed)
     job = _summary_job(request, parsed, history, body)
     whole = aggregate(await collect(request[PIPELINE].generate(job)))
-    output = responses.user_items(history + parsed.items) + [_compaction(whole)]
+    output = responses.user_items(history + parsed.items) + [responses.compaction_item(whole.text)]
     return json_response({"id": responses.new_id("resp"), "object": "response.compaction",
                           "created_at": int(time.time()), "output": output,
                           "usage": responses.usage_object(whole.usage)}, headers=job.outcome.headers())
@@ -77,12 +78,6 @@ def _summary_job(request: web.Request, parsed: responses.Parsed, history: list[d
     job = job_for(request, parsed.summary(history), body)
     job.trim_context = True
     return job
-
-
-def _compaction(whole: Chunk) -> dict[str, Any]:
-    if not whole.text.strip():
-        raise BackendError("the model wrote no summary of the conversation")
-    return responses.compaction_item(whole.text.strip())
 
 
 async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[str, Any]]:

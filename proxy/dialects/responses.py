@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from adapters import options
-from adapters.errors import BadRequest, VeloError
+from adapters.errors import BackendError, BadRequest, VeloError
 from adapters.fields import body_object, get, get_model
 from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
 
@@ -169,7 +169,10 @@ COMPACTED = "The conversation so far was compacted to fit the context. Its summa
 
 
 def compaction_item(summary: str, item_id: str | None = None) -> dict[str, Any]:
-    payload = {"type": _PAYLOAD, "version": 1, "summary": summary}
+    """The item for the model's summary; a model that wrote none failed the compaction (a 502: not the client's)."""
+    if not summary.strip():
+        raise BackendError("the model wrote no summary of the conversation")
+    payload = {"type": _PAYLOAD, "version": 1, "summary": summary.strip()}
     return {"id": item_id or new_id("cmp"), "type": "compaction", "encrypted_content": orjson.dumps(payload).decode()}
 
 

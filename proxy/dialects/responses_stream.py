@@ -74,9 +74,10 @@ class ResponseStream:
                                                                        "output_index": 0}))
         if chunk.finish_reason is None:
             return b"".join(out)
-        if not self.text.strip():
-            return b"".join(out) + self.fail(BackendError("the model wrote no summary of the conversation"))
-        item, self.text = compaction_item(self.text.strip(), self.compaction_id), ""
+        try:
+            item, self.text = compaction_item(self.text, self.compaction_id), ""
+        except BackendError as e:
+            return b"".join(out) + self.fail(e)
         out += [self._event("response.output_item.added", {"output_index": 0, "item": item}),
                 self._event("response.output_item.done", {"output_index": 0, "item": item})]
         self.output.append(item)
