@@ -1,10 +1,12 @@
 """The two newest dialects over each HTTP backend kind: the official `anthropic` and `openai` (responses)
 clients -> Velo -> the Ollama protocol double and the OpenAI-compatible fake (tests/fakes.py), streamed and not,
-with tool calls and thinking."""
+with tool calls and thinking, and Codex's compaction."""
 from __future__ import annotations
 
+import aiohttp
 import anthropic
 import openai
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -82,3 +84,25 @@ async def test_thinking_from_ollama_comes_back_in_both_dialects(velo):
     r = await oai.responses.create(model=MODELS[kind], input="Hi", reasoning={"effort": "high"})
     assert fake.last("/api/chat")["think"] == "high"
     assert r.output[0].type == "reasoning" and r.output[0].summary[0].text == "Let me see."
+
+
+async def test_codex_compaction_over_each_backend(velo):
+    """Compaction v2 as Codex streams it: one compaction item carrying the backend's summary, asked without tools;
+    sent back, the backend reads the summary as a user turn."""
+    url, kind, fake = velo
+    fake.script.tool_calls = []
+    path = "/api/chat" if kind == "ollama" else "/v1/chat/completions"
+    history = [{"role": "user", "content": "Read a.py"}, {"role": "assistant", "content": "It prints 1."}]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/responses", json={
+                "model": MODELS[kind], "input": history + [{"type": "compaction_trigger"}], "stream": True,
+                "tools": [{"type": "function", "name": "read_file", "parameters": READ["input_schema"]}]}) as resp:
+            done = [orjson.loads(line[6:]) for line in (await resp.text()).splitlines()
+                    if line.startswith("data: ") and '"response.output_item.done"' in line]
+        [item] = [event["item"] for event in done]
+        assert orjson.loads(item["encrypted_content"])["summary"] == "Paris is the capital."
+        assert "tools" not in fake.last(path) and fake.last(path)["messages"][-1]["role"] == "user"
+        async with http.post(url + "/v1/responses", json={"model": MODELS[kind], "input": [
+                history[0], item, {"role": "user", "content": "Go on"}]}) as resp:
+            assert resp.status == 200
+    assert fake.last(path)["messages"][1]["content"].endswith("Paris is the capital.")
