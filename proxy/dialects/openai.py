@@ -8,7 +8,7 @@ import base64
 import itertools
 import struct
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Iterable
 
 import orjson
@@ -173,9 +173,10 @@ def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"at most {MAX_CHOICES} choices a request (prompts × n), got {len(prompts) * n}",
                          param="prompt")
-    return [CompletionRequest(model=get_model(body), prompt=prompt, suffix=get(body, "suffix", str), raw=True,
+    first = CompletionRequest(model=get_model(body), prompt=prompts[0], suffix=get(body, "suffix", str), raw=True,
                               options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
-                              n=n) for prompt in prompts], get(body, "echo", bool, False)
+                              n=n)
+    return [first] + [replace(first, prompt=prompt) for prompt in prompts[1:]], get(body, "echo", bool, False)
 
 
 def _prompts(prompt: Any) -> list[str]:
