@@ -97,3 +97,14 @@ async def test_foreign_or_misplaced_compaction_items_are_400s(client, scripted, 
     error = (await resp.json())["error"]
     assert resp.status == 400 and error["param"] == "input" and message in error["message"]
     assert scripted.requests == []
+
+
+async def test_the_sdk_parses_a_compaction_stream(base_url):
+    """The official client's stream reads every event of a v2 compaction, the compaction item included."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="k", max_retries=0)
+    stream = await client.responses.create(model="tiny", input=TURNS + [TRIGGER], stream=True)
+    events = [event async for event in stream]
+    assert type(events[2]).__name__ == "ResponseCompactionCompactingEvent"
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [type(item).__name__ for item in done] == ["ResponseCompactionItem"]
+    assert events[-1].type == "response.completed" and events[-1].response.output[0].type == "compaction"
