@@ -77,7 +77,7 @@ def guard(policy: OriginPolicy):
 
     @web.middleware
     async def browser_guard(request: web.Request, handler) -> web.StreamResponse:
-        dialect, host = dialect_of(request.path), request.headers.get("Host", "")
+        dialect, host = dialect_of(request.path, request.headers), request.headers.get("Host", "")
         if policy.check_host and not policy.host_allowed(host):
             return error_response(Forbidden(f"host {host!r} is not a local name; Velo answers only local names "
                                             "while bound to loopback"), dialect)

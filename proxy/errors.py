@@ -36,7 +36,7 @@ async def errors_in_dialect(request: web.Request, handler: Handler) -> web.Strea
         if reason is None:
             raise
         uncancel()
-        return request.get(STREAM) or error_response(reason, dialect_of(request.path))
+        return request.get(STREAM) or error_response(reason, dialect_of(request.path, request.headers))
     except ConnectionResetError:
         raise
     except Exception as e:
@@ -47,7 +47,7 @@ async def errors_in_dialect(request: web.Request, handler: Handler) -> web.Strea
 
 
 def _answer(request: web.Request, e: Exception) -> web.StreamResponse:
-    dialect = dialect_of(request.path)
+    dialect = dialect_of(request.path, request.headers)
     if isinstance(e, VeloError):
         return error_response(e, dialect)
     if isinstance(e, web.HTTPNotFound):

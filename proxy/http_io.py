@@ -47,7 +47,8 @@ async def read_json(request: web.Request) -> Any:
 def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
     """The pipeline's job for a parsed request: who asks, in which dialect, and whether they asked Velo to leave its
     cache alone."""
-    return Job(req, request[CALLER], dialect_of(request.path), cache_bypass=bypass_requested(request.headers, body))
+    return Job(req, request[CALLER], dialect_of(request.path, request.headers),
+               cache_bypass=bypass_requested(request.headers, body))
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -1,5 +1,6 @@
-"""OpenAI API handlers under /v1: parse -> pipeline -> write. `n > 1` runs n jobs side by side, each asking its
-backend for one generation, and a completions batch (a prompt array) n jobs for each prompt."""
+"""OpenAI API handlers under /v1: parse -> pipeline -> write (the model list, shared with Anthropic's API:
+routes_models.py). `n > 1` runs n jobs side by side, each asking its backend for one generation, and a completions
+batch (a prompt array) n jobs for each prompt."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +8,6 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
-from adapters.errors import NotFound
 from adapters.protocol import Chunk, Usage, aggregate
 
 from .auth import CALLER
@@ -17,19 +17,6 @@ from .job import Job, Request
 from .state import PIPELINE, ROUTER
 from .stream_ends import separate_finish
 from .streams import collect_each, merge
-
-
-async def models(request: web.Request) -> web.Response:
-    listed = await request[ROUTER].list_models()
-    return json_response({"object": "list", "data": [openai.model_object(m) for m in listed]})
-
-
-async def model(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    for info in await request[ROUTER].list_models():
-        if info.name == name:
-            return json_response(openai.model_object(info))
-    raise NotFound(f"The model '{name}' does not exist")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -150,8 +137,6 @@ async def embeddings(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     r = app.router
-    r.add_get("/v1/models", models)
-    r.add_get("/v1/models/{name:.+}", model)
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings)

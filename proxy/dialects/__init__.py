@@ -2,6 +2,7 @@
 beyond the request itself."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -21,8 +22,10 @@ RULES = {
 }
 
 
-def dialect_of(path: str) -> str:
-    if path.startswith("/v1/messages"):
+def dialect_of(path: str, headers: Mapping[str, str]) -> str:
+    """By the URL path; `/v1/models`, which OpenAI and Anthropic share, by `anthropic-version`, which Anthropic's
+    clients send on every request and OpenAI's never do."""
+    if path.startswith("/v1/messages") or (path.startswith("/v1/models") and "anthropic-version" in headers):
         return "anthropic"
     if path.startswith("/v1/responses"):
         return "responses"

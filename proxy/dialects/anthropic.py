@@ -9,6 +9,7 @@ blocks in a user turn, and become internal "tool" messages ahead of that turn's 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ import orjson
 from adapters import options
 from adapters.errors import BadRequest, ContextOverflow, VeloError
 from adapters.fields import body_object, get, get_model
-from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
+from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, ToolCall, Usage
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
@@ -298,6 +299,69 @@ class MessageStream:
                                            "usage": usage_object(usage)}))
         out.append(event("message_stop", {"type": "message_stop"}))
         return out
+
+
+# -- models --------------------------------------------------------------------------------------------------------
+
+_PAGE_SIZE, _MAX_PAGE = 20, 1000  # Anthropic's default and largest `limit` for GET /v1/models
+
+
+def model_object(info: ModelInfo) -> dict[str, Any]:
+    """Anthropic's ModelInfo. `capabilities` says what Velo accepts for this model: images where the model has
+    vision, thinking where it thinks (`enabled` and `adaptive` are accepted on any model, as Ollama's Anthropic API
+    does), structured output everywhere (Velo validates it); none of Anthropic's server-side features."""
+    caps, thinks = info.capabilities, "thinking" in info.capabilities
+
+    def has(supported: bool) -> dict[str, bool]:
+        return {"supported": supported}
+    capabilities = {
+        "batch": has(False), "citations": has(False), "code_execution": has(False), "pdf_input": has(False),
+        "context_management": has(False), "image_input": has("vision" in caps), "structured_outputs": has(True),
+        "server_tools": {**has(False), "code_execution": has(False), "web_search": has(False)},
+        "effort": {**has(thinks), **{level: has(thinks) for level in ("low", "medium", "high", "max")}},
+        "thinking": {**has(thinks), "types": {"adaptive": has(True), "enabled": has(True), "disabled": has(True),
+                                               "between_tools": has(False)}},
+    }
+    return {"type": "model", "id": info.name, "display_name": info.name, "created_at": info.modified_at,
+            "lifecycle": "active", "line": None, "deprecated_at": None, "retires_at": None,
+            "max_input_tokens": info.context_length, "max_tokens": info.context_length, "capabilities": capabilities}
+
+
+def model_page(infos: list[ModelInfo], query: Mapping[str, str]) -> dict[str, Any]:
+    """GET /v1/models: one page of `limit` models, after `after_id` or before `before_id`, in Velo's listing order;
+    `has_more` looks the way the page went, as Anthropic's cursor pagination (and its SDK's iterator) reads it."""
+    limit = _query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
+    after, before = query.get("after_id"), query.get("before_id")
+    if after is not None and before is not None:
+        raise BadRequest("after_id, before_id: give at most one", param="before_id")
+    names = [info.name for info in infos]
+    if before is not None:
+        end = _cursor(names, before, "before_id")
+        page, more = infos[max(0, end - limit):end], end > limit
+    else:
+        start = 0 if after is None else _cursor(names, after, "after_id") + 1
+        page, more = infos[start:start + limit], start + limit < len(infos)
+    return {"data": [model_object(info) for info in page], "has_more": more,
+            "first_id": page[0].name if page else None, "last_id": page[-1].name if page else None}
+
+
+def _query_int(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    raw = query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise BadRequest(f"{key}: must be an integer from {low} to {high}", param=key)
+    return value
+
+
+def _cursor(names: list[str], name: str, key: str) -> int:
+    if name not in names:
+        raise BadRequest(f"{key}: no model {name!r} in the list", param=key)
+    return names.index(name)
 
 
 # -- errors --------------------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.errors import BackendUnavailable
-from adapters.protocol import ToolCall
+from adapters.protocol import ModelInfo, ToolCall
 from proxy.app import make_app
 from proxy.config import Config, ServerConfig
+from proxy.dialects import anthropic as anthropic_dialect
 from tests.scripted import Script, ScriptedBackend
 
 USER = [{"role": "user", "content": "hi"}]
@@ -245,3 +246,43 @@ async def test_count_tokens_uses_the_backends_count_else_an_estimate(base_url):
                                                                "messages": [{"role": "user", "content": "x" * 400}]})
         assert (await resp.json()) == {"input_tokens": 110}  # (400 + 40) characters / 4
     assert resp.headers["X-Velo-Token-Count"] == "estimate"
+
+
+async def test_models_in_anthropics_shape_page_by_page():
+    """`/v1/models` is shared with OpenAI: the `anthropic` SDK's `anthropic-version` gets Anthropic's ModelInfo and
+    its cursor pages, which the SDK's iterator walks; the OpenAI SDK still gets its own list."""
+    names = tuple(f"m{i}:latest" for i in range(25))
+    backend = ScriptedBackend("s", models=names)
+    async with TestClient(TestServer(make_app(Config(), {"s": backend}))) as c:
+        base = str(c.make_url("")).rstrip("/")
+        sdk = _client(base)
+        first = await sdk.models.list()
+        assert [m.id for m in first.data] == list(names[:20]) and first.has_more and first.last_id == "m19:latest"
+        assert [m.id async for m in await sdk.models.list(limit=7)] == list(names)
+        back = await sdk.models.list(before_id="m10:latest", limit=4)
+        assert [m.id for m in back.data] == list(names[6:10]) and back.has_more and back.first_id == "m6:latest"
+        one = await sdk.models.retrieve("m3:latest")
+        assert (one.type, one.display_name, one.max_input_tokens, one.lifecycle) == ("model", "m3:latest", 8192,
+                                                                                    "active")
+        assert one.capabilities.image_input.supported == ("vision" in backend.capabilities)
+        assert one.capabilities.structured_outputs.supported
+        assert one.created_at.year >= 1970
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await sdk.models.retrieve("nope")
+        assert missing.value.body == {"type": "error", "error": {"type": "not_found_error",
+                                                                 "message": "The model 'nope' does not exist"}}
+        for query, param in (({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"), ({"after_id": "zz"}, "after_id"),
+                             ({"after_id": "m1:latest", "before_id": "m5:latest"}, "before_id")):
+            resp = await c.get("/v1/models", params=query, headers={"anthropic-version": "2023-06-01"})
+            body = await resp.json()
+            assert resp.status == 400 and body["type"] == "error" and param in body["error"]["message"], body
+        openai_shape = await (await c.get("/v1/models")).json()
+    assert openai_shape["object"] == "list" and len(openai_shape["data"]) == 25
+
+
+def test_model_capabilities_follow_the_models_own():
+    seeing = anthropic_dialect.model_object(ModelInfo("m", capabilities=["completion", "vision", "thinking"]))
+    assert seeing["capabilities"]["image_input"] == {"supported": True}
+    assert seeing["capabilities"]["thinking"]["supported"] and seeing["capabilities"]["effort"]["high"]["supported"]
+    plain = anthropic_dialect.model_object(ModelInfo("m"))["capabilities"]
+    assert not plain["thinking"]["supported"] and plain["thinking"]["types"]["adaptive"] == {"supported": True}
