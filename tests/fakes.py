@@ -3,11 +3,12 @@
 `OllamaDouble` is a protocol double of Ollama's native API (Ollama itself cannot run here). Every request and
 response shape follows Ollama's own documentation, docs/api.md in ollama/ollama ("api.md" below, section named
 in each handler), and the `ollama` Python client's `_types.py` for fields api.md leaves implicit (`think` /
-`thinking`, `logprobs`, `context_length` in /api/ps). `FakeOpenAI` is a minimal, fast OpenAI-compatible server
-(`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) shaped after the OpenAI API reference
-(platform.openai.com/docs/api-reference: "Chat", "The chat completion chunk object", "Completions", "Embeddings",
-"Models", "Error codes"), as the `openai` Python client's `types/` model them: streamed tool-call arguments are
-string fragments, usage comes in a last chunk with empty `choices` when `stream_options.include_usage` is set.
+`thinking`, `logprobs` as server/logprob.go writes them, `context_length` in /api/ps). `FakeOpenAI` is a minimal,
+fast OpenAI-compatible server (`/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) shaped
+after the OpenAI API reference (platform.openai.com/docs/api-reference: "Chat", "The chat completion chunk object",
+"Completions", "Embeddings", "Models", "Error codes"), as the `openai` Python client's `types/` model them:
+streamed tool-call arguments are string fragments, usage comes in a last chunk with empty `choices` when
+`stream_options.include_usage` is set.
 
 Both share the knobs of `Script` (reply text, tool calls, per-token delay, failing status, cutting the stream, a
 malformed event mid-stream, a whole answer of any shape) and record what they received in `requests`;
@@ -152,6 +153,19 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
 
+def _logprobs(body: dict[str, Any], words: list[str]) -> dict[str, Any]:
+    """Ollama 0.12.11's `logprobs` (server/logprob.go): one entry per token when asked for, `bytes` as integers,
+    `top_logprobs` alternatives (the token itself first, then " x", " y", ...) when `top_logprobs` > 0."""
+    if not body.get("logprobs"):
+        return {}
+
+    def token(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    top = body.get("top_logprobs") or 0
+    return {"logprobs": [{**token(w, -0.25), **({"top_logprobs": [token(w, -0.25)] + [
+        token(f" {chr(120 + i)}", -2.0 - i) for i in range(top - 1)]} if top else {})} for w in words]}
+
+
 def _ndjson(obj: Any) -> bytes:
     return orjson.dumps(obj) + b"\n"
 
@@ -271,7 +285,7 @@ class OllamaDouble(FakeServer):
                 msg["thinking"] = think
             if self.script.tool_calls:
                 msg["tool_calls"] = self._tool_calls()
-            return web.json_response({**head, "message": msg,
+            return web.json_response({**head, "message": msg, **_logprobs(body, words),
                                       **self._final(body, prompt_words, len(words), started, reason)})
 
         def lines() -> Iterable[bytes]:  # api.md "Chat Request (Streaming)"
@@ -279,7 +293,8 @@ class OllamaDouble(FakeServer):
                 yield _ndjson({**head, "message": {"role": "assistant", "content": "", "thinking": piece},
                                "done": False})
             for word in words:
-                yield _ndjson({**head, "message": {"role": "assistant", "content": word}, "done": False})
+                yield _ndjson({**head, "message": {"role": "assistant", "content": word}, **_logprobs(body, [word]),
+                               "done": False})
             if self.script.tool_calls:
                 yield _ndjson({**head, "message": {"role": "assistant", "content": "",
                                                    "tool_calls": self._tool_calls()}, "done": False})
@@ -301,11 +316,11 @@ class OllamaDouble(FakeServer):
         if not body.get("raw"):  # api.md "Request (Raw Mode)": raw mode does not return a context
             final["context"] = list(body.get("context") or []) + list(range(1, len(words) + 2))
         if body.get("stream", True) is False:  # api.md "Request (No streaming)"
-            return web.json_response({**head, "response": "".join(words), **final})
+            return web.json_response({**head, "response": "".join(words), **_logprobs(body, words), **final})
 
         def lines() -> Iterable[bytes]:  # api.md "Generate request (Streaming)"
             for word in words:
-                yield _ndjson({**head, "response": word, "done": False})
+                yield _ndjson({**head, "response": word, **_logprobs(body, [word]), "done": False})
             yield _ndjson({**head, "response": "", **final})
         return await self.stream(request, lines(), "application/x-ndjson")
 

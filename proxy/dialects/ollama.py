@@ -16,6 +16,9 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
 
 from adapters.fields import body_object, get, get_model, string_list
 
+_MAX_TOP_LOGPROBS = 20  # server/routes.go
+
+
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
     """The `options` object: knobs by the options table, anything else passed on untouched in `extra`."""
     raw = get(body, "options", dict, {})
@@ -24,6 +27,17 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     opts.extra = {k: v for k, v in raw.items() if k not in known}
     if opts.max_tokens is not None and opts.max_tokens < 0:  # -1: until done, -2: fill the context
         opts.max_tokens = None
+    return opts
+
+
+def _with_logprobs(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
+    """`logprobs` and `top_logprobs` (Ollama 0.12.11): top-level fields, 0-20 alternatives, a 400 in Ollama's words
+    outside that; `top_logprobs` alone asks for nothing."""
+    top = get(body, "top_logprobs", int, 0)
+    if not 0 <= top <= _MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs must be between 0 and {_MAX_TOP_LOGPROBS}", param="top_logprobs")
+    opts.logprobs = get(body, "logprobs", bool, False)
+    opts.top_logprobs = top if opts.logprobs and top else None
     return opts
 
 
@@ -89,7 +103,7 @@ def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
     return ChatRequest(
         model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
-        options=parse_options(body), tools=parse_tools(body), format=parse_format(body),
+        options=_with_logprobs(parse_options(body), body), tools=parse_tools(body), format=parse_format(body),
         stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body))
 
 
@@ -103,9 +117,10 @@ def parse_generate(body: Any) -> CompletionRequest:
     return CompletionRequest(
         model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str),
         system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
-        images=[str(i) for i in get(body, "images", list, [])], options=parse_options(body),
-        format=parse_format(body), stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body),
-        think=parse_think(body), context=context)
+        images=[str(i) for i in get(body, "images", list, [])],
+        options=_with_logprobs(parse_options(body), body), format=parse_format(body),
+        stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body),
+        context=context)
 
 
 def parse_embed(body: Any) -> EmbedRequest:
@@ -147,10 +162,24 @@ def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
                                  for i, c in enumerate(chunk.tool_calls)]  # api/types.go: `index` always sent
     out: dict[str, Any] = {"model": model, "created_at": now_iso(), "message": message,
                            "done": chunk.finish_reason is not None}
+    _add_logprobs(out, chunk)
     if out["done"]:
         out["done_reason"] = _done_reason(chunk)
         out.update(_timings(chunk.usage, started_ns))
     return out
+
+
+def _add_logprobs(out: dict[str, Any], chunk: Chunk) -> None:
+    """The chunk's tokens as Ollama's server/logprob.go writes them: `bytes` as integers, `top_logprobs` only when
+    asked for."""
+    if chunk.logprobs:
+        out["logprobs"] = [{**_token(lp.token, lp.logprob), **({"top_logprobs": [_token(t, p) for t, p in lp.top]}
+                                                                  if lp.top else {})} for lp in chunk.logprobs]
+
+
+def _token(token: str, logprob: float) -> dict[str, Any]:
+    raw = token.encode()
+    return {"token": token, "logprob": logprob, "bytes": list(raw)} if raw else {"token": token, "logprob": logprob}
 
 
 def generate_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
@@ -158,6 +187,7 @@ def generate_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]
                            "done": chunk.finish_reason is not None}
     if chunk.thinking:
         out["thinking"] = chunk.thinking
+    _add_logprobs(out, chunk)
     if out["done"]:
         out["done_reason"] = _done_reason(chunk)
         if chunk.context is not None:

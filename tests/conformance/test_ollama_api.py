@@ -57,6 +57,27 @@ async def test_streams(velo, path, backend, mode):
     assert text_of(last) == "" and len(lines) >= 1
 
 
+@pytest.mark.parametrize("mode", ["fresh", "replay"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("backend", list(CHAT_MODELS))
+@pytest.mark.parametrize("path", list(ROUTES))
+async def test_logprobs(velo, path, backend, stream, mode):
+    """Ollama 0.12.11's `logprobs`: an entry per generated token with the alternatives asked for, in api/types.go's
+    shape; streamed, each line carries its own tokens; replayed from the cache, the same."""
+    base, spec = ROUTES[path]
+    body = {**base, **ASK, "model": CHAT_MODELS[backend], "stream": stream, "logprobs": True, "top_logprobs": 2}
+    got = await answer(velo, path, body, mode, warm=body)
+    lines = got.ndjson() if stream else [got.json()]
+    assert all(fields.check(line, spec) == [] for line in lines)
+    entries = [e for line in lines for e in line.get("logprobs", [])]
+    assert len(entries) == lines[-1]["eval_count"] > 0
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 and e["bytes"] == list(e["token"].encode())
+               for e in entries)
+    assert "".join(e["token"] for e in entries) == "".join(text_of(line) for line in lines)
+    if stream:
+        assert all("".join(e["token"] for e in line.get("logprobs", [])) == text_of(line) for line in lines)
+
+
 @pytest.mark.parametrize("backend", list(CHAT_MODELS))
 async def test_streamed_text_equals_the_whole_answer(velo, backend):
     """A client that appends text only while `done` is false gets all of it."""

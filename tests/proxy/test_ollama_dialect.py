@@ -37,6 +37,19 @@ async def test_real_ollama_client_chat_stream_and_tools(base_url, scripted: Scri
     assert scripted.requests[0].tools[0].name == "get_weather"
 
 
+async def test_logprobs_reach_the_backend_and_come_back_in_ollamas_shape(base_url, scripted: ScriptedBackend):
+    c = ollama.AsyncClient(host=base_url)
+    out = await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2)
+    assert [lp.token for lp in out.logprobs] == ["Hel", "lo", " world"]
+    assert out.logprobs[0].top_logprobs[1].token == " x" and out.logprobs[0].logprob == -0.5
+    assert (scripted.requests[-1].options.logprobs, scripted.requests[-1].options.top_logprobs) == (True, 2)
+    plain = await c.generate(model="tiny", prompt="hi", stream=False, top_logprobs=3)  # alone, it asks nothing
+    assert plain.logprobs is None and not scripted.requests[-1].options.logprobs
+    with pytest.raises(ollama.ResponseError) as e:
+        await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=21)
+    assert (e.value.status_code, e.value.error) == (400, "top_logprobs must be between 0 and 20")
+
+
 async def test_real_ollama_client_generate_fim_embed_tags_show(base_url, scripted: ScriptedBackend):
     c = ollama.AsyncClient(host=base_url)
     out = await c.generate(model="tiny", prompt="def f(", suffix="\n  return x", raw=True, stream=False,
