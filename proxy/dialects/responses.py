@@ -20,12 +20,13 @@ import orjson
 
 from adapters import options
 from adapters.errors import BackendError, BadRequest, VeloError
-from adapters.fields import body_object, get, get_model
-from adapters.protocol import ChatRequest, Chunk, Message, Tool, ToolCall, Usage
+from adapters.fields import body_object, get, get_model, string_list
+from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
 
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 _NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
+_LOGPROBS, _MAX_TOP_LOGPROBS = "message.output_text.logprobs", 20  # the `include` value; OpenAI's API reference
 
 
 def new_id(prefix: str) -> str:
@@ -87,7 +88,7 @@ def parse_request(body: Any) -> Parsed:
     tools, tool_choice = _tool_choice(body.get("tool_choice"), tools)
     reasoning = get(body, "reasoning", dict, {})
     text = get(body, "text", dict, {})
-    sampling = options.read("responses", body)
+    sampling = _with_logprobs(options.read("responses", body), body)
     if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise BadRequest("max_output_tokens: must be at least 1", param="max_output_tokens")
     echo = {"instructions": body.get("instructions"), "max_output_tokens": sampling.max_tokens,
@@ -98,7 +99,7 @@ def parse_request(body: Any) -> Parsed:
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "truncation": body.get("truncation", "disabled"), "metadata": body.get("metadata") or {},
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
-            "store": get(body, "store", bool, True)}
+            "store": get(body, "store", bool, True), "top_logprobs": sampling.top_logprobs or 0}
     items = _items(body.get("input"))
     compact = bool(items) and items[-1].get("type") == TRIGGER
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,
@@ -106,6 +107,23 @@ def parse_request(body: Any) -> Parsed:
                   tool_choice=tool_choice, format=_format(text.get("format")), think=_think(reasoning),
                   sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
                   previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact)
+
+
+def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
+    """Log-probabilities come with the message text when `include` names `message.output_text.logprobs`;
+    `top_logprobs` (0-20) adds the alternatives."""
+    top = get(body, "top_logprobs", int, 0)
+    if not 0 <= top <= _MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs: must be from 0 to {_MAX_TOP_LOGPROBS}", param="top_logprobs")
+    sampling.logprobs = _LOGPROBS in string_list(body, "include")
+    sampling.top_logprobs = top if sampling.logprobs and top else None
+    return sampling
+
+
+def logprobs_object(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+    def token(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    return [{**token(lp.token, lp.logprob), "top_logprobs": [token(t, p) for t, p in lp.top]} for lp in logprobs]
 
 
 def _items(raw: Any) -> list[dict[str, Any]]:
@@ -350,15 +368,16 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
             "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": text, "status": "completed"}
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text else []}
+def message_item(item_id: str, text: str, status: str = "completed",
+                 logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs_object(logprobs or [])}
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part] if text else []}
 
 
 def call_item(call: ToolCall, names: dict[str, ToolName]) -> dict[str, Any]:
     wire = names.get(call.name, ToolName(call.name))
-    item: dict[str, Any] = {"id": new_id("ctc" if wire.custom else "fc"), "call_id": call.id or new_id("call"), "name": wire.name,
-                            "status": "completed"}
+    item: dict[str, Any] = {"id": new_id("ctc" if wire.custom else "fc"), "call_id": call.id or new_id("call"),
+                            "name": wire.name, "status": "completed"}
     if wire.namespace:
         item["namespace"] = wire.namespace
     if wire.custom:
@@ -370,7 +389,7 @@ def output_items(whole: Chunk, names: dict[str, ToolName]) -> list[dict[str, Any
     """A whole answer as output items: its reasoning, its message, its calls."""
     out = [reasoning_item(new_id("rs"), whole.thinking)] if whole.thinking else []
     if whole.text or not (whole.thinking or whole.tool_calls):
-        out.append(message_item(new_id("msg"), whole.text))
+        out.append(message_item(new_id("msg"), whole.text, logprobs=whole.logprobs))
     return out + [call_item(c, names) for c in whole.tool_calls]
 
 

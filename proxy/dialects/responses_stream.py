@@ -24,10 +24,10 @@ from typing import Any
 import orjson
 
 from adapters.errors import BackendError, VeloError
-from adapters.protocol import Chunk, Usage
+from adapters.protocol import Chunk, TokenLogprob, Usage
 
-from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
-                        status_of)
+from .responses import (Parsed, call_item, compaction_item, logprobs_object, message_item, new_id, reasoning_item,
+                        response_object, status_of)
 
 
 @dataclass
@@ -39,6 +39,7 @@ class ResponseStream:
     output: list[dict[str, Any]] = field(default_factory=list)  # finished items
     open: dict[str, Any] | None = None  # the reasoning or message item being filled
     text: str = ""  # of the open item
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the open message's text, when asked for
     final: dict[str, Any] | None = None  # the response object once the stream ended
     compacting: bool = False  # the text is a summary, sent as one compaction item
     compaction_id: str = field(default_factory=lambda: new_id("cmp"))
@@ -53,8 +54,9 @@ class ResponseStream:
             self.text += chunk.thinking
         if chunk.text:
             out += self._item("message") + [self._event("response.output_text.delta", {
-                **self._at(), "content_index": 0, "delta": chunk.text, "logprobs": []})]
+                **self._at(), "content_index": 0, "delta": chunk.text, "logprobs": logprobs_object(chunk.logprobs)})]
             self.text += chunk.text
+            self.logprobs += chunk.logprobs
         if chunk.tool_calls:
             out += self._close()
             for call in chunk.tool_calls:
@@ -133,12 +135,14 @@ class ResponseStream:
                    self._event("response.reasoning_summary_part.done", {
                        **at, "summary_index": 0, "part": {"type": "summary_text", "text": text}})]
         else:
-            item = message_item(self.open["id"], text)
-            out = [self._event("response.output_text.done", {**at, "content_index": 0, "text": text, "logprobs": []}),
-                   self._event("response.content_part.done", {**at, "content_index": 0, "part": item["content"][0]})]
+            item = message_item(self.open["id"], text, logprobs=self.logprobs)
+            part = item["content"][0]
+            out = [self._event("response.output_text.done", {**at, "content_index": 0, "text": text,
+                                                             "logprobs": part["logprobs"]}),
+                   self._event("response.content_part.done", {**at, "content_index": 0, "part": part})]
         out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
         self.output.append(item)
-        self.open, self.text = None, ""
+        self.open, self.text, self.logprobs = None, "", []
         return out
 
     def _call(self, item: dict[str, Any]) -> list[bytes]:

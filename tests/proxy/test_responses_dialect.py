@@ -171,6 +171,26 @@ async def test_output_limit_makes_an_incomplete_response(base_url, scripted: Scr
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
 
 
+async def test_logprobs_come_with_the_text_when_included(base_url, scripted: ScriptedBackend):
+    """`include: ["message.output_text.logprobs"]` (with `top_logprobs` alternatives) gives each text delta its
+    tokens and the finished text all of them; without it the model is not asked for any."""
+    sdk, include = _client(base_url), ["message.output_text.logprobs"]
+    whole = await sdk.responses.create(model="tiny", input="hi", include=include, top_logprobs=2)
+    part = whole.output[0].content[0]
+    assert [lp.token for lp in part.logprobs] == ["Hel", "lo", " world"] and whole.top_logprobs == 2
+    assert part.logprobs[0].top_logprobs[1].token == " x" and part.logprobs[0].bytes == list(b"Hel")
+    assert scripted.requests[-1].options.top_logprobs == 2
+    async with sdk.responses.stream(model="tiny", input="hi", include=include) as stream:
+        deltas = [[lp.token for lp in e.logprobs] async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert deltas == [["Hel"], ["lo"], [" world"]] and len(final.output[0].content[0].logprobs) == 3
+    plain = await sdk.responses.create(model="tiny", input="hi", top_logprobs=3)
+    assert plain.output[0].content[0].logprobs == [] and not scripted.requests[-1].options.logprobs
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.responses.create(model="tiny", input="hi", include=include, top_logprobs=21)
+    assert e.value.body["param"] == "top_logprobs"
+
+
 async def test_text_format_and_reasoning_effort_reach_the_request(client, scripted: ScriptedBackend):
     scripted.script.pieces = ['{"a": 1}']
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
