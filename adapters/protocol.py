@@ -98,6 +98,7 @@ class ChatRequest:
     keep_alive: Any = None
     think: bool | str | None = None
     n: int = 1
+    parallel_tool_calls: bool = True  # False: at most one call comes back (proxy/stages/one_call.py)
     tools_in_prompt: bool = False  # the model's template ignores tools: adapters write them in (tool_prompt.py)
 
 

@@ -55,9 +55,10 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
         messages += _message(raw, f"messages.{i}", names)
     tools, ignored = _tools(body)
     config = get(body, "output_config", dict, {})
+    tool_choice, parallel = _tool_choice(body.get("tool_choice"))
     return Parsed(ChatRequest(model=get_model(body), messages=messages, options=opts, tools=tools,
-                              tool_choice=_tool_choice(body.get("tool_choice")), format=_format(config),
-                              stream=get(body, "stream", bool, False), think=_think(body, config)), ignored)
+                              tool_choice=tool_choice, format=_format(config), stream=get(body, "stream", bool, False),
+                              think=_think(body, config), parallel_tool_calls=parallel), ignored)
 
 
 def _system(system: Any) -> list[Message]:
@@ -163,17 +164,19 @@ def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
     return tools, ignored
 
 
-def _tool_choice(raw: Any) -> Any:
-    """Internal form (OpenAI's): None (auto), "none", "required", {"type": "function", "function": {"name"}}."""
+def _tool_choice(raw: Any) -> tuple[Any, bool]:
+    """Internal form (OpenAI's): None (auto), "none", "required", {"type": "function", "function": {"name"}}; and
+    whether calls may come in parallel (not when `disable_parallel_tool_use`)."""
     if raw is None:
-        return None
+        return None, True
     kind = raw.get("type") if isinstance(raw, dict) else None
+    parallel = not get(raw, "disable_parallel_tool_use", bool, False) if kind else True
     if kind == "tool":
-        return {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}
+        return {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}, parallel
     choices = {"auto": None, "any": "required", "none": "none"}
     if kind not in choices:
         raise BadRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
-    return choices[kind]
+    return choices[kind], parallel
 
 
 def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:

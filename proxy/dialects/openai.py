@@ -158,7 +158,8 @@ def parse_chat(body: Any) -> ChatRequest:
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
                        options=parse_options(body), tools=parse_tools(body),
                        tool_choice=parse_tool_choice(body.get("tool_choice")), format=parse_response_format(body),
-                       stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body))
+                       stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body),
+                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True))
 
 
 # Choices one request may ask for (prompts × n): each is a generation that holds a backend slot.

@@ -61,13 +61,15 @@ class Parsed:
     previous_response_id: str | None
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats
     compact: bool = False  # the input ended with a compaction_trigger: the answer is one compaction item
+    parallel_tool_calls: bool = True
 
     def chat(self, history: list[dict[str, Any]]) -> ChatRequest:
         """The internal request for this turn after `history` (the stored conversation, for previous_response_id)."""
         system = [Message("system", self.instructions)] if self.instructions else []
         return ChatRequest(model=self.model, messages=system + items_to_messages(history + self.items),
                            options=self.sampling, tools=self.tools, tool_choice=self.tool_choice,
-                           format=self.format, stream=self.stream, think=self.think)
+                           format=self.format, stream=self.stream, think=self.think,
+                           parallel_tool_calls=self.parallel_tool_calls)
 
     def summary(self, history: list[dict[str, Any]]) -> ChatRequest:
         """The internal request that compacts this conversation: the conversation, then the ask for its summary, with
@@ -94,8 +96,8 @@ def parse_request(body: Any) -> Parsed:
     echo = {"instructions": body.get("instructions"), "max_output_tokens": sampling.max_tokens,
             "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "text": {"format": text.get("format") or
-                                                                                   {"type": "text"}},
+            "parallel_tool_calls": get(body, "parallel_tool_calls", bool, True),
+            "text": {"format": text.get("format") or {"type": "text"}},
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "truncation": body.get("truncation", "disabled"), "metadata": body.get("metadata") or {},
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
@@ -106,7 +108,8 @@ def parse_request(body: Any) -> Parsed:
                   instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
                   tool_choice=tool_choice, format=_format(text.get("format")), think=_think(reasoning),
                   sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
-                  previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact)
+                  previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact,
+                  parallel_tool_calls=echo["parallel_tool_calls"])
 
 
 def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
