@@ -40,10 +40,24 @@ def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                 "parameters": t.parameters}} for t in req.tools] or None
     switches = {} if req.think is None else {"enable_thinking": bool(req.think)}
+    messages = [message_dict(m) for m in req.messages]
     try:
-        return tokenizer.apply_chat_template([message_dict(m) for m in req.messages], tools=tools, **switches)
+        if req.prefill and (cut := _continued(tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=False, **switches), req.prefill)):
+            return cut
+        return tokenizer.apply_chat_template(messages, tools=tools, **switches)
     except Exception as exc:  # jinja errors, raise_exception() in the template
         raise BadRequest(f"chat template: {exc}") from exc
+
+
+def _continued(rendered: str, prefilled: str) -> str:
+    """The prompt cut right after the prefilled text, as Hugging Face's `continue_final_message` cuts it (templates
+    that trim messages, Llama 3.1's, get the trimmed text looked for); "" when the template dropped it."""
+    for text in (prefilled, prefilled.strip()):
+        end = rendered.rfind(text) if text else -1
+        if end >= 0:
+            return rendered[:end + len(text)]
+    return ""
 
 
 def capabilities(tokenizer: Tokenizer) -> list[str]:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from . import embed_shape, go_template, model_card, options
@@ -59,6 +60,20 @@ def native_chunk(obj: dict[str, Any]) -> Chunk:
 
 def _finishes(chunk: Chunk) -> bool:
     return chunk.finish_reason is not None
+
+
+async def _without_echo(prefix: str, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """`chunks` with `prefix` taken off the front of their text where it starts with it (llama-server streams it
+    joined to the first token: "Hello, welcome")."""
+    held = ""
+    async with contextlib.aclosing(chunks) as stream:
+        async for chunk in stream:
+            if prefix and (chunk.text or chunk.finish_reason is not None):
+                held += chunk.text
+                if len(held) < len(prefix) and prefix.startswith(held) and chunk.finish_reason is None:
+                    continue  # it may still be the echo
+                chunk, prefix = replace(chunk, text=held.removeprefix(prefix)), ""
+            yield chunk
 
 
 def gguf_name(model_id: str) -> str:
@@ -176,6 +191,13 @@ class LlamaCppBackend(OpenAIBackend):
         if self._gguf is None or self._gguf[0] != path:
             self._gguf = (path, asyncio.ensure_future(asyncio.to_thread(model_card.gguf_facts, path)))
         return await asyncio.shield(self._gguf[1])
+
+    def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
+        """A prefilled chat (one ending in an assistant turn) is answered by llama-server with the whole assistant
+        message, the prefill first (its parser reads the generation prompt with the text): only what the model
+        added comes back, as from every other backend."""
+        stream = super().chat(req)
+        return _without_echo(req.prefill, stream) if req.prefill else stream
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         """The OpenAI body plus llama-server's own sampling keys (repeat_penalty, typical_p, mirostat, ...)."""

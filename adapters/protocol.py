@@ -101,6 +101,14 @@ class ChatRequest:
     parallel_tool_calls: bool = True  # False: at most one call comes back (proxy/stages/one_call.py)
     tools_in_prompt: bool = False  # the model's template ignores tools: adapters write them in (tool_prompt.py)
 
+    @property
+    def prefill(self) -> str:
+        """The text a chat ending in an assistant turn puts in the model's mouth: the answer continues it and holds
+        only what the model adds, as Ollama's templates (which leave the last assistant turn open) do it and
+        Anthropic's API defines it; "" when the chat ends otherwise."""
+        last = self.messages[-1] if self.messages else None
+        return last.content if last and last.role == "assistant" and not last.tool_calls else ""
+
 
 @dataclass
 class CompletionRequest:

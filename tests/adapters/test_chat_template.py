@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.chat_template import capabilities, render
-from adapters.protocol import ChatRequest, Message, Tool
+from adapters.protocol import ChatRequest, Message, Tool, ToolCall
 from engine.tokenizer import Tokenizer
 from tests.engine.tiny import CHATML, byte_tokenizer
 
@@ -45,3 +45,18 @@ def test_the_thinking_switch_reaches_the_template():
     assert render(tokenizer(QWEN3_LIKE), req).endswith("<think>\n")
     off = render(tokenizer(QWEN3_LIKE), ChatRequest("m", req.messages, think=False))
     assert off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_chat_ending_in_an_assistant_turn_is_continued():
+    """Prefill (Anthropic's API, Ollama's templates, llama-server): the prompt stops right after the assistant's
+    text, with no end of turn and no new turn; a template that trims messages (Llama 3.1) is cut at the trimmed
+    text, and one that drops the text gets a new turn as before."""
+    asked = [Message("user", "Say hello"), Message("assistant", "Hello,")]
+    assert render(tokenizer(CHATML), ChatRequest("m", asked)).endswith("<|im_start|>assistant\nHello,")
+    trimming = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+    spaced = [asked[0], Message("assistant", "Hello, ")]
+    assert render(tokenizer(trimming), ChatRequest("m", spaced)).endswith("assistant\nHello,")
+    dropping = CHATML.replace("{{ m['content'] }}", "{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}")
+    assert render(tokenizer(dropping), ChatRequest("m", asked)).endswith("<|im_end|>\n<|im_start|>assistant\n")
+    calls = [asked[0], Message("assistant", "Reading", tool_calls=[ToolCall("read_file", {})])]
+    assert render(tokenizer(CHATML), ChatRequest("m", calls)).endswith("<|im_start|>assistant\n")

@@ -65,6 +65,16 @@ async def test_chat_stream_matches_non_stream_and_honours_max_tokens(backend):
         assert out.finish_reason == "length" and out.usage.completion_tokens == 6 and out.usage.prompt_tokens > 0
 
 
+async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
+    """llama-server sends the prefill back joined to the first token ("Hello, welcome"); the adapter takes it off,
+    streamed or whole, so the answer holds only the continuation, as Ollama's does."""
+    said = [Message(role="user", content="Say hello"), Message(role="assistant", content="Hello,")]
+    req = ChatRequest(model=MODEL, messages=said, options=GREEDY)
+    streamed = aggregate(await collect(backend.chat(req)))
+    whole = aggregate(await collect(backend.chat(replace(req, stream=False))))
+    assert streamed.text == whole.text and streamed.text.startswith(" ") and "Hello," not in streamed.text
+
+
 async def test_tool_call_round_trip(backend):
     for stream in (True, False):
         req = ChatRequest(model=MODEL, messages=TOOL_HISTORY, tools=[WEATHER], stream=stream,

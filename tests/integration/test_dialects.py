@@ -134,3 +134,15 @@ async def test_token_counts_come_from_the_backends_tokenizer(velo, backend):
     answer = await oai.chat.completions.create(model=MODELS[backend], messages=user, max_tokens=1,
                                                extra_headers=NO_CACHE)
     assert (await counted.parse()).input_tokens == answer.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_a_chat_ending_in_an_assistant_turn_is_continued(velo, backend):
+    """Prefill: the model goes on from the assistant's text, and only what it adds comes back (Anthropic's API, as
+    Ollama and llama-server do it); before, the engine closed that turn and began a new one ("Hello, welcome")."""
+    oll, _, ant = sdks(velo, NO_CACHE)
+    said = [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hello,"}]
+    msg = await ant.messages.create(model=MODELS[backend], messages=said, max_tokens=8, extra_body={"temperature": 0})
+    native = await oll.chat(model=MODELS[backend], messages=said, options={"temperature": 0, "num_predict": 8})
+    text = msg.content[0].text
+    assert text and not text.lstrip().startswith("Hello") and native.message.content == text, text
