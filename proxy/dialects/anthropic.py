@@ -49,6 +49,8 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
         if max_tokens < 1:
             raise BadRequest("max_tokens: must be at least 1", param="max_tokens")
     raw_messages = get(body, "messages", list, required=True)
+    if not raw_messages:  # Anthropic's 400; a model asked nothing writes on at random
+        raise BadRequest("messages: at least one message is required", param="messages")
     messages = _system(body.get("system"))
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool results that answer them
     for i, raw in enumerate(raw_messages):

@@ -181,6 +181,7 @@ async def test_server_tools_are_left_out_and_named(client, scripted):
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}, "source"),
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "role"),
+    ({"model": "tiny", "max_tokens": 8, "messages": []}, "at least one message"),
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": "sometimes"}}, "tool_choice"),
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "document"),
