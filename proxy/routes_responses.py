@@ -1,5 +1,6 @@
 """OpenAI Responses API handlers: `POST /v1/responses` (streamed and not), `GET` / `DELETE /v1/responses/{id}`,
-`GET /v1/responses/{id}/input_items`, `POST /v1/responses/input_tokens`, `POST /v1/responses/compact`. parse ->
+`GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `POST /v1/responses/input_tokens`,
+`POST /v1/responses/compact`. parse ->
 pipeline -> write; a stored response continues with `previous_response_id` (proxy/responses_store.py).
 
 Compaction, as Codex asks for it when its context fills (`POST /v1/responses/compact`, or `POST /v1/responses` whose
@@ -13,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.errors import NotFound
+from adapters.errors import BadRequest, NotFound
 from adapters.protocol import aggregate
 
 from .auth import CALLER
@@ -108,6 +109,15 @@ async def retrieve(request: web.Request) -> web.Response:
     return json_response((await _stored(request)).response)
 
 
+async def cancel(request: web.Request) -> web.Response:
+    """Velo answers a `background` request before returning it, so its response is finished: cancelling changes
+    nothing and returns it, as OpenAI returns a cancelled one; a response that was not in the background is a 400."""
+    found = (await _stored(request)).response
+    if not found.get("background"):
+        raise BadRequest("Only responses created with background: true can be cancelled.")
+    return json_response(found)
+
+
 async def delete(request: web.Request) -> web.Response:
     resp_id = request.match_info["id"]
     if not await request.app[RESPONSES].delete(request[CALLER].tenant, resp_id):
@@ -139,3 +149,4 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/responses/{id}", retrieve)
     r.add_delete("/v1/responses/{id}", delete)
     r.add_get("/v1/responses/{id}/input_items", input_items)
+    r.add_post("/v1/responses/{id}/cancel", cancel)

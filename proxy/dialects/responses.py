@@ -26,6 +26,9 @@ from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Toke
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 _NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
+_UNHELD = {"conversation": "Velo keeps no conversations; send the history in `input` or continue with "
+                            "`previous_response_id`",
+           "prompt": "Velo keeps no stored prompts; send the prompt's text as `instructions`"}
 _LOGPROBS, _MAX_TOP_LOGPROBS = "message.output_text.logprobs", 20  # the `include` value; OpenAI's API reference
 
 
@@ -101,7 +104,11 @@ def parse_request(body: Any) -> Parsed:
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "truncation": body.get("truncation", "disabled"), "metadata": body.get("metadata") or {},
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
-            "store": get(body, "store", bool, True), "top_logprobs": sampling.top_logprobs or 0}
+            "store": get(body, "store", bool, True), "top_logprobs": sampling.top_logprobs or 0,
+            "background": get(body, "background", bool, False)}
+    for unheld in ("conversation", "prompt"):  # answering without them would answer another question
+        if body.get(unheld) is not None:
+            raise BadRequest(f"{unheld}: {_UNHELD[unheld]}", param=unheld)
     items = _items(body.get("input"))
     compact = bool(items) and items[-1].get("type") == TRIGGER
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,

@@ -191,6 +191,26 @@ async def test_logprobs_come_with_the_text_when_included(base_url, scripted: Scr
     assert e.value.body["param"] == "top_logprobs"
 
 
+async def test_background_responses_cancel_as_finished_and_unheld_state_is_a_400(base_url, scripted):
+    """Velo answers a background request before returning it: cancelling gives the finished response back, and
+    only a background one. A stored conversation or prompt, which Velo does not keep, is a 400 naming it rather
+    than an answer to a question without its context."""
+    sdk = _client(base_url)
+    done = await sdk.responses.create(model="tiny", input="hi", background=True)
+    cancelled = await sdk.responses.cancel(done.id)
+    assert (cancelled.id, cancelled.status, cancelled.background) == (done.id, "completed", True)
+    plain = await sdk.responses.create(model="tiny", input="hi")
+    with pytest.raises(openai.BadRequestError):
+        await sdk.responses.cancel(plain.id)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.cancel("resp_missing")
+    for unheld in ({"conversation": "conv_1"}, {"prompt": {"id": "pmpt_1"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            await sdk.responses.create(model="tiny", input="hi", **unheld)
+        assert e.value.body["param"] == next(iter(unheld))
+    assert len(scripted.requests) == 2
+
+
 async def test_text_format_and_reasoning_effort_reach_the_request(client, scripted: ScriptedBackend):
     scripted.script.pieces = ['{"a": 1}']
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
