@@ -117,10 +117,11 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         turn.tool_calls.append(call)
     elif kind == "tool_result":
         call_id = get(block, "tool_use_id", str, required=True)
-        text = _text_of(block.get("content") or "", f"{where}.content")
-        if block.get("is_error") is True:
-            text = f"Error: {text}"  # the internal model has no error flag; the model must still see it failed
-        return [Message("tool", text, tool_call_id=call_id, tool_name=names.get(call_id, ""))]
+        result = Message("tool", tool_call_id=call_id, tool_name=names.get(call_id, ""))
+        _tool_result(block.get("content") or "", f"{where}.content", result)
+        if block.get("is_error") is True:  # the internal model has no error flag; the model must still see it failed
+            result.content = f"Error: {result.content}"
+        return [result]
     elif kind == "document":
         turn.content += _document(block, where)
     elif kind == "thinking":
@@ -128,6 +129,23 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
     elif kind != "redacted_thinking":  # encrypted by Anthropic: nothing a local model can read
         raise BadRequest(f"{where}: content blocks of type {kind!r} are not supported", param="messages")
     return []
+
+
+def _tool_result(content: Any, where: str, result: Message) -> None:
+    """A tool result's text and images (Claude Code's Read of a picture), as Ollama's Anthropic API reads them."""
+    if not isinstance(content, list):
+        result.content = _text_of(content, where)
+        return
+    texts = []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "image":
+            result.images.append(_image(block.get("source"), f"{where}.{i}"))
+        elif kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        else:
+            raise BadRequest(f"{where}.{i}: only text and image blocks are supported here", param=where)
+    result.content = "\n".join(texts)
 
 
 def _document(block: dict[str, Any], where: str) -> str:

@@ -2,9 +2,9 @@
 
 - an output limit where the client set none (`[server] default_max_tokens`): a looping small model otherwise runs
   to the end of its context;
-- what the model cannot do (fill in the middle, images): Ollama's 400 `"x" does not support insert`;
-- the thinking switch: a model that cannot think gets Ollama's 400 in the dialects that are strict about it
-  (proxy/dialects RULES), and the switch is dropped in those that leave it to the model;
+- what the model cannot do (fill in the middle): Ollama's 400 `"x" does not support insert`;
+- images and the thinking switch: a model that cannot see or think gets Ollama's 400 in the dialects that are
+  strict about it (proxy/dialects RULES); in the others the switch is dropped and each image becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts and the last turn) and trims a raw prompt's start, as Ollama does; the
   others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"), except a job that
@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from adapters.errors import ContextOverflow, ModelLacks
-from adapters.protocol import ChatRequest, Chunk, CompletionRequest, ModelInfo
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ModelInfo
 
 from ..dialects import RULES
 from ..job import Job, Request
@@ -36,14 +36,21 @@ _SURELY_FITS_CHARS_PER_TOKEN = 2
 _ANSWER_SHARE = 4  # a trimmed chat leaves at least 1/4 of the window (or max_tokens, if less) for the answer
 
 
+def _unseen(m: Message) -> Message:
+    """The message as a model that cannot see reads it: a note in place of its images, so it can say so."""
+    n = len(m.images)
+    note = f"[{n} image{'s' if n > 1 else ''} left out: this model cannot see images]"
+    return replace(m, images=[], content=f"{m.content}\n{note}" if m.content else note)
+
+
 class Fit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
         req = self._capped(job.request)
         info = await self.services.router.model_info(job.target)
         if info is not None:  # a model the backend cannot describe is left to the backend
-            self._check_capabilities(req, info, job)
-            req = await self._in_window(self._thinking(req, info, job), info, job)
+            self._check_insert(req, info, job)
+            req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job)
         async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
             async for chunk in rest:
                 yield chunk
@@ -55,22 +62,31 @@ class Fit(Stage):
         return replace(req, options=replace(req.options, max_tokens=cap))
 
     @staticmethod
-    def _check_capabilities(req: Request, info: ModelInfo, job: Job) -> None:
-        """Ollama's 400 for what the model cannot do, where the backend's capabilities are facts."""
+    def _check_insert(req: Request, info: ModelInfo, job: Job) -> None:
+        """Ollama's 400 for fill-in-the-middle on a model that cannot, where the backend's capabilities are facts."""
         assert job.target is not None
         if not job.target.backend.knows_capabilities:
             return
         if isinstance(req, CompletionRequest) and req.suffix is not None and "insert" not in info.capabilities:
             raise ModelLacks(req.model, "insert")
+
+    @staticmethod
+    def _images(req: Request, info: ModelInfo, job: Job) -> Request:
+        assert job.target is not None
+        if "vision" in info.capabilities or not job.target.backend.knows_capabilities:
+            return req
         images = req.images if isinstance(req, CompletionRequest) else [i for m in req.messages for i in m.images]
-        if images and "vision" not in info.capabilities:
+        if not images:
+            return req
+        if RULES[job.dialect].strict_capabilities or isinstance(req, CompletionRequest):
             raise ModelLacks(req.model, "vision")
+        return replace(req, messages=[_unseen(m) if m.images else m for m in req.messages])
 
     @staticmethod
     def _thinking(req: Request, info: ModelInfo, job: Job) -> Request:
         if req.think in (None, False) or "thinking" in info.capabilities:
             return req
-        if RULES[job.dialect].strict_thinking:
+        if RULES[job.dialect].strict_capabilities:
             raise ModelLacks(req.model, "thinking")
         return replace(req, think=None)
 

@@ -136,3 +136,45 @@ async def test_thinking_on_a_model_that_cannot_think(velo, path, body, strict):
         assert resp.status == 400 and (await resp.json()) == {"error": '"tiny" does not support thinking'}
     else:
         assert resp.status == 200 and backend.requests[0].think is None
+
+
+PNG = "iVBORw0KGgo="  # base64 of a PNG signature: the scripted model never decodes it
+READ_A_PICTURE = {"max_tokens": 9, "messages": [  # Claude Code's Read of an image file
+    {"role": "user", "content": "read cat.png"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                       "input": {"file_path": "cat.png"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+        {"type": "text", "text": "cat.png"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]}]}
+
+
+@pytest.mark.parametrize("path, body, strict", [
+    ("/api/chat", {"messages": [{"role": "user", "content": "what is this", "images": [PNG]}], "stream": False},
+     True),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]}, True),
+    ("/v1/messages", READ_A_PICTURE, False),
+    ("/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this"},
+        {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"}]}]}, False),
+])
+async def test_images_for_a_model_that_cannot_see(velo, path, body, strict):
+    """Ollama's 400 where the dialect is strict; in the agents' dialects the image becomes a note, so a picture in
+    the history (Claude Code reading an image file) does not fail every later turn of the session."""
+    c, backend = await velo(capabilities=("completion", "tools"))
+    resp = await c.post(path, json={"model": "tiny", **body})
+    if strict:
+        assert resp.status == 400 and "does not support vision" in await resp.text()
+        return
+    assert resp.status == 200, await resp.text()
+    last = backend.requests[0].messages[-1]
+    assert last.images == [] and last.content.endswith("[1 image left out: this model cannot see images]")
+    assert last.content.startswith("cat.png" if path == "/v1/messages" else "what is this")
+
+
+async def test_a_tool_results_image_reaches_a_model_that_sees(velo):
+    c, backend = await velo()
+    resp = await c.post("/v1/messages", json={"model": "tiny", **READ_A_PICTURE})
+    result = backend.requests[0].messages[-1]
+    assert resp.status == 200 and (result.role, result.content, result.images) == ("tool", "cat.png", [PNG])
