@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from adapters.protocol import ChatRequest, CompletionRequest
 
+from .context_edits import Applied, Edit
 from .router import Target
 
 Request = ChatRequest | CompletionRequest
@@ -31,6 +32,7 @@ class Outcome:
     tools: str = ""  # how the offered tools reached the model: "native" | "prompt" | "grammar" (X-Velo-Tools)
     trimmed: str = ""  # what was dropped to fit the context, e.g. "3 messages" (X-Velo-Context-Trimmed)
     rate_limit: dict[str, str] = field(default_factory=dict)  # the key's limits, in the dialect's headers
+    context_edits: list[Applied] = field(default_factory=list)  # what the edit-context stage cleared
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}
@@ -56,6 +58,7 @@ class Job:
     dialect: str = "openai"  # "ollama" | "openai" | "anthropic" | "responses": proxy/dialects RULES apply
     cache_bypass: bool = False
     trim_context: bool = False  # drop the oldest turns to fit even where the dialect answers a 400 (a compaction)
+    context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)
 

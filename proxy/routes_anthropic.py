@@ -4,10 +4,13 @@ parse -> pipeline -> write. `x-api-key` authenticates like a Bearer token (proxy
 from __future__ import annotations
 
 
+from typing import Any
+
 from aiohttp import web
 
-from adapters.protocol import aggregate
+from adapters.protocol import ChatRequest, aggregate
 
+from . import context_edits
 from .dialects import anthropic
 from .http_io import job_for, json_response, read_json, write_stream
 from .state import PIPELINE, ROUTER
@@ -19,8 +22,13 @@ async def messages(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = anthropic.parse_messages(body)
     req, job = parsed.request, job_for(request, parsed.request, body)
+    job.context_edits = parsed.edits or ()
     stream = request[PIPELINE].generate(job)
     msg_id = anthropic.new_id("msg")
+
+    def context() -> dict[str, Any]:
+        return anthropic.context_management_object(job.outcome.context_edits)
+    asked = context if parsed.edits is not None else None
 
     def headers() -> dict[str, str]:
         ignored = {"X-Velo-Tools-Ignored": ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else {}
@@ -28,8 +36,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
     if not req.stream:
         whole = aggregate(await collect(stream))
-        return json_response(anthropic.message_object(msg_id, req.model, whole), headers=headers())
-    writer = anthropic.MessageStream(msg_id, req.model)
+        return json_response(anthropic.message_object(msg_id, req.model, whole, asked() if asked else None),
+                             headers=headers())
+    writer = anthropic.MessageStream(msg_id, req.model, asked)
 
     async def finish() -> bytes:
         return writer.finish()
@@ -39,11 +48,18 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer (engine, llama-server), else an estimate (token_count.py);
-    `X-Velo-Token-Count` says which."""
-    req = anthropic.parse_messages(await read_json(request), count_only=True).request
-    target = await request[ROUTER].resolve(req.model)
-    tokens, exact = await prompt_tokens(target, req)
-    return json_response({"input_tokens": tokens}, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
+    `X-Velo-Token-Count` says which. With context editing, the count after it, and `original_input_tokens`."""
+    parsed = anthropic.parse_messages(await read_json(request), count_only=True)
+    target = await request[ROUTER].resolve(parsed.request.model)
+    tokens, exact = await prompt_tokens(target, parsed.request)
+    out: dict[str, Any] = {"input_tokens": tokens}
+    if parsed.edits is not None:
+        async def count(req: ChatRequest) -> int:
+            return (await prompt_tokens(target, req))[0]
+        edited = await context_edits.apply(parsed.request, parsed.edits, count)
+        out = {"input_tokens": tokens - sum(a.tokens for a in edited.applied),
+               "context_management": {"original_input_tokens": tokens}}
+    return json_response(out, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,14 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
 from adapters import options
 from adapters.errors import BadRequest, ContextOverflow, VeloError
-from adapters.fields import body_object, get, get_model
+from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, ToolCall, Usage
+
+from .. import context_edits
+from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
@@ -38,6 +41,7 @@ class Parsed:
 
     request: ChatRequest
     ignored_tools: list[str] = field(default_factory=list)
+    edits: tuple[Edit, ...] | None = None  # `context_management`, when asked for (None: not asked)
 
 
 def parse_messages(body: Any, count_only: bool = False) -> Parsed:
@@ -60,7 +64,8 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
     tool_choice, parallel = _tool_choice(body.get("tool_choice"))
     return Parsed(ChatRequest(model=get_model(body), messages=messages, options=opts, tools=tools,
                               tool_choice=tool_choice, format=_format(config), stream=get(body, "stream", bool, False),
-                              think=_think(body, config), parallel_tool_calls=parallel), ignored)
+                              think=_think(body, config), parallel_tool_calls=parallel), ignored,
+                  _edits(body.get("context_management")))
 
 
 def _system(system: Any) -> list[Message]:
@@ -199,6 +204,55 @@ def _tool_choice(raw: Any) -> tuple[Any, bool]:
     return choices[kind], parallel
 
 
+def _edits(raw: Any) -> tuple[Edit, ...] | None:
+    """`context_management.edits` (beta context-management-2025-06-27) as proxy/context_edits.py applies them;
+    server-side compaction (`compact_20260112`) is a 400: Velo does not summarise Anthropic conversations."""
+    if raw is None:
+        return None
+    where = "context_management.edits"
+    edits = get(body_object(raw), "edits", list, [])
+    out: list[Edit] = []
+    for i, e in enumerate(edits):
+        kind = e.get("type") if isinstance(e, dict) else None
+        if kind == context_edits.TOOL_USES:
+            out.append(_clear_tool_uses(e, f"{where}.{i}"))
+        elif kind == context_edits.THINKING:
+            keep = e.get("keep", {"type": "thinking_turns", "value": 1})
+            all_turns = keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all")
+            out.append(ClearThinking(None if all_turns else _amount(e, "keep", "thinking_turns", f"{where}.{i}")))
+        else:
+            raise BadRequest(f"{where}.{i}.type: must be {context_edits.TOOL_USES} or {context_edits.THINKING}",
+                             param="context_management")
+    return tuple(out)
+
+
+def _clear_tool_uses(e: dict[str, Any], where: str) -> ClearToolUses:
+    trigger = e.get("trigger")
+    by_uses = isinstance(trigger, dict) and trigger.get("type") == "tool_uses"
+    limit = _amount(e, "trigger", "tool_uses" if by_uses else "input_tokens", where,
+                    default=ClearToolUses.trigger_tokens)
+    inputs = e.get("clear_tool_inputs") or False
+    if not isinstance(inputs, bool) and not (isinstance(inputs, list) and all(isinstance(n, str) for n in inputs)):
+        raise BadRequest(f"{where}.clear_tool_inputs: must be a boolean or a list of tool names",
+                         param="context_management")
+    return ClearToolUses(trigger_tokens=None if by_uses else limit, trigger_uses=limit if by_uses else None,
+                         keep=_amount(e, "keep", "tool_uses", where, default=3),
+                         clear_at_least=_amount(e, "clear_at_least", "input_tokens", where, default=0),
+                         exclude=frozenset(string_list(e, "exclude_tools")),
+                         clear_inputs=inputs if isinstance(inputs, bool) else frozenset(inputs))
+
+
+def _amount(e: dict[str, Any], key: str, kind: str, where: str, default: int | None = None) -> int:
+    """`{"type": kind, "value": n}`, n a count from 0."""
+    raw = e.get(key)
+    if raw is None and default is not None:
+        return default
+    value = raw.get("value") if isinstance(raw, dict) and raw.get("type") == kind else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{where}.{key}: must be {{type: '{kind}', value: a count}}", param="context_management")
+    return value
+
+
 def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     """`enabled` turns thinking on (at `output_config.effort` where given), `disabled` off; `adaptive` (what
     Claude Code sends) leaves it to the model, so a model that cannot think still answers."""
@@ -241,16 +295,24 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": call.id or new_id("toolu"), "name": call.name, "input": call.arguments}
 
 
-def message_object(msg_id: str, model: str, whole: Chunk) -> dict[str, Any]:
-    """A whole non-streamed answer."""
+def context_management_object(applied: list[Applied]) -> dict[str, Any]:
+    """What context editing did, as Anthropic reports it (`context_management.applied_edits`)."""
+    return {"applied_edits": [{"type": a.kind, "cleared_input_tokens": a.tokens, (
+        "cleared_thinking_turns" if a.kind == context_edits.THINKING else "cleared_tool_uses"): a.cleared}
+        for a in applied]}
+
+
+def message_object(msg_id: str, model: str, whole: Chunk, context: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A whole non-streamed answer (with `context_management` where the request asked for context editing)."""
     content: list[dict[str, Any]] = []
     if whole.thinking:
         content.append({"type": "thinking", "thinking": whole.thinking, "signature": ""})
     if whole.text or not (whole.thinking or whole.tool_calls):
         content.append({"type": "text", "text": whole.text})
     content += [_tool_use(c) for c in whole.tool_calls]
-    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason(whole), "stop_sequence": None, "usage": usage_object(whole.usage)}
+    out = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
+           "stop_reason": stop_reason(whole), "stop_sequence": None, "usage": usage_object(whole.usage)}
+    return out if context is None else {**out, "context_management": context}
 
 
 def event(name: str, obj: dict[str, Any]) -> bytes:
@@ -264,6 +326,7 @@ class MessageStream:
 
     msg_id: str
     model: str
+    context: Callable[[], dict[str, Any]] | None = None  # message_delta's `context_management`, when asked for
     started: bool = False
     done: bool = False
     index: int = -1
@@ -317,9 +380,11 @@ class MessageStream:
     def _end(self, reason: str, usage: Usage | None) -> list[bytes]:
         self.done = True
         out = self._close()
-        out.append(event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason,
-                                                                               "stop_sequence": None},
-                                           "usage": usage_object(usage)}))
+        delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
+                 "usage": usage_object(usage)}
+        if self.context is not None:
+            delta["context_management"] = self.context()
+        out.append(event("message_delta", delta))
         out.append(event("message_stop", {"type": "message_stop"}))
         return out
 
@@ -332,14 +397,16 @@ _PAGE_SIZE, _MAX_PAGE = 20, 1000  # Anthropic's default and largest `limit` for 
 def model_object(info: ModelInfo) -> dict[str, Any]:
     """Anthropic's ModelInfo. `capabilities` says what Velo accepts for this model: images where the model has
     vision, thinking where it thinks (`enabled` and `adaptive` are accepted on any model, as Ollama's Anthropic API
-    does), structured output everywhere (Velo validates it); none of Anthropic's server-side features."""
+    does), structured output and context editing everywhere (Velo does both); no other server-side feature."""
     caps, thinks = info.capabilities, "thinking" in info.capabilities
 
     def has(supported: bool) -> dict[str, bool]:
         return {"supported": supported}
     capabilities = {
         "batch": has(False), "citations": has(False), "code_execution": has(False), "pdf_input": has(False),
-        "context_management": has(False), "image_input": has("vision" in caps), "structured_outputs": has(True),
+        "context_management": {**has(True), context_edits.TOOL_USES: has(True), context_edits.THINKING: has(True),
+                               "compact_20260112": has(False)},
+        "image_input": has("vision" in caps), "structured_outputs": has(True),
         "server_tools": {**has(False), "code_execution": has(False), "web_search": has(False)},
         "effort": {**has(thinks), **{level: has(thinks) for level in ("low", "medium", "high", "max")}},
         "thinking": {**has(thinks), "types": {"adaptive": has(True), "enabled": has(True), "disabled": has(True),

@@ -25,14 +25,10 @@ from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, Mo
 from ..dialects import RULES
 from ..job import Job, Request
 from ..router import Target
-from ..token_count import characters, prompt_tokens
+from ..token_count import prompt_tokens, surely_under
 from .base import Next, Stage
 
 log = logging.getLogger("velo.fit")
-# A prompt whose characters / 2 stay under the window surely fits: local tokenizers give 3.5-4.5 characters per
-# token on chat and code, and 2 on lists of digits or one-letter words, so the exact count (an HTTP round trip for
-# llama-server) is only asked of prompts that may be near the limit.
-_SURELY_FITS_CHARS_PER_TOKEN = 2
 _ANSWER_SHARE = 4  # a trimmed chat leaves at least 1/4 of the window (or max_tokens, if less) for the answer
 
 
@@ -93,7 +89,7 @@ class Fit(Stage):
     async def _in_window(self, req: Request, info: ModelInfo, job: Job) -> Request:
         assert job.target is not None
         limit = min(filter(None, (info.context_length, req.options.num_ctx)), default=None)
-        if limit is None or job.target.backend.fits_context or characters(req) / _SURELY_FITS_CHARS_PER_TOKEN < limit:
+        if limit is None or job.target.backend.fits_context or surely_under(req, limit):
             return req
         tokens = await _count(job.target, req)
         if tokens < limit:

@@ -11,6 +11,7 @@ from adapters.errors import BackendUnavailable
 from adapters.protocol import ModelInfo, ToolCall
 from proxy.app import make_app
 from proxy.config import Config, ServerConfig
+from proxy import context_edits
 from proxy.dialects import anthropic as anthropic_dialect
 from tests.scripted import Script, ScriptedBackend
 
@@ -287,3 +288,51 @@ def test_model_capabilities_follow_the_models_own():
     assert seeing["capabilities"]["thinking"]["supported"] and seeing["capabilities"]["effort"]["high"]["supported"]
     plain = anthropic_dialect.model_object(ModelInfo("m"))["capabilities"]
     assert not plain["thinking"]["supported"] and plain["thinking"]["types"]["adaptive"] == {"supported": True}
+
+
+def _agent_history(uses: int) -> list[dict]:
+    """A user turn, then `uses` rounds of a Read call and its 40-word result."""
+    out: list[dict] = [{"role": "user", "content": "fix the bug"}]
+    for i in range(uses):
+        out += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "read_file",
+                                                   "input": {"path": f"f{i}.py"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                              "content": " ".join(["code"] * 40)}]}]
+    return out
+
+
+async def test_context_management_clears_old_tool_results_and_says_so(base_url, scripted: ScriptedBackend):
+    """Anthropic's context editing through the SDK's beta client: past the trigger the oldest tool results reach
+    the model cleared, and `context_management.applied_edits` (in message_delta, when streamed) says what went;
+    count_tokens counts after the edits."""
+    sdk = _client(base_url).beta.messages
+    edits = {"edits": [{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100},
+                        "keep": {"type": "tool_uses", "value": 1}}]}
+    ask = {"model": "tiny", "max_tokens": 8, "messages": _agent_history(4), "tools": [READ],
+           "context_management": edits, "betas": ["context-management-2025-06-27"]}
+    msg = await sdk.create(**ask)
+    [applied] = msg.context_management.applied_edits
+    assert (applied.type, applied.cleared_tool_uses) == ("clear_tool_uses_20250919", 3)
+    results = [m.content for m in scripted.requests[-1].messages if m.role == "tool"]
+    assert results[:3] == [context_edits.CLEARED] * 3 and results[3] == " ".join(["code"] * 40)
+    assert applied.cleared_input_tokens == 3 * (40 - len(context_edits.CLEARED.split()))  # the double's count
+    async with sdk.stream(**ask) as stream:
+        final = await stream.get_final_message()
+    assert final.context_management.applied_edits[0].cleared_tool_uses == 3
+    counted = await sdk.count_tokens(**{k: v for k, v in ask.items() if k != "max_tokens"})
+    assert counted.context_management.original_input_tokens - counted.input_tokens == applied.cleared_input_tokens
+    plain = await sdk.create(**{**ask, "context_management": None})
+    assert plain.context_management is None and len(scripted.requests[-1].messages) == 9
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"type": "compact_20260112"}, "context_management.edits.0.type"),
+    ({"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": -1}}, "edits.0.keep"),
+    ({"type": "clear_tool_uses_20250919", "clear_tool_inputs": "yes"}, "clear_tool_inputs"),
+    ({"type": "clear_thinking_20251015", "keep": {"type": "turns", "value": 1}}, "edits.0.keep"),
+])
+async def test_bad_context_management_is_a_400_naming_the_edit(client, edit, message):
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
+                                                   "context_management": {"edits": [edit]}})
+    body = await resp.json()
+    assert resp.status == 400 and message in body["error"]["message"], body
