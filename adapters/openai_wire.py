@@ -8,7 +8,7 @@ tool-call repair sees what the model produced and can fix it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -63,7 +63,11 @@ def messages_to_wire(messages: list[Message]) -> list[dict[str, Any]]:
             answered = m.tool_call_id or next((cid for cid, name in open_calls if name == m.tool_name),
                                               open_calls[0][0] if open_calls else "call_0")
             open_calls = [c for c in open_calls if c[0] != answered]
-        out.append(message_to_wire(m, ids, answered))
+        if m.role == "tool" and m.images:  # OpenAI's tool messages take text only: the images follow as a user turn
+            out += [message_to_wire(replace(m, images=[]), ids, answered),
+                    message_to_wire(Message("user", "The images the tool returned:", images=m.images), [])]
+        else:
+            out.append(message_to_wire(m, ids, answered))
     return out
 
 

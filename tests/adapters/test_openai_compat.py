@@ -205,6 +205,16 @@ async def test_ollama_style_history_gets_linked_call_ids(backend, openai_fake):
     assert [(m["tool_call_id"], m["name"]) for m in sent[2:]] == [(ids[1], "get_time"), (ids[0], "get_weather")]
 
 
+def test_a_tool_results_images_follow_it_as_a_user_turn():
+    """OpenAI's tool messages take text only (Claude Code's Read of a picture is an image in a tool result)."""
+    history = [Message("user", "look"), Message("assistant", tool_calls=[ToolCall("read", {}, "c1")]),
+               Message("tool", "cat.png", tool_call_id="c1", images=["iVBORw0KGgo="])]
+    sent = chat_to_wire(ChatRequest("m", history))["messages"]
+    assert sent[2] == {"role": "tool", "content": "cat.png", "tool_call_id": "c1"}
+    assert sent[3]["role"] == "user" and sent[3]["content"][1] == {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
 @pytest.mark.parametrize("think, wire", [
     (True, {"chat_template_kwargs": {"enable_thinking": True}}),
     (False, {"chat_template_kwargs": {"enable_thinking": False}}),
