@@ -309,9 +309,13 @@ class EngineBackend(Backend):
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         start = time.perf_counter_ns()
         engine, load_ns = await self._waited(req.model)
+        window = engine.model_info["context_length"]
+        lengths = await asyncio.to_thread(lambda: [len(engine.tokenizer.encode(t)) for t in req.inputs])
+        if not req.truncate and max(lengths, default=0) > window:  # else each input is cut to the window
+            raise BadRequest("the input length exceeds the context length")  # Ollama's words and status
         vectors = await asyncio.to_thread(engine.embed, req.inputs, req.normalize)
-        tokens = sum(len(engine.tokenizer.encode(t)) for t in req.inputs)
-        return EmbedResult(embed_shape.shorten(vectors, req.dimensions), prompt_tokens=tokens,
+        return EmbedResult(embed_shape.shorten(vectors, req.dimensions), prompt_tokens=sum(min(n, window)
+                                                                                         for n in lengths),
                            total_ns=time.perf_counter_ns() - start, load_ns=load_ns)
 
     # -- health ------------------------------------------------------------------------------

@@ -183,6 +183,15 @@ async def test_embeddings_are_normalised_and_per_text(backend):
     assert two.embeddings[0] != pytest.approx(two.embeddings[1], abs=1e-3)
 
 
+async def test_an_input_longer_than_the_context_is_cut_unless_truncate_is_false(backend):
+    """Ollama's /api/embed: `truncate` (default true) cuts each input to the context; false is its 400."""
+    long = "word " * 600  # the tiny model's context is 512 tokens
+    cut = await backend.embed(EmbedRequest(model=NAME, inputs=[long, "hello"]))
+    assert len(cut.embeddings) == 2 and cut.prompt_tokens <= 512 + len(backend.engine.tokenizer.encode("hello"))
+    with pytest.raises(BadRequest, match="the input length exceeds the context length"):
+        await backend.embed(EmbedRequest(model=NAME, inputs=["hello", long], truncate=False))
+
+
 def test_unknown_option_is_named():
     with pytest.raises(BadRequest, match="kv_memroy"):
         EngineBackend(BackendConfig(name="e", kind="engine", options={"kv_memroy": 1}))
