@@ -14,7 +14,7 @@ from .auth import CALLER
 from .dialects import openai
 from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Request
-from .state import PIPELINE, ROUTER
+from .state import PIPELINE
 from .stream_ends import separate_finish
 from .streams import collect_each, merge
 

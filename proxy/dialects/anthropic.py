@@ -217,9 +217,10 @@ def _edits(raw: Any) -> tuple[Edit, ...] | None:
         if kind == context_edits.TOOL_USES:
             out.append(_clear_tool_uses(e, f"{where}.{i}"))
         elif kind == context_edits.THINKING:
-            keep = e.get("keep", {"type": "thinking_turns", "value": 1})
+            keep = e.get("keep")
             all_turns = keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all")
-            out.append(ClearThinking(None if all_turns else _amount(e, "keep", "thinking_turns", f"{where}.{i}")))
+            out.append(ClearThinking(None if all_turns else _amount(e, "keep", "thinking_turns", f"{where}.{i}",
+                                                                    default=ClearThinking.keep)))
         else:
             raise BadRequest(f"{where}.{i}.type: must be {context_edits.TOOL_USES} or {context_edits.THINKING}",
                              param="context_management")

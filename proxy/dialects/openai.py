@@ -16,7 +16,7 @@ import orjson
 from adapters import options
 from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
-                               ModelInfo, SamplingOptions, ToolCall, Usage, epoch)
+                               ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
 
 from adapters.fields import body_object, get, get_model, string_list
 from . import ollama
@@ -227,11 +227,14 @@ def _tool_calls(calls: list[ToolCall], stream: bool, first_index: int = 0) -> li
 
 
 def _logprobs(chunk: Chunk) -> dict[str, Any] | None:
-    if not chunk.logprobs:
-        return None
-    return {"content": [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
-                         "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode())} for t, p in lp.top]}
-                        for lp in chunk.logprobs]}
+    return {"content": token_logprobs(chunk.logprobs)} if chunk.logprobs else None
+
+
+def token_logprobs(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """OpenAI's per-token log-probabilities, as chat completions and the Responses API both write them."""
+    return [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
+             "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode())} for t, p in lp.top]}
+            for lp in logprobs]
 
 
 def _finish(chunk: Chunk) -> str | None:

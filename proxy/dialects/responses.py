@@ -23,6 +23,8 @@ from adapters.errors import BackendError, BadRequest, VeloError
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
 
+from .openai import token_logprobs
+
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 _NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
@@ -128,12 +130,6 @@ def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingO
     sampling.logprobs = _LOGPROBS in string_list(body, "include")
     sampling.top_logprobs = top if sampling.logprobs and top else None
     return sampling
-
-
-def logprobs_object(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
-    def token(text: str, logprob: float) -> dict[str, Any]:
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-    return [{**token(lp.token, lp.logprob), "top_logprobs": [token(t, p) for t, p in lp.top]} for lp in logprobs]
 
 
 def _items(raw: Any) -> list[dict[str, Any]]:
@@ -380,7 +376,7 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 
 def message_item(item_id: str, text: str, status: str = "completed",
                  logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs_object(logprobs or [])}
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": token_logprobs(logprobs or [])}
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part] if text else []}
 
 

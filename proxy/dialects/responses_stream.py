@@ -26,8 +26,9 @@ import orjson
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import Chunk, TokenLogprob, Usage
 
-from .responses import (Parsed, call_item, compaction_item, logprobs_object, message_item, new_id, reasoning_item,
-                        response_object, status_of)
+from .openai import token_logprobs
+from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
+                        status_of)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ResponseStream:
             self.text += chunk.thinking
         if chunk.text:
             out += self._item("message") + [self._event("response.output_text.delta", {
-                **self._at(), "content_index": 0, "delta": chunk.text, "logprobs": logprobs_object(chunk.logprobs)})]
+                **self._at(), "content_index": 0, "delta": chunk.text, "logprobs": token_logprobs(chunk.logprobs)})]
             self.text += chunk.text
             self.logprobs += chunk.logprobs
         if chunk.tool_calls:

@@ -336,3 +336,16 @@ async def test_bad_context_management_is_a_400_naming_the_edit(client, edit, mes
                                                    "context_management": {"edits": [edit]}})
     body = await resp.json()
     assert resp.status == 400 and message in body["error"]["message"], body
+
+
+def test_context_management_defaults_and_claude_codes_keep_all():
+    def edits(*given: dict) -> tuple:
+        body = {"model": "tiny", "max_tokens": 8, "messages": USER, "context_management": {"edits": list(given)}}
+        return anthropic_dialect.parse_messages(body).edits
+    assert edits({"type": "clear_thinking_20251015", "keep": "all"}) == (context_edits.ClearThinking(None),)
+    assert edits({"type": "clear_thinking_20251015"}) == (context_edits.ClearThinking(1),)
+    assert edits({"type": "clear_tool_uses_20250919"}) == (context_edits.ClearToolUses(),)  # Anthropic's: 100k, 3
+    assert edits({"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 5},
+                  "clear_tool_inputs": ["Bash"], "exclude_tools": ["Read"]}) == (context_edits.ClearToolUses(
+        trigger_tokens=None, trigger_uses=5, exclude=frozenset({"Read"}), clear_inputs=frozenset({"Bash"})),)
+    assert anthropic_dialect.parse_messages({"model": "tiny", "max_tokens": 8, "messages": USER}).edits is None
