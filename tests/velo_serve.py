@@ -19,10 +19,11 @@ ROOT = str(Path(__file__).resolve().parents[1])
 def velo_serve(folder: Path, config: str, ready_within: float = 180) -> Iterator[str]:
     """Runs this checkout's `velo serve` on `config` (TOML after the [server] port, which is chosen here) in
     `folder`, and yields its URL once /api/tags answers; its output goes to folder/velo.log (a file, not a pipe:
-    a full pipe would stall the server)."""
+    a full pipe would stall the server), and its presets to folder/velo/presets.json."""
     port = free_port()
     (folder / "config.toml").write_text(f"[server]\nport = {port}\n{config}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+           "XDG_DATA_HOME": str(folder)}  # its own preset store, not the machine's
     with open(folder / "velo.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
                                 cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -37,6 +37,7 @@ def velo_default(tmp_path_factory) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "VELO_CONFIG"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])  # this checkout, however Velo is installed
+    env["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("data"))  # a fresh machine's: no presets made before
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
                             cwd=tmp_path_factory.mktemp("fresh"), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
