@@ -81,7 +81,8 @@ def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:
 def to_chunk(out: RequestOutput) -> Chunk:
     logprobs = [TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p["top_logprobs"]])
                 for p in out.logprobs or []]
-    return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None)
+    return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None,
+                 stop_sequence=out.stop_string)
 
 
 def _prepared(engine: LLMEngine, render: Callable[[LLMEngine], str], options: SamplingOptions, grammar: str | None,

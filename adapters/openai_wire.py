@@ -181,6 +181,13 @@ def as_stream_event(answer: dict[str, Any]) -> dict[str, Any]:
     return {**answer, "choices": choices}
 
 
+def _matched_stop(choice: dict[str, Any]) -> str | None:
+    """The stop string that ended a choice, where the server says: vLLM's `stop_reason`, SGLang's `matched_stop`
+    (each an integer for a stop token). llama-server's OpenAI routes and Ollama's do not say."""
+    matched = choice.get("stop_reason", choice.get("matched_stop"))
+    return matched if isinstance(matched, str) else None
+
+
 def _first_choice(choices: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     """Choice 0 of an event: first in the list on every server seen, else looked for."""
     if not choices:
@@ -197,6 +204,7 @@ class ChatStream:
     calls: dict[int, _PendingCall] = field(default_factory=dict)
     finish: FinishReason | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None
 
     def feed(self, event: dict[str, Any]) -> Chunk | None:
         """Called once per streamed token, so the common event (one choice, text only) takes the short way: a
@@ -211,6 +219,7 @@ class ChatStream:
             self._take_calls(delta["tool_calls"] or [])
         if reason := choice.get("finish_reason"):
             self.finish = _FINISH.get(reason, "stop")
+            self.stop_sequence = _matched_stop(choice)
         text = wire_text(delta.get("content")) or wire_text(choice.get("text"))
         thinking = wire_text(delta.get("reasoning_content"))
         logprobs = logprobs_from_wire(choice["logprobs"]) if choice.get("logprobs") else []
@@ -228,7 +237,7 @@ class ChatStream:
         """The closing chunk: complete tool calls, finish reason and usage."""
         calls, raw = complete_calls([self.calls[i] for i in sorted(self.calls)])
         return Chunk(text=raw, tool_calls=calls, finish_reason=reconcile(self.finish or "stop", calls),
-                     usage=self.usage)
+                     usage=self.usage, stop_sequence=self.stop_sequence)
 
 
 def embeddings_from_wire(obj: dict[str, Any]) -> EmbedResult:

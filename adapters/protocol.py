@@ -174,6 +174,7 @@ class Chunk:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     context: list[int] | None = None  # Ollama /api/generate's opaque conversation state
+    stop_sequence: str | None = None  # the client's stop string that ended the answer, where the backend says which
 
 
 @dataclass
@@ -228,4 +229,5 @@ def aggregate(chunks: list[Chunk]) -> Chunk:
         out.finish_reason = c.finish_reason or out.finish_reason
         out.usage = c.usage or out.usage
         out.context = c.context if c.context is not None else out.context
+        out.stop_sequence = c.stop_sequence or out.stop_sequence
     return out

@@ -27,6 +27,7 @@ class RequestOutput:
     num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
     num_output_tokens: int = 0
     logprobs: list[dict] | None = None  # per new token: {"token_id", "token", "logprob", "top_logprobs"}
+    stop_string: str | None = None  # the stop string that ended the request, on its last output
     extra: dict = field(default_factory=dict)
 
 
@@ -48,6 +49,7 @@ class RequestState:
         self.text, self.sent = "", 0
         self.num_sent_tokens = 0
         self.longest_stop = max((len(s) for s in params.stop), default=0)
+        self.stopped_by: str | None = None  # the stop string found in the text
         self.done = False
 
     def push(self, tokens: list[int], reason: str | None) -> bool:
@@ -61,10 +63,11 @@ class RequestState:
             self.text += self.detok.push(token)
         if reason:
             self.text += self.detok.flush()
-        cut = self._find_stop(max(0, before - self.longest_stop + 1))
-        if cut is not None:
+        found = self._find_stop(max(0, before - self.longest_stop + 1))
+        if found is not None:
+            cut, self.stopped_by = found
             self.text = self.text[:cut]
-        return cut is not None
+        return found is not None
 
     def emit(self, seq: Sequence, sample: Sample) -> int:
         """Stream what seq gained this step (text past the hold-back, or all of it once finished); returns the
@@ -86,9 +89,10 @@ class RequestState:
             self.done = True
             self._send(exc)
 
-    def _find_stop(self, start: int) -> int | None:
-        hits = [i for s in self.params.stop if s and (i := self.text.find(s, start)) >= 0]
-        return min(hits) if hits else None
+    def _find_stop(self, start: int) -> tuple[int, str] | None:
+        """Where the earliest stop string begins, and which it is."""
+        hits = [(i, s) for s in self.params.stop if s and (i := self.text.find(s, start)) >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else None
 
     def _open_stop(self) -> int:
         """How many characters at the end of the text are the start of some stop string."""
@@ -105,7 +109,8 @@ class RequestState:
             return
         self.done = reason is not None
         self._send(RequestOutput(seq.seq_id, text, token_ids, reason is not None, reason, seq.num_prompt_tokens,
-                                 seq.num_cached_prefix, len(seq.output_ids), logprobs))
+                                 seq.num_cached_prefix, len(seq.output_ids), logprobs,
+                                 self.stopped_by if reason is not None else None))
 
     def _send(self, out: RequestOutput | BaseException) -> None:
         try:

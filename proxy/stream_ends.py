@@ -27,6 +27,7 @@ async def separate_finish(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
                                                 tool_calls=chunk.tool_calls, logprobs=chunk.logprobs)
             if chunk.finish_reason is not None:
                 reason = "tool_calls" if called and chunk.finish_reason == "stop" else chunk.finish_reason
-                yield Chunk(finish_reason=reason, usage=chunk.usage, context=chunk.context)
+                yield Chunk(finish_reason=reason, usage=chunk.usage, context=chunk.context,
+                            stop_sequence=chunk.stop_sequence)
     finally:
         await stream.aclose()  # type: ignore[attr-defined]

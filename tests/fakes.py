@@ -411,11 +411,18 @@ class FakeOpenAI(FakeServer):
             return None
         return self.error(404, f"The model `{body.get('model')}` does not exist")
 
-    def _words(self, body: dict[str, Any]) -> tuple[list[str], str]:
-        words, limit = tokens(self.script.reply), body.get("max_tokens")
+    def _words(self, body: dict[str, Any]) -> tuple[list[str], str, str | None]:
+        """The reply's words, why they end, and the stop string that ended them: cut before the first of the
+        request's `stop` strings, as vLLM cuts it and names it in `stop_reason` (its extension of the choice)."""
+        stops, reply, matched = body.get("stop") or [], self.script.reply, None
+        hits = [(reply.find(s), s) for s in ([stops] if isinstance(stops, str) else stops) if s in reply]
+        if hits:
+            cut, matched = min(hits)
+            reply = reply[:cut]
+        words, limit = tokens(reply), body.get("max_tokens")
         if limit is not None and limit < len(words):
-            return words[:limit], "length"
-        return words, "tool_calls" if self.script.tool_calls else "stop"
+            return words[:limit], "length", None
+        return words, "tool_calls" if self.script.tool_calls else "stop", matched
 
     def _usage(self, body: dict[str, Any], completion: int) -> dict[str, int]:
         prompt = len(tokens(orjson.dumps(body.get("messages") or body.get("prompt") or "").decode()))
@@ -432,7 +439,7 @@ class FakeOpenAI(FakeServer):
         body = await request.json()
         if (missing := self._unknown(body)) is not None:
             return missing
-        words, reason = self._words(body)
+        words, reason, matched = self._words(body)
         head = {"id": "chatcmpl-fake", "created": int(time.time()), "model": body["model"]}
         if not body.get("stream"):
             await asyncio.sleep(self.script.token_delay * len(words))  # the whole answer is made before it is sent
@@ -440,7 +447,8 @@ class FakeOpenAI(FakeServer):
             if self.script.tool_calls:
                 msg["tool_calls"] = self._calls()
             return web.json_response({**head, "object": "chat.completion", "usage": self._usage(body, len(words)),
-                                      "choices": [{"index": 0, "message": msg, "finish_reason": reason}]})
+                                      "choices": [{"index": 0, "message": msg, "finish_reason": reason,
+                                                   "stop_reason": matched}]})
         head["object"] = "chat.completion.chunk"
 
         def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
@@ -456,7 +464,8 @@ class FakeOpenAI(FakeServer):
                                              "function": {"name": call["function"]["name"], "arguments": ""}}]})
                 for piece in (args[:len(args) // 2], args[len(args) // 2:]):
                     yield delta({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
-            yield delta({}, reason)
+            yield _sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reason,
+                                             "stop_reason": matched}]})
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield _sse({**head, "choices": [], "usage": self._usage(body, len(words))})
             yield b"data: [DONE]\n\n"
@@ -466,7 +475,7 @@ class FakeOpenAI(FakeServer):
         body = await request.json()
         if (missing := self._unknown(body)) is not None:
             return missing
-        words, reason = self._words(body)
+        words, reason, _ = self._words(body)
         reason = "stop" if reason == "tool_calls" else reason
         shown = [body["prompt"], *words] if body.get("echo") else words  # echo as vLLM and SGLang answer it
         head = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": body["model"]}

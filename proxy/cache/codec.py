@@ -21,6 +21,7 @@ def _chunk(raw: dict[str, Any]) -> Chunk:
         finish_reason=raw["finish_reason"],
         usage=Usage(**raw["usage"]) if raw["usage"] is not None else None,
         context=raw["context"],
+        stop_sequence=raw.get("stop_sequence"),  # absent from entries written before it was kept
     )
 
 

@@ -281,9 +281,16 @@ def _format(config: dict[str, Any]) -> Any:
 # -- answers -------------------------------------------------------------------------------------------------------
 
 def stop_reason(chunk: Chunk) -> str:
+    """`stop_sequence` where the backend said which stop string ended the answer (the engine, vLLM, SGLang)."""
     if chunk.tool_calls:
         return "tool_use"
+    if chunk.stop_sequence is not None and chunk.finish_reason == "stop":
+        return "stop_sequence"
     return _STOP_REASONS.get(chunk.finish_reason or "stop", "end_turn")
+
+
+def _matched(chunk: Chunk) -> str | None:
+    return chunk.stop_sequence if stop_reason(chunk) == "stop_sequence" else None
 
 
 def usage_object(usage: Usage | None) -> dict[str, int]:
@@ -312,7 +319,7 @@ def message_object(msg_id: str, model: str, whole: Chunk, context: dict[str, Any
         content.append({"type": "text", "text": whole.text})
     content += [_tool_use(c) for c in whole.tool_calls]
     out = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-           "stop_reason": stop_reason(whole), "stop_sequence": None, "usage": usage_object(whole.usage)}
+           "stop_reason": stop_reason(whole), "stop_sequence": _matched(whole), "usage": usage_object(whole.usage)}
     return out if context is None else {**out, "context_management": context}
 
 
@@ -346,7 +353,7 @@ class MessageStream:
             out += self._block("tool_use", {**block, "input": {}}, fresh=True)
             out.append(self._delta({"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}))
         if chunk.finish_reason is not None:
-            out += self._end(stop_reason(chunk), chunk.usage)
+            out += self._end(stop_reason(chunk), chunk.usage, _matched(chunk))
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -378,10 +385,10 @@ class MessageStream:
         self.open = None
         return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
-    def _end(self, reason: str, usage: Usage | None) -> list[bytes]:
+    def _end(self, reason: str, usage: Usage | None, stop: str | None = None) -> list[bytes]:
         self.done = True
         out = self._close()
-        delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
+        delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
                  "usage": usage_object(usage)}
         if self.context is not None:
             delta["context_management"] = self.context()

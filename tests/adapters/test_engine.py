@@ -79,8 +79,10 @@ async def test_seed_reproduces_and_differs_across_seeds(backend):
 async def test_stop_string_ends_the_text_before_it(backend):
     full = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0)))).text
     stop = full[8:10]
-    cut = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0, stop=[stop]))))
+    cut = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0, stop=["never seen", stop]))))
     assert cut.text == full[:full.index(stop)] and cut.finish_reason == "stop"
+    assert cut.stop_sequence == stop  # which stop string it was (Anthropic's stop_sequence)
+    assert aggregate(await collect(backend.chat(chat(max_tokens=5, temperature=0)))).stop_sequence is None
 
 
 async def test_chunks_are_whole_utf8_characters(backend):

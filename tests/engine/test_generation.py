@@ -114,6 +114,7 @@ def test_utf8_is_never_split_and_stop_strings_cut(tiny_llama, engine_factory):
     cut = generate(eng, eng.tokenizer.encode("ab"), SamplingParams(max_tokens=60, temperature=1.0, seed=3,
                                                                     stop=[stop]))
     assert text_of(cut) == full[:full.index(stop)] and cut[-1].finish_reason == "stop"
+    assert cut[-1].stop_string == stop and all(o.stop_string is None for o in cut[:-1])
 
 
 def test_stop_strings_hold_back_only_a_tail_that_could_still_become_one(tiny_llama, engine_factory):

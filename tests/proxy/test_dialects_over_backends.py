@@ -106,3 +106,24 @@ async def test_codex_compaction_over_each_backend(velo):
                 history[0], item, {"role": "user", "content": "Go on"}]}) as resp:
             assert resp.status == 200
     assert fake.last(path)["messages"][1]["content"].endswith("Paris is the capital.")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_stop_sequence_where_the_backend_names_it(velo, stream):
+    """`stop_reason: "stop_sequence"` and the string, where the backend says which stop ended the answer (vLLM's
+    `stop_reason`, as the OpenAI fake sends it); Ollama does not say, so its answer ends as `end_turn`."""
+    url, kind, fake = velo
+    fake.script.tool_calls = []
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
+    args = dict(model=MODELS[kind], max_tokens=64, stop_sequences=["the cap", "nowhere"],
+                messages=[{"role": "user", "content": "Capital of France?"}])
+    if stream:
+        async with client.messages.stream(**args) as s:
+            msg = await s.get_final_message()
+    else:
+        msg = await client.messages.create(**args)
+    if kind == "openai":
+        assert (msg.content[0].text.strip(), msg.stop_reason, msg.stop_sequence) == ("Paris is", "stop_sequence",
+                                                                                     "the cap")
+    else:
+        assert (msg.stop_reason, msg.stop_sequence) == ("end_turn", None)
