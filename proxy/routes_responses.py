@@ -34,6 +34,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     history = await _history(request, parsed)
     job = _summary_job(request, parsed, history, body) if parsed.compact else \
         job_for(request, parsed.chat(history), body)
+    job.trim_context |= parsed.truncate  # OpenAI's `truncation: "auto"` drops turns where "disabled" is a 400
     stream = request[PIPELINE].generate(job)
     resp_id = responses.new_id("resp")
 

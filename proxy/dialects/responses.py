@@ -67,6 +67,7 @@ class Parsed:
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats
     compact: bool = False  # the input ended with a compaction_trigger: the answer is one compaction item
     parallel_tool_calls: bool = True
+    truncate: bool = False  # `truncation: "auto"`: drop the oldest turns that do not fit rather than a 400
 
     def chat(self, history: list[dict[str, Any]]) -> ChatRequest:
         """The internal request for this turn after `history` (the stored conversation, for previous_response_id)."""
@@ -104,10 +105,12 @@ def parse_request(body: Any) -> Parsed:
             "parallel_tool_calls": get(body, "parallel_tool_calls", bool, True),
             "text": {"format": text.get("format") or {"type": "text"}},
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-            "truncation": body.get("truncation", "disabled"), "metadata": body.get("metadata") or {},
+            "truncation": get(body, "truncation", str, "disabled"), "metadata": body.get("metadata") or {},
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
             "store": get(body, "store", bool, True), "top_logprobs": sampling.top_logprobs or 0,
             "background": get(body, "background", bool, False)}
+    if echo["truncation"] not in ("auto", "disabled"):
+        raise BadRequest("truncation: must be 'auto' or 'disabled'", param="truncation")
     for unheld in ("conversation", "prompt"):  # answering without them would answer another question
         if body.get(unheld) is not None:
             raise BadRequest(f"{unheld}: {_UNHELD[unheld]}", param=unheld)
@@ -118,7 +121,7 @@ def parse_request(body: Any) -> Parsed:
                   tool_choice=tool_choice, format=_format(text.get("format")), think=_think(reasoning),
                   sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
                   previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact,
-                  parallel_tool_calls=echo["parallel_tool_calls"])
+                  parallel_tool_calls=echo["parallel_tool_calls"], truncate=echo["truncation"] == "auto")
 
 
 def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:

@@ -112,6 +112,22 @@ async def test_responses_and_anthropic_word_the_overflow_their_way(velo):
         "type": "invalid_request_error", "message": "prompt is too long: 61 tokens > 50 maximum"}
 
 
+async def test_responses_truncation_auto_drops_the_oldest_turns_instead(velo):
+    """OpenAI's `truncation: "auto"`: the turns that do not fit go (X-Velo-Context-Trimmed says how many), where
+    "disabled", the default, is the 400 above."""
+    c, backend = await velo()
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": words(9, f"t{i}")} for i in range(6)]
+    body = {"model": "tiny", "input": history + [{"role": "user", "content": words(9, "q")}]}
+    assert (await c.post("/v1/responses", json=body)).status == 400
+    resp = await c.post("/v1/responses", json={**body, "truncation": "auto"})
+    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("4 messages")
+    sent = backend.requests[-1].messages
+    assert sent[-1].content == words(9, "q") and sent[0].content != words(9, "t0")
+    assert (await resp.json())["truncation"] == "auto"
+    bad = await c.post("/v1/responses", json={**body, "truncation": "sometimes"})
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "truncation"
+
+
 async def test_requests_without_an_output_limit_get_the_default(velo):
     c, backend = await velo(Config(server=ServerConfig(default_max_tokens=77)))
     await c.post("/api/chat", json={"model": "tiny", "messages": chat(20, False), "stream": False})
