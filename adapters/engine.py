@@ -247,9 +247,12 @@ class EngineBackend(Backend):
         if isinstance(req, CompletionRequest) and not req.raw and not req.suffix:
             req = as_chat(req)
         engine = self._check(req.model, await self._ready())
-        text = chat_template.render(engine.tokenizer, req) if isinstance(req, ChatRequest) \
-            else _fim_prompt(engine.tokenizer, req) if req.suffix else req.prompt
-        return len(engine.tokenizer.encode(text))
+
+        def count() -> int:  # off the event loop: a 30k-token chat took 5 ms to render and 43 ms to tokenize
+            text = chat_template.render(engine.tokenizer, req) if isinstance(req, ChatRequest) \
+                else _fim_prompt(engine.tokenizer, req) if req.suffix else req.prompt
+            return len(engine.tokenizer.encode(text))
+        return await asyncio.to_thread(count)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """A prompt with a suffix asks for the middle (IDE autocomplete), in the model's FIM format (an empty
