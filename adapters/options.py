@@ -27,7 +27,7 @@ WIRES = ("ollama", "openai", "anthropic", "responses", "llamacpp", "engine")
 @dataclass(frozen=True)
 class Knob:
     field: str
-    kind: type  # int, float, or list (of strings)
+    kind: type  # int, float, list (of strings) or dict (token id -> bias)
     ollama: str | None = None
     openai: str | None = None
     llamacpp: str | None = None
@@ -68,6 +68,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("repeat_last_n", int, "repeat_last_n", None, "repeat_last_n", "repeat_last_n", defaults={"ollama": 64}),
     Knob("num_ctx", int, "num_ctx"),
     Knob("stop", list, "stop", "stop", "stop", "stop", "stop_sequences"),
+    # OpenAI's logit_bias (token id -> -100..100), which llama-server and vLLM take as it is; Ollama has none.
+    Knob("logit_bias", dict, None, "logit_bias", "logit_bias", "logit_bias"),
 )
 BY_FIELD = {k.field: k for k in KNOBS}
 _FIELDS = tuple(BY_FIELD)
@@ -87,7 +89,8 @@ def read(wire: str, raw: dict[str, Any]) -> SamplingOptions:
         name = knob.name(wire)
         if name is None or name not in raw:
             continue
-        value = string_list(raw, name) if knob.kind is list else get(raw, name, knob.kind)
+        value = string_list(raw, name) if knob.kind is list else _biases(raw, name) if knob.kind is dict \
+            else get(raw, name, knob.kind)
         if wire in knob.bounds and value is not None:
             lo, hi = knob.bounds[wire]
             if not lo <= value <= hi:
@@ -101,8 +104,9 @@ def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for knob in KNOBS:
         name, value = knob.name(wire), getattr(opts, knob.field)
-        if name is not None and value is not None and value != []:
-            out[name] = list(value) if knob.kind is list else value
+        if name is not None and value is not None and value != [] and value != {}:
+            out[name] = list(value) if knob.kind is list else value if knob.kind is not dict or wire == "engine" \
+                else {str(token): bias for token, bias in value.items()}  # JSON keys are strings
     return out
 
 
@@ -117,10 +121,26 @@ def under(opts: SamplingOptions, base: SamplingOptions) -> SamplingOptions:
     """`opts`, with what it leaves unset taken from `base` (a preset's parameters, a model's config, defaults);
     `opts` itself when `base` fills nothing (every request passes here, and a copy is 3 µs of its ~550)."""
     filled = {f: value for f in _FIELDS
-              if getattr(opts, f) in (None, []) and (value := getattr(base, f)) not in (None, [])}
+              if getattr(opts, f) in (None, [], {}) and (value := getattr(base, f)) not in (None, [], {})}
     if not filled and not base.extra.keys() - opts.extra.keys():
         return opts
     return replace(opts, **filled, extra=base.extra | opts.extra)
+
+
+_BIAS = 100  # OpenAI's bound: -100 bans a token, 100 makes it the only choice
+
+
+def _biases(raw: dict[str, Any], name: str) -> dict[int, float]:
+    """`{"token id": bias}`, ids as strings (JSON's keys), biases from -100 to 100."""
+    value = get(raw, name, dict, {})
+    try:
+        out = {int(token): float(bias) for token, bias in value.items()
+               if not isinstance(bias, bool) and isinstance(bias, (int, float))}
+    except ValueError:
+        out = {}
+    if len(out) != len(value) or any(t < 0 or abs(b) > _BIAS for t, b in out.items()):
+        raise BadRequest(f"{name} must map token ids to numbers from -{_BIAS} to {_BIAS}", param=name)
+    return out
 
 
 def unlisted_fields() -> set[str]:

@@ -75,6 +75,7 @@ class SamplingOptions:
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
     num_ctx: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100 bans it)
     logprobs: bool = False
     top_logprobs: int | None = None
     # Backend-specific knobs passed through untouched (Ollama `options` keys Velo has no field for).

@@ -31,6 +31,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     grammar: str | None = None     # output must match it (engine.constrained.grammar_for builds one)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # added to these tokens' logits, before penalties
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
@@ -142,7 +143,7 @@ def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
 
 def _plain_greedy(p: SamplingParams) -> bool:
     """Greedy with no penalty to apply and no logprobs to report: the argmax is the whole answer."""
-    return p.greedy and not (p.logprobs or p.top_logprobs) and p.repetition_penalty == 1 \
+    return p.greedy and not (p.logprobs or p.top_logprobs or p.logit_bias) and p.repetition_penalty == 1 \
         and p.presence_penalty == 0 and p.frequency_penalty == 0
 
 
@@ -182,8 +183,13 @@ def _mask_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    """Repetition penalty (HF: divide positive logits, multiply negative ones, for every seen token),
-    then presence and frequency penalties over output-token counts."""
+    """Logit bias, then repetition penalty (HF: divide positive logits, multiply negative ones, for every seen
+    token), then presence and frequency penalties over output-token counts."""
+    if any(r.params.logit_bias for r in rows):  # OpenAI's: on the raw logits; ids past the vocabulary ignored
+        logits = logits.clone()  # `.float().cpu()` of float CPU logits is the model's own tensor
+        for i, r in enumerate(rows):
+            ids = [t for t in r.params.logit_bias if t < logits.shape[1]]
+            logits[i, ids] += torch.tensor([r.params.logit_bias[t] for t in ids])
     rep = torch.tensor([r.params.repetition_penalty for r in rows])
     pres = torch.tensor([r.params.presence_penalty for r in rows])
     freq = torch.tensor([r.params.frequency_penalty for r in rows])

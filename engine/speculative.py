@@ -182,4 +182,4 @@ def eligible(params: SamplingParams) -> bool:
     """Speculation needs a per-position distribution that does not depend on the drafts themselves:
     no history penalties and no grammar; logprobs are reported by the plain path only."""
     return (params.repetition_penalty == 1 and not params.presence_penalty and not params.frequency_penalty
-            and not params.logprobs and not params.top_logprobs and params.grammar is None)
+            and not params.logprobs and not params.top_logprobs and params.grammar is None and not params.logit_bias)

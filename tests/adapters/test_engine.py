@@ -212,3 +212,4 @@ async def test_default_backend_serves_the_shipped_model():
         assert "<|im_end|>" not in answer.text
     finally:
         await b.close()
+

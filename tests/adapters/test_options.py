@@ -25,6 +25,8 @@ def sample(knob: options.Knob) -> object:
     if knob.kind is list:
         return ["END", knob.field]
     n = options.KNOBS.index(knob) + 2
+    if knob.kind is dict:
+        return {str(n): -n / 4}  # token id -> bias, as JSON carries it
     return n if knob.kind is int else round(n / 40, 3)
 
 
@@ -78,7 +80,12 @@ def test_values_cross_between_wires(source, target):
                "llamacpp": lambda: native_sampling(req.options),
                "engine": lambda: vars(sampling_params(req.options, 4096))}[target]()
     shared = [k for k in options.KNOBS if k.name(source) and k.name(target)]
-    assert shared and all(written[k.name(target)] == sample(k) for k in shared)
+    assert shared and all(_as_json(written[k.name(target)]) == sample(k) for k in shared)
+
+
+def _as_json(value: object) -> object:
+    """The engine keeps logit_bias's token ids as integers; JSON, as strings."""
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def test_unknown_ollama_options_pass_through_untouched():
@@ -108,3 +115,11 @@ def test_defaults_per_dialect_and_what_fills_what():
     mine = SamplingOptions(temperature=0.0, stop=["x"], extra={"mirostat": 2})
     filled = options.under(mine, SamplingOptions(temperature=0.5, top_k=3, stop=["y"], extra={"mirostat": 1, "a": 1}))
     assert (filled.temperature, filled.top_k, filled.stop, filled.extra) == (0.0, 3, ["x"], {"mirostat": 2, "a": 1})
+
+
+@pytest.mark.parametrize("bias", [{"x": 1}, {"5": 101}, {"-1": 1}, {"5": "high"}, {"5": True}, [1, 2]])
+def test_logit_bias_takes_token_ids_and_biases_within_100(bias):
+    with pytest.raises(BadRequest, match="logit_bias"):
+        openai.parse_chat({"model": "m", "messages": MESSAGES, "logit_bias": bias})
+    assert openai.parse_chat({"model": "m", "messages": MESSAGES, "logit_bias": {"5": -100}}).options.logit_bias == {
+        5: -100.0}

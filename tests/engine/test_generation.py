@@ -144,3 +144,12 @@ def test_embeddings_run_between_steps_and_fail_once_the_engine_is_gone(tiny_llam
     eng.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         eng.embed(["hello"])
+
+
+def test_logit_bias_bans_the_token_greedy_decoding_takes(tiny_llama, engine_factory):
+    eng = engine_factory(tiny_llama)
+    prompt = eng.tokenizer.encode("ab")
+    [first] = tokens_of(generate(eng, prompt, SamplingParams(max_tokens=1, **GREEDY)))
+    [other] = tokens_of(generate(eng, prompt, SamplingParams(max_tokens=1, logit_bias={first: -100}, **GREEDY)))
+    [forced] = tokens_of(generate(eng, prompt, SamplingParams(max_tokens=1, logit_bias={7: 100}, **GREEDY)))
+    assert other != first and forced == 7

@@ -85,3 +85,13 @@ def test_presence_and_frequency_penalties_count_output_tokens_only():
     expected = torch.log_softmax(penalised, -1)
     assert dict(result.top_logprobs[0]) == pytest.approx({t: expected[t].item() for t in range(5)}, abs=1e-6)
     assert result.logprobs[0] == pytest.approx(expected[result.token_ids[0]].item(), abs=1e-6)
+
+
+def test_logit_bias_bans_and_forces_tokens_per_row_and_leaves_the_logits_alone():
+    logits = PROBS.log().repeat(3, 1)
+    before = logits.clone()
+    rows = [row(temperature=0, logit_bias={0: -100}), row(temperature=0, logit_bias={4: 100, 99: 5}),
+            row(temperature=0)]
+    assert Sampler(seed=0)(logits, rows).token_ids == [1, 4, 0]  # id 99 is past the vocabulary: ignored
+    assert torch.equal(logits, before)
+    assert support(logit_bias={0: -100, 1: -100}) == {2, 3, 4}
