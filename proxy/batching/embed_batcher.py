@@ -2,7 +2,9 @@
 
 Codebase indexing (Continue, Open WebUI) fires many small embed calls at once; a backend embeds a batch of N
 inputs far faster than N separate calls. Requests wait at most `window_ms` for company, or less once the batch
-holds `max_inputs` inputs; only requests that agree on every option are merged.
+holds `max_inputs` inputs; only requests that agree on every option are merged. A batch the backend refuses as a
+client's mistake (a 4xx: one input past the context, say) is asked again caller by caller, so that no caller hears
+of another's input.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
-from adapters.errors import BackendError
+from adapters.errors import BackendError, VeloError
 from adapters.protocol import EmbedRequest, EmbedResult
 
 EmbedCall = Callable[[EmbedRequest], Awaitable[EmbedResult]]
@@ -89,6 +91,9 @@ class EmbedBatcher:
                 batch.futures[i].cancel()
             raise
         except Exception as e:
+            if isinstance(e, VeloError) and 400 <= e.status < 500 and len(live) > 1:
+                await self._alone(batch, live)  # one caller's mistake (an input too long): the others are not at fault
+                return
             for i in live:
                 if not batch.futures[i].done():
                     batch.futures[i].set_exception(e)
@@ -96,6 +101,23 @@ class EmbedBatcher:
         for i, part in zip(live, _split(result, [batch.requests[i] for i in live])):
             if not batch.futures[i].done():
                 batch.futures[i].set_result(part)
+
+    async def _alone(self, batch: _Batch, live: list[int]) -> None:
+        """Each caller of a batch the backend refused, asked on its own, so that only the one at fault hears of it."""
+        async def one(i: int) -> None:
+            self.batches += 1
+            try:
+                result = await self.call(batch.requests[i])
+            except asyncio.CancelledError:
+                batch.futures[i].cancel()
+                raise
+            except Exception as e:
+                if not batch.futures[i].done():
+                    batch.futures[i].set_exception(e)
+                return
+            if not batch.futures[i].done():
+                batch.futures[i].set_result(result)
+        await asyncio.gather(*(one(i) for i in live))
 
 
 def _batch_key(req: EmbedRequest) -> str:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from adapters.errors import BackendError
+from adapters.errors import BackendError, BadRequest
 from adapters.protocol import EmbedRequest, EmbedResult
 from proxy.batching import EmbedBatcher
 
@@ -61,6 +61,20 @@ async def test_backend_error_and_wrong_counts_reach_every_caller():
     batcher = EmbedBatcher(Recorder(short=True), window_ms=5)
     results = await asyncio.gather(batcher.embed(req("a")), batcher.embed(req("b")), return_exceptions=True)
     assert all(isinstance(r, BackendError) and "2 inputs" in str(r) for r in results)
+
+
+async def test_one_callers_bad_input_fails_only_that_caller():
+    """A client's mistake in a shared batch (Ollama's truncate: false on an input past the context) is a 400 for
+    that client alone: the batch is asked again one caller at a time."""
+    async def strict(r: EmbedRequest) -> EmbedResult:
+        if any(len(s) > 3 for s in r.inputs):
+            raise BadRequest("the input length exceeds the context length")
+        return EmbedResult(embeddings=[[float(len(s))] for s in r.inputs], prompt_tokens=len(r.inputs))
+    batcher = EmbedBatcher(strict, window_ms=20)
+    good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("toolong")),
+                                            batcher.embed(req("ccc")), return_exceptions=True)
+    assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and isinstance(bad, BadRequest)
+    assert batcher.batches == 4  # the shared call, then each caller alone
 
 
 async def test_a_caller_that_leaves_before_the_flush_is_left_out():
