@@ -55,30 +55,30 @@ class Edited:
 Count = Callable[[ChatRequest], Awaitable[int]]
 
 
-async def apply(req: ChatRequest, edits: tuple[Edit, ...], count: Count) -> Edited:
+async def apply(req: ChatRequest, edits: tuple[Edit, ...], count: Count, tokens: int | None = None) -> Edited:
     """The request as the model should read it, and what each edit did; edits run in the order given. Tokens are
-    counted (`count`: the backend's tokenizer, an HTTP call for llama-server) only where an edit may apply."""
-    out, tokens = Edited(req), None
+    counted (`count`: the backend's tokenizer, an HTTP call for llama-server) only where an edit may apply, and not
+    at all for `req` when the caller knows its `tokens` already."""
+    out = Edited(req)
+
+    async def counted() -> int:
+        nonlocal tokens
+        if tokens is None:
+            tokens = await count(out.request)
+        return tokens
     for edit in edits:
         if isinstance(edit, ClearToolUses):
-            if edit.trigger_uses is not None:
-                if len(_uses(out.request)) <= edit.trigger_uses:
-                    continue
-            elif edit.trigger_tokens is None or surely_under(out.request, edit.trigger_tokens + 1):
-                continue
-            elif (tokens := tokens if tokens is not None else await count(out.request)) <= edit.trigger_tokens:
+            if not await _fires(out.request, edit, counted):
                 continue
             changed, cleared = _clear_tool_uses(out.request, edit)
         else:
             changed, cleared = _clear_thinking(out.request, edit)
         if not cleared:
             continue
-        before = tokens if tokens is not None else await count(out.request)
-        tokens = after = await count(changed)
+        before, after = await counted(), await count(changed)
         if isinstance(edit, ClearToolUses) and before - after < edit.clear_at_least:
-            tokens = before  # Anthropic: applied only if it frees at least that many
-            continue
-        out.request = changed
+            continue  # Anthropic: applied only if it frees at least that many
+        out.request, tokens = changed, after
         out.applied.append(Applied(_kind(edit), cleared, before - after))
     return out
 
@@ -91,10 +91,14 @@ def _uses(req: ChatRequest) -> list[ToolCall]:
     return [c for m in req.messages if m.role == "assistant" for c in m.tool_calls]
 
 
-def _triggered(req: ChatRequest, edit: ClearToolUses, tokens: int) -> bool:
+async def _fires(req: ChatRequest, edit: ClearToolUses, counted: Callable[[], Awaitable[int]]) -> bool:
+    """Past its trigger: more tool uses than it allows, or more input tokens (a prompt under half the trigger in
+    characters surely is not, and is not counted)."""
     if edit.trigger_uses is not None:
         return len(_uses(req)) > edit.trigger_uses
-    return edit.trigger_tokens is not None and tokens > edit.trigger_tokens
+    if edit.trigger_tokens is None or surely_under(req, edit.trigger_tokens + 1):
+        return False
+    return await counted() > edit.trigger_tokens
 
 
 def _clear_tool_uses(req: ChatRequest, edit: ClearToolUses) -> tuple[ChatRequest, int]:

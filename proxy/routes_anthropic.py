@@ -8,14 +8,14 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.protocol import ChatRequest, aggregate
+from adapters.protocol import aggregate
 
 from . import context_edits
 from .dialects import anthropic
 from .http_io import job_for, json_response, read_json, write_stream
 from .state import PIPELINE, ROUTER
 from .streams import collect
-from .token_count import prompt_tokens
+from .token_count import counter, prompt_tokens
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -54,9 +54,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     tokens, exact = await prompt_tokens(target, parsed.request)
     out: dict[str, Any] = {"input_tokens": tokens}
     if parsed.edits is not None:
-        async def count(req: ChatRequest) -> int:
-            return (await prompt_tokens(target, req))[0]
-        edited = await context_edits.apply(parsed.request, parsed.edits, count)
+        edited = await context_edits.apply(parsed.request, parsed.edits, counter(target), tokens)
         out = {"input_tokens": tokens - sum(a.tokens for a in edited.applied),
                "context_management": {"original_input_tokens": tokens}}
     return json_response(out, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Awaitable, Callable
 
 import orjson
 
@@ -34,6 +35,13 @@ def surely_under(req: ChatRequest | CompletionRequest, tokens: int) -> bool:
 
 def estimate(req: ChatRequest | CompletionRequest) -> int:
     return math.ceil(characters(req) / CHARS_PER_TOKEN)
+
+
+def counter(target: Target) -> Callable[[ChatRequest], Awaitable[int]]:
+    """`prompt_tokens` as a plain count, for context editing (proxy/context_edits.py)."""
+    async def count(req: ChatRequest) -> int:
+        return (await prompt_tokens(target, req))[0]
+    return count
 
 
 async def prompt_tokens(target: Target, req: ChatRequest | CompletionRequest) -> tuple[int, bool]:

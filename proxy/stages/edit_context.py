@@ -12,7 +12,7 @@ from adapters.protocol import ChatRequest, Chunk
 
 from .. import context_edits
 from ..job import Job
-from ..token_count import prompt_tokens
+from ..token_count import counter
 from .base import Next, Stage
 
 
@@ -24,12 +24,8 @@ class EditContext(Stage):
         return self._edited(job, job.request, next)
 
     async def _edited(self, job: Job, req: ChatRequest, next: Next) -> AsyncIterator[Chunk]:
-        target = job.target
-        assert target is not None
-
-        async def count(r: ChatRequest) -> int:
-            return (await prompt_tokens(target, r))[0]
-        edited = await context_edits.apply(req, job.context_edits, count)
+        assert job.target is not None
+        edited = await context_edits.apply(req, job.context_edits, counter(job.target))
         job.outcome.context_edits = edited.applied
         async with contextlib.aclosing(next(replace(job, request=edited.request) if edited.applied else job)) as rest:
             async for chunk in rest:
