@@ -92,7 +92,8 @@ class EmbedBatcher:
             raise
         except Exception as e:
             if isinstance(e, VeloError) and 400 <= e.status < 500 and len(live) > 1:
-                await self._alone(batch, live)  # one caller's mistake (an input too long): the others are not at fault
+                # one caller's mistake (an input too long): each caller is asked alone, so only that one hears of it
+                await asyncio.gather(*(self._run(_Batch([batch.requests[i]], [batch.futures[i]])) for i in live))
                 return
             for i in live:
                 if not batch.futures[i].done():
@@ -101,23 +102,6 @@ class EmbedBatcher:
         for i, part in zip(live, _split(result, [batch.requests[i] for i in live])):
             if not batch.futures[i].done():
                 batch.futures[i].set_result(part)
-
-    async def _alone(self, batch: _Batch, live: list[int]) -> None:
-        """Each caller of a batch the backend refused, asked on its own, so that only the one at fault hears of it."""
-        async def one(i: int) -> None:
-            self.batches += 1
-            try:
-                result = await self.call(batch.requests[i])
-            except asyncio.CancelledError:
-                batch.futures[i].cancel()
-                raise
-            except Exception as e:
-                if not batch.futures[i].done():
-                    batch.futures[i].set_exception(e)
-                return
-            if not batch.futures[i].done():
-                batch.futures[i].set_result(result)
-        await asyncio.gather(*(one(i) for i in live))
 
 
 def _batch_key(req: EmbedRequest) -> str:
