@@ -30,12 +30,17 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     return opts
 
 
-def _with_logprobs(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
-    """`logprobs` and `top_logprobs` (Ollama 0.12.11): top-level fields, 0-20 alternatives, a 400 in Ollama's words
-    outside that; `top_logprobs` alone asks for nothing."""
+def parse_top_logprobs(body: dict[str, Any]) -> int:
+    """`top_logprobs`: 0-20 alternatives per token (Ollama's bound and OpenAI's), a 400 in Ollama's words outside."""
     top = get(body, "top_logprobs", int, 0)
     if not 0 <= top <= _MAX_TOP_LOGPROBS:
         raise BadRequest(f"top_logprobs must be between 0 and {_MAX_TOP_LOGPROBS}", param="top_logprobs")
+    return top
+
+
+def _with_logprobs(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
+    """`logprobs` and `top_logprobs` (Ollama 0.12.11): top-level fields; `top_logprobs` alone asks for nothing."""
+    top = parse_top_logprobs(body)
     opts.logprobs = get(body, "logprobs", bool, False)
     opts.top_logprobs = top if opts.logprobs and top else None
     return opts

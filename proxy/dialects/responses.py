@@ -23,6 +23,7 @@ from adapters.errors import BackendError, BadRequest, VeloError
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
 
+from .ollama import parse_top_logprobs
 from .openai import token_logprobs
 
 
@@ -31,7 +32,7 @@ _NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
 _UNHELD = {"conversation": "Velo keeps no conversations; send the history in `input` or continue with "
                             "`previous_response_id`",
            "prompt": "Velo keeps no stored prompts; send the prompt's text as `instructions`"}
-_LOGPROBS, _MAX_TOP_LOGPROBS = "message.output_text.logprobs", 20  # the `include` value; OpenAI's API reference
+_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
 
 def new_id(prefix: str) -> str:
@@ -127,9 +128,7 @@ def parse_request(body: Any) -> Parsed:
 def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
     """Log-probabilities come with the message text when `include` names `message.output_text.logprobs`;
     `top_logprobs` (0-20) adds the alternatives."""
-    top = get(body, "top_logprobs", int, 0)
-    if not 0 <= top <= _MAX_TOP_LOGPROBS:
-        raise BadRequest(f"top_logprobs: must be from 0 to {_MAX_TOP_LOGPROBS}", param="top_logprobs")
+    top = parse_top_logprobs(body)
     sampling.logprobs = _LOGPROBS in string_list(body, "include")
     sampling.top_logprobs = top if sampling.logprobs and top else None
     return sampling
