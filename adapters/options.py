@@ -74,6 +74,7 @@ KNOBS: tuple[Knob, ...] = (
 BY_FIELD = {k.field: k for k in KNOBS}
 _FIELDS = tuple(BY_FIELD)
 _NOT_KNOBS = {"logprobs", "top_logprobs", "extra"}  # SamplingOptions fields every wire treats its own way
+_UNSET = (None, [], {})  # a knob left to the backend
 
 
 def names(wire: str) -> set[str]:
@@ -104,10 +105,17 @@ def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for knob in KNOBS:
         name, value = knob.name(wire), getattr(opts, knob.field)
-        if name is not None and value is not None and value != [] and value != {}:
-            out[name] = list(value) if knob.kind is list else value if knob.kind is not dict or wire == "engine" \
-                else {str(token): bias for token, bias in value.items()}  # JSON keys are strings
+        if name is not None and value not in _UNSET:
+            out[name] = _on_wire(knob, wire, value)
     return out
+
+
+def _on_wire(knob: Knob, wire: str, value: Any) -> Any:
+    if knob.kind is list:
+        return list(value)
+    if knob.kind is dict and wire != "engine":
+        return {str(token): bias for token, bias in value.items()}  # JSON's keys are strings
+    return value
 
 
 @functools.cache
@@ -121,7 +129,7 @@ def under(opts: SamplingOptions, base: SamplingOptions) -> SamplingOptions:
     """`opts`, with what it leaves unset taken from `base` (a preset's parameters, a model's config, defaults);
     `opts` itself when `base` fills nothing (every request passes here, and a copy is 3 µs of its ~550)."""
     filled = {f: value for f in _FIELDS
-              if getattr(opts, f) in (None, [], {}) and (value := getattr(base, f)) not in (None, [], {})}
+              if getattr(opts, f) in _UNSET and (value := getattr(base, f)) not in _UNSET}
     if not filled and not base.extra.keys() - opts.extra.keys():
         return opts
     return replace(opts, **filled, extra=base.extra | opts.extra)
