@@ -1,7 +1,7 @@
 """OpenAI Responses API handlers: `POST /v1/responses` (streamed and not), `GET` / `DELETE /v1/responses/{id}`,
 `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `POST /v1/responses/input_tokens`,
-`POST /v1/responses/compact`. parse ->
-pipeline -> write; a stored response continues with `previous_response_id` (proxy/responses_store.py).
+`POST /v1/responses/compact`. parse -> pipeline -> write; a stored response continues with `previous_response_id`
+(proxy/responses_store.py).
 
 Compaction, as Codex asks for it when its context fills (`POST /v1/responses/compact`, or `POST /v1/responses` whose
 input ends with a `compaction_trigger`): the model summarises the conversation, and the answer is one compaction
