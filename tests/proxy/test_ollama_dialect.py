@@ -43,6 +43,9 @@ async def test_logprobs_reach_the_backend_and_come_back_in_ollamas_shape(base_ur
     assert [lp.token for lp in out.logprobs] == ["Hel", "lo", " world"]
     assert out.logprobs[0].top_logprobs[1].token == " x" and out.logprobs[0].logprob == -0.5
     assert (scripted.requests[-1].options.logprobs, scripted.requests[-1].options.top_logprobs) == (True, 2)
+    parts = [p async for p in await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                           logprobs=True)]
+    assert [lp.token for p in parts for lp in p.logprobs or []] == [p.message.content for p in parts][:3]
     plain = await c.generate(model="tiny", prompt="hi", stream=False, top_logprobs=3)  # alone, it asks nothing
     assert plain.logprobs is None and not scripted.requests[-1].options.logprobs
     with pytest.raises(ollama.ResponseError) as e:
