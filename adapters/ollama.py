@@ -36,17 +36,16 @@ def message_to_wire(m: Message, call_names: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _common(body: dict[str, Any], model: str, options: SamplingOptions, fmt: Any, stream: bool,
-            keep_alive: Any, think: Any) -> dict[str, Any]:
-    body.update(model=model, stream=stream)
-    if opts := options_to_wire(options):
+def _common(body: dict[str, Any], req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    body.update(model=req.model, stream=req.stream)
+    if opts := options_to_wire(req.options):
         body["options"] = opts
-    if options.logprobs:
+    if req.options.logprobs:
         body["logprobs"] = True
-        if options.top_logprobs is not None:
-            body["top_logprobs"] = options.top_logprobs
-    for key, value in (("format", fmt), ("keep_alive", keep_alive), ("think", think)):
-        if value is not None:
+        if req.options.top_logprobs is not None:
+            body["top_logprobs"] = req.options.top_logprobs
+    for key in ("format", "keep_alive", "think", "truncate", "shift"):
+        if (value := getattr(req, key)) is not None:
             body[key] = value
     return body
 
@@ -59,7 +58,7 @@ def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                            "parameters": t.parameters}} for t in req.tools]
-    return _common(body, req.model, req.options, req.format, req.stream, req.keep_alive, req.think)
+    return _common(body, req)
 
 
 def generate_to_wire(req: CompletionRequest) -> dict[str, Any]:
@@ -71,7 +70,7 @@ def generate_to_wire(req: CompletionRequest) -> dict[str, Any]:
         body["raw"] = True
     if req.images:
         body["images"] = req.images
-    return _common(body, req.model, req.options, req.format, req.stream, req.keep_alive, req.think)
+    return _common(body, req)
 
 
 def usage_from_wire(obj: dict[str, Any]) -> Usage:

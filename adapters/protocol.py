@@ -100,6 +100,11 @@ class ChatRequest:
     think: bool | str | None = None
     n: int = 1
     parallel_tool_calls: bool = True  # False: at most one call comes back (proxy/stages/one_call.py)
+    # A prompt past the context window: True drops the oldest turns, False is a 400, None does what the dialect
+    # does (proxy/stages/fit.py). Ollama's `shift`: False stops a generation at the window's end, as every other
+    # backend does; only an Ollama backend shifts.
+    truncate: bool | None = None
+    shift: bool | None = None
     tools_in_prompt: bool = False  # the model's template ignores tools: adapters write them in (tool_prompt.py)
 
     @property
@@ -129,6 +134,8 @@ class CompletionRequest:
     think: bool | str | None = None
     context: list[int] | None = None
     n: int = 1
+    truncate: bool | None = None  # as ChatRequest's, where True trims the prompt's start
+    shift: bool | None = None
 
 
 @dataclass

@@ -57,7 +57,6 @@ class Job:
     caller: Caller = field(default_factory=Caller)
     dialect: str = "openai"  # "ollama" | "openai" | "anthropic" | "responses": proxy/dialects RULES apply
     cache_bypass: bool = False
-    trim_context: bool = False  # drop the oldest turns to fit even where the dialect answers a 400 (a compaction)
     context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)

@@ -21,7 +21,6 @@ from .auth import CALLER
 from .dialects import responses
 from .dialects.responses_stream import ResponseStream
 from .http_io import job_for, json_response, read_json, write_stream
-from .job import Job
 from .responses_store import StoredResponse
 from .state import PIPELINE, RESPONSES, ROUTER
 from .streams import collect
@@ -32,9 +31,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = responses.parse_request(body)
     history = await _history(request, parsed)
-    job = _summary_job(request, parsed, history, body) if parsed.compact else \
+    job = job_for(request, parsed.summary(history), body) if parsed.compact else \
         job_for(request, parsed.chat(history), body)
-    job.trim_context |= parsed.truncate  # OpenAI's `truncation: "auto"` drops turns where "disabled" is a 400
     stream = request[PIPELINE].generate(job)
     resp_id = responses.new_id("resp")
 
@@ -67,19 +65,12 @@ async def compact(request: web.Request) -> web.Response:
     body = await read_json(request)
     parsed = responses.parse_request(body)
     history = await _history(request, parsed)
-    job = _summary_job(request, parsed, history, body)
+    job = job_for(request, parsed.summary(history), body)
     whole = aggregate(await collect(request[PIPELINE].generate(job)))
     output = responses.user_items(history + parsed.items) + [responses.compaction_item(whole.text)]
     return json_response({"id": responses.new_id("resp"), "object": "response.compaction",
                           "created_at": int(time.time()), "output": output,
                           "usage": responses.usage_object(whole.usage)}, headers=job.outcome.headers())
-
-
-def _summary_job(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
-                 body: dict[str, Any]) -> Job:
-    job = job_for(request, parsed.summary(history), body)
-    job.trim_context = True
-    return job
 
 
 async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[str, Any]]:

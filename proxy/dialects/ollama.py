@@ -109,7 +109,8 @@ def parse_chat(body: Any) -> ChatRequest:
     return ChatRequest(
         model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
         options=_with_logprobs(parse_options(body), body), tools=parse_tools(body), format=parse_format(body),
-        stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body))
+        stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body),
+        truncate=get(body, "truncate", bool), shift=get(body, "shift", bool))
 
 
 def parse_generate(body: Any) -> CompletionRequest:
@@ -125,7 +126,7 @@ def parse_generate(body: Any) -> CompletionRequest:
         images=[str(i) for i in get(body, "images", list, [])],
         options=_with_logprobs(parse_options(body), body), format=parse_format(body),
         stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body),
-        context=context)
+        context=context, truncate=get(body, "truncate", bool), shift=get(body, "shift", bool))
 
 
 def parse_embed(body: Any) -> EmbedRequest:

@@ -76,19 +76,20 @@ class Parsed:
         return ChatRequest(model=self.model, messages=system + items_to_messages(history + self.items),
                            options=self.sampling, tools=self.tools, tool_choice=self.tool_choice,
                            format=self.format, stream=self.stream, think=self.think,
-                           parallel_tool_calls=self.parallel_tool_calls)
+                           parallel_tool_calls=self.parallel_tool_calls, truncate=self.truncate or None)
 
     def summary(self, history: list[dict[str, Any]]) -> ChatRequest:
         """The internal request that compacts this conversation: the conversation, then the ask for its summary, with
-        no tools to call and no thinking to spend the answer on. Where the client set none: greedy, a repeat penalty
-        (greedy SmolLM2-135M repeated one phrase to the cap, with 1.1 it stopped after 278 tokens) and an output
-        limit (a summary as long as the conversation would compact nothing)."""
+        no tools to call and no thinking to spend the answer on, its oldest turns dropped where it does not fit (a
+        conversation too long for the model is what compaction is for). Where the client set none: greedy, a repeat
+        penalty (greedy SmolLM2-135M repeated one phrase to the cap, with 1.1 it stopped after 278 tokens) and an
+        output limit (a summary as long as the conversation would compact nothing)."""
         req = self.chat(history)
         o = req.options
         sampling = replace(o, temperature=0.0 if o.temperature is None else o.temperature,
                            repeat_penalty=o.repeat_penalty or 1.1, max_tokens=o.max_tokens or _SUMMARY_TOKENS)
         return replace(req, messages=req.messages + [Message("user", SUMMARIZE)], tools=[], tool_choice=None,
-                       format=None, think=False, options=sampling)
+                       format=None, think=False, options=sampling, truncate=True)
 
 
 def parse_request(body: Any) -> Parsed:

@@ -7,9 +7,10 @@
   strict about it (proxy/dialects RULES); in the others the switch is dropped and each image becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts and the last turn) and trims a raw prompt's start, as Ollama does; the
-  others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"), except a job that
-  trims whatever its dialect (a compaction's summary: proxy/routes_responses.py). Backends that fit the context
-  themselves (Ollama) are left to it.
+  others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). A request's own
+  `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation: "auto"`, a
+  compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama) are left to
+  it, and get `truncate` as sent.
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ class Fit(Stage):
         tokens = await _count(job.target, req)
         if tokens < limit:
             return req
-        if not (job.trim_context or RULES[job.dialect].trims_context):
+        if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
             raise ContextOverflow(tokens, limit)
         return await _trimmed(job, req, tokens, limit)
 

@@ -87,6 +87,19 @@ async def test_sampling_options_map_to_ollama_options(backend, ollama_double):
     assert aggregate(chunks).finish_reason == "length"  # the double honoured num_predict
 
 
+async def test_truncate_and_shift_reach_ollama_as_sent(backend, ollama_double):
+    """Ollama fits the context itself: the client's `truncate` and `shift` go to it untouched, and are left out
+    where the client left them out (Ollama's defaults, both true, then hold)."""
+    await collect(backend.chat(chat(truncate=False, shift=False)))
+    sent = ollama_double.last("/api/chat")
+    assert (sent["truncate"], sent["shift"]) == (False, False)
+    await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Hi", truncate=True)))
+    sent = ollama_double.last("/api/generate")
+    assert sent["truncate"] is True and "shift" not in sent
+    await collect(backend.chat(chat()))
+    assert not {"truncate", "shift"} & ollama_double.last("/api/chat").keys()
+
+
 async def test_json_schema_format_and_thinking(backend, ollama_double):
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}}
     ollama_double.script.thinking = "Let me think."

@@ -73,6 +73,22 @@ async def test_ollama_keeps_the_last_turn_or_answers_400(velo):
     assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
 
 
+async def test_ollama_truncate_false_answers_400_instead(velo):
+    """Ollama's `truncate: false` (api/types.go): a prompt past the window is an error, not a shorter prompt; the
+    model is not called. `true` is the default's trim."""
+    c, backend = await velo()
+    body = {"model": "tiny", "messages": chat(LIMIT, False), "stream": False, "options": {"num_predict": 5}}
+    resp = await c.post("/api/chat", json={**body, "truncate": False})
+    assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": words(70), "raw": True, "stream": False,
+                                               "truncate": False})
+    assert resp.status == 400 and backend.requests == []
+    resp = await c.post("/api/chat", json={**body, "truncate": True})
+    assert resp.status == 200 and "X-Velo-Context-Trimmed" in resp.headers
+    bad = await c.post("/api/chat", json={**body, "truncate": "no"})
+    assert bad.status == 400 and "truncate" in (await bad.json())["error"]
+
+
 async def test_num_ctx_narrows_the_window(velo):
     c, backend = await velo()
     resp = await c.post("/api/chat", json={"model": "tiny", "messages": chat(40, False), "stream": False,
