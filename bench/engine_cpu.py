@@ -90,8 +90,10 @@ def print_roofline(results: list[Result], bandwidth: float, bytes_per_token: dic
                   f"of weights a token = {achieved:5.1f} GB/s, {achieved / bandwidth:.2f} of the bandwidth")
 
 
-def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[int, float, float]:
-    """(tokens, wall seconds, mean TTFT) for all prompts started together."""
+def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int,
+             params: SamplingParams | None = None) -> tuple[int, float, float]:
+    """(tokens, wall seconds, mean TTFT) for all prompts started together; greedy unless `params` says otherwise."""
+    params = params or SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     done: queue.Queue = queue.Queue()
     first: dict[int, float] = {}
     counts: dict[int, int] = {}
@@ -108,7 +110,7 @@ def run_velo(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tu
                 done.put(i)
         return on_output
     for i, p in enumerate(prompts):
-        engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), sink(i))
+        engine.add_request(p, params, sink(i))
     for _ in prompts:
         if isinstance(item := done.get(), BaseException):
             raise item
