@@ -176,8 +176,13 @@ def _image(source: Any, where: str) -> str:
 
 def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
     """Client tools ({name, description, input_schema}); Anthropic's own tool types (web search, code execution,
-    computer use, ...) need Anthropic's servers or its trained models: they are left out and named in a header."""
+    computer use, ...) need Anthropic's servers or its trained models, and `mcp_servers` (beta) its connector: they
+    are left out and named in a header."""
     tools, ignored = [], []
+    for i, server in enumerate(get(body, "mcp_servers", list, [])):
+        if not isinstance(server, dict):
+            raise BadRequest(f"mcp_servers.{i}: must be an object", param="mcp_servers")
+        ignored.append(f"mcp_servers.{server.get('name', i)}")
     for i, raw in enumerate(get(body, "tools", list, [])):
         if not isinstance(raw, dict):
             raise BadRequest(f"tools.{i}: must be an object", param="tools")

@@ -173,6 +173,12 @@ async def test_server_tools_are_left_out_and_named(client, scripted):
         READ, {"type": "web_search_20250305", "name": "web_search"}]})
     assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "web_search"
     assert [t.name for t in scripted.requests[0].tools] == ["read_file"]
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER, "mcp_servers": [
+        {"type": "url", "url": "https://mcp.example.com/sse", "name": "docs"}]})  # the beta MCP connector
+    assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "mcp_servers.docs"
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
+                                                   "mcp_servers": ["docs"]})
+    assert resp.status == 400 and (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize("body, field", [
