@@ -134,6 +134,14 @@ def parse_reasoning_effort(body: dict[str, Any]) -> bool | str | None:
     return False if effort in ("none", "minimal") else effort
 
 
+def _text_only(body: dict[str, Any]) -> None:
+    """A 400 for a spoken answer (`modalities: ["audio"]`, `audio`): no backend Velo serves writes audio, and an
+    answer without the sound asked for is not the answer asked for."""
+    modalities = get(body, "modalities", list, [])
+    if "audio" in modalities or body.get("audio") is not None:
+        raise BadRequest("audio output is not supported: the models Velo serves write text", param="modalities")
+
+
 def _n(body: dict[str, Any]) -> int:
     n = get(body, "n", int, 1)
     if not 1 <= n <= 16:
@@ -155,6 +163,7 @@ def parse_chat(body: Any) -> ChatRequest:
     messages = get(body, "messages", list, required=True)
     if not messages:
         raise BadRequest("messages must not be empty", param="messages")
+    _text_only(body)
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
                        options=parse_options(body), tools=parse_tools(body),
                        tool_choice=parse_tool_choice(body.get("tool_choice")), format=parse_response_format(body),

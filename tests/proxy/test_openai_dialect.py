@@ -185,6 +185,10 @@ async def test_models_listing(base_url):
      "only allowed when 'stream' is enabled", "stream_options"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, "temperature",
      "temperature"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"],
+      "audio": {"voice": "alloy", "format": "wav"}}, "audio output is not supported", "modalities"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy"}},
+     "audio output", "modalities"),
 ])
 async def test_bad_input_gets_openai_error(client, scripted, body, fragment, param):
     resp = await client.post("/v1/chat/completions", json=body)
