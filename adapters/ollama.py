@@ -28,9 +28,12 @@ def message_to_wire(m: Message, call_names: dict[str, str]) -> dict[str, Any]:
     if m.images:
         out["images"] = m.images
     if m.tool_calls:
-        out["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+        out["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} | ({"id": c.id} if c.id else {})
+                             for c in m.tool_calls]
     if tool_name := m.tool_name or call_names.get(m.tool_call_id, ""):
         out["tool_name"] = tool_name
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
     if m.thinking:
         out["thinking"] = m.thinking
     return out

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import re
+import string
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -263,8 +265,11 @@ class OllamaDouble(FakeServer):
         return words, "stop"
 
     def _tool_calls(self) -> list[dict[str, Any]]:
-        # api.md "Chat request (with tools)": arguments are an object, not a string.
-        return [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in self.script.tool_calls]
+        # api.md "Chat request (with tools)": arguments are an object, not a string; server/routes.go gives each
+        # call an `id` (toolCallId: "call_" and 8 random lowercase letters or digits) and its `index`.
+        return [{"id": "call_" + "".join(random.choices(string.ascii_lowercase + string.digits, k=8)),
+                 "function": {"index": i, "name": c["name"], "arguments": c["arguments"]}}
+                for i, c in enumerate(self.script.tool_calls)]
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()

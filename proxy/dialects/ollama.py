@@ -72,7 +72,8 @@ def parse_message(raw: Any) -> Message:
     images = get(raw, "images", list, [])
     return Message(role=role, content=get(raw, "content", str, ""), images=[str(i) for i in images],
                    tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
-                   tool_name=get(raw, "tool_name", str, ""), thinking=get(raw, "thinking", str, ""))
+                   tool_name=get(raw, "tool_name", str, ""), tool_call_id=get(raw, "tool_call_id", str, ""),
+                   thinking=get(raw, "thinking", str, ""))
 
 
 def parse_tools(body: dict[str, Any]) -> list[Tool]:
@@ -158,14 +159,20 @@ def _done_reason(chunk: Chunk) -> str:
     return "length" if chunk.finish_reason == "length" else "stop"
 
 
+def _tool_call_out(index: int, call: ToolCall) -> dict[str, Any]:
+    """api/types.go's ToolCall: `index` always sent, and the call's `id` (server/routes.go gives every call one),
+    which a tool message's `tool_call_id` answers."""
+    fn = {"function": {"index": index, "name": call.name, "arguments": call.arguments}}
+    return {"id": call.id, **fn} if call.id else fn
+
+
 def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
     """One NDJSON line of /api/chat (or the whole answer when `chunk` is the aggregate)."""
     message: dict[str, Any] = {"role": "assistant", "content": chunk.text}
     if chunk.thinking:
         message["thinking"] = chunk.thinking
     if chunk.tool_calls:
-        message["tool_calls"] = [{"function": {"index": i, "name": c.name, "arguments": c.arguments}}
-                                 for i, c in enumerate(chunk.tool_calls)]  # api/types.go: `index` always sent
+        message["tool_calls"] = [_tool_call_out(i, c) for i, c in enumerate(chunk.tool_calls)]
     out: dict[str, Any] = {"model": model, "created_at": now_iso(), "message": message,
                            "done": chunk.finish_reason is not None}
     _add_logprobs(out, chunk)

@@ -64,7 +64,8 @@ async def test_with_always_stream_off_one_answer_is_asked_as_one_and_reads_as_th
     ollama_double.script.reply = ""
     ollama_double.script.tool_calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
     calls = aggregate(await collect(plain.chat(chat(stream=False))))
-    assert calls.tool_calls == [ToolCall(name="get_weather", arguments={"city": "Paris"})]
+    [call] = calls.tool_calls
+    assert (call.name, call.arguments, call.id.startswith("call_")) == ("get_weather", {"city": "Paris"}, True)
     assert calls.finish_reason == "tool_calls"
     ollama_double.script.tool_calls = []
     ollama_double.script.reply = "Hi"
@@ -119,7 +120,8 @@ async def test_tool_calls_both_ways(backend, ollama_double):
     for stream in (True, False):
         req = ChatRequest(model=MODEL, messages=history, tools=[tool], stream=stream)
         out = aggregate(await collect(backend.chat(req)))
-        assert out.tool_calls == [ToolCall(name="get_weather", arguments={"city": "Paris"})]
+        [call] = out.tool_calls  # with the id Ollama gave it
+        assert (call.name, call.arguments, call.id[:5], len(call.id)) == ("get_weather", {"city": "Paris"}, "call_", 13)
         assert out.finish_reason == "tool_calls"
     sent = ollama_double.last("/api/chat")
     assert sent["tools"][0] == {"type": "function", "function": {"name": "get_weather",
@@ -252,11 +254,12 @@ async def test_closing_the_stream_early_cancels_the_upstream(backend, ollama_dou
 
 
 async def test_openai_style_tool_answer_gets_its_tool_name(backend, ollama_double):
-    """An OpenAI client answers a call by id only; Ollama wants the tool's name."""
+    """An OpenAI client answers a call by id only; Ollama wants the tool's name, and takes the ids as well."""
     history = [Message(role="user", content="Weather?"),
                Message(role="assistant", tool_calls=[ToolCall(name="get_weather", arguments={"city": "Rome"},
                                                               id="call_7")]),
                Message(role="tool", content="sunny", tool_call_id="call_7")]
     await collect(backend.chat(ChatRequest(model=MODEL, messages=history)))
-    assert ollama_double.last("/api/chat")["messages"][2] == {"role": "tool", "content": "sunny",
-                                                              "tool_name": "get_weather"}
+    sent = ollama_double.last("/api/chat")["messages"]
+    assert sent[1]["tool_calls"] == [{"id": "call_7", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]
+    assert sent[2] == {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "call_7"}

@@ -37,6 +37,26 @@ async def test_real_ollama_client_chat_stream_and_tools(base_url, scripted: Scri
     assert scripted.requests[0].tools[0].name == "get_weather"
 
 
+async def test_tool_call_ids_go_out_and_come_back(client, scripted: ScriptedBackend):
+    """Ollama gives each call an `id` (server/routes.go) and takes a tool message's `tool_call_id` (api/types.go):
+    both ways, so a client that answers by id reaches the call it answers."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    scripted.script.tool_calls = [ToolCall("get_weather", {"city": "Paris"}, id="call_p4r1s000")]
+    resp = await client.post("/api/chat", json={"model": "tiny", "stream": False, "tools": [weather],
+                                                "messages": [{"role": "user", "content": "weather?"}]})
+    [call] = (await resp.json())["message"]["tool_calls"]
+    assert call == {"id": "call_p4r1s000", "function": {"index": 0, "name": "get_weather",
+                                                        "arguments": {"city": "Paris"}}}
+    scripted.script.tool_calls = []
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "content": "sunny", "tool_call_id": "call_p4r1s000"}]
+    assert (await client.post("/api/chat", json={"model": "tiny", "stream": False, "tools": [weather],
+                                                 "messages": history})).status == 200
+    sent = scripted.requests[-1].messages
+    assert sent[1].tool_calls[0].id == sent[2].tool_call_id == "call_p4r1s000"
+
+
 async def test_logprobs_reach_the_backend_and_come_back_in_ollamas_shape(base_url, scripted: ScriptedBackend):
     c = ollama.AsyncClient(host=base_url)
     out = await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2)
