@@ -70,7 +70,10 @@ async def test_logprobs(velo, path, backend, stream, mode):
     lines = got.ndjson() if stream else [got.json()]
     assert all(fields.check(line, spec) == [] for line in lines)
     entries = [e for line in lines for e in line.get("logprobs", [])]
-    assert len(entries) == lines[-1]["eval_count"] > 0
+    # An answer cut at the limit has an entry per token counted; one that ended itself may also count its end of
+    # turn, which has no text (llama-server counts it, with a prompt cache that made the greedy answer end early).
+    ended = lines[-1]["done_reason"] == "stop"
+    assert 0 < len(entries) and lines[-1]["eval_count"] - len(entries) in ((0, 1) if ended else (0,))
     assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 and e["bytes"] == list(e["token"].encode())
                for e in entries)
     assert "".join(e["token"] for e in entries) == "".join(text_of(line) for line in lines)
