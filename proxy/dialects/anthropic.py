@@ -22,6 +22,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, Tool
 
 from .. import context_edits
 from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
+from . import tool_choice
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
@@ -61,9 +62,9 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
         messages += _message(raw, f"messages.{i}", names)
     tools, ignored = _tools(body)
     config = get(body, "output_config", dict, {})
-    tool_choice, parallel = _tool_choice(body.get("tool_choice"))
+    choice, parallel = _tool_choice(body.get("tool_choice"))
     return Parsed(ChatRequest(model=get_model(body), messages=messages, options=opts, tools=tools,
-                              tool_choice=tool_choice, format=_format(config), stream=get(body, "stream", bool, False),
+                              tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(config), stream=get(body, "stream", bool, False),
                               think=_think(body, config), parallel_tool_calls=parallel), ignored,
                   _edits(body.get("context_management")))
 

@@ -19,7 +19,7 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
                                ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
 
 from adapters.fields import body_object, get, get_model, string_list
-from . import ollama
+from . import ollama, tool_choice
 from .ollama import parse_tools
 
 
@@ -164,9 +164,11 @@ def parse_chat(body: Any) -> ChatRequest:
     if not messages:
         raise BadRequest("messages must not be empty", param="messages")
     _text_only(body)
+    tools = parse_tools(body)
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
-                       options=parse_options(body), tools=parse_tools(body),
-                       tool_choice=parse_tool_choice(body.get("tool_choice")), format=parse_response_format(body),
+                       options=parse_options(body), tools=tools,
+                       tool_choice=tool_choice.checked(parse_tool_choice(body.get("tool_choice")), tools),
+                       format=parse_response_format(body),
                        stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body),
                        parallel_tool_calls=get(body, "parallel_tool_calls", bool, True))
 

@@ -23,6 +23,7 @@ from adapters.errors import BackendError, BadRequest, VeloError
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
 
+from . import tool_choice
 from .ollama import parse_top_logprobs
 from .openai import token_logprobs
 
@@ -95,7 +96,7 @@ class Parsed:
 def parse_request(body: Any) -> Parsed:
     body = body_object(body)
     tools, names, ignored = _tools(get(body, "tools", list, []))
-    tools, tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    tools, choice = _tool_choice(body.get("tool_choice"), tools)
     reasoning = get(body, "reasoning", dict, {})
     text = get(body, "text", dict, {})
     sampling = _with_logprobs(options.read("responses", body), body)
@@ -120,7 +121,7 @@ def parse_request(body: Any) -> Parsed:
     compact = bool(items) and items[-1].get("type") == TRIGGER
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,
                   instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
-                  tool_choice=tool_choice, format=_format(text.get("format")), think=_think(reasoning),
+                  tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")), think=_think(reasoning),
                   sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
                   previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact,
                   parallel_tool_calls=echo["parallel_tool_calls"], truncate=echo["truncation"] == "auto")

@@ -181,6 +181,21 @@ async def test_server_tools_are_left_out_and_named(client, scripted):
     assert resp.status == 400 and (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
+async def test_tool_choice_must_name_a_tool_given(client, scripted):
+    """Forcing a call with no tools, or to a tool not given, is a 400; forcing a server tool Velo leaves out is
+    "auto", as that tool is gone."""
+    for choice, tools in (({"type": "any"}, []), ({"type": "tool", "name": "write_file"}, [READ])):
+        resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
+                                                       "tools": tools, "tool_choice": choice})
+        err = (await resp.json())["error"]
+        assert resp.status == 400 and err["type"] == "invalid_request_error" and "tool_choice" in err["message"]
+    assert scripted.requests == []
+    resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER, "tools": [
+        READ, {"type": "web_search_20250305", "name": "web_search"}], "tool_choice": {"type": "tool",
+                                                                                        "name": "web_search"}})
+    assert resp.status == 200 and scripted.requests[0].tool_choice is None
+
+
 @pytest.mark.parametrize("body, field", [
     ({"model": "tiny", "messages": USER}, "max_tokens"),
     ({"model": "tiny", "max_tokens": 0, "messages": USER}, "max_tokens"),

@@ -189,6 +189,11 @@ async def test_models_listing(base_url):
       "audio": {"voice": "alloy", "format": "wav"}}, "audio output is not supported", "modalities"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy"}},
      "audio output", "modalities"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     "no tools are given", "tool_choice"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": {
+        "type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "'g' is not among the tools", "tool_choice"),
 ])
 async def test_bad_input_gets_openai_error(client, scripted, body, fragment, param):
     resp = await client.post("/v1/chat/completions", json=body)

@@ -237,6 +237,9 @@ async def test_failure_mid_stream_fails_the_response():
     ({"model": "tiny", "input": "hi", "temperature": 3}, "temperature"),
     ({"model": "tiny", "input": "hi", "text": {"format": {"type": "yaml"}}}, "text"),
     ({"model": "tiny", "input": "hi", "tool_choice": {"type": "mystery"}}, "tool_choice"),
+    ({"model": "tiny", "input": "hi", "tool_choice": "required"}, "tool_choice"),
+    ({"model": "tiny", "input": "hi", "tool_choice": {"type": "function", "name": "g"}, "tools": [
+        {"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tool_choice"),
     ({"model": "tiny", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]},
      "input"),
 ])

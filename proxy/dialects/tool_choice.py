@@ -1,0 +1,25 @@
+"""A `tool_choice` the tools can satisfy. Forcing a call with no tools, or naming a tool that was not given, is the
+400 OpenAI and Anthropic answer: passed on, it forced the model into a call it has no tool for (the engine's grammar
+then wrote a call to another tool). A choice that forces only tools Velo left out (a hosted or server tool, named in
+X-Velo-Tools-Ignored) becomes "auto", as those tools did: the model answers without them."""
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from adapters.errors import BadRequest
+from adapters.protocol import Tool
+
+
+def checked(choice: Any, tools: list[Tool], ignored: Collection[str] = ()) -> Any:
+    """`choice` in the internal form (None, "none", "required", {"type": "function", "function": {"name"}})."""
+    if choice in (None, "none"):
+        return choice
+    name = choice["function"]["name"] if isinstance(choice, dict) else None
+    if name in ignored or (not tools and ignored):
+        return None
+    if not tools:
+        raise BadRequest("tool_choice: a tool call is required, but no tools are given", param="tool_choice")
+    if name is not None and name not in {t.name for t in tools}:
+        raise BadRequest(f"tool_choice: the tool {name!r} is not among the tools given", param="tool_choice")
+    return choice
