@@ -101,11 +101,21 @@ def _tool_call(raw: Any) -> ToolCall:
     return ToolCall(name=fn["name"], arguments=parsed, id=str(raw.get("id", "")))
 
 
+# OpenAI's roles as chat templates know them: `developer` (o1 and later) is the system prompt, as the Responses API
+# has it (a template that knows no such role drops it or makes it a turn); `function` is the legacy tool answer.
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+          "function": "tool"}
+
+
 def parse_message(raw: Any) -> Message:
     if not isinstance(raw, dict):
         raise BadRequest("messages must be objects", param="messages")
+    role = get(raw, "role", str, required=True)
+    if role not in _ROLES:
+        raise BadRequest(f"Invalid value: {role!r}. Supported values are: 'system', 'assistant', 'user', 'function', "
+                         "'tool', and 'developer'.", param="messages")
     text, images = _content_text(raw.get("content"))
-    return Message(role=get(raw, "role", str, required=True), content=text, images=images,
+    return Message(role=_ROLES[role], content=text, images=images,
                    tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
                    tool_call_id=get(raw, "tool_call_id", str, ""), tool_name=get(raw, "name", str, ""))
 

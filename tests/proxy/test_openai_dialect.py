@@ -189,6 +189,7 @@ async def test_models_listing(base_url):
       "audio": {"voice": "alloy", "format": "wav"}}, "audio output is not supported", "modalities"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy"}},
      "audio output", "modalities"),
+    ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "Invalid value: 'wizard'", "messages"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
      "no tools are given", "tool_choice"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": {
@@ -201,6 +202,17 @@ async def test_bad_input_gets_openai_error(client, scripted, body, fragment, par
     err = (await resp.json())["error"]
     assert fragment in err["message"] and err["type"] == "invalid_request_error" and err["param"] == param
     assert scripted.requests == []
+
+
+async def test_developer_is_the_system_prompt_and_function_a_tool_answer(client, scripted):
+    """`developer` (o1 and later, what new SDK code sends) reaches the template as the system prompt it is, as the
+    Responses API has it; the legacy `function` role is a tool's answer under its `name`."""
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": [
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"},
+        {"role": "function", "name": "lookup", "content": "42"}]})
+    assert resp.status == 200
+    assert [(m.role, m.content, m.tool_name) for m in scripted.requests[0].messages] == [
+        ("system", "Be brief.", ""), ("user", "x", ""), ("tool", "42", "lookup")]
 
 
 async def test_openai_client_sees_typed_errors(base_url, scripted: ScriptedBackend):
