@@ -149,7 +149,9 @@ def _items(raw: Any) -> list[dict[str, Any]]:
 
 def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
     """Input and output items as internal messages: function calls join the assistant turn before them, a reasoning
-    item's text becomes the next assistant turn's thinking, outputs become "tool" messages."""
+    item's text becomes the next assistant turn's thinking, outputs become "tool" messages. A compaction item stands
+    for the turns before it: of those only the user's and system messages stay, as `/v1/responses/compact` answers
+    them, so a conversation continued from a stored compaction (`previous_response_id`) shrinks as Codex's does."""
     out: list[Message] = []
     names: dict[str, str] = {}  # call id -> tool name
     thinking = ""
@@ -175,7 +177,8 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
         elif kind == "reasoning":
             thinking += _reasoning_text(item)
         elif kind == "compaction":
-            out.append(Message("user", _compacted(item, where)))
+            out = [m for m in out if m.role in ("user", "system")] + [Message("user", _compacted(item, where))]
+            thinking = ""
         elif kind == TRIGGER:
             raise BadRequest(f"{where}: {TRIGGER} must be the last input item", param="input")
         else:

@@ -57,6 +57,20 @@ async def test_the_compaction_item_comes_back_as_the_summary(client, scripted: S
         ("user", "Fix the failing test in a.py"), ("user", COMPACTED + "Hello world"), ("user", "Go on")]
 
 
+async def test_a_stored_compaction_continued_by_id_stands_for_the_turns_before_it(client, scripted):
+    """Chained with previous_response_id, the compacted response's history is what the compaction stands for: the
+    user's messages stay, the tool calls and answers go."""
+    first = await (await client.post("/v1/responses", json={"model": "tiny", "input": TURNS})).json()
+    compacted = await (await client.post("/v1/responses", json={
+        "model": "tiny", "previous_response_id": first["id"], "input": [TRIGGER]})).json()
+    assert compacted["output"][0]["type"] == "compaction"
+    resp = await client.post("/v1/responses", json={"model": "tiny", "previous_response_id": compacted["id"],
+                                                    "input": "Go on"})
+    assert resp.status == 200
+    assert [(m.role, m.content) for m in scripted.requests[-1].messages] == [
+        ("user", "Fix the failing test in a.py"), ("user", COMPACTED + "Hello world"), ("user", "Go on")]
+
+
 async def test_compact_answers_the_user_messages_and_one_compaction_item(base_url, scripted: ScriptedBackend):
     """v1, through the SDK's `responses.compact`: OpenAI's shape, every user message then the compaction item."""
     out = await openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="k", max_retries=0).responses.compact(
