@@ -117,7 +117,8 @@ def parse_message(raw: Any) -> Message:
     text, images = _content_text(raw.get("content"))
     return Message(role=_ROLES[role], content=text, images=images,
                    tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
-                   tool_call_id=get(raw, "tool_call_id", str, ""), tool_name=get(raw, "name", str, ""))
+                   tool_call_id=get(raw, "tool_call_id", str, ""),
+                   tool_name=get(raw, "name", str, "") if _ROLES[role] == "tool" else "")  # else a speaker's name
 
 
 def parse_tool_choice(raw: Any) -> Any:

@@ -208,7 +208,7 @@ async def test_developer_is_the_system_prompt_and_function_a_tool_answer(client,
     """`developer` (o1 and later, what new SDK code sends) reaches the template as the system prompt it is, as the
     Responses API has it; the legacy `function` role is a tool's answer under its `name`."""
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": [
-        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"},
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x", "name": "alice"},
         {"role": "function", "name": "lookup", "content": "42"}]})
     assert resp.status == 200
     assert [(m.role, m.content, m.tool_name) for m in scripted.requests[0].messages] == [
