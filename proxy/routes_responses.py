@@ -31,8 +31,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = responses.parse_request(body)
     history = await _history(request, parsed)
-    job = job_for(request, parsed.summary(history), body) if parsed.compact else \
-        job_for(request, parsed.chat(history), body)
+    job = job_for(request, parsed.summary(history) if parsed.compact else parsed.chat(history), body)
     stream = request[PIPELINE].generate(job)
     resp_id = responses.new_id("resp")
 

@@ -64,8 +64,9 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
     config = get(body, "output_config", dict, {})
     choice, parallel = _tool_choice(body.get("tool_choice"))
     return Parsed(ChatRequest(model=get_model(body), messages=messages, options=opts, tools=tools,
-                              tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(config), stream=get(body, "stream", bool, False),
-                              think=_think(body, config), parallel_tool_calls=parallel), ignored,
+                              tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(config),
+                              stream=get(body, "stream", bool, False), think=_think(body, config),
+                              parallel_tool_calls=parallel), ignored,
                   _edits(body.get("context_management")))
 
 

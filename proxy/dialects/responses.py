@@ -121,9 +121,10 @@ def parse_request(body: Any) -> Parsed:
     compact = bool(items) and items[-1].get("type") == TRIGGER
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,
                   instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
-                  tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")), think=_think(reasoning),
-                  sampling=sampling, stream=get(body, "stream", bool, False), store=echo["store"],
-                  previous_response_id=get(body, "previous_response_id", str), echo=echo, compact=compact,
+                  tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")),
+                  think=_think(reasoning), sampling=sampling, stream=get(body, "stream", bool, False),
+                  store=echo["store"], previous_response_id=get(body, "previous_response_id", str), echo=echo,
+                  compact=compact,
                   parallel_tool_calls=echo["parallel_tool_calls"], truncate=echo["truncation"] == "auto")
 
 

@@ -261,5 +261,6 @@ async def test_openai_style_tool_answer_gets_its_tool_name(backend, ollama_doubl
                Message(role="tool", content="sunny", tool_call_id="call_7")]
     await collect(backend.chat(ChatRequest(model=MODEL, messages=history)))
     sent = ollama_double.last("/api/chat")["messages"]
-    assert sent[1]["tool_calls"] == [{"id": "call_7", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]
+    assert sent[1]["tool_calls"] == [{"id": "call_7", "function": {"name": "get_weather",
+                                                                   "arguments": {"city": "Rome"}}}]
     assert sent[2] == {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "call_7"}
