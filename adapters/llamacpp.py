@@ -52,6 +52,7 @@ def native_chunk(obj: dict[str, Any]) -> Chunk:
         chunk.finish_reason = "length" if obj.get("stop_type") == "limit" else "stop"
         chunk.usage = Usage(prompt_tokens=obj.get("tokens_evaluated", 0),
                             completion_tokens=obj.get("tokens_predicted", 0),
+                            cached_tokens=timings.get("cache_n", 0),
                             prompt_eval_ns=int(timings.get("prompt_ms", 0) * 1e6),
                             eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
         chunk.usage.total_ns = chunk.usage.prompt_eval_ns + chunk.usage.eval_ns

@@ -113,12 +113,15 @@ def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
 
 
 def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage | None:
-    """OpenAI `usage`, plus llama-server's `timings` (milliseconds) as nanoseconds when present."""
+    """OpenAI `usage` (with `prompt_tokens_details.cached_tokens`, as vLLM and llama-server send it), plus
+    llama-server's `timings` (milliseconds) as nanoseconds when present."""
     if usage is None and timings is None:
         return None
     usage, timings = usage or {}, timings or {}
+    details = usage.get("prompt_tokens_details") or {}
     out = Usage(prompt_tokens=usage.get("prompt_tokens", timings.get("prompt_n", 0)),
                 completion_tokens=usage.get("completion_tokens", timings.get("predicted_n", 0)),
+                cached_tokens=details.get("cached_tokens") or timings.get("cache_n", 0),
                 prompt_eval_ns=int(timings.get("prompt_ms", 0) * 1e6), eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
     out.total_ns = out.prompt_eval_ns + out.eval_ns
     return out

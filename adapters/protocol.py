@@ -155,6 +155,7 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those a prefix cache served (not evaluated again)
     total_ns: int = 0
     load_ns: int = 0
     prompt_eval_ns: int = 0

@@ -30,6 +30,7 @@ class Script:
     last_in_finish: bool = False  # the last piece comes in the finishing chunk, as the engine and llama-server send it
     total_ns: int = 0  # the timings the finishing chunk reports (all of it decoding)
     empties: int = 0  # empty chunks before each piece, as a backend holding text back for a stop string sends
+    cached_tokens: int = 0  # of the 5 prompt tokens, those the backend's prefix cache served
 
 
 class ScriptedBackend(Backend):
@@ -84,8 +85,8 @@ class ScriptedBackend(Backend):
                 yield Chunk(text=piece, logprobs=_logprobs(piece) if logprobs else [])
             yield Chunk(text=s.pieces[-1] if s.last_in_finish and s.pieces else "", tool_calls=list(s.tool_calls),
                         finish_reason=s.finish_reason,  # type: ignore[arg-type]
-                        usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces), total_ns=s.total_ns,
-                                    eval_ns=s.total_ns))
+                        usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces), cached_tokens=s.cached_tokens,
+                                    total_ns=s.total_ns, eval_ns=s.total_ns))
             self.completed += 1
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled += 1

@@ -301,9 +301,11 @@ def _matched(chunk: Chunk) -> str | None:
 
 
 def usage_object(usage: Usage | None) -> dict[str, int]:
+    """Anthropic's split, as llama-server's own Messages API makes it: the prompt tokens a prefix cache served are
+    `cache_read_input_tokens`, the rest `input_tokens` (clients add the two for the context used)."""
     u = usage or Usage()
-    return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

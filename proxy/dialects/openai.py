@@ -232,10 +232,14 @@ def stream_options_usage(body: dict[str, Any]) -> bool:
     return isinstance(opts, dict) and bool(opts.get("include_usage"))
 
 
-def _usage(usage: Usage | None) -> dict[str, int]:
+def _usage(usage: Usage | None) -> dict[str, Any]:
+    """OpenAI's counts; `prompt_tokens_details.cached_tokens` where a prefix cache served some of the prompt."""
     u = usage or Usage()
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+    out: dict[str, Any] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                           "total_tokens": u.prompt_tokens + u.completion_tokens}
+    if u.cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
+    return out
 
 
 def _tool_calls(calls: list[ToolCall], stream: bool, first_index: int = 0) -> list[dict[str, Any]]:
@@ -286,16 +290,20 @@ def chat_completion(ids: ChatIds, model: str, choices: list[Chunk]) -> dict[str,
             "usage": total_usage(enumerate(c.usage for c in choices), len(choices)), "system_fingerprint": "velo"}
 
 
-def total_usage(usages: Iterable[tuple[int, Usage | None]], n: int) -> dict[str, int]:
+def total_usage(usages: Iterable[tuple[int, Usage | None]], n: int) -> dict[str, Any]:
     """One response's usage from its choices' (index, usage): completion tokens add up, and each prompt's tokens
-    count once, however many of its `n` choices there are (choice i answers prompt i // n)."""
-    prompts: dict[int, int] = {}
+    count once, however many of its `n` choices there are (choice i answers prompt i // n), with the fewest of them
+    cached (the choice that evaluated the prompt)."""
+    prompts: dict[int, Usage] = {}
     completion = 0
     for i, u in usages:
         if u is not None:
-            prompts[i // n] = max(prompts.get(i // n, 0), u.prompt_tokens)
+            seen = prompts.setdefault(i // n, u)
+            prompts[i // n] = Usage(max(seen.prompt_tokens, u.prompt_tokens),
+                                    cached_tokens=min(seen.cached_tokens, u.cached_tokens))
             completion += u.completion_tokens
-    return _usage(Usage(prompt_tokens=sum(prompts.values()), completion_tokens=completion))
+    return _usage(Usage(prompt_tokens=sum(u.prompt_tokens for u in prompts.values()), completion_tokens=completion,
+                        cached_tokens=sum(u.cached_tokens for u in prompts.values())))
 
 
 def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first: bool = False,

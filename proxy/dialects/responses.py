@@ -359,7 +359,8 @@ def _think(reasoning: dict[str, Any]) -> bool | str | None:
 
 def usage_object(usage: Usage | None) -> dict[str, Any]:
     u = usage or Usage()
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    return {"input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 

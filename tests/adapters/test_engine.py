@@ -61,6 +61,14 @@ async def test_chat_streams_until_length_with_usage(backend):
     assert last.usage.prompt_tokens > 10 and last.usage.total_ns >= last.usage.prompt_eval_ns > 0
 
 
+async def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(backend):
+    question = chat("Tell me about the sea and the sky and the stars above them", max_tokens=2, temperature=0)
+    first = aggregate(await collect(backend.chat(question)))
+    again = aggregate(await collect(backend.chat(question)))
+    assert first.usage.cached_tokens == 0 < again.usage.cached_tokens < again.usage.prompt_tokens
+    assert again.usage.cached_tokens % 4 == 0  # whole blocks of the radix cache
+
+
 async def test_logprobs_describe_the_chosen_tokens(backend):
     chunks = await collect(backend.chat(chat(max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)))
     logprobs = [lp for c in chunks for lp in c.logprobs]

@@ -65,6 +65,20 @@ async def test_chat_stream_matches_non_stream_and_honours_max_tokens(backend):
         assert out.finish_reason == "length" and out.usage.completion_tokens == 6 and out.usage.prompt_tokens > 0
 
 
+async def test_usage_counts_the_prompt_tokens_the_server_kept(backend):
+    """llama-server reuses a slot's prompt: its count of them (OpenAI route `prompt_tokens_details`, native
+    `timings.cache_n`) is the usage's `cached_tokens`."""
+    question = ChatRequest(model=MODEL, messages=[Message(role="user", content="Name the planets of the sun, please.")],
+                           options=GREEDY)
+    await collect(backend.chat(question))
+    again = aggregate(await collect(backend.chat(question)))
+    assert 0 < again.usage.cached_tokens < again.usage.prompt_tokens
+    prompt = CompletionRequest(model=MODEL, prompt="The planets of the sun are", raw=True, options=GREEDY)
+    await collect(backend.complete(prompt))
+    again = aggregate(await collect(backend.complete(prompt)))
+    assert 0 < again.usage.cached_tokens < again.usage.prompt_tokens
+
+
 async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
     """llama-server sends the prefill back joined to the first token ("Hello, welcome"); the adapter takes it off,
     streamed or whole, so the answer holds only the continuation, as Ollama's does."""
