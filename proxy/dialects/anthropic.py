@@ -23,6 +23,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, Tool
 from .. import context_edits
 from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
 from . import tool_choice
+from .openai import EFFORTS
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
@@ -268,7 +269,7 @@ def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     kind = thinking.get("type") if thinking else None
     if kind == "enabled":
         effort = config.get("effort")
-        return {"xhigh": "high", "max": "high"}.get(effort, effort) if isinstance(effort, str) else True
+        return EFFORTS.get(effort, effort) if isinstance(effort, str) else True
     if kind == "disabled":
         return False
     if kind not in (None, "adaptive"):

@@ -135,14 +135,21 @@ def parse_tool_choice(raw: Any) -> Any:
     return {"type": "function", "function": {"name": fn["name"]}}
 
 
+# Effort levels as the internal think switch, for OpenAI's `reasoning_effort`, the Responses API's
+# `reasoning.effort` and Anthropic's `output_config.effort`: "none" / "minimal" off; above "high" (OpenAI's "xhigh"
+# and "max", Anthropic's "max") is "high", the most a local thinking model takes.
+EFFORTS: dict[str, bool | str] = {"none": False, "minimal": False, "low": "low", "medium": "medium", "high": "high",
+                                  "xhigh": "high", "max": "high"}
+
+
 def parse_reasoning_effort(body: dict[str, Any]) -> bool | str | None:
-    """`reasoning_effort` as the internal think switch: "none" / "minimal" off, a level on at that level."""
+    """`reasoning_effort` as the internal think switch (EFFORTS)."""
     effort = get(body, "reasoning_effort", str)
     if effort is None:
         return None
-    if effort not in ("none", "minimal", "low", "medium", "high"):
-        raise BadRequest("reasoning_effort must be one of none, minimal, low, medium, high", param="reasoning_effort")
-    return False if effort in ("none", "minimal") else effort
+    if effort not in EFFORTS:
+        raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
+    return EFFORTS[effort]
 
 
 def _text_only(body: dict[str, Any]) -> None:

@@ -25,11 +25,10 @@ from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Toke
 
 from . import tool_choice
 from .ollama import parse_top_logprobs
-from .openai import token_logprobs
+from .openai import EFFORTS, token_logprobs
 
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-_NO_THINKING = ("none", "minimal")  # reasoning.effort values that ask for none
 _UNHELD = {"conversation": "Velo keeps no conversations; send the history in `input` or continue with "
                             "`previous_response_id`",
            "prompt": "Velo keeps no stored prompts; send the prompt's text as `instructions`"}
@@ -350,9 +349,7 @@ def _think(reasoning: dict[str, Any]) -> bool | str | None:
     effort = reasoning.get("effort")
     if effort is None:
         return None
-    if effort in _NO_THINKING:
-        return False
-    return {"xhigh": "high"}.get(effort, effort)
+    return EFFORTS.get(effort, effort)
 
 
 # -- answers -------------------------------------------------------------------------------------------------------

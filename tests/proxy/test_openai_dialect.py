@@ -258,7 +258,8 @@ def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
     assert indexes == [0, 1]
 
 
-@pytest.mark.parametrize("effort, think", [("high", "high"), ("low", "low"), ("minimal", False), ("none", False)])
+@pytest.mark.parametrize("effort, think", [("high", "high"), ("low", "low"), ("minimal", False), ("none", False),
+                                           ("xhigh", "high"), ("max", "high")])  # the SDK's levels above "high"
 async def test_reasoning_effort_is_the_think_switch(client, scripted: ScriptedBackend, effort, think):
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": effort,
                                                           "messages": [{"role": "user", "content": "hi"}]})
@@ -266,7 +267,7 @@ async def test_reasoning_effort_is_the_think_switch(client, scripted: ScriptedBa
 
 
 async def test_a_bad_reasoning_effort_is_a_400(client):
-    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "max",
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "extreme",
                                                           "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status == 400 and (await resp.json())["error"]["param"] == "reasoning_effort"
 

@@ -250,6 +250,14 @@ async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     assert err["code"] is None or isinstance(err["code"], str)
 
 
+@pytest.mark.parametrize("effort, think", [("minimal", False), ("medium", "medium"), ("xhigh", "high"),
+                                           ("max", "high")])
+async def test_reasoning_effort_is_the_think_switch(client, scripted, effort, think):
+    """The same levels as OpenAI chat's `reasoning_effort` (proxy/dialects/openai.py EFFORTS)."""
+    resp = await client.post("/v1/responses", json={"model": "tiny", "input": "hi", "reasoning": {"effort": effort}})
+    assert resp.status == 200 and scripted.requests[0].think == think
+
+
 async def test_input_tokens_counts_the_turn(base_url):
     counted = await _client(base_url).responses.input_tokens.count(model="tiny", input="two words",
                                                                     instructions="be brief")
