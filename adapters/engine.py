@@ -104,7 +104,8 @@ def _usage(out: RequestOutput, start: int, first: int, load_ns: int) -> Usage:
     """Counts and Ollama's timings (nanoseconds) for the last chunk; `start`: the request, `first`: its first token."""
     now = time.perf_counter_ns()
     return Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                 cached_tokens=out.num_cached_tokens, total_ns=now - start + load_ns, load_ns=load_ns, prompt_eval_ns=first - start, eval_ns=now - first)
+                 cached_tokens=out.num_cached_tokens, total_ns=now - start + load_ns, load_ns=load_ns,
+                 prompt_eval_ns=first - start, eval_ns=now - first)
 
 
 @dataclass
