@@ -3,6 +3,7 @@ estimate of one token per 4 characters of text, tool schemas included (OpenAI's 
 tokenizers of local models give 3.5-4.5 on chat text)."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import Awaitable, Callable
@@ -37,11 +38,14 @@ def estimate(req: ChatRequest | CompletionRequest) -> int:
     return math.ceil(characters(req) / CHARS_PER_TOKEN)
 
 
+async def count(target: Target, req: ChatRequest | CompletionRequest) -> int:
+    """`prompt_tokens` as a plain count (the fit stage's window, context editing's trigger)."""
+    return (await prompt_tokens(target, req))[0]
+
+
 def counter(target: Target) -> Callable[[ChatRequest], Awaitable[int]]:
-    """`prompt_tokens` as a plain count, for context editing (proxy/context_edits.py)."""
-    async def count(req: ChatRequest) -> int:
-        return (await prompt_tokens(target, req))[0]
-    return count
+    """`count` for one target, as context editing takes it (proxy/context_edits.py)."""
+    return functools.partial(count, target)
 
 
 async def prompt_tokens(target: Target, req: ChatRequest | CompletionRequest) -> tuple[int, bool]:

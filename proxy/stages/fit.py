@@ -25,8 +25,7 @@ from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, Mo
 
 from ..dialects import RULES
 from ..job import Job, Request
-from ..router import Target
-from ..token_count import prompt_tokens, surely_under
+from ..token_count import count, surely_under
 from .base import Next, Stage
 
 log = logging.getLogger("velo.fit")
@@ -92,16 +91,12 @@ class Fit(Stage):
         limit = min(filter(None, (info.context_length, req.options.num_ctx)), default=None)
         if limit is None or job.target.backend.fits_context or surely_under(req, limit):
             return req
-        tokens = await _count(job.target, req)
+        tokens = await count(job.target, req)
         if tokens < limit:
             return req
         if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
             raise ContextOverflow(tokens, limit)
         return await _trimmed(job, req, tokens, limit)
-
-
-async def _count(target: Target, req: Request) -> int:
-    return (await prompt_tokens(target, req))[0]
 
 
 async def _trimmed(job: Job, req: Request, tokens: int, limit: int) -> Request:
@@ -115,7 +110,7 @@ async def _trimmed(job: Job, req: Request, tokens: int, limit: int) -> Request:
         if shorter is None:
             raise ContextOverflow(tokens, limit)
         req, dropped = shorter, dropped + n
-        tokens = await _count(job.target, req)
+        tokens = await count(job.target, req)
     what = f"{dropped} messages" if isinstance(req, ChatRequest) else f"{dropped} characters"
     job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
     log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)
