@@ -105,13 +105,18 @@ def parse_keep_alive(body: dict[str, Any]) -> Any:
     return value
 
 
+def _shared(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields /api/chat and /api/generate share (api/types.go's ChatRequest and GenerateRequest)."""
+    return {"model": get_model(body), "options": _with_logprobs(parse_options(body), body),
+            "format": parse_format(body), "stream": get(body, "stream", bool, True),
+            "keep_alive": parse_keep_alive(body), "think": parse_think(body), "truncate": get(body, "truncate", bool),
+            "shift": get(body, "shift", bool)}
+
+
 def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
-    return ChatRequest(
-        model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
-        options=_with_logprobs(parse_options(body), body), tools=parse_tools(body), format=parse_format(body),
-        stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body),
-        truncate=get(body, "truncate", bool), shift=get(body, "shift", bool))
+    return ChatRequest(messages=[parse_message(m) for m in get(body, "messages", list, [])], tools=parse_tools(body),
+                       **_shared(body))
 
 
 def parse_generate(body: Any) -> CompletionRequest:
@@ -122,12 +127,9 @@ def parse_generate(body: Any) -> CompletionRequest:
     if get(body, "raw", bool, False) and (body.get("template") or body.get("system") or context):
         raise BadRequest("raw mode does not support template, system, or context", param="raw")  # Ollama's words
     return CompletionRequest(
-        model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str),
-        system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
-        images=[str(i) for i in get(body, "images", list, [])],
-        options=_with_logprobs(parse_options(body), body), format=parse_format(body),
-        stream=get(body, "stream", bool, True), keep_alive=parse_keep_alive(body), think=parse_think(body),
-        context=context, truncate=get(body, "truncate", bool), shift=get(body, "shift", bool))
+        prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str), system=get(body, "system", str),
+        template=get(body, "template", str), raw=get(body, "raw", bool, False),
+        images=[str(i) for i in get(body, "images", list, [])], context=context, **_shared(body))
 
 
 def parse_embed(body: Any) -> EmbedRequest:
