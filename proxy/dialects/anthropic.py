@@ -245,7 +245,7 @@ def _clear_tool_uses(e: dict[str, Any], where: str) -> ClearToolUses:
         raise BadRequest(f"{where}.clear_tool_inputs: must be a boolean or a list of tool names",
                          param="context_management")
     return ClearToolUses(trigger_tokens=None if by_uses else limit, trigger_uses=limit if by_uses else None,
-                         keep=_amount(e, "keep", "tool_uses", where, default=3),
+                         keep=_amount(e, "keep", "tool_uses", where, default=ClearToolUses.keep),
                          clear_at_least=_amount(e, "clear_at_least", "input_tokens", where, default=0),
                          exclude=frozenset(string_list(e, "exclude_tools")),
                          clear_inputs=inputs if isinstance(inputs, bool) else frozenset(inputs))

@@ -123,8 +123,8 @@ def parse_request(body: Any) -> Parsed:
                   tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")),
                   think=_think(reasoning), sampling=sampling, stream=get(body, "stream", bool, False),
                   store=echo["store"], previous_response_id=get(body, "previous_response_id", str), echo=echo,
-                  compact=compact,
-                  parallel_tool_calls=echo["parallel_tool_calls"], truncate=echo["truncation"] == "auto")
+                  compact=compact, parallel_tool_calls=echo["parallel_tool_calls"],
+                  truncate=echo["truncation"] == "auto")
 
 
 def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
