@@ -106,17 +106,16 @@ def parse_keep_alive(body: dict[str, Any]) -> Any:
 
 
 def _shared(body: dict[str, Any]) -> dict[str, Any]:
-    """The fields /api/chat and /api/generate share (api/types.go's ChatRequest and GenerateRequest)."""
-    return {"model": get_model(body), "options": _with_logprobs(parse_options(body), body),
-            "format": parse_format(body), "stream": get(body, "stream", bool, True),
-            "keep_alive": parse_keep_alive(body), "think": parse_think(body), "truncate": get(body, "truncate", bool),
-            "shift": get(body, "shift", bool)}
+    """The generation fields /api/chat and /api/generate share (api/types.go's ChatRequest and GenerateRequest)."""
+    return {"options": _with_logprobs(parse_options(body), body), "format": parse_format(body),
+            "stream": get(body, "stream", bool, True), "keep_alive": parse_keep_alive(body),
+            "think": parse_think(body), "truncate": get(body, "truncate", bool), "shift": get(body, "shift", bool)}
 
 
 def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
-    return ChatRequest(messages=[parse_message(m) for m in get(body, "messages", list, [])], tools=parse_tools(body),
-                       **_shared(body))
+    return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
+                       **_shared(body), tools=parse_tools(body))
 
 
 def parse_generate(body: Any) -> CompletionRequest:
@@ -127,8 +126,8 @@ def parse_generate(body: Any) -> CompletionRequest:
     if get(body, "raw", bool, False) and (body.get("template") or body.get("system") or context):
         raise BadRequest("raw mode does not support template, system, or context", param="raw")  # Ollama's words
     return CompletionRequest(
-        prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str), system=get(body, "system", str),
-        template=get(body, "template", str), raw=get(body, "raw", bool, False),
+        model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str),
+        system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
         images=[str(i) for i in get(body, "images", list, [])], context=context, **_shared(body))
 
 
