@@ -26,8 +26,8 @@ async def test_chat_streams_ndjson_with_final_timings(client, scripted: Scripted
 
 
 async def test_real_ollama_client_chat_stream_and_tools(base_url, scripted: ScriptedBackend):
-    scripted.script.tool_calls = [ToolCall(name="get_weather", arguments={"city": "Paris"})]
-    c = ollama.AsyncClient(host=base_url)
+    scripted.script.tool_calls = [ToolCall(name="get_weather", arguments={"city": "Paris"}, id="call_p4r1s000")]
+    c = ollama.AsyncClient(host=base_url)  # the package has no field for a call's id: it must still parse the line
     parts = [p async for p in await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
                                              tools=[{"type": "function", "function": {"name": "get_weather",
                                                      "parameters": {"type": "object"}}}])]
