@@ -58,16 +58,24 @@ def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = 
 async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode: Callable[[Any], bytes],
                        on_error: Callable[[VeloError], bytes], content_type: str,
                        headers: Callable[[], dict[str, str]] = dict, trailer: bytes = b"",
-                       finish: Callable[[], Awaitable[bytes]] | None = None) -> web.StreamResponse:
+                       finish: Callable[[], Awaitable[bytes]] | None = None,
+                       streamed_errors: tuple[type[VeloError], ...] = ()) -> web.StreamResponse:
     """Streams `stream` item by item through `encode`; the first item is awaited before the headers (`headers()`,
     read then: the pipeline has decided the cache outcome by its first chunk) go out. A failure before that
-    propagates (the error middleware answers in the dialect); after it, `on_error` ends the stream."""
+    propagates (the error middleware answers in the dialect), unless it is one of `streamed_errors`, which the
+    dialect reports inside its stream; after it, `on_error` ends the stream."""
     resp: web.StreamResponse | None = None
+    early: VeloError | None = None
     try:
-        first, rest = await first_then_rest(stream)
+        try:
+            first, rest = await first_then_rest(stream)
+        except streamed_errors as e:
+            first, rest, early = None, stream, e
         resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers()})
         await resp.prepare(request)
         request[STREAM] = resp
+        if early is not None:
+            raise early
         if first is not None:
             await resp.write(encode(first))
         async for item in rest:

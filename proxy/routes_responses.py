@@ -6,7 +6,11 @@
 Compaction, as Codex asks for it when its context fills (`POST /v1/responses/compact`, or `POST /v1/responses` whose
 input ends with a `compaction_trigger`): the model summarises the conversation, and the answer is one compaction
 item that Codex sends back in place of the history. The summary's job drops the oldest turns that do not fit the
-context: compaction is asked for exactly when the conversation has grown too long."""
+context: compaction is asked for exactly when the conversation has grown too long.
+
+A streamed turn whose prompt does not fit fails inside its stream (`response.failed`, code
+`context_length_exceeded`): that event is how Codex learns its context is full and compacts, where a 400 ends its
+turn as an invalid request (codex-rs core/src/api_bridge.rs)."""
 from __future__ import annotations
 
 import time
@@ -14,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.errors import BadRequest, NotFound
+from adapters.errors import BadRequest, ContextOverflow, NotFound
 from adapters.protocol import aggregate
 
 from .auth import CALLER
@@ -52,7 +56,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     async def finish() -> bytes:
         return writer.finish()
     resp = await write_stream(request, stream, writer.encode, writer.fail, "text/event-stream", headers,
-                              finish=finish)
+                              finish=finish, streamed_errors=(ContextOverflow,))
     if writer.final is not None and writer.final["status"] != "failed":
         await _keep(request, parsed, history, writer.final)
     return resp
@@ -77,8 +81,7 @@ async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[
         return []
     previous = await request.app[RESPONSES].get(request[CALLER].tenant, parsed.previous_response_id)
     if previous is None:
-        raise NotFound(f"Previous response with id '{parsed.previous_response_id}' not found.",
-                       param="previous_response_id")
+        raise responses.PreviousResponseNotFound(parsed.previous_response_id)
     return previous.conversation()
 
 

@@ -384,10 +384,14 @@ def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
     """OpenAI's error object: `code` is a string or null, never a number (SDKs and agents test it by value). A
     context overflow is worded as OpenAI words it, which is what agents look for before they compact."""
     message, kind, param = err.message, err.kind, err.param
-    if isinstance(err, ContextOverflow):
-        message = _RESPONSES_OVERFLOW if dialect == "responses" else _CHAT_OVERFLOW.format(err.limit, err.tokens)
-    if isinstance(err, ModelNotFound):  # OpenAI: an invalid request naming no parameter
-        kind, param = "invalid_request_error", None
+    if isinstance(err, ContextOverflow) and dialect == "responses":
+        message, param = _RESPONSES_OVERFLOW, "input"
+    elif isinstance(err, ContextOverflow):
+        message = _CHAT_OVERFLOW.format(err.limit, err.tokens)
+    if err.status == 404:  # OpenAI words a missing model or response as an invalid request ("not_found_error" is
+        kind = "invalid_request_error"  # Anthropic's type)
+    if isinstance(err, ModelNotFound):  # naming no parameter
+        param = None
     return {"error": {"message": message, "type": kind, "param": param, "code": err.code}}
 
 

@@ -25,7 +25,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Toke
 
 from . import tool_choice
 from .ollama import parse_top_logprobs
-from .openai import EFFORTS, token_logprobs
+from .openai import EFFORTS, error_object, token_logprobs
 
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -37,6 +37,15 @@ _LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{os.urandom(12).hex()}"
+
+
+class PreviousResponseNotFound(BadRequest):
+    """OpenAI's 400 (not a 404) with its own code, on which Codex and proxies before it start the chain afresh."""
+
+    code = "previous_response_not_found"
+
+    def __init__(self, resp_id: str):
+        super().__init__(f"Previous response with id '{resp_id}' not found.", param="previous_response_id")
 
 
 @dataclass(frozen=True)
@@ -372,7 +381,8 @@ def response_object(resp_id: str, parsed: Parsed, created_at: float, status: str
 
 
 def error_body(err: VeloError) -> dict[str, Any]:
-    return {"code": err.code or err.kind, "message": err.message}
+    """A failed response's `error`, worded as the dialect's HTTP error is (a context overflow as OpenAI words it)."""
+    return {"code": err.code or err.kind, "message": error_object(err, "responses")["error"]["message"]}
 
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:

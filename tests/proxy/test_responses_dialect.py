@@ -139,14 +139,17 @@ async def test_stored_responses_belong_to_their_api_key(base_url):
     r = await mine.responses.create(model="tiny", input="secret")
     with pytest.raises(openai.NotFoundError):
         await other.responses.retrieve(r.id)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError) as e:  # OpenAI's 400 for a chain it cannot continue
         await other.responses.create(model="tiny", input="x", previous_response_id=r.id)
+    assert (e.value.code, e.value.param) == ("previous_response_not_found", "previous_response_id")
+    assert e.value.body["message"] == f"Previous response with id '{r.id}' not found."
     with pytest.raises(openai.NotFoundError):
         await other.responses.delete(r.id)
     await mine.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError) as e:
         await mine.responses.retrieve(r.id)
     assert e.value.body["code"] is None and "not found" in e.value.body["message"]
+    assert e.value.body["type"] == "invalid_request_error"  # OpenAI's type for a 404, not Anthropic's
 
 
 async def test_store_false_keeps_nothing(base_url):

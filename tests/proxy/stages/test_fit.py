@@ -2,6 +2,7 @@
 boundary (one token under and over, with and without a system prompt) in every dialect's own terms."""
 from __future__ import annotations
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -122,10 +123,24 @@ async def test_responses_and_anthropic_word_the_overflow_their_way(velo):
     resp = await c.post("/v1/responses", json={"model": "tiny", "input": words(60)})
     err = (await resp.json())["error"]
     assert resp.status == 400 and err["code"] == "context_length_exceeded" and "context window" in err["message"]
+    assert err["param"] == "input"
     resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 5,
                                               "messages": [{"role": "user", "content": words(60)}]})
     assert resp.status == 400 and (await resp.json())["error"] == {
         "type": "invalid_request_error", "message": "prompt is too long: 61 tokens > 50 maximum"}
+
+
+async def test_a_streamed_responses_turn_fails_in_its_stream_where_codex_reads_an_overflow(velo):
+    """Codex compacts on `response.failed` with code context_length_exceeded; a 400 ends its turn instead."""
+    c, backend = await velo()
+    resp = await c.post("/v1/responses", json={"model": "tiny", "input": words(60), "stream": True})
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    events = [orjson.loads(block.split("data: ", 1)[1]) for block in (await resp.text()).split("\n\n") if block]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"] == {
+        "code": "context_length_exceeded",
+        "message": "Your input exceeds the context window of this model. Please adjust your input and try again."}
+    assert backend.requests == []
 
 
 async def test_responses_truncation_auto_drops_the_oldest_turns_instead(velo):
