@@ -181,8 +181,8 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
                 thinking = ""
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = get(item, "call_id", str, required=True)
-            out.append(Message("tool", _output_text(item.get("output"), where), tool_call_id=call_id,
-                               tool_name=names.get(call_id, "")))
+            text, images = _output(item.get("output"), where)
+            out.append(Message("tool", text, images=images, tool_call_id=call_id, tool_name=names.get(call_id, "")))
         elif kind == "reasoning":
             thinking += _reasoning_text(item)
         elif kind == "compaction":
@@ -197,14 +197,13 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
 
 # Compaction (Codex's remote compaction, v1 `POST /v1/responses/compact` and v2 a trailing `compaction_trigger`): the
 # answer is one `compaction` item that Codex keeps in place of the history and sends back. Its `encrypted_content`
-# is Velo's own JSON, not encrypted (Ollama does the same): the summary, read back as a user turn.
+# is sealed (`_sealed`): the summary, read back as a user turn.
 TRIGGER = "compaction_trigger"
 _SUMMARY_TOKENS = 1024  # ~750 words: a handoff summary, a small part of any context it is meant to free
 SUMMARIZE = ("Compact the conversation above so that it can go on in a fresh context. Write a summary for whoever "
              "continues it: the goal, what was decided and done (files changed, commands run and what they gave), "
              "what failed, what is still open, and the next step. Keep names, paths and numbers exact. Write only "
              "the summary.")
-_PAYLOAD = "velo_compaction"
 COMPACTED = "The conversation so far was compacted to fit the context. Its summary:\n\n"
 
 
@@ -212,8 +211,8 @@ def compaction_item(summary: str, item_id: str | None = None) -> dict[str, Any]:
     """The item for the model's summary; a model that wrote none failed the compaction (a 502: not the client's)."""
     if not summary.strip():
         raise BackendError("the model wrote no summary of the conversation")
-    payload = {"type": _PAYLOAD, "version": 1, "summary": summary.strip()}
-    return {"id": item_id or new_id("cmp"), "type": "compaction", "encrypted_content": orjson.dumps(payload).decode()}
+    return {"id": item_id or new_id("cmp"), "type": "compaction",
+            "encrypted_content": _sealed("compaction", summary=summary.strip())}
 
 
 def user_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,11 +221,8 @@ def user_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _compacted(item: dict[str, Any], where: str) -> str:
-    try:
-        payload = orjson.loads(get(item, "encrypted_content", str, required=True))
-    except orjson.JSONDecodeError:
-        payload = None
-    if not isinstance(payload, dict) or payload.get("type") != _PAYLOAD or not isinstance(payload.get("summary"), str):
+    payload = _unsealed(get(item, "encrypted_content", str, required=True), "compaction")
+    if payload is None or not isinstance(payload.get("summary"), str):
         raise BadRequest(f"{where}: a compaction item that Velo did not make (its encrypted_content is another "
                          "server's); compact the conversation again through Velo", param="input")
     return COMPACTED + payload["summary"]
@@ -278,20 +274,39 @@ def _call(item: dict[str, Any], where: str) -> ToolCall:
     return ToolCall(name, parsed, call_id)
 
 
-def _output_text(output: Any, where: str) -> str:
+def _output(output: Any, where: str) -> tuple[str, list[str]]:
+    """A tool's output: its text and its images (Codex's view_image answers with an `input_image` part)."""
     if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "".join(p.get("text", "") for p in output if isinstance(p, dict) and p.get("type") in
-                       ("input_text", "output_text", "text"))
-    raise BadRequest(f"{where}.output: must be a string or an array of parts", param="input")
+        return output, []
+    if not isinstance(output, list):
+        raise BadRequest(f"{where}.output: must be a string or an array of parts", param="input")
+    parts = [(i, p) for i, p in enumerate(output) if isinstance(p, dict)]
+    text = "".join(p.get("text", "") for _, p in parts if p.get("type") in ("input_text", "output_text", "text"))
+    return text, [_image(p, f"{where}.output.{i}") for i, p in parts if p.get("type") == "input_image"]
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:
-    """Velo's own reasoning items carry the text in `encrypted_content`; OpenAI's real ones are opaque there."""
+    """The item's text; with none shown, what Velo sealed in `encrypted_content` (OpenAI's own is opaque there: an
+    item from it with an empty summary gives the model no thinking, never the blob)."""
     parts = item.get("content") or item.get("summary") or []
     text = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
-    return text or item.get("encrypted_content") or ""
+    payload = None if text else _unsealed(item.get("encrypted_content"), "reasoning")
+    return text or str((payload or {}).get("text", ""))
+
+
+def _sealed(kind: str, **fields: str) -> str:
+    """Velo's `encrypted_content`: its own JSON, not encrypted (Ollama does the same), tagged so that another
+    server's opaque content is never read as text."""
+    return orjson.dumps({"type": f"velo_{kind}", "version": 1, **fields}).decode()
+
+
+def _unsealed(content: Any, kind: str) -> dict[str, Any] | None:
+    """What `_sealed` put in a `kind` item's content, or None for content Velo did not make."""
+    try:
+        payload = orjson.loads(content) if isinstance(content, str) else None
+    except orjson.JSONDecodeError:
+        return None
+    return payload if isinstance(payload, dict) and payload.get("type") == f"velo_{kind}" else None
 
 
 def _tools(raw: list[Any]) -> tuple[list[Tool], dict[str, ToolName], list[str]]:
@@ -387,7 +402,8 @@ def error_body(err: VeloError) -> dict[str, Any]:
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}],
-            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": text, "status": "completed"}
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": _sealed("reasoning", text=text),
+            "status": "completed"}
 
 
 def message_item(item_id: str, text: str, status: str = "completed",

@@ -10,9 +10,11 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.errors import BadRequest
 from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.config import Config
+from proxy.dialects.responses import items_to_messages
 from proxy.responses_store import ResponsesConfig
 from tests.scripted import Script, ScriptedBackend
 
@@ -68,7 +70,7 @@ async def test_stream_events_are_numbered_and_complete(client, scripted: Scripte
     assert final["output"] == done and final["status"] == "completed" and final["usage"]["total_tokens"] == 8
     assert [i["type"] for i in done] == ["reasoning", "message", "function_call"]
     assert done[0]["summary"] == [{"type": "summary_text", "text": "Think."}]
-    assert done[0]["encrypted_content"] == "Think."
+    assert orjson.loads(done[0]["encrypted_content"]) == {"type": "velo_reasoning", "version": 1, "text": "Think."}
     assert done[1]["content"][0]["text"] == "Hello world"
     assert (done[2]["call_id"], done[2]["name"], orjson.loads(done[2]["arguments"])) == ("call_1", "exec_command",
                                                                                         {"cmd": "ls"})
@@ -82,6 +84,9 @@ async def test_sdk_stream_helper_gives_the_final_response(base_url):
     assert "".join(deltas) == final.output_text == "Hello world"
 
 
+SEALED = orjson.dumps({"type": "velo_reasoning", "version": 1, "text": "I will run ls."}).decode()
+
+
 async def test_a_codex_turn_converts_to_the_internal_conversation(client, scripted: ScriptedBackend):
     """store false, the system prompt as a developer item, reasoning echoed back, a call and its output,
     namespace and custom tools, a hosted tool that cannot run here."""
@@ -91,7 +96,7 @@ async def test_a_codex_turn_converts_to_the_internal_conversation(client, script
             "input": [
                 {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
-                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "I will run ls."},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": SEALED},
                 {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": '{"cmd":"ls"}'},
                 {"type": "function_call_output", "call_id": "call_1", "output": "a.py\nb.py"},
                 {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin"},
@@ -109,6 +114,28 @@ async def test_a_codex_turn_converts_to_the_internal_conversation(client, script
     assert [t.name for t in req.tools] == ["exec_command", "files.read", "apply_patch"]
     assert req.tools[2].parameters["properties"] == {"input": {"type": "string"}}
     assert "start: /.+/" in req.tools[2].description and req.think == "medium" and req.tool_choice is None
+
+
+def test_reasoning_another_server_sealed_is_not_read_as_thinking():
+    """OpenAI's own `encrypted_content` is opaque: an item of its with an empty summary gives no thinking (before,
+    the blob became the model's thinking)."""
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
+    for content, thinking in (("gAAAAABopaqueBlob==", ""), ('{"type": "other"}', ""), (SEALED, "I will run ls.")):
+        messages = items_to_messages([{"type": "reasoning", "summary": [], "encrypted_content": content}, answer])
+        assert [(m.role, m.content, m.thinking) for m in messages] == [("assistant", "ok", thinking)]
+
+
+def test_a_tool_output_keeps_its_images():
+    """Codex's view_image answers with an `input_image` part; before, only the text parts reached the model."""
+    messages = items_to_messages([
+        {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "here:"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}])
+    assert [(m.role, m.content, m.images) for m in messages[1:]] == [("tool", "here:", ["iVBORw0KGgo="])]
+    with pytest.raises(BadRequest, match=r"input.0.output.0.image_url: only base64 data URLs"):
+        items_to_messages([{"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_image", "image_url": "https://example.com/a.png"}]}])
 
 
 async def test_namespace_and_custom_calls_are_answered_in_their_own_shape(base_url, scripted: ScriptedBackend):
