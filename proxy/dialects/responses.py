@@ -33,6 +33,7 @@ _UNHELD = {"conversation": "Velo keeps no conversations; send the history in `in
                             "`previous_response_id`",
            "prompt": "Velo keeps no stored prompts; send the prompt's text as `instructions`"}
 _LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
+_ECHOED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "max_tool_calls")  # as sent, or null
 
 
 def new_id(prefix: str) -> str:
@@ -114,12 +115,14 @@ def parse_request(body: Any) -> Parsed:
             "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
             "parallel_tool_calls": get(body, "parallel_tool_calls", bool, True),
-            "text": {"format": text.get("format") or {"type": "text"}},
+            "text": {"format": text.get("format") or {"type": "text"},
+                     "verbosity": get(text, "verbosity", str, "medium")},
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "truncation": get(body, "truncation", str, "disabled"), "metadata": body.get("metadata") or {},
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
-            "store": get(body, "store", bool, True), "top_logprobs": sampling.top_logprobs or 0,
-            "background": get(body, "background", bool, False)}
+            "store": get(body, "store", bool, True), "top_logprobs": parse_top_logprobs(body),
+            "background": get(body, "background", bool, False), "service_tier": "default",  # the one tier here
+            **{key: body.get(key) for key in _ECHOED}}
     if echo["truncation"] not in ("auto", "disabled"):
         raise BadRequest("truncation: must be 'auto' or 'disabled'", param="truncation")
     for unheld in ("conversation", "prompt"):  # answering without them would answer another question

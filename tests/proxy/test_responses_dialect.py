@@ -161,6 +161,19 @@ async def test_previous_response_id_continues_the_conversation(base_url, scripte
     assert [i.content[0].text for i in items.data] == ["My name is Ada."]
 
 
+async def test_the_response_echoes_what_codex_and_the_sdk_send(base_url):
+    """Fields the SDK's Response models and Codex sends (prompt_cache_key, text.verbosity) come back as sent; before,
+    they were null and `text` lost its verbosity."""
+    r = await _client(base_url).responses.create(
+        model="tiny", input="hi", prompt_cache_key="k1", safety_identifier="u1", max_tool_calls=3,
+        prompt_cache_retention="24h", service_tier="flex", text={"verbosity": "low"})
+    assert (r.prompt_cache_key, r.safety_identifier, r.max_tool_calls, r.prompt_cache_retention) == (
+        "k1", "u1", 3, "24h")
+    assert r.text.verbosity == "low" and r.text.format.type == "text" and r.service_tier == "default"
+    plain = await _client(base_url).responses.create(model="tiny", input="hi")
+    assert (plain.prompt_cache_key, plain.max_tool_calls, plain.text.verbosity) == (None, None, "medium")
+
+
 async def test_stored_responses_belong_to_their_api_key(base_url):
     mine, other = _client(base_url, "key-a"), _client(base_url, "key-b")
     r = await mine.responses.create(model="tiny", input="secret")
@@ -216,6 +229,7 @@ async def test_logprobs_come_with_the_text_when_included(base_url, scripted: Scr
     assert deltas == [["Hel"], ["lo"], [" world"]] and len(final.output[0].content[0].logprobs) == 3
     plain = await sdk.responses.create(model="tiny", input="hi", top_logprobs=3)
     assert plain.output[0].content[0].logprobs == [] and not scripted.requests[-1].options.logprobs
+    assert plain.top_logprobs == 3  # echoed as sent, as OpenAI does
     with pytest.raises(openai.BadRequestError) as e:
         await sdk.responses.create(model="tiny", input="hi", include=include, top_logprobs=21)
     assert e.value.body["param"] == "top_logprobs"
