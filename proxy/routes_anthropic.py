@@ -50,11 +50,13 @@ async def count_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer (engine, llama-server), else an estimate (token_count.py);
     `X-Velo-Token-Count` says which. With context editing, the count after it, and `original_input_tokens`."""
     parsed = anthropic.parse_messages(await read_json(request), count_only=True)
-    target = await request[ROUTER].resolve(parsed.request.model)
-    tokens, exact = await prompt_tokens(target, parsed.request)
+    router = request[ROUTER]
+    target = await router.resolve(parsed.request.model)
+    info = await router.model_info(target)
+    tokens, exact = await prompt_tokens(target, info, parsed.request)
     out: dict[str, Any] = {"input_tokens": tokens}
     if parsed.edits is not None:
-        edited = await context_edits.apply(parsed.request, parsed.edits, counter(target), tokens)
+        edited = await context_edits.apply(parsed.request, parsed.edits, counter(target, info), tokens)
         out = {"input_tokens": tokens - sum(a.tokens for a in edited.applied),
                "context_management": {"original_input_tokens": tokens}}
     return json_response(out, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})

@@ -129,8 +129,9 @@ async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
     parsed = responses.parse_request(await read_json(request))
     req = parsed.chat(await _history(request, parsed))
-    target = await request[ROUTER].resolve(req.model)
-    tokens, exact = await prompt_tokens(target, req)
+    router = request[ROUTER]
+    target = await router.resolve(req.model)
+    tokens, exact = await prompt_tokens(target, await router.model_info(target), req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},
                          headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
 

@@ -10,9 +10,10 @@ from typing import Awaitable, Callable
 
 import orjson
 
-from adapters.protocol import ChatRequest, CompletionRequest
+from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo
 
 from .router import Target
+from .tools.offer import as_offered
 
 CHARS_PER_TOKEN = 4
 # A prompt whose characters / 2 stay under a limit surely is: local tokenizers give 3.5-4.5 characters per token on
@@ -38,17 +39,21 @@ def estimate(req: ChatRequest | CompletionRequest) -> int:
     return math.ceil(characters(req) / CHARS_PER_TOKEN)
 
 
-async def count(target: Target, req: ChatRequest | CompletionRequest) -> int:
+async def count(target: Target, info: ModelInfo | None, req: ChatRequest | CompletionRequest) -> int:
     """`prompt_tokens` as a plain count (the fit stage's window, context editing's trigger)."""
-    return (await prompt_tokens(target, req))[0]
+    return (await prompt_tokens(target, info, req))[0]
 
 
-def counter(target: Target) -> Callable[[ChatRequest], Awaitable[int]]:
+def counter(target: Target, info: ModelInfo | None) -> Callable[[ChatRequest], Awaitable[int]]:
     """`count` for one target, as context editing takes it (proxy/context_edits.py)."""
-    return functools.partial(count, target)
+    return functools.partial(count, target, info)
 
 
-async def prompt_tokens(target: Target, req: ChatRequest | CompletionRequest) -> tuple[int, bool]:
-    """(tokens, exact): exact when the backend counted them itself. `req` is named as the client named it."""
+async def prompt_tokens(target: Target, info: ModelInfo | None,
+                        req: ChatRequest | CompletionRequest) -> tuple[int, bool]:
+    """(tokens, exact): exact when the backend counted them itself. `req` is named as the client named it, and
+    counted with its tools as the model will read them (`info` says whether its template renders them)."""
+    if isinstance(req, ChatRequest):
+        req = as_offered(req, info, target.backend.forces_tool_choice)[0]
     counted = await target.backend.count_tokens(replace(req, model=target.model))
     return (counted, True) if counted is not None else (estimate(req), False)

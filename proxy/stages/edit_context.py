@@ -25,7 +25,8 @@ class EditContext(Stage):
 
     async def _edited(self, job: Job, req: ChatRequest, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        edited = await context_edits.apply(req, job.context_edits, counter(job.target))
+        info = await self.services.router.model_info(job.target)
+        edited = await context_edits.apply(req, job.context_edits, counter(job.target, info))
         job.outcome.context_edits = edited.applied
         async with contextlib.aclosing(next(replace(job, request=edited.request) if edited.applied else job)) as rest:
             async for chunk in rest:

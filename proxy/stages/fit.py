@@ -91,15 +91,15 @@ class Fit(Stage):
         limit = min(filter(None, (info.context_length, req.options.num_ctx)), default=None)
         if limit is None or job.target.backend.fits_context or surely_under(req, limit):
             return req
-        tokens = await count(job.target, req)
+        tokens = await count(job.target, info, req)
         if tokens < limit:
             return req
         if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
             raise ContextOverflow(tokens, limit)
-        return await _trimmed(job, req, tokens, limit)
+        return await _trimmed(job, info, req, tokens, limit)
 
 
-async def _trimmed(job: Job, req: Request, tokens: int, limit: int) -> Request:
+async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: int) -> Request:
     """Drops what Ollama drops until the prompt leaves room for an answer; a 400 when even the least it keeps
     (system prompts and the last turn) does not fit."""
     assert job.target is not None
@@ -110,7 +110,7 @@ async def _trimmed(job: Job, req: Request, tokens: int, limit: int) -> Request:
         if shorter is None:
             raise ContextOverflow(tokens, limit)
         req, dropped = shorter, dropped + n
-        tokens = await count(job.target, req)
+        tokens = await count(job.target, info, req)
     what = f"{dropped} messages" if isinstance(req, ChatRequest) else f"{dropped} characters"
     job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
     log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)

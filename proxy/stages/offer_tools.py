@@ -17,9 +17,9 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from adapters.protocol import ChatRequest, Chunk
-from adapters.tool_prompt import call_schema
 
 from ..job import Job
+from ..tools.offer import as_offered
 from ..tools.stream import offered_tools
 from .base import Next, Stage
 
@@ -29,21 +29,16 @@ class OfferTools(Stage):
         """No tools: the rest of the pipeline's stream as is (see stages/base.py)."""
         req = job.request
         tools = offered_tools(req) if isinstance(req, ChatRequest) else []
-        return self._offering(job, req, tools, next) if tools else next(job)  # type: ignore[arg-type]
+        return self._offering(job, req, next) if tools else next(job)  # type: ignore[arg-type]
 
-    async def _offering(self, job: Job, req: ChatRequest, tools: list, next: Next) -> AsyncIterator[Chunk]:
-        job = await self._offered(job, req, tools)
+    async def _offering(self, job: Job, req: ChatRequest, next: Next) -> AsyncIterator[Chunk]:
+        job = await self._offered(job, req)
         async with contextlib.aclosing(next(job)) as rest:
             async for chunk in rest:
                 yield chunk
 
-    async def _offered(self, job: Job, req: ChatRequest, tools: list) -> Job:
+    async def _offered(self, job: Job, req: ChatRequest) -> Job:
         assert job.target is not None
         info = await self.services.router.model_info(job.target)
-        native = info is None or "tools" in info.capabilities  # a model nobody describes takes them as it can
-        forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
-        if forced and not job.target.backend.forces_tool_choice:
-            job.outcome.tools = "grammar"
-            return replace(job, request=replace(req, tools=tools, tools_in_prompt=True, format=call_schema(tools)))
-        job.outcome.tools = "grammar" if forced else "native" if native else "prompt"
-        return job if native else replace(job, request=replace(req, tools_in_prompt=True))
+        offered, job.outcome.tools = as_offered(req, info, job.target.backend.forces_tool_choice)
+        return job if offered is req else replace(job, request=offered)

@@ -137,6 +137,23 @@ async def test_token_counts_come_from_the_backends_tokenizer(velo, backend):
 
 
 @pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_token_counts_include_the_tools_written_into_the_prompt(velo, backend):
+    """SmolLM2's template ignores tools, so on the engine Velo writes them into the prompt (llama-server renders
+    them itself): the count is of the prompt the request that follows reads (before, count_tokens and the fit stage
+    counted the engine's chat without its tools)."""
+    _, oai, ant = sdks(velo)
+    user = [{"role": "user", "content": "Hello there, how are you today?"}]
+    tool = {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
+    bare = (await ant.messages.count_tokens(model=MODELS[backend], messages=user)).input_tokens
+    counted = (await ant.messages.count_tokens(model=MODELS[backend], messages=user, tools=[tool])).input_tokens
+    answer = await oai.chat.completions.with_raw_response.create(
+        model=MODELS[backend], messages=user, max_tokens=1, tools=[{"type": "function", "function": WEATHER}],
+        extra_headers=NO_CACHE)
+    assert answer.headers["X-Velo-Tools"] == {"engine": "prompt", "llama": "native"}[backend]
+    assert counted == answer.parse().usage.prompt_tokens and counted > bare + 20
+
+
+@pytest.mark.parametrize("backend", ["engine", "llama"])
 async def test_a_chat_ending_in_an_assistant_turn_is_continued(velo, backend):
     """Prefill: the model goes on from the assistant's text, and only what it adds comes back (Anthropic's API, as
     Ollama and llama-server do it); before, the engine closed that turn and began a new one ("Hello, welcome")."""
