@@ -12,17 +12,22 @@ from adapters.errors import NotFound, VeloError
 from .auth import Handler
 from .dialects import anthropic, dialect_of, ollama, openai
 from .http_io import STREAM, json_response
-from .inflight import ending_reason, uncancel
+from .inflight import ending_reason, request_id, uncancel
 
 log = logging.getLogger("velo")
 
 
-def error_response(err: VeloError, dialect: str, headers: dict[str, str] | None = None) -> web.Response:
+def error_response(err: VeloError, dialect: str, headers: dict[str, str] | None = None,
+                   request_id: str | None = None) -> web.Response:
+    """`request_id`: named by an Anthropic error, in its body and its `request-id` header, as Anthropic's are."""
     headers = {**(headers or {}), **getattr(err, "headers", {})}  # a per-key limit's state (proxy/limits.py)
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after)))
     if dialect == "anthropic":
-        return json_response(anthropic.error_object(err), status=anthropic.error_status(err), headers=headers)
+        if request_id is not None:
+            headers["request-id"] = request_id
+        return json_response(anthropic.error_object(err, request_id), status=anthropic.error_status(err),
+                             headers=headers)
     body = ollama.error_object(err.message) if dialect == "ollama" else openai.error_object(err, dialect)
     return json_response(body, status=err.status, headers=headers)
 
@@ -48,16 +53,17 @@ async def errors_in_dialect(request: web.Request, handler: Handler) -> web.Strea
 
 def _answer(request: web.Request, e: Exception) -> web.StreamResponse:
     dialect = dialect_of(request.path, request.headers)
+    rid = request_id(request) if dialect == "anthropic" else None
     if isinstance(e, VeloError):
-        return error_response(e, dialect)
+        return error_response(e, dialect, request_id=rid)
     if isinstance(e, web.HTTPNotFound):
-        return error_response(NotFound(f"no route for {request.method} {request.path}"), dialect)
+        return error_response(NotFound(f"no route for {request.method} {request.path}"), dialect, request_id=rid)
     if isinstance(e, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(e.allowed_methods))
         err = VeloError(f"{request.method} is not allowed on {request.path}; use {allowed}")
         err.status, err.kind = 405, "invalid_request_error"
-        return error_response(err, dialect, {"Allow": allowed})
+        return error_response(err, dialect, {"Allow": allowed}, rid)
     if isinstance(e, web.HTTPException):
         raise e
     log.exception("unexpected error on %s %s", request.method, request.path)
-    return error_response(VeloError("internal error in Velo; see its log"), dialect)
+    return error_response(VeloError("internal error in Velo; see its log"), dialect, request_id=rid)

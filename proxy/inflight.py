@@ -65,6 +65,17 @@ class Running:
                 "ending": self.reason is not None}
 
 
+def new_request_id() -> str:
+    """`req_` and 16 hex digits: Anthropic's form of its `request-id`, which the Anthropic dialect sends as it."""
+    return "req_" + os.urandom(8).hex()
+
+
+def request_id(request: web.Request) -> str:
+    """The request's id in the list of those in flight; a fresh one for a request refused before it got there."""
+    entry = request.get(RUNNING)
+    return entry.id if entry is not None else new_request_id()
+
+
 def ending_reason(request: web.Request) -> VeloError | None:
     """Why Velo cancelled this request's handler (an admin, a shutdown), or None for any other cancel (the client
     left)."""
@@ -104,7 +115,7 @@ class InFlight:
         task = asyncio.current_task()
         assert task is not None
         caller = request[CALLER]
-        entry = Running("req_" + os.urandom(8).hex(), request.method, request.path, caller.client, task)
+        entry = Running(new_request_id(), request.method, request.path, caller.client, task)
         request[RUNNING], request[CALLER] = entry, replace(caller, request_id=entry.id)
         self.running[entry.id] = entry
         try:

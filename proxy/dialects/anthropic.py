@@ -28,7 +28,8 @@ from .openai import EFFORTS
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",
+                529: "overloaded_error"}
 
 
 def new_id(prefix: str) -> str:
@@ -482,12 +483,13 @@ def error_status(err: VeloError) -> int:
     return 400 if err.status == 501 else err.status
 
 
-def error_object(err: VeloError) -> dict[str, Any]:
+def error_object(err: VeloError, request_id: str | None = None) -> dict[str, Any]:
     status = error_status(err)
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     message = f"prompt is too long: {err.tokens} tokens > {err.limit} maximum" \
         if isinstance(err, ContextOverflow) else err.message  # Anthropic's wording, which Claude Code acts on
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    obj: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    return obj if request_id is None else {**obj, "request_id": request_id}
 
 
 def error_event(err: VeloError) -> bytes:

@@ -2,12 +2,14 @@
 helpers, tools, count_tokens) plus raw-wire checks of the events and error shapes Claude Code relies on."""
 from __future__ import annotations
 
+import re
+
 import anthropic
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from adapters.errors import BackendUnavailable
+from adapters.errors import BackendTimeout, BackendUnavailable
 from adapters.protocol import ModelInfo, ToolCall
 from proxy.app import make_app
 from proxy.config import Config, ServerConfig
@@ -232,7 +234,34 @@ async def test_unavailable_backend_is_529_overloaded():
         resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER})
         data = await resp.json()
     assert resp.status == 529 and data == {"type": "error", "error": {
-        "type": "overloaded_error", "message": "backend 's' is not reachable"}}
+        "type": "overloaded_error", "message": "backend 's' is not reachable"}, "request_id": resp.headers["request-id"]}
+
+
+class _Hung(ScriptedBackend):
+    def chat(self, req):
+        raise BackendTimeout("backend 's' sent no first data within 1s")
+
+
+async def test_errors_name_their_request_as_anthropics_do():
+    """Anthropic's `request_id` in the body and its `request-id` header (the SDK's `e.request_id`); Velo's id in
+    Anthropic's form, the same as X-Velo-Request-Id. A hung backend's 504 is `timeout_error` (was api_error)."""
+    async with TestClient(TestServer(make_app(Config(), {"s": _Hung("s")}))) as c:
+        resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER})
+        data = await resp.json()
+        assert resp.status == 504 and data["error"]["type"] == "timeout_error"
+        assert data["request_id"] == resp.headers["request-id"] == resp.headers["X-Velo-Request-Id"]
+        assert re.fullmatch(r"req_[0-9a-f]{16}", data["request_id"])
+        base = str(c.make_url("")).rstrip("/")
+        with pytest.raises(anthropic.BadRequestError) as e:
+            await _client(base).messages.create(model="tiny", max_tokens=8, messages=[])
+        assert e.value.request_id == e.value.body["request_id"] and e.value.request_id.startswith("req_")
+        refused = await c.post("/v1/messages", data=b"{", headers={"anthropic-version": "2023-06-01"})
+        assert (await refused.json())["request_id"] == refused.headers["request-id"]
+
+
+async def test_an_answer_names_its_request_not_its_message(base_url):
+    raw = await _client(base_url).messages.with_raw_response.create(model="tiny", max_tokens=8, messages=USER)
+    assert raw.request_id == raw.headers["X-Velo-Request-Id"] and raw.request_id != (await raw.parse()).id
 
 
 async def test_failure_mid_stream_is_an_error_event():
@@ -293,7 +322,8 @@ async def test_models_in_anthropics_shape_page_by_page():
         with pytest.raises(anthropic.NotFoundError) as missing:
             await sdk.models.retrieve("nope")
         assert missing.value.body == {"type": "error", "error": {"type": "not_found_error",
-                                                                 "message": "The model 'nope' does not exist"}}
+                                                                 "message": "The model 'nope' does not exist"},
+                                      "request_id": missing.value.request_id}
         for query, param in (({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"), ({"after_id": "zz"}, "after_id"),
                              ({"after_id": "m1:latest", "before_id": "m5:latest"}, "before_id")):
             resp = await c.get("/v1/models", params=query, headers={"anthropic-version": "2023-06-01"})
