@@ -233,8 +233,8 @@ async def test_unavailable_backend_is_529_overloaded():
     async with TestClient(TestServer(make_app(Config(), {"s": _Down("s")}))) as c:
         resp = await c.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER})
         data = await resp.json()
-    assert resp.status == 529 and data == {"type": "error", "error": {
-        "type": "overloaded_error", "message": "backend 's' is not reachable"}, "request_id": resp.headers["request-id"]}
+    assert resp.status == 529 and data == {"type": "error", "request_id": resp.headers["request-id"], "error": {
+        "type": "overloaded_error", "message": "backend 's' is not reachable"}}
 
 
 class _Hung(ScriptedBackend):
