@@ -36,9 +36,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
     if not req.stream:
         whole = aggregate(await collect(stream))
-        return json_response(anthropic.message_object(msg_id, req.model, whole, asked() if asked else None),
-                             headers=headers())
-    writer = anthropic.MessageStream(msg_id, req.model, asked)
+        return json_response(anthropic.message_object(msg_id, req.model, whole, req.options.max_tokens,
+                                                      asked() if asked else None), headers=headers())
+    writer = anthropic.MessageStream(msg_id, req.model, req.options.max_tokens, asked)
 
     async def finish() -> bytes:
         return writer.finish()

@@ -289,12 +289,17 @@ def _format(config: dict[str, Any]) -> Any:
 
 # -- answers -------------------------------------------------------------------------------------------------------
 
-def stop_reason(chunk: Chunk) -> str:
-    """`stop_sequence` where the backend said which stop string ended the answer (the engine, vLLM, SGLang)."""
+def stop_reason(chunk: Chunk, max_tokens: int | None = None) -> str:
+    """`stop_sequence` where the backend said which stop string ended the answer (the engine, vLLM, SGLang);
+    `model_context_window_exceeded` where the answer was cut before the client's `max_tokens`: the context ran out
+    (Claude Code says so, where for `max_tokens` it tells the user to raise its output limit; it asks 32,000 of
+    models whose whole window is often 8-32k)."""
     if chunk.tool_calls:
         return "tool_use"
     if chunk.stop_sequence is not None and chunk.finish_reason == "stop":
         return "stop_sequence"
+    if chunk.finish_reason == "length" and max_tokens and chunk.usage and chunk.usage.completion_tokens < max_tokens:
+        return "model_context_window_exceeded"
     return _STOP_REASONS.get(chunk.finish_reason or "stop", "end_turn")
 
 
@@ -321,7 +326,8 @@ def context_management_object(applied: list[Applied]) -> dict[str, Any]:
         for a in applied]}
 
 
-def message_object(msg_id: str, model: str, whole: Chunk, context: dict[str, Any] | None = None) -> dict[str, Any]:
+def message_object(msg_id: str, model: str, whole: Chunk, max_tokens: int | None,
+                   context: dict[str, Any] | None = None) -> dict[str, Any]:
     """A whole non-streamed answer (with `context_management` where the request asked for context editing)."""
     content: list[dict[str, Any]] = []
     if whole.thinking:
@@ -330,7 +336,8 @@ def message_object(msg_id: str, model: str, whole: Chunk, context: dict[str, Any
         content.append({"type": "text", "text": whole.text})
     content += [_tool_use(c) for c in whole.tool_calls]
     out = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-           "stop_reason": stop_reason(whole), "stop_sequence": _matched(whole), "usage": usage_object(whole.usage)}
+           "stop_reason": stop_reason(whole, max_tokens), "stop_sequence": _matched(whole),
+           "usage": usage_object(whole.usage)}
     return out if context is None else {**out, "context_management": context}
 
 
@@ -345,6 +352,7 @@ class MessageStream:
 
     msg_id: str
     model: str
+    max_tokens: int | None = None  # the client's, which tells a cut by the context window from one by the limit
     context: Callable[[], dict[str, Any]] | None = None  # message_delta's `context_management`, when asked for
     started: bool = False
     done: bool = False
@@ -364,7 +372,7 @@ class MessageStream:
             out += self._block("tool_use", {**block, "input": {}}, fresh=True)
             out.append(self._delta({"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}))
         if chunk.finish_reason is not None:
-            out += self._end(stop_reason(chunk), chunk.usage, _matched(chunk))
+            out += self._end(stop_reason(chunk, self.max_tokens), chunk.usage, _matched(chunk))
         return b"".join(out)
 
     def finish(self) -> bytes:

@@ -242,6 +242,18 @@ class _Hung(ScriptedBackend):
         raise BackendTimeout("backend 's' sent no first data within 1s")
 
 
+async def test_an_answer_cut_by_the_context_window_says_so(base_url, scripted: ScriptedBackend):
+    """Cut before the client's max_tokens: the window ran out (`model_context_window_exceeded`, which Claude Code
+    tells apart); cut at it: `max_tokens`. Before, both were max_tokens."""
+    scripted.script.finish_reason = "length"  # after the script's 3 tokens
+    sdk = _client(base_url)
+    cut = await sdk.messages.create(model="tiny", max_tokens=1000, messages=USER)
+    assert cut.stop_reason == "model_context_window_exceeded" and cut.usage.output_tokens == 3
+    async with sdk.messages.stream(model="tiny", max_tokens=32000, messages=USER) as stream:
+        assert (await stream.get_final_message()).stop_reason == "model_context_window_exceeded"
+    assert (await sdk.messages.create(model="tiny", max_tokens=3, messages=USER)).stop_reason == "max_tokens"
+
+
 async def test_errors_name_their_request_as_anthropics_do():
     """Anthropic's `request_id` in the body and its `request-id` header (the SDK's `e.request_id`); Velo's id in
     Anthropic's form, the same as X-Velo-Request-Id. A hung backend's 504 is `timeout_error` (was api_error)."""
