@@ -30,7 +30,7 @@ from .errors import error_response
 
 LOCAL_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
                       for port in ("", ":*") for scheme in ("http", "https")) + (
-    "app://*", "file://*", "tauri://*", "vscode-webview://*")
+    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
 ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
 ALLOW_HEADERS = ",".join([
     "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",

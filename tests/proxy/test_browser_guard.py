@@ -24,7 +24,7 @@ def preflight(origin: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("origin", ["http://localhost:3000", "http://127.0.0.1", "vscode-webview://abc123",
-                                    "https://app.example.org"])
+                                    "vscode-file://vscode-app", "https://app.example.org"])
 async def test_allowed_origins_pass_preflight_and_streams_carry_the_headers(client, scripted, origin):
     resp = await client.options("/api/chat", headers=preflight(origin))
     assert resp.status == 204 and scripted.requests == []
