@@ -13,6 +13,7 @@ not knobs of the sampler and differ in shape per wire (a flag, a count, `n_probs
 from __future__ import annotations
 
 import functools
+import math
 
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -91,13 +92,20 @@ def read(wire: str, raw: dict[str, Any]) -> SamplingOptions:
         if name is None or name not in raw:
             continue
         value = string_list(raw, name) if knob.kind is list else _biases(raw, name) if knob.kind is dict \
-            else get(raw, name, knob.kind)
+            else _whole(raw, name) if knob.kind is int and wire == "ollama" else get(raw, name, knob.kind)
         if wire in knob.bounds and value is not None:
             lo, hi = knob.bounds[wire]
             if not lo <= value <= hi:
                 raise BadRequest(f"{name} must be between {lo:g} and {hi:g}, got {value}", param=name)
         setattr(opts, knob.field, value)
     return opts
+
+
+def _whole(raw: dict[str, Any], name: str) -> int:
+    """An integer knob as Ollama reads one (api/types.go Options.FromMap): any JSON number, a fraction cut off, so
+    `num_ctx: 2048.0` is 2048 (clients that keep options as floats send it so)."""
+    value = raw[name]
+    return int(value) if isinstance(value, float) and math.isfinite(value) else get(raw, name, int)
 
 
 def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:

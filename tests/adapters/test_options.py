@@ -102,6 +102,16 @@ def test_openai_ranges_are_enforced_and_ollama_passes_them_on(field, value):
     assert getattr(req.options, field) == value
 
 
+def test_ollama_takes_any_number_for_an_integer_knob_and_openai_does_not():
+    """Ollama's Options.FromMap truncates: clients that keep options as floats send `num_ctx: 2048.0` (before, a 400
+    "num_predict must be an integer, got float")."""
+    req = ollama.parse_chat({"model": "m", "messages": MESSAGES,
+                             "options": {"num_predict": 4.0, "num_ctx": 2048.0, "top_k": 2.7, "seed": 7}})
+    assert (req.options.max_tokens, req.options.num_ctx, req.options.top_k, req.options.seed) == (4, 2048, 2, 7)
+    with pytest.raises(BadRequest, match="max_tokens must be an integer"):
+        openai.parse_chat({"model": "m", "messages": MESSAGES, "max_tokens": 4.0})
+
+
 def test_a_wrong_type_names_the_key():
     with pytest.raises(BadRequest, match="top_k"):
         ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": {"top_k": "many"}})
