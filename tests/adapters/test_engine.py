@@ -7,7 +7,7 @@ import time
 import pytest
 
 from adapters.base import BackendConfig
-from adapters.engine import DEFAULT_NAME, EngineBackend
+from adapters.engine import DEFAULT_NAME, EngineBackend, sampling_params
 from adapters.errors import BadRequest, ModelLacks, ModelNotFound
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
@@ -200,6 +200,21 @@ async def test_an_input_longer_than_the_context_is_cut_unless_truncate_is_false(
     assert len(cut.embeddings) == 2 and cut.prompt_tokens <= 512 + len(backend.engine.tokenizer.encode("hello"))
     with pytest.raises(BadRequest, match="the input length exceeds the context length"):
         await backend.embed(EmbedRequest(model=NAME, inputs=["hello", long], truncate=False))
+
+
+@pytest.mark.parametrize("given, read", [
+    ({"temperature": -1.0}, {"temperature": 0.0}),
+    ({"top_p": 1.0001}, {"top_p": 1.0}),
+    ({"top_p": 0.0, "temperature": 0.7}, {"temperature": 0.0, "top_p": 1.0}),
+    ({"min_p": 2.0, "temperature": 0.7}, {"temperature": 0.0, "min_p": 0.0}),
+    ({"min_p": -0.5, "temperature": 0.7}, {"temperature": 0.7, "min_p": 0.0}),
+    ({"top_p": 0.5, "min_p": 0.1, "temperature": 0.7}, {"temperature": 0.7, "top_p": 0.5, "min_p": 0.1}),
+])
+def test_knobs_out_of_range_are_read_as_llama_cpp_reads_them(given, read):
+    """Ollama passes any value to llama.cpp's sampler and its dialect does too; before, the engine answered a 400
+    that dumped its whole SamplingParams."""
+    params = sampling_params(SamplingOptions(**given), 4096)
+    assert {k: getattr(params, k) for k in read} == read
 
 
 def test_unknown_option_is_named():
