@@ -10,7 +10,7 @@ from adapters import keep_alive
 from adapters.base import Backend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported, VeloError
 from adapters.fields import body_object
-from adapters.protocol import Chunk, RunningModel, aggregate
+from adapters.protocol import Chunk, RunningModel, aggregate, epoch
 
 from .auth import CALLER
 from .dialects import ollama
@@ -32,7 +32,8 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def tags(request: web.Request) -> web.Response:
-    models = await request[ROUTER].list_models()
+    """Newest first, as Ollama lists them (server/model_list_cache.go): a model just created comes first."""
+    models = sorted(await request[ROUTER].list_models(), key=lambda m: epoch(m.modified_at), reverse=True)
     return json_response({"models": [ollama.tag_object(m) for m in models]})
 
 

@@ -68,7 +68,7 @@ def _tool_call(raw: Any) -> ToolCall:
 def parse_message(raw: Any) -> Message:
     if not isinstance(raw, dict):
         raise BadRequest("messages must be objects", param="messages")
-    role = get(raw, "role", str, required=True)
+    role = get(raw, "role", str, required=True).lower()  # as Ollama reads it (api/types.go Message.UnmarshalJSON)
     images = get(raw, "images", list, [])
     return Message(role=role, content=get(raw, "content", str, ""), images=[str(i) for i in images],
                    tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
@@ -133,7 +133,7 @@ def parse_generate(body: Any) -> CompletionRequest:
 
 def parse_embed(body: Any) -> EmbedRequest:
     body = body_object(body)
-    inputs = string_list(body, "input")
+    inputs = [] if body.get("input") == "" else string_list(body, "input")  # Ollama embeds no empty string
     return EmbedRequest(model=get_model(body), inputs=inputs, truncate=get(body, "truncate", bool, True),
                         dimensions=get(body, "dimensions", int), options=get(body, "options", dict, {}),
                         keep_alive=parse_keep_alive(body))

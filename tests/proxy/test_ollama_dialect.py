@@ -102,6 +102,24 @@ async def test_generate_context_and_load_only(client, scripted: ScriptedBackend)
     assert body["response"] == "Hello world" and scripted.requests[0].context == [1, 2]
 
 
+async def test_roles_are_read_in_lower_case_and_an_empty_input_embeds_nothing(client, scripted):
+    """As Ollama reads them (api/types.go Message.UnmarshalJSON; routes.go skips an empty input string): before,
+    "SYSTEM" was no system prompt, and "" was embedded."""
+    messages = [{"role": "SYSTEM", "content": "Reply in French"}, {"role": "User", "content": "hi"}]
+    resp = await client.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False})
+    assert resp.status == 200 and [m.role for m in scripted.requests[0].messages] == ["system", "user"]
+    resp = await client.post("/api/embed", json={"model": "tiny", "input": ""})
+    assert resp.status == 200 and (await resp.json())["embeddings"] == [] and scripted.requests[1].inputs == []
+
+
+async def test_tags_lists_the_newest_first(client):
+    """As Ollama does: a model just created comes first (before, presets came after every backend model)."""
+    resp = await client.post("/api/create", json={"model": "pirate", "from": "tiny", "system": "Arr"})
+    assert resp.status == 200
+    names = [m["name"] for m in (await (await client.get("/api/tags")).json())["models"]]
+    assert names[0] == "pirate:latest" and len(names) > 1
+
+
 async def test_legacy_embeddings_and_version_and_root(client):
     resp = await client.post("/api/embeddings", json={"model": "tiny", "prompt": "abcd"})
     assert (await resp.json())["embedding"][0] == 4.0
