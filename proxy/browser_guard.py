@@ -8,9 +8,9 @@ handler (a form post needs no preflight, so answering it would let any site run 
 while bound to loopback, any request whose `Host` is not a local name (DNS rebinding: evil.example resolving
 to 127.0.0.1 makes its requests same-origin).
 
-Allowed origins: http(s) on localhost, 127.0.0.1 and 0.0.0.0 on any port, app://, file://, tauri:// and
-vscode-webview:// (Ollama's list), plus `[server] origins` and `OLLAMA_ORIGINS` (comma-separated), so a setup
-made for Ollama keeps working; `*` allows all. Patterns use `*` as a wildcard.
+Allowed origins: http(s) on localhost, 127.0.0.1 and 0.0.0.0 on any port, app://, file://, tauri://,
+vscode-webview:// and vscode-file:// (Ollama's list), plus `[server] origins` and `OLLAMA_ORIGINS`
+(comma-separated), so a setup made for Ollama keeps working; `*` allows all. Patterns use `*` as a wildcard.
 """
 from __future__ import annotations
 

@@ -45,9 +45,9 @@ class ServerConfig:
                                               "cache scope)")
     origins: list[str] = setting(factory=list, doc="browser origins allowed to call Velo (CORS), besides Ollama's "
                                  "defaults: http(s) on localhost, 127.0.0.1 and 0.0.0.0 at any port, app://, file://, "
-                                 'tauri://, vscode-webview://. `*` is a wildcard ("https://*.example.org"; "*" allows '
-                                 "every origin). OLLAMA_ORIGINS (comma-separated) is honoured too. Other origins get "
-                                 "403, as with Ollama")
+                                 'tauri://, vscode-webview://, vscode-file://. `*` is a wildcard '
+                                 '("https://*.example.org"; "*" allows every origin). OLLAMA_ORIGINS '
+                                 "(comma-separated) is honoured too. Other origins get 403, as with Ollama")
     log_prompts: bool = setting(False, "log prompt and answer text (off: only sizes and timings are logged)")
     default_max_tokens: int = setting(4096, "output limit of a request that sets none (most clients send none): a "
                                       "small model that loops would otherwise run to the end of its context, holding "
