@@ -83,16 +83,16 @@ def names(wire: str) -> set[str]:
     return {n for k in KNOBS if (n := k.name(wire))}
 
 
-def read(wire: str, raw: dict[str, Any]) -> SamplingOptions:
+def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> SamplingOptions:
     """The knobs `raw` (a client's body or options object) sets, type-checked; a value outside the range the
-    wire's API documents is a 400 naming the field."""
+    wire's API documents is a 400 naming the field. `cut_fractions`: an integer knob takes any number (`_whole`)."""
     opts = SamplingOptions()
     for knob in KNOBS:
         name = knob.name(wire)
         if name is None or name not in raw:
             continue
         value = string_list(raw, name) if knob.kind is list else _biases(raw, name) if knob.kind is dict \
-            else _whole(raw, name) if knob.kind is int and wire == "ollama" else get(raw, name, knob.kind)
+            else _whole(raw, name) if knob.kind is int and cut_fractions else get(raw, name, knob.kind)
         if wire in knob.bounds and value is not None:
             lo, hi = knob.bounds[wire]
             if not lo <= value <= hi:
@@ -102,8 +102,9 @@ def read(wire: str, raw: dict[str, Any]) -> SamplingOptions:
 
 
 def _whole(raw: dict[str, Any], name: str) -> int:
-    """An integer knob as Ollama reads one (api/types.go Options.FromMap): any JSON number, a fraction cut off, so
-    `num_ctx: 2048.0` is 2048 (clients that keep options as floats send it so)."""
+    """An integer knob as Ollama's API reads one (api/types.go Options.FromMap): any JSON number, a fraction cut
+    off, so `num_ctx: 2048.0` is 2048 (clients that keep options as floats send it so). Config files stay strict,
+    as a Modelfile's PARAMETER is."""
     value = raw[name]
     return int(value) if isinstance(value, float) and math.isfinite(value) else get(raw, name, int)
 

@@ -22,7 +22,7 @@ _MAX_TOP_LOGPROBS = 20  # server/routes.go
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
     """The `options` object: knobs by the options table, anything else passed on untouched in `extra`."""
     raw = get(body, "options", dict, {})
-    opts = options.read("ollama", raw)
+    opts = options.read("ollama", raw, cut_fractions=True)
     known = options.names("ollama")
     opts.extra = {k: v for k, v in raw.items() if k not in known}
     if opts.max_tokens is not None and opts.max_tokens < 0:  # -1: until done, -2: fill the context
