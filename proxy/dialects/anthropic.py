@@ -109,7 +109,8 @@ def _message(raw: Any, where: str, names: dict[str, str]) -> list[Message]:
     for i, block in enumerate(content):
         results += _block(block, f"{where}.content.{i}", turn, names)
     keep = turn.content or turn.images or turn.tool_calls or turn.thinking or not results
-    return results + ([turn] if keep else [])
+    kept = [turn] if keep else []
+    return kept + results if role == "assistant" else results + kept  # a server tool's result follows its call
 
 
 def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list[Message]:
@@ -119,8 +120,8 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         turn.content += get(block, "text", str, "")
     elif kind == "image":
         turn.images.append(_image(block.get("source"), where))
-    elif kind == "tool_use":
-        call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),
+    elif kind in ("tool_use", "server_tool_use"):  # a server tool's call and result stay in the history, as
+        call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),  # Ollama keeps them
                         get(block, "id", str, required=True))
         names[call.id] = call.name
         turn.tool_calls.append(call)
@@ -131,8 +132,13 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         if block.get("is_error") is True:  # the internal model has no error flag; the model must still see it failed
             result.content = f"Error: {result.content}"
         return [result]
+    elif isinstance(kind, str) and kind.endswith("_tool_result"):  # web_search_tool_result, web_fetch_..., ...
+        call_id = get(block, "tool_use_id", str, required=True)
+        return [Message("tool", _server_result(block.get("content")), tool_call_id=call_id,
+                        tool_name=names.get(call_id, ""))]
     elif kind == "document":
-        turn.content += _document(block, where)
+        apart = "\n\n" if turn.content and not turn.content.endswith("\n") else ""  # from the text before it
+        turn.content += apart + _document(block, where)
     elif kind == "thinking":
         turn.thinking += get(block, "thinking", str, "")
     elif kind != "redacted_thinking":  # encrypted by Anthropic: nothing a local model can read
@@ -141,7 +147,9 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
 
 
 def _tool_result(content: Any, where: str, result: Message) -> None:
-    """A tool result's text and images (Claude Code's Read of a picture), as Ollama's Anthropic API reads them."""
+    """A tool result's text and images (Claude Code's Read of a picture), as Ollama's Anthropic API reads them; a
+    plain-text document, a search result (its title, source and text) and a tool reference (tool search's answer:
+    the tool's name) as text."""
     if not isinstance(content, list):
         result.content = _text_of(content, where)
         return
@@ -152,9 +160,31 @@ def _tool_result(content: Any, where: str, result: Message) -> None:
             result.images.append(_image(block.get("source"), f"{where}.{i}"))
         elif kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "document":
+            texts.append(_document(block, f"{where}.{i}").strip())
+        elif kind == "search_result":
+            texts.append("\n".join([get(block, "title", str, ""), get(block, "source", str, ""),
+                                    _text_of(block.get("content") or [], f"{where}.{i}.content")]).strip())
+        elif kind == "tool_reference":
+            texts.append(f"Tool: {get(block, 'tool_name', str, required=True)}")
         else:
-            raise BadRequest(f"{where}.{i}: only text and image blocks are supported here", param=where)
+            raise BadRequest(f"{where}.{i}: content blocks of type {kind!r} are not supported in a tool result",
+                             param=where)
     result.content = "\n".join(texts)
+
+
+def _server_result(content: Any) -> str:
+    """A server tool's result as text, as Ollama writes a web search's (anthropic/anthropic.go): a result per line,
+    an error by its code, anything else as its JSON."""
+    if isinstance(content, str):
+        return content
+    items = content if isinstance(content, list) else [content]
+    for item in items:
+        if isinstance(item, dict) and str(item.get("type")).endswith("_error"):
+            return f"{item['type']}: {item['error_code']}" if item.get("error_code") else str(item["type"])
+    if items and all(isinstance(i, dict) and i.get("type") == "web_search_result" for i in items):
+        return "".join(f"- {i.get('title', '')}: {i.get('url', '')}\n" for i in items)
+    return orjson.dumps(content).decode()
 
 
 def _document(block: dict[str, Any], where: str) -> str:

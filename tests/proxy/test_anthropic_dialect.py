@@ -136,10 +136,50 @@ async def test_plain_text_documents_become_text_of_the_turn(client, scripted: Sc
     assert (await client.post("/v1/messages", json=body)).status == 200
     assert scripted.requests[0].messages[0].content == \
         "notes.txt\n\nVelo listens on 8000.\n\nFrom the README\n\nPort 8000.\n\nWhich port?"
+    after = {**body, "messages": [{"role": "user", "content": [{"type": "text", "text": "Read this:"}, doc]}]}
+    assert (await client.post("/v1/messages", json=after)).status == 200  # was "Read this:notes.txt ..."
+    assert scripted.requests[1].messages[0].content == "Read this:\n\nnotes.txt\n\nVelo listens on 8000.\n\n"
     pdf = {**doc, "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
     resp = await client.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": [pdf]}]})
     error = (await resp.json())["error"]
     assert resp.status == 400 and "messages.0.content.0.source" in error["message"]
+
+
+async def test_tool_results_read_documents_search_results_and_tool_references(client, scripted):
+    """Blocks Anthropic takes in a tool result (tool search answers with tool references); before, a 400."""
+    body = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "look", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "document", "title": "a.txt", "source": {"type": "text", "media_type": "text/plain",
+                                                               "data": "alpha"}},
+            {"type": "search_result", "source": "https://x.org/b", "title": "B",
+             "content": [{"type": "text", "text": "beta"}]},
+            {"type": "tool_reference", "tool_name": "get_weather"}]}]}]}
+    assert (await client.post("/v1/messages", json=body)).status == 200
+    result = scripted.requests[0].messages[1]
+    assert (result.role, result.content) == ("tool", "a.txt\n\nalpha\nB\nhttps://x.org/b\nbeta\nTool: get_weather")
+
+
+async def test_a_server_tools_call_and_result_stay_in_the_history(client, scripted):
+    """A history from Anthropic's API (or Ollama's) with a web search it ran: the call, then its result, as Ollama
+    reads them; before, a 400."""
+    search = [{"type": "web_search_result", "title": "Velo", "url": "https://velo.dev", "encrypted_content": "x"}]
+    body = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Find Velo"},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {"query": "velo"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": search},
+            {"type": "text", "text": "Found it."}]},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srv_2", "name": "web_search", "input": {"query": "x"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srv_2",
+             "content": {"type": "web_search_tool_result_error", "error_code": "max_uses_exceeded"}}]},
+        {"role": "user", "content": "Thanks"}]}
+    assert (await client.post("/v1/messages", json=body)).status == 200
+    got = [(m.role, m.content, [c.name for c in m.tool_calls]) for m in scripted.requests[0].messages]
+    assert got == [("user", "Find Velo", []), ("assistant", "Found it.", ["web_search"]),
+                   ("tool", "- Velo: https://velo.dev\n", []), ("assistant", "", ["web_search"]),
+                   ("tool", "web_search_tool_result_error: max_uses_exceeded", []), ("user", "Thanks", [])]
 
 
 @pytest.mark.parametrize("choice, internal", [
