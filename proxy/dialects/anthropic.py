@@ -23,6 +23,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, Tool
 from .. import context_edits
 from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
 from . import tool_choice
+from .anthropic_tools import client_tool
 from .openai import EFFORTS
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -209,9 +210,9 @@ def _image(source: Any, where: str) -> str:
 
 
 def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
-    """Client tools ({name, description, input_schema}); Anthropic's own tool types (web search, code execution,
-    computer use, ...) need Anthropic's servers or its trained models, and `mcp_servers` (beta) its connector: they
-    are left out and named in a header."""
+    """Client tools ({name, description, input_schema}) and Anthropic's own client tools (bash, text editor, memory:
+    anthropic_tools.py); its server tools (web search, code execution, ...) and computer use need Anthropic's
+    servers or its trained models, and `mcp_servers` (beta) its connector: they are left out and named in a header."""
     tools, ignored = [], []
     for i, server in enumerate(get(body, "mcp_servers", list, [])):
         if not isinstance(server, dict):
@@ -221,7 +222,10 @@ def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
         if not isinstance(raw, dict):
             raise BadRequest(f"tools.{i}: must be an object", param="tools")
         if raw.get("type") not in (None, "custom"):
-            ignored.append(str(raw.get("name") or raw.get("type")))
+            if (tool := client_tool(raw)) is not None:
+                tools.append(tool)
+            else:
+                ignored.append(str(raw.get("name") or raw.get("type")))
             continue
         schema = get(raw, "input_schema", dict, required=True)
         tools.append(Tool(get(raw, "name", str, required=True), get(raw, "description", str, ""), schema))

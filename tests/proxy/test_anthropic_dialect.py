@@ -223,6 +223,30 @@ async def test_server_tools_are_left_out_and_named(client, scripted):
     assert resp.status == 400 and (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
+async def test_anthropics_client_tools_are_offered_with_their_documented_schemas(client, scripted):
+    """bash, the text editor and memory run on the client: the model is told their schemas (Claude knows them), so a
+    call to one can be forced; before, they were left out like server tools. Computer use still is."""
+    tools = [{"type": "bash_20250124", "name": "bash"},
+             {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool", "max_characters": 10000},
+             {"type": "text_editor_20250124", "name": "str_replace_editor"},
+             {"type": "memory_20250818", "name": "memory"},
+             {"type": "computer_20250124", "name": "computer", "display_width_px": 1024, "display_height_px": 768}]
+    forced = {"type": "tool", "name": "str_replace_based_edit_tool"}
+    body = {"model": "tiny", "max_tokens": 8, "messages": USER, "tools": tools, "tool_choice": forced}
+    resp = await client.post("/v1/messages", json=body)
+    assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "computer"
+    assert [t.name for t in scripted.requests[0].tools] == ["str_replace_based_edit_tool"]  # the one forced
+    offered = {t.name: t.parameters for t in anthropic_dialect.parse_messages(body).request.tools}
+    assert list(offered) == ["bash", "str_replace_based_edit_tool", "str_replace_editor", "memory"]
+    assert offered["str_replace_based_edit_tool"]["properties"]["command"]["enum"] == [
+        "view", "create", "str_replace", "insert"]  # undo_edit went with Claude 4's tool version
+    assert "undo_edit" in offered["str_replace_editor"]["properties"]["command"]["enum"]
+    assert offered["str_replace_based_edit_tool"]["required"] == ["command", "path"]
+    assert set(offered["memory"]["properties"]["command"]["enum"]) == {
+        "view", "create", "str_replace", "insert", "delete", "rename"}
+    assert set(offered["bash"]["properties"]) == {"command", "restart"}
+
+
 async def test_tool_choice_must_name_a_tool_given(client, scripted):
     """Forcing a call with no tools, or to a tool not given, is a 400; forcing a server tool Velo leaves out is
     "auto", as that tool is gone."""
