@@ -25,6 +25,7 @@ from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
 from . import tool_choice
 from .anthropic_tools import client_tool
 from .openai import EFFORTS
+from .paging import position, query_int
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
@@ -481,38 +482,19 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
 def model_page(infos: list[ModelInfo], query: Mapping[str, str]) -> dict[str, Any]:
     """GET /v1/models: one page of `limit` models, after `after_id` or before `before_id`, in Velo's listing order;
     `has_more` looks the way the page went, as Anthropic's cursor pagination (and its SDK's iterator) reads it."""
-    limit = _query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
+    limit = query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
     after, before = query.get("after_id"), query.get("before_id")
     if after is not None and before is not None:
         raise BadRequest("after_id, before_id: give at most one", param="before_id")
     names = [info.name for info in infos]
     if before is not None:
-        end = _cursor(names, before, "before_id")
+        end = position(names, before, "before_id", "model")
         page, more = infos[max(0, end - limit):end], end > limit
     else:
-        start = 0 if after is None else _cursor(names, after, "after_id") + 1
+        start = 0 if after is None else position(names, after, "after_id", "model") + 1
         page, more = infos[start:start + limit], start + limit < len(infos)
     return {"data": [model_object(info) for info in page], "has_more": more,
             "first_id": page[0].name if page else None, "last_id": page[-1].name if page else None}
-
-
-def _query_int(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
-    raw = query.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise BadRequest(f"{key}: must be an integer from {low} to {high}", param=key)
-    return value
-
-
-def _cursor(names: list[str], name: str, key: str) -> int:
-    if name not in names:
-        raise BadRequest(f"{key}: no model {name!r} in the list", param=key)
-    return names.index(name)
 
 
 # -- errors --------------------------------------------------------------------------------------------------------

@@ -1,0 +1,27 @@
+"""Cursor pagination as OpenAI's and Anthropic's list endpoints read their query strings: a bounded `limit`, and
+the id of the item to start after (or to end before)."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from adapters.errors import BadRequest
+
+
+def query_int(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    raw = query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise BadRequest(f"{key}: must be an integer from {low} to {high}", param=key)
+    return value
+
+
+def position(ids: list[str], cursor: str, key: str, what: str = "item") -> int:
+    """Where the `what` that `cursor` names stands in the list; a 400 naming `key` when it is not there."""
+    if cursor not in ids:
+        raise BadRequest(f"{key}: no {what} {cursor!r} in the list", param=key)
+    return ids.index(cursor)
