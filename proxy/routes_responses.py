@@ -88,7 +88,8 @@ async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[
 async def _keep(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
                 obj: dict[str, Any]) -> None:
     if parsed.store:
-        await request.app[RESPONSES].put(request[CALLER].tenant, StoredResponse(obj, parsed.items, history))
+        stored = StoredResponse(obj, [responses.stored_item(i) for i in parsed.items], history)
+        await request.app[RESPONSES].put(request[CALLER].tenant, stored)
 
 
 async def _stored(request: web.Request) -> StoredResponse:
@@ -120,9 +121,7 @@ async def delete(request: web.Request) -> web.Response:
 
 
 async def input_items(request: web.Request) -> web.Response:
-    items = [{"id": item.get("id") or f"item_{n}", **item} for n, item in enumerate((await _stored(request)).input)]
-    return json_response({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-                          "last_id": items[-1]["id"] if items else None, "has_more": False})
+    return json_response(responses.input_page((await _stored(request)).input, request.query))
 
 
 async def input_tokens(request: web.Request) -> web.Response:

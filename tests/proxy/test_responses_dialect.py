@@ -174,6 +174,26 @@ async def test_the_response_echoes_what_codex_and_the_sdk_send(base_url):
     assert (plain.prompt_cache_key, plain.max_tool_calls, plain.text.verbosity) == (None, None, "medium")
 
 
+async def test_input_items_page_as_openai_lists_them(base_url):
+    """Newest first by default, `limit` and `after`, ids kept between calls, a message's text as a content part;
+    before: oldest first, every item at once, ids `item_0`..., string content as it was sent."""
+    sdk = _client(base_url)
+    r = await sdk.responses.create(model="tiny", input=[
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "There?"}]}])
+    newest = await sdk.responses.input_items.list(r.id, limit=2)
+    assert [i.content[0].text for i in newest.data] == ["There?", "Hi"] and newest.has_more
+    assert all(i.id.startswith("msg_") and i.status == "completed" for i in newest.data)
+    rest = await sdk.responses.input_items.list(r.id, limit=2, after=newest.last_id)
+    assert [i.content[0].text for i in rest.data] == ["Be brief."] and not rest.has_more
+    every = [i async for i in sdk.responses.input_items.list(r.id, order="asc", limit=1)]  # the SDK walks the pages
+    assert [i.id for i in every] == [i.id for i in [*newest.data, *rest.data][::-1]]
+    for query, param in (({"order": "up"}, "order"), ({"limit": "0"}, "limit"), ({"after": "msg_x"}, "after")):
+        with pytest.raises(openai.BadRequestError) as e:
+            await sdk.responses.input_items.list(r.id, **query)
+        assert e.value.param == param
+
+
 async def test_stored_responses_belong_to_their_api_key(base_url):
     mine, other = _client(base_url, "key-a"), _client(base_url, "key-b")
     r = await mine.responses.create(model="tiny", input="secret")
