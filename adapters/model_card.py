@@ -71,8 +71,12 @@ def stop_words(jinja: str) -> list[str]:
 
 def parameters(num_ctx: int | None, stops: list[str]) -> str:
     """Modelfile PARAMETER lines as Ollama's /api/show writes them: `num_ctx 8192`, `stop "<|im_end|>"` per word."""
-    pairs: list[tuple[str, Any]] = [("num_ctx", num_ctx)] if num_ctx else []
-    pairs += [("stop", s) for s in stops]
+    return parameter_lines({"num_ctx": num_ctx, "stop": stops} if num_ctx else {"stop": stops})
+
+
+def parameter_lines(options: dict[str, Any]) -> str:
+    """Options as PARAMETER lines: a line per value of a list (`stop`), none for an empty one."""
+    pairs = [(key, v) for key, value in options.items() for v in (value if isinstance(value, list) else [value])]
     return "\n".join(f"{key:<{_PARAM_COLUMN}} {json.dumps(value, ensure_ascii=False)}" for key, value in pairs)
 
 

@@ -211,6 +211,7 @@ class ModelInfo:
     capabilities: list[str] = field(default_factory=lambda: ["completion"])
     template: str = ""
     parameters: str = ""
+    system: str = ""  # a preset's system prompt (Ollama's SYSTEM)
     model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
     file: str = ""  # the model file, when it is on this machine: the Modelfile's FROM, as Ollama names its blob
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from adapters.protocol import SamplingOptions
+from adapters.model_card import parameter_lines
+from adapters.protocol import ModelInfo, SamplingOptions
 from adapters.schema import setting
 
 from .dialects.ollama import now_iso, parse_options
@@ -49,6 +50,15 @@ class Preset:
     @property
     def options(self) -> SamplingOptions:
         return parse_options({"options": self.parameters})
+
+    def shown(self, base: ModelInfo) -> ModelInfo:
+        """The base model as /api/show describes this preset, as Ollama shows a created model: its system prompt,
+        its template, its parameters over the base's, its time."""
+        kept = [line for line in base.parameters.splitlines() if line.split(" ", 1)[0] not in self.parameters]
+        lines = "\n".join(filter(None, ["\n".join(kept), parameter_lines(self.parameters)]))
+        template = self.template if self.template is not None else base.template
+        return replace(base, system=self.system or "", template=template, parameters=lines,
+                       modified_at=self.modified_at)
 
     def over(self, older: "Preset") -> "Preset":
         """This preset made from `older`: what this one leaves unset comes from it, as Ollama's layers do."""

@@ -44,13 +44,15 @@ async def show(request: web.Request) -> web.Response:
     name = body.get("model") or body.get("name")  # older clients send "name"
     if not isinstance(name, str) or not name:
         raise BadRequest("model is required", param="model")
-    target = await request[ROUTER].resolve(name)
+    router = request[ROUTER]
+    target = await router.resolve(name)
     try:
         info = await target.backend.show(target.model)
     except ModelNotFound as e:
         raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
     info.name = name
-    return json_response(ollama.show_object(info))
+    preset = router.presets.get(name)
+    return json_response(ollama.show_object(preset.shown(info) if preset else info))
 
 
 async def ps(request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
+import aiohttp
 import ollama
 import openai
 import pytest
@@ -39,7 +40,16 @@ async def test_create_lists_and_applies_a_preset(oll, base_url, scripted: Script
     assert statuses == ["writing manifest", "success"]
     listed = {m.model: m for m in (await oll.list()).models}
     assert set(listed) == {"tiny:latest", "mario:latest"} and listed["mario:latest"].details.family == "llama"
-    assert (await oll.show("mario")).details.family == "llama"  # described as its base model
+    shown = await oll.show("mario")
+    assert shown.details.family == "llama"  # its base model's, with its own system prompt, parameters and time
+    assert 'SYSTEM """You are Mario."""' in shown.modelfile and "PARAMETER temperature" in shown.modelfile
+    assert "temperature                    0.2" in shown.parameters
+    assert 'stop                           "END"' in shown.parameters
+    assert shown.modified_at > (await oll.show("tiny")).modified_at
+    async with aiohttp.ClientSession() as http:  # the package's ShowResponse has no `system`; Ollama's API does
+        for model, system in (("mario", "You are Mario."), ("tiny", None)):
+            async with http.post(f"{base_url}/api/show", json={"model": model}) as resp:
+                assert (await resp.json()).get("system") == system
 
     await oll.chat("mario", messages=USER)
     req = scripted.requests[-1]
