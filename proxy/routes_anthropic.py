@@ -15,7 +15,7 @@ from .dialects import anthropic
 from .http_io import job_for, json_response, read_json, write_stream
 from .state import PIPELINE, ROUTER
 from .streams import collect
-from .token_count import counter, prompt_tokens
+from .token_count import counter, estimate, prompt_tokens
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -38,7 +38,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         whole = aggregate(await collect(stream))
         return json_response(anthropic.message_object(msg_id, req.model, whole, req.options.max_tokens,
                                                       asked() if asked else None), headers=headers())
-    writer = anthropic.MessageStream(msg_id, req.model, req.options.max_tokens, asked)
+    writer = anthropic.MessageStream(msg_id, req.model, req.options.max_tokens, asked, input_tokens=estimate(req))
 
     async def finish() -> bytes:
         return writer.finish()

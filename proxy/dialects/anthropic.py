@@ -389,6 +389,8 @@ class MessageStream:
     model: str
     max_tokens: int | None = None  # the client's, which tells a cut by the context window from one by the limit
     context: Callable[[], dict[str, Any]] | None = None  # message_delta's `context_management`, when asked for
+    input_tokens: int = 0  # message_start's, before the backend counted them: an estimate, as Ollama's Anthropic
+    # API sends (LangChain reads it there; the SDK and Claude Code take message_delta's count, which follows)
     started: bool = False
     done: bool = False
     index: int = -1
@@ -417,7 +419,8 @@ class MessageStream:
     def _start(self) -> list[bytes]:
         self.started = True
         message = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": usage_object(None)}
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": usage_object(Usage(prompt_tokens=self.input_tokens))}
         return [event("message_start", {"type": "message_start", "message": message}), event("ping", {"type": "ping"})]
 
     def _block(self, kind: str, start: dict[str, Any], fresh: bool = False) -> list[bytes]:

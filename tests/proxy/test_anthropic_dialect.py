@@ -15,6 +15,7 @@ from proxy.app import make_app
 from proxy.config import Config, ServerConfig
 from proxy import context_edits
 from proxy.dialects import anthropic as anthropic_dialect
+from proxy.token_count import estimate
 from tests.scripted import Script, ScriptedBackend
 
 USER = [{"role": "user", "content": "hi"}]
@@ -73,6 +74,9 @@ async def test_stream_events_in_anthropics_order(client, scripted: ScriptedBacke
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert delta["usage"]["output_tokens"] == 3 and delta["usage"]["input_tokens"] == 5
+    # message_start's input tokens: an estimate before the backend's count (was 0), as Ollama's Anthropic API sends
+    assert events[0][1]["message"]["usage"]["input_tokens"] == estimate(anthropic_dialect.parse_messages(
+        {"model": "tiny", "max_tokens": 64, "messages": USER, "tools": [READ]}).request) > 0
 
 
 async def test_streaming_helper_accumulates_the_same_message(base_url, scripted: ScriptedBackend):
