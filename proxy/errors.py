@@ -62,7 +62,7 @@ def _answer(request: web.Request, e: Exception) -> web.StreamResponse:
         allowed = ", ".join(sorted(e.allowed_methods))
         err = VeloError(f"{request.method} is not allowed on {request.path}; use {allowed}")
         err.status, err.kind = 405, "invalid_request_error"
-        return error_response(err, dialect, {"Allow": allowed}, rid)
+        return error_response(err, dialect, {"Allow": allowed}, request_id=rid)
     if isinstance(e, web.HTTPException):
         raise e
     log.exception("unexpected error on %s %s", request.method, request.path)

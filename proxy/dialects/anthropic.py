@@ -122,8 +122,8 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         turn.content += get(block, "text", str, "")
     elif kind == "image":
         turn.images.append(_image(block.get("source"), where))
-    elif kind in ("tool_use", "server_tool_use"):  # a server tool's call and result stay in the history, as
-        call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),  # Ollama keeps them
+    elif kind in ("tool_use", "server_tool_use"):  # a server tool's call stays in the history, as Ollama keeps it
+        call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),
                         get(block, "id", str, required=True))
         names[call.id] = call.name
         turn.tool_calls.append(call)
@@ -383,14 +383,15 @@ def event(name: str, obj: dict[str, Any]) -> bytes:
 @dataclass
 class MessageStream:
     """Internal chunks -> Anthropic's SSE events: message_start and a ping, then content blocks (thinking, text,
-    tool_use) each opened, filled by deltas and stopped, then message_delta (stop_reason, usage) and message_stop."""
+    tool_use) each opened, filled by deltas and stopped, then message_delta (stop_reason, usage) and message_stop.
+    message_start's input tokens are estimated before the backend counts them, as Ollama's Anthropic API does:
+    LangChain reads them there, and the SDK and Claude Code take message_delta's count, which follows."""
 
     msg_id: str
     model: str
     max_tokens: int | None = None  # the client's, which tells a cut by the context window from one by the limit
     context: Callable[[], dict[str, Any]] | None = None  # message_delta's `context_management`, when asked for
-    input_tokens: int = 0  # message_start's, before the backend counted them: an estimate, as Ollama's Anthropic
-    # API sends (LangChain reads it there; the SDK and Claude Code take message_delta's count, which follows)
+    input_tokens: int = 0  # message_start's: an estimate (as Ollama's); message_delta has the backend's count
     started: bool = False
     done: bool = False
     index: int = -1

@@ -219,37 +219,6 @@ def compaction_item(summary: str, item_id: str | None = None) -> dict[str, Any]:
             "encrypted_content": _sealed("compaction", summary=summary.strip())}
 
 
-_ID_PREFIXES = {"message": "msg", "function_call": "fc", "custom_tool_call": "ctc", "reasoning": "rs",
-                "compaction": "cmp"}
-_PAGE_SIZE, _MAX_PAGE = 20, 100  # OpenAI's default and largest `limit` for input_items
-
-
-def stored_item(item: dict[str, Any]) -> dict[str, Any]:
-    """An input item as `input_items` lists it: with an id of its own (kept, so pages agree), a message's text as
-    a content part, as OpenAI answers them."""
-    out = {**item, "id": item.get("id") or new_id(_ID_PREFIXES.get(str(item.get("type")), "item"))}
-    if item.get("type") == "message":
-        out.setdefault("status", "completed")
-        if isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            out["content"] = [{"type": part, "text": item["content"]}]
-    return out
-
-
-def input_page(items: list[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:
-    """GET /v1/responses/{id}/input_items: `order` (desc, OpenAI's default, or asc), `limit` items after `after`."""
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise BadRequest("order: must be 'asc' or 'desc'", param="order")
-    listed = items[::-1] if order == "desc" else items
-    limit = query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
-    after = query.get("after")
-    start = 0 if after is None else position([i["id"] for i in listed], after, "after") + 1
-    page = listed[start:start + limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(listed)}
-
-
 def user_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The user's messages among `items`: what `POST /v1/responses/compact` answers before its compaction item."""
     return [i for i in items if i.get("type") == "message" and i.get("role") == "user"]
@@ -470,3 +439,34 @@ def status_of(whole: Chunk) -> str:
     return "incomplete" if whole.finish_reason == "length" else "completed"
 
 
+# -- stored input items --------------------------------------------------------------------------------------------
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "custom_tool_call": "ctc", "reasoning": "rs",
+                "compaction": "cmp"}
+_PAGE_SIZE, _MAX_PAGE = 20, 100  # OpenAI's default and largest `limit` for input_items
+
+
+def stored_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as `input_items` lists it: with an id of its own (kept, so pages agree), a message's text as
+    a content part, as OpenAI answers them."""
+    out = {**item, "id": item.get("id") or new_id(_ID_PREFIXES.get(str(item.get("type")), "item"))}
+    if item.get("type") == "message":
+        out.setdefault("status", "completed")
+        if isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": part, "text": item["content"]}]
+    return out
+
+
+def input_page(items: list[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:
+    """GET /v1/responses/{id}/input_items: `order` (desc, OpenAI's default, or asc), `limit` items after `after`."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("order: must be 'asc' or 'desc'", param="order")
+    listed = items[::-1] if order == "desc" else items
+    limit = query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
+    after = query.get("after")
+    start = 0 if after is None else position([i["id"] for i in listed], after, "after") + 1
+    page = listed[start:start + limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(listed)}
