@@ -70,6 +70,13 @@ def _as_llama_reads(knobs: dict[str, Any]) -> dict[str, Any]:
     return knobs
 
 
+def _embed_window(context: int, opts: dict[str, Any]) -> int:
+    """The tokens of an input that are embedded: the context, or a smaller `num_ctx`, as Ollama's /api/embed cuts
+    them (server/routes.go)."""
+    n = opts.get("num_ctx")
+    return min(context, int(n)) if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 1 else context
+
+
 def _unsupported(images: list[str]) -> str | None:
     return "the engine serves text-only models" if images else None
 
@@ -325,11 +332,11 @@ class EngineBackend(Backend):
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         start = time.perf_counter_ns()
         engine, load_ns = await self._waited(req.model)
-        window = engine.model_info["context_length"]
+        window = _embed_window(engine.model_info["context_length"], req.options)
         lengths = await asyncio.to_thread(lambda: [len(engine.tokenizer.encode(t)) for t in req.inputs])
         if not req.truncate and max(lengths, default=0) > window:  # else each input is cut to the window
             raise BadRequest("the input length exceeds the context length")  # Ollama's words and status
-        vectors = await asyncio.to_thread(engine.embed, req.inputs, req.normalize)
+        vectors = await asyncio.to_thread(engine.embed, req.inputs, req.normalize, window)
         return EmbedResult(embed_shape.shorten(vectors, req.dimensions), prompt_tokens=sum(min(n, window)
                                                                                          for n in lengths),
                            total_ns=time.perf_counter_ns() - start, load_ns=load_ns)

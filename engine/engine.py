@@ -121,13 +121,14 @@ class LLMEngine:
             if not done:
                 self.abort(request_id)
 
-    def embed(self, texts: list[str], normalize: bool = True) -> list[list[float]]:
-        """One vector per text: the mean of the final (normed) hidden states over its tokens, L2-normalised
-        unless `normalize` is False.
+    def embed(self, texts: list[str], normalize: bool = True, window: int | None = None) -> list[list[float]]:
+        """One vector per text: the mean of the final (normed) hidden states over its first `window` tokens (at
+        most the context), L2-normalised unless `normalize` is False.
         A causal LM's pooled states make usable but not state-of-the-art embeddings. Runs between steps on the
         engine thread (engine/threads.py says why), so the caller blocks until then."""
         done: Future = Future()
-        self._inbox.put(("call", (functools.partial(self._embed, normalize=normalize), texts, done)))
+        limit = min(window or self.model_info["context_length"], self.model_info["context_length"])
+        self._inbox.put(("call", (functools.partial(self._embed, normalize=normalize, window=limit), texts, done)))
         while True:
             try:
                 return done.result(timeout=1)
@@ -135,10 +136,10 @@ class LLMEngine:
                 if not self.alive:
                     raise RuntimeError("engine shut down") from None
 
-    def _embed(self, texts: list[str], normalize: bool) -> list[list[float]]:
+    def _embed(self, texts: list[str], normalize: bool, window: int) -> list[list[float]]:
         vectors = []
         for text in texts:
-            ids = self.tokenizer.encode(text)[: self.model_info["context_length"]] or [0]
+            ids = self.tokenizer.encode(text)[:window] or [0]
             hidden = self.runner.hidden_states(ids).float().mean(dim=0)
             vectors.append((torch.nn.functional.normalize(hidden, dim=0) if normalize else hidden).tolist())
         return vectors

@@ -202,6 +202,18 @@ async def test_an_input_longer_than_the_context_is_cut_unless_truncate_is_false(
         await backend.embed(EmbedRequest(model=NAME, inputs=["hello", long], truncate=False))
 
 
+async def test_num_ctx_narrows_what_is_embedded(backend):
+    """As Ollama's /api/embed: the inputs are cut to a `num_ctx` smaller than the context (before, it was ignored),
+    and with `truncate: false` a longer one is its 400."""
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    assert len(backend.engine.tokenizer.encode(text)) > 8
+    whole = await backend.embed(EmbedRequest(model=NAME, inputs=[text]))
+    cut = await backend.embed(EmbedRequest(model=NAME, inputs=[text], options={"num_ctx": 8}))
+    assert cut.prompt_tokens == 8 < whole.prompt_tokens and cut.embeddings != whole.embeddings
+    with pytest.raises(BadRequest, match="the input length exceeds the context length"):
+        await backend.embed(EmbedRequest(model=NAME, inputs=[text], options={"num_ctx": 8}, truncate=False))
+
+
 @pytest.mark.parametrize("given, read", [
     ({"temperature": -1.0}, {"temperature": 0.0}),
     ({"top_p": 1.0001}, {"top_p": 1.0}),
