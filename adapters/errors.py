@@ -37,8 +37,8 @@ class ModelNotFound(VeloError):
     kind = "not_found_error"
     code = "model_not_found"
 
-    def __init__(self, model: str):
-        super().__init__(f"model '{model}' not found", param="model")  # Ollama's words since v0.12.6
+    def __init__(self, model: str, message: str | None = None):
+        super().__init__(message or f"model '{model}' not found", param="model")  # Ollama's words since v0.12.6
         self.model = model
 
 
@@ -47,9 +47,9 @@ class ContextOverflow(BadRequest):
 
     code = "context_length_exceeded"
 
-    def __init__(self, tokens: int, limit: int):
+    def __init__(self, tokens: int, limit: int, param: str = "messages"):
         super().__init__(f"the prompt is {tokens} tokens, more than the context window of {limit} tokens",
-                         param="messages")
+                         param=param)
         self.tokens, self.limit = tokens, limit
 
 

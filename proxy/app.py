@@ -65,8 +65,11 @@ async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """The request's id under Velo's name and the two its clients' SDKs read (`request_id` of a response or an
+    error): OpenAI's `x-request-id` and Anthropic's `request-id`."""
     if (running := request.get(RUNNING)) is not None:
-        response.headers["X-Velo-Request-Id"] = running.id
+        response.headers["X-Velo-Request-Id"] = response.headers["x-request-id"] = running.id
+        response.headers["request-id"] = running.id
 
 
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -32,7 +32,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
     def headers() -> dict[str, str]:
         ignored = {"X-Velo-Tools-Ignored": ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else {}
-        return {**job.outcome.headers(), **ignored, "request-id": job.caller.request_id}
+        return {**job.outcome.headers(), **ignored}
 
     if not req.stream:
         whole = aggregate(await collect(stream))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from adapters.errors import NotFound
+from adapters.errors import ModelNotFound
 
 from .dialects import anthropic, dialect_of, openai
 from .http_io import json_response
@@ -25,7 +25,7 @@ async def model(request: web.Request) -> web.Response:
     for info in await request[ROUTER].list_models():
         if info.name == name:
             return json_response(shape(info))
-    raise NotFound(f"The model '{name}' does not exist")
+    raise ModelNotFound(name, f"The model '{name}' does not exist")  # OpenAI's words, and its model_not_found
 
 
 def add_routes(app: web.Application) -> None:

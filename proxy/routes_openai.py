@@ -53,9 +53,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if echo:
             for c, prompt in zip(choices, prompts):
                 c.text = prompt + c.text
-        offsets = [len(p) if echo else 0 for p in prompts]
-        return json_response(openai.completion_object(ids, req.model, choices, stream=False, offsets=offsets,
-                                                      n=req.n), headers=_headers(jobs))
+        return json_response(openai.completion_object(ids, req.model, choices, stream=False, n=req.n),
+                             headers=_headers(jobs))
     if echo:
         streams = [_echoed(s, prompt) for s, prompt in zip(streams, prompts)]
     written = [0] * len(jobs)  # characters each choice has streamed, for logprobs' text_offset

@@ -31,11 +31,25 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     top_logprobs = get(body, "top_logprobs", int)
     logprobs = body.get("logprobs")
     if isinstance(logprobs, int) and not isinstance(logprobs, bool):  # /v1/completions: logprobs is a count
-        top_logprobs, logprobs = logprobs, True
+        top_logprobs, logprobs = _count(logprobs, "logprobs", _MAX_COMPLETION_LOGPROBS), True
     elif logprobs is not None and not isinstance(logprobs, bool):
         raise BadRequest("logprobs must be a boolean", param="logprobs")
+    elif top_logprobs is not None:
+        _count(top_logprobs, "top_logprobs", _MAX_TOP_LOGPROBS)
+        if top_logprobs and not logprobs:
+            raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     opts.logprobs, opts.top_logprobs = bool(logprobs), top_logprobs
     return _with_ollama_options(opts, body)
+
+
+_MAX_TOP_LOGPROBS, _MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's bounds (chat's top_logprobs, completions' logprobs)
+
+
+def _count(value: int, key: str, most: int) -> int:
+    """A count of alternatives a token, within OpenAI's bound (the engine failed on a negative one with a 502)."""
+    if not 0 <= value <= most:
+        raise BadRequest(f"{key} must be between 0 and {most}, got {value}", param=key)
+    return value
 
 
 def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
@@ -82,6 +96,8 @@ def _content_text(content: Any) -> tuple[str, list[str]]:
                 raise BadRequest("image_url must be an object {url: ...}", param="messages")
             url = image["url"]
             images.append(url.split(",", 1)[1] if url.startswith("data:") else url)
+        elif kind == "refusal":  # an assistant's refusal, echoed back in the history: what it said
+            texts.append(str(part.get("refusal", "")))
         else:
             raise BadRequest(f"unsupported content part type {kind!r}", param="messages")
     return "".join(texts), images
@@ -206,7 +222,11 @@ def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
     first = CompletionRequest(model=get_model(body), prompt=prompts[0], suffix=get(body, "suffix", str), raw=True,
                               options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
                               n=n)
-    return [first] + [replace(first, prompt=prompt) for prompt in prompts[1:]], get(body, "echo", bool, False)
+    echo = get(body, "echo", bool, False)
+    if echo and first.options.logprobs:  # OpenAI scores the prompt's tokens too (lm-eval's loglikelihood reads them)
+        raise BadRequest("echo with logprobs: Velo's backends cannot score the prompt's tokens, only the answer's",
+                         param="echo")
+    return [first] + [replace(first, prompt=prompt) for prompt in prompts[1:]], echo
 
 
 def _prompts(prompt: Any) -> list[str]:
@@ -228,10 +248,18 @@ def parse_embeddings(body: Any) -> tuple[EmbedRequest, str]:
     inputs = string_list(body, "input")
     if not inputs:
         raise BadRequest("input is required", param="input")
+    if len(inputs) > _MAX_EMBED_INPUTS or "" in inputs:  # OpenAI's bounds: Ollama's dialect embeds "" as nothing
+        raise BadRequest(f"input must be 1 to {_MAX_EMBED_INPUTS} strings, none of them empty", param="input")
     encoding = get(body, "encoding_format", str, "float")
     if encoding not in ("float", "base64"):
         raise BadRequest("encoding_format must be 'float' or 'base64'", param="encoding_format")
-    return EmbedRequest(model=get_model(body), inputs=inputs, dimensions=get(body, "dimensions", int)), encoding
+    dimensions = get(body, "dimensions", int)
+    if dimensions is not None and dimensions < 1:
+        raise BadRequest(f"dimensions must be at least 1, got {dimensions}", param="dimensions")
+    return EmbedRequest(model=get_model(body), inputs=inputs, dimensions=dimensions), encoding
+
+
+_MAX_EMBED_INPUTS = 2048  # OpenAI's bound on one request's inputs
 
 
 def stream_options_usage(body: dict[str, Any]) -> bool:
@@ -339,7 +367,7 @@ def usage_chunk(ids: ChatIds, model: str, obj: str, usages: list[tuple[int, Usag
 
 def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:
     """/v1/completions' legacy shape: parallel lists, `text_offset` counting characters from `offset` (where this
-    chunk's text starts in the choice's text, the prompt included with `echo`)."""
+    chunk's text starts in the choice's text)."""
     if not chunk.logprobs:
         return None
     tokens = [lp.token for lp in chunk.logprobs]
@@ -387,7 +415,7 @@ def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
     if isinstance(err, ContextOverflow) and dialect == "responses":
         message, param = _RESPONSES_OVERFLOW, "input"
     elif isinstance(err, ContextOverflow):
-        message = _CHAT_OVERFLOW.format(err.limit, err.tokens)
+        message = _CHAT_OVERFLOW.format(err.limit, err.tokens, "prompt" if err.param == "prompt" else "messages")
     if err.status == 404:  # OpenAI words a missing model or response as an invalid request ("not_found_error" is
         kind = "invalid_request_error"  # Anthropic's type)
     if isinstance(err, ModelNotFound):  # naming no parameter
@@ -395,6 +423,6 @@ def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": err.code}}
 
 
-_CHAT_OVERFLOW = ("This model's maximum context length is {} tokens. However, your messages resulted in {} tokens. "
-                  "Please reduce the length of the messages.")
+_CHAT_OVERFLOW = ("This model's maximum context length is {0} tokens. However, your {2} resulted in {1} tokens. "
+                  "Please reduce the length of the {2}.")
 _RESPONSES_OVERFLOW = "Your input exceeds the context window of this model. Please adjust your input and try again."

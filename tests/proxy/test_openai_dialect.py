@@ -114,14 +114,11 @@ async def test_completions_batch_one_choice_per_prompt_and_n(base_url, scripted:
 
 
 async def test_completions_stream_echoes_the_prompt_first(client):
-    """As OpenAI and vLLM stream it: the prompt is the choice's first text, and text_offset counts past it."""
-    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": "Say", "echo": True, "stream": True,
-                                                      "logprobs": 1})
+    """As OpenAI and vLLM stream it: the prompt is the choice's first text (with logprobs, echo is a 400: below)."""
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": "Say", "echo": True, "stream": True})
     events = [orjson.loads(e[6:]) for e in (await resp.text()).split("\n\n") if e.startswith("data: {")]
     assert [e["choices"][0]["text"] for e in events][:2] == ["Say", "Hel"]
     assert "".join(e["choices"][0]["text"] for e in events) == "SayHello world"
-    offsets = [o for e in events if e["choices"][0]["logprobs"] for o in e["choices"][0]["logprobs"]["text_offset"]]
-    assert offsets == [3, 6, 8]
 
 
 async def test_echo_over_an_openai_compatible_backend_shows_the_prompt_once(openai_fake):
@@ -167,8 +164,29 @@ async def test_models_listing(base_url):
     c = _client(base_url)
     assert [(m.id, m.created) async for m in c.models.list()] == [("tiny:latest", 1714582800)]  # MODIFIED_AT
     assert (await c.models.retrieve("tiny:latest")).id == "tiny:latest"
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as e:
         await c.models.retrieve("nope")
+    assert (e.value.code, e.value.type) == ("model_not_found", "invalid_request_error")  # as a chat's unknown model
+    raw = await c.models.with_raw_response.list()
+    assert raw.request_id == raw.headers["X-Velo-Request-Id"] and raw.request_id.startswith("req_")  # x-request-id
+    assert e.value.request_id and e.value.request_id.startswith("req_")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "hi", "dimensions": 0}, "dimensions"), ({"input": ""}, "input"), ({"input": ["a", ""]}, "input"),
+    ({"input": ["a"] * 2049}, "input")])
+async def test_embeddings_outside_openais_bounds_are_a_400(client, scripted, body, param):
+    """Before: the full vector for dimensions 0, "" embedded, any number of inputs."""
+    resp = await client.post("/v1/embeddings", json={"model": "tiny", **body})
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == param and scripted.requests == []
+
+
+async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client, scripted):
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "refusal",
+                                                                                     "refusal": "I can't."}]},
+                {"role": "user", "content": "y"}]
+    assert (await client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})).status == 200
+    assert scripted.requests[0].messages[1].content == "I can't."
 
 
 @pytest.mark.parametrize("body, fragment, param", [
@@ -273,16 +291,31 @@ async def test_a_bad_reasoning_effort_is_a_400(client):
 
 
 async def test_completions_logprobs_come_in_the_completions_shape(client):
-    body = {"model": "tiny", "prompt": "Say", "logprobs": 2, "echo": True}
+    body = {"model": "tiny", "prompt": "Say", "logprobs": 2}
     choice = (await (await client.post("/v1/completions", json=body)).json())["choices"][0]
     assert choice["logprobs"] == {"tokens": ["Hel", "lo", " world"], "token_logprobs": [-0.5] * 3,
                                   "top_logprobs": [{"Hel": -0.5, " x": -2.0}, {"lo": -0.5, " x": -2.0},
                                                    {" world": -0.5, " x": -2.0}],
-                                  "text_offset": [3, 6, 8]}
-    resp = await client.post("/v1/completions", json={**body, "echo": False, "stream": True})
+                                  "text_offset": [0, 3, 5]}
+    resp = await client.post("/v1/completions", json={**body, "stream": True})
     events = [orjson.loads(e[6:]) for e in (await resp.text()).split("\n\n") if e.startswith("data: {")]
     offsets = [o for e in events if e["choices"][0]["logprobs"] for o in e["choices"][0]["logprobs"]["text_offset"]]
     assert offsets == [0, 3, 5]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "Say", "logprobs": 1, "echo": True}, "echo"),  # lm-eval's loglikelihood: it scores the prompt
+    ({"prompt": "Say", "logprobs": 6}, "logprobs"), ({"prompt": "Say", "logprobs": -1}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+])
+async def test_logprob_counts_outside_openais_bounds_are_a_400(client, scripted, body, param):
+    """Before: a negative count made the engine fail with a 502, 30 alternatives were given, top_logprobs without
+    logprobs gave logprobs anyway, and echo with logprobs scored only the answer, so an evaluation summed nothing."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    resp = await client.post(path, json={"model": "tiny", **body})
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == param and scripted.requests == []
 
 
 async def test_completions_stream_options_without_stream_is_a_400(client, scripted):
