@@ -110,8 +110,8 @@ def _prepared(engine: LLMEngine, render: Callable[[LLMEngine], str], options: Sa
     prompt = render(engine)
     if context and not all(0 <= t < engine.tokenizer.vocab_size for t in context):
         raise BadRequest("context holds token ids this model does not have", param="context")
-    ids = (context or []) + engine.tokenizer.encode(prompt)
-    if not 0 < len(ids) < engine.max_context:
+    ids = (context or []) + engine.tokenizer.encode(prompt) or engine.tokenizer.start_ids  # "" starts a document
+    if len(ids) >= engine.max_context:
         raise ContextOverflow(len(ids), engine.max_context)
     params = sampling_params(options, engine.max_context)
     ends = engine.tokenizer.fim_stop_ids if fills_middle else []

@@ -74,6 +74,13 @@ class Tokenizer:
         add = add_special_tokens and not (self.bos_token and text.startswith(self.bos_token))
         return self.tk.encode(text, add_special_tokens=add).ids
 
+    @cached_property
+    def start_ids(self) -> list[int]:
+        """What an empty prompt starts from, "the beginning of a new document" as OpenAI's completions put it: the
+        BOS token, else the first end-of-text token (what separates documents in training)."""
+        bos = self.tk.token_to_id(self.bos_token) if self.bos_token else None
+        return [bos] if bos is not None else self.eos_token_ids[:1] or [0]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -95,7 +95,7 @@ class Fit(Stage):
         if tokens < limit:
             return req
         if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
-            raise ContextOverflow(tokens, limit)
+            raise ContextOverflow(tokens, limit, _field(req))
         return await _trimmed(job, info, req, tokens, limit)
 
 
@@ -108,13 +108,18 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
     while tokens > room:
         shorter, n = _shorter(req, room / tokens)
         if shorter is None:
-            raise ContextOverflow(tokens, limit)
+            raise ContextOverflow(tokens, limit, _field(req))
         req, dropped = shorter, dropped + n
         tokens = await count(job.target, info, req)
     what = f"{dropped} messages" if isinstance(req, ChatRequest) else f"{dropped} characters"
     job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
     log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)
     return req
+
+
+def _field(req: Request) -> str:
+    """The request field an overflow names (OpenAI's `param`)."""
+    return "prompt" if isinstance(req, CompletionRequest) else "messages"
 
 
 def _shorter(req: Request, keep: float) -> tuple[Request | None, int]:

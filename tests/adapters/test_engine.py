@@ -132,6 +132,15 @@ async def test_generation_does_not_block_the_event_loop(backend):
     assert len(gaps) > 5 and max(gaps) < 0.25
 
 
+async def test_an_empty_prompt_starts_a_new_document(backend):
+    """OpenAI's completions take an empty prompt ("as if from the beginning of a new document"); it was a
+    context_length_exceeded of 0 tokens."""
+    out = aggregate(await collect(backend.complete(CompletionRequest(
+        model=NAME, prompt="", raw=True, options=SamplingOptions(max_tokens=3, temperature=0)))))
+    assert out.usage.prompt_tokens == len(backend.engine.tokenizer.start_ids) == 1
+    assert out.usage.completion_tokens == 3
+
+
 async def test_raw_completion_and_unsupported_requests(backend):
     raw = aggregate(await collect(backend.complete(CompletionRequest(
         model=NAME, prompt="abc", raw=True, options=SamplingOptions(max_tokens=5, temperature=0)))))

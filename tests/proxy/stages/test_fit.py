@@ -118,6 +118,15 @@ async def test_openai_answers_context_length_exceeded_one_token_over(velo):
     assert backend.requests == []
 
 
+async def test_a_completions_overflow_names_the_prompt(velo):
+    """/v1/completions has no `messages`: the overflow names `prompt` (it named `messages`)."""
+    c, _ = await velo()
+    resp = await c.post("/v1/completions", json={"model": "tiny", "prompt": words(60)})
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert "your prompt resulted in 60 tokens" in err["message"]
+
+
 async def test_responses_and_anthropic_word_the_overflow_their_way(velo):
     c, _ = await velo()
     resp = await c.post("/v1/responses", json={"model": "tiny", "input": words(60)})
