@@ -27,8 +27,8 @@ import orjson
 
 from .base import BackendConfig
 from .protocol import Chunk, aggregate
-from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelNotFound, Overloaded,
-                     Unsupported, VeloError)
+from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelNotFound,
+                     Overloaded, Unsupported, VeloError)
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as wait_at_most
@@ -78,6 +78,19 @@ def error_message(body: bytes) -> str:
     if isinstance(err, dict):
         return str(err.get("message") or err.get("detail") or err)
     return str(err)
+
+
+def _overflow(body: bytes) -> ContextOverflow | None:
+    """llama-server's own "exceed_context_size_error" (with its counts), which each dialect then words as its clients
+    recognise (context_length_exceeded, "prompt is too long"), where a plain 400 made agents give up."""
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(err, dict) or err.get("type") != "exceed_context_size_error":
+        return None
+    tokens, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
+    return ContextOverflow(tokens, limit) if isinstance(tokens, int) and isinstance(limit, int) else None
 
 
 @dataclass
@@ -181,6 +194,8 @@ class Upstream:
         where = f"backend {self.config.name!r}"
         if resp.status == 404 and model:
             raise ModelNotFound(model)
+        if (overflow := _overflow(body)) is not None:
+            raise overflow
         if resp.status in (400, 422):
             raise BadRequest(f"{where} rejected the request: {message}")
         if resp.status == 429:

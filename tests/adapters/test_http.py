@@ -5,9 +5,10 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError
+from adapters.errors import BackendError, BadRequest, ContextOverflow
 from adapters.http import Upstream, one_answer
 from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage, aggregate
 
@@ -38,6 +39,36 @@ async def serve(answers: list[bool]) -> tuple[asyncio.Server, list[int]]:
 def upstream(server: asyncio.Server) -> Upstream:
     port = server.sockets[0].getsockname()[1]
     return Upstream(BackendConfig(name="b", kind="openai", urls=[f"http://127.0.0.1:{port}"]))
+
+
+async def test_llama_servers_context_overflow_is_velos(aiohttp_server):
+    """llama-server's 400 "exceed_context_size_error" carries its counts: it becomes the overflow every dialect words
+    as its clients recognise (it was a plain 400, which agents do not compact on); other 400s stay plain."""
+    from aiohttp import web
+
+    async def overflow(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 1331,
+                                            "n_ctx": 1024, "message": "request (1331 tokens) exceeds the available "
+                                            "context size (1024 tokens), try increasing it"}}, status=400)
+
+    async def other(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": 400, "type": "invalid_request_error", "message": "bad"}},
+                                 status=400)
+
+    app = web.Application()
+    app.router.add_post("/overflow", overflow)
+    app.router.add_post("/other", other)
+    server = await aiohttp_server(app)
+    up = Upstream(BackendConfig(name="b", kind="llamacpp", urls=[str(server.make_url(""))]))
+    try:
+        with pytest.raises(ContextOverflow) as e:
+            await up.call("POST", "/overflow", {})
+        assert (e.value.tokens, e.value.limit, e.value.code) == (1331, 1024, "context_length_exceeded")
+        with pytest.raises(BadRequest) as plain:
+            await up.call("POST", "/other", {})
+        assert not isinstance(plain.value, ContextOverflow) and "bad" in plain.value.message
+    finally:
+        await up.close()
 
 
 async def test_a_request_the_backend_took_is_never_sent_again():
