@@ -249,6 +249,8 @@ class LlamaCppBackend(OpenAIBackend):
                                                             last=_finishes)) as events:
             async for chunk in events:
                 finished = _finishes(chunk)
+                if prompt_ids is None:  # llama-server sends the sampled tokens unasked: no context for raw or infill
+                    chunk.context = None
                 yield chunk
         if not finished:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before it stopped")

@@ -132,6 +132,7 @@ async def test_with_always_stream_off_every_path_answers_as_the_stream_does(back
     [one], [two] = await collect(plain.complete(raw)), await collect(backend.complete(raw))
     assert (one.text, one.finish_reason, [p.token for p in one.logprobs]) == (
         two.text, two.finish_reason, [p.token for p in two.logprobs]) and len(one.logprobs) == 4
+    assert one.context is None is two.context  # raw: no context, as Ollama's (was the last sampled token alone)
     said = CompletionRequest(model=MODEL, prompt="Say hello", stream=False, options=GREEDY)
     [one], [two] = await collect(plain.complete(said)), await collect(backend.complete(said))
     assert (one.text, one.context) == (two.text, two.context) and one.context
