@@ -44,8 +44,6 @@ def upstream(server: asyncio.Server) -> Upstream:
 async def test_llama_servers_context_overflow_is_velos(aiohttp_server):
     """llama-server's 400 "exceed_context_size_error" carries its counts: it becomes the overflow every dialect words
     as its clients recognise (it was a plain 400, which agents do not compact on); other 400s stay plain."""
-    from aiohttp import web
-
     async def overflow(request: web.Request) -> web.Response:
         return web.json_response({"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 1331,
                                             "n_ctx": 1024, "message": "request (1331 tokens) exceeds the available "
