@@ -106,10 +106,19 @@ class LlamaCppBackend(OpenAIBackend):
         self._gguf: tuple[str, asyncio.Future] | None = None  # (model path, the reading of its GGUF facts)
 
     async def props(self) -> dict[str, Any]:
-        """/props changes only on restart: asked once."""
+        """/props changes only on restart: asked once here, and again with each listing (`_props_now`)."""
         if self._props is None:
             self._props = await self.http.call("GET", "/props", parse=json_object)
         return self._props
+
+    async def _props_now(self) -> dict[str, Any]:
+        """/props asked again, so a server restarted with another model or context is described as it is now (its
+        window checked, its fill-in-the-middle asked again); before, the first answer held until Velo restarted."""
+        props = await self.http.call("GET", "/props", parse=json_object)
+        if self._props is not None and props.get("model_path") != self._props.get("model_path"):
+            self._can_infill = None
+        self._props = props
+        return props
 
     async def health(self) -> bool:
         try:
@@ -142,7 +151,7 @@ class LlamaCppBackend(OpenAIBackend):
         return self._can_infill
 
     async def list_models(self) -> list[ModelInfo]:
-        listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self.props()
+        listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self._props_now()
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
         caps, jinja = ["completion"], props.get("chat_template", "")

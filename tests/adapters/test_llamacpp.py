@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import orjson
 import pytest
+from aiohttp import web
 
 from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendUnavailable, Unsupported
@@ -217,3 +218,34 @@ async def test_server_killed_mid_stream_is_a_prompt_error():
         server.stop()
         await b.close()
     assert len(got) >= 2 and "'doomed'" in e.value.message and e.value.status == 502
+
+
+async def test_a_server_restarted_with_another_model_is_described_as_it_is_now(aiohttp_server):
+    """/props is asked again with each listing: the window and fill-in-the-middle of the model running now (before,
+    the first answer held until Velo restarted, and its window check let through what the server then refused)."""
+    now = {"model_path": "/m/qwen.gguf", "n_ctx": 2048, "infill": 200}
+    asked = []
+
+    async def props(request: web.Request) -> web.Response:
+        return web.json_response({"model_path": now["model_path"], "total_slots": 1, "chat_template": "",
+                                  "default_generation_settings": {"n_ctx": now["n_ctx"]}})
+
+    async def infill(request: web.Request) -> web.Response:
+        asked.append(now["model_path"])
+        return web.json_response({"content": ""}, status=now["infill"])
+
+    app = web.Application()
+    app.router.add_get("/props", props)
+    app.router.add_post("/infill", infill)
+    app.router.add_get("/v1/models", lambda r: web.json_response({"data": [{"id": now["model_path"]}]}))
+    server = await aiohttp_server(app)
+    backend = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))]))
+    try:
+        [first] = await backend.list_models()
+        assert (first.context_length, "insert" in first.capabilities) == (2048, True)
+        now.update(model_path="/m/smollm2.gguf", n_ctx=1024, infill=501)  # restarted with another model
+        [second] = await backend.list_models()
+        assert (second.context_length, "insert" in second.capabilities) == (1024, False)
+        assert await backend.context_length() == 1024 and asked == ["/m/qwen.gguf", "/m/smollm2.gguf"]
+    finally:
+        await backend.close()
