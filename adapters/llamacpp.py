@@ -23,9 +23,15 @@ from .think import OPEN, ThinkSplitter, opens_thinking
 
 log = logging.getLogger("velo.adapters.llamacpp")
 
+# llama-server samples with top_k 40, top_p 0.95 and min_p 0.05 where a request sets none (common/common.h): a
+# truncation the request leaves unset is off here, as on the engine and in the OpenAI and Anthropic APIs (the Ollama
+# dialect fills in Ollama's own values, which come first).
+_UNSET_IS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
 def native_sampling(o: SamplingOptions) -> dict[str, Any]:
     """`extra` (Ollama option names such as mirostat pass as is; llama-server ignores unknown keys) first."""
-    out = {**o.extra, **options.write("llamacpp", o)}
+    out = {**_UNSET_IS_OFF, **o.extra, **options.write("llamacpp", o)}
     if o.logprobs:
         out["n_probs"] = o.top_logprobs or 1
     return out

@@ -112,6 +112,17 @@ def test_ollama_takes_any_number_for_an_integer_knob_and_openai_does_not():
         openai.parse_chat({"model": "m", "messages": MESSAGES, "max_tokens": 4.0})
 
 
+def test_llama_server_gets_truncations_off_where_the_request_sets_none():
+    """llama-server would sample an OpenAI or Anthropic request with its own top_k 40, top_p 0.95, min_p 0.05 (seen
+    in its /slots); unset is off there, as on the engine. What a request (or the Ollama dialect) sets goes as set."""
+    asked = anthropic.parse_messages({"model": "m", "messages": MESSAGES, "max_tokens": 8}).request
+    bare = native_sampling(asked.options)
+    assert (bare["top_k"], bare["top_p"], bare["min_p"]) == (0, 1.0, 0.0)
+    ollamas = native_sampling(options.under(ollama.parse_chat({"model": "m", "messages": MESSAGES}).options,
+                                            options.defaults("ollama")))
+    assert (ollamas["top_k"], ollamas["top_p"], ollamas["min_p"]) == (40, 0.9, 0.0)
+
+
 def test_a_wrong_type_names_the_key():
     with pytest.raises(BadRequest, match="top_k"):
         ollama.parse_chat({"model": "m", "messages": MESSAGES, "options": {"top_k": "many"}})
