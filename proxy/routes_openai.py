@@ -21,17 +21,17 @@ from .streams import collect_each, merge
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    req = openai.parse_chat(body)
+    req, functions = openai.parse_chat(body), openai.legacy_functions(body)
     jobs = _choices(request, req, body)
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("chatcmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await collect_each(streams)]
-        return json_response(openai.chat_completion(ids, req.model, choices), headers=_headers(jobs))
+        return json_response(openai.chat_completion(ids, req.model, choices, functions), headers=_headers(jobs))
     calls_sent = [0] * len(streams)
 
     def shape(i: int, chunk: Chunk) -> dict:
-        obj = openai.chat_chunk(ids, req.model, i, chunk, calls_sent=calls_sent[i])
+        obj = openai.chat_chunk(ids, req.model, i, chunk, calls_sent=calls_sent[i], functions=functions)
         calls_sent[i] += len(chunk.tool_calls)
         return obj
 

@@ -131,8 +131,9 @@ def parse_message(raw: Any) -> Message:
         raise BadRequest(f"Invalid value: {role!r}. Supported values are: 'system', 'assistant', 'user', 'function', "
                          "'tool', and 'developer'.", param="messages")
     text, images = _content_text(raw.get("content"))
+    legacy = [{"function": get(raw, "function_call", dict)}] if raw.get("function_call") is not None else []
     return Message(role=_ROLES[role], content=text, images=images,
-                   tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
+                   tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, legacy)],
                    tool_call_id=get(raw, "tool_call_id", str, ""),
                    tool_name=get(raw, "name", str, "") if _ROLES[role] == "tool" else "")  # else a speaker's name
 
@@ -193,7 +194,7 @@ def _stream(body: dict[str, Any]) -> bool:
 
 
 def parse_chat(body: Any) -> ChatRequest:
-    body = body_object(body)
+    body = as_tools(body_object(body))
     messages = get(body, "messages", list, required=True)
     if not messages:
         raise BadRequest("messages must not be empty", param="messages")
@@ -205,6 +206,28 @@ def parse_chat(body: Any) -> ChatRequest:
                        format=parse_response_format(body),
                        stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body),
                        parallel_tool_calls=get(body, "parallel_tool_calls", bool, True))
+
+
+def legacy_functions(body: dict[str, Any]) -> bool:
+    """Whether the request uses the form before tools (`functions`, `function_call`), answered in that form."""
+    return "functions" in body and "tools" not in body
+
+
+def as_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """The legacy form as tools: the functions as function tools, `function_call` as `tool_choice`, one call a
+    turn (the legacy answer holds one)."""
+    if not legacy_functions(body):
+        return body
+    functions = get(body, "functions", list)
+    if not all(isinstance(f, dict) for f in functions):
+        raise BadRequest("functions entries must be objects {name, description, parameters}", param="functions")
+    choice = body.get("function_call")
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": get(choice, "name", str, required=True)}}
+    elif choice not in (None, "none", "auto"):
+        raise BadRequest('function_call must be "none", "auto" or {"name": ...}', param="function_call")
+    return {**body, "tools": [{"type": "function", "function": f} for f in functions], "tool_choice": choice,
+            "parallel_tool_calls": False}
 
 
 # Choices one request may ask for (prompts × n): each is a generation that holds a backend slot.
@@ -298,10 +321,16 @@ def token_logprobs(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
             for lp in logprobs]
 
 
-def _finish(chunk: Chunk) -> str | None:
+def _finish(chunk: Chunk, functions: bool = False) -> str | None:
     if chunk.finish_reason is None:
         return None
-    return "tool_calls" if chunk.tool_calls or chunk.finish_reason == "tool_calls" else chunk.finish_reason
+    called = chunk.tool_calls or chunk.finish_reason == "tool_calls"
+    return ("function_call" if functions else "tool_calls") if called else chunk.finish_reason
+
+
+def _function_call(calls: list[ToolCall]) -> dict[str, str]:
+    """The legacy form's one call (`parallel_tool_calls` was off, so there is one)."""
+    return {"name": calls[0].name, "arguments": orjson.dumps(calls[0].arguments).decode()}
 
 
 class ChatIds:
@@ -312,15 +341,18 @@ class ChatIds:
         self.created = int(time.time())
 
 
-def chat_completion(ids: ChatIds, model: str, choices: list[Chunk]) -> dict[str, Any]:
+def chat_completion(ids: ChatIds, model: str, choices: list[Chunk], functions: bool = False) -> dict[str, Any]:
+    """`functions`: the request used the legacy form, so calls go back as `function_call`."""
     out = []
     for i, c in enumerate(choices):
         message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
         if c.thinking:
             message["reasoning_content"] = c.thinking
-        if c.tool_calls:
+        if c.tool_calls and functions:
+            message["function_call"] = _function_call(c.tool_calls)
+        elif c.tool_calls:
             message["tool_calls"] = _tool_calls(c.tool_calls, stream=False)
-        out.append({"index": i, "message": message, "logprobs": _logprobs(c), "finish_reason": _finish(c)})
+        out.append({"index": i, "message": message, "logprobs": _logprobs(c), "finish_reason": _finish(c, functions)})
     return {"id": ids.id, "object": "chat.completion", "created": ids.created, "model": model, "choices": out,
             "usage": total_usage(enumerate(c.usage for c in choices), len(choices)), "system_fingerprint": "velo"}
 
@@ -342,9 +374,9 @@ def total_usage(usages: Iterable[tuple[int, Usage | None]], n: int) -> dict[str,
 
 
 def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first: bool = False,
-               calls_sent: int = 0) -> dict[str, Any]:
+               calls_sent: int = 0, functions: bool = False) -> dict[str, Any]:
     """One SSE event; `chunk=None` with `first` gives the opening role delta. `calls_sent`: tool calls this
-    choice already streamed."""
+    choice already streamed; `functions`: the legacy form's `function_call` delta instead."""
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
     choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
     if chunk is not None:
@@ -352,10 +384,12 @@ def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first:
             delta["content"] = chunk.text
         if chunk.thinking:
             delta["reasoning_content"] = chunk.thinking
-        if chunk.tool_calls:
+        if chunk.tool_calls and functions:
+            delta["function_call"] = _function_call(chunk.tool_calls)
+        elif chunk.tool_calls:
             delta["tool_calls"] = _tool_calls(chunk.tool_calls, stream=True, first_index=calls_sent)
         choice["logprobs"] = _logprobs(chunk)
-        choice["finish_reason"] = _finish(chunk)
+        choice["finish_reason"] = _finish(chunk, functions)
     return {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": model,
             "system_fingerprint": "velo", "choices": [choice]}
 

@@ -181,6 +181,44 @@ async def test_embeddings_outside_openais_bounds_are_a_400(client, scripted, bod
     assert resp.status == 400 and (await resp.json())["error"]["param"] == param and scripted.requests == []
 
 
+WEATHER_FN = {"name": "get_weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+async def test_the_legacy_functions_form_is_answered_in_it(base_url, scripted):
+    """`functions` and `function_call` (before tools; still in OpenAI's API) are offered as tools, one call a turn,
+    and the call comes back as `function_call` with finish_reason "function_call"; before, both were dropped and the
+    model answered in prose. The legacy history (an assistant's function_call, a `function` answer) reads too."""
+    scripted.script.tool_calls = [ToolCall(name="get_weather", arguments={"city": "Paris"}, id="call_1")]
+    sdk = _client(base_url)
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "function_call": {"name": "get_weather",
+                                                                        "arguments": '{"city": "Rome"}'}},
+               {"role": "function", "name": "get_weather", "content": "sunny"},
+               {"role": "user", "content": "And Paris?"}]
+    answer = await sdk.chat.completions.create(model="tiny", messages=history, functions=[WEATHER_FN],
+                                               function_call={"name": "get_weather"})
+    choice = answer.choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    assert (choice.message.function_call.name, orjson.loads(choice.message.function_call.arguments)) == (
+        "get_weather", {"city": "Paris"})
+    req = scripted.requests[0]
+    assert [t.name for t in req.tools] == ["get_weather"] and req.parallel_tool_calls is False
+    assert req.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
+    assert [(m.role, m.content, [c.arguments for c in m.tool_calls], m.tool_name) for m in req.messages[1:3]] == [
+        ("assistant", "", [{"city": "Rome"}], ""), ("tool", "sunny", [], "get_weather")]
+    stream = await sdk.chat.completions.create(model="tiny", messages=history[:1], functions=[WEATHER_FN],
+                                               stream=True)
+    chunks = [c async for c in stream]
+    calls = [c.choices[0].delta.function_call for c in chunks if c.choices and c.choices[0].delta.function_call]
+    assert [(f.name, orjson.loads(f.arguments)) for f in calls] == [("get_weather", {"city": "Paris"})]
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.chat.completions.create(model="tiny", messages=history[:1], functions=[WEATHER_FN],
+                                          function_call="always")
+    assert e.value.param == "function_call"
+
+
 async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client, scripted):
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "refusal",
                                                                                      "refusal": "I can't."}]},
