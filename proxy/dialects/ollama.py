@@ -30,11 +30,12 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     return opts
 
 
-def parse_top_logprobs(body: dict[str, Any]) -> int:
-    """`top_logprobs`: 0-20 alternatives per token (Ollama's bound and OpenAI's), a 400 in Ollama's words outside."""
-    top = get(body, "top_logprobs", int, 0)
-    if not 0 <= top <= _MAX_TOP_LOGPROBS:
-        raise BadRequest(f"top_logprobs must be between 0 and {_MAX_TOP_LOGPROBS}", param="top_logprobs")
+def parse_top_logprobs(body: dict[str, Any], key: str = "top_logprobs", most: int = _MAX_TOP_LOGPROBS) -> int:
+    """`top_logprobs`: 0-20 alternatives per token (Ollama's bound and OpenAI's; OpenAI's completions call it
+    `logprobs`, 0-5), a 400 in Ollama's words outside (a negative count failed in the engine with a 502)."""
+    top = get(body, key, int, 0)
+    if not 0 <= top <= most:
+        raise BadRequest(f"{key} must be between 0 and {most}", param=key)
     return top
 
 

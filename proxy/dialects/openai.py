@@ -20,7 +20,7 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
 
 from adapters.fields import body_object, get, get_model, string_list
 from . import ollama, tool_choice
-from .ollama import parse_tools
+from .ollama import parse_tools, parse_top_logprobs
 
 
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
@@ -31,25 +31,16 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     top_logprobs = get(body, "top_logprobs", int)
     logprobs = body.get("logprobs")
     if isinstance(logprobs, int) and not isinstance(logprobs, bool):  # /v1/completions: logprobs is a count
-        top_logprobs, logprobs = _count(logprobs, "logprobs", _MAX_COMPLETION_LOGPROBS), True
+        top_logprobs, logprobs = parse_top_logprobs(body, "logprobs", _MAX_COMPLETION_LOGPROBS), True
     elif logprobs is not None and not isinstance(logprobs, bool):
         raise BadRequest("logprobs must be a boolean", param="logprobs")
-    elif top_logprobs is not None:
-        _count(top_logprobs, "top_logprobs", _MAX_TOP_LOGPROBS)
-        if top_logprobs and not logprobs:
-            raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+    elif top_logprobs is not None and parse_top_logprobs(body) and not logprobs:
+        raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     opts.logprobs, opts.top_logprobs = bool(logprobs), top_logprobs
     return _with_ollama_options(opts, body)
 
 
-_MAX_TOP_LOGPROBS, _MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's bounds (chat's top_logprobs, completions' logprobs)
-
-
-def _count(value: int, key: str, most: int) -> int:
-    """A count of alternatives a token, within OpenAI's bound (the engine failed on a negative one with a 502)."""
-    if not 0 <= value <= most:
-        raise BadRequest(f"{key} must be between 0 and {most}, got {value}", param=key)
-    return value
+_MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on completions' `logprobs`
 
 
 def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
