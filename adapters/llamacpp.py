@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
-from .errors import BackendError, Unsupported
+from .errors import BackendError, BadRequest, Unsupported
 from .fields import wire_text
 from .http import json_object, one_answer
 from .model_file import model_file
@@ -27,6 +28,16 @@ log = logging.getLogger("velo.adapters.llamacpp")
 # truncation the request leaves unset is off here, as on the engine and in the OpenAI and Anthropic APIs (the Ollama
 # dialect fills in Ollama's own values, which come first).
 _UNSET_IS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+# llama-server embeds no input longer than its physical batch (-ub, 512 by default), even under its context, and
+# answers 500 (tools/server/server-context.cpp); Velo cuts the inputs to it, as Ollama cuts them to the context.
+_TOO_LARGE = re.compile(r"is too large to process\. increase the physical batch size \(current batch size: (\d+)\)")
+
+
+def _batch_limit(message: str) -> int | None:
+    found = _TOO_LARGE.search(message)
+    return int(found.group(1)) if found else None
 
 
 def native_sampling(o: SamplingOptions) -> dict[str, Any]:
@@ -276,7 +287,15 @@ class LlamaCppBackend(OpenAIBackend):
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if not req.normalize:
             body["embd_normalize"] = -1
-        result = await self.embed_body(body, req.model)
+        try:
+            result = await self.embed_body(body, req.model)
+        except BackendError as e:
+            if (batch := _batch_limit(e.message)) is None:
+                raise
+            if not req.truncate:  # Ollama's words and status for an input it may not cut
+                raise BadRequest("the input length exceeds the context length") from e
+            body["input"] = [(await self.tokenize(text))[:batch] for text in req.inputs]
+            result = await self.embed_body(body, req.model)
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
         return result
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BackendUnavailable, Unsupported
+from adapters.errors import BackendError, BackendUnavailable, BadRequest, Unsupported
 from adapters.llamacpp import LlamaCppBackend, parameter_size
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
@@ -147,6 +147,22 @@ async def test_fill_in_the_middle_goes_through_infill(backend):
         out = aggregate(await collect(backend.complete(req)))
         assert out.finish_reason in ("stop", "length") and 0 < out.usage.completion_tokens <= 5
         assert out.usage.prompt_tokens > len(await backend.tokenize(req.prompt))  # the suffix went in too
+
+
+async def test_an_input_longer_than_the_servers_batch_is_cut_unless_truncate_is_false(llama_embed):
+    """llama-server refuses an input over its physical batch (512 here) with a 500, which was Velo's 502 in every
+    dialect; it is cut to the batch, as Ollama cuts to the context, and `truncate: false` is Ollama's 400."""
+    emb = LlamaCppBackend(BackendConfig(name="emb", kind="llamacpp", urls=[llama_embed.url]))
+    try:
+        long = "word " * 600
+        cut = await emb.embed(EmbedRequest(model=MODEL, inputs=[long, "a cat"]))
+        alone = await emb.embed(EmbedRequest(model=MODEL, inputs=["a cat"]))
+        assert len(cut.embeddings) == 2 and len(cut.embeddings[0]) == 576 and 512 <= cut.prompt_tokens < 600
+        assert cut.embeddings[1] == pytest.approx(alone.embeddings[0], abs=1e-4)
+        with pytest.raises(BadRequest, match="the input length exceeds the context length"):
+            await emb.embed(EmbedRequest(model=MODEL, inputs=[long], truncate=False))
+    finally:
+        await emb.close()
 
 
 async def test_embeddings_need_the_embedding_instance(backend, llama_embed):
