@@ -92,11 +92,15 @@ def parse_tools(body: dict[str, Any]) -> list[Tool]:
 
 
 def parse_think(body: dict[str, Any]) -> bool | str | None:
-    """Ollama's `think`: true / false, or a level ("low", "medium", "high") for models that take one."""
+    """Ollama's `think`: true / false, or a level ("low", "medium", "high", and since 0.22 "max") for models that
+    take one. "max" is "high", as Ollama itself sends it to gpt-oss and as the other dialects read it (EFFORTS in
+    openai.py), so an older Ollama behind Velo never sees a level it refuses."""
     think = body.get("think")
     if think is None or isinstance(think, bool) or think in ("low", "medium", "high"):
         return think
-    raise BadRequest('think must be true, false, "low", "medium" or "high"', param="think")
+    if think == "max":
+        return "high"
+    raise BadRequest('think must be true, false, "low", "medium", "high" or "max"', param="think")
 
 
 def parse_keep_alive(body: dict[str, Any]) -> Any:

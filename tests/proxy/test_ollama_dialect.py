@@ -190,8 +190,17 @@ async def test_pull_and_push_without_an_ollama_backend(client, base_url):
     assert e.value.status_code == 400
 
 
-@pytest.mark.parametrize("think, status", [(True, 200), ("high", 200), (False, 200), ("loud", 400), (3, 400)])
+@pytest.mark.parametrize("think, status", [(True, 200), ("high", 200), ("max", 200), (False, 200), ("loud", 400),
+                                           (3, 400)])
 async def test_think_takes_a_switch_or_a_level(client, think, status):
     resp = await client.post("/api/chat", json={"model": "tiny", "think": think, "stream": False,
                                                 "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status == status
+
+
+async def test_think_max_is_asked_as_high(client, scripted):
+    """Ollama 0.22's "max" reaches the backend as "high", as Ollama sends it on (routes.go), so an older Ollama
+    behind Velo does not refuse it."""
+    resp = await client.post("/api/chat", json={"model": "tiny", "think": "max", "stream": False,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200 and scripted.requests[-1].think == "high"
