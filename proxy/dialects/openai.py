@@ -282,13 +282,12 @@ def stream_options_usage(body: dict[str, Any]) -> bool:
 
 
 def _usage(usage: Usage | None) -> dict[str, Any]:
-    """OpenAI's counts; `prompt_tokens_details.cached_tokens` where a prefix cache served some of the prompt."""
+    """OpenAI's counts with `prompt_tokens_details.cached_tokens` always there (0 on a miss), as OpenAI sends it:
+    agents that read it unguarded (OpenHands did) failed on an answer without it."""
     u = usage or Usage()
-    out: dict[str, Any] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                           "total_tokens": u.prompt_tokens + u.completion_tokens}
-    if u.cached_tokens:
-        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
-    return out
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
 def _tool_calls(calls: list[ToolCall], stream: bool, first_index: int = 0) -> list[dict[str, Any]]:
@@ -336,7 +335,8 @@ def chat_completion(ids: ChatIds, model: str, choices: list[Chunk], functions: b
     """`functions`: the request used the legacy form, so calls go back as `function_call`."""
     out = []
     for i, c in enumerate(choices):
-        message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
+        message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None,
+                                   "refusal": None, "annotations": []}  # as OpenAI's every message has them
         if c.thinking:
             message["reasoning_content"] = c.thinking
         if c.tool_calls and functions:

@@ -1,7 +1,7 @@
 """The prompt tokens a backend's prefix cache served, in each dialect's own usage fields, read by the official clients
 in whole answers and streams: OpenAI's `prompt_tokens_details.cached_tokens`, the Responses API's
 `input_tokens_details.cached_tokens`, and Anthropic's `cache_read_input_tokens` beside the `input_tokens` it did not
-cover."""
+cover; and the fields OpenAI always sends around them."""
 from __future__ import annotations
 
 import anthropic
@@ -30,6 +30,14 @@ async def test_cached_prompt_tokens_in_every_dialects_usage(base_url, scripted: 
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (2, 3)
     streamed = [e async for e in await oai.responses.create(model="tiny", input="hi", stream=True)]
     assert streamed[-1].response.usage.input_tokens_details.cached_tokens == 3
-    scripted.script.cached_tokens = 0  # none cached: OpenAI's usage as before, without the details
+    scripted.script.cached_tokens = 0  # none cached: the details still there, as OpenAI sends them on a miss
     plain = await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}])
-    assert plain.usage.prompt_tokens == 5 and plain.usage.prompt_tokens_details is None
+    assert plain.usage.prompt_tokens == 5 and plain.usage.prompt_tokens_details.cached_tokens == 0
+
+
+async def test_an_openai_message_has_every_field_openai_sends(client):
+    """`refusal` and `annotations` are in every OpenAI chat message; typed clients in stricter languages need them."""
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user",
+                                                                                         "content": "hi"}]})
+    message = (await resp.json())["choices"][0]["message"]
+    assert message["refusal"] is None and message["annotations"] == []
