@@ -83,15 +83,22 @@ def _content_text(content: Any) -> tuple[str, list[str]]:
             texts.append(str(part.get("text", "")))
         elif kind == "image_url":
             image = part.get("image_url")
-            if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+            if not isinstance(image, dict):
                 raise BadRequest("image_url must be an object {url: ...}", param="messages")
-            url = image["url"]
-            images.append(url.split(",", 1)[1] if url.startswith("data:") else url)
+            images.append(data_url_image(image.get("url"), "image_url.url", "messages"))
         elif kind == "refusal":  # an assistant's refusal, echoed back in the history: what it said
             texts.append(str(part.get("refusal", "")))
         else:
             raise BadRequest(f"unsupported content part type {kind!r}", param="messages")
     return "".join(texts), images
+
+
+def data_url_image(url: Any, where: str, param: str) -> str:
+    """The base64 payload of an image's data URL. A web URL is a 400, as Ollama answers it: fetching it would let any
+    client make Velo reach any address it names, and passed on as it was, it reached the backend as broken base64."""
+    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
+        raise BadRequest(f"{where}: only base64 data URLs (data:image/png;base64,...) are supported", param=param)
+    return url.split(",", 1)[1]
 
 
 def _tool_call(raw: Any) -> ToolCall:

@@ -25,7 +25,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Toke
 
 from . import tool_choice
 from .ollama import parse_top_logprobs
-from .openai import EFFORTS, error_object, token_logprobs
+from .openai import EFFORTS, data_url_image, error_object, token_logprobs
 from .paging import position, query_int
 
 
@@ -255,10 +255,7 @@ def _message(item: dict[str, Any], where: str) -> Message:
 
 
 def _image(part: dict[str, Any], where: str) -> str:
-    url = part.get("image_url")
-    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
-        raise BadRequest(f"{where}.image_url: only base64 data URLs are supported", param="input")
-    return url.split(",", 1)[1]
+    return data_url_image(part.get("image_url"), f"{where}.image_url", "input")
 
 
 def _call(item: dict[str, Any], where: str) -> ToolCall:

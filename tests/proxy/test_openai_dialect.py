@@ -251,6 +251,8 @@ async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": {
         "type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "'g' is not among the tools", "tool_choice"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "https://example.com/cat.png"}}]}]}, "only base64 data URLs", "messages"),
 ])
 async def test_bad_input_gets_openai_error(client, scripted, body, fragment, param):
     resp = await client.post("/v1/chat/completions", json=body)
