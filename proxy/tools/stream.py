@@ -4,7 +4,9 @@ turn those chunks into OpenAI deltas or Ollama `message.tool_calls`.
 
 A failed call attempt (unknown tool, arguments the schema rejects) is held too: it is shown as content once the
 turn proves to have anything else, and a turn made only of failed attempts ends in `ToolCallInvalid` (502),
-raised before its last chunk so that nothing half-valid is sent or cached.
+raised before its last chunk so that nothing half-valid is sent or cached. A turn cut by its token limit is not
+the model's failure but the limit's: its unfinished call goes out as text, with finish reason `length`, as OpenAI
+sends a cut answer (a 502 there was retried by the SDKs into the very same cut).
 """
 from __future__ import annotations
 
@@ -143,11 +145,12 @@ class HoldBack:
                 self.doubt, self.sent_text = "", True
         return "".join(out)
 
-    def close(self, last_calls: list[ToolCall]) -> str:
-        """End of turn: the text still owed, or ToolCallInvalid when the turn was only failed attempts."""
+    def close(self, last_calls: list[ToolCall], cut: bool = False) -> str:
+        """End of turn: the text still owed, or ToolCallInvalid when the turn was only failed attempts and not
+        `cut` by its token limit."""
         self.sent_calls |= bool(last_calls)
         report = self.repairer.report
-        if report.invalid and not self.sent_text and not self.sent_calls:
+        if report.invalid and not self.sent_text and not self.sent_calls and not cut:
             raise report.error()
         doubt, self.doubt = self.doubt, ""
         return doubt if doubt.strip() else ""
@@ -196,7 +199,7 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
     text = state.release(segments)
     calls += found
     try:
-        text += state.close(calls)
+        text += state.close(calls, cut=last.finish_reason == "length")
     finally:
         if metrics is not None:
             metrics.record(state.repairer.report)

@@ -75,6 +75,13 @@ async def test_only_failed_attempts_raise_before_anything_is_sent() -> None:
         await stream.__anext__()
 
 
+async def test_a_call_cut_by_the_token_limit_is_sent_as_text() -> None:
+    """The limit's doing, not the model's: its text with finish reason length, as OpenAI sends a cut answer."""
+    out = await _run(_cut('{"name": "get_', 3), _req(tools=TOOLS, tool_choice="required"), finish="length")
+    assert "".join(c.text for c in out) == '{"name": "get_' and not any(c.tool_calls for c in out)
+    assert out[-1].finish_reason == "length"
+
+
 async def test_tool_choice_none_turns_extraction_off() -> None:
     out = await _run([CALL], _req(tools=TOOLS, tool_choice="none"))
     assert out[0].text == CALL and not out[0].tool_calls
