@@ -38,7 +38,9 @@ class ServerConfig:
 
     host: str = setting("127.0.0.1", "address to bind. Keep 127.0.0.1 unless clients on other machines need Velo")
     port: int = setting(8000, "where clients connect instead of Ollama's 11434", min=1, max=65535)
-    max_body_bytes: int = setting(8 * 1024 * 1024, "larger request bodies get 413 in the client's dialect", min=1)
+    # Anthropic's own request limit, where Ollama has none: 8 MiB refused Open WebUI chats with two phone photos
+    # (it sends every image again, as base64, with each turn).
+    max_body_bytes: int = setting(32 * 1024 * 1024, "larger request bodies get 413 in the client's dialect", min=1)
     api_keys: list[str] = setting(factory=list, doc="when set, every /api and /v1 call needs `Authorization: "
                                   "Bearer <key>` (or `x-api-key`); cache entries are scoped per key",
                                   default_doc="[] (no authentication; a client that sends a key still gets its own "

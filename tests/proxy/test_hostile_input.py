@@ -89,6 +89,17 @@ async def test_a_wrong_method_says_which_are_allowed(client: TestClient) -> None
     assert resp.status == 405 and set(resp.headers["Allow"].split(", ")) == {"DELETE", "GET", "HEAD"}
 
 
+@pytest.mark.parametrize("config", [Config()])
+async def test_a_chat_with_photos_fits_under_the_default_limit(client: TestClient, scripted) -> None:
+    """Open WebUI sends every image of a chat again, as base64, with each turn: two phone photos passed 8 MiB."""
+    photo = "A" * (5 * 1024 * 1024)
+    body = {"model": "tiny", "stream": False, "messages": [{"role": "user", "content": "a", "images": [photo]},
+                                                           {"role": "assistant", "content": "b"},
+                                                           {"role": "user", "content": "c", "images": [photo]}]}
+    resp = await client.post("/api/chat", json=body)
+    assert resp.status == 200 and [len(m.images) for m in scripted.requests[0].messages] == [1, 0, 1]
+
+
 @pytest.mark.parametrize("config", [Config(server=ServerConfig(max_body_bytes=64 * 1024))])
 async def test_a_huge_declared_body_is_refused_before_it_is_sent(client: TestClient) -> None:
     reader, writer = await asyncio.open_connection(client.host, client.port)
