@@ -2,6 +2,7 @@
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from adapters.errors import BadRequest, ModelLacks, ModelNotFound
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
+from engine import LLMEngine
 from engine.tokenizer import FIM_ENDS
 from tests.engine.tiny import write_tiny_model
 
@@ -236,6 +238,31 @@ def test_knobs_out_of_range_are_read_as_llama_cpp_reads_them(given, read):
     that dumped its whole SamplingParams."""
     params = sampling_params(SamplingOptions(**given), 4096)
     assert {k: getattr(params, k) for k in read} == read
+
+
+async def test_a_load_whose_request_left_is_kept_not_loaded_again(model_dir, monkeypatch):
+    """Continue drops an autocomplete request on each keystroke: one dropped while the model loads must not lose
+    the model its thread goes on loading (the next request loaded a second copy, the first held in memory)."""
+    gate, loads, real = threading.Event(), [], LLMEngine.from_pretrained
+
+    def held_load(*args, **kwargs):
+        loads.append(1)
+        gate.wait(30)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(LLMEngine, "from_pretrained", held_load)
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": model_dir, "name": NAME,
+                                                                         "progress": False, "block_size": 4,
+                                                                         "kv_memory": 8 * 2**20}))
+    left = asyncio.ensure_future(b.load(NAME, None))
+    while not loads:
+        await asyncio.sleep(0.01)
+    left.cancel()  # the client went away while its model loads
+    gate.set()
+    try:
+        await b.load(NAME, None)
+        assert len(loads) == 1 and b.engine is not None and [m.name for m in await b.running()] == [NAME]
+    finally:
+        await b.close()
 
 
 def test_unknown_option_is_named():
