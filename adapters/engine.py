@@ -263,13 +263,17 @@ class EngineBackend(Backend):
         shape = model_card.Shape(
             meta["architecture"], meta["parameters"], meta["context_length"], cfg.hidden_size, cfg.num_layers,
             cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.rope_theta)
+        # The window one request can have: the model's, or the KV memory where that holds less (512 MiB holds
+        # ~18.7k of Qwen2.5-Coder-1.5B's 32k). Continue sizes its history by num_ctx and the fit stage trims to it;
+        # the model's own window made both send prompts the engine refused.
+        window = engine.max_context
         return ModelInfo(
             name=self.model_name, backend=self.name, **(dataclasses.asdict(file) if file else {}),
             family=meta["architecture"],
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
-            context_length=meta["context_length"], template=model_card.go_template(jinja, fim),
-            parameters=model_card.parameters(meta["context_length"], model_card.stop_words(jinja)),
+            context_length=window, template=model_card.go_template(jinja, fim),
+            parameters=model_card.parameters(window, model_card.stop_words(jinja)),
             capabilities=list(self.capabilities), model_info=model_card.model_info(shape), file=path)
 
     # -- generation --------------------------------------------------------------------------

@@ -55,6 +55,20 @@ async def test_lists_and_shows_the_model(backend, model_dir):
         await backend.show("llama3")
 
 
+async def test_the_window_shown_is_what_the_kv_memory_holds(model_dir):
+    """Continue sizes its history by /api/show's num_ctx and the fit stage trims to the listed window: a KV memory
+    smaller than the model's 512 tokens is the window both must see, or the engine refuses what they send."""
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": model_dir, "name": NAME,
+                                                                         "progress": False, "block_size": 4,
+                                                                         "kv_memory": 2**15}))
+    try:
+        info = await b.show(NAME)
+        assert info.context_length == b.engine.max_context < 512
+        assert f"num_ctx {info.context_length}" in " ".join(info.parameters.split())
+    finally:
+        await b.close()
+
+
 async def test_chat_streams_until_length_with_usage(backend):
     chunks = await collect(backend.chat(chat(max_tokens=12, temperature=0)))
     assert len(chunks) > 1 and all(c.finish_reason is None for c in chunks[:-1])
