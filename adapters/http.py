@@ -4,7 +4,9 @@ One pooled `aiohttp.ClientSession` per backend, the four timeouts of `BackendCon
 transport failure or upstream error status to Velo's domain errors, so adapters only speak their wire format.
 
 Timeouts: `connect_timeout` bounds the TCP connect; `first_token_timeout` bounds the wait for the response head
-and its first bytes; `idle_timeout` bounds each later gap between bytes; `total_timeout` bounds the whole stream.
+and for a generation's first token, each gap of it: a backend that reports its progress through a long prompt
+(llama-server's `return_progress`) keeps waiting as long as it reports; `idle_timeout` bounds each later gap
+between bytes; `total_timeout` bounds the whole stream.
 Generations are streamed from the backend, so a backend that hangs is found out after `first_token_timeout`,
 not `total_timeout`; for a client that asked for one answer, `one_answer` folds the stream into one chunk before it
 enters the pipeline, which then costs what a single answer did (per-token chunks through every stage halved the
@@ -45,6 +47,18 @@ _JSON = {"Content-Type": "application/json"}
 
 def _as_is(obj: Any) -> Any:
     return obj
+
+
+def _never(obj: Any) -> bool:
+    return False
+
+
+@dataclass
+class _Begun:
+    """Whether a generation's stream has sent more than prompt progress: until then each gap may take
+    `first_token_timeout`, after it `idle_timeout`."""
+
+    begun: bool = False
 
 
 async def one_answer(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
@@ -208,11 +222,12 @@ class Upstream:
             raise BackendUnavailable(f"{where} is unavailable: {message}")
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")
 
-    async def _reads(self, resp: aiohttp.ClientResponse, first_wait: float,
-                     total: float | None) -> AsyncIterator[bytes]:
-        """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each. What has
-        arrived already is taken whole and at once; only an empty buffer arms a timer (a timer per read was 2.6% of
-        the proxy's time at max req/s, in a py-spy profile)."""
+    async def _reads(self, resp: aiohttp.ClientResponse, first_wait: float, total: float | None,
+                     started: _Begun | None = None) -> AsyncIterator[bytes]:
+        """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each, or within
+        `first_wait` each while `started` says only progress came. What has arrived already is taken whole and at
+        once; only an empty buffer arms a timer (a timer per read was 2.6% of the proxy's time at max req/s, in a
+        py-spy profile)."""
         loop = asyncio.get_running_loop()
         deadline = None if total is None else loop.time() + total
         wait, what = first_wait, "sent no first data"
@@ -233,14 +248,17 @@ class Upstream:
             if not data:
                 return
             yield data
-            wait, what = self.config.idle_timeout, "sent no data between chunks"
+            if started is None or started.begun:
+                wait, what = self.config.idle_timeout, "sent no data between chunks"
+            else:
+                what = "reported progress, then sent no first token"
 
-    async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float,
-                    total: float | None) -> AsyncIterator[list[bytes]]:
+    async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
+                    started: _Begun | None = None) -> AsyncIterator[list[bytes]]:
         """Non-empty lines of the body (NDJSON or SSE), as soon as they are complete: all those that arrived
         together in one list, so the layers above wake once per read, not once per line."""
         buf = b""
-        async for data in self._reads(resp, first_wait, total):
+        async for data in self._reads(resp, first_wait, total, started):
             *complete, buf = (buf + data).split(b"\n")
             complete = [line for line in complete if line.strip()]
             if complete:
@@ -277,32 +295,39 @@ class Upstream:
 
     async def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T],
                          whole: Callable[[Any], T] | None = None, ndjson: bool = False,
-                         last: Callable[[T], bool] = lambda _: False) -> AsyncIterator[T]:
+                         last: Callable[[T], bool] = lambda _: False,
+                         progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
         """What a generation sends back, each through `parse`: the events of its stream (SSE, or NDJSON for Ollama)
-        up to the one `last` recognises, under the first-token, idle and total timeouts; or, when `body` asks for no
-        stream (`always_stream = false`), the whole answer once, through `whole` (default `parse`)."""
+        up to the one `last` recognises, under the first-token, idle and total timeouts (events `progress` knows
+        as prompt progress only keep the first-token wait going); or, when `body` asks for no stream
+        (`always_stream = false`), the whole answer once, through `whole` (default `parse`)."""
         cfg = self.config
         if not body["stream"]:
             yield await self.call("POST", path, body, model=model, parse=whole or parse)
             return
         events = self.ndjson if ndjson else self.sse
         async with self.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
-            async for item in events(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout, parse=parse):
+            async for item in events(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout, parse=parse,
+                                     started=_Begun(), progress=progress):
                 yield item
                 if last(item):
                     return
 
     async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
-                     parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
-        async for lines in self.lines(resp, first_wait=first_wait, total=total):
+                     parse: Callable[[Any], T] = _as_is, started: _Begun | None = None,
+                     progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
+        async for lines in self.lines(resp, first_wait=first_wait, total=total, started=started):
             for line in lines:
-                yield self.shaped(parse, self._loads(line), resp.url.path)
+                obj = self._loads(line)
+                _note_start(started, progress, obj)
+                yield self.shaped(parse, obj, resp.url.path)
 
     async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
-                  parse: Callable[[Any], T] = _as_is) -> AsyncIterator[T]:
+                  parse: Callable[[Any], T] = _as_is, started: _Begun | None = None,
+                  progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
         """The JSON payloads of `data:` events through `parse`; `[DONE]` and comments are skipped, `error:` events
         raise."""
-        async for lines in self.lines(resp, first_wait=first_wait, total=total):
+        async for lines in self.lines(resp, first_wait=first_wait, total=total, started=started):
             for line in lines:
                 field, _, value = line.partition(b":")
                 value = value.strip()
@@ -313,4 +338,10 @@ class Upstream:
                 obj = self._loads(value)
                 if isinstance(obj, dict) and "error" in obj:
                     raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+                _note_start(started, progress, obj)
                 yield self.shaped(parse, obj, resp.url.path)
+
+
+def _note_start(started: _Begun | None, progress: Callable[[Any], bool], obj: Any) -> None:
+    if started is not None and not started.begun and not progress(obj):
+        started.begun = True

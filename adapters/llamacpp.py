@@ -60,7 +60,10 @@ def native_body(req: CompletionRequest) -> dict[str, Any]:
 
 
 def native_chunk(obj: dict[str, Any]) -> Chunk:
-    """One `/completion` or `/infill` event; the last has `stop: true` and the counts."""
+    """One `/completion` or `/infill` event; the last has `stop: true` and the counts. A progress report says
+    nothing of the answer (its `tokens` hold a placeholder 0)."""
+    if "prompt_progress" in obj:
+        return Chunk()
     chunk = Chunk(text=wire_text(obj.get("content")), context=obj.get("tokens") or None, logprobs=[
         TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p.get("top_logprobs") or []])
         for p in obj.get("completion_probabilities") or [] if "logprob" in p])
@@ -74,6 +77,13 @@ def native_chunk(obj: dict[str, Any]) -> Chunk:
                             eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
         chunk.usage.total_ns = chunk.usage.prompt_eval_ns + chunk.usage.eval_ns
     return chunk
+
+
+def _with_progress(body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed body asks for llama-server's progress through the prompt, which keeps the first-token wait going
+    (adapters/http.py): on a CPU a long prompt takes minutes before its first token (Qwen2.5-Coder-1.5B read a
+    12,307-token prompt in 310 s on this 2-core machine, 40 tokens/s; Claude Code's first request is ~20k)."""
+    return {**body, "return_progress": True} if body.get("stream") else body
 
 
 def _finishes(chunk: Chunk) -> bool:
@@ -115,6 +125,11 @@ class LlamaCppBackend(OpenAIBackend):
     # each request gets its own connection (~0.2 ms on loopback, where llama-server runs).
     pools_connections = False
     knows_capabilities = True  # /props and /infill tell
+
+    @staticmethod
+    def reports_progress(event: Any) -> bool:
+        """llama-server's `return_progress` events: one as a prompt starts, one per batch of it (`-b`, 2048 tokens)."""
+        return isinstance(event, dict) and "prompt_progress" in event
 
     def __init__(self, config: BackendConfig):
         super().__init__(config)
@@ -231,7 +246,7 @@ class LlamaCppBackend(OpenAIBackend):
         native = native_sampling(req.options)
         native.pop("n_predict", None)
         native.pop("n_probs", None)
-        return {**native, **super().chat_body(req)}
+        return _with_progress({**native, **super().chat_body(req)})
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.raw or (req.template is None and req.suffix is not None):
@@ -268,11 +283,11 @@ class LlamaCppBackend(OpenAIBackend):
         """A stream from the server, whatever the client asked, unless `always_stream = false` (see
         adapters/http.py). `prompt_ids`: the prompt as token ids; each chunk's `context` then holds the tokens it
         adds."""
-        body, finished = native_body(self._asked(req)), False
+        body, finished = _with_progress(native_body(self._asked(req))), False
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, return_tokens=True)
         async with contextlib.aclosing(self.http.generation(path, body, model=req.model, parse=native_chunk,
-                                                            last=_finishes)) as events:
+                                                            last=_finishes, progress=self.reports_progress)) as events:
             async for chunk in events:
                 finished = _finishes(chunk)
                 if prompt_ids is None:  # llama-server sends the sampled tokens unasked: no context for raw or infill

@@ -92,11 +92,17 @@ class OpenAIBackend(Backend):
         stream = self._answer("/v1/completions", completion_to_wire(self._asked(req)), req.model)
         return stream if req.stream else one_answer(stream)
 
+    @staticmethod
+    def reports_progress(event: Any) -> bool:
+        """Whether a streamed event only reports progress through the prompt (none do in the OpenAI API)."""
+        return False
+
     async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """A stream from the backend, or its one answer folded the same way (see adapters/http.py)."""
         parser = ChatStream()
         async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
-                                                 whole=lambda answer: parser.feed(as_stream_event(answer)))) as events:
+                                                 whole=lambda answer: parser.feed(as_stream_event(answer)),
+                                                 progress=self.reports_progress)) as events:
             async for chunk in events:
                 if chunk is not None:
                     yield chunk

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BadRequest, ContextOverflow
+from adapters.errors import BackendError, BackendTimeout, BadRequest, ContextOverflow
 from adapters.http import Upstream, one_answer
 from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage, aggregate
 
@@ -170,3 +170,50 @@ async def test_one_answer_cancelled_closes_the_backend_stream():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert closed.is_set()
+
+
+async def _progress_then(aiohttp_server, gap_s: float, token: bool) -> Upstream:
+    """A llama-server-like stream: a prompt-progress event, `gap_s` of silence, then (`token`) a token and the end."""
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"content": "", "stop": false, "prompt_progress": {"total": 9, "processed": 0}}\n\n')
+        await asyncio.sleep(gap_s)
+        if token:
+            await resp.write(b'data: {"content": "hi", "stop": true}\n\n')
+        await asyncio.sleep(5 if not token else 0)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/completion", stream)
+    server = await aiohttp_server(app)
+    return Upstream(BackendConfig(name="b", kind="llamacpp", urls=[str(server.make_url(""))],
+                                  first_token_timeout=1.0, idle_timeout=0.2))
+
+
+def _is_progress(event: Any) -> bool:
+    return "prompt_progress" in event
+
+
+async def test_prompt_progress_keeps_the_first_token_wait_going(aiohttp_server):
+    """A CPU reads a long prompt for minutes: llama-server's progress reports are proof of work, so the gap after
+    one may take first_token_timeout (1 s here), not idle_timeout (0.2 s)."""
+    up = await _progress_then(aiohttp_server, 0.5, token=True)
+    try:
+        got = [e async for e in up.generation("/completion", {"stream": True}, model="m", parse=lambda e: e,
+                                              last=lambda e: e["stop"], progress=_is_progress)]
+        assert [e["content"] for e in got] == ["", "hi"]
+        with pytest.raises(BackendTimeout, match="sent no data between chunks within 0.2s"):
+            [e async for e in up.generation("/completion", {"stream": True}, model="m", parse=lambda e: e)]
+    finally:
+        await up.close()
+
+
+async def test_progress_without_a_token_ends_after_first_token_timeout(aiohttp_server):
+    up = await _progress_then(aiohttp_server, 3, token=False)
+    try:
+        with pytest.raises(BackendTimeout, match="reported progress, then sent no first token within 1s"):
+            [e async for e in up.generation("/completion", {"stream": True}, model="m", parse=lambda e: e,
+                                            progress=_is_progress)]
+    finally:
+        await up.close()
