@@ -9,20 +9,24 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Rules:
     trims_context: bool  # a chat longer than the context loses its oldest turns (Ollama), else a 400 the client knows
-    # Asking a model for what it cannot do (think, see images) is a 400; else that part is left out (the thinking
-    # switch left to the model, each image replaced by a note) and the model answers without it.
-    strict_capabilities: bool
+    # Asking a model to think, or to see a chat's images, when it cannot is a 400; else that part is left out (the
+    # thinking switch left to the model, each image replaced by a note) and the model answers without it.
+    refuses_thinking: bool
+    refuses_images: bool
 
 
 RULES = {
-    "ollama": Rules(trims_context=True, strict_capabilities=True),  # Ollama's own behaviour, both
-    "openai": Rules(trims_context=False, strict_capabilities=True),  # "context_length_exceeded" makes agents compact
+    # Ollama refuses thinking but passes images on unchecked (server/routes.go); a chat keeps its images in every
+    # later turn (Continue and Open WebUI send them again), so a 400 failed the rest of the session: a note instead.
+    "ollama": Rules(trims_context=True, refuses_thinking=True, refuses_images=False),
+    # "context_length_exceeded" makes agents compact; OpenAI refuses an image to a model that cannot see.
+    "openai": Rules(trims_context=False, refuses_thinking=True, refuses_images=True),
     # Ollama relaxes thinking for its Anthropic API so Claude Code (thinking: adaptive or enabled) runs on any model;
     # Codex sends reasoning.effort on every request, so the Responses API gets the same. An agent's history keeps
     # what it was sent (Claude Code's Read of a picture is an image in a tool result): a 400 there fails every later
     # turn of the session, so these two leave images out too.
-    "anthropic": Rules(trims_context=False, strict_capabilities=False),
-    "responses": Rules(trims_context=False, strict_capabilities=False),
+    "anthropic": Rules(trims_context=False, refuses_thinking=False, refuses_images=False),
+    "responses": Rules(trims_context=False, refuses_thinking=False, refuses_images=False),
 }
 
 

@@ -3,8 +3,8 @@
 - an output limit where the client set none (`[server] default_max_tokens`): a looping small model otherwise runs
   to the end of its context;
 - what the model cannot do (fill in the middle): Ollama's 400 `"x" does not support insert`;
-- images and the thinking switch: a model that cannot see or think gets Ollama's 400 in the dialects that are
-  strict about it (proxy/dialects RULES); in the others the switch is dropped and each image becomes a note;
+- images and the thinking switch: a model that cannot see or think gets a 400 in the dialects whose servers
+  refuse it (proxy/dialects RULES); in the others the switch is dropped and each image of a chat becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts and the last turn) and trims a raw prompt's start, as Ollama does; the
   others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). A request's own
@@ -74,7 +74,7 @@ class Fit(Stage):
         images = req.images if isinstance(req, CompletionRequest) else [i for m in req.messages for i in m.images]
         if not images:
             return req
-        if RULES[job.dialect].strict_capabilities or isinstance(req, CompletionRequest):
+        if RULES[job.dialect].refuses_images or isinstance(req, CompletionRequest):  # no note fits a raw prompt
             raise ModelLacks(req.model, "vision")
         return replace(req, messages=[_unseen(m) if m.images else m for m in req.messages])
 
@@ -82,7 +82,7 @@ class Fit(Stage):
     def _thinking(req: Request, info: ModelInfo, job: Job) -> Request:
         if req.think in (None, False) or "thinking" in info.capabilities:
             return req
-        if RULES[job.dialect].strict_capabilities:
+        if RULES[job.dialect].refuses_thinking:
             raise ModelLacks(req.model, "thinking")
         return replace(req, think=None)
 

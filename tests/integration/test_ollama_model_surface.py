@@ -109,9 +109,13 @@ async def test_engine_generate_context_and_template(velo_engine):
     with pytest.raises(ollama.ResponseError) as e:  # the tiny model's vocabulary has no FIM tokens
         await c.generate(model=TINY, prompt="def f(", suffix="pass", raw=True)
     assert (e.value.status_code, e.value.error) == (400, '"tiny" does not support insert')
-    with pytest.raises(ollama.ResponseError) as e:
-        await c.chat(model=TINY, messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}])
+    with pytest.raises(ollama.ResponseError) as e:  # a raw prompt has no room for a note
+        await c.generate(model=TINY, prompt="x", images=[b"\x89PNG"])
     assert (e.value.status_code, e.value.error) == (400, '"tiny" does not support vision')
+    chat = [{"role": "user", "content": "x"}]
+    seen = await c.chat(model=TINY, messages=[{**chat[0], "images": [b"\x89PNG"]}], options={"num_predict": 1})
+    plain = await c.chat(model=TINY, messages=chat, options={"num_predict": 1})
+    assert seen.prompt_eval_count > plain.prompt_eval_count  # a note took the image's place, as in the agents' APIs
 
 
 async def test_engine_embeddings_legacy_and_dimensions(velo_engine):
