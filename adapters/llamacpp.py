@@ -219,15 +219,15 @@ class LlamaCppBackend(OpenAIBackend):
     async def with_file(self, info: ModelInfo, path: str, jinja: str) -> ModelInfo:
         if not os.path.isfile(path):
             return info
-        gguf, fim = await self._gguf_facts(path)
+        facts = await self.gguf_facts(path)
         info.file = path
-        info.family = gguf.get("general.architecture", info.family)
-        info.model_info = gguf | info.model_info
-        if fim and "insert" in info.capabilities:
-            info.template = model_card.go_template(jinja, fim)
+        info.family = facts.info.get("general.architecture", info.family)
+        info.model_info = facts.info | info.model_info
+        if facts.fim and "insert" in info.capabilities:
+            info.template = model_card.go_template(jinja or facts.jinja, facts.fim)
         return info
 
-    async def _gguf_facts(self, path: str) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+    async def gguf_facts(self, path: str) -> model_card.GgufFacts:
         """Read once per file, off the event loop, by a task that a caller who gives up (a timed-out model lookup)
         does not cancel: 0.13 s for SmolLM2's header, 0.27 s for Qwen2.5-Coder's 151k-token vocabulary, idle."""
         if self._gguf is None or self._gguf[0] != path:

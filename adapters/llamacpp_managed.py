@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
+from . import model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
 from .llamacpp import LlamaCppBackend, gguf_name
@@ -39,7 +40,7 @@ class ManagedStats:
 
 
 class ManagedLlamaCpp(LlamaCppBackend):
-    knows_capabilities = False  # stopped, it lists only "completion" (asking would start it): suffix goes through
+    knows_capabilities = False  # stopped, it lists what the file tells (asking would start it): suffix goes through
     def __init__(self, config: BackendConfig, swaps: Swaps):
         super().__init__(config)
         assert config.model, "a managed llama-server needs a model file"
@@ -180,14 +181,22 @@ class ManagedLlamaCpp(LlamaCppBackend):
         return self.config.max_concurrency or 4  # llama-server's default slots; asking would start it
 
     async def list_models(self) -> list[ModelInfo]:
-        """From the file while the server is down (listing never starts it), else what the server says."""
+        """From the file while the server is down (listing never starts it), else what the server says. The file
+        tells the template and whether the model fills in the middle, as a running server's /props and /infill
+        would: Continue reads both once per model, before its first request, so a stopped server was a model with
+        no template and no FIM for the rest of its session."""
         if self.state == "ready":
             with contextlib.suppress(BackendError):
                 return await LlamaCppBackend.list_models(self)
-        file = model_file(self.config.model or "") if os.path.isfile(self.config.model or "") else None
-        dated = {"modified_at": file.modified_at, "digest": file.digest, "size": file.size} if file else {}
-        return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", capabilities=["completion"],
-                          **dated)]
+        path = self.config.model or ""
+        if not os.path.isfile(path):
+            return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", capabilities=["completion"])]
+        file, facts = model_file(path), await self.gguf_facts(path)
+        return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", modified_at=file.modified_at,
+                          digest=file.digest, size=file.size,
+                          capabilities=["completion", "tools", *(["insert"] if facts.fim else [])],
+                          template=model_card.go_template(facts.jinja, facts.fim),
+                          parameters=model_card.parameters(None, model_card.stop_words(facts.jinja)))]
 
     async def show(self, model: str) -> ModelInfo:
         """Stopped, from the file alone (showing never starts it)."""

@@ -107,13 +107,24 @@ def model_info(shape: Shape) -> dict[str, Any]:
     return {k: v for k, v in keys.items() if v}
 
 
-def gguf_facts(path: str) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
-    """A local GGUF file's metadata as Ollama shows it (every scalar key; arrays such as the vocabulary, and the
-    chat template, left out), and the FIM tokens its vocabulary has."""
+@dataclass(frozen=True)
+class GgufFacts:
+    """A local GGUF file as /api/show tells it: its metadata as Ollama shows it (every scalar key; arrays such as the
+    vocabulary, and the chat template, left out), the FIM tokens its vocabulary has, and its chat template."""
+
+    info: dict[str, Any]
+    fim: tuple[str, str, str] | None
+    jinja: str
+
+
+def gguf_facts(path: str) -> GgufFacts:
     meta = read_metadata(path, arrays=frozenset({"tokenizer.ggml.tokens"}))
     vocab = meta.pop("tokenizer.ggml.tokens", None) or []
-    info = {k: v for k, v in meta.items() if v is not None and k != "tokenizer.chat_template"}
+    jinja = meta.pop("tokenizer.chat_template", None)
+    info = {k: v for k, v in meta.items() if v is not None}
     roles = [info.get(f"tokenizer.ggml.fim_{r}_token_id") for r in ("pre", "suf", "mid")]  # llama.cpp's own keys
     if all(isinstance(i, int) and 0 <= i < len(vocab) for i in roles):
-        return info, (vocab[roles[0]], vocab[roles[1]], vocab[roles[2]])
-    return info, fim_style(set(vocab).__contains__)
+        fim: tuple[str, str, str] | None = (vocab[roles[0]], vocab[roles[1]], vocab[roles[2]])
+    else:
+        fim = fim_style(set(vocab).__contains__)
+    return GgufFacts(info, fim, jinja if isinstance(jinja, str) else "")

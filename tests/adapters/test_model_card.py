@@ -52,8 +52,9 @@ def test_header_reader_matches_the_gguf_library_on_the_shipped_model():
     scalars = {k for k, v in theirs.items() if not isinstance(v, list)}
     assert {k: ours[k] for k in scalars} == {k: theirs[k] for k in scalars}
     assert all(ours[k] is None for k in theirs.keys() - scalars)  # arrays are skipped unless asked for
-    info, fim = model_card.gguf_facts(path)
-    assert fim is None  # SmolLM2's vocabulary has no FIM tokens
+    facts = model_card.gguf_facts(path)
+    info, fim = facts.info, facts.fim
+    assert fim is None and "<|im_start|>" in facts.jinja  # SmolLM2's vocabulary has no FIM tokens; ChatML
     assert info["llama.block_count"] == 30 and info["llama.attention.head_count"] == 9
     assert not any(isinstance(v, (list, dict)) for v in info.values()) and "tokenizer.chat_template" not in info
 
@@ -74,10 +75,11 @@ def _gguf(path: str, tokens: list[str], **ids: int) -> str:
 
 def test_fim_tokens_from_llama_cpp_keys_or_the_vocabulary(tmp_path):
     tokens = ["a", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<PRE>", "<SUF>", "<MID>"]
-    info, fim = model_card.gguf_facts(_gguf(str(tmp_path / "v.gguf"), tokens))
+    facts = model_card.gguf_facts(_gguf(str(tmp_path / "v.gguf"), tokens))
+    info, fim = facts.info, facts.fim
     assert fim == ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>") and info["qwen2.context_length"] == 4096
-    _, fim = model_card.gguf_facts(_gguf(str(tmp_path / "k.gguf"), tokens, fim_pre=4, fim_suf=5, fim_mid=6))
+    fim = model_card.gguf_facts(_gguf(str(tmp_path / "k.gguf"), tokens, fim_pre=4, fim_suf=5, fim_mid=6)).fim
     assert fim == ("<PRE>", "<SUF>", "<MID>")  # llama.cpp's own keys win over guessing
-    _, fim = model_card.gguf_facts(_gguf(str(tmp_path / "n.gguf"), ["a", "b"]))
+    fim = model_card.gguf_facts(_gguf(str(tmp_path / "n.gguf"), ["a", "b"])).fim
     assert fim is None
     assert os.path.getsize(tmp_path / "n.gguf") > 0
