@@ -343,5 +343,6 @@ class Upstream:
 
 
 def _note_start(started: _Begun | None, progress: Callable[[Any], bool], obj: Any) -> None:
+    """The first event that is more than prompt progress begins the answer: gaps are `idle_timeout`'s from then."""
     if started is not None and not started.begun and not progress(obj):
         started.begun = True
