@@ -59,10 +59,13 @@ def test_header_reader_matches_the_gguf_library_on_the_shipped_model():
     assert not any(isinstance(v, (list, dict)) for v in info.values()) and "tokenizer.chat_template" not in info
 
 
-def _gguf(path: str, tokens: list[str], **ids: int) -> str:
+def gguf_file(path: str, tokens: list[str], chat_template: str = "", **ids: int) -> str:
+    """A small GGUF (a Qwen2 header with `tokens`, a chat template, the given `tokenizer.ggml.*_token_id`s)."""
     w = gguf.GGUFWriter(path, "qwen2")
     w.add_context_length(4096)
     w.add_token_list(tokens)
+    if chat_template:
+        w.add_chat_template(chat_template)
     for key, value in ids.items():
         w.add_uint32(f"tokenizer.ggml.{key}_token_id", value)
     w.add_tensor("t", np.zeros(4, dtype=np.float32))
@@ -75,11 +78,11 @@ def _gguf(path: str, tokens: list[str], **ids: int) -> str:
 
 def test_fim_tokens_from_llama_cpp_keys_or_the_vocabulary(tmp_path):
     tokens = ["a", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<PRE>", "<SUF>", "<MID>"]
-    facts = model_card.gguf_facts(_gguf(str(tmp_path / "v.gguf"), tokens))
+    facts = model_card.gguf_facts(gguf_file(str(tmp_path / "v.gguf"), tokens))
     info, fim = facts.info, facts.fim
     assert fim == ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>") and info["qwen2.context_length"] == 4096
-    fim = model_card.gguf_facts(_gguf(str(tmp_path / "k.gguf"), tokens, fim_pre=4, fim_suf=5, fim_mid=6)).fim
+    fim = model_card.gguf_facts(gguf_file(str(tmp_path / "k.gguf"), tokens, fim_pre=4, fim_suf=5, fim_mid=6)).fim
     assert fim == ("<PRE>", "<SUF>", "<MID>")  # llama.cpp's own keys win over guessing
-    fim = model_card.gguf_facts(_gguf(str(tmp_path / "n.gguf"), ["a", "b"])).fim
+    fim = model_card.gguf_facts(gguf_file(str(tmp_path / "n.gguf"), ["a", "b"])).fim
     assert fim is None
     assert os.path.getsize(tmp_path / "n.gguf") > 0
