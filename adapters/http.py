@@ -54,11 +54,17 @@ def _never(obj: Any) -> bool:
 
 
 @dataclass
-class _Begun:
-    """Whether a generation's stream has sent more than prompt progress: until then each gap may take
-    `first_token_timeout`, after it `idle_timeout`."""
+class _Start:
+    """Whether a generation's stream has sent more than prompt progress (events `progress` recognises): until then
+    each gap may take `first_token_timeout`, after it `idle_timeout`."""
 
+    progress: Callable[[Any], bool]
     begun: bool = False
+
+    def note(self, event: Any) -> None:
+        """The first event that is more than prompt progress begins the answer."""
+        if not self.begun and not self.progress(event):
+            self.begun = True
 
 
 async def one_answer(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
@@ -223,7 +229,7 @@ class Upstream:
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")
 
     async def _reads(self, resp: aiohttp.ClientResponse, first_wait: float, total: float | None,
-                     started: _Begun | None = None) -> AsyncIterator[bytes]:
+                     started: _Start | None = None) -> AsyncIterator[bytes]:
         """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each, or within
         `first_wait` each while `started` says only progress came. What has arrived already is taken whole and at
         once; only an empty buffer arms a timer (a timer per read was 2.6% of the proxy's time at max req/s, in a
@@ -254,7 +260,7 @@ class Upstream:
                 what = "reported progress, then sent no first token"
 
     async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
-                    started: _Begun | None = None) -> AsyncIterator[list[bytes]]:
+                    started: _Start | None = None) -> AsyncIterator[list[bytes]]:
         """Non-empty lines of the body (NDJSON or SSE), as soon as they are complete: all those that arrived
         together in one list, so the layers above wake once per read, not once per line."""
         buf = b""
@@ -308,23 +314,22 @@ class Upstream:
         events = self.ndjson if ndjson else self.sse
         async with self.request("POST", path, body, wait=cfg.first_token_timeout, model=model) as resp:
             async for item in events(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout, parse=parse,
-                                     started=_Begun(), progress=progress):
+                                     started=_Start(progress)):
                 yield item
                 if last(item):
                     return
 
     async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
-                     parse: Callable[[Any], T] = _as_is, started: _Begun | None = None,
-                     progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
+                     parse: Callable[[Any], T] = _as_is, started: _Start | None = None) -> AsyncIterator[T]:
         async for lines in self.lines(resp, first_wait=first_wait, total=total, started=started):
             for line in lines:
                 obj = self._loads(line)
-                _note_start(started, progress, obj)
+                if started is not None:
+                    started.note(obj)
                 yield self.shaped(parse, obj, resp.url.path)
 
     async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
-                  parse: Callable[[Any], T] = _as_is, started: _Begun | None = None,
-                  progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
+                  parse: Callable[[Any], T] = _as_is, started: _Start | None = None) -> AsyncIterator[T]:
         """The JSON payloads of `data:` events through `parse`; `[DONE]` and comments are skipped, `error:` events
         raise."""
         async for lines in self.lines(resp, first_wait=first_wait, total=total, started=started):
@@ -338,11 +343,7 @@ class Upstream:
                 obj = self._loads(value)
                 if isinstance(obj, dict) and "error" in obj:
                     raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
-                _note_start(started, progress, obj)
+                if started is not None:
+                    started.note(obj)
                 yield self.shaped(parse, obj, resp.url.path)
 
-
-def _note_start(started: _Begun | None, progress: Callable[[Any], bool], obj: Any) -> None:
-    """The first event that is more than prompt progress begins the answer: gaps are `idle_timeout`'s from then."""
-    if started is not None and not started.begun and not progress(obj):
-        started.begun = True

@@ -59,10 +59,15 @@ def native_body(req: CompletionRequest) -> dict[str, Any]:
     return body
 
 
+def _is_progress(event: Any) -> bool:
+    """llama-server's `return_progress` events: one as a prompt starts, one per batch of it (`-b`, 2048 tokens)."""
+    return isinstance(event, dict) and "prompt_progress" in event
+
+
 def native_chunk(obj: dict[str, Any]) -> Chunk:
     """One `/completion` or `/infill` event; the last has `stop: true` and the counts. A progress report says
     nothing of the answer (its `tokens` hold a placeholder 0)."""
-    if "prompt_progress" in obj:
+    if _is_progress(obj):
         return Chunk()
     chunk = Chunk(text=wire_text(obj.get("content")), context=obj.get("tokens") or None, logprobs=[
         TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p.get("top_logprobs") or []])
@@ -126,10 +131,7 @@ class LlamaCppBackend(OpenAIBackend):
     pools_connections = False
     knows_capabilities = True  # /props and /infill tell
 
-    @staticmethod
-    def reports_progress(event: Any) -> bool:
-        """llama-server's `return_progress` events: one as a prompt starts, one per batch of it (`-b`, 2048 tokens)."""
-        return isinstance(event, dict) and "prompt_progress" in event
+    reports_progress = staticmethod(_is_progress)
 
     def __init__(self, config: BackendConfig):
         super().__init__(config)
