@@ -12,7 +12,7 @@ from engine.tokenizer import Tokenizer
 
 from .errors import BadRequest
 from .protocol import ChatRequest, Message
-from .think import OPEN
+from .think import template_thinks
 from .tool_prompt import in_prompt
 
 _PROBE = [{"role": "user", "content": "hi"}]
@@ -66,7 +66,7 @@ def capabilities(tokenizer: Tokenizer) -> list[str]:
     template = tokenizer.chat_template or ""
     return (["completion"] + (["tools"] if renders_tools(tokenizer) else [])
             + (["insert"] if tokenizer.fim_tokens else [])
-            + (["thinking"] if OPEN in template or "enable_thinking" in template else []))
+            + (["thinking"] if template_thinks(template) else []))
 
 
 def renders_tools(tokenizer: Tokenizer) -> bool:

@@ -20,7 +20,7 @@ from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, SamplingOptions,
                        TokenLogprob, Usage)
-from .think import OPEN, ThinkSplitter, opens_thinking
+from .think import ThinkSplitter, opens_thinking, template_thinks
 
 log = logging.getLogger("velo.adapters.llamacpp")
 
@@ -38,6 +38,12 @@ _TOO_LARGE = re.compile(r"is too large to process\. increase the physical batch 
 def _batch_limit(message: str) -> int | None:
     found = _TOO_LARGE.search(message)
     return int(found.group(1)) if found else None
+
+
+def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
+    """Ollama's capability names for a llama-server model: its template's (tools, thinking) and /infill's."""
+    return (["completion"] + (["tools"] if tools else []) + (["thinking"] if template_thinks(jinja) else [])
+            + (["insert"] if infill else []))
 
 
 def native_sampling(o: SamplingOptions) -> dict[str, Any]:
@@ -188,14 +194,8 @@ class LlamaCppBackend(OpenAIBackend):
         listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self._props_now()
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
-        caps, jinja = ["completion"], props.get("chat_template", "")
-        if (props.get("chat_template_caps") or {}).get("supports_tools"):
-            caps.append("tools")
-        if OPEN in jinja or "enable_thinking" in jinja:
-            caps.append("thinking")
-        infill = await self.can_infill()
-        if infill:
-            caps.append("insert")
+        jinja, infill = props.get("chat_template", ""), await self.can_infill()
+        caps = capabilities(jinja, bool((props.get("chat_template_caps") or {}).get("supports_tools")), infill)
         names = self.config.models or [gguf_name(e["id"]) for e in entries]
         params, context = meta.get("n_params", 0), await self.context_length()
         path = props.get("model_path", "")
@@ -268,7 +268,7 @@ class LlamaCppBackend(OpenAIBackend):
                                            model=req.model))["prompt"]
         ids = (req.context or []) + await self.tokenize(prompt)
         said, jinja = list(ids), (await self.props()).get("chat_template", "")
-        thinking = ThinkSplitter(opens_thinking(prompt)) if OPEN in jinja or "enable_thinking" in jinja else None
+        thinking = ThinkSplitter(opens_thinking(prompt)) if template_thinks(jinja) else None
         async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
             async for chunk in stream:
                 said += chunk.context or []

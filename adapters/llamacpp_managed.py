@@ -18,7 +18,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from . import model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
-from .llamacpp import LlamaCppBackend, gguf_name
+from .llamacpp import LlamaCppBackend, capabilities, gguf_name
 from .model_file import model_file
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 from .swaps import Swaps
@@ -194,7 +194,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         file, facts = model_file(path), await self.gguf_facts(path)
         return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", modified_at=file.modified_at,
                           digest=file.digest, size=file.size,
-                          capabilities=["completion", "tools", *(["insert"] if facts.fim else [])],
+                          capabilities=capabilities(facts.jinja, tools=True, infill=facts.fim is not None),
                           template=model_card.go_template(facts.jinja, facts.fim),
                           parameters=model_card.parameters(None, model_card.stop_words(facts.jinja)))]
 

@@ -56,3 +56,9 @@ def opens_thinking(prompt: str) -> bool:
     """The rendered prompt ends inside <think>: the model's first tokens are thinking."""
     tail = prompt.rstrip()
     return tail.rfind(OPEN) > tail.rfind(CLOSE)
+
+
+def template_thinks(template: str) -> bool:
+    """A chat template that has <think> blocks, or a switch for them (`enable_thinking`, Qwen3): Ollama's
+    "thinking" capability."""
+    return OPEN in template or "enable_thinking" in template

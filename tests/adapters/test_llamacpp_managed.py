@@ -20,3 +20,14 @@ async def test_a_stopped_server_shows_the_template_and_fim_its_file_has(tmp_path
     assert "{{ .Suffix }}" in shown.template and "<|fim_prefix|>" in shown.template
     assert "<|im_start|>" in shown.template and '"<|im_end|>"' in shown.parameters
     assert shown.model_info["qwen2.context_length"] == 4096
+
+
+async def test_a_stopped_server_lists_thinking_when_its_template_thinks(tmp_path):
+    """The stopped listing reads the file's template as a running server's listing reads /props: a template with
+    <think> blocks is a model that thinks, so Ollama's clients offer its thinking switch either way."""
+    thinking = CHATML.replace("assistant\n{% endif %}", "assistant\n<think>\n{% endif %}")
+    path = gguf_file(str(tmp_path / "thinker.gguf"), ["a", "<|im_start|>", "<|im_end|>"], thinking)
+    backend = ManagedLlamaCpp(BackendConfig(name="thinker", kind="llamacpp", model=path), Swaps())
+    [listed] = await backend.list_models()
+    assert backend.state == "stopped"
+    assert listed.capabilities == ["completion", "tools", "thinking"]
