@@ -19,5 +19,5 @@ class BatchingConfig:
     max_queue: int = setting(256, "requests that may wait per backend beyond its max_concurrency; more get 429 "
                              "with Retry-After", min=0)
     supersede_autocomplete: bool = setting(True, "a newer fill-in-the-middle request from the same client "
-                                           "(X-Velo-Client header, else its API key or address) cancels the older "
-                                           "one, queued or running")
+                                           "(X-Velo-Client header, else its API key or address) at the same place "
+                                           "(the lines around the cursor's) cancels the older one, queued or running")

@@ -1,9 +1,10 @@
 """Per-backend admission (proxy/batching/admission.py): the job holds one of its backend's slots for its whole
-stream; autocomplete jumps the queue, and a newer one from the same client replaces the older."""
+stream; autocomplete jumps the queue, and a newer one from the same client at the same place replaces the older."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from typing import AsyncIterator, Iterator
 
@@ -28,10 +29,25 @@ def priority(job: Job) -> int:
 
 
 def supersede_key(job: Job, config: Config) -> str | None:
-    """Autocomplete jobs of one client replace each other (when `[batching] supersede_autocomplete`)."""
+    """Autocomplete jobs of one client at one place replace each other (when `[batching] supersede_autocomplete`)."""
+    req = job.request
     if priority(job) == LATENCY_CRITICAL and config.batching.supersede_autocomplete:
-        return f"{job.caller.tenant}:{job.caller.client}:autocomplete"
+        assert isinstance(req, CompletionRequest) and req.suffix is not None
+        return f"{job.caller.tenant}:{job.caller.client}:autocomplete:{_place(req.prompt, req.suffix)}"
     return None
+
+
+# Characters of context each way: enough that two files, or two places in one, differ.
+_PLACE_CHARS = 256
+
+
+def _place(prefix: str, suffix: str) -> str:
+    """Where an autocomplete is: the text before the cursor's line and after it. Typing on that line (auto-closed
+    brackets included) changes neither, so each keystroke's request replaces the last; two editor windows, which
+    are one client to Velo (every local one is 127.0.0.1 without X-Velo-Client), are at two places and no longer
+    cancel each other's requests. Enter starts a new place: the request before it runs on."""
+    before, after = prefix.rpartition("\n")[0][-_PLACE_CHARS:], suffix.partition("\n")[2][:_PLACE_CHARS]
+    return hashlib.blake2b(f"{before}\0{after}".encode(), digest_size=8).hexdigest()
 
 
 class Admit(Stage):

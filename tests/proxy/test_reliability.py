@@ -254,6 +254,24 @@ async def test_newer_autocomplete_cancels_a_running_older_one():
     assert backend.cancelled == 1 and backend.completed == 1
 
 
+async def test_two_windows_of_one_client_keep_their_autocompletes():
+    """Every local editor window is one client to Velo (127.0.0.1, no X-Velo-Client): an autocomplete in one window
+    cancelled the other's running one, which Continue showed as an error."""
+    backend = ScriptedBackend("s", script=Script(pieces=["x"] * 30, delay=0.02))
+    async with velo(Config(cache=CacheConfig(enabled=False)), {"s": backend}) as c:
+        window = {"model": "tiny", "prompt": "import os\n\ndef load(path):\n    return open(pa",
+                  "suffix": ")\n\ndef save(path):\n    ...\n"}
+        other = {"model": "tiny", "prompt": "import json\n\ndef parse(text):\n    return json.lo",
+                 "suffix": ")\n\ndef dump(obj):\n    ...\n"}
+        first = await c.post("/api/generate", json=window)
+        await first.content.readline()
+        second = await c.post("/api/generate", json=other)
+        for resp in (first, second):
+            lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+            assert resp.status == 200 and lines[-1]["done"] is True and "error" not in lines[-1]
+    assert backend.cancelled == 0 and backend.completed == 2
+
+
 async def start_serving(config: Config) -> tuple[asyncio.Task, asyncio.Event]:
     stop = asyncio.Event()
     task = asyncio.create_task(serve(config, stop))
