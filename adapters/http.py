@@ -49,6 +49,17 @@ def _as_is(obj: Any) -> Any:
     return obj
 
 
+# llama-server answers every request 503 "Loading model" from the moment it listens until its model is loaded
+# (tools/server/server-http.cpp): 2.5 s for Qwen2.5-Coder-1.5B from this machine's page cache, minutes for a large
+# model from disk. Asking again every 0.25 s costs a loading server nothing (each 503 comes in ~1 ms).
+_LOADING = "Loading model"
+_LOADING_POLL_S = 0.25
+
+
+class _Loading(BackendUnavailable):
+    """The backend is loading its model: a request may wait for it (Upstream.request)."""
+
+
 def _never(obj: Any) -> bool:
     return False
 
@@ -161,14 +172,38 @@ class Upstream:
     @asynccontextmanager
     async def request(self, method: str, path: str, body: Any = None, *, wait: float,
                       model: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send a request and hand over the response once its head arrived within `wait` seconds.
+        """Send a request and hand over the response once its head arrived within `wait` seconds. A POST (a
+        generation, embeddings) that finds the backend loading its model is sent again every `_LOADING_POLL_S`
+        for up to `first_token_timeout`, as Ollama makes a request wait for its model's load.
 
         Leaving the block early (the client went away) closes the connection, which cancels the upstream's work.
         """
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.config.first_token_timeout
+        resp = await self._head(method, path, body, wait)
+        try:
+            while resp.status >= 400:
+                try:
+                    await self._raise_for_status(resp, path, model)
+                except _Loading:
+                    if method != "POST" or loop.time() + _LOADING_POLL_S > until:
+                        raise
+                resp.release()
+                await asyncio.sleep(_LOADING_POLL_S)
+                resp = await self._head(method, path, body, wait)
+            yield resp
+        finally:
+            if resp.content.at_eof():
+                resp.release()
+            else:
+                resp.close()
+
+    async def _head(self, method: str, path: str, body: Any, wait: float) -> aiohttp.ClientResponse:
+        """The response, once its head arrived within `wait` seconds; each transport failure as its domain error."""
         name = self.config.name
         try:
             async with wait_at_most(wait):
-                resp = await self._send(method, path, body)
+                return await self._send(method, path, body)
         except aiohttp.ServerTimeoutError as e:
             raise BackendTimeout(f"backend {name!r} at {self.url} did not accept a connection within "
                                  f"{self.config.connect_timeout:g}s") from e
@@ -181,15 +216,6 @@ class Upstream:
                                "again: it may have taken the request)") from e
         except aiohttp.ClientError as e:
             raise BackendError(f"backend {name!r} failed on {path}: {e!r}") from e
-        try:
-            if resp.status >= 400:
-                await self._raise_for_status(resp, path, model)
-            yield resp
-        finally:
-            if resp.content.at_eof():
-                resp.release()
-            else:
-                resp.close()
 
     async def _send(self, method: str, path: str, body: Any) -> aiohttp.ClientResponse:
         """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
@@ -224,6 +250,8 @@ class Upstream:
                              retry_after=float(retry) if retry.isdigit() else None)
         if resp.status == 501:
             raise Unsupported(f"{where} cannot do {path}: {message}")
+        if resp.status == 503 and message == _LOADING:
+            raise _Loading(f"{where} is still loading its model")
         if resp.status == 503:
             raise BackendUnavailable(f"{where} is unavailable: {message}")
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")

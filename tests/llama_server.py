@@ -27,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / ".build" / "llama.cpp-build" / "bin" / "llama-server"
+# Qwen2.5-Coder-1.5B, which scripts/test fetches (scripts/fetch-qwen-pair.sh) for the tests that need a real coder
+QWEN = os.environ.get("VELO_QWEN_GGUF") or str(ROOT / ".build/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 
 FIM_OVERRIDES = ("tokenizer.ggml.fim_pre_token_id=int:3,tokenizer.ggml.fim_suf_token_id=int:5,"
                  "tokenizer.ggml.fim_mid_token_id=int:6")
@@ -128,11 +130,17 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, ready_within: float = 90.0) -> "LlamaServer":
+    def spawn(self) -> "LlamaServer":
+        """The process started; it listens within milliseconds and answers 503 until its model is loaded."""
         self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         cmd = [binary(), "-m", self.model or model_path(), "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def start(self, ready_within: float = 90.0) -> "LlamaServer":
+        self.spawn()
+        assert self.process is not None
         deadline = time.monotonic() + ready_within
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BackendTimeout, BadRequest, ContextOverflow
+from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow
 from adapters.http import Upstream, one_answer
 from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage, aggregate
 
@@ -65,6 +65,32 @@ async def test_llama_servers_context_overflow_is_velos(aiohttp_server):
         with pytest.raises(BadRequest) as plain:
             await up.call("POST", "/other", {})
         assert not isinstance(plain.value, ContextOverflow) and "bad" in plain.value.message
+    finally:
+        await up.close()
+
+
+async def test_a_model_that_loads_too_long_is_a_clear_503_and_listing_never_waits(aiohttp_server):
+    """A request waits for a loading model (llama-server's 503 "Loading model") at most `first_token_timeout`, then
+    fails saying so; a GET (listing, /props) is answered at once, as Ollama lists while it loads."""
+    asked = {"GET": 0, "POST": 0}
+
+    async def loading(request: web.Request) -> web.Response:
+        asked[request.method] += 1
+        return web.json_response({"error": {"code": 503, "type": "unavailable_error", "message": "Loading model"}},
+                                 status=503)
+
+    app = web.Application()
+    app.router.add_route("*", "/v1/models", loading)
+    server = await aiohttp_server(app)
+    up = Upstream(BackendConfig(name="b", kind="llamacpp", urls=[str(server.make_url(""))], first_token_timeout=0.6))
+    try:
+        with pytest.raises(BackendUnavailable, match="still loading its model"):
+            await up.call("GET", "/v1/models")
+        assert asked == {"GET": 1, "POST": 0}
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(BackendUnavailable, match="still loading its model"):
+            await up.call("POST", "/v1/models", {})
+        assert asyncio.get_running_loop().time() - started < 2 and asked["POST"] >= 2  # asked again while it loads
     finally:
         await up.close()
 

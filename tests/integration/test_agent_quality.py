@@ -6,7 +6,6 @@ The model is assembled by scripts/fetch-qwen-pair.sh (scripts/test runs it: 1.1 
 SmolLM2-135M cannot make these decisions (0 calls in 7 agent turns when the issue was filed)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -16,11 +15,9 @@ import openai
 import orjson
 import pytest
 
-from tests.llama_server import LlamaServer
+from tests.llama_server import QWEN, LlamaServer
 from tests.velo_serve import velo_serve
 
-ROOT = Path(__file__).resolve().parents[2]
-QWEN = os.environ.get("VELO_QWEN_GGUF") or str(ROOT / ".build/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 MODELS = {"engine": "qwen-engine", "llama": "qwen-llama"}
 SYSTEM = ("You are a helpful coding assistant with tools. Call a tool only when you need information you do not have "
           "yet. When a tool result gives you what you need, answer the user directly without calling more tools.")

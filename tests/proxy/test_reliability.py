@@ -3,6 +3,7 @@ shutdown, each against a controllable upstream (real sockets where the behaviour
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from typing import AsyncIterator
@@ -22,7 +23,7 @@ from proxy.config import Config, ServerConfig
 from proxy.state import GENERATIONS
 from proxy.stages.admit import Admit
 from tests.fakes import FakeOpenAI
-from tests.llama_server import LlamaServer
+from tests.llama_server import QWEN, LlamaServer
 from tests.scripted import Script, ScriptedBackend
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -361,6 +362,31 @@ async def test_slow_clients_cannot_hold_connections():
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
+
+
+async def test_a_request_waits_while_a_real_llama_server_loads_its_model():
+    """llama-server listens at once and answers 503 "Loading model" until its model is in (2.5 s for Qwen2.5-Coder-1.5B
+    here): a request sent then waits, as Ollama's clients expect a request to wait for a load, and is answered."""
+    server = LlamaServer(["-c", "1024", "-np", "1", "-t", "1"], model=QWEN).spawn()
+    try:
+        async with aiohttp.ClientSession() as direct:
+            for _ in range(500):
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    async with direct.get(server.url + "/v1/models") as loading:
+                        assert loading.status == 503 and "Loading model" in await loading.text()
+                        break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError(f"llama-server did not listen within 5 s:\n{server.log_tail()}")
+        backend = BackendConfig(name="llama", kind="llamacpp", urls=[server.url])
+        app = make_app(Config(backends=[backend], default_backend="llama", cache=CacheConfig(enabled=False)))
+        async with TestClient(TestServer(app)) as c:
+            resp = await c.post("/api/generate", json={"model": "qwen", "prompt": "def add(a, b):", "stream": False,
+                                                       "options": {"num_predict": 2}})
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["done"] is True
+    finally:
+        server.stop()
 
 
 async def test_real_llama_server_slots_and_being_killed_mid_stream():
