@@ -19,7 +19,7 @@ from .http import json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, SamplingOptions,
-                       TokenLogprob, Usage)
+                       RunningModel, TokenLogprob, Usage)
 from .think import ThinkSplitter, opens_thinking, template_thinks
 
 log = logging.getLogger("velo.adapters.llamacpp")
@@ -46,6 +46,20 @@ def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
             + (["insert"] if infill else []))
 
 
+def _is_router(props: dict[str, Any]) -> bool:
+    """A llama-server in router mode (`--models-dir`, `--models-preset`): many models, each loaded on demand in a
+    server of its own, picked by each request's `model`."""
+    return props.get("role") == "router"
+
+
+def _arg(args: list[str], *names: str) -> str | None:
+    """The value after the first of `names` in a command line."""
+    for flag, value in zip(args, args[1:]):
+        if flag in names:
+            return value
+    return None
+
+
 def native_sampling(o: SamplingOptions) -> dict[str, Any]:
     """`extra` (Ollama option names such as mirostat pass as is; llama-server ignores unknown keys) first."""
     out = {**_UNSET_IS_OFF, **o.extra, **options.write("llamacpp", o)}
@@ -55,7 +69,8 @@ def native_sampling(o: SamplingOptions) -> dict[str, Any]:
 
 
 def native_body(req: CompletionRequest) -> dict[str, Any]:
-    body = {"stream": req.stream, "cache_prompt": True, **native_sampling(req.options)}
+    """A /completion or /infill body; `model` picks a router's model (a single-model server ignores it)."""
+    body = {"model": req.model, "stream": req.stream, "cache_prompt": True, **native_sampling(req.options)}
     if req.format is not None:
         body["json_schema"] = {"type": "object"} if req.format == "json" else req.format
     if req.suffix is not None:
@@ -143,7 +158,7 @@ class LlamaCppBackend(OpenAIBackend):
         super().__init__(config)
         self._props: dict[str, Any] | None = None
         self._can_infill: bool | None = None
-        self._gguf: tuple[str, asyncio.Future] | None = None  # (model path, the reading of its GGUF facts)
+        self._gguf: dict[str, asyncio.Future] = {}  # model path -> the reading of its GGUF facts
 
     async def props(self) -> dict[str, Any]:
         """/props changes only on restart: asked once here, and again with each listing (`_props_now`)."""
@@ -192,6 +207,8 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def list_models(self) -> list[ModelInfo]:
         listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self._props_now()
+        if _is_router(props):
+            return [await self._routed(entry) for entry in listing.get("data") or []]
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
         jinja, infill = props.get("chat_template", ""), await self.can_infill()
@@ -212,11 +229,34 @@ class LlamaCppBackend(OpenAIBackend):
                           model_info={"general.parameter_count": params})
                 for n in names]
 
+    async def _routed(self, entry: dict[str, Any]) -> ModelInfo:
+        """One model of a router (`--models-dir`, `--models-preset`), from the file and context its command line
+        names: asking the router for the model's /props would load it."""
+        args = (entry.get("status") or {}).get("args") or []
+        context = _arg(args, "-c", "--ctx-size")
+        return await self.file_listing(str(entry["id"]), _arg(args, "-m", "--model") or "",
+                                       int(context) if context and context.isdigit() and int(context) else None)
+
     async def show(self, model: str) -> ModelInfo:
         """The listing's facts, plus the model file's own metadata where the file is on this machine."""
-        props = await self.props()
-        return await self.with_file(await super().show(model), props.get("model_path", ""),
-                                    props.get("chat_template", ""))
+        props, info = await self.props(), await super().show(model)
+        if _is_router(props):
+            return await self.with_file(info, info.file, "")
+        return await self.with_file(info, props.get("model_path", ""), props.get("chat_template", ""))
+
+    async def running(self) -> list[RunningModel]:
+        """A router's loaded models; a single-model server's one."""
+        if not _is_router(await self.props()):
+            return await super().running()
+        listing = await self.http.call("GET", "/v1/models", parse=json_object)
+        loaded = {e.get("id") for e in listing.get("data") or [] if (e.get("status") or {}).get("value") == "loaded"}
+        return [model for model in await super().running() if model.name in loaded]
+
+    async def unload(self, model: str) -> None:
+        """A router unloads a model when asked (Ollama's `keep_alive: 0`); one that is not loaded stays so."""
+        if _is_router(await self.props()):
+            with contextlib.suppress(BadRequest):
+                await self.http.call("POST", "/models/unload", {"model": model}, model=model)
 
     async def with_file(self, info: ModelInfo, path: str, jinja: str) -> ModelInfo:
         if not os.path.isfile(path):
@@ -232,9 +272,22 @@ class LlamaCppBackend(OpenAIBackend):
     async def gguf_facts(self, path: str) -> model_card.GgufFacts:
         """Read once per file, off the event loop, by a task that a caller who gives up (a timed-out model lookup)
         does not cancel: 0.13 s for SmolLM2's header, 0.27 s for Qwen2.5-Coder's 151k-token vocabulary, idle."""
-        if self._gguf is None or self._gguf[0] != path:
-            self._gguf = (path, asyncio.ensure_future(asyncio.to_thread(model_card.gguf_facts, path)))
-        return await asyncio.shield(self._gguf[1])
+        if path not in self._gguf:
+            self._gguf[path] = asyncio.ensure_future(asyncio.to_thread(model_card.gguf_facts, path))
+        return await asyncio.shield(self._gguf[path])
+
+    async def file_listing(self, name: str, path: str, context: int | None) -> ModelInfo:
+        """A model as its GGUF file tells it (template, stop words, fill-in-the-middle), for a server that cannot be
+        asked without loading the model (a stopped managed server, a router's unloaded model)."""
+        if not os.path.isfile(path):
+            return ModelInfo(name=name, backend=self.name, format="gguf", capabilities=["completion"])
+        file, facts = model_file(path), await self.gguf_facts(path)
+        return ModelInfo(name=name, backend=self.name, format="gguf", modified_at=file.modified_at,
+                         digest=file.digest, size=file.size, context_length=context, file=path,
+                         family=str(facts.info.get("general.architecture", "")),
+                         capabilities=capabilities(facts.jinja, tools=True, infill=facts.fim is not None),
+                         template=model_card.go_template(facts.jinja, facts.fim),
+                         parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         """A prefilled chat (one ending in an assistant turn) is answered by llama-server with the whole assistant
@@ -266,7 +319,7 @@ class LlamaCppBackend(OpenAIBackend):
         else:
             prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
                                            model=req.model))["prompt"]
-        ids = (req.context or []) + await self.tokenize(prompt)
+        ids = (req.context or []) + await self.tokenize(prompt, req.model)
         said, jinja = list(ids), (await self.props()).get("chat_template", "")
         thinking = ThinkSplitter(opens_thinking(prompt)) if template_thinks(jinja) else None
         async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
@@ -311,7 +364,7 @@ class LlamaCppBackend(OpenAIBackend):
                 raise
             if not req.truncate:  # Ollama's words and status for an input it may not cut
                 raise BadRequest("the input length exceeds the context length") from e
-            body["input"] = [(await self.tokenize(text))[:batch] for text in req.inputs]
+            body["input"] = [(await self.tokenize(text, req.model))[:batch] for text in req.inputs]
             result = await self.embed_body(body, req.model)
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
         return result
@@ -321,11 +374,13 @@ class LlamaCppBackend(OpenAIBackend):
         if isinstance(req, CompletionRequest) and not req.raw:
             req = as_chat(req)
         if isinstance(req, CompletionRequest):
-            return len(await self.tokenize(req.prompt + (req.suffix or "")))
+            return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))
         rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
                                         parse=lambda obj: wire_text(obj["prompt"]))
-        return len(await self.tokenize(rendered))
+        return len(await self.tokenize(rendered, req.model))
 
-    async def tokenize(self, text: str) -> list[int]:
-        """Prompt token counts for the proxy (context-length checks) without generating anything."""
-        return await self.http.call("POST", "/tokenize", {"content": text}, parse=lambda obj: list(obj["tokens"]))
+    async def tokenize(self, text: str, model: str) -> list[int]:
+        """Prompt token counts for the proxy (context-length checks) without generating anything. `model` picks a
+        router's model (a single-model server ignores it)."""
+        return await self.http.call("POST", "/tokenize", {"content": text, "model": model},
+                                    parse=lambda obj: list(obj["tokens"]))

@@ -8,18 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
-from . import model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
-from .llamacpp import LlamaCppBackend, capabilities, gguf_name
-from .model_file import model_file
+from .llamacpp import LlamaCppBackend, gguf_name
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 from .swaps import Swaps
 
@@ -188,15 +185,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         if self.state == "ready":
             with contextlib.suppress(BackendError):
                 return await LlamaCppBackend.list_models(self)
-        path = self.config.model or ""
-        if not os.path.isfile(path):
-            return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", capabilities=["completion"])]
-        file, facts = model_file(path), await self.gguf_facts(path)
-        return [ModelInfo(name=self.model_name, backend=self.name, format="gguf", modified_at=file.modified_at,
-                          digest=file.digest, size=file.size,
-                          capabilities=capabilities(facts.jinja, tools=True, infill=facts.fim is not None),
-                          template=model_card.go_template(facts.jinja, facts.fim),
-                          parameters=model_card.parameters(None, model_card.stop_words(facts.jinja)))]
+        return [await self.file_listing(self.model_name, self.config.model or "", None)]
 
     async def show(self, model: str) -> ModelInfo:
         """Stopped, from the file alone (showing never starts it)."""

@@ -123,6 +123,7 @@ class LlamaServer:
     args: list[str]
     port: int = field(default_factory=free_port)
     model: str = ""  # a GGUF file; "" is the shipped SmolLM2-135M
+    models_dir: str = ""  # router mode: the directory's GGUF files, each loaded on demand (no `model`)
     process: subprocess.Popen | None = None
     log: Path | None = None
 
@@ -133,7 +134,8 @@ class LlamaServer:
     def spawn(self) -> "LlamaServer":
         """The process started; it listens within milliseconds and answers 503 until its model is loaded."""
         self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-        cmd = [binary(), "-m", self.model or model_path(), "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        source = ["--models-dir", self.models_dir] if self.models_dir else ["-m", self.model or model_path()]
+        cmd = [binary(), *source, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         return self

@@ -109,7 +109,7 @@ async def test_raw_completion_uses_native_endpoint(backend):
     assert [p.token for p in whole.logprobs] == [p.token for p in streamed.logprobs]
     out = whole
     assert out.text and out.finish_reason == "length" and out.usage.completion_tokens == 4
-    assert out.usage.prompt_tokens == len(await backend.tokenize(prompt))
+    assert out.usage.prompt_tokens == len(await backend.tokenize(prompt, "smollm2"))
     assert len(out.logprobs) == 4 and all(len(p.top) == 2 and p.logprob <= 0 for p in out.logprobs)
     assert "".join(p.token for p in out.logprobs) == out.text
 
@@ -146,7 +146,7 @@ async def test_fill_in_the_middle_goes_through_infill(backend):
                                 raw=True, stream=stream, options=SamplingOptions(max_tokens=5, temperature=0))
         out = aggregate(await collect(backend.complete(req)))
         assert out.finish_reason in ("stop", "length") and 0 < out.usage.completion_tokens <= 5
-        assert out.usage.prompt_tokens > len(await backend.tokenize(req.prompt))  # the suffix went in too
+        assert out.usage.prompt_tokens > len(await backend.tokenize(req.prompt, req.model))  # the suffix went in too
 
 
 async def test_an_input_longer_than_the_servers_batch_is_cut_unless_truncate_is_false(llama_embed):
