@@ -208,7 +208,7 @@ class LlamaCppBackend(OpenAIBackend):
     async def list_models(self) -> list[ModelInfo]:
         listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self._props_now()
         if _is_router(props):
-            return [await self._routed(entry) for entry in listing.get("data") or []]
+            return await self._routed(listing.get("data") or [])
         entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
         jinja, infill = props.get("chat_template", ""), await self.can_infill()
@@ -229,13 +229,16 @@ class LlamaCppBackend(OpenAIBackend):
                           model_info={"general.parameter_count": params})
                 for n in names]
 
-    async def _routed(self, entry: dict[str, Any]) -> ModelInfo:
-        """One model of a router (`--models-dir`, `--models-preset`), from the file and context its command line
-        names: asking the router for the model's /props would load it."""
-        args = (entry.get("status") or {}).get("args") or []
-        context = _arg(args, "-c", "--ctx-size")
-        return await self.file_listing(str(entry["id"]), _arg(args, "-m", "--model") or "",
-                                       int(context) if context and context.isdigit() and int(context) else None)
+    async def _routed(self, entries: list[dict[str, Any]]) -> list[ModelInfo]:
+        """A router's models (`--models-dir`, `--models-preset`), each from the file and context its command line
+        names: asking the router for a model's /props would load it."""
+        out = []
+        for entry in entries:
+            args = (entry.get("status") or {}).get("args") or []
+            context = _arg(args, "-c", "--ctx-size") or ""
+            out.append(await self.file_listing(str(entry["id"]), _arg(args, "-m", "--model") or "",
+                                               int(context) or None if context.isdigit() else None))
+        return out
 
     async def show(self, model: str) -> ModelInfo:
         """The listing's facts, plus the model file's own metadata where the file is on this machine."""
@@ -249,8 +252,8 @@ class LlamaCppBackend(OpenAIBackend):
         if not _is_router(await self.props()):
             return await super().running()
         listing = await self.http.call("GET", "/v1/models", parse=json_object)
-        loaded = {e.get("id") for e in listing.get("data") or [] if (e.get("status") or {}).get("value") == "loaded"}
-        return [model for model in await super().running() if model.name in loaded]
+        loaded = [e for e in listing.get("data") or [] if (e.get("status") or {}).get("value") == "loaded"]
+        return [RunningModel(name=m.name, size=m.size, digest=m.digest, info=m) for m in await self._routed(loaded)]
 
     async def unload(self, model: str) -> None:
         """A router unloads a model when asked (Ollama's `keep_alive: 0`); one that is not loaded stays so."""
