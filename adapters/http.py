@@ -53,7 +53,7 @@ def _as_is(obj: Any) -> Any:
 # (tools/server/server-http.cpp): 2.5 s for Qwen2.5-Coder-1.5B from this machine's page cache, minutes for a large
 # model from disk. Asking again every 0.25 s costs a loading server nothing (each 503 comes in ~1 ms).
 _LOADING = "Loading model"
-_LOADING_POLL_S = 0.25
+LOADING_POLL_S = 0.25
 
 
 class _Loading(BackendUnavailable):
@@ -173,7 +173,7 @@ class Upstream:
     async def request(self, method: str, path: str, body: Any = None, *, wait: float,
                       model: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send a request and hand over the response once its head arrived within `wait` seconds. A POST (a
-        generation, embeddings) that finds the backend loading its model is sent again every `_LOADING_POLL_S`
+        generation, embeddings) that finds the backend loading its model is sent again every `LOADING_POLL_S`
         for up to `first_token_timeout`, as Ollama makes a request wait for its model's load.
 
         Leaving the block early (the client went away) closes the connection, which cancels the upstream's work.
@@ -186,10 +186,10 @@ class Upstream:
                 try:
                     await self._raise_for_status(resp, path, model)
                 except _Loading:
-                    if method != "POST" or loop.time() + _LOADING_POLL_S > until:
+                    if method != "POST" or loop.time() + LOADING_POLL_S > until:
                         raise
                 resp.release()
-                await asyncio.sleep(_LOADING_POLL_S)
+                await asyncio.sleep(LOADING_POLL_S)
                 resp = await self._head(method, path, body, wait)
             yield resp
         finally:

@@ -8,14 +8,15 @@ import contextlib
 import logging
 import os
 import re
+import time
 from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
-from .errors import BackendError, BadRequest, Unsupported
+from .errors import BackendError, BackendTimeout, BadRequest, Unsupported
 from .fields import wire_text
-from .http import json_object, one_answer
+from .http import LOADING_POLL_S, json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, SamplingOptions,
@@ -254,6 +255,27 @@ class LlamaCppBackend(OpenAIBackend):
         listing = await self.http.call("GET", "/v1/models", parse=json_object)
         loaded = [e for e in listing.get("data") or [] if (e.get("status") or {}).get("value") == "loaded"]
         return [RunningModel(name=m.name, size=m.size, digest=m.digest, info=m) for m in await self._routed(loaded)]
+
+    async def load(self, model: str, keep: Any) -> int:
+        """A router loads the model when asked (Ollama's bare load request), and the request waits until it has, up
+        to `first_token_timeout`: the nanoseconds that took. A single-model server has its one model loaded."""
+        if not _is_router(await self.props()):
+            return await super().load(model, keep)
+        start, until = time.perf_counter_ns(), time.monotonic() + self.config.first_token_timeout
+        with contextlib.suppress(BadRequest):  # "model is already running": loaded, or loading for another request
+            await self.http.call("POST", "/models/load", {"model": model}, model=model)
+        while True:
+            listing = await self.http.call("GET", "/v1/models", parse=json_object)
+            status = next((e.get("status") or {} for e in listing.get("data") or [] if e.get("id") == model), {})
+            if status.get("value") == "loaded":
+                return time.perf_counter_ns() - start
+            if status.get("failed"):
+                raise BackendError(f"backend {self.name!r} could not load {model!r} (its server exited with "
+                                   f"{status.get('exit_code')})")
+            if time.monotonic() + LOADING_POLL_S > until:
+                raise BackendTimeout(f"backend {self.name!r} did not load {model!r} within "
+                                     f"{self.config.first_token_timeout:g}s")
+            await asyncio.sleep(LOADING_POLL_S)
 
     async def unload(self, model: str) -> None:
         """A router unloads a model when asked (Ollama's `keep_alive: 0`); one that is not loaded stays so."""

@@ -68,3 +68,15 @@ async def test_a_router_answers_each_dialect_and_unloads_on_keep_alive_0(router)
                 break
             await asyncio.sleep(0.1)
         assert await states(router) == {"alpha": "unloaded", "beta": "unloaded"}
+
+
+async def test_ollamas_bare_load_request_loads_a_routers_model(router):
+    """Ollama's load request (a chat with no messages) loads the model there and answers once it has."""
+    async with serve(config(BackendConfig(name="r", kind="llamacpp", urls=[router.url]))) as url:
+        _, oll = clients(url)
+        loaded = await oll.chat(model="alpha", messages=[])
+        assert loaded.done_reason == "load" and loaded.load_duration > 0
+        assert await states(router) == {"alpha": "loaded", "beta": "unloaded"}
+        again = await oll.chat(model="alpha", messages=[])  # already loaded: answered after one look
+        assert again.done_reason == "load" and again.load_duration < loaded.load_duration
+
