@@ -6,8 +6,8 @@
 - images and the thinking switch: a model that cannot see or think gets a 400 in the dialects whose servers
   refuse it (proxy/dialects RULES); in the others the switch is dropped and each image of a chat becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
-  oldest turns (keeping system prompts and the last turn) and trims a raw prompt's start, as Ollama does; the
-  others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). A request's own
+  oldest turns (keeping system prompts), then the start of its last turn, and trims a raw prompt's start, as
+  Ollama does; the others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). A request's own
   `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation: "auto"`, a
   compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama) are left to
   it, and get `truncate` as sent.
@@ -104,17 +104,27 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
     (system prompts and the last turn) does not fit."""
     assert job.target is not None
     room = limit - min(req.options.max_tokens or limit, limit // _ANSWER_SHARE)
-    before, dropped = tokens, 0
+    asked, before = req, tokens
     while tokens > room:
-        shorter, n = _shorter(req, room / tokens)
+        shorter = _shorter(req, room / tokens)
         if shorter is None:
             raise ContextOverflow(tokens, limit, _field(req))
-        req, dropped = shorter, dropped + n
+        req = shorter
         tokens = await count(job.target, info, req)
-    what = f"{dropped} messages" if isinstance(req, ChatRequest) else f"{dropped} characters"
+    what = _went(asked, req)
     job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
     log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)
     return req
+
+
+def _went(asked: Request, sent: Request) -> str:
+    """What trimming took: messages, and characters from the start of the last one or of a raw prompt."""
+    if isinstance(asked, CompletionRequest) and isinstance(sent, CompletionRequest):
+        return f"{len(asked.prompt) - len(sent.prompt)} characters"
+    assert isinstance(asked, ChatRequest) and isinstance(sent, ChatRequest)
+    dropped = len(asked.messages) - len(sent.messages)
+    cut = len(asked.messages[-1].content) - len(sent.messages[-1].content)
+    return " and ".join([f"{dropped} messages"] * bool(dropped) + [f"{cut} characters of the last"] * bool(cut))
 
 
 def _field(req: Request) -> str:
@@ -122,12 +132,13 @@ def _field(req: Request) -> str:
     return "prompt" if isinstance(req, CompletionRequest) else "messages"
 
 
-def _shorter(req: Request, keep: float) -> tuple[Request | None, int]:
-    """`req` cut to about `keep` of its size: a chat's oldest non-system turns (never its last), or the start of a
-    raw prompt; None when nothing more can go."""
+def _shorter(req: Request, keep: float) -> Request | None:
+    """`req` cut to about `keep` of its size: a chat's oldest non-system turns, then the start of its last turn, or
+    the start of a raw prompt; None when nothing more can go. Ollama, too, keeps the end of a prompt that its last
+    turn alone overflows (llm/llama_server.go), which a user pasting a whole file into one message meets."""
     if isinstance(req, CompletionRequest):
-        cut = max(1, len(req.prompt) - math.floor(len(req.prompt) * keep * 0.95))
-        return (replace(req, prompt=req.prompt[cut:]), cut) if cut < len(req.prompt) else (None, 0)
+        cut = _cut(len(req.prompt), keep)
+        return replace(req, prompt=req.prompt[cut:]) if cut < len(req.prompt) else None
     kept, dropped = list(req.messages), 0
     total = sum(len(m.content) + 1 for m in kept)
     goal = total * keep
@@ -136,4 +147,15 @@ def _shorter(req: Request, keep: float) -> tuple[Request | None, int]:
             break
         total -= len(kept.pop(first).content) + 1
         dropped += 1
-    return (replace(req, messages=kept), dropped) if dropped else (None, 0)
+    if dropped:
+        return replace(req, messages=kept)
+    last = kept[-1]
+    cut = _cut(total, keep)
+    return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])]) \
+        if cut < len(last.content) else None
+
+
+def _cut(total: int, keep: float) -> int:
+    """Characters to cut from the start of a prompt's text, of `total` in all, to leave about `keep` of it (5% under,
+    so that one recount mostly suffices)."""
+    return max(1, total - math.floor(total * keep * 0.95))

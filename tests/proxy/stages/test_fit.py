@@ -67,9 +67,18 @@ async def test_ollama_drops_the_oldest_turns_one_token_over(velo, system):
     assert sent[-1].content == messages[-1]["content"] and (sent[0].role == "system") == system
 
 
-async def test_ollama_keeps_the_last_turn_or_answers_400(velo):
-    c, _ = await velo()
-    too_long = [{"role": "system", "content": words(10)}, {"role": "user", "content": words(60)}]
+async def test_ollama_keeps_the_end_of_a_last_turn_that_alone_overflows(velo):
+    """A whole file pasted into one message: Ollama keeps the prompt's end (llm/llama_server.go), and so does Velo,
+    with the system prompt whole; a system prompt that alone overflows is still a 400."""
+    c, backend = await velo()
+    pasted = [{"role": "system", "content": words(10, "s")}, {"role": "user", "content": words(60, "q")}]
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": pasted, "stream": False,
+                                           "options": {"num_predict": 5}})
+    assert resp.status == 200 and "characters of the last (72 -> " in resp.headers["X-Velo-Context-Trimmed"]
+    system, last = backend.requests[0].messages
+    assert system.content == words(10, "s") and words(60, "q").endswith(last.content) and "q59" in last.content
+    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+    too_long = [{"role": "system", "content": words(60, "s")}, {"role": "user", "content": words(3, "q")}]
     resp = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False})
     assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
 
