@@ -135,7 +135,8 @@ def _field(req: Request) -> str:
 def _shorter(req: Request, keep: float) -> Request | None:
     """`req` cut to about `keep` of its size: a chat's oldest non-system turns, then the start of its last turn, or
     the start of a raw prompt; None when nothing more can go. Ollama, too, keeps the end of a prompt that its last
-    turn alone overflows (llm/llama_server.go), which a user pasting a whole file into one message meets."""
+    turn alone overflows unless asked not to shift (llm/llama_server.go), which a user pasting a whole file into one
+    message meets."""
     if isinstance(req, CompletionRequest):
         cut = _cut(len(req.prompt), keep)
         return replace(req, prompt=req.prompt[cut:]) if cut < len(req.prompt) else None
@@ -149,10 +150,10 @@ def _shorter(req: Request, keep: float) -> Request | None:
         dropped += 1
     if dropped:
         return replace(req, messages=kept)
-    last = kept[-1]
-    cut = _cut(total, keep)
-    return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])]) \
-        if cut < len(last.content) else None
+    last, cut = kept[-1], _cut(total, keep)
+    if req.shift is False or cut >= len(last.content):  # Ollama's `shift: false` asks for the 400 instead
+        return None
+    return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])])
 
 
 def _cut(total: int, keep: float) -> int:

@@ -78,6 +78,8 @@ async def test_ollama_keeps_the_end_of_a_last_turn_that_alone_overflows(velo):
     system, last = backend.requests[0].messages
     assert system.content == words(10, "s") and words(60, "q").endswith(last.content) and "q59" in last.content
     assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+    unshifted = await c.post("/api/chat", json={"model": "tiny", "messages": pasted, "stream": False, "shift": False})
+    assert unshifted.status == 400 and len(backend.requests) == 1  # Ollama's `shift: false`: no cut, its 400
     too_long = [{"role": "system", "content": words(60, "s")}, {"role": "user", "content": words(3, "q")}]
     resp = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False})
     assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
