@@ -157,11 +157,15 @@ EFFORTS: dict[str, bool | str] = {"none": False, "minimal": False, "low": "low",
                                   "xhigh": "high", "max": "high"}
 
 
-def parse_reasoning_effort(body: dict[str, Any]) -> bool | str | None:
-    """`reasoning_effort` as the internal think switch (EFFORTS)."""
+def parse_think(body: dict[str, Any]) -> bool | str | None:
+    """The think switch: `reasoning_effort` (EFFORTS), else `chat_template_kwargs: {"enable_thinking": false}`, the
+    way vLLM's, SGLang's and llama-server's users turn a Qwen3 model's thinking off (OpenAI SDKs: `extra_body`).
+    `true` there leaves the model's default: a template without the switch ignores it on those servers, where a
+    think request to a model that cannot think is a 400 here."""
     effort = get(body, "reasoning_effort", str)
     if effort is None:
-        return None
+        kwargs = get(body, "chat_template_kwargs", dict, {})
+        return False if get(kwargs, "enable_thinking", bool) is False else None
     if effort not in EFFORTS:
         raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
     return EFFORTS[effort]
@@ -202,7 +206,7 @@ def parse_chat(body: Any) -> ChatRequest:
                        options=parse_options(body), tools=tools,
                        tool_choice=tool_choice.checked(parse_tool_choice(body.get("tool_choice")), tools),
                        format=parse_response_format(body),
-                       stream=_stream(body), n=_n(body), think=parse_reasoning_effort(body),
+                       stream=_stream(body), n=_n(body), think=parse_think(body),
                        parallel_tool_calls=get(body, "parallel_tool_calls", bool, True))
 
 

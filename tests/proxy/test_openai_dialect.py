@@ -326,6 +326,18 @@ async def test_reasoning_effort_is_the_think_switch(client, scripted: ScriptedBa
     assert resp.status == 200 and scripted.requests[0].think == think
 
 
+@pytest.mark.parametrize("extra, think", [({"chat_template_kwargs": {"enable_thinking": False}}, False),
+                                          ({"chat_template_kwargs": {"enable_thinking": True}}, None),
+                                          ({"chat_template_kwargs": {"enable_thinking": False},
+                                            "reasoning_effort": "low"}, "low")])
+async def test_chat_template_kwargs_can_turn_thinking_off(client, scripted: ScriptedBackend, extra, think):
+    """vLLM's, SGLang's and llama-server's way to turn a Qwen3 model's thinking off (`extra_body`); `true` leaves the
+    model's default (a template without the switch ignores it there), and `reasoning_effort` comes first."""
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", **extra,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200 and scripted.requests[0].think == think
+
+
 async def test_a_bad_reasoning_effort_is_a_400(client):
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "extreme",
                                                           "messages": [{"role": "user", "content": "hi"}]})
