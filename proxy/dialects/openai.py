@@ -50,9 +50,15 @@ def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> Samplin
         return opts
     native = ollama.parse_options(body)
     for f in fields(SamplingOptions):
-        if getattr(opts, f.name) in (None, [], {}, False):
+        if _unset(getattr(opts, f.name)):
             setattr(opts, f.name, getattr(native, f.name))
     return opts
+
+
+def _unset(value: Any) -> bool:
+    """A field the OpenAI body left unset. A zero is set: `0 in (None, False)` is true in Python, and it let the
+    `options` object's value or the default replace `temperature: 0` and `seed: 0`."""
+    return value is None or value is False or value == [] or value == {}
 
 
 def parse_response_format(body: dict[str, Any]) -> Any:

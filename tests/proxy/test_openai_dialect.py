@@ -308,6 +308,17 @@ async def test_ollama_options_ride_in_an_options_object(client, scripted):
     assert (opts.num_ctx, opts.extra.get("mirostat"), opts.temperature) == (4096, 2, 0.2)
 
 
+async def test_a_zero_beside_an_options_object_stays_zero(client, scripted):
+    """`temperature: 0` and `seed: 0` are set, not unset (`0 == False` in Python let the `options` object's value or
+    the default replace them: a greedy request came back sampled, and uncached)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "seed": 0,
+            "presence_penalty": 0, "options": {"num_ctx": 4096, "temperature": 0.9, "seed": 7}}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200, await resp.text()
+    opts = scripted.requests[-1].options
+    assert (opts.temperature, opts.seed, opts.presence_penalty, opts.num_ctx) == (0.0, 0, 0.0, 4096)
+
+
 def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
     """Clients merge tool-call deltas by index, so a second call in a later chunk must not reuse index 0."""
     from proxy.dialects import openai as dialect
