@@ -17,6 +17,11 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
 from adapters.fields import body_object, get, get_model, string_list
 
 _MAX_TOP_LOGPROBS = 20  # server/routes.go
+# Ollama's options outside the sampling table (api/types.go Options and Runner, and mirostat, tfs_z and
+# penalize_newline of older versions, which llama-server still honours): passed on in `extra`.
+OTHER_OPTIONS = frozenset({"num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
+                           "draft_num_predict", "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z",
+                           "penalize_newline"})
 
 
 def parse_options(body: dict[str, Any]) -> SamplingOptions:

@@ -43,12 +43,18 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
 _MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on completions' `logprobs`
 
 
+# Ollama option names the OpenAI API has no field for (repeat_penalty, num_ctx, mirostat, ...)
+_OLLAMA_ONLY = frozenset(options.names("ollama") - options.names("openai")) | ollama.OTHER_OPTIONS
+
+
 def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
-    """An `options` object (OpenAI SDKs: `extra_body`) carries Ollama options the OpenAI API has no field for
-    (`num_ctx`, `mirostat`, ...); OpenAI's own fields win where both are set."""
-    if "options" not in body:
+    """Ollama options the OpenAI API has no field for, in an `options` object (OpenAI SDKs: `extra_body`) or at the
+    top level, where Open WebUI's OpenAI connections put a model's advanced parameters (utils/payload.py: they were
+    dropped); the object's come first, and OpenAI's own fields win where both are set."""
+    raw = {k: body[k] for k in _OLLAMA_ONLY if k in body} | get(body, "options", dict, {})
+    if not raw:
         return opts
-    native = ollama.parse_options(body)
+    native = ollama.parse_options({"options": raw})
     for f in fields(SamplingOptions):
         if _unset(getattr(opts, f.name)):
             setattr(opts, f.name, getattr(native, f.name))

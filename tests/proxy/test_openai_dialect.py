@@ -319,6 +319,20 @@ async def test_a_zero_beside_an_options_object_stays_zero(client, scripted):
     assert (opts.temperature, opts.seed, opts.presence_penalty, opts.num_ctx) == (0.0, 0, 0.0, 4096)
 
 
+async def test_ollama_options_at_the_top_level_are_read_as_open_webui_sends_them(client, scripted):
+    """Open WebUI's OpenAI connections put a model's advanced parameters at the top level (utils/payload.py
+    apply_model_params_to_body_openai); Ollama's names the OpenAI API lacks were dropped. An `options` object's
+    come first; other unknown fields are still not options."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "repeat_penalty": 1.2,
+            "repeat_last_n": 32, "typical_p": 0.7, "num_ctx": 2048, "mirostat": 2, "mirostat_tau": 4.0,
+            "user": "u1", "options": {"num_ctx": 4096}}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200, await resp.text()
+    opts = scripted.requests[-1].options
+    assert (opts.repeat_penalty, opts.repeat_last_n, opts.typical_p, opts.num_ctx) == (1.2, 32, 0.7, 4096)
+    assert opts.extra == {"mirostat": 2, "mirostat_tau": 4.0}
+
+
 def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
     """Clients merge tool-call deltas by index, so a second call in a later chunk must not reuse index 0."""
     from proxy.dialects import openai as dialect
