@@ -5,6 +5,7 @@ Tool-call `arguments` travel as JSON strings here (objects internally); streams 
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import struct
 import time
@@ -68,9 +69,14 @@ def _unset(value: Any) -> bool:
 
 
 def parse_response_format(body: dict[str, Any]) -> Any:
+    """`response_format`, else a vendor's JSON Schema field (`_vendor_schema`)."""
     fmt = get(body, "response_format", dict)
+    vendor = _vendor_schema(body)
+    if vendor is not None and fmt is not None:
+        raise BadRequest("set response_format or a JSON Schema field of vLLM's or llama-server's, not both",
+                         param="response_format")
     if fmt is None or fmt.get("type") in (None, "text"):
-        return None
+        return vendor
     if fmt["type"] == "json_object":
         return "json"
     if fmt["type"] == "json_schema":
@@ -80,6 +86,38 @@ def parse_response_format(body: dict[str, Any]) -> Any:
             raise BadRequest("response_format.json_schema.schema must be an object", param="response_format")
         return schema
     raise BadRequest(f"unknown response_format type {fmt['type']!r}", param="response_format")
+
+
+# JSON Schema output constraints as vLLM (`guided_json` before 0.12, `structured_outputs.json`), SGLang and
+# llama-server (`json_schema`) take them at the top level of an OpenAI request (SDKs: `extra_body`).
+_VENDOR_SCHEMAS = ("json_schema", "guided_json")
+# Their other constraints (a choice, a regex, a grammar): no format every backend enforces, so a 400, not an answer
+# that silently ignores them.
+_VENDOR_GRAMMARS = ("guided_choice", "guided_regex", "guided_grammar", "grammar", "regex", "ebnf")
+
+
+def _vendor_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A JSON Schema given in a vendor's field, which every backend then enforces as a `response_format` would;
+    these were dropped, so the answer came back unconstrained."""
+    given = {k: body[k] for k in _VENDOR_SCHEMAS if body.get(k) is not None}
+    structured = get(body, "structured_outputs", dict, {})
+    if structured.get("json") is not None:
+        given["structured_outputs.json"] = structured["json"]
+    others = [k for k in _VENDOR_GRAMMARS if body.get(k) is not None]
+    others += [f"structured_outputs.{k}" for k in structured if k != "json" and structured[k] is not None]
+    if others:
+        raise BadRequest(f"{others[0]} is not supported: Velo constrains output by JSON Schema only "
+                         "(response_format json_schema)", param=others[0])
+    if len(given) > 1:
+        raise BadRequest(f"set one JSON Schema, not {' and '.join(given)}", param=next(iter(given)))
+    for key, schema in given.items():
+        if isinstance(schema, str):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                schema = orjson.loads(schema)
+        if not isinstance(schema, dict):
+            raise BadRequest(f"{key} must be a JSON Schema object", param=key)
+        return schema
+    return None
 
 
 def _content_text(content: Any) -> tuple[str, list[str]]:

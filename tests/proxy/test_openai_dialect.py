@@ -333,6 +333,36 @@ async def test_ollama_options_at_the_top_level_are_read_as_open_webui_sends_them
     assert opts.extra == {"mirostat": 2, "mirostat_tau": 4.0}
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("vendor", [{"json_schema": SCHEMA}, {"guided_json": SCHEMA},
+                                    {"guided_json": orjson.dumps(SCHEMA).decode()},
+                                    {"structured_outputs": {"json": SCHEMA}}])
+async def test_a_vendors_json_schema_field_constrains_the_answer(client, scripted, vendor):
+    """llama-server's and SGLang's `json_schema`, vLLM's `guided_json` and `structured_outputs.json` (extra_body):
+    the schema every backend enforces, as `response_format` (they were dropped: an unconstrained answer)."""
+    scripted.script.pieces = ['{"a": ', '1}']
+    resp = await client.post("/v1/chat/completions", json={"model": "m", **vendor,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200, await resp.text()
+    assert scripted.requests[-1].format == SCHEMA
+
+
+@pytest.mark.parametrize("vendor, param", [({"guided_choice": ["yes", "no"]}, "guided_choice"),
+                                           ({"grammar": 'root ::= "a"'}, "grammar"),
+                                           ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
+                                           ({"json_schema": SCHEMA, "guided_json": SCHEMA}, "json_schema"),
+                                           ({"json_schema": SCHEMA, "response_format": {"type": "json_object"}},
+                                            "response_format"),
+                                           ({"json_schema": "not json"}, "json_schema")])
+async def test_a_constraint_velo_cannot_enforce_is_a_400_naming_it(client, scripted, vendor, param):
+    resp = await client.post("/v1/chat/completions", json={"model": "m", **vendor,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["param"] == param and scripted.requests == []
+
+
 def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
     """Clients merge tool-call deltas by index, so a second call in a later chunk must not reuse index 0."""
     from proxy.dialects import openai as dialect
