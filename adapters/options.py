@@ -28,7 +28,7 @@ WIRES = ("ollama", "openai", "anthropic", "responses", "llamacpp", "engine")
 @dataclass(frozen=True)
 class Knob:
     field: str
-    kind: type  # int, float, list (of strings) or dict (token id -> bias)
+    kind: type  # int, float, bool, list (of strings) or dict (token id -> bias)
     ollama: str | None = None
     openai: str | None = None
     llamacpp: str | None = None
@@ -71,6 +71,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("stop", list, "stop", "stop", "stop", "stop", "stop_sequences"),
     # OpenAI's logit_bias (token id -> -100..100), which llama-server and vLLM take as it is; Ollama has none.
     Knob("logit_bias", dict, None, "logit_bias", "logit_bias", "logit_bias"),
+    # vLLM's, SGLang's and llama-server's extension, which load generators (vLLM's benchmarks, llmperf) send for
+    # answers of exactly max_tokens; Ollama has none.
+    Knob("ignore_eos", bool, None, "ignore_eos", "ignore_eos", "ignore_eos"),
 )
 BY_FIELD = {k.field: k for k in KNOBS}
 _FIELDS = tuple(BY_FIELD)

@@ -76,6 +76,7 @@ class SamplingOptions:
     repeat_last_n: int | None = None
     num_ctx: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100 bans it)
+    ignore_eos: bool | None = None  # write on past the end of text, to max_tokens (benchmarks' fixed-length answers)
     logprobs: bool = False
     top_logprobs: int | None = None
     # Backend-specific knobs passed through untouched (Ollama `options` keys Velo has no field for).

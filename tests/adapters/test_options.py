@@ -24,6 +24,8 @@ def sample(knob: options.Knob) -> object:
     """A value valid on every wire, distinct per knob so a crossed mapping shows."""
     if knob.kind is list:
         return ["END", knob.field]
+    if knob.kind is bool:
+        return True  # a switch's one value that differs from leaving it off
     n = options.KNOBS.index(knob) + 2
     if knob.kind is dict:
         return {str(n): -n / 4}  # token id -> bias, as JSON carries it

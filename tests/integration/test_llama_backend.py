@@ -124,3 +124,15 @@ async def test_n_choices_take_one_slot_each_and_up_to_16_are_served(velo_llama, 
     many = await oai.chat.completions.create(model=CHAT_MODEL, messages=HELLO, n=16, max_tokens=3, temperature=0.8)
     assert sorted(c.index for c in many.choices) == list(range(16))
     assert all(c.message.content for c in many.choices)
+
+
+async def test_ignore_eos_writes_to_max_tokens(velo_llama):
+    """vLLM's, SGLang's and llama-server's `ignore_eos` (load generators send it for answers of a fixed length): the
+    model writes on past its end of text. It was dropped, so the answer stopped early."""
+    oai, _ = clients(velo_llama)
+    asked = {"model": CHAT_MODEL, "messages": HELLO, "max_tokens": 200, "temperature": 0}
+    natural = await oai.chat.completions.create(**asked)
+    assert natural.choices[0].finish_reason == "stop" and natural.usage.completion_tokens < 200
+    longer = natural.usage.completion_tokens + 16
+    forced = await oai.chat.completions.create(**{**asked, "max_tokens": longer}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == longer
