@@ -34,12 +34,13 @@ def message_dict(m: Message) -> dict[str, Any]:
 
 
 def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
-    """The prompt text of a chat; `think` reaches templates that switch thinking (`enable_thinking`, Qwen3)."""
+    """The prompt text of a chat; `think` reaches templates that switch thinking (`enable_thinking`, Qwen3), over
+    the client's own template variables."""
     if req.tools_in_prompt:
         req = in_prompt(req)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                 "parameters": t.parameters}} for t in req.tools] or None
-    switches = {} if req.think is None else {"enable_thinking": bool(req.think)}
+    switches = req.template_kwargs | ({} if req.think is None else {"enable_thinking": bool(req.think)})
     messages = [message_dict(m) for m in req.messages]
     try:
         if req.prefill and (cut := _continued(tokenizer.apply_chat_template(

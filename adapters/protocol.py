@@ -107,6 +107,9 @@ class ChatRequest:
     truncate: bool | None = None
     shift: bool | None = None
     tools_in_prompt: bool = False  # the model's template ignores tools: adapters write them in (tool_prompt.py)
+    # Variables for the model's chat template (vLLM's, SGLang's and llama-server's `chat_template_kwargs`); the
+    # thinking switch `think` goes over their `enable_thinking`.
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prefill(self) -> str:

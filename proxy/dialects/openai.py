@@ -209,16 +209,28 @@ EFFORTS: dict[str, bool | str] = {"none": False, "minimal": False, "low": "low",
 
 def parse_think(body: dict[str, Any]) -> bool | str | None:
     """The think switch: `reasoning_effort` (EFFORTS), else `chat_template_kwargs: {"enable_thinking": false}`, the
-    way vLLM's, SGLang's and llama-server's users turn a Qwen3 model's thinking off (OpenAI SDKs: `extra_body`).
-    `true` there leaves the model's default: a template without the switch ignores it on those servers, where a
-    think request to a model that cannot think is a 400 here."""
+    way vLLM's, SGLang's and llama-server's users turn a Qwen3 model's thinking off (OpenAI SDKs: `extra_body`), on
+    every backend. `true` stays a template variable only: a template without the switch ignores it on those
+    servers, where a think request to a model that cannot think is a 400 here."""
     effort = get(body, "reasoning_effort", str)
     if effort is None:
-        kwargs = get(body, "chat_template_kwargs", dict, {})
-        return False if get(kwargs, "enable_thinking", bool) is False else None
+        return False if get(template_kwargs(body), "enable_thinking", bool) is False else None
     if effort not in EFFORTS:
         raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
     return EFFORTS[effort]
+
+
+# What a chat template is rendered with by the server itself: not the client's to set.
+_TEMPLATE_OWN = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """`chat_template_kwargs`: variables for the model's chat template, which vLLM, SGLang and llama-server take
+    (`enable_thinking`, DeepSeek's `thinking`, ...), passed on to them and to the engine's template."""
+    kwargs = get(body, "chat_template_kwargs", dict, {})
+    if own := sorted(_TEMPLATE_OWN & kwargs.keys()):
+        raise BadRequest(f"chat_template_kwargs may not set {', '.join(own)}", param="chat_template_kwargs")
+    return kwargs
 
 
 def _text_only(body: dict[str, Any]) -> None:
@@ -257,7 +269,8 @@ def parse_chat(body: Any) -> ChatRequest:
                        tool_choice=tool_choice.checked(parse_tool_choice(body.get("tool_choice")), tools),
                        format=parse_response_format(body),
                        stream=_stream(body), n=_n(body), think=parse_think(body),
-                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True))
+                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
+                       template_kwargs=template_kwargs(body))
 
 
 def legacy_functions(body: dict[str, Any]) -> bool:

@@ -47,6 +47,17 @@ def test_the_thinking_switch_reaches_the_template():
     assert off.endswith("<think>\n\n</think>\n\n")
 
 
+def test_a_clients_template_variables_reach_the_engines_template():
+    """DeepSeek-V3.1-style templates switch on a variable of their own (`thinking`), which clients set in
+    `chat_template_kwargs`; the think switch goes over a variable of the same name."""
+    deepseek_like = CHATML + "{% if add_generation_prompt and thinking %}<think>{% endif %}"
+    req = ChatRequest("m", [Message("user", "hi")], template_kwargs={"thinking": True})
+    assert render(tokenizer(deepseek_like), req).endswith("<think>")
+    assert not render(tokenizer(deepseek_like), ChatRequest("m", req.messages)).endswith("<think>")
+    switched = ChatRequest("m", req.messages, think=False, template_kwargs={"enable_thinking": True})
+    assert render(tokenizer(QWEN3_LIKE), switched).endswith("<think>\n\n</think>\n\n")
+
+
 def test_a_chat_ending_in_an_assistant_turn_is_continued():
     """Prefill (Anthropic's API, Ollama's templates, llama-server): the prompt stops right after the assistant's
     text, with no end of turn and no new turn; a template that trims messages (Llama 3.1) is cut at the trimmed

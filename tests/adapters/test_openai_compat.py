@@ -225,6 +225,13 @@ def test_the_think_switch_on_the_openai_wire(think, wire):
     assert {k: body[k] for k in ("chat_template_kwargs", "reasoning_effort") if k in body} == wire
 
 
+def test_a_clients_template_variables_go_on_under_the_think_switch():
+    """vLLM's, SGLang's and llama-server's `chat_template_kwargs` reach them whole; Velo's switch goes over them."""
+    req = ChatRequest("m", [Message("user", "hi")], think=False,
+                      template_kwargs={"enable_thinking": True, "thinking": True})
+    assert chat_to_wire(req)["chat_template_kwargs"] == {"enable_thinking": False, "thinking": True}
+
+
 async def test_a_non_streamed_answer_is_streamed_from_the_backend_and_a_hung_one_found_early(backend, openai_fake):
     """One answer for the client, a stream from the backend: `first_token_timeout` bounds the wait for a backend
     that accepts and never answers, not `total_timeout` (600 s by default)."""

@@ -393,6 +393,17 @@ async def test_chat_template_kwargs_can_turn_thinking_off(client, scripted: Scri
     assert resp.status == 200 and scripted.requests[0].think == think
 
 
+async def test_chat_template_kwargs_go_on_whole(client, scripted: ScriptedBackend):
+    resp = await client.post("/v1/chat/completions", json={
+        "model": "tiny", "chat_template_kwargs": {"thinking": True, "enable_thinking": True},
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200 and scripted.requests[0].template_kwargs == {"thinking": True, "enable_thinking": True}
+    own = await client.post("/v1/chat/completions", json={
+        "model": "tiny", "chat_template_kwargs": {"add_generation_prompt": False},
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert own.status == 400 and (await own.json())["error"]["param"] == "chat_template_kwargs"
+
+
 async def test_a_bad_reasoning_effort_is_a_400(client):
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "extreme",
                                                           "messages": [{"role": "user", "content": "hi"}]})
