@@ -111,7 +111,7 @@ class Router:
         return None
 
     def _from_listing(self, model: str) -> Target | None:
-        for name in (model, _with_latest(model)):
+        for name in _spellings(model):
             if (backend := self.listings.owner.get(name)) is not None:
                 return Target(self.backends[backend], name, model)  # at most two spellings of a listed name
         return None
@@ -135,11 +135,14 @@ class Router:
             base = seen.get(target.partition(":")[2] or target)
             seen.setdefault(alias, replace(base, name=alias) if base else ModelInfo(name=alias))
         for preset in self.presets.all():
-            base = seen.get(preset.base) or seen.get(_with_latest(preset.base)) or ModelInfo(name=preset.base)
+            base = next((seen[n] for n in _spellings(preset.base) if n in seen), None) or ModelInfo(name=preset.base)
             seen.setdefault(preset.name, replace(base, name=preset.name, modified_at=preset.modified_at))
         return list(seen.values())
 
 
-def _with_latest(model: str) -> str:
-    """Ollama treats `name` and `name:latest` as the same model."""
-    return model if ":" in model else f"{model}:latest"
+def _spellings(model: str) -> tuple[str, ...]:
+    """Ollama treats `name` and `name:latest` as the same model, either way round: a client that copied a tagged
+    name (LiteLLM users write `ollama_chat/foo:latest`) finds a model listed without its tag."""
+    if model.endswith(":latest"):
+        return model, model.removesuffix(":latest")
+    return (model,) if ":" in model else (model, f"{model}:latest")

@@ -35,6 +35,15 @@ async def test_resolution_order_alias_exact_glob_listing_default():
     assert (await router.resolve("unknown-model")).backend is a  # the default takes the rest
 
 
+async def test_a_tagged_name_finds_a_model_listed_without_its_tag():
+    """Ollama treats `x` and `x:latest` as one model either way round: LiteLLM users copy tagged names
+    (`ollama_chat/qwen-coder:latest`), which found no model listed as `qwen-coder` (a 404)."""
+    router, _, b = _router()
+    assert (t := await router.resolve("qwen-coder:latest")).backend is b and t.model == "qwen-coder"
+    with pytest.raises(ModelNotFound):
+        await router.resolve("qwen-coder:7b")
+
+
 async def test_unknown_model_without_default_is_404():
     router, *_ = _router()
     with pytest.raises(ModelNotFound, match="model 'nope' not found"):
