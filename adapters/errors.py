@@ -78,10 +78,12 @@ class RequestTimeout(VeloError):
 
 
 class Unsupported(VeloError):
-    """The chosen backend cannot do this (e.g. /api/pull on llama-server)."""
+    """The chosen backend cannot do this (embeddings on a chat-only llama-server, /api/pull on llama-server): the
+    client's 400 in every dialect, as a missing model feature is, never a 5xx, which the SDKs retry (LiteLLM and the
+    OpenAI SDK sent a 501 three times)."""
 
-    status = 501
-    kind = "not_implemented_error"
+    status = 400
+    kind = "invalid_request_error"
 
 
 class Overloaded(VeloError):

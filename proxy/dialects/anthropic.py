@@ -505,10 +505,8 @@ def model_page(infos: list[ModelInfo], query: Mapping[str, str]) -> dict[str, An
 
 def error_status(err: VeloError) -> int:
     """Anthropic's status for Velo's error: a backend that is down or full is 529 overloaded (its clients retry
-    it with backoff); a missing model feature or an unknown route detail is the client's 400, never a 5xx."""
-    if err.status == 503:
-        return 529
-    return 400 if err.status == 501 else err.status
+    it with backoff)."""
+    return 529 if err.status == 503 else err.status
 
 
 def error_object(err: VeloError, request_id: str | None = None) -> dict[str, Any]:

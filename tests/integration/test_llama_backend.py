@@ -1,6 +1,8 @@
 """Real clients (`openai`, `ollama`) -> Velo -> the real llama-server with SmolLM2-135M, in both dialects.
 
 Greedy decoding (temperature 0) makes both dialects see the same tokens, so their answers are compared."""
+import ollama
+import openai
 import pytest
 
 from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients
@@ -136,3 +138,14 @@ async def test_ignore_eos_writes_to_max_tokens(velo_llama):
     longer = natural.usage.completion_tokens + 16
     forced = await oai.chat.completions.create(**{**asked, "max_tokens": longer}, extra_body={"ignore_eos": True})
     assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == longer
+
+
+async def test_embeddings_from_a_chat_only_server_are_the_clients_400(velo_llama):
+    """A missing model feature is never a 5xx, which the SDKs retry: LiteLLM and the OpenAI SDK sent the 501 of a
+    llama-server started without --embeddings three times."""
+    oai, oll = clients(velo_llama)
+    with pytest.raises(openai.BadRequestError, match="embeddings"):
+        await oai.embeddings.create(model=CHAT_MODEL, input="hi")
+    with pytest.raises(ollama.ResponseError) as e:
+        await oll.embed(model=CHAT_MODEL, input="hi")
+    assert e.value.status_code == 400
