@@ -10,7 +10,7 @@ from adapters import keep_alive
 from adapters.base import Backend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported, VeloError
 from adapters.fields import body_object
-from adapters.protocol import Chunk, RunningModel, aggregate, epoch
+from adapters.protocol import Chunk, EmbedResult, RunningModel, aggregate, epoch
 
 from .auth import CALLER
 from .dialects import ollama
@@ -114,6 +114,10 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 async def embed(request: web.Request) -> web.Response:
     req = ollama.parse_embed(await read_json(request))
+    if not req.inputs:  # Ollama loads the model and answers no embeddings (server/routes.go EmbedHandler)
+        target = await request[ROUTER].resolve(req.model)
+        load_ns = await request[PIPELINE].residency.load(target, req.keep_alive)
+        return json_response(ollama.embed_object(req.model, EmbedResult([], load_ns=load_ns)))
     result = await request[PIPELINE].embed(req, request[CALLER])
     return json_response(ollama.embed_object(req.model, result))
 

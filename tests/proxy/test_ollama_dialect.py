@@ -108,8 +108,10 @@ async def test_roles_are_read_in_lower_case_and_an_empty_input_embeds_nothing(cl
     messages = [{"role": "SYSTEM", "content": "Reply in French"}, {"role": "User", "content": "hi"}]
     resp = await client.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False})
     assert resp.status == 200 and [m.role for m in scripted.requests[0].messages] == ["system", "user"]
-    resp = await client.post("/api/embed", json={"model": "tiny", "input": ""})
-    assert resp.status == 200 and (await resp.json())["embeddings"] == [] and scripted.requests[1].inputs == []
+    for nothing in ({"input": ""}, {"input": []}, {}):  # Ollama loads the model and embeds nothing
+        resp = await client.post("/api/embed", json={"model": "tiny", **nothing})
+        assert resp.status == 200 and (await resp.json())["embeddings"] == []
+    assert len(scripted.requests) == 1  # no embedding call: llama-server refused an empty one with a 400
 
 
 async def test_tags_lists_the_newest_first(client):
