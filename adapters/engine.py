@@ -272,7 +272,7 @@ class EngineBackend(Backend):
             family=meta["architecture"],
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
-            context_length=window, template=model_card.go_template(jinja, fim),
+            context_length=window, template=model_card.go_template(jinja, fim, "tools" in self.capabilities),
             parameters=model_card.parameters(window, model_card.stop_words(jinja)),
             capabilities=list(self.capabilities), model_info=model_card.model_info(shape), file=path)
 

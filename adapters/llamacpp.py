@@ -225,7 +225,7 @@ class LlamaCppBackend(OpenAIBackend):
         return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", **dated,
                           quantization_level=props.get("model_ftype", ""),
                           parameter_size=parameter_size(params), context_length=context, capabilities=list(caps),
-                          template=model_card.go_template(jinja, fim),
+                          template=model_card.go_template(jinja, fim, "tools" in caps),
                           parameters=model_card.parameters(context, model_card.stop_words(jinja)),
                           model_info={"general.parameter_count": params})
                 for n in names]
@@ -291,7 +291,7 @@ class LlamaCppBackend(OpenAIBackend):
         info.family = facts.info.get("general.architecture", info.family)
         info.model_info = facts.info | info.model_info
         if facts.fim and "insert" in info.capabilities:
-            info.template = model_card.go_template(jinja or facts.jinja, facts.fim)
+            info.template = model_card.go_template(jinja or facts.jinja, facts.fim, "tools" in info.capabilities)
         return info
 
     async def gguf_facts(self, path: str) -> model_card.GgufFacts:
@@ -311,7 +311,7 @@ class LlamaCppBackend(OpenAIBackend):
                          digest=file.digest, size=file.size, context_length=context, file=path,
                          family=str(facts.info.get("general.architecture", "")),
                          capabilities=capabilities(facts.jinja, tools=True, infill=facts.fim is not None),
-                         template=model_card.go_template(facts.jinja, facts.fim),
+                         template=model_card.go_template(facts.jinja, facts.fim, tools=True),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:

@@ -21,16 +21,21 @@ class Family:
     marker: str  # what the model's Jinja template contains
     turns: str  # the Go template of a conversation, Ollama's form (range over .Messages)
     stops: tuple[str, ...]
+    tools: str = ""  # the system turn that offers tools, for a model whose template renders them
 
 
 FAMILIES = {
     "chatml": Family("<|im_start|>",  # Qwen, SmolLM2, Hermes ...
                      "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n"
-                     "{{ end }}<|im_start|>assistant\n", ("<|im_start|>", "<|im_end|>")),
+                     "{{ end }}<|im_start|>assistant\n", ("<|im_start|>", "<|im_end|>"),
+                     "{{- if .Tools }}<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist "
+                     "with the user query.\n\n<tools>\n{{ .Tools }}\n</tools><|im_end|>\n{{ end }}"),
     "llama3": Family("<|start_header_id|>",
                      "{{- range .Messages }}<|start_header_id|>{{ .Role }}<|end_header_id|>\n\n{{ .Content }}"
                      "<|eot_id|>\n{{- end }}<|start_header_id|>assistant<|end_header_id|>\n\n",
-                     ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+                     ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+                     "{{- if .Tools }}<|start_header_id|>system<|end_header_id|>\n\nYou have access to the "
+                     "following functions:\n\n{{ .Tools }}<|eot_id|>\n{{- end }}"),
     "gemma": Family("<start_of_turn>",
                     "{{- range .Messages }}<start_of_turn>{{ if eq .Role \"assistant\" }}model{{ else }}{{ .Role }}"
                     "{{ end }}\n{{ .Content }}<end_of_turn>\n{{ end }}<start_of_turn>model\n", ("<end_of_turn>",)),
@@ -53,10 +58,12 @@ def fim_style(has_token: Callable[[str], bool]) -> tuple[str, str, str] | None:
     return next((style for style in FIM_STYLES if all(has_token(t) for t in style)), None)
 
 
-def go_template(jinja: str, fim: tuple[str, str, str] | None = None) -> str:
-    """An Ollama-style template for a model whose chat template is `jinja`; with a `.Suffix` branch iff `fim`."""
+def go_template(jinja: str, fim: tuple[str, str, str] | None = None, tools: bool = False) -> str:
+    """An Ollama-style template for a model whose chat template is `jinja`; with a `.Suffix` branch iff `fim`, and a
+    `.Tools` block iff the model renders `tools`, as Ollama's own templates have: LiteLLM decides whether an Ollama
+    model calls functions by "tools" in its template (llms/ollama/common_utils.py), and OpenHands asks it."""
     fam = family(jinja)
-    body = fam.turns if fam else PLAIN
+    body = (fam.tools if tools else "") + fam.turns if fam else PLAIN
     if fim is None:
         return body
     prefix, suffix, middle = fim

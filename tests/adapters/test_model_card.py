@@ -5,7 +5,7 @@ import gguf
 import numpy as np
 import pytest
 
-from adapters import model_card
+from adapters import go_template, model_card
 from adapters.gguf_header import read_metadata
 from engine import default_model_path
 
@@ -32,6 +32,16 @@ def test_template_has_suffix_exactly_when_fim_works(jinja, marker):
     fim = model_card.go_template(jinja, model_card.FIM_STYLES[0])
     assert "{{ .Suffix }}" in fim and "<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>" in fim
     assert marker in fim
+
+
+@pytest.mark.parametrize("jinja", [CHATML_JINJA, "<|start_header_id|>{{ role }}"])
+def test_template_offers_tools_exactly_when_the_model_renders_them(jinja):
+    """Ollama's own templates have a `.Tools` block: LiteLLM decides whether an Ollama model calls functions by
+    "tools" in its template (llms/ollama/common_utils.py), so Velo's said no for every model."""
+    assert "tools" not in model_card.go_template(jinja).lower()
+    offered = model_card.go_template(jinja, model_card.FIM_STYLES[0], tools=True)
+    assert "{{- if .Tools }}" in offered and "{{ .Suffix }}" in offered
+    assert go_template.render(offered, "hi") == go_template.render(model_card.go_template(jinja), "hi")
 
 
 def test_model_info_keeps_ollama_keys_and_drops_unknown_dimensions():

@@ -43,6 +43,7 @@ async def test_a_router_lists_and_shows_its_models_without_loading_them(router):
         shown = await oll.show("beta")
         assert shown.capabilities == ["completion", "tools"]  # SmolLM2's vocabulary has no FIM tokens
         assert "<|im_start|>" in shown.template and "num_ctx" in shown.parameters and "1024" in shown.parameters
+        assert "{{- if .Tools }}" in shown.template  # as Ollama's templates offer tools (LiteLLM reads it)
         assert shown.modelinfo["general.architecture"] == "llama"
         assert await states(router) == {"alpha": "unloaded", "beta": "unloaded"}
         assert (await oll.ps()).models == []
