@@ -61,7 +61,8 @@ def fim_style(has_token: Callable[[str], bool]) -> tuple[str, str, str] | None:
 def go_template(jinja: str, fim: tuple[str, str, str] | None = None, tools: bool = False) -> str:
     """An Ollama-style template for a model whose chat template is `jinja`; with a `.Suffix` branch iff `fim`, and a
     `.Tools` block iff the model renders `tools`, as Ollama's own templates have: LiteLLM decides whether an Ollama
-    model calls functions by "tools" in its template (llms/ollama/common_utils.py), and OpenHands asks it."""
+    model calls functions by "tools" in its template (llms/ollama/common_utils.py), and agents (CrewAI) ask it
+    before they offer tools."""
     fam = family(jinja)
     body = (fam.tools if tools else "") + fam.turns if fam else PLAIN
     if fim is None:
