@@ -34,6 +34,7 @@ class RepairReport:
     repaired: list[str] = field(default_factory=list)
     coerced: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
+    unoffered: int = 0  # of `invalid`: calls in the text to a tool that was not offered (the model's JSON answer)
     deduped: int = 0
     skipped: list[str] = field(default_factory=list)  # why some text was passed through unrepaired: "size", "budget"
 
@@ -56,6 +57,7 @@ class RepairReport:
         self.repaired += other.repaired
         self.coerced += other.coerced
         self.invalid += other.invalid
+        self.unoffered += other.unoffered
         self.deduped += other.deduped
         self.skipped += other.skipped
 
@@ -107,6 +109,7 @@ class CallRepairer:
                 self.report.invalid.append(f"no parsable call after {_MARKERS[region.kind]}")
             return None
         accepted = [a for a in (self._accept(r, "") for r in attempts) if a is not None]
+        self.report.unoffered += sum(self.resolve(r.name) is None for r in attempts)
         valid = self._keep(accepted, region.kind)
         self.report.extracted += len(valid)
         return valid if accepted else None

@@ -4,9 +4,13 @@ turn those chunks into OpenAI deltas or Ollama `message.tool_calls`.
 
 A failed call attempt (unknown tool, arguments the schema rejects) is held too: it is shown as content once the
 turn proves to have anything else, and a turn made only of failed attempts ends in `ToolCallInvalid` (502),
-raised before its last chunk so that nothing half-valid is sent or cached. A turn cut by its token limit is not
-the model's failure but the limit's: its unfinished call goes out as text, with finish reason `length`, as OpenAI
-sends a cut answer (a 502 there was retried by the SDKs into the very same cut).
+raised before its last chunk so that nothing half-valid is sent or cached.
+
+Text that names no offered tool is the model's JSON answer, not a failed call, unless the request demands a call
+(`tool_choice` "required" or a function): it is sent as content, as Ollama and llama-server send it (a 502 there
+was retried by the SDKs into the same answer, on every unrelated question a small model answered in JSON). A turn
+cut by its token limit is not the model's failure but the limit's: its unfinished call goes out as text, with
+finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the SDKs into the same cut).
 """
 from __future__ import annotations
 
@@ -47,20 +51,25 @@ def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionReq
     grammar, so structured output streams as it comes and is checked at the end."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
-        return _hold_back(chunks, HoldBack(CallRepairer(tools, report)), metrics, budget)
+        return _hold_back(chunks, HoldBack(CallRepairer(tools, report), must_call=_demands_a_call(req)), metrics,
+                          budget)
     if req.format is not None:
         check = _check_structured if constrained else _buffer_structured
         return check(chunks, req, metrics, report, budget)
     return chunks
 
 
-def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool]) -> tuple[str, list[ToolCall],
-                                                                                      RepairReport]:
+def _demands_a_call(req: ChatRequest | CompletionRequest) -> bool:
+    return isinstance(req, ChatRequest) and (req.tool_choice == "required" or isinstance(req.tool_choice, dict))
+
+
+def repair_message(text: str, tool_calls: list[ToolCall], tools: list[Tool],
+                   must_call: bool = False) -> tuple[str, list[ToolCall], RepairReport]:
     """A whole assistant turn at once: the content left, the valid calls, what was done (ToolCallInvalid when
     only failed call attempts remain)."""
     if not tools:
         return text, tool_calls, RepairReport()
-    state = HoldBack(CallRepairer(tools))
+    state = HoldBack(CallRepairer(tools), must_call=must_call)
     calls = state.repairer.structured(tool_calls)
     segments, found = state.feed(text, final=True)
     content = state.release(segments) + state.close(calls + found)
@@ -76,6 +85,7 @@ class HoldBack:
     the turn passes through as it comes ("skipped=budget")."""
 
     repairer: CallRepairer
+    must_call: bool = False  # the request demands a call: text naming no offered tool is a failure too
     held: str = ""
     doubt: str = ""
     sent_text: bool = False
@@ -147,10 +157,11 @@ class HoldBack:
 
     def close(self, last_calls: list[ToolCall], cut: bool = False) -> str:
         """End of turn: the text still owed, or ToolCallInvalid when the turn was only failed attempts and not
-        `cut` by its token limit."""
+        `cut` by its token limit (text naming no offered tool fails only a turn that `must_call`)."""
         self.sent_calls |= bool(last_calls)
         report = self.repairer.report
-        if report.invalid and not self.sent_text and not self.sent_calls and not cut:
+        failed = len(report.invalid) > report.unoffered or (self.must_call and report.invalid)
+        if failed and not self.sent_text and not self.sent_calls and not cut:
             raise report.error()
         doubt, self.doubt = self.doubt, ""
         return doubt if doubt.strip() else ""

@@ -122,8 +122,13 @@ def test_nothing_is_extracted_when_no_tools_are_offered() -> None:
 
 
 def test_a_tool_that_was_not_offered_is_never_called() -> None:
+    """Its JSON is the model's answer, sent as content as Ollama and llama-server send it (reported invalid), or a
+    failure where the request demands a call."""
+    text = '{"name": "delete_files", "arguments": {"path": "/"}}'
+    content, calls, report = repair_message(text, [], TOOLS)
+    assert content == text and calls == [] and report.unoffered == 1 and len(report.invalid) == 1
     with pytest.raises(ToolCallInvalid, match="delete_files: not an offered tool"):
-        repair_message('{"name": "delete_files", "arguments": {"path": "/"}}', [], TOOLS)
+        repair_message(text, [], TOOLS, must_call=True)
 
 
 def test_an_unknown_call_next_to_prose_stays_as_content() -> None:

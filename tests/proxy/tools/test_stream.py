@@ -70,9 +70,23 @@ async def test_structured_calls_from_the_backend_are_validated_and_coerced() -> 
 
 
 async def test_only_failed_attempts_raise_before_anything_is_sent() -> None:
-    stream = repair_stream(_source(_cut('{"name": "rm_rf", "arguments": {}}', 4)), _req(tools=TOOLS))
+    stream = repair_stream(_source(_cut('{"name": "rm_rf", "arguments": {}}', 4)),
+                           _req(tools=TOOLS, tool_choice="required"))
     with pytest.raises(ToolCallInvalid, match="rm_rf: not an offered tool"):
         await stream.__anext__()
+    schema_broken = '{"name": "get_weather", "arguments": {"unit": "kelvin"}}'  # no city, no such unit
+    invalid = repair_stream(_source(_cut(schema_broken, 4)), _req(tools=TOOLS))
+    with pytest.raises(ToolCallInvalid, match="get_weather: "):
+        await invalid.__anext__()
+
+
+async def test_json_naming_no_offered_tool_is_the_answer_when_no_call_is_demanded() -> None:
+    """A small model answers an unrelated question in JSON shaped like a call (`{"name": "hello", ...}`): Ollama and
+    llama-server send it as content; a 502 was retried by the SDKs into the same answer."""
+    text = '{"name": "hello", "arguments": {"greeting": "hi"}}'
+    out = await _run(_cut(text, 4), _req(tools=TOOLS))
+    assert "".join(c.text for c in out) == text and not any(c.tool_calls for c in out)
+    assert out[-1].finish_reason == "stop"
 
 
 async def test_a_call_cut_by_the_token_limit_is_sent_as_text() -> None:
