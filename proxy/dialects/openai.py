@@ -207,14 +207,14 @@ EFFORTS: dict[str, bool | str] = {"none": False, "minimal": False, "low": "low",
                                   "xhigh": "high", "max": "high"}
 
 
-def parse_think(body: dict[str, Any]) -> bool | str | None:
-    """The think switch: `reasoning_effort` (EFFORTS), else `chat_template_kwargs: {"enable_thinking": false}`, the
-    way vLLM's, SGLang's and llama-server's users turn a Qwen3 model's thinking off (OpenAI SDKs: `extra_body`), on
-    every backend. `true` stays a template variable only: a template without the switch ignores it on those
-    servers, where a think request to a model that cannot think is a 400 here."""
+def parse_think(body: dict[str, Any], kwargs: dict[str, Any]) -> bool | str | None:
+    """The think switch: `reasoning_effort` (EFFORTS), else `enable_thinking: false` in `kwargs` (the request's
+    `chat_template_kwargs`), the way vLLM's, SGLang's and llama-server's users turn a Qwen3 model's thinking off
+    (OpenAI SDKs: `extra_body`), on every backend. `true` stays a template variable only: a template without the
+    switch ignores it on those servers, where a think request to a model that cannot think is a 400 here."""
     effort = get(body, "reasoning_effort", str)
     if effort is None:
-        return False if get(template_kwargs(body), "enable_thinking", bool) is False else None
+        return False if get(kwargs, "enable_thinking", bool) is False else None
     if effort not in EFFORTS:
         raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
     return EFFORTS[effort]
@@ -263,14 +263,13 @@ def parse_chat(body: Any) -> ChatRequest:
     if not messages:
         raise BadRequest("messages must not be empty", param="messages")
     _text_only(body)
-    tools = parse_tools(body)
+    tools, kwargs = parse_tools(body), template_kwargs(body)
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
                        options=parse_options(body), tools=tools,
                        tool_choice=tool_choice.checked(parse_tool_choice(body.get("tool_choice")), tools),
                        format=parse_response_format(body),
-                       stream=_stream(body), n=_n(body), think=parse_think(body),
-                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
-                       template_kwargs=template_kwargs(body))
+                       stream=_stream(body), n=_n(body), think=parse_think(body, kwargs),
+                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), template_kwargs=kwargs)
 
 
 def legacy_functions(body: dict[str, Any]) -> bool:
