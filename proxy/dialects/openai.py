@@ -52,9 +52,9 @@ def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> Samplin
     """Ollama options the OpenAI API has no field for, in an `options` object (OpenAI SDKs: `extra_body`) or at the
     top level, where Open WebUI's OpenAI connections put a model's advanced parameters (utils/payload.py: they were
     dropped); the object's come first, and OpenAI's own fields win where both are set."""
-    raw = {k: body[k] for k in _OLLAMA_ONLY if k in body} | get(body, "options", dict, {})
-    if not raw:
+    if "options" not in body and _OLLAMA_ONLY.isdisjoint(body):  # most requests (parse_chat is ~6 us)
         return opts
+    raw = {k: v for k, v in body.items() if k in _OLLAMA_ONLY} | get(body, "options", dict, {})
     native = ollama.parse_options({"options": raw})
     for f in fields(SamplingOptions):
         if _unset(getattr(opts, f.name)):
@@ -94,11 +94,14 @@ _VENDOR_SCHEMAS = ("json_schema", "guided_json")
 # Their other constraints (a choice, a regex, a grammar): no format every backend enforces, so a 400, not an answer
 # that silently ignores them.
 _VENDOR_GRAMMARS = ("guided_choice", "guided_regex", "guided_grammar", "grammar", "regex", "ebnf")
+_VENDOR_FIELDS = frozenset(_VENDOR_SCHEMAS + _VENDOR_GRAMMARS + ("structured_outputs",))
 
 
 def _vendor_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     """A JSON Schema given in a vendor's field, which every backend then enforces as a `response_format` would;
     these were dropped, so the answer came back unconstrained."""
+    if _VENDOR_FIELDS.isdisjoint(body):  # most requests: one set test, not eight lookups
+        return None
     given = {k: body[k] for k in _VENDOR_SCHEMAS if body.get(k) is not None}
     structured = get(body, "structured_outputs", dict, {})
     if structured.get("json") is not None:
@@ -228,7 +231,7 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """`chat_template_kwargs`: variables for the model's chat template, which vLLM, SGLang and llama-server take
     (`enable_thinking`, DeepSeek's `thinking`, ...), passed on to them and to the engine's template."""
     kwargs = get(body, "chat_template_kwargs", dict, {})
-    if own := sorted(_TEMPLATE_OWN & kwargs.keys()):
+    if kwargs and (own := sorted(_TEMPLATE_OWN & kwargs.keys())):
         raise BadRequest(f"chat_template_kwargs may not set {', '.join(own)}", param="chat_template_kwargs")
     return kwargs
 
