@@ -31,6 +31,13 @@ log = logging.getLogger("velo.adapters.llamacpp")
 _UNSET_IS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 
+# llama-server's own sampler keys that the options table has no row for (tools/server/README.md): a client's pass
+# on to it in `extra`, as Ollama's option names do (other backends leave `extra` out or ignore it).
+NATIVE_SAMPLERS = frozenset({"dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
+                             "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
+                             "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "samplers"})
+
+
 # llama-server embeds no input longer than its physical batch (-ub, 512 by default), even under its context, and
 # answers 500 (tools/server/server-context.cpp); Velo cuts the inputs to it, as Ollama cuts them to the context.
 _TOO_LARGE = re.compile(r"is too large to process\. increase the physical batch size \(current batch size: (\d+)\)")

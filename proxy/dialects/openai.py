@@ -20,6 +20,7 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
                                ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
 
 from adapters.fields import body_object, get, get_model, string_list
+from adapters.llamacpp import NATIVE_SAMPLERS
 from . import ollama, tool_choice
 from .ollama import parse_tools, parse_top_logprobs
 
@@ -44,14 +45,17 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
 _MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on completions' `logprobs`
 
 
-# Ollama option names the OpenAI API has no field for (repeat_penalty, num_ctx, mirostat, ...)
-_OLLAMA_ONLY = frozenset(options.names("ollama") - options.names("openai")) | ollama.OTHER_OPTIONS
+# Ollama's and llama-server's knob names the OpenAI API has no field for (repeat_penalty, num_ctx, mirostat,
+# dry_multiplier, ...)
+_OLLAMA_ONLY = (frozenset(options.names("ollama") - options.names("openai")) | ollama.OTHER_OPTIONS
+                | NATIVE_SAMPLERS)
 
 
 def _with_ollama_options(opts: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:
     """Ollama options the OpenAI API has no field for, in an `options` object (OpenAI SDKs: `extra_body`) or at the
     top level, where Open WebUI's OpenAI connections put a model's advanced parameters (utils/payload.py: they were
-    dropped); the object's come first, and OpenAI's own fields win where both are set."""
+    dropped) and llama-server's users its own samplers' (`dry_multiplier`, `xtc_probability`, ...); the object's
+    come first, and OpenAI's own fields win where both are set."""
     if "options" not in body and _OLLAMA_ONLY.isdisjoint(body):  # most requests (parse_chat is ~6 us)
         return opts
     raw = {k: v for k, v in body.items() if k in _OLLAMA_ONLY} | get(body, "options", dict, {})

@@ -10,10 +10,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
+from adapters.llamacpp import LlamaCppBackend
 from adapters.protocol import Chunk, ToolCall
 from proxy.app import make_app
 from proxy.cache.config import CacheConfig
 from proxy.config import Config
+from proxy.dialects import openai as openai_dialect
 from tests.scripted import ScriptedBackend
 
 
@@ -361,6 +363,18 @@ async def test_a_constraint_velo_cannot_enforce_is_a_400_naming_it(client, scrip
                                                           "messages": [{"role": "user", "content": "hi"}]})
     err = (await resp.json())["error"]
     assert resp.status == 400 and err["param"] == param and scripted.requests == []
+
+
+def test_llama_servers_own_samplers_at_the_top_level_reach_it():
+    """llama-server's users send its samplers in `extra_body` (`dry_multiplier`, `xtc_probability`, ...): they go
+    on in `extra`, which the llama-server adapter writes into its body (they were dropped)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "dry_multiplier": 0.8,
+            "xtc_probability": 0.5, "samplers": ["top_k", "dry"], "metadata": {"a": "b"}}
+    req = openai_dialect.parse_chat(body)
+    assert req.options.extra == {"dry_multiplier": 0.8, "xtc_probability": 0.5, "samplers": ["top_k", "dry"]}
+    sent = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=["http://x"])).chat_body(req)
+    assert (sent["dry_multiplier"], sent["xtc_probability"], sent["samplers"]) == (0.8, 0.5, ["top_k", "dry"])
+    assert "metadata" not in sent
 
 
 def test_streamed_tool_calls_keep_counting_indexes_across_chunks():
