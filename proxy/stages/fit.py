@@ -7,10 +7,10 @@
   refuse it (proxy/dialects RULES); in the others the switch is dropped and each image of a chat becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts), then the start of its last turn, and trims a raw prompt's start, as
-  Ollama does; the others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long"). A request's own
-  `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation: "auto"`, a
-  compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama) are left to
-  it, and get `truncate` as sent.
+  Ollama does; the others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long").
+  A request's own `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation:
+  "auto"`, a compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama)
+  are left to it, and get `truncate` as sent.
 """
 from __future__ import annotations
 
