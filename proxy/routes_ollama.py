@@ -114,9 +114,8 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 async def embed(request: web.Request) -> web.Response:
     req = ollama.parse_embed(await read_json(request))
-    if not req.inputs:  # Ollama loads the model and answers no embeddings (server/routes.go EmbedHandler)
-        target = await request[ROUTER].resolve(req.model)
-        load_ns = await request[PIPELINE].residency.load(target, req.keep_alive)
+    if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and embeds nothing (EmbedHandler)
+        _, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
         return json_response(ollama.embed_object(req.model, EmbedResult([], load_ns=load_ns)))
     result = await request[PIPELINE].embed(req, request[CALLER])
     return json_response(ollama.embed_object(req.model, result))
