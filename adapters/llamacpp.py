@@ -60,6 +60,11 @@ def _is_router(props: dict[str, Any]) -> bool:
     return props.get("role") == "router"
 
 
+def _status(entry: dict[str, Any]) -> dict[str, Any]:
+    """A router's word on one model: `value` (loaded, loading, unloaded, ...), its command line `args`, `failed`."""
+    return entry.get("status") or {}
+
+
 def _arg(args: list[str], *names: str) -> str | None:
     """The value after the first of `names` in a command line."""
     for flag, value in zip(args, args[1:]):
@@ -213,11 +218,15 @@ class LlamaCppBackend(OpenAIBackend):
                 self._can_infill = False
         return self._can_infill
 
+    async def _entries(self) -> list[dict[str, Any]]:
+        """/v1/models' entries: a router's hold each model's `status`."""
+        return (await self.http.call("GET", "/v1/models", parse=json_object)).get("data") or []
+
     async def list_models(self) -> list[ModelInfo]:
-        listing, props = await self.http.call("GET", "/v1/models", parse=json_object), await self._props_now()
+        entries, props = await self._entries(), await self._props_now()
         if _is_router(props):
-            return await self._routed(listing.get("data") or [])
-        entries = listing.get("data") or [{"id": props.get("model_path", self.name)}]
+            return await self._routed(entries)
+        entries = entries or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
         jinja, infill = props.get("chat_template", ""), await self.can_infill()
         caps = capabilities(jinja, bool((props.get("chat_template_caps") or {}).get("supports_tools")), infill)
@@ -242,7 +251,7 @@ class LlamaCppBackend(OpenAIBackend):
         names: asking the router for a model's /props would load it."""
         out = []
         for entry in entries:
-            args = (entry.get("status") or {}).get("args") or []
+            args = _status(entry).get("args") or []
             context = _arg(args, "-c", "--ctx-size") or ""
             out.append(await self.file_listing(str(entry["id"]), _arg(args, "-m", "--model") or "",
                                                int(context) or None if context.isdigit() else None))
@@ -259,8 +268,7 @@ class LlamaCppBackend(OpenAIBackend):
         """A router's loaded models; a single-model server's one."""
         if not _is_router(await self.props()):
             return await super().running()
-        listing = await self.http.call("GET", "/v1/models", parse=json_object)
-        loaded = [e for e in listing.get("data") or [] if (e.get("status") or {}).get("value") == "loaded"]
+        loaded = [e for e in await self._entries() if _status(e).get("value") == "loaded"]
         return [RunningModel(name=m.name, size=m.size, digest=m.digest, info=m) for m in await self._routed(loaded)]
 
     async def load(self, model: str, keep: Any) -> int:
@@ -272,8 +280,7 @@ class LlamaCppBackend(OpenAIBackend):
         with contextlib.suppress(BadRequest):  # "model is already running": loaded, or loading for another request
             await self.http.call("POST", "/models/load", {"model": model}, model=model)
         while True:
-            listing = await self.http.call("GET", "/v1/models", parse=json_object)
-            status = next((e.get("status") or {} for e in listing.get("data") or [] if e.get("id") == model), {})
+            status = next((_status(e) for e in await self._entries() if e.get("id") == model), {})
             if status.get("value") == "loaded":
                 return time.perf_counter_ns() - start
             if status.get("failed"):
