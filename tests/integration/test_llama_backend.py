@@ -149,3 +149,10 @@ async def test_embeddings_from_a_chat_only_server_are_the_clients_400(velo_llama
     with pytest.raises(ollama.ResponseError) as e:
         await oll.embed(model=CHAT_MODEL, input="hi")
     assert e.value.status_code == 400
+
+
+async def test_an_embed_request_with_no_input_answers_no_embeddings(velo_llama):
+    """Ollama loads the model and embeds nothing (EmbedHandler); llama-server refused the empty input with a 400."""
+    _, oll = clients(velo_llama)
+    for nothing in ([], ""):
+        assert (await oll.embed(model=EMBED_MODEL, input=nothing)).embeddings == []
