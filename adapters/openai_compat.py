@@ -26,6 +26,10 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
 
 
 _ASSUMED = ("completion", "tools", "thinking")
+# /v1/models `owned_by` -> the product, for servers known to name themselves there (vLLM's and SGLang's
+# ModelCard default it). Both continue a prefilled assistant turn when asked (`continue_final_message`); OpenAI's
+# own API refuses unknown fields, so only a server that said who it is gets that field.
+OWNERS = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def _created(model: dict[str, Any]) -> dict[str, str]:
@@ -44,6 +48,7 @@ class OpenAIBackend(Backend):
         # Users copy base URLs with or without the /v1 that OpenAI SDKs expect; the paths below add it.
         self.http = Upstream(replace(config, urls=[u.rstrip("/").removesuffix("/v1") for u in config.urls]),
                              pooled=self.pools_connections)
+        self.continues_prefill = False  # the last listing named vLLM or SGLang as its owner
 
     async def close(self) -> None:
         await self.http.close()
@@ -63,7 +68,9 @@ class OpenAIBackend(Backend):
         return await self.http.call("GET", "/v1/models", parse=self._listed)
 
     def _listed(self, listing: dict[str, Any]) -> list[ModelInfo]:
-        return [self._info(m) for m in listing.get("data", [])]
+        models = listing.get("data", [])
+        self.continues_prefill = any(isinstance(m, dict) and m.get("owned_by") in OWNERS for m in models)
+        return [self._info(m) for m in models]
 
     def _info(self, listed: dict[str, Any]) -> ModelInfo:
         context = listed.get("max_model_len")  # vLLM's field; other servers list no context
@@ -73,7 +80,12 @@ class OpenAIBackend(Backend):
                          parameters=model_card.parameters(context, []), **_created(listed))
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
-        return chat_to_wire(req)
+        """A prefilled chat (one ending in an assistant turn) on vLLM or SGLang is continued, not answered by a new
+        turn after it: their templates close the last message and open another unless told otherwise."""
+        body = chat_to_wire(req)
+        if self.continues_prefill and req.prefill:
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        return body
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         stream = self._answer("/v1/chat/completions", self.chat_body(self._asked(req)), req.model)

@@ -388,10 +388,12 @@ def _sse(obj: Any) -> bytes:
 class FakeOpenAI(FakeServer):
     """An OpenAI-compatible server (vLLM / LM Studio style); requires `Authorization: Bearer api_key` if given."""
 
-    def __init__(self, models: Iterable[str] = ("fake-gpt",), api_key: str | None = None) -> None:
+    def __init__(self, models: Iterable[str] = ("fake-gpt",), api_key: str | None = None,
+                 owner: str = "fake") -> None:
         super().__init__()
         self.models = list(models)
         self.api_key = api_key
+        self.owner = owner  # the listing's `owned_by`: "vllm" and "sglang" are what those servers write there
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat),
@@ -409,7 +411,7 @@ class FakeOpenAI(FakeServer):
 
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"} for m in self.models]})
+            {"id": m, "object": "model", "created": 1700000000, "owned_by": self.owner} for m in self.models]})
 
     def _unknown(self, body: dict[str, Any]) -> web.Response | None:
         if body.get("model") in self.models:

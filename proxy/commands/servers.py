@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from adapters.openai_compat import OWNERS
+
 from .client import listed_names
 
 # The usual port of each server: (product, kind). An OpenAI-compatible server whose answers do not name it is
@@ -24,7 +26,6 @@ from .client import listed_names
 USUAL_PORTS = {11434: ("Ollama", "ollama"), 8080: ("llama-server", "llamacpp"), 8000: ("vLLM", "openai"),
                30000: ("SGLang", "openai"), 1234: ("LM Studio", "openai")}
 PROBED_PATHS = ("/", "/api/version", "/api/tags", "/props", "/v1/models", "/metrics")
-OWNERS = {"vllm": "vLLM", "sglang": "SGLang"}  # /v1/models `owned_by` -> product
 
 
 @dataclass

@@ -232,6 +232,26 @@ def test_a_clients_template_variables_go_on_under_the_think_switch():
     assert chat_to_wire(req)["chat_template_kwargs"] == {"enable_thinking": False, "thinking": True}
 
 
+@pytest.mark.parametrize("owner, continued", [("vllm", True), ("sglang", True), ("fake", False)])
+async def test_a_prefilled_turn_is_continued_on_servers_that_said_they_are_vllm_or_sglang(openai_fake, owner,
+                                                                                          continued):
+    """Their templates close the prefilled assistant turn and open a new one unless asked to continue it; any
+    other server (OpenAI's own refuses unknown fields) gets the chat as it is."""
+    openai_fake.owner = owner
+    b = OpenAIBackend(config(openai_fake.url))
+    try:
+        await b.list_models()
+        await collect(b.chat(ChatRequest(MODEL, [Message("user", "JSON please"), Message("assistant", "{")])))
+        sent = openai_fake.last("/v1/chat/completions")
+        assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
+        wanted = {"continue_final_message": True, "add_generation_prompt": False} if continued else {}
+        assert {k: sent[k] for k in ("continue_final_message", "add_generation_prompt") if k in sent} == wanted
+        await collect(b.chat(chat()))
+        assert "continue_final_message" not in openai_fake.last("/v1/chat/completions")
+    finally:
+        await b.close()
+
+
 async def test_a_non_streamed_answer_is_streamed_from_the_backend_and_a_hung_one_found_early(backend, openai_fake):
     """One answer for the client, a stream from the backend: `first_token_timeout` bounds the wait for a backend
     that accepts and never answers, not `total_timeout` (600 s by default)."""

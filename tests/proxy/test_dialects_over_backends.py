@@ -127,3 +127,32 @@ async def test_anthropic_stop_sequence_where_the_backend_names_it(velo, stream):
                                                                                      "the cap")
     else:
         assert (msg.stop_reason, msg.stop_sequence) == ("end_turn", None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_anthropic_prefill_is_continued_by_vllm(stream):
+    """A prefill (the chat ends in an assistant turn, as Anthropic's API defines it) reaches a server whose listing
+    says it is vLLM with `continue_final_message`, so its template leaves that turn open; the answer holds only
+    what the model adds."""
+    fake = FakeOpenAI(models=["qwen"], owner="vllm")
+    async with fake:
+        fake.script.reply = '"city": "Paris"}'
+        cfg = Config(backends=[BackendConfig(name="up", kind="openai", urls=[fake.url])],
+                     cache=CacheConfig(enabled=False))
+        server = TestServer(make_app(cfg), host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            client = anthropic.AsyncAnthropic(base_url=str(server.make_url("")), api_key="k", max_retries=0)
+            args = dict(model="qwen", max_tokens=64, messages=[{"role": "user", "content": "Paris as JSON"},
+                                                               {"role": "assistant", "content": "{"}])
+            if stream:
+                async with client.messages.stream(**args) as s:
+                    msg = await s.get_final_message()
+            else:
+                msg = await client.messages.create(**args)
+        finally:
+            await server.close()
+    sent = fake.last("/v1/chat/completions")
+    assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
+    assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
+    assert "{" + msg.content[0].text.replace(" ", "") == '{"city":"Paris"}'
