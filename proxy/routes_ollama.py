@@ -88,7 +88,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
         reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
         return json_response(ollama.chat_load_object(req.model, reason, load_ns))
-    return await _answer(request, job_for(request, req, body), lambda c: ollama.chat_object(req.model, c, started))
+    return await _answer(request, job_for(request, req, body), lambda c: ollama.chat_object(req.model, c, started),
+                         ollama.one_call_a_line)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -101,10 +102,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
                          lambda c: ollama.generate_object(req.model, c, started))
 
 
-async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]) -> web.StreamResponse:
+async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict],
+                  lines: Callable[[dict], list[dict]] | None = None) -> web.StreamResponse:
+    """`lines`: how a streamed chunk's object is written, when it may take more than one NDJSON line."""
     stream = request[PIPELINE].generate(job)
     if job.request.stream:
-        return await write_stream(request, separate_finish(stream), lambda c: ndjson(shape(c)),
+        write = (lambda c: ndjson(shape(c))) if lines is None else (lambda c: b"".join(map(ndjson, lines(shape(c)))))
+        return await write_stream(request, separate_finish(stream), write,
                                   lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
                                   job.outcome.headers)
     whole = aggregate(await collect(stream))

@@ -193,6 +193,18 @@ def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
     return out
 
 
+def one_call_a_line(line: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed /api/chat line with several tool calls as one line per call, as Ollama's parser sends calls (one
+    as each completes, `index` counting on): Zed reads only the first call of a line and dropped the rest."""
+    calls = line["message"].get("tool_calls")
+    if not calls or len(calls) < 2:
+        return [line]
+    first = {**line, "message": {**line["message"], "tool_calls": calls[:1]}}
+    return [first, *({"model": line["model"], "created_at": line["created_at"],
+                      "message": {"role": "assistant", "content": "", "tool_calls": [call]}, "done": False}
+                     for call in calls[1:])]
+
+
 def _add_logprobs(out: dict[str, Any], chunk: Chunk) -> None:
     """The chunk's tokens as Ollama's server/logprob.go writes them: `bytes` as integers, `top_logprobs` only when
     asked for."""

@@ -37,6 +37,25 @@ async def test_real_ollama_client_chat_stream_and_tools(base_url, scripted: Scri
     assert scripted.requests[0].tools[0].name == "get_weather"
 
 
+async def test_parallel_calls_stream_one_a_line_as_ollama_sends_them(client, scripted: ScriptedBackend):
+    """Ollama's parser sends each call as it completes, `index` counting on; Zed reads only a line's first call."""
+    scripted.script.tool_calls = [ToolCall("read_file", {"path": "a.py"}, id="call_a"),
+                                  ToolCall("read_file", {"path": "b.py"}, id="call_b")]
+    resp = await client.post("/api/chat", json={"model": "tiny", "tools": [{"type": "function", "function": {
+        "name": "read_file", "parameters": {"type": "object"}}}], "messages": [{"role": "user", "content": "hi"}]})
+    lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+    with_calls = [line["message"]["tool_calls"] for line in lines if line["message"].get("tool_calls")]
+    assert with_calls == [[{"id": "call_a", "function": {"index": 0, "name": "read_file",
+                                                         "arguments": {"path": "a.py"}}}],
+                          [{"id": "call_b", "function": {"index": 1, "name": "read_file",
+                                                         "arguments": {"path": "b.py"}}}]]
+    assert "".join(line["message"]["content"] for line in lines) == "Hello world"
+    assert [line["done"] for line in lines].count(True) == 1 and lines[-1]["done_reason"] == "stop"
+    whole = await (await client.post("/api/chat", json={"model": "tiny", "stream": False, "messages": [
+        {"role": "user", "content": "hi"}]})).json()
+    assert len(whole["message"]["tool_calls"]) == 2  # one answer keeps its calls together, as Ollama's does
+
+
 async def test_tool_call_ids_go_out_and_come_back(client, scripted: ScriptedBackend):
     """Ollama gives each call an `id` (server/routes.go) and takes a tool message's `tool_call_id` (api/types.go):
     both ways, so a client that answers by id reaches the call it answers."""
