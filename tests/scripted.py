@@ -36,7 +36,7 @@ class Script:
 class ScriptedBackend(Backend):
     def __init__(self, name: str = "scripted", models: tuple[str, ...] = ("tiny:latest",), script: Script | None = None,
                  capabilities: tuple[str, ...] = ("completion", "tools", "thinking", "insert", "vision"),
-                 context_length: int = 8192):
+                 context_length: int | None = 8192):
         super().__init__(BackendConfig(name=name, kind="openai", urls=["http://scripted"]))
         self.models = list(models)
         self.capabilities, self.context_length = list(capabilities), context_length

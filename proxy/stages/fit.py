@@ -88,7 +88,10 @@ class Fit(Stage):
 
     async def _in_window(self, req: Request, info: ModelInfo, job: Job) -> Request:
         assert job.target is not None
-        limit = min(filter(None, (info.context_length, req.options.num_ctx)), default=None)
+        # a client's num_ctx narrows a window Velo knows and never invents one: where the backend lists none (an
+        # OpenAI-compatible server other than vLLM), it cannot apply num_ctx either, and keeps its own window. Zed
+        # sends a fallback 4096 for a model whose /api/show has no context, and its agent's prompt was a 400 here.
+        limit = min(info.context_length, req.options.num_ctx or info.context_length) if info.context_length else None
         if limit is None or job.target.backend.fits_context or surely_under(req, limit):
             return req
         tokens = await count(job.target, info, req)

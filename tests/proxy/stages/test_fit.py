@@ -23,7 +23,7 @@ async def velo():
     backends: list[ScriptedBackend] = []
 
     async def start(config: Config | None = None, **kw) -> tuple[TestClient, ScriptedBackend]:
-        backend = ScriptedBackend("s", context_length=LIMIT, **kw)
+        backend = ScriptedBackend("s", **{"context_length": LIMIT, **kw})
         backends.append(backend)
         client = TestClient(TestServer(make_app(config or Config(), {"s": backend})))
         await client.start_server()
@@ -107,6 +107,17 @@ async def test_num_ctx_narrows_the_window(velo):
                                            "options": {"num_ctx": 30, "num_predict": 5}})
     assert resp.status == 200 and "X-Velo-Context-Trimmed" in resp.headers
     assert await backend.count_tokens(backend.requests[0]) <= 30 - 5
+
+
+async def test_num_ctx_does_not_invent_a_window_the_backend_lists_none_of(velo):
+    """An OpenAI-compatible server that lists no context cannot apply num_ctx either: the prompt goes on whole and
+    the server answers for its own window (Zed sends a fallback 4096 for a model whose /api/show has none)."""
+    c, backend = await velo(context_length=None)
+    messages = chat(40, False)
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                           "options": {"num_ctx": 30, "num_predict": 5}})
+    assert resp.status == 200 and "X-Velo-Context-Trimmed" not in resp.headers
+    assert len(backend.requests[0].messages) == len(messages)
 
 
 async def test_generate_trims_the_start_of_a_raw_prompt(velo):
