@@ -125,9 +125,19 @@ def _went(asked: Request, sent: Request) -> str:
     if isinstance(asked, CompletionRequest) and isinstance(sent, CompletionRequest):
         return f"{len(asked.prompt) - len(sent.prompt)} characters"
     assert isinstance(asked, ChatRequest) and isinstance(sent, ChatRequest)
-    dropped = len(asked.messages) - len(sent.messages)
+    dropped = _turns(asked) - _turns(sent)
+    system_cut = _system_chars(asked) - _system_chars(sent)
     cut = len(asked.messages[-1].content) - len(sent.messages[-1].content)
-    return " and ".join([f"{dropped} messages"] * bool(dropped) + [f"{cut} characters of the last"] * bool(cut))
+    return " and ".join([f"{dropped} messages"] * bool(dropped) + [f"{cut} characters of the last"] * bool(cut)
+                        + [f"{system_cut} characters of the system prompts"] * bool(system_cut))
+
+
+def _turns(req: ChatRequest) -> int:
+    return sum(m.role != "system" for m in req.messages)
+
+
+def _system_chars(req: ChatRequest) -> int:
+    return sum(len(m.content) for m in req.messages if m.role == "system")
 
 
 def _field(req: Request) -> str:
@@ -154,9 +164,24 @@ def _shorter(req: Request, keep: float) -> Request | None:
     if dropped:
         return replace(req, messages=kept)
     last, cut = kept[-1], _cut(total, keep)
-    if req.shift is False or cut >= len(last.content):  # Ollama's `shift: false` asks for the 400 instead
+    if req.shift is False:  # Ollama's `shift: false` asks for the 400 instead
         return None
-    return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])])
+    if cut < len(last.content):
+        return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])])
+    systems = _cut_start(kept[:-1], cut)
+    return None if systems is None else replace(req, messages=[*systems, last])
+
+
+def _cut_start(messages: list[Message], cut: int) -> list[Message] | None:
+    """System prompts that alone leave no room, without their first `cut` characters: Ollama's runner keeps a
+    prompt's end whatever it holds (an agent's system prompt and tools are 2,000+ tokens, over a small num_ctx or a
+    llama-server slot), where a 400 failed every turn of Roo Code and Cline. None when nothing would be left."""
+    kept = list(messages)
+    while kept and cut >= len(kept[0].content):
+        cut -= len(kept.pop(0).content) + 1
+    if not kept:
+        return None
+    return [replace(kept[0], content=kept[0].content[max(cut, 0):]), *kept[1:]]
 
 
 def _cut(total: int, keep: float) -> int:

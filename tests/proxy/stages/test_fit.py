@@ -69,7 +69,7 @@ async def test_ollama_drops_the_oldest_turns_one_token_over(velo, system):
 
 async def test_ollama_keeps_the_end_of_a_last_turn_that_alone_overflows(velo):
     """A whole file pasted into one message: Ollama keeps the prompt's end (llm/llama_server.go), and so does Velo,
-    with the system prompt whole; a system prompt that alone overflows is still a 400."""
+    with the system prompt whole."""
     c, backend = await velo()
     pasted = [{"role": "system", "content": words(10, "s")}, {"role": "user", "content": words(60, "q")}]
     resp = await c.post("/api/chat", json={"model": "tiny", "messages": pasted, "stream": False,
@@ -80,9 +80,24 @@ async def test_ollama_keeps_the_end_of_a_last_turn_that_alone_overflows(velo):
     assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
     unshifted = await c.post("/api/chat", json={"model": "tiny", "messages": pasted, "stream": False, "shift": False})
     assert unshifted.status == 400 and len(backend.requests) == 1  # Ollama's `shift: false`: no cut, its 400
-    too_long = [{"role": "system", "content": words(60, "s")}, {"role": "user", "content": words(3, "q")}]
-    resp = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False})
-    assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
+
+
+async def test_ollama_keeps_the_end_of_system_prompts_that_alone_overflow(velo):
+    """An agent's system prompt and tools over a small num_ctx: Ollama's runner keeps the prompt's end and answers
+    (a 400 failed every turn of Roo Code and Cline), and so does Velo, with the last turn whole; `shift: false`
+    still asks for the 400."""
+    c, backend = await velo()
+    too_long = [{"role": "system", "content": words(30, "a")}, {"role": "system", "content": words(40, "s")},
+                {"role": "user", "content": words(3, "q")}]
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False,
+                                           "options": {"num_predict": 5}})
+    assert resp.status == 200 and "characters of the system prompts" in resp.headers["X-Velo-Context-Trimmed"]
+    system, last = backend.requests[0].messages
+    assert last.content == words(3, "q") and words(40, "s").endswith(system.content) and "s39" in system.content
+    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+    unshifted = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False,
+                                                "shift": False})
+    assert unshifted.status == 400 and "context window of 50 tokens" in (await unshifted.json())["error"]
 
 
 async def test_ollama_truncate_false_answers_400_instead(velo):
