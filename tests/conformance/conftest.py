@@ -1,6 +1,7 @@
 """One `velo serve` for the whole conformance suite, in front of every backend kind at once:
 
-- `engine`: Velo's own engine with the shipped SmolLM2-135M;
+- `engine`: Velo's own engine with the shipped SmolLM2-135M, without its prefix cache (a request asked twice must
+  get one greedy answer, and on a CPU with AMX a cached prefix's one-token chunk rounds unlike a whole prompt);
 - `llamacpp`: the real llama-server (tests/llama_server.py), through its native and OpenAI routes;
 - `ollama`: the Ollama protocol double of tests/fakes.py (Ollama itself cannot run here), on a thread of its own;
 - `openai`: an OpenAI-compatible upstream, which is the same llama-server's `/v1`;
@@ -43,7 +44,7 @@ def velo(llama_chat, llama_embed, ollama_upstream, tmp_path_factory) -> Iterator
 [[backends]]
 name = "engine"
 kind = "engine"
-options = {{ progress = false }}
+options = {{ progress = false, enable_prefix_cache = false }}
 [[backends]]
 name = "llama"
 kind = "llamacpp"

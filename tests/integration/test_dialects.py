@@ -3,7 +3,9 @@ clients -> `velo serve` -> the embedded engine and the real llama-server, both o
 
 Greedy decoding, with each model's [models] options setting every knob some dialect's defaults set differently
 (Ollama's repeat_penalty 1.1, ...), makes every dialect's request the same internal request, so they must get the
-same text and the same tool calls, and an answer cached through one dialect must replay through the others."""
+same text and the same tool calls, and an answer cached through one dialect must replay through the others.
+The engine runs without its prefix cache here: on a CPU with AMX, oneDNN rounds a whole prompt's matmuls (AMX
+tiles) and a cached prefix's one-token chunk (AVX-512) differently, enough to flip a greedy near-tie."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -35,7 +37,7 @@ def velo(llama_chat, tmp_path_factory) -> Iterator[str]:
 [[backends]]
 name = "engine"
 kind = "engine"
-options = {{ progress = false }}
+options = {{ progress = false, enable_prefix_cache = false }}
 [[backends]]
 name = "llama"
 kind = "llamacpp"
