@@ -59,6 +59,9 @@ class Backend(ABC):
     """
 
     fits_context = False  # True where the server itself keeps a chat inside its context (Ollama drops old turns)
+    # True where the server refuses a prompt whose max_tokens reaches past the window (vLLM, SGLang) instead of
+    # stopping at its end (llama-server, Ollama, the engine)
+    refuses_output_past_window = False
     forces_tool_choice = False  # True where a required or named tool_choice always gets a call (engine, vLLM)
     constrains_format = False  # True where `format` is decoded under a grammar, so the answer can stream unchecked
     default_keep_alive: Any = None  # how long a model stays after a request without keep_alive (None: 5 minutes)

@@ -48,7 +48,7 @@ class OpenAIBackend(Backend):
         # Users copy base URLs with or without the /v1 that OpenAI SDKs expect; the paths below add it.
         self.http = Upstream(replace(config, urls=[u.rstrip("/").removesuffix("/v1") for u in config.urls]),
                              pooled=self.pools_connections)
-        self.continues_prefill = False  # the last listing named vLLM or SGLang as its owner
+        self.server: str | None = None  # "vllm" or "sglang" where the last listing named one as its owner
 
     async def close(self) -> None:
         await self.http.close()
@@ -69,8 +69,17 @@ class OpenAIBackend(Backend):
 
     def _listed(self, listing: dict[str, Any]) -> list[ModelInfo]:
         models = listing.get("data", [])
-        self.continues_prefill = any(isinstance(m, dict) and m.get("owned_by") in OWNERS for m in models)
+        self.server = next((m["owned_by"] for m in models if isinstance(m, dict) and m.get("owned_by") in OWNERS),
+                           None)
         return [self._info(m) for m in models]
+
+    @property
+    def continues_prefill(self) -> bool:
+        return self.server is not None
+
+    @property
+    def refuses_output_past_window(self) -> bool:  # type: ignore[override]
+        return self.server is not None
 
     def _info(self, listed: dict[str, Any]) -> ModelInfo:
         context = listed.get("max_model_len")  # vLLM's field; other servers list no context

@@ -88,6 +88,10 @@ class ReplicaSet(Backend):
         return self.replicas[0].backend.fits_context
 
     @property
+    def refuses_output_past_window(self) -> bool:  # type: ignore[override]
+        return self.replicas[0].backend.refuses_output_past_window
+
+    @property
     def forces_tool_choice(self) -> bool:  # type: ignore[override]
         return self.replicas[0].backend.forces_tool_choice
 

@@ -46,7 +46,8 @@ class Fit(Stage):
         info = await self.services.router.model_info(job.target)
         if info is not None:  # a model the backend cannot describe is left to the backend
             self._check_insert(req, info, job)
-            req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job)
+            req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job,
+                                        capped=req is not job.request)
         async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
             async for chunk in rest:
                 yield chunk
@@ -86,23 +87,33 @@ class Fit(Stage):
             raise ModelLacks(req.model, "thinking")
         return replace(req, think=None)
 
-    async def _in_window(self, req: Request, info: ModelInfo, job: Job) -> Request:
+    async def _in_window(self, req: Request, info: ModelInfo, job: Job, capped: bool) -> Request:
+        """`capped`: the output limit is Velo's default, which must leave a backend that checks prompt + max_tokens
+        against its window (vLLM, SGLang) no reason to refuse what it would answer without one."""
         assert job.target is not None
         # a client's num_ctx narrows a window Velo knows and never invents one: where the backend lists none (an
         # OpenAI-compatible server other than vLLM), it cannot apply num_ctx either, and keeps its own window. Zed
         # sends a fallback 4096 for a model whose /api/show has no context, and its agent's prompt was a 400 here.
         limit = min(info.context_length, req.options.num_ctx or info.context_length) if info.context_length else None
-        if limit is None or job.target.backend.fits_context or surely_under(req, limit):
+        if limit is None or job.target.backend.fits_context:
+            return req
+        room = capped and job.target.backend.refuses_output_past_window
+        if surely_under(req, limit - req.options.max_tokens if room else limit):
             return req
         tokens = await count(job.target, info, req)
-        if tokens < limit:
-            return req
-        if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
-            raise ContextOverflow(tokens, limit, _field(req))
-        return await _trimmed(job, info, req, tokens, limit)
+        if tokens >= limit:
+            if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
+                raise ContextOverflow(tokens, limit, _field(req))
+            req, tokens = await _trimmed(job, info, req, tokens, limit)
+        return _output_within(req, limit - tokens) if room else req
 
 
-async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: int) -> Request:
+def _output_within(req: Request, left: int) -> Request:
+    cap = req.options.max_tokens
+    return req if cap is None or cap <= left else replace(req, options=replace(req.options, max_tokens=left))
+
+
+async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: int) -> tuple[Request, int]:
     """Drops what Ollama drops until the prompt leaves room for an answer; a 400 when even the least it keeps
     (system prompts and the last turn) does not fit."""
     assert job.target is not None
@@ -117,7 +128,7 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
     what = _went(asked, req)
     job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
     log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)
-    return req
+    return req, tokens
 
 
 def _went(asked: Request, sent: Request) -> str:

@@ -248,6 +248,7 @@ async def test_a_prefilled_turn_is_continued_on_servers_that_said_they_are_vllm_
         assert {k: sent[k] for k in ("continue_final_message", "add_generation_prompt") if k in sent} == wanted
         await collect(b.chat(chat()))
         assert "continue_final_message" not in openai_fake.last("/v1/chat/completions")
+        assert b.refuses_output_past_window == continued  # both check prompt + max_tokens against the window
     finally:
         await b.close()
 
