@@ -19,6 +19,7 @@ never a 500 with a traceback.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
@@ -111,17 +112,31 @@ def error_message(body: bytes) -> str:
     return str(err)
 
 
+# vLLM's and SGLang's overflow 400s carry their counts only in words, which changed between versions:
+#   vLLM    "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2000 in the
+#           messages, 100 in the completion)." / "... your prompt contains at least 2049 input tokens" / "... your
+#           request has 2100 input tokens" / "... for a total of at least 2100 tokens"
+#   SGLang  "Requested token count exceeds the model's maximum context length of 2048 tokens. You requested a total
+#           of 2100 tokens: ..." / "Input length (2100 tokens) exceeds the maximum allowed length (2048 tokens)."
+_WINDOW = re.compile(r"maximum (?:context length|allowed length)(?: is| of| \()\s*(\d+)")
+_ASKED = [re.compile(p) for p in (r"total of (?:at least )?(\d+)", r"you requested (\d+) tokens", r"(\d+) input tokens",
+                                  r"Input length \((\d+)")]
+
+
 def _overflow(body: bytes) -> ContextOverflow | None:
-    """llama-server's own "exceed_context_size_error" (with its counts), which each dialect then words as its clients
-    recognise (context_length_exceeded, "prompt is too long"), where a plain 400 made agents give up."""
+    """A backend's own overflow with its counts, which each dialect then words as its clients recognise
+    (context_length_exceeded, "prompt is too long"), where a plain 400 made agents give up: llama-server's
+    "exceed_context_size_error", vLLM's and SGLang's sentences."""
     try:
         err = orjson.loads(body).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    if not isinstance(err, dict) or err.get("type") != "exceed_context_size_error":
-        return None
-    tokens, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
-    return ContextOverflow(tokens, limit) if isinstance(tokens, int) and isinstance(limit, int) else None
+    if isinstance(err, dict) and err.get("type") == "exceed_context_size_error":
+        tokens, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
+        return ContextOverflow(tokens, limit) if isinstance(tokens, int) and isinstance(limit, int) else None
+    window = _WINDOW.search(message := error_message(body))
+    asked = next((m for p in _ASKED if (m := p.search(message))), None)
+    return ContextOverflow(int(asked[1]), int(window[1])) if window and asked else None
 
 
 @dataclass

@@ -41,6 +41,42 @@ def upstream(server: asyncio.Server) -> Upstream:
     return Upstream(BackendConfig(name="b", kind="openai", urls=[f"http://127.0.0.1:{port}"]))
 
 
+@pytest.mark.parametrize("body, tokens, limit", [
+    ({"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+      "message": "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2000 in the "
+                 "messages, 100 in the completion). Please reduce the length of the messages or completion."},
+     2100, 2048),
+    ({"error": {"type": "BadRequestError", "param": "input_tokens", "code": 400,
+                "message": "This model's maximum context length is 2048 tokens. However, you requested 100 output "
+                           "tokens and your prompt contains at least 2001 input tokens, for a total of at least 2101 "
+                           "tokens. Please reduce the length of the input prompt or the number of requested output "
+                           "tokens. (parameter=input_tokens, value=2001)"}}, 2101, 2048),
+    ({"object": "error", "message": "This model's maximum context length is 2048 tokens. However, your request has "
+                                    "2100 input tokens. Please reduce the length of the input messages."}, 2100, 2048),
+    ({"object": "error", "message": "Requested token count exceeds the model's maximum context length of 2048 tokens. "
+                                    "You requested a total of 2100 tokens: 2000 tokens from the input messages and "
+                                    "100 tokens for the completion. Please reduce the number of tokens in the input "
+                                    "messages or the completion to fit within the limit."}, 2100, 2048),
+    ({"object": "error", "message": "Input length (2100 tokens) exceeds the maximum allowed length (2048 tokens). Use "
+                                    "a shorter input or enable --allow-auto-truncate."}, 2100, 2048)])
+async def test_vllms_and_sglangs_overflow_sentences_are_velos(aiohttp_server, body, tokens, limit):
+    """vLLM (its wordings over the versions) and SGLang say their counts only in words; read, they become the
+    overflow each dialect words as its agents recognise, where a plain 400 stopped Claude Code and Codex."""
+    async def overflow(request: web.Request) -> web.Response:
+        return web.json_response(body, status=400)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", overflow)
+    server = await aiohttp_server(app)
+    up = Upstream(BackendConfig(name="b", kind="openai", urls=[str(server.make_url(""))]))
+    try:
+        with pytest.raises(ContextOverflow) as e:
+            await up.call("POST", "/v1/chat/completions", {})
+        assert (e.value.tokens, e.value.limit) == (tokens, limit)
+    finally:
+        await up.close()
+
+
 async def test_llama_servers_context_overflow_is_velos(aiohttp_server):
     """llama-server's 400 "exceed_context_size_error" carries its counts: it becomes the overflow every dialect words
     as its clients recognise (it was a plain 400, which agents do not compact on); other 400s stay plain."""
