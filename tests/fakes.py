@@ -397,7 +397,8 @@ class FakeOpenAI(FakeServer):
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat),
-                web.post("/v1/completions", self.completions), web.post("/v1/embeddings", self.embeddings)]
+                web.post("/v1/completions", self.completions), web.post("/v1/embeddings", self.embeddings),
+                web.post("/tokenize", self.tokenize)]
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
@@ -412,6 +413,14 @@ class FakeOpenAI(FakeServer):
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
             {"id": m, "object": "model", "created": 1700000000, "owned_by": self.owner} for m in self.models]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize (only vLLM has it): the fake's own count of what a chat or a prompt would read."""
+        if self.owner != "vllm":
+            return self.error(404, "Not Found")
+        body = await request.json()
+        return web.json_response({"count": self._usage(body, 0)["prompt_tokens"], "max_model_len": 2048,
+                                  "tokens": [], "token_strs": None})
 
     def _unknown(self, body: dict[str, Any]) -> web.Response | None:
         if body.get("model") in self.models:

@@ -3,6 +3,7 @@ and every failure mode mapped to its domain error (down, slow, failing, cut mid-
 import asyncio
 import socket
 
+import orjson
 import pytest
 
 from adapters.base import BackendConfig
@@ -12,7 +13,7 @@ from adapters.openai_compat import OpenAIBackend
 from adapters.openai_wire import chat_to_wire
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
-from tests.fakes import FakeOpenAI
+from tests.fakes import FakeOpenAI, tokens
 
 MODEL = "fake-gpt"
 WEATHER = Tool(name="get_weather", description="Weather for a city",
@@ -249,6 +250,32 @@ async def test_a_prefilled_turn_is_continued_on_servers_that_said_they_are_vllm_
         await collect(b.chat(chat()))
         assert "continue_final_message" not in openai_fake.last("/v1/chat/completions")
         assert b.refuses_output_past_window == continued  # both check prompt + max_tokens against the window
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize("owner", ["vllm", "fake"])
+async def test_vllm_counts_a_chat_as_its_template_renders_it(openai_fake, owner):
+    """vLLM's /tokenize takes the chat as /v1/chat/completions does (tools, template variables) and says how many
+    tokens it renders to; other servers cannot say (None: the proxy estimates)."""
+    openai_fake.owner = owner
+    b = OpenAIBackend(config(openai_fake.url))
+    try:
+        await b.list_models()
+        req = ChatRequest(MODEL, [Message("user", "How warm is it in Paris")], tools=[WEATHER],
+                          template_kwargs={"enable_thinking": False})
+        counted = await b.count_tokens(req)
+        if owner == "fake":
+            assert counted is None and not any(r.path == "/tokenize" for r in openai_fake.requests)
+            return
+        sent = openai_fake.last("/tokenize")
+        assert counted == len(tokens(orjson.dumps(sent["messages"]).decode())) > 0
+        assert sent["tools"][0]["function"]["name"] == "get_weather"
+        assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+        raw = await b.count_tokens(CompletionRequest(model=MODEL, prompt="one two three", raw=True))
+        assert raw == 3 and openai_fake.last("/tokenize") == {"model": MODEL, "prompt": "one two three"}
+        openai_fake.owner = "fake"  # an older vLLM without /tokenize: the estimate stays
+        assert await b.count_tokens(req) is None
     finally:
         await b.close()
 
