@@ -119,8 +119,9 @@ def error_message(body: bytes) -> str:
 #   SGLang  "Requested token count exceeds the model's maximum context length of 2048 tokens. You requested a total
 #           of 2100 tokens: ..." / "Input length (2100 tokens) exceeds the maximum allowed length (2048 tokens)."
 _WINDOW = re.compile(r"maximum (?:context length|allowed length)(?: is| of| \()\s*(\d+)")
-_ASKED = [re.compile(p) for p in (r"total of (?:at least )?(\d+)", r"you requested (\d+) tokens", r"(\d+) input tokens",
-                                  r"Input length \((\d+)")]
+_PROMPT = re.compile(r"\((\d+) in the messages|(\d+) input tokens|(\d+) tokens from the input|Input length \((\d+)"
+                     r"|requested (\d+) tokens in the messages")
+_TOTAL = re.compile(r"total of (?:at least )?(\d+)|you requested (\d+) tokens")
 
 
 def _overflow(body: bytes) -> ContextOverflow | None:
@@ -134,9 +135,15 @@ def _overflow(body: bytes) -> ContextOverflow | None:
     if isinstance(err, dict) and err.get("type") == "exceed_context_size_error":
         tokens, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
         return ContextOverflow(tokens, limit) if isinstance(tokens, int) and isinstance(limit, int) else None
-    window = _WINDOW.search(message := error_message(body))
-    asked = next((m for p in _ASKED if (m := p.search(message))), None)
-    return ContextOverflow(int(asked[1]), int(window[1])) if window and asked else None
+    message = error_message(body)
+    window, prompt, total = (_number(p.search(message)) for p in (_WINDOW, _PROMPT, _TOTAL))
+    if window is None or (asked := prompt if prompt is not None and prompt >= window else total or prompt) is None:
+        return None
+    return ContextOverflow(asked, window)  # the prompt where it alone overflows, else prompt and answer together
+
+
+def _number(match: re.Match[str] | None) -> int | None:
+    return None if match is None else int(next(g for g in match.groups() if g is not None))
 
 
 @dataclass

@@ -46,8 +46,7 @@ class Fit(Stage):
         info = await self.services.router.model_info(job.target)
         if info is not None:  # a model the backend cannot describe is left to the backend
             self._check_insert(req, info, job)
-            req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job,
-                                        capped=req is not job.request)
+            req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job)
         async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
             async for chunk in rest:
                 yield chunk
@@ -87,9 +86,11 @@ class Fit(Stage):
             raise ModelLacks(req.model, "thinking")
         return replace(req, think=None)
 
-    async def _in_window(self, req: Request, info: ModelInfo, job: Job, capped: bool) -> Request:
-        """`capped`: the output limit is Velo's default, which must leave a backend that checks prompt + max_tokens
-        against its window (vLLM, SGLang) no reason to refuse what it would answer without one."""
+    async def _in_window(self, req: Request, info: ModelInfo, job: Job) -> Request:
+        """An output limit past the window's end is cut to what the window leaves where the backend would refuse it
+        (vLLM, SGLang): the engine, llama-server and Ollama stop at the window's end, and so the answer does on
+        every backend. opencode sends max_tokens 32000 with every request, and Velo adds its default to those
+        without one; on an 8k vLLM both were a 400 every turn, worded as a prompt overflow."""
         assert job.target is not None
         # a client's num_ctx narrows a window Velo knows and never invents one: where the backend lists none (an
         # OpenAI-compatible server other than vLLM), it cannot apply num_ctx either, and keeps its own window. Zed
@@ -97,7 +98,7 @@ class Fit(Stage):
         limit = min(info.context_length, req.options.num_ctx or info.context_length) if info.context_length else None
         if limit is None or job.target.backend.fits_context:
             return req
-        room = capped and job.target.backend.refuses_output_past_window
+        room = req.options.max_tokens is not None and job.target.backend.refuses_output_past_window
         if surely_under(req, limit - req.options.max_tokens if room else limit):
             return req
         tokens = await count(job.target, info, req)

@@ -46,6 +46,9 @@ def upstream(server: asyncio.Server) -> Upstream:
       "message": "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2000 in the "
                  "messages, 100 in the completion). Please reduce the length of the messages or completion."},
      2100, 2048),
+    ({"object": "error", "message": "This model's maximum context length is 2048 tokens. However, you requested 2200 "
+                                    "tokens (2100 in the messages, 100 in the completion). Please reduce the length "
+                                    "of the messages or completion."}, 2100, 2048),  # the prompt alone overflows
     ({"error": {"type": "BadRequestError", "param": "input_tokens", "code": 400,
                 "message": "This model's maximum context length is 2048 tokens. However, you requested 100 output "
                            "tokens and your prompt contains at least 2001 input tokens, for a total of at least 2101 "

@@ -216,19 +216,20 @@ async def test_requests_without_an_output_limit_get_the_default(velo):
     assert backend2.requests[0].options.max_tokens is None
 
 
-async def test_the_default_limit_leaves_a_server_that_checks_it_no_reason_to_refuse(velo):
-    """vLLM and SGLang refuse a prompt whose max_tokens reaches past the window, where without one they answer to
-    the window's end: the default Velo adds is cut to what the window leaves. A client's own limit goes as sent, and
-    a server that stops at the window's end gets the default whole."""
+async def test_an_output_limit_past_the_window_is_cut_where_the_server_would_refuse_it(velo):
+    """vLLM and SGLang refuse a prompt whose max_tokens reaches past the window, where the engine, llama-server and
+    Ollama stop at its end: there Velo's default and a client's own limit (opencode sends 32000) are cut to what the
+    window leaves; a limit inside the window goes as sent, and a server that stops at the end gets it whole."""
     c, backend = await velo(Config(server=ServerConfig(default_max_tokens=30)))
     backend.refuses_output_past_window = True
     await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(30, False)})
     await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(14, False)})
-    await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(30, False), "max_tokens": 35})
+    await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(14, False), "max_tokens": 35})
+    await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(30, False), "max_tokens": 32000})
     await c.post("/api/chat", json={"model": "tiny", "messages": chat(60, False), "stream": False})
     limits = [r.options.max_tokens for r in backend.requests]
-    assert limits[0] == LIMIT - 30 and limits[1:3] == [30, 35]
-    assert limits[3] == LIMIT - await backend.count_tokens(backend.requests[3])  # trimmed, then cut to what is left
+    assert limits[:4] == [LIMIT - 30, 30, 35, LIMIT - 30]
+    assert limits[4] == LIMIT - await backend.count_tokens(backend.requests[4])  # trimmed, then cut to what is left
     c2, backend2 = await velo(Config(server=ServerConfig(default_max_tokens=30)))
     await c2.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(30, False)})
     assert backend2.requests[0].options.max_tokens == 30
