@@ -65,13 +65,7 @@ def upstream(server: asyncio.Server) -> Upstream:
 async def test_vllms_and_sglangs_overflow_sentences_are_velos(aiohttp_server, body, tokens, limit):
     """vLLM (its wordings over the versions) and SGLang say their counts only in words; read, they become the
     overflow each dialect words as its agents recognise, where a plain 400 stopped Claude Code and Codex."""
-    async def overflow(request: web.Request) -> web.Response:
-        return web.json_response(body, status=400)
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", overflow)
-    server = await aiohttp_server(app)
-    up = Upstream(BackendConfig(name="b", kind="openai", urls=[str(server.make_url(""))]))
+    up = await refusing(aiohttp_server, "openai", {"/v1/chat/completions": body})
     try:
         with pytest.raises(ContextOverflow) as e:
             await up.call("POST", "/v1/chat/completions", {})
@@ -80,23 +74,23 @@ async def test_vllms_and_sglangs_overflow_sentences_are_velos(aiohttp_server, bo
         await up.close()
 
 
+async def refusing(aiohttp_server, kind: str, answers: dict[str, dict]) -> Upstream:
+    """An Upstream of `kind` to a server whose every path answers its body with a 400."""
+    app = web.Application()
+    for path, body in answers.items():
+        app.router.add_post(path, lambda request, body=body: web.json_response(body, status=400))
+    server = await aiohttp_server(app)
+    return Upstream(BackendConfig(name="b", kind=kind, urls=[str(server.make_url(""))]))
+
+
 async def test_llama_servers_context_overflow_is_velos(aiohttp_server):
     """llama-server's 400 "exceed_context_size_error" carries its counts: it becomes the overflow every dialect words
     as its clients recognise (it was a plain 400, which agents do not compact on); other 400s stay plain."""
-    async def overflow(request: web.Request) -> web.Response:
-        return web.json_response({"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 1331,
-                                            "n_ctx": 1024, "message": "request (1331 tokens) exceeds the available "
-                                            "context size (1024 tokens), try increasing it"}}, status=400)
-
-    async def other(request: web.Request) -> web.Response:
-        return web.json_response({"error": {"code": 400, "type": "invalid_request_error", "message": "bad"}},
-                                 status=400)
-
-    app = web.Application()
-    app.router.add_post("/overflow", overflow)
-    app.router.add_post("/other", other)
-    server = await aiohttp_server(app)
-    up = Upstream(BackendConfig(name="b", kind="llamacpp", urls=[str(server.make_url(""))]))
+    up = await refusing(aiohttp_server, "llamacpp", {
+        "/overflow": {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 1331,
+                                "n_ctx": 1024, "message": "request (1331 tokens) exceeds the available context size "
+                                "(1024 tokens), try increasing it"}},
+        "/other": {"error": {"code": 400, "type": "invalid_request_error", "message": "bad"}}})
     try:
         with pytest.raises(ContextOverflow) as e:
             await up.call("POST", "/overflow", {})

@@ -67,19 +67,28 @@ async def test_ollama_drops_the_oldest_turns_one_token_over(velo, system):
     assert sent[-1].content == messages[-1]["content"] and (sent[0].role == "system") == system
 
 
+async def trimmed(c: TestClient, backend: ScriptedBackend, messages: list[dict]) -> tuple[str, list]:
+    """What an Ollama chat over the window lost (the trim header) and the messages the model got, which leave room
+    for the answer; asked with `shift: false`, the same chat is Ollama's 400 and reaches no model."""
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                           "options": {"num_predict": 5}})
+    assert resp.status == 200 and len(backend.requests) == 1
+    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+    unshifted = await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                                "shift": False})
+    assert unshifted.status == 400 and "context window of 50 tokens" in (await unshifted.json())["error"]
+    assert len(backend.requests) == 1
+    return resp.headers["X-Velo-Context-Trimmed"], backend.requests[0].messages
+
+
 async def test_ollama_keeps_the_end_of_a_last_turn_that_alone_overflows(velo):
     """A whole file pasted into one message: Ollama keeps the prompt's end (llm/llama_server.go), and so does Velo,
     with the system prompt whole."""
     c, backend = await velo()
-    pasted = [{"role": "system", "content": words(10, "s")}, {"role": "user", "content": words(60, "q")}]
-    resp = await c.post("/api/chat", json={"model": "tiny", "messages": pasted, "stream": False,
-                                           "options": {"num_predict": 5}})
-    assert resp.status == 200 and "characters of the last (72 -> " in resp.headers["X-Velo-Context-Trimmed"]
-    system, last = backend.requests[0].messages
+    went, (system, last) = await trimmed(c, backend, [{"role": "system", "content": words(10, "s")},
+                                                      {"role": "user", "content": words(60, "q")}])
+    assert "characters of the last (72 -> " in went
     assert system.content == words(10, "s") and words(60, "q").endswith(last.content) and "q59" in last.content
-    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
-    unshifted = await c.post("/api/chat", json={"model": "tiny", "messages": pasted, "stream": False, "shift": False})
-    assert unshifted.status == 400 and len(backend.requests) == 1  # Ollama's `shift: false`: no cut, its 400
 
 
 async def test_ollama_keeps_the_end_of_system_prompts_that_alone_overflow(velo):
@@ -87,17 +96,11 @@ async def test_ollama_keeps_the_end_of_system_prompts_that_alone_overflow(velo):
     (a 400 failed every turn of Roo Code and Cline), and so does Velo, with the last turn whole; `shift: false`
     still asks for the 400."""
     c, backend = await velo()
-    too_long = [{"role": "system", "content": words(30, "a")}, {"role": "system", "content": words(40, "s")},
-                {"role": "user", "content": words(3, "q")}]
-    resp = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False,
-                                           "options": {"num_predict": 5}})
-    assert resp.status == 200 and "characters of the system prompts" in resp.headers["X-Velo-Context-Trimmed"]
-    system, last = backend.requests[0].messages
+    went, (system, last) = await trimmed(c, backend, [{"role": "system", "content": words(30, "a")},
+                                                      {"role": "system", "content": words(40, "s")},
+                                                      {"role": "user", "content": words(3, "q")}])
+    assert "characters of the system prompts" in went
     assert last.content == words(3, "q") and words(40, "s").endswith(system.content) and "s39" in system.content
-    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
-    unshifted = await c.post("/api/chat", json={"model": "tiny", "messages": too_long, "stream": False,
-                                                "shift": False})
-    assert unshifted.status == 400 and "context window of 50 tokens" in (await unshifted.json())["error"]
 
 
 async def test_ollama_truncate_false_answers_400_instead(velo):
