@@ -235,10 +235,12 @@ class LlamaCppBackend(OpenAIBackend):
         path = props.get("model_path", "")
         file = model_file(path) if os.path.isfile(path) else None  # llama-server runs on this machine
         dated = {"modified_at": file.modified_at, "digest": file.digest} if file else {}
+        # the family /api/show gives it (Roo Code reads /api/tags' details, which Ollama fills from the same file)
+        family = str((await self.gguf_facts(path)).info.get("general.architecture", "")) if file else ""
         # llama-server writes the FIM prompt itself (/infill): the template's tokens only document it, and tell
         # clients that FIM works; until the file says which (show), StarCoder's, which llama.cpp also recognises.
         fim = model_card.FIM_STYLES[1] if infill else None
-        return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", **dated,
+        return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", family=family, **dated,
                           quantization_level=props.get("model_ftype", ""),
                           parameter_size=parameter_size(params), context_length=context, capabilities=list(caps),
                           template=model_card.go_template(jinja, fim, "tools" in caps),

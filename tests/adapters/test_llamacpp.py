@@ -52,6 +52,7 @@ async def test_server_facts(backend, llama_chat):
     assert (info.name, info.format, info.quantization_level, info.parameter_size) == (MODEL, "gguf", "Q4_1", "135M")
     local = model_file(model_path())  # llama-server runs here: its file's date and digest, not 1970 and ""
     assert (info.modified_at, info.digest) == (local.modified_at, local.digest)
+    assert info.family == (await backend.show(MODEL)).family == "llama"  # /api/tags as /api/show, from the file
     assert {"completion", "tools", "insert"} <= set(info.capabilities) and "{{ .Suffix }}" in info.template
     assert (parameter_size(1_543_714_304), parameter_size(0)) == ("1.5B", "")
     capped = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[llama_chat.url], max_concurrency=2))
