@@ -92,10 +92,14 @@ class OpenAIBackend(Backend):
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         """A prefilled chat (one ending in an assistant turn) on vLLM or SGLang is continued, not answered by a new
-        turn after it: their templates close the last message and open another unless told otherwise."""
+        turn after it: their templates close the last message and open another unless told otherwise. vLLM also
+        wants its generation prompt off (it refuses both together); SGLang's request has no such field, and appends
+        the turn after the generation prompt itself."""
         body = chat_to_wire(req)
         if self.continues_prefill and req.prefill:
-            body.update(continue_final_message=True, add_generation_prompt=False)
+            body["continue_final_message"] = True
+            if self.server == "vllm":
+                body["add_generation_prompt"] = False
         return body
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:

@@ -233,9 +233,11 @@ def test_a_clients_template_variables_go_on_under_the_think_switch():
     assert chat_to_wire(req)["chat_template_kwargs"] == {"enable_thinking": False, "thinking": True}
 
 
-@pytest.mark.parametrize("owner, continued", [("vllm", True), ("sglang", True), ("fake", False)])
+@pytest.mark.parametrize("owner, wanted", [
+    ("vllm", {"continue_final_message": True, "add_generation_prompt": False}),
+    ("sglang", {"continue_final_message": True}), ("fake", {})])
 async def test_a_prefilled_turn_is_continued_on_servers_that_said_they_are_vllm_or_sglang(openai_fake, owner,
-                                                                                          continued):
+                                                                                          wanted):
     """Their templates close the prefilled assistant turn and open a new one unless asked to continue it; any
     other server (OpenAI's own refuses unknown fields) gets the chat as it is."""
     openai_fake.owner = owner
@@ -245,11 +247,10 @@ async def test_a_prefilled_turn_is_continued_on_servers_that_said_they_are_vllm_
         await collect(b.chat(ChatRequest(MODEL, [Message("user", "JSON please"), Message("assistant", "{")])))
         sent = openai_fake.last("/v1/chat/completions")
         assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
-        wanted = {"continue_final_message": True, "add_generation_prompt": False} if continued else {}
         assert {k: sent[k] for k in ("continue_final_message", "add_generation_prompt") if k in sent} == wanted
         await collect(b.chat(chat()))
         assert "continue_final_message" not in openai_fake.last("/v1/chat/completions")
-        assert b.refuses_output_past_window == continued  # both check prompt + max_tokens against the window
+        assert b.refuses_output_past_window == bool(wanted)  # both check prompt + max_tokens against the window
     finally:
         await b.close()
 
