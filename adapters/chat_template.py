@@ -40,7 +40,7 @@ def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
         req = in_prompt(req)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                 "parameters": t.parameters}} for t in req.tools] or None
-    switches = req.template_kwargs | ({} if req.think is None else {"enable_thinking": bool(req.think)})
+    switches = req.template_variables
     messages = [message_dict(m) for m in req.messages]
     try:
         if req.prefill and (cut := _continued(tokenizer.apply_chat_template(

@@ -304,7 +304,6 @@ class LlamaCppBackend(OpenAIBackend):
             return info
         facts = await self.gguf_facts(path)
         info.file = path
-        info.family = facts.info.get("general.architecture", info.family)
         info.model_info = facts.info | info.model_info
         if facts.fim and "insert" in info.capabilities:
             info.template = model_card.go_template(jinja or facts.jinja, facts.fim, "tools" in info.capabilities)

@@ -92,13 +92,10 @@ def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
                                                            "parameters": t.parameters}} for t in req.tools]
     if req.tool_choice is not None:
         body["tool_choice"] = req.tool_choice
-    kwargs = dict(req.template_kwargs)
-    if req.think is not None:  # vLLM, SGLang and llama-server switch Qwen3-style templates; a level is OpenAI's
-        kwargs["enable_thinking"] = bool(req.think)
-        if isinstance(req.think, str):
-            body["reasoning_effort"] = req.think
-    if kwargs:
+    if kwargs := req.template_variables:  # vLLM, SGLang and llama-server switch Qwen3-style templates
         body["chat_template_kwargs"] = kwargs
+    if isinstance(req.think, str):  # a level is OpenAI's
+        body["reasoning_effort"] = req.think
     if req.options.logprobs:
         body["logprobs"] = True
         if req.options.top_logprobs is not None:

@@ -112,6 +112,13 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def template_variables(self) -> dict[str, Any]:
+        """What the chat template is rendered with: the client's variables, the thinking switch over them."""
+        if self.think is None:
+            return dict(self.template_kwargs)
+        return self.template_kwargs | {"enable_thinking": bool(self.think)}
+
+    @property
     def prefill(self) -> str:
         """The text a chat ending in an assistant turn puts in the model's mouth: the answer continues it and holds
         only what the model adds, as Ollama's templates (which leave the last assistant turn open) do it and

@@ -9,7 +9,7 @@ from dataclasses import replace
 from adapters.protocol import ChatRequest, ModelInfo
 from adapters.tool_prompt import call_schema
 
-from .stream import offered_tools
+from .stream import demands_a_call, offered_tools
 
 
 def as_offered(req: ChatRequest, info: ModelInfo | None, forces_tool_choice: bool) -> tuple[ChatRequest, str | None]:
@@ -18,7 +18,7 @@ def as_offered(req: ChatRequest, info: ModelInfo | None, forces_tool_choice: boo
     if not tools:
         return req, None
     native = info is None or "tools" in info.capabilities  # a model nobody describes takes them as it can
-    forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
+    forced = demands_a_call(req)
     if forced and not forces_tool_choice:
         return replace(req, tools=tools, tools_in_prompt=True, format=call_schema(tools)), "grammar"
     how = "grammar" if forced else "native" if native else "prompt"

@@ -51,7 +51,7 @@ def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionReq
     grammar, so structured output streams as it comes and is checked at the end."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
-        return _hold_back(chunks, HoldBack(CallRepairer(tools, report), must_call=_demands_a_call(req)), metrics,
+        return _hold_back(chunks, HoldBack(CallRepairer(tools, report), must_call=demands_a_call(req)), metrics,
                           budget)
     if req.format is not None:
         check = _check_structured if constrained else _buffer_structured
@@ -59,7 +59,8 @@ def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionReq
     return chunks
 
 
-def _demands_a_call(req: ChatRequest | CompletionRequest) -> bool:
+def demands_a_call(req: ChatRequest | CompletionRequest) -> bool:
+    """`tool_choice` "required" or a named function: the turn must be a call."""
     return isinstance(req, ChatRequest) and (req.tool_choice == "required" or isinstance(req.tool_choice, dict))
 
 
