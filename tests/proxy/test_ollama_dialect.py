@@ -56,6 +56,19 @@ async def test_parallel_calls_stream_one_a_line_as_ollama_sends_them(client, scr
     assert len(whole["message"]["tool_calls"]) == 2  # one answer keeps its calls together, as Ollama's does
 
 
+async def test_the_ollama_client_reads_parallel_calls_streamed_one_a_line(base_url, scripted: ScriptedBackend):
+    scripted.script.tool_calls = [ToolCall("read_file", {"path": "a.py"}, id="call_a"),
+                                  ToolCall("read_file", {"path": "b.py"}, id="call_b")]
+    c = ollama.AsyncClient(host=base_url)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    parts = [p async for p in await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                             tools=tools)]
+    assert [[tc.function.arguments for tc in p.message.tool_calls] for p in parts if p.message.tool_calls] == [
+        [{"path": "a.py"}], [{"path": "b.py"}]]
+    whole = await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    assert [tc.function.arguments for tc in whole.message.tool_calls] == [{"path": "a.py"}, {"path": "b.py"}]
+
+
 async def test_tool_call_ids_go_out_and_come_back(client, scripted: ScriptedBackend):
     """Ollama gives each call an `id` (server/routes.go) and takes a tool message's `tool_call_id` (api/types.go):
     both ways, so a client that answers by id reaches the call it answers."""
