@@ -274,7 +274,8 @@ class EngineBackend(Backend):
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
             context_length=window, template=model_card.go_template(jinja, fim, "tools" in self.capabilities),
             parameters=model_card.parameters(window, model_card.stop_words(jinja)),
-            capabilities=list(self.capabilities), model_info=model_card.model_info(shape), file=path)
+            capabilities=list(self.capabilities), file=path,
+            model_info=meta.get("general", {}) | model_card.model_info(shape))
 
     # -- generation --------------------------------------------------------------------------
 

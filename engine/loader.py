@@ -39,7 +39,7 @@ GGUF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "
 class LoadedModel:
     model: LlamaModel
     tokenizer: Tokenizer
-    info: dict  # architecture, name, context_length, parameters, quantization, chat_template, ...
+    info: dict  # architecture, name, context_length, parameters, quantization, chat_template, general (GGUF), ...
 
 
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", progress: bool = True,
@@ -125,7 +125,11 @@ def _read_gguf(path: str, progress: bool, int4: bool):
             weights[_gguf_name(t.name)] = _dequantize(t, order)
     tokenizer = Tokenizer.from_gguf(reader, meta)
     types = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in ("F32", "F16")})
-    info = {"name": meta.get("general.name") or os.path.basename(path), "quantization": "+".join(types) or "F32"}
+    # the file's own description (basename, organization, license, size label), which Ollama's show lists and
+    # Copilot names the model by
+    general = {k: v for k, v in meta.items() if k.startswith("general.") and isinstance(v, (str, int, float))}
+    info = {"name": meta.get("general.name") or os.path.basename(path), "quantization": "+".join(types) or "F32",
+            "general": general}
     return cfg, weights, tokenizer, info
 
 

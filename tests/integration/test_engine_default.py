@@ -108,3 +108,12 @@ async def test_autocomplete_on_the_shipped_model_gets_ollamas_insert_error(velo_
             assert resp.status == 400 and "does not support insert" in (await resp.json())["error"]["message"]
         async with http.post(velo_default + "/api/show", json={"model": MODEL}) as resp:
             assert "insert" not in (await resp.json())["capabilities"]
+
+
+async def test_show_on_the_shipped_model_carries_its_files_description(velo_default):
+    """Ollama's show lists the GGUF's general.* keys; Copilot names a model by `general.basename`."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(velo_default + "/api/show", json={"model": MODEL}) as resp:
+            info = (await resp.json())["model_info"]
+    assert info["general.basename"] == "smollm2" and info["general.size_label"] == "135M"
+    assert info["general.architecture"] == "llama" and info["general.parameter_count"] > 100_000_000
