@@ -47,8 +47,8 @@ class ContextOverflow(BadRequest):
 
     code = "context_length_exceeded"
 
-    def __init__(self, tokens: int, limit: int, param: str = "messages"):
-        super().__init__(f"the prompt is {tokens} tokens, more than the context window of {limit} tokens",
+    def __init__(self, tokens: int, limit: int, param: str = "messages", why: str = ""):
+        super().__init__(f"the prompt is {tokens} tokens, more than the context window of {limit} tokens{why}",
                          param=param)
         self.tokens, self.limit = tokens, limit
 

@@ -36,17 +36,19 @@ class Script:
 class ScriptedBackend(Backend):
     def __init__(self, name: str = "scripted", models: tuple[str, ...] = ("tiny:latest",), script: Script | None = None,
                  capabilities: tuple[str, ...] = ("completion", "tools", "thinking", "insert", "vision"),
-                 context_length: int | None = 8192):
+                 context_length: int | None = 8192, trained_context: int | None = None):
         super().__init__(BackendConfig(name=name, kind="openai", urls=["http://scripted"]))
         self.models = list(models)
         self.capabilities, self.context_length = list(capabilities), context_length
+        self.trained_context = trained_context  # what the model's file says, where it is larger than what it runs
         self.script = script or Script()
         self.requests: list[Any] = []
         self.cancelled = 0
         self.completed = 0
 
     async def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo(name=m, family="llama", context_length=self.context_length,
+        trained = {"llama.context_length": self.trained_context} if self.trained_context else {}
+        return [ModelInfo(name=m, family="llama", context_length=self.context_length, model_info=trained,
                           capabilities=list(self.capabilities), modified_at=MODIFIED_AT)
                 for m in self.models]
 

@@ -105,8 +105,21 @@ class Fit(Stage):
         if tokens >= limit:
             if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
                 raise ContextOverflow(tokens, limit, _field(req))
+            if req.options.num_ctx is not None and tokens < _granted(info, req.options.num_ctx):
+                # Ollama would load the model with that num_ctx and answer whole; a trim here dropped the file
+                # Aider sized num_ctx to hold, and Aider wrote the model's guess over it
+                raise ContextOverflow(tokens, limit, _field(req), f", which num_ctx {req.options.num_ctx} would hold "
+                                      "but the backend cannot give (a llama-server slot is its -c over its -np)")
             req, tokens = await _trimmed(job, info, req, tokens, limit)
         return _output_within(req, limit - tokens) if room else req
+
+
+def _granted(info: ModelInfo, num_ctx: int) -> int:
+    """The window Ollama would load the model with: num_ctx, up to the context the model was trained for where
+    its file says (Ollama caps it there, server/sched.go)."""
+    arch = info.model_info.get("general.architecture") or info.family
+    trained = info.model_info.get(f"{arch}.context_length")
+    return min(num_ctx, trained) if isinstance(trained, int) else num_ctx
 
 
 def _output_within(req: Request, left: int) -> Request:

@@ -127,6 +127,30 @@ async def test_num_ctx_narrows_the_window(velo):
     assert await backend.count_tokens(backend.requests[0]) <= 30 - 5
 
 
+@pytest.mark.parametrize("trained", [None, 200])
+async def test_a_num_ctx_that_would_hold_the_prompt_is_a_400_where_the_backend_cannot_give_it(velo, trained):
+    """Aider sizes num_ctx to hold its prompt (a file to edit) and Ollama loads the model with it; a llama-server
+    slot cannot grow, and a trim dropped the file, whose place Aider then filled with the model's guess. Where the
+    prompt would overflow num_ctx too, Ollama trims, and so does Velo."""
+    c, backend = await velo(trained_context=trained)
+    body = {"model": "tiny", "messages": chat(70, False), "stream": False, "options": {"num_ctx": 100}}
+    resp = await c.post("/api/chat", json=body)
+    assert resp.status == 400 and backend.requests == []
+    assert (await resp.json())["error"] == ("the prompt is 70 tokens, more than the context window of 50 tokens, which "
+                                            "num_ctx 100 would hold but the backend cannot give (a llama-server slot "
+                                            "is its -c over its -np)")
+    over = await c.post("/api/chat", json={**body, "options": {"num_ctx": 60, "num_predict": 5}})
+    assert over.status == 200 and "X-Velo-Context-Trimmed" in over.headers
+
+
+async def test_a_num_ctx_past_the_models_trained_context_is_capped_there_as_ollama_caps_it(velo):
+    c, backend = await velo(trained_context=LIMIT)
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": chat(70, False), "stream": False,
+                                           "options": {"num_ctx": 100, "num_predict": 5}})
+    assert resp.status == 200 and "X-Velo-Context-Trimmed" in resp.headers
+    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+
+
 async def test_num_ctx_does_not_invent_a_window_the_backend_lists_none_of(velo):
     """An OpenAI-compatible server that lists no context cannot apply num_ctx either: the prompt goes on whole and
     the server answers for its own window (Zed sends a fallback 4096 for a model whose /api/show has none)."""
