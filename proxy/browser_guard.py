@@ -37,8 +37,13 @@ ALLOW_HEADERS = ",".join([
     *(f"x-stainless-{h}" for h in ("arch", "async", "custom-poll-interval", "helper-method", "lang", "os",
                                    "package-version", "poll-helper", "retry-count", "runtime", "runtime-version",
                                    "timeout")),
+    # what Anthropic's SDK adds in a browser: without them no web page could use /v1/messages (LobeChat)
+    "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
     "Cache-Control", "X-Api-Key", "X-Velo-Cache"])  # the last three: Velo's own (cache bypass, keys)
-EXPOSE_HEADERS = "X-Velo-Cache,X-Velo-Repair,X-Velo-Request-Id,Retry-After"
+# `*` is every header, for a request without credentials; a request with them reads `*` as a name, so Velo's own
+# headers are named too
+EXPOSE_HEADERS = ",".join(["*", "Retry-After", "x-request-id", *(f"X-Velo-{h}" for h in (
+    "Cache", "Cache-Reason", "Repair", "Request-Id", "Tools", "Tools-Ignored", "Context-Trimmed", "Token-Count"))])
 MAX_AGE = str(12 * 3600)
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 _ORIGIN = "velo.cors_origin"  # request key: the allowed Origin whose answer carries CORS headers

@@ -37,6 +37,23 @@ async def test_allowed_origins_pass_preflight_and_streams_carry_the_headers(clie
     assert b'"done":true' in await resp.read()
 
 
+async def test_a_page_can_use_the_anthropic_sdk_and_read_every_header_velo_sends(client):
+    """Anthropic's SDK in a browser sends its own headers, which a preflight must allow (LobeChat); and what Velo
+    says in its headers (X-Velo-Tools, X-Velo-Token-Count, ...) is for scripts too."""
+    origin = "http://localhost:3210"
+    sdk = "anthropic-version,anthropic-beta,anthropic-dangerous-direct-browser-access,x-api-key,content-type"
+    resp = await client.options("/v1/messages", headers={**preflight(origin), "Access-Control-Request-Headers": sdk})
+    assert set(sdk.split(",")) <= set(resp.headers["Access-Control-Allow-Headers"].lower().split(","))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "tools": [tool]}, headers={"Origin": origin})
+    exposed = resp.headers["Access-Control-Expose-Headers"].split(",")
+    sent = [h for h in resp.headers if h.lower().startswith("x-velo-")]
+    assert "X-Velo-Tools" in sent and set(sent) <= set(exposed)
+    resp = await client.post("/v1/messages/count_tokens", headers={"Origin": origin},
+                             json={"model": "tiny", "messages": CHAT["messages"]})
+    assert "X-Velo-Token-Count" in resp.headers and "X-Velo-Token-Count" in exposed
+
+
 @pytest.mark.parametrize("path, body, shape", [
     ("/api/chat", CHAT, lambda b: isinstance(b["error"], str)),
     ("/v1/chat/completions", CHAT, lambda b: b["error"]["type"] == "permission_error")])
