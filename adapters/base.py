@@ -67,6 +67,9 @@ class Backend(ABC):
     default_keep_alive: Any = None  # how long a model stays after a request without keep_alive (None: 5 minutes)
     idle_unload = False  # True where Velo loads the model itself and unloads it when keep_alive runs out (engine)
     knows_capabilities = True  # its models' capabilities are facts (False: assumed, as the OpenAI API cannot say)
+    # True where a name the server does not list would still be answered, by another model (a single-model
+    # llama-server ignores `model`): such names are Ollama's 404, not a silent stand-in
+    answers_unlisted_names = False
     own_defaults: str | None = None  # the dialect whose defaults the server itself fills in (Ollama: "ollama")
 
     def __init__(self, config: BackendConfig):

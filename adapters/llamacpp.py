@@ -164,6 +164,7 @@ class LlamaCppBackend(OpenAIBackend):
     # each request gets its own connection (~0.2 ms on loopback, where llama-server runs).
     pools_connections = False
     knows_capabilities = True  # /props and /infill tell
+    answers_unlisted_names = True  # a single-model server answers any `model` with its one
 
     reports_progress = staticmethod(_is_progress)
 

@@ -92,6 +92,10 @@ class ReplicaSet(Backend):
         return self.replicas[0].backend.refuses_output_past_window
 
     @property
+    def answers_unlisted_names(self) -> bool:  # type: ignore[override]
+        return self.replicas[0].backend.answers_unlisted_names
+
+    @property
     def forces_tool_choice(self) -> bool:  # type: ignore[override]
         return self.replicas[0].backend.forces_tool_choice
 

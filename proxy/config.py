@@ -102,8 +102,8 @@ class ModelConfig:
 @dataclass
 class Config:
     default_backend: str | None = setting(None, "the backend for models no route, alias or listing claims",
-                                          default_doc="the only backend when there is one; else unknown models "
-                                                      "get 404")
+                                          default_doc="the only backend, if one (a llama-server only for the "
+                                                      "names it lists); else unknown models get 404")
     server: ServerConfig = setting(factory=ServerConfig)
     backends: list[BackendConfig] = setting(factory=list, doc="one table per model server")
     routes: list[RouteConfig] = setting(factory=list)

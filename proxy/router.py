@@ -117,10 +117,17 @@ class Router:
         return None
 
     def _default(self, model: str) -> Target:
-        name = self.config.default_backend or (next(iter(self.backends)) if len(self.backends) == 1 else None)
-        if name is None:
+        """The configured default backend; else the only one, unless it listed its models without this name and
+        would answer it with another (HA, LobeChat and Page Assist kept a name from an Ollama setup, and got
+        another model's answers under it where Ollama says 404; LobeChat offers its pull screen on that 404)."""
+        if self.config.default_backend:
+            return Target(self.backends[self.config.default_backend], model)
+        if len(self.backends) != 1:
             raise ModelNotFound(model)
-        return Target(self.backends[name], model)
+        [(name, only)] = self.backends.items()
+        if only.answers_unlisted_names and self.listings.by_backend[name].models:
+            raise ModelNotFound(model)
+        return Target(only, model)
 
     async def list_models(self) -> list[ModelInfo]:
         """The union of every backend's models (first backend wins a name; a backend that never answered contributes

@@ -76,7 +76,8 @@ def render_config(servers: list[Server], files: list[ModelFile], ollama_parallel
         head.append("# no model server answered: Velo serves its embedded engine")
         names.append("engine")
         blocks.append(engine_block(files))
-    head.append(f"default_backend = {toml_string(names[0])}")
+    if len(names) > 1:  # one backend is the default already, and answers only names it serves (proxy/router.py)
+        head.append(f"default_backend = {toml_string(names[0])}")
     occupant = next((s for s in servers if s.port == VELO_PORT), None)
     if occupant is not None and occupant.kind == "velo":
         head.append(f"# a Velo already listens on :{VELO_PORT}: stop it before serving this file")

@@ -50,6 +50,32 @@ async def test_unknown_model_without_default_is_404():
         await router.resolve("nope")
 
 
+@pytest.mark.parametrize("answers_unlisted", [False, True])
+async def test_the_only_backend_takes_unknown_names_unless_it_would_answer_them_with_another_model(answers_unlisted):
+    """A single-model llama-server answers any name with its one: a name it did not list is Ollama's 404 there
+    (Home Assistant kept `llama3.2:latest` and got Qwen's answers under that name). A backend that answers for
+    itself (Ollama's own 404, vLLM's) gets every name; so does a llama-server whose listing never came, and the
+    configured default backend."""
+    backend = ScriptedBackend("b", ("qwen-coder",))
+    backend.answers_unlisted_names = answers_unlisted  # type: ignore[misc]
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
+    assert (await router.resolve("qwen-coder")).backend is backend
+    if answers_unlisted:
+        with pytest.raises(ModelNotFound, match="model 'llama3.2:latest' not found"):
+            await router.resolve("llama3.2:latest")
+    else:
+        assert (await router.resolve("llama3.2:latest")).backend is backend
+    configured = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}],
+                                      "default_backend": "b"}), {"b": backend})
+    assert (await configured.resolve("llama3.2:latest")).backend is backend
+
+    async def down():
+        raise ConnectionError("down")
+    backend.list_models = down  # type: ignore[method-assign]
+    unlisted = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
+    assert (await unlisted.resolve("llama3.2:latest")).backend is backend
+
+
 async def test_a_down_backend_does_not_hide_the_others():
     router, a, _ = _router()
 

@@ -63,7 +63,7 @@ async def test_nothing_answering_gives_the_embedded_engine(unused_tcp_port, tmp_
     assert found.servers == []
     cfg = _loads(found.config_toml, tmp_path)
     assert [(b.name, b.kind, b.options) for b in cfg.backends] == [("engine", "engine", {})]
-    assert cfg.default_backend == "engine"
+    assert cfg.default_backend is None  # the only backend is the default
     # the other installed GGUF is offered as a commented line that loads once uncommented
     offered = found.config_toml.replace("# options = ", "options = ")
     assert _loads(offered, tmp_path).backends[0].options == {"model": str(models / "extra.gguf")}
