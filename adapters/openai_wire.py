@@ -224,7 +224,8 @@ class ChatStream:
             self.finish = _FINISH.get(reason, "stop")
             self.stop_sequence = _matched_stop(choice)
         text = wire_text(delta.get("content")) or wire_text(choice.get("text"))
-        thinking = wire_text(delta.get("reasoning_content"))
+        # DeepSeek's name, llama-server's; vLLM's since 0.16 is `reasoning` (its 0.9-0.15 sent both)
+        thinking = wire_text(delta.get("reasoning_content")) or wire_text(delta.get("reasoning"))
         logprobs = logprobs_from_wire(choice["logprobs"]) if choice.get("logprobs") else []
         return Chunk(text=text, thinking=thinking, logprobs=logprobs) if text or thinking or logprobs else None
 

@@ -394,6 +394,9 @@ class FakeOpenAI(FakeServer):
         self.models = list(models)
         self.api_key = api_key
         self.owner = owner  # the listing's `owned_by`: "vllm" and "sglang" are what those servers write there
+        # where script.thinking comes: vLLM's name since 0.16 (it dropped the other); llama-server's and DeepSeek's
+        # is "reasoning_content"
+        self.reasoning_field = "reasoning"
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/v1/models", self.list_models), web.post("/v1/chat/completions", self.chat),
@@ -460,6 +463,8 @@ class FakeOpenAI(FakeServer):
         if not body.get("stream"):
             await asyncio.sleep(self.script.token_delay * len(words))  # the whole answer is made before it is sent
             msg: dict[str, Any] = {"role": "assistant", "content": "".join(words) or None}
+            if self.script.thinking:
+                msg[self.reasoning_field] = self.script.thinking
             if self.script.tool_calls:
                 msg["tool_calls"] = self._calls()
             return web.json_response({**head, "object": "chat.completion", "usage": self._usage(body, len(words)),
@@ -472,6 +477,8 @@ class FakeOpenAI(FakeServer):
 
         def events() -> Iterable[bytes]:
             yield delta({"role": "assistant", "content": ""})
+            for piece in tokens(self.script.thinking):
+                yield delta({self.reasoning_field: piece})
             for word in words:
                 yield delta({"content": word})
             for i, call in enumerate(self._calls()):  # name first, then the arguments string in two pieces

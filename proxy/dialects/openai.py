@@ -187,10 +187,16 @@ def parse_message(raw: Any) -> Message:
                          "'tool', and 'developer'.", param="messages")
     text, images = _content_text(raw.get("content"))
     legacy = [{"function": get(raw, "function_call", dict)}] if raw.get("function_call") is not None else []
-    return Message(role=_ROLES[role], content=text, images=images,
+    return Message(role=_ROLES[role], content=text, images=images, thinking=_thinking_of(raw),
                    tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, legacy)],
                    tool_call_id=get(raw, "tool_call_id", str, ""),
                    tool_name=get(raw, "name", str, "") if _ROLES[role] == "tool" else "")  # else a speaker's name
+
+
+def _thinking_of(raw: dict[str, Any]) -> str:
+    """An assistant turn's thinking, sent back under either name (Ollama's /v1 reads `reasoning`)."""
+    text = raw.get("reasoning_content") or raw.get("reasoning")
+    return text if isinstance(text, str) else ""  # OpenRouter-style objects are not text
 
 
 def parse_tool_choice(raw: Any) -> Any:
@@ -411,6 +417,12 @@ class ChatIds:
         self.created = int(time.time())
 
 
+def _reasoning(thinking: str) -> dict[str, str]:
+    """The thinking text under both names clients read: `reasoning_content` (DeepSeek's, llama-server's; LiteLLM
+    and Open WebUI read it) and `reasoning` (Ollama's /v1 and vLLM's since 0.16, which dropped the other name)."""
+    return {"reasoning_content": thinking, "reasoning": thinking}
+
+
 def chat_completion(ids: ChatIds, model: str, choices: list[Chunk], functions: bool = False) -> dict[str, Any]:
     """`functions`: the request used the legacy form, so calls go back as `function_call`."""
     out = []
@@ -418,7 +430,7 @@ def chat_completion(ids: ChatIds, model: str, choices: list[Chunk], functions: b
         message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None,
                                    "refusal": None, "annotations": []}  # as OpenAI's every message has them
         if c.thinking:
-            message["reasoning_content"] = c.thinking
+            message |= _reasoning(c.thinking)
         if c.tool_calls and functions:
             message["function_call"] = _function_call(c.tool_calls)
         elif c.tool_calls:
@@ -454,7 +466,7 @@ def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first:
         if chunk.text:
             delta["content"] = chunk.text
         if chunk.thinking:
-            delta["reasoning_content"] = chunk.thinking
+            delta |= _reasoning(chunk.thinking)
         if chunk.tool_calls and functions:
             delta["function_call"] = _function_call(chunk.tool_calls)
         elif chunk.tool_calls:

@@ -110,8 +110,9 @@ ERROR = {"error": F(str)}  # StatusError's `json:"error"`
 
 # -- OpenAI, the `openai` package's models --------------------------------------------------------------------------
 
-# Names OpenAI-compatible servers add and clients read where present: DeepSeek's and vLLM's reasoning text.
-EXTENSIONS = {"reasoning_content"}
+# Names OpenAI-compatible servers add and clients read where present: the reasoning text, DeepSeek's name and
+# vLLM's and Ollama's.
+EXTENSIONS = {"reasoning_content", "reasoning"}
 
 
 def check_openai(obj: Any, model: type[pydantic.BaseModel], where: str = "$") -> list[str]:

@@ -86,6 +86,40 @@ async def test_thinking_from_ollama_comes_back_in_both_dialects(velo):
     assert r.output[0].type == "reasoning" and r.output[0].summary[0].text == "Let me see."
 
 
+@pytest.mark.parametrize("velo", ["openai"], indirect=True)
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_thinking_from_an_openai_server_under_either_name_comes_back_under_both(velo, field, stream):
+    """vLLM since 0.16 writes `reasoning` only (its thinking was lost here), llama-server `reasoning_content`; a
+    client reads one or the other: LiteLLM and Open WebUI the second, Ollama's /v1 clients the first."""
+    url, kind, fake = velo
+    fake.reasoning_field, fake.script.thinking, fake.script.tool_calls = field, "Let me see.", []
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/chat/completions", json={
+                "model": MODELS[kind], "stream": stream, "messages": [{"role": "user", "content": "Hi"}]}) as resp:
+            text = await resp.text()
+    if stream:
+        deltas = [c[0]["delta"] for line in text.splitlines() if line.startswith("data: {")
+                  if (c := orjson.loads(line[6:])["choices"])]
+        message = {k: "".join(d.get(k) or "" for d in deltas) for k in ("reasoning", "reasoning_content", "content")}
+    else:
+        message = orjson.loads(text)["choices"][0]["message"]
+    assert message["reasoning"] == message["reasoning_content"] == "Let me see."
+    assert message["content"] == "Paris is the capital."
+
+
+@pytest.mark.parametrize("velo", ["ollama"], indirect=True)
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+async def test_thinking_sent_back_under_either_name_reaches_ollama(velo, field):
+    url, kind, fake = velo
+    fake.script.tool_calls = []
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    await oai.chat.completions.create(model=MODELS[kind], messages=[
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello.", field: "They greet me."},
+        {"role": "user", "content": "Again"}])
+    assert fake.last("/api/chat")["messages"][1]["thinking"] == "They greet me."
+
+
 async def test_codex_compaction_over_each_backend(velo):
     """Compaction v2 as Codex streams it: one compaction item carrying the backend's summary, asked without tools;
     sent back, the backend reads the summary as a user turn."""
