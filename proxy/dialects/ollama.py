@@ -284,7 +284,10 @@ def show_object(info: ModelInfo) -> dict[str, Any]:
     model_info = dict(info.model_info)
     arch = model_info.setdefault("general.architecture", info.family or "llama")
     if info.context_length:
-        model_info.setdefault(f"{arch}.context_length", info.context_length)
+        # the window a request gets, where a file may say more: clients size prompts by it and send it back as
+        # num_ctx (llama-index, LiteLLM for Aider), which Ollama grants up to the file's figure; a llama-server slot
+        # (its -c over its -np) or the engine's KV memory cannot grow
+        model_info[f"{arch}.context_length"] = info.context_length
     shown = {"modelfile": _modelfile(info), "parameters": info.parameters, "template": info.template,
              "details": _details(info), "model_info": model_info,
              "capabilities": shown_capabilities(info.capabilities), "modified_at": info.modified_at}

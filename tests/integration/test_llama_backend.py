@@ -102,8 +102,9 @@ async def test_model_listing_and_show(velo_llama):
     assert sorted(m.id for m in (await oai.models.list()).data) == sorted([CHAT_MODEL, EMBED_MODEL])
     shown = await oll.show(CHAT_MODEL)
     assert {"completion", "tools", "insert"} <= set(shown.capabilities)
-    # model_info is the file's (trained context), as Ollama shows it; what the server runs with is num_ctx
-    assert shown.modelinfo["llama.context_length"] == 8192 and "num_ctx                        512" in shown.parameters
+    # the context a request gets (a slot: -c 2048 over 4), not the file's 8192: clients size prompts by it
+    assert shown.modelinfo["llama.context_length"] == 512 and "num_ctx                        512" in shown.parameters
+    assert shown.modelinfo["llama.block_count"] == 30  # the rest is the file's
     assert shown.template.startswith("{{- if .Suffix }}")
     assert shown.details.format == "gguf" and shown.details.quantization_level == "Q4_1"
 
