@@ -15,7 +15,9 @@ from proxy.tools.scan import Brackets, Closer, EndSearch, Pattern
 
 _START = re.compile(r"<tool_call>|<function=|<\|python_tag\|>|\[TOOL_CALLS\]|```|[{\[]")
 _MARKERS = ("<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]", "```")
-_FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*\n")
+# a fence's header ends at its line's end, or where the JSON starts on the same line: SmolLM2 wrote ```{...}``` and
+# ```json {...} ```, whose fences were left in the content around the call taken out
+_FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*(?:\n|(?=[{\[]))")
 _FENCE_LANGS = {"", "json", "json5", "tool_call", "tool_code", "tool", "function"}
 _END_OF_TURN = re.compile(r"<\|eom_id\|>|<\|eot_id\|>|</s>")
 _BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)

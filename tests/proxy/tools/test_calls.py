@@ -29,6 +29,8 @@ FORMATS = [
     ("functionary", '<function=get_weather>{"city": "Paris"}</function>'),
     ("json fence", 'Sure:\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
     ("plain fence", '```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
+    ("one-line fence", '```{"name": "get_weather", "arguments": {"city": "Paris"}}```'),
+    ("one-line json fence", '```json {"name": "get_weather", "arguments": {"city": "Paris"}} ```'),
     ("openai shape",
      '{"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}'),
     ("tool_calls wrapper", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'),
@@ -46,6 +48,14 @@ def test_each_family_format_gives_one_call(text: str) -> None:
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", PARIS)]
     assert calls[0].id.startswith("call_")
     assert report.extracted == 1
+
+
+FENCED = [f for f in FORMATS if "fence" in f[0]]
+
+
+@pytest.mark.parametrize("text", [f[1] for f in FENCED], ids=[f[0] for f in FENCED])
+def test_a_fenced_call_leaves_no_fence_behind(text: str) -> None:
+    assert repair_message(text, [], TOOLS)[0] in ("", "Sure:")
 
 
 def test_call_text_is_removed_and_prose_kept() -> None:
