@@ -93,7 +93,7 @@ def guard(policy: OriginPolicy):
             return error_response(Forbidden(f"origin {origin!r} is not allowed; add it to [server] origins "
                                             "or OLLAMA_ORIGINS"), dialect)
         request[_ORIGIN] = origin
-        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        if request.method == "OPTIONS":  # as gin's cors answers Ollama's: any OPTIONS, preflight or not
             return web.Response(status=204, headers={
                 "Access-Control-Allow-Methods": ALLOW_METHODS, "Access-Control-Allow-Headers": ALLOW_HEADERS,
                 "Access-Control-Max-Age": MAX_AGE})

@@ -31,6 +31,8 @@ async def test_allowed_origins_pass_preflight_and_streams_carry_the_headers(clie
     assert resp.headers["Access-Control-Allow-Origin"] == origin
     allowed = resp.headers["Access-Control-Allow-Headers"].lower().split(",")
     assert {"content-type", "authorization"} <= set(allowed) and "POST" in resp.headers["Access-Control-Allow-Methods"]
+    bare = await client.options("/api/tags", headers={"Origin": origin})  # not a preflight: gin answers it too
+    assert bare.status == 204 and bare.headers["Access-Control-Allow-Origin"] == origin
     resp = await client.post("/api/chat", json=CHAT, headers={"Origin": origin})  # an NDJSON stream
     assert resp.status == 200 and resp.headers["Access-Control-Allow-Origin"] == origin
     assert "X-Velo-Cache" in resp.headers["Access-Control-Expose-Headers"] and "Origin" in resp.headers["Vary"]
