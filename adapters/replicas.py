@@ -75,37 +75,25 @@ class Replica:
                         opts.breaker_cooldown_s, self.failures)
 
 
+def _first_replicas(trait: str) -> Any:
+    return property(lambda self: getattr(self.replicas[0].backend, trait))
+
+
 class ReplicaSet(Backend):
+    # traits of the servers the set stands for, which are identical: its first replica's
+    fits_context = _first_replicas("fits_context")
+    refuses_output_past_window = _first_replicas("refuses_output_past_window")
+    answers_unlisted_names = _first_replicas("answers_unlisted_names")
+    forces_tool_choice = _first_replicas("forces_tool_choice")
+    constrains_format = _first_replicas("constrains_format")
+    own_defaults = _first_replicas("own_defaults")
+
     def __init__(self, config: BackendConfig, replicas: list[Backend], options: ReplicaOptions | None = None):
         super().__init__(config)
         assert replicas, "a replica set needs at least one replica"
         self.options = options or ReplicaOptions()
         self.replicas = [Replica(b) for b in replicas]
         self._prober: asyncio.Task | None = None
-
-    @property
-    def fits_context(self) -> bool:  # type: ignore[override]
-        return self.replicas[0].backend.fits_context
-
-    @property
-    def refuses_output_past_window(self) -> bool:  # type: ignore[override]
-        return self.replicas[0].backend.refuses_output_past_window
-
-    @property
-    def answers_unlisted_names(self) -> bool:  # type: ignore[override]
-        return self.replicas[0].backend.answers_unlisted_names
-
-    @property
-    def forces_tool_choice(self) -> bool:  # type: ignore[override]
-        return self.replicas[0].backend.forces_tool_choice
-
-    @property
-    def constrains_format(self) -> bool:  # type: ignore[override]
-        return self.replicas[0].backend.constrains_format
-
-    @property
-    def own_defaults(self) -> str | None:  # type: ignore[override]
-        return self.replicas[0].backend.own_defaults
 
     @classmethod
     def from_config(cls, config: BackendConfig, make: Callable[[BackendConfig], Backend]) -> "ReplicaSet":

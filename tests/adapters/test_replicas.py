@@ -175,3 +175,13 @@ async def test_concurrency_adds_up_replicas_and_tolerates_one_that_is_down():
     members[1].concurrency = down  # type: ignore[method-assign]
     members[0].config.max_concurrency = 2
     assert await rs.concurrency() == 2 + 4 + 4
+
+
+@pytest.mark.parametrize("kind, traits", [
+    ("llamacpp", {"answers_unlisted_names": True, "constrains_format": True, "fits_context": False}),
+    ("ollama", {"answers_unlisted_names": False, "fits_context": True, "own_defaults": "ollama"}),
+    ("openai", {"answers_unlisted_names": False, "constrains_format": False, "forces_tool_choice": True})])
+def test_a_replica_set_has_the_traits_of_the_servers_it_stands_for(kind, traits):
+    backend = make_backend(BackendConfig(name="pool", kind=kind, urls=["http://a:1", "http://b:2"]))
+    assert isinstance(backend, ReplicaSet)
+    assert {trait: getattr(backend, trait) for trait in traits} == traits
