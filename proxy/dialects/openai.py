@@ -282,7 +282,8 @@ def parse_chat(body: Any) -> ChatRequest:
                        tool_choice=tool_choice.checked(parse_tool_choice(body.get("tool_choice")), tools),
                        format=parse_response_format(body),
                        stream=_stream(body), n=_n(body), think=parse_think(body, kwargs),
-                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), template_kwargs=kwargs)
+                       parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), template_kwargs=kwargs,
+                       truncate=get(body, "truncate", bool))  # Ollama's field: `true` trims as Ollama's /v1 does
 
 
 def legacy_functions(body: dict[str, Any]) -> bool:

@@ -182,6 +182,18 @@ async def test_openai_answers_context_length_exceeded_one_token_over(velo):
     assert backend.requests == []
 
 
+async def test_openai_chat_asking_truncate_is_trimmed_as_ollamas_v1_trims(velo):
+    """Ollama's /v1 drops the oldest turns and answers; LibreChat, which guesses a window by the model's name, relies
+    on it, and its `addParams` can send Ollama's `truncate` (a 400 every turn once a chat outgrew the window)."""
+    c, backend = await velo()
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(LIMIT, True),
+                                                      "max_tokens": 5, "truncate": True})
+    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("1 messages (50 -> ")
+    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+    bad = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(10, True), "truncate": "yes"})
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "truncate"
+
+
 async def test_a_completions_overflow_names_the_prompt(velo):
     """/v1/completions has no `messages`: the overflow names `prompt` (it named `messages`)."""
     c, _ = await velo()
