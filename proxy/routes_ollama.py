@@ -17,7 +17,7 @@ from .dialects import ollama
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
 from .state import PIPELINE, ROUTER
-from .stream_ends import separate_finish
+from .stream_ends import as_streamed
 from .streams import collect
 
 OLLAMA_VERSION = "0.14.0"  # the Ollama API level Velo speaks (/v1/messages: 0.14.0); clients gate features on it
@@ -88,8 +88,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
         reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
         return json_response(ollama.chat_load_object(req.model, reason, load_ns))
-    return await _answer(request, job_for(request, req, body), lambda c: ollama.chat_object(req.model, c, started),
-                         ollama.one_call_a_line)
+    calls_sent = 0
+
+    def shape(chunk: Chunk) -> dict:
+        nonlocal calls_sent
+        line = ollama.chat_object(req.model, chunk, started, calls_sent)
+        calls_sent += len(chunk.tool_calls)
+        return line
+    return await _answer(request, job_for(request, req, body), shape)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -102,13 +108,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
                          lambda c: ollama.generate_object(req.model, c, started))
 
 
-async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict],
-                  lines: Callable[[dict], list[dict]] | None = None) -> web.StreamResponse:
-    """`lines`: how a streamed chunk's object is written, when it may take more than one NDJSON line."""
+async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]) -> web.StreamResponse:
     stream = request[PIPELINE].generate(job)
     if job.request.stream:
-        write = (lambda c: ndjson(shape(c))) if lines is None else (lambda c: b"".join(map(ndjson, lines(shape(c)))))
-        return await write_stream(request, separate_finish(stream), write,
+        return await write_stream(request, as_streamed(stream), lambda c: ndjson(shape(c)),
                                   lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
                                   job.outcome.headers)
     whole = aggregate(await collect(stream))

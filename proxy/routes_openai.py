@@ -15,7 +15,7 @@ from .dialects import openai
 from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Request
 from .state import PIPELINE
-from .stream_ends import separate_finish
+from .stream_ends import as_streamed
 from .streams import collect_each, merge
 
 
@@ -123,7 +123,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
             head = sse(openai.chat_chunk(ids, model_name, index, None, first=True))
         return head + sse(shape(index, chunk))
 
-    return await write_stream(request, merge([separate_finish(s) for s in streams]), encode,
+    return await write_stream(request, merge([as_streamed(s) for s in streams]), encode,
                               lambda e: sse(openai.error_object(e)), "text/event-stream", lambda: _headers(jobs),
                               SSE_DONE, finish)
 

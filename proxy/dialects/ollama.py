@@ -177,13 +177,14 @@ def _tool_call_out(index: int, call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, **fn} if call.id else fn
 
 
-def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
-    """One NDJSON line of /api/chat (or the whole answer when `chunk` is the aggregate)."""
+def chat_object(model: str, chunk: Chunk, started_ns: int, calls_sent: int = 0) -> dict[str, Any]:
+    """One NDJSON line of /api/chat (or the whole answer when `chunk` is the aggregate). `calls_sent`: tool calls
+    the stream's earlier lines carried, since `index` counts on through a stream (tools/tools.go)."""
     message: dict[str, Any] = {"role": "assistant", "content": chunk.text}
     if chunk.thinking:
         message["thinking"] = chunk.thinking
     if chunk.tool_calls:
-        message["tool_calls"] = [_tool_call_out(i, c) for i, c in enumerate(chunk.tool_calls)]
+        message["tool_calls"] = [_tool_call_out(i, c) for i, c in enumerate(chunk.tool_calls, calls_sent)]
     out: dict[str, Any] = {"model": model, "created_at": now_iso(), "message": message,
                            "done": chunk.finish_reason is not None}
     _add_logprobs(out, chunk)
@@ -191,18 +192,6 @@ def chat_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:
         out["done_reason"] = _done_reason(chunk)
         out.update(_timings(chunk.usage, started_ns))
     return out
-
-
-def one_call_a_line(line: dict[str, Any]) -> list[dict[str, Any]]:
-    """A streamed /api/chat line with several tool calls as one line per call, as Ollama's parser sends calls (one
-    as each completes, `index` counting on): Zed reads only the first call of a line and dropped the rest."""
-    calls = line["message"].get("tool_calls")
-    if not calls or len(calls) < 2:
-        return [line]
-    first = {**line, "message": {**line["message"], "tool_calls": calls[:1]}}
-    return [first, *({"model": line["model"], "created_at": line["created_at"],
-                      "message": {"role": "assistant", "content": "", "tool_calls": [call]}, "done": False}
-                     for call in calls[1:])]
 
 
 def _add_logprobs(out: dict[str, Any], chunk: Chunk) -> None:

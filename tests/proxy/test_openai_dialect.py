@@ -49,6 +49,21 @@ async def test_chat_stream_with_usage_and_tool_calls(base_url, scripted: Scripte
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 8
 
 
+async def test_parallel_calls_stream_one_an_event_index_counting_on(client, scripted: ScriptedBackend):
+    """OpenAI, llama-server and vLLM stream each call in an event of its own; gptel reads only an event's first call
+    (`tool_calls[0]`) and ran one of two."""
+    scripted.script.tool_calls = [ToolCall("read_file", {"path": "a.py"}, id="call_a"),
+                                  ToolCall("read_file", {"path": "b.py"}, id="call_b")]
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True, "tools": [
+        {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}],
+        "messages": [{"role": "user", "content": "hi"}]})
+    events = [orjson.loads(line[6:]) for line in (await resp.read()).splitlines() if line.startswith(b"data: {")]
+    with_calls = [e["choices"][0]["delta"]["tool_calls"] for e in events if e["choices"][0]["delta"].get("tool_calls")]
+    assert [[(c["index"], c["id"], c["function"]["arguments"]) for c in calls] for calls in with_calls] == [
+        [(0, "call_a", '{"path":"a.py"}')], [(1, "call_b", '{"path":"b.py"}')]]
+    assert [e["choices"][0]["finish_reason"] for e in events][-1] == "tool_calls"
+
+
 async def test_sse_wire_ends_with_done(client):
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True,
                                                           "messages": [{"role": "user", "content": "x"}]})
