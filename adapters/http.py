@@ -256,7 +256,7 @@ class Upstream:
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
         body = b""
-        async for data in self._reads(resp, self.config.idle_timeout, None):
+        async for data in self.reads(resp, self.config.idle_timeout, None):
             body += data
         message = error_message(body) or resp.reason or ""
         where = f"backend {self.config.name!r}"
@@ -278,7 +278,7 @@ class Upstream:
             raise BackendUnavailable(f"{where} is unavailable: {message}")
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")
 
-    async def _reads(self, resp: aiohttp.ClientResponse, first_wait: float, total: float | None,
+    async def reads(self, resp: aiohttp.ClientResponse, first_wait: float, total: float | None,
                      started: _Start | None = None) -> AsyncIterator[bytes]:
         """The raw body in pieces: the first within `first_wait`, later ones within `idle_timeout` each, or within
         `first_wait` each while `started` says only progress came. What has arrived already is taken whole and at
@@ -314,7 +314,7 @@ class Upstream:
         """Non-empty lines of the body (NDJSON or SSE), as soon as they are complete: all those that arrived
         together in one list, so the layers above wake once per read, not once per line."""
         buf = b""
-        async for data in self._reads(resp, first_wait, total, started):
+        async for data in self.reads(resp, first_wait, total, started):
             *complete, buf = (buf + data).split(b"\n")
             complete = [line for line in complete if line.strip()]
             if complete:
@@ -323,7 +323,7 @@ class Upstream:
             yield [buf]
 
     async def read_json(self, resp: aiohttp.ClientResponse) -> Any:
-        body = b"".join([data async for data in self._reads(resp, self.config.total_timeout,
+        body = b"".join([data async for data in self.reads(resp, self.config.total_timeout,
                                                              self.config.total_timeout)])
         return self._loads(body)
 

@@ -330,6 +330,14 @@ class LlamaCppBackend(OpenAIBackend):
                          template=model_card.go_template(facts.jinja, facts.fim, tools=True),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 
+    async def native(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """llama-server's own `/infill` or `/completion`, answered as it answers them, for clients of its API
+        (llama.vscode's autocomplete sends `input_extra` and its own samplers, which no dialect carries)."""
+        cfg = self.config
+        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout) as resp:
+            async for piece in self.http.reads(resp, cfg.first_token_timeout, cfg.total_timeout):
+                yield piece
+
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         """A prefilled chat (one ending in an assistant turn) is answered by llama-server with the whole assistant
         message, the prefill first (its parser reads the generation prompt with the text): only what the model

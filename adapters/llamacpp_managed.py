@@ -12,7 +12,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
@@ -21,6 +21,7 @@ from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, Embed
 from .swaps import Swaps
 
 log = logging.getLogger("velo.adapters.llamacpp_managed")
+T = TypeVar("T")
 _HEALTH_POLL_S = 0.1  # llama-server answers /health 0.5 s after start for a 100 MB model (MODELS.md)
 _STOP_GRACE_S = 10.0
 
@@ -206,10 +207,13 @@ class ManagedLlamaCpp(LlamaCppBackend):
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         return await self._once(lambda: LlamaCppBackend.embed(self, req))
 
+    def native(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        return self._held(lambda: LlamaCppBackend.native(self, path, body))
+
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         return await self._once(lambda: LlamaCppBackend.count_tokens(self, req))
 
-    async def _held(self, call: Callable[[], AsyncIterator[Chunk]]) -> AsyncIterator[Chunk]:
+    async def _held(self, call: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
         """The server stays up, and is never swapped out, until the stream is over."""
         async with self.swaps.use(self):
             async with contextlib.aclosing(call()) as stream:  # type: ignore[type-var]

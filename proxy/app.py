@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from adapters.base import Backend
 
-from . import (routes_anthropic, routes_models, routes_ollama, routes_openai, routes_presets, routes_responses,
-               routes_ui, routes_velo)
+from . import (routes_anthropic, routes_llama, routes_models, routes_ollama, routes_openai, routes_presets,
+               routes_responses, routes_ui, routes_velo)
 from .auth import Handler, authenticate
 from .browser_guard import OriginPolicy, guard
 from .config import Config
@@ -106,6 +106,7 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     routes_models.add_routes(app)
     routes_anthropic.add_routes(app)
     routes_responses.add_routes(app)
+    routes_llama.add_routes(app)
     routes_ui.add_routes(app)
     routes_velo.add_routes(app)
     return app

@@ -30,11 +30,15 @@ RULES = {
 }
 
 
+LLAMA_SERVER_PATHS = ("/infill", "/completion")  # llama-server's own, passed on (proxy/routes_llama.py)
+
+
 def dialect_of(path: str, headers: Mapping[str, str]) -> str:
     """By the URL path; `/v1/models`, which OpenAI and Anthropic share, by `anthropic-version`, which Anthropic's
-    clients send on every request and OpenAI's never do."""
+    clients send on every request and OpenAI's never do. llama-server's own routes answer errors as it does, in
+    OpenAI's shape."""
     if path.startswith("/v1/messages") or (path.startswith("/v1/models") and "anthropic-version" in headers):
         return "anthropic"
     if path.startswith("/v1/responses"):
         return "responses"
-    return "openai" if path.startswith("/v1/") or path == "/v1" else "ollama"
+    return "openai" if path.startswith("/v1/") or path == "/v1" or path in LLAMA_SERVER_PATHS else "ollama"

@@ -1,8 +1,10 @@
 """Real clients (`openai`, `ollama`) -> Velo -> the real llama-server with SmolLM2-135M, in both dialects.
 
 Greedy decoding (temperature 0) makes both dialects see the same tokens, so their answers are compared."""
+import aiohttp
 import ollama
 import openai
+import orjson
 import pytest
 
 from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients
@@ -157,3 +159,25 @@ async def test_an_embed_request_with_no_input_answers_no_embeddings(velo_llama):
     _, oll = clients(velo_llama)
     for nothing in ([], ""):
         assert (await oll.embed(model=EMBED_MODEL, input=nothing)).embeddings == []
+
+
+async def test_llama_servers_own_infill_passes_through_as_llama_vscode_sends_it(velo_llama, llama_chat):
+    """llama.vscode's autocomplete posts llama-server's /infill (repository context in `input_extra`, its own
+    samplers): the answer is llama-server's own, streamed or not, the same as asking it directly."""
+    body = {"model": CHAT_MODEL, "input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n",
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "prompt": "", "n_predict": 6, "top_k": 1, "samplers": ["top_k"], "cache_prompt": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(velo_llama + "/infill", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            through = await resp.json()
+        async with http.post(llama_chat.url + "/infill", json=body) as resp:
+            direct = await resp.json()
+        assert through["content"] == direct["content"] and through["tokens_predicted"] == 6
+        async with http.post(velo_llama + "/infill", json={**body, "stream": True}) as resp:
+            lines = (await resp.read()).splitlines()
+        events = [orjson.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
+        assert "".join(e["content"] for e in events) == direct["content"] and events[-1]["stop"] is True
+        async with http.post(velo_llama + "/infill", json={k: v for k, v in body.items() if k != "model"}) as resp:
+            err = (await resp.json())["error"]  # two llama-server backends: the request must name one
+        assert resp.status == 404 and "name one with `model`" in err["message"]
