@@ -19,6 +19,7 @@ _MARKERS = ("<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]", "```"
 # ```json {...} ```, whose fences were left in the content around the call taken out
 _FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*(?:\n|(?=[{\[]))")
 _FENCE_LANGS = {"", "json", "json5", "tool_call", "tool_code", "tool", "function"}
+_STRAY_CLOSERS = re.compile(r"[ \t]*[}\]]*")
 _END_OF_TURN = re.compile(r"<\|eom_id\|>|<\|eot_id\|>|</s>")
 _BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
 _MISTRAL_V11 = re.compile(r"\s*([\w.-]+)\[ARGS\]")
@@ -132,10 +133,17 @@ def _fence_region(text: str, i: int, final: bool, search: EndSearch | None) -> R
 
 
 def _json_region(text: str, i: int, final: bool, search: EndSearch | None) -> Region:
+    """A balanced JSON value, and the stray closers a small model writes after it (`{"name": ..., "arguments":
+    {}}}`, Qwen2.5-Coder-1.5B): they go with it, or a lone `}` stayed in the content beside the call, which agent
+    frameworks keep in the history. Streamed, the value waits for the next character that is not one."""
     brackets = search if isinstance(search, Brackets) else Brackets(i)
     found = brackets.find(text)
     if found is not None:
-        return Region(i, found[1], "json", text, i, found[1], True)
+        after = _STRAY_CLOSERS.match(text, found[1]).end()
+        if after == len(text) and not final:
+            return Region(i, len(text), "json", text, i, found[1], False, search=brackets)
+        end = after if text[found[1]:after].strip() else found[1]
+        return Region(i, end, "json", text, i, found[1], True)
     if final and brackets.in_string and len(text) - i <= MAX_REPAIR_CHARS:
         return _json_region_to_stray_quote(text, i)
     return Region(i, len(text), "json", text, i, len(text), final, search=brackets)

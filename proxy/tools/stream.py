@@ -179,10 +179,12 @@ class HoldBack:
 
 
 def _rebased(search: EndSearch | None, shift: int) -> EndSearch | None:
-    """The search of a region that moves `shift` characters to the front of the held text."""
+    """The search of a region that moves `shift` characters to the front of the held text; a JSON value found whole
+    and waiting for what follows it (stray closers) moves its end too."""
     if search is not None and shift:
         search.pos -= shift  # type: ignore[attr-defined]
-        assert getattr(search, "end", None) is None  # only an unfinished region is held
+        if getattr(search, "end", None) is not None:
+            search.end -= shift  # type: ignore[attr-defined]
     return search
 
 

@@ -30,6 +30,8 @@ FORMATS = [
     ("json fence", 'Sure:\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
     ("plain fence", '```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
     ("one-line fence", '```{"name": "get_weather", "arguments": {"city": "Paris"}}```'),
+    ("closed once too often", '{"name": "get_weather", "arguments": {"city": "Paris"}}}'),
+    ("array closed once too often", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]]'),
     ("one-line json fence", '```json {"name": "get_weather", "arguments": {"city": "Paris"}} ```'),
     ("openai shape",
      '{"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}'),
@@ -56,6 +58,15 @@ FENCED = [f for f in FORMATS if "fence" in f[0]]
 @pytest.mark.parametrize("text", [f[1] for f in FENCED], ids=[f[0] for f in FENCED])
 def test_a_fenced_call_leaves_no_fence_behind(text: str) -> None:
     assert repair_message(text, [], TOOLS)[0] in ("", "Sure:")
+
+
+@pytest.mark.parametrize("text", [f[1] for f in FORMATS if "too often" in f[0]])
+def test_stray_closers_after_a_call_leave_with_it(text: str) -> None:
+    assert repair_message(text, [], TOOLS)[0] == ""
+
+
+def test_json_that_is_no_call_keeps_its_stray_closers() -> None:
+    assert repair_message('The data is {"a": 1}} ok', [], TOOLS)[0] == 'The data is {"a": 1}} ok'
 
 
 def test_call_text_is_removed_and_prose_kept() -> None:

@@ -47,6 +47,17 @@ async def test_call_is_held_until_complete_at_any_chunking(size: int) -> None:
     assert "<" not in "".join(c.text for c in out) and out[-1].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+@pytest.mark.parametrize("stray", ["}", "]]", " }"])
+async def test_stray_closers_after_a_bare_call_go_with_it_at_any_chunking(size: int, stray: str) -> None:
+    """Qwen2.5-Coder-1.5B closed a call once too often; the lone `}` stayed in the content, which agent frameworks
+    keep in the history and send back every turn."""
+    text = 'Checking. {"name": "get_weather", "arguments": {"city": "Paris"}}' + stray + " Back soon."
+    out = await _run(_cut(text, size), _req(tools=TOOLS))
+    assert [c.tool_calls[0].arguments for c in out if c.tool_calls] == [{"city": "Paris"}]
+    assert "".join(c.text for c in out) == "Checking.  Back soon."
+
+
 async def test_content_before_a_call_is_not_delayed() -> None:
     out = await _run(["Hello there, ", "<tool_", "call>{\"name\": "], _req(tools=TOOLS), finish=None)
     assert out[0].text == "Hello there, "
