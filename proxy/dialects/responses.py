@@ -428,7 +428,7 @@ def output_items(whole: Chunk, names: dict[str, ToolName]) -> list[dict[str, Any
     """A whole answer as output items: its reasoning, its message, its calls."""
     out = [reasoning_item(new_id("rs"), whole.thinking)] if whole.thinking else []
     if whole.text or not (whole.thinking or whole.tool_calls):
-        out.append(message_item(new_id("msg"), whole.text, logprobs=whole.logprobs))
+        out.append(message_item(new_id("msg"), whole.text, status_of(whole), logprobs=whole.logprobs))
     return out + [call_item(c, names) for c in whole.tool_calls]
 
 

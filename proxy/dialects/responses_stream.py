@@ -126,7 +126,8 @@ class ResponseStream:
         out.append(self._event(following[0], {**self._at(), **following[1]}))
         return out
 
-    def _close(self) -> list[bytes]:
+    def _close(self, status: str = "completed") -> list[bytes]:
+        """`status`: the message's, "incomplete" where the output limit cut it (as OpenAI marks it)."""
         if self.open is None:
             return []
         at, text = self._at(), self.text
@@ -136,7 +137,7 @@ class ResponseStream:
                    self._event("response.reasoning_summary_part.done", {
                        **at, "summary_index": 0, "part": {"type": "summary_text", "text": text}})]
         else:
-            item = message_item(self.open["id"], text, logprobs=self.logprobs)
+            item = message_item(self.open["id"], text, status, logprobs=self.logprobs)
             part = item["content"][0]
             out = [self._event("response.output_text.done", {**at, "content_index": 0, "text": text,
                                                              "logprobs": part["logprobs"]}),
@@ -159,6 +160,6 @@ class ResponseStream:
         return out
 
     def _end(self, status: str, usage: Usage | None) -> list[bytes]:
-        out = self._close()
+        out = self._close("incomplete" if status == "incomplete" else "completed")
         self.final = response_object(self.resp_id, self.parsed, self.created_at, status, self.output, usage)
         return out + [self._event("response.completed", {"response": self.final})]

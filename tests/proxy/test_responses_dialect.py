@@ -232,6 +232,11 @@ async def test_output_limit_makes_an_incomplete_response(base_url, scripted: Scr
     scripted.script.finish_reason = "length"
     r = await _client(base_url).responses.create(model="tiny", input="hi", max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].status == "incomplete"  # the message the limit cut, as OpenAI marks it
+    async with _client(base_url).responses.stream(model="tiny", input="hi", max_output_tokens=3) as stream:
+        done = [e.item.status async for e in stream if e.type == "response.output_item.done"]
+        final = await stream.get_final_response()
+    assert done == ["incomplete"] and final.status == "incomplete" and final.output[0].status == "incomplete"
 
 
 async def test_logprobs_come_with_the_text_when_included(base_url, scripted: ScriptedBackend):
