@@ -10,6 +10,7 @@ A request carries its grammar as a string (`grammar_for` builds it from an Ollam
 from __future__ import annotations
 
 import json
+import re
 import llguidance
 import torch
 
@@ -45,8 +46,17 @@ def grammar_for(format: str | dict | None = None, tools: list[dict] | None = Non
     if grammar is not None:
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if failed:
-            raise ValueError(f"invalid output grammar: {messages[0]}")
+            raise ValueError(f"invalid output grammar: {_headline(messages[0])}")
     return grammar
+
+
+_AT = re.compile(r"^at \d+\(\d+\): ")  # llguidance's line(column) in the grammar
+
+
+def _headline(message: str) -> str:
+    """llguidance's error without the place in Velo's grammar and the grammar's lines after it, which mean nothing
+    to a client whose tool schema (`"required": {}`) or format was the mistake."""
+    return _AT.sub("", message.splitlines()[0] if message else message, count=1)
 
 
 def _grammar(format, tools, tool_choice) -> str | None:
@@ -95,7 +105,7 @@ class Constrainer:
         """A fresh matcher; ValueError (with llguidance's message) if the grammar or schema is invalid."""
         m = llguidance.LLMatcher(self.ll, grammar, log_level=0)
         if m.is_error():
-            raise ValueError(f"invalid output grammar: {m.get_error()}")
+            raise ValueError(f"invalid output grammar: {_headline(m.get_error())}")
         return m
 
     def allowed(self, matchers: list[llguidance.LLMatcher]) -> torch.Tensor:

@@ -76,6 +76,13 @@ def test_invalid_schema_is_a_value_error(schema):
         grammar_for(schema)
 
 
+def test_an_invalid_tool_schema_is_named_without_velos_grammar():
+    """A tool's `"required": {}` is the client's mistake: the message says what, not where in Velo's grammar."""
+    with pytest.raises(ValueError) as e:
+        grammar_for(tools=[{"name": "f", "parameters": {"type": "object", "required": {}}}])
+    assert str(e.value) == "invalid output grammar: failed to compile JSON schema: Expected array for 'required', got {}"
+
+
 def test_masked_greedy_decoding_from_noise_builds_a_valid_call(bpe):
     """Random logits, masked each step, then argmax: the result is a complete, schema-valid call. Rows
     without a matcher keep their logits; padded vocabulary beyond the tokenizer is always masked."""
