@@ -32,9 +32,9 @@ async def _llama_server(request: web.Request, model: Any) -> LlamaCppBackend:
     backends = [(await router.resolve(model)).backend] if named else list(router.backends.values())
     servers = [b for b in backends if isinstance(b, LlamaCppBackend)]
     if len(servers) != 1:
-        which = f"model {model!r} is not served by" if named else "config.toml has no single"
-        raise NotFound(f"{request.path} is llama-server's own route, passed to a llama-server backend: {which} "
-                       "llama-server backend (name one with `model`)")
+        why = (f"model {model!r} is served by none" if named else
+               "config.toml has none, or several (name one's model with `model`)")
+        raise NotFound(f"{request.path} is llama-server's own route, passed to a llama-server backend: {why}")
     return servers[0]
 
 

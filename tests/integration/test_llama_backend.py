@@ -180,4 +180,4 @@ async def test_llama_servers_own_infill_passes_through_as_llama_vscode_sends_it(
         assert "".join(e["content"] for e in events) == direct["content"] and events[-1]["stop"] is True
         async with http.post(velo_llama + "/infill", json={k: v for k, v in body.items() if k != "model"}) as resp:
             err = (await resp.json())["error"]  # two llama-server backends: the request must name one
-        assert resp.status == 404 and "name one with `model`" in err["message"]
+        assert resp.status == 404 and "or several (name one's model with `model`)" in err["message"]

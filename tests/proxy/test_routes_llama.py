@@ -1,0 +1,16 @@
+"""llama-server's own routes without a llama-server to pass them to: a clear 404 in llama-server's (OpenAI's) error
+shape, which llama.vscode shows. The pass-through itself runs against the real llama-server in
+tests/integration/test_llama_backend.py."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("path", ["/infill", "/completion"])
+async def test_no_llama_server_backend_is_a_404_naming_the_route(client, scripted, path):
+    resp = await client.post(path, json={"input_prefix": "def f():", "input_suffix": "", "n_predict": 4})
+    err = (await resp.json())["error"]
+    assert resp.status == 404 and err["message"].startswith(f"{path} is llama-server's own route")
+    assert scripted.requests == []
+    named = await client.post(path, json={"model": "tiny", "prompt": "x"})  # the scripted backend serves it
+    assert named.status == 404 and "model 'tiny' is served by none" in (await named.json())["error"]["message"]
