@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from adapters.errors import NotFound
+from adapters.fields import body_object
 from adapters.llamacpp import LlamaCppBackend
 
 from .dialects import LLAMA_SERVER_PATHS, openai
@@ -17,7 +18,7 @@ from .state import ROUTER
 
 
 async def native(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request)
+    body = body_object(await read_json(request))
     server = await _llama_server(request, body.get("model"))
     stream = bool(body.get("stream"))
     return await write_stream(request, server.native(request.path, body), lambda piece: piece,

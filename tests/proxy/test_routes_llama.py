@@ -14,3 +14,8 @@ async def test_no_llama_server_backend_is_a_404_naming_the_route(client, scripte
     assert scripted.requests == []
     named = await client.post(path, json={"model": "tiny", "prompt": "x"})  # the scripted backend serves it
     assert named.status == 404 and "model 'tiny' is served by none" in (await named.json())["error"]["message"]
+
+
+async def test_a_body_that_is_no_object_is_a_400(client):
+    resp = await client.post("/infill", json=["input_prefix"])
+    assert resp.status == 400 and "error" in await resp.json()
