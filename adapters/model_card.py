@@ -115,6 +115,12 @@ def model_info(shape: Shape) -> dict[str, Any]:
     return {k: v for k, v in keys.items() if v}
 
 
+def file_context(info: dict[str, Any], family: str = "") -> int | None:
+    """The context a model's file says it was trained for, under Ollama's key `<architecture>.context_length`."""
+    value = info.get(f"{info.get('general.architecture') or family}.context_length")
+    return value if isinstance(value, int) else None
+
+
 @dataclass(frozen=True)
 class GgufFacts:
     """A local GGUF file as /api/show tells it: its metadata as Ollama shows it (every scalar key; arrays such as the

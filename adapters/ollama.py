@@ -8,7 +8,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from . import options
+from . import model_card, options
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .fields import nests_deeper, wire_text
@@ -117,7 +117,7 @@ def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelI
     """An /api/tags or /api/ps entry, or an /api/show answer, as ModelInfo."""
     details = obj.get("details") or {}
     model_info = obj.get("model_info") or {}
-    context = next((v for k, v in model_info.items() if k.endswith(".context_length")), None)
+    context = model_card.file_context(model_info, details.get("family", ""))
     info = ModelInfo(name=name, backend=backend, size=obj.get("size", 0), digest=obj.get("digest", ""),
                      family=details.get("family", ""), format=details.get("format", ""),
                      parameter_size=details.get("parameter_size", ""),

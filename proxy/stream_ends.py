@@ -30,10 +30,9 @@ async def as_streamed(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
                 if plain and len(chunk.tool_calls) < 2:
                     yield chunk  # most pass uncopied
                 else:
-                    first, *rest = chunk.tool_calls or [None]
-                    yield Chunk(text=chunk.text, thinking=chunk.thinking, tool_calls=[first] if first else [],
+                    yield Chunk(text=chunk.text, thinking=chunk.thinking, tool_calls=chunk.tool_calls[:1],
                                 logprobs=chunk.logprobs)
-                    for call in rest:
+                    for call in chunk.tool_calls[1:]:
                         yield Chunk(tool_calls=[call])
             if chunk.finish_reason is not None:
                 reason = "tool_calls" if called and chunk.finish_reason == "stop" else chunk.finish_reason

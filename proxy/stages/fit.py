@@ -20,6 +20,7 @@ import math
 from dataclasses import replace
 from typing import AsyncIterator
 
+from adapters import model_card
 from adapters.errors import ContextOverflow, ModelLacks
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ModelInfo
 
@@ -117,9 +118,8 @@ class Fit(Stage):
 def _granted(info: ModelInfo, num_ctx: int) -> int:
     """The window Ollama would load the model with: num_ctx, up to the context the model was trained for where
     its file says (Ollama caps it there, server/sched.go)."""
-    arch = info.model_info.get("general.architecture") or info.family
-    trained = info.model_info.get(f"{arch}.context_length")
-    return min(num_ctx, trained) if isinstance(trained, int) else num_ctx
+    trained = model_card.file_context(info.model_info, info.family)
+    return num_ctx if trained is None else min(num_ctx, trained)
 
 
 def _output_within(req: Request, left: int) -> Request:

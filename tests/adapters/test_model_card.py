@@ -96,3 +96,10 @@ def test_fim_tokens_from_llama_cpp_keys_or_the_vocabulary(tmp_path):
     fim = model_card.gguf_facts(gguf_file(str(tmp_path / "n.gguf"), ["a", "b"])).fim
     assert fim is None
     assert os.path.getsize(tmp_path / "n.gguf") > 0
+
+
+def test_file_context_is_read_under_the_files_architecture_or_the_family():
+    assert model_card.file_context({"general.architecture": "qwen2", "qwen2.context_length": 32768,
+                                    "llama.context_length": 8}) == 32768
+    assert model_card.file_context({"llama.context_length": 8192}, "llama") == 8192
+    assert model_card.file_context({"general.architecture": "qwen2"}) is None
