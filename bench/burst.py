@@ -159,7 +159,7 @@ async def velo_calls(velo: str) -> float:
     flight (llama-server exports no request counter)."""
     text = await get_text(velo + "/metrics")
     served = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("velo_requests_total{") and 'route="/v1/chat/completions"' in line)
+                 if line.startswith("velo_requests_total{") and 'endpoint="/v1/chat/completions"' in line)
     coalesced = next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                      if line.startswith("velo_coalesced_total "))
     return served - coalesced
@@ -210,7 +210,7 @@ async def bench_llama(args: argparse.Namespace, logs: Path) -> None:
     llama = subprocess.Popen([str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(llama_port),
                               "-np", "4", "-c", "4096", "-t", str(args.threads), "--no-warmup"],
                              stdout=(logs / "llama.log").open("w"), stderr=subprocess.STDOUT)
-    velo = start_velo(f'kind = "llamacpp"\nurl = "http://127.0.0.1:{llama_port}"', velo_port,
+    velo = start_velo(f'kind = "llamacpp"\nurl = "http://127.0.0.1:{llama_port}"\nmodels = ["smollm2"]', velo_port,
                       logs / "velo-llama.log")
     try:
         await wait_until_ok(f"http://127.0.0.1:{llama_port}/health", 120)
