@@ -3,7 +3,8 @@ Velo, in the same run, reported as ratios against the direct baseline; against t
 LiteLLM's proxy (`litellm[proxy]`, installed apart by scripts/install-litellm.sh: its pins would fight Velo's),
 as the peer. Figures: latency p50/p99 of short requests, streamed pieces/s, and max req/s of one process; and
 each of Velo's four dialects (Ollama, OpenAI chat, Anthropic Messages, OpenAI Responses) asking the same
-question of the same upstream, against the OpenAI dialect (goal: within 10%).
+question of the same upstream, against the OpenAI dialect (goal: within 10%); against llama-server also its own
+`/infill` as llama.vscode sends it, which Velo passes on as is.
 
 Two upstreams: a fast fake (tests/fakes.py FakeOpenAI, no delay: Velo's CPU is most of a request's) and the real
 llama-server with SmolLM2-135M (tests/llama_server.py: what a user feels). Upstream, Velo and this client each run
@@ -55,14 +56,16 @@ def _run_fake(urls: multiprocessing.Queue, words: int) -> None:
     asyncio.run(run())
 
 
-def _run_velo(port: int, kind: str, upstream: str, always_stream: bool = True) -> None:
+def _run_velo(port: int, kind: str, upstream: str, always_stream: bool = True, models: tuple[str, ...] = ()) -> None:
+    """`models`: the names a llama-server is listed under, which are the names Velo serves it by."""
     from adapters.base import BackendConfig
     from proxy.cache.config import CacheConfig
     from proxy.cli import run_server, serve
     from proxy.config import Config, ServerConfig
 
     cfg = Config(server=ServerConfig(port=port), backends=[BackendConfig(name="up", kind=kind, urls=[upstream],
-                                                                         always_stream=always_stream)],
+                                                                         always_stream=always_stream,
+                                                                         models=list(models))],
                  cache=CacheConfig(enabled=False))
     run_server(serve(cfg))
 
@@ -318,16 +321,39 @@ def main() -> None:
 
     llama = chat_server(Path(tempfile.mkdtemp())).start()
     velo_port = free_port()
-    velo_proc = _spawn(_run_velo, velo_port, "llamacpp", llama.url)
+    velo_proc = _spawn(_run_velo, velo_port, "llamacpp", llama.url, True, ("m",))
     velo = f"http://127.0.0.1:{velo_port}"
     short = {"model": "m", "messages": MSG, "max_tokens": 8, "temperature": 0}
     long = {"model": "m", "messages": STORY, "max_tokens": args.llama_tokens, "temperature": 0, "stream": True}
     try:
         asyncio.run(bench_sides("llama-server", {"direct": llama.url, "velo": velo}, args.llama_requests, short, long,
                                 6, 1, "tok/s"))
+        asyncio.run(bench_infill(llama.url, velo, args.llama_requests))
     finally:
         velo_proc.terminate()
         llama.stop()
+
+
+# llama.vscode's autocomplete request (src/llama-server.ts): llama-server's own /infill, which Velo passes on as is
+INFILL = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "prompt": "", "n_predict": 8,
+          "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+          "top_k": 40, "top_p": 0.99, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True}
+
+
+async def bench_infill(direct: str, velo: str, n: int) -> None:
+    """/infill latency straight to llama-server and through Velo's pass-through, the sides taking turns."""
+    out: dict[str, list[float]] = {"direct": [], "velo": []}
+    async with aiohttp.ClientSession() as session:
+        for i in range(2 * n):
+            side = ("direct", "velo")[i % 2]
+            started = time.perf_counter()
+            async with session.post((direct, velo)[i % 2] + "/infill", json=INFILL) as resp:
+                assert resp.status == 200, await resp.text()
+                await resp.read()
+            out[side].append(time.perf_counter() - started)
+    for q in (50, 99):
+        d, v = pct(out["direct"], q) * 1e3, pct(out["velo"], q) * 1e3
+        print(f"{'/infill':14} latency p{q}  direct {d:8.2f} ms   velo {v:8.2f} ms ({v / d:.2f}x, {v - d:+.2f} ms)")
 
 
 if __name__ == "__main__":
