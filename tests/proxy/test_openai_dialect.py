@@ -64,6 +64,17 @@ async def test_parallel_calls_stream_one_an_event_index_counting_on(client, scri
     assert [e["choices"][0]["finish_reason"] for e in events][-1] == "tool_calls"
 
 
+async def test_the_openai_client_reads_parallel_calls_streamed_one_an_event(base_url, scripted: ScriptedBackend):
+    scripted.script.tool_calls = [ToolCall("read_file", {"path": "a.py"}, id="call_a"),
+                                  ToolCall("read_file", {"path": "b.py"}, id="call_b")]
+    stream = await _client(base_url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+        tools=[{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}])
+    deltas = [c.choices[0].delta.tool_calls async for c in stream if c.choices and c.choices[0].delta.tool_calls]
+    assert [[(tc.index, tc.id, tc.function.arguments) for tc in calls] for calls in deltas] == [
+        [(0, "call_a", '{"path":"a.py"}')], [(1, "call_b", '{"path":"b.py"}')]]
+
+
 async def test_sse_wire_ends_with_done(client):
     resp = await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True,
                                                           "messages": [{"role": "user", "content": "x"}]})
