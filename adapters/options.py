@@ -100,6 +100,8 @@ def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> Samp
             lo, hi = knob.bounds[wire]
             if not lo <= value <= hi:
                 raise BadRequest(f"{name} must be between {lo:g} and {hi:g}, got {value}", param=name)
+        if knob.field == "seed" and value is not None and value < 0:
+            value = None  # a random seed: Ollama's default -1 (api/types.go), llama-server's LLAMA_DEFAULT_SEED
         setattr(opts, knob.field, value)
     return opts
 

@@ -146,3 +146,15 @@ def test_logit_bias_takes_token_ids_and_biases_within_100(bias):
         openai.parse_chat({"model": "m", "messages": MESSAGES, "logit_bias": bias})
     assert openai.parse_chat({"model": "m", "messages": MESSAGES, "logit_bias": {"5": -100}}).options.logit_bias == {
         5: -100.0}
+
+
+@pytest.mark.parametrize("parse, body", [
+    (ollama.parse_chat, {"options": {"seed": -1, "temperature": 0.7}}),
+    (openai.parse_chat, {"seed": -1, "temperature": 0.7}),
+])
+def test_a_negative_seed_is_a_random_one(parse, body):
+    """SillyTavern sends Ollama's default `seed: -1` with every request. Read as a fixed seed, it made each answer
+    cacheable and seeded alike, so regenerate gave the same text every time; Ollama and llama-server draw a seed."""
+    req = parse({"model": "m", "messages": MESSAGES, **body})
+    assert req.options.seed is None and not req.options.deterministic
+    assert "seed" not in ollama_wire(req)["options"] and "seed" not in openai_wire(req)
