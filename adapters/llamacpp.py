@@ -330,11 +330,12 @@ class LlamaCppBackend(OpenAIBackend):
                          template=model_card.go_template(facts.jinja, facts.fim, tools=True),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 
-    async def native(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        """llama-server's own `/infill` or `/completion`, answered as it answers them, for clients of its API
-        (llama.vscode's autocomplete sends `input_extra` and its own samplers, which no dialect carries)."""
+    async def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
+        """llama-server's own routes (`/infill`, `/tokenize`, `/props`, ...), answered as it answers them, for
+        clients of its API (llama.vscode's autocomplete sends `input_extra` and its own samplers, which no dialect
+        carries). `path` keeps its query (`/slots/0?action=save`)."""
         cfg = self.config
-        async with self.http.request("POST", path, body, wait=cfg.first_token_timeout) as resp:
+        async with self.http.request(method, path, body, wait=cfg.first_token_timeout) as resp:
             async for piece in self.http.reads(resp, cfg.first_token_timeout, cfg.total_timeout):
                 yield piece
 

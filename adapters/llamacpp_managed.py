@@ -207,8 +207,8 @@ class ManagedLlamaCpp(LlamaCppBackend):
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         return await self._once(lambda: LlamaCppBackend.embed(self, req))
 
-    def native(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        return self._held(lambda: LlamaCppBackend.native(self, path, body))
+    def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
+        return self._held(lambda: LlamaCppBackend.native(self, method, path, body))
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         return await self._once(lambda: LlamaCppBackend.count_tokens(self, req))

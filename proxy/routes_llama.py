@@ -1,7 +1,8 @@
-"""llama-server's own generation routes (`/infill`, `/completion`), passed on to a llama-server backend as they are:
-llama.vscode's autocomplete posts `/infill` with repository context (`input_extra`) and llama-server's samplers,
-which no dialect carries, so an editor pointed at Velo where it pointed at llama-server keeps working. Errors come
-in OpenAI's shape, which is llama-server's."""
+"""llama-server's own routes, passed on to a llama-server backend as they are, so a client pointed at Velo where it
+pointed at llama-server keeps working: llama.vscode's autocomplete posts `/infill` with repository context
+(`input_extra`) and llama-server's samplers, which no dialect carries; SillyTavern counts tokens with `/tokenize`
+(without it, it guesses a tokenizer from the model's name) and reads `/props` and `/slots`. Errors come in OpenAI's
+shape, which is llama-server's."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,13 +18,23 @@ from .http_io import read_json, sse, write_stream
 from .state import ROUTER
 
 
+_GET = ("/props", "/slots")
+
+
 async def native(request: web.Request) -> web.StreamResponse:
-    body = body_object(await read_json(request))
-    server = await _llama_server(request, body.get("model"))
-    stream = bool(body.get("stream"))
-    return await write_stream(request, server.native(request.path, body), lambda piece: piece,
+    body = await _body(request)
+    server = await _llama_server(request, request.query.get("model") if body is None else body.get("model"))
+    stream = bool(body and body.get("stream"))
+    return await write_stream(request, server.native(request.method, request.path_qs, body), lambda piece: piece,
                               lambda e: sse(openai.error_object(e)) if stream else b"",
                               "text/event-stream" if stream else "application/json")
+
+
+async def _body(request: web.Request) -> dict[str, Any] | None:
+    """A GET has none, nor has a slot's erase (`POST /slots/0?action=erase`); every other route takes an object."""
+    if request.method == "GET" or ("id_slot" in request.match_info and not request.can_read_body):
+        return None
+    return body_object(await read_json(request))
 
 
 async def _llama_server(request: web.Request, model: Any) -> LlamaCppBackend:
@@ -41,4 +52,5 @@ async def _llama_server(request: web.Request, model: Any) -> LlamaCppBackend:
 
 def add_routes(app: web.Application) -> None:
     for path in LLAMA_SERVER_PATHS:
-        app.router.add_post(path, native)
+        (app.router.add_get if path in _GET else app.router.add_post)(path, native)
+    app.router.add_post("/slots/{id_slot}", native)  # ?action=save|restore|erase

@@ -30,7 +30,8 @@ RULES = {
 }
 
 
-LLAMA_SERVER_PATHS = ("/infill", "/completion")  # llama-server's own, passed on (proxy/routes_llama.py)
+# llama-server's own, passed on (proxy/routes_llama.py); /slots also as /slots/<id>.
+LLAMA_SERVER_PATHS = ("/infill", "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
 
 
 def dialect_of(path: str, headers: Mapping[str, str]) -> str:
@@ -41,4 +42,5 @@ def dialect_of(path: str, headers: Mapping[str, str]) -> str:
         return "anthropic"
     if path.startswith("/v1/responses"):
         return "responses"
-    return "openai" if path.startswith("/v1/") or path == "/v1" or path in LLAMA_SERVER_PATHS else "ollama"
+    llama_servers = path in LLAMA_SERVER_PATHS or path.startswith("/slots/")
+    return "openai" if path.startswith("/v1/") or path == "/v1" or llama_servers else "ollama"

@@ -181,3 +181,37 @@ async def test_llama_servers_own_infill_passes_through_as_llama_vscode_sends_it(
         async with http.post(velo_llama + "/infill", json={k: v for k, v in body.items() if k != "model"}) as resp:
             err = (await resp.json())["error"]  # two llama-server backends: the request must name one
         assert resp.status == 404 and "or several (name one's model with `model`)" in err["message"]
+
+
+async def test_llama_servers_token_props_and_slot_routes_pass_through(velo_llama, llama_chat):
+    """SillyTavern counts tokens with llama-server's /tokenize (without it, it guesses a tokenizer from the model's
+    name), and reads /props and /slots: each answer is llama-server's own, the model named in the body or, for a
+    GET, in `?model=`, as llama-server's router mode takes it."""
+    text = "Hello world, said the fox."
+    async with aiohttp.ClientSession() as http:
+        async def both(method: str, path: str, body: dict | None = None) -> tuple[dict, dict]:
+            answers = []
+            for base, ask in ((velo_llama, {"model": CHAT_MODEL}), (llama_chat.url, {})):
+                query = f"?{next(iter(ask))}={CHAT_MODEL}" if method == "GET" and ask else ""
+                async with http.request(method, base + path + query,
+                                        json=None if body is None else {**body, **ask}) as resp:
+                    assert resp.status == 200, await resp.text()
+                    answers.append(await resp.json())
+            return answers[0], answers[1]
+
+        through, direct = await both("POST", "/tokenize", {"content": text})
+        assert through == direct and len(through["tokens"]) > 3
+        through, direct = await both("POST", "/detokenize", {"tokens": direct["tokens"]})
+        assert through == direct and through["content"].strip() == text
+        chat = {"messages": [{"role": "user", "content": text}]}
+        through, direct = await both("POST", "/apply-template", chat)
+        assert through == direct and text in through["prompt"]
+        through, direct = await both("GET", "/props")
+        assert through["total_slots"] == direct["total_slots"] >= 1 and through["model_path"] == direct["model_path"]
+        through, direct = await both("GET", "/slots")
+        assert [s["id"] for s in through] == [s["id"] for s in direct]
+        async with http.post(velo_llama + "/slots/0?action=erase") as resp:  # two backends: which one is unsaid
+            assert resp.status == 404 and "or several" in (await resp.json())["error"]["message"]
+        async with http.post(velo_llama + "/slots/0?action=erase", json={"model": CHAT_MODEL}) as resp:
+            err = (await resp.json())["error"]  # llama-server's own refusal: these servers run without a save path
+        assert resp.status == 400 and "--slot-save-path" in err["message"]

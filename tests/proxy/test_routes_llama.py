@@ -16,6 +16,15 @@ async def test_no_llama_server_backend_is_a_404_naming_the_route(client, scripte
     assert named.status == 404 and "model 'tiny' is served by none" in (await named.json())["error"]["message"]
 
 
+@pytest.mark.parametrize("method, path", [("GET", "/props"), ("GET", "/slots?model=tiny"),
+                                          ("POST", "/slots/0?action=erase"), ("POST", "/tokenize")])
+async def test_the_other_routes_are_404s_in_llama_servers_shape_too(client, scripted, method, path):
+    resp = await client.request(method, path, json={"content": "hi"} if path == "/tokenize" else None)
+    err = (await resp.json())["error"]
+    assert resp.status == 404 and f"{path.split('?')[0]} is llama-server's own route" in err["message"]
+    assert set(err) == {"message", "type", "param", "code"} and scripted.requests == []
+
+
 async def test_a_body_that_is_no_object_is_a_400(client):
     resp = await client.post("/infill", json=["input_prefix"])
     assert resp.status == 400 and "error" in await resp.json()
