@@ -241,7 +241,9 @@ class LlamaCppBackend(OpenAIBackend):
         # llama-server writes the FIM prompt itself (/infill): the template's tokens only document it, and tell
         # clients that FIM works; until the file says which (show), StarCoder's, which llama.cpp also recognises.
         fim = model_card.FIM_STYLES[1] if infill else None
+        own = [n for n in (props.get("model_alias"), path, *(e["id"] for e in entries)) if n and n not in names]
         return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", family=family, **dated,
+                          served_as=list(dict.fromkeys(own)),
                           quantization_level=props.get("model_ftype", ""),
                           parameter_size=parameter_size(params), context_length=context, capabilities=list(caps),
                           template=model_card.go_template(jinja, fim, "tools" in caps),

@@ -225,6 +225,9 @@ class ModelInfo:
     system: str = ""  # a preset's system prompt (Ollama's SYSTEM)
     model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
     file: str = ""  # the model file, when it is on this machine: the Modelfile's FROM, as Ollama names its blob
+    # the server's own names for the model (llama-server's alias and model path), which clients moved over from it
+    # keep asking for: they reach the model, unlisted
+    served_as: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -42,6 +42,7 @@ class Listings:
         self.every_s, self.fresh_s = every_s, fresh_s
         self.by_backend = {name: Listing() for name in backends}
         self.owner: dict[str, str] = {}  # model name -> backend name (the first backend that lists it)
+        self.known_as: dict[str, str] = {}  # a server's own name for a model (ModelInfo.served_as) -> listed name
         self._asked = -float("inf")  # when a refresh round last started
         self._loop: asyncio.Task | None = None
 
@@ -100,9 +101,12 @@ class Listings:
 
     def _index(self) -> None:
         owner: dict[str, str] = {}
+        known_as: dict[str, str] = {}
         for name, info in self.models():
             owner.setdefault(info.name, name)
-        self.owner = owner
+            for own in info.served_as:
+                known_as.setdefault(own, info.name)
+        self.owner, self.known_as = owner, known_as
 
     async def _every(self) -> None:
         while True:

@@ -111,7 +111,7 @@ class Router:
         return None
 
     def _from_listing(self, model: str) -> Target | None:
-        for name in _spellings(model):
+        for name in _spellings(self.listings.known_as.get(model, model)):
             if (backend := self.listings.owner.get(name)) is not None:
                 return Target(self.backends[backend], name, model)  # at most two spellings of a listed name
         return None

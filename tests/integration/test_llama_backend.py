@@ -215,3 +215,16 @@ async def test_llama_servers_token_props_and_slot_routes_pass_through(velo_llama
         async with http.post(velo_llama + "/slots/0?action=erase", json={"model": CHAT_MODEL}) as resp:
             err = (await resp.json())["error"]  # llama-server's own refusal: these servers run without a save path
         assert resp.status == 400 and "--slot-save-path" in err["message"]
+
+
+async def test_llama_servers_own_model_id_reaches_its_model(velo_llama, llama_chat):
+    """A client moved over from llama-server keeps the id its /v1/models gave (the model path, or `--alias`):
+    through Velo it reaches that model, where it was a 404 beside Velo's listed name."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(llama_chat.url + "/v1/models") as resp:
+            own = (await resp.json())["data"][0]["id"]
+    oai, _ = clients(velo_llama)
+    assert own != CHAT_MODEL and own not in [m.id async for m in oai.models.list()]
+    answer = await oai.chat.completions.create(model=own, max_tokens=2,
+                                               messages=[{"role": "user", "content": "Say hi"}])
+    assert answer.choices[0].message.content and answer.model == own

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from adapters.errors import BackendUnavailable, ModelNotFound
+from adapters.protocol import ModelInfo
 from proxy.config import parse_config
 from proxy.router import Router, Target
 from tests.scripted import ScriptedBackend
@@ -74,6 +75,24 @@ async def test_the_only_backend_takes_unknown_names_unless_it_would_answer_them_
     backend.list_models = down  # type: ignore[method-assign]
     unlisted = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
     assert (await unlisted.resolve("llama3.2:latest")).backend is backend
+
+
+async def test_a_servers_own_name_for_its_model_reaches_it_unlisted():
+    """SillyTavern and Jan keep the model id llama-server gave them (its model path, or `--alias`): moved over to
+    Velo, that name reaches the model it named, under the listed name, where it was a 404."""
+    backend = ScriptedBackend("b", ("qwen-coder",))
+    backend.answers_unlisted_names = True  # type: ignore[misc]
+    listed = ModelInfo(name="qwen-coder", backend="b", served_as=["/models/qwen.gguf"])
+
+    async def listing():
+        return [listed]
+    backend.list_models = listing  # type: ignore[method-assign]
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
+    target = await router.resolve("/models/qwen.gguf")
+    assert (target.backend, target.model, target.label) == (backend, "qwen-coder", "/models/qwen.gguf")
+    assert [m.name for m in await router.list_models()] == ["qwen-coder"]
+    with pytest.raises(ModelNotFound):
+        await router.resolve("/models/other.gguf")
 
 
 async def test_a_down_backend_does_not_hide_the_others():
