@@ -188,7 +188,9 @@ class EngineBackend(Backend):
         return (await self._waited(model))[1]
 
     async def unload(self, model: str) -> None:
-        """The engine's thread stops and its weights and KV memory are dropped; the next request loads it again."""
+        """The engine's thread stops and its weights and KV memory are dropped; the next request loads it again.
+        Another name is Ollama's 404: its `keep_alive: 0` shut down the engine under whatever was generating."""
+        self._check(model, None)
         async with self._loading:
             if self.engine is not None:
                 engine, self.engine = self.engine, None

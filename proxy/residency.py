@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from adapters import keep_alive
+from adapters.errors import ModelNotFound
 from adapters.protocol import KEPT_LOADED_S, rfc3339
 
 from .router import Target
@@ -55,6 +56,10 @@ class Residency:
         stay.in_flight += 1
         try:
             yield
+        except ModelNotFound:
+            if stay.in_flight == 1:  # a name the backend does not serve (Ollama's 404) stays nowhere
+                del self.stays[(target.backend.name, target.model)]
+            raise
         finally:
             stay.in_flight -= 1
             stay.last_used = time.time()
@@ -74,6 +79,7 @@ class Residency:
         stay = self._stay(target)
         stay.keep_s, stay.last_used, stay.unloading = 0.0, time.time(), stay.in_flight > 0
         if stay.in_flight == 0:
+            del self.stays[(target.backend.name, target.model)]
             await target.backend.unload(target.model)
 
     def expires_at(self, backend: str, model: str) -> str | None:

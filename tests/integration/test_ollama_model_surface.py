@@ -1,6 +1,7 @@
 """The Ollama model surface (/api/show, /api/ps, keep_alive, context, template, embeddings) on each backend kind,
 through the real `ollama` client: Velo's engine (a tiny random model, real weights not needed for the shape), the
 real llama-server, the Ollama protocol double (tests/fakes.py) and an OpenAI-compatible server (FakeOpenAI)."""
+import asyncio
 import json
 import math
 import time
@@ -89,6 +90,21 @@ async def test_engine_keep_alive_zero_unloads_and_the_next_request_loads(velo_en
     assert (await c.chat(model=TINY, messages=[], keep_alive=0)).done_reason == "unload"
     loaded = await c.chat(model=TINY, messages=[])
     assert loaded.done_reason == "load" and loaded.load_duration > 0 and engine.engine is not None
+
+
+async def test_a_name_the_engine_does_not_serve_never_unloads_it(velo_engine):
+    """A request for another name is Ollama's 404. Its stay running out, or its `keep_alive: 0`, shut the engine
+    down under whatever ran then (an AI SDK error test, a picker's probe): a 502 five minutes after the typo."""
+    url, engine = velo_engine
+    _, c = clients(url)
+    for ask in (c.chat(model="bogus:1b", messages=[{"role": "user", "content": "hi"}], keep_alive="1s"),
+                c.generate(model="bogus:1b", prompt="", keep_alive=0)):
+        with pytest.raises(ollama.ResponseError) as e:
+            await ask
+        assert e.value.status_code == 404
+    await asyncio.sleep(1.5)  # past the first request's stay
+    assert engine.engine is not None
+    assert (await c.generate(model=TINY, prompt="hi", options={"num_predict": 2})).load_duration == 0
 
 
 async def test_engine_generate_context_and_template(velo_engine):
