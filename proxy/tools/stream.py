@@ -9,8 +9,9 @@ raised before its last chunk so that nothing half-valid is sent or cached.
 Text that names no offered tool is the model's JSON answer, not a failed call, unless the request demands a call
 (`tool_choice` "required" or a function): it is sent as content, as Ollama and llama-server send it (a 502 there
 was retried by the SDKs into the same answer, on every unrelated question a small model answered in JSON). A turn
-cut by its token limit is not the model's failure but the limit's: its unfinished call goes out as text, with
-finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the SDKs into the same cut).
+cut by its token limit is not the model's failure but the limit's: its unfinished call, even one that repair could
+close, goes out as text, with finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the
+SDKs into the same cut; a closed one ran the tool on arguments cut mid-value).
 """
 from __future__ import annotations
 
@@ -104,9 +105,9 @@ class HoldBack:
             return size
         return size if self.search.find(self.held + text) is not None else len(text)
 
-    def feed(self, text: str, final: bool) -> tuple[list[tuple[str, bool]], list[ToolCall]]:
+    def feed(self, text: str, final: bool, cut: bool = False) -> tuple[list[tuple[str, bool]], list[ToolCall]]:
         """Add text; return the segments that can be released now (text, is_failed_attempt) and the calls
-        completed by it."""
+        completed by it. `cut`: the turn ended at its token limit."""
         held, self.held = self.held + text, ""
         search, self.search = self.search, None
         segments: list[tuple[str, bool]] = []
@@ -132,7 +133,7 @@ class HoldBack:
                     self.held, self.search = held[i:], _rebased(region.search, i)
                     break
                 invalid = len(self.repairer.report.invalid)
-                found = self.repairer.region(region)
+                found = self.repairer.region(region, cut)
                 if found is not None or len(self.repairer.report.invalid) > invalid:
                     segments.append((held[pos:region.start], False))
                     segments += [] if found is not None else [(held[region.start:region.end], True)]
@@ -209,11 +210,12 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
             sent = state.out(chunk, state.release(segments), [])
             if sent is not None:
                 yield sent
-    segments, found = await _run(budget, state.feed, last.text, True, size=state.cost(last.text, True))
+    cut = last.finish_reason == "length"
+    segments, found = await _run(budget, state.feed, last.text, True, cut, size=state.cost(last.text, True))
     text = state.release(segments)
     calls += found
     try:
-        text += state.close(calls, cut=last.finish_reason == "length")
+        text += state.close(calls, cut=cut)
     finally:
         if metrics is not None:
             metrics.record(state.repairer.report)

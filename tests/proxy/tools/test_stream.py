@@ -107,6 +107,22 @@ async def test_a_call_cut_by_the_token_limit_is_sent_as_text() -> None:
     assert out[-1].finish_reason == "length"
 
 
+@pytest.mark.parametrize("size", [3, 1000])
+async def test_a_call_repair_could_close_is_text_when_the_limit_cut_it(size: int) -> None:
+    """Qwen2.5-Coder-1.5B at max_tokens 36 stopped inside a string: closed by repair, the call went out whole
+    (finish `tool_calls`) and the AI SDK ran the tool on a `bio` cut mid-sentence. The same text ended by the model
+    itself is still closed (a small model's missing braces); a call whole before the cut is still a call."""
+    text = '{"name": "get_weather", "arguments": {"city": "Par'
+    cut = await _run(_cut(text, size), _req(tools=TOOLS, tool_choice="required"), finish="length")
+    assert "".join(c.text for c in cut) == text and not any(c.tool_calls for c in cut)
+    assert cut[-1].finish_reason == "length"
+    ended = await _run(_cut(text, size), _req(tools=TOOLS))
+    assert [c.tool_calls[0].arguments for c in ended if c.tool_calls] == [{"city": "Par"}]
+    whole = await _run(_cut('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', size),
+                       _req(tools=TOOLS), finish="length")
+    assert [c.tool_calls[0].arguments for c in whole if c.tool_calls] == [{"city": "Paris"}]
+
+
 async def test_tool_choice_none_turns_extraction_off() -> None:
     out = await _run([CALL], _req(tools=TOOLS, tool_choice="none"))
     assert out[0].text == CALL and not out[0].tool_calls
