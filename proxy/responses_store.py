@@ -1,6 +1,6 @@
-"""Responses kept for `previous_response_id` and `GET` / `DELETE /v1/responses/{id}` (`store: true`, OpenAI's
-default): in memory, bounded by bytes and expiring after `[responses] ttl_s`, and in SQLite or Redis when
-configured (the cache's own tier classes). Scoped per API key: another key gets 404, never the response."""
+"""Responses kept for `previous_response_id`, `item_reference` and `GET` / `DELETE /v1/responses/{id}` (`store:
+true`, OpenAI's default): in memory, bounded by bytes and expiring after `[responses] ttl_s`, and in SQLite or Redis
+when configured (the cache's own tier classes). Scoped per API key: another key gets 404, never the response."""
 from __future__ import annotations
 
 import time
@@ -38,6 +38,10 @@ class StoredResponse:
         """What a response continuing this one follows: everything before, this input, this output."""
         return self.history + self.input + self.response["output"]
 
+    def items(self) -> list[dict[str, Any]]:
+        """The items this response made or was sent, each with its id, which an `item_reference` names."""
+        return self.input + self.response["output"]
+
 
 @dataclass
 class ResponseStore:
@@ -61,30 +65,53 @@ class ResponseStore:
             await tier.close()
 
     async def put(self, tenant: str, record: StoredResponse) -> None:
-        key, payload = _key(tenant, record.response["id"]), orjson.dumps(record.__dict__)
-        self.memory.put(key, record, len(payload), self.cfg.ttl_s)
+        """The response, and for each of its items the response's id (the AI SDK sends earlier turns back as
+        `item_reference`s to their ids, `store` being on by default)."""
+        resp_id = record.response["id"]
+        await self._put(_key(tenant, resp_id), record, orjson.dumps(record.__dict__))
+        for item in record.items():
+            await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode())
+
+    async def _put(self, key: str, value: Any, payload: bytes) -> None:
+        self.memory.put(key, value, len(payload), self.cfg.ttl_s)
         for tier in self.tiers:
             await tier.put(key, payload, self.memory.clock() + self.cfg.ttl_s)
 
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
-        key = _key(tenant, resp_id)
+        return await self._get(_key(tenant, resp_id), lambda payload: StoredResponse(**orjson.loads(payload)))
+
+    async def item(self, tenant: str, item_id: str) -> dict[str, Any] | None:
+        """The stored item with this id, from the response that made or was sent it."""
+        resp_id = await self._get(_item_key(tenant, item_id), bytes.decode)
+        record = None if resp_id is None else await self.get(tenant, resp_id)
+        return None if record is None else next((i for i in record.items() if i["id"] == item_id), None)
+
+    async def _get(self, key: str, decode: Callable[[bytes], Any]) -> Any | None:
         if (found := self.memory.get(key)) is not None:
             return found
         for tier in self.tiers:
             if (row := await tier.get(key)) is not None:
                 payload, expires_at = row
-                record = StoredResponse(**orjson.loads(payload))
-                self.memory.put(key, record, len(payload), expires_at - self.memory.clock())
-                return record
+                value = decode(payload)
+                self.memory.put(key, value, len(payload), expires_at - self.memory.clock())
+                return value
         return None
 
     async def delete(self, tenant: str, resp_id: str) -> bool:
-        key = _key(tenant, resp_id)
-        deleted = self.memory.delete(key)
-        for tier in self.tiers:
-            deleted = await tier.delete(key) or deleted
+        """The response, and the references to its items."""
+        record = await self.get(tenant, resp_id)
+        keys = [_key(tenant, resp_id)] + [_item_key(tenant, i["id"]) for i in (record.items() if record else [])]
+        deleted = False
+        for key in keys:
+            deleted = self.memory.delete(key) or deleted
+            for tier in self.tiers:
+                deleted = await tier.delete(key) or deleted
         return deleted
 
 
 def _key(tenant: str, resp_id: str) -> str:
     return f"{tenant}:{resp_id}"
+
+
+def _item_key(tenant: str, item_id: str) -> str:
+    return f"{tenant}:item:{item_id}"

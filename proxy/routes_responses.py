@@ -1,7 +1,7 @@
 """OpenAI Responses API handlers: `POST /v1/responses` (streamed and not), `GET` / `DELETE /v1/responses/{id}`,
 `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `POST /v1/responses/input_tokens`,
-`POST /v1/responses/compact`. parse -> pipeline -> write; a stored response continues with `previous_response_id`
-(proxy/responses_store.py).
+`POST /v1/responses/compact`. parse -> pipeline -> write; a stored response continues with `previous_response_id`,
+and its items stand in for the `item_reference`s that name them (proxy/responses_store.py).
 
 Compaction, as Codex asks for it when its context fills (`POST /v1/responses/compact`, or `POST /v1/responses` whose
 input ends with a `compaction_trigger`): the model summarises the conversation, and the answer is one compaction
@@ -14,11 +14,13 @@ turn as an invalid request (codex-rs core/src/api_bridge.rs)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
 from adapters.errors import BadRequest, ContextOverflow, NotFound
+from adapters.fields import get
 from adapters.protocol import aggregate
 
 from .auth import CALLER
@@ -33,7 +35,7 @@ from .token_count import prompt_tokens
 
 async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    parsed = responses.parse_request(body)
+    parsed = await _parsed(request, body)
     history = await _history(request, parsed)
     job = job_for(request, parsed.summary(history) if parsed.compact else parsed.chat(history), body)
     stream = request[PIPELINE].generate(job)
@@ -66,7 +68,7 @@ async def compact(request: web.Request) -> web.Response:
     """Codex's first remote compaction: the conversation in; out, as OpenAI answers it, every user message followed by
     one compaction item."""
     body = await read_json(request)
-    parsed = responses.parse_request(body)
+    parsed = await _parsed(request, body)
     history = await _history(request, parsed)
     job = job_for(request, parsed.summary(history), body)
     whole = aggregate(await collect(request[PIPELINE].generate(job)))
@@ -74,6 +76,23 @@ async def compact(request: web.Request) -> web.Response:
     return json_response({"id": responses.new_id("resp"), "object": "response.compaction",
                           "created_at": int(time.time()), "output": output,
                           "usage": responses.usage_object(whole.usage)}, headers=job.outcome.headers())
+
+
+async def _parsed(request: web.Request, body: Any) -> responses.Parsed:
+    """The request, each `item_reference` replaced by the stored item it names: the AI SDK's `openai(model)` (the
+    Responses API, `store` on by default) sends every earlier turn back so, and its second request was a 400."""
+    parsed = responses.parse_request(body)
+    if not any(item.get("type") == "item_reference" for item in parsed.items):
+        return parsed
+    items = []
+    for item in parsed.items:
+        if item.get("type") == "item_reference":
+            item_id = get(item, "id", str, required=True)
+            item = await request.app[RESPONSES].item(request[CALLER].tenant, item_id)
+            if item is None:
+                raise responses.ItemNotFound(item_id)
+        items.append(item)
+    return replace(parsed, items=items)
 
 
 async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[str, Any]]:
@@ -126,7 +145,7 @@ async def input_items(request: web.Request) -> web.Response:
 
 async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
-    parsed = responses.parse_request(await read_json(request))
+    parsed = await _parsed(request, await read_json(request))
     req = parsed.chat(await _history(request, parsed))
     router = request[ROUTER]
     target = await router.resolve(req.model)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import orjson
 
 from adapters import options
-from adapters.errors import BackendError, BadRequest, VeloError
+from adapters.errors import BackendError, BadRequest, NotFound, VeloError
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
 
@@ -39,6 +39,14 @@ _ECHOED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "m
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{os.urandom(12).hex()}"
+
+
+class ItemNotFound(NotFound):
+    """OpenAI's 404 for an `item_reference` to an item it does not hold, in its words."""
+
+    def __init__(self, item_id: str):
+        super().__init__(f"Item with id '{item_id}' not found. Items are not persisted when `store` is set to false. "
+                         "Try again with `store` set to true, or remove this item from your input.", param="input")
 
 
 class PreviousResponseNotFound(BadRequest):

@@ -161,6 +161,30 @@ async def test_previous_response_id_continues_the_conversation(base_url, scripte
     assert [i.content[0].text for i in items.data] == ["My name is Ada."]
 
 
+async def test_item_references_name_stored_items_of_the_same_key(base_url, scripted: ScriptedBackend):
+    """The AI SDK's `openai(model)` (the Responses API, `store` on) sends earlier turns back as `item_reference`s to
+    their ids; its second request was a 400. A reference stands for the item as stored, for its own key only."""
+    mine, other = _client(base_url, "key-a"), _client(base_url, "key-b")
+    first = await mine.responses.create(model="tiny", input="My name is Ada.")
+    [said] = first.output
+    turn = [{"role": "user", "content": "My name is Ada."}, {"type": "item_reference", "id": said.id},
+            {"role": "user", "content": "What is my name?"}]
+    await mine.responses.create(model="tiny", input=turn)
+    assert [(m.role, m.content) for m in scripted.requests[-1].messages] == [
+        ("user", "My name is Ada."), ("assistant", "Hello world"), ("user", "What is my name?")]
+    for client, missing in ((other, said.id), (mine, "msg_nowhere")):
+        with pytest.raises(openai.NotFoundError) as e:
+            await client.responses.create(model="tiny", input=[{"type": "item_reference", "id": missing}])
+        assert e.value.body["param"] == "input" and f"Item with id '{missing}' not found" in e.value.body["message"]
+    async with mine.responses.stream(model="tiny", input="Hi") as stream:
+        streamed = await stream.get_final_response()
+    await mine.responses.create(model="tiny", input=[{"type": "item_reference", "id": streamed.output[0].id}])
+    assert scripted.requests[-1].messages[-1].content == "Hello world"
+    await mine.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        await mine.responses.create(model="tiny", input=turn)
+
+
 async def test_the_response_echoes_what_codex_and_the_sdk_send(base_url):
     """Fields the SDK's Response models and Codex sends (prompt_cache_key, text.verbosity) come back as sent; before,
     they were null and `text` lost its verbosity."""
@@ -224,6 +248,8 @@ async def test_stored_responses_expire_and_survive_a_restart_in_sqlite(tmp_path)
         r = await (await c.post("/v1/responses", json={"model": "tiny", "input": "hi"})).json()
     async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:  # a restart
         assert (await c.get(f"/v1/responses/{r['id']}")).status == 200
+        referred = [{"type": "item_reference", "id": r["output"][0]["id"]}]
+        assert (await c.post("/v1/responses", json={"model": "tiny", "input": referred})).status == 200
         await asyncio.sleep(0.4)
         assert (await c.get(f"/v1/responses/{r['id']}")).status == 404
 
@@ -302,7 +328,6 @@ async def test_failure_mid_stream_fails_the_response():
 
 @pytest.mark.parametrize("body, param", [
     ({"model": "tiny", "input": 5}, "input"),
-    ({"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, "input"),
     ({"model": "tiny", "input": "hi", "temperature": 3}, "temperature"),
     ({"model": "tiny", "input": "hi", "text": {"format": {"type": "yaml"}}}, "text"),
     ({"model": "tiny", "input": "hi", "tool_choice": {"type": "mystery"}}, "tool_choice"),
