@@ -26,7 +26,7 @@ import orjson
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import Chunk, TokenLogprob, Usage
 
-from .openai import token_logprobs
+from .openai import error_object, token_logprobs
 from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
                         status_of)
 
@@ -91,10 +91,17 @@ class ResponseStream:
         return b"" if self.final else b"".join(([] if self.sequence else self._start()) + self._end("completed", None))
 
     def fail(self, err: VeloError) -> bytes:
-        """An error after the first event: the response fails, in its own stream, with what went wrong."""
+        """An error after the first event: the response fails, in its own stream, with what went wrong. An `error`
+        event first, which the AI SDK and the openai package raise (the AI SDK drops `response.failed`, and gave an
+        empty answer with no error on an overflow); Codex reads `response.failed` and passes over `error`."""
         out = ([] if self.sequence else self._start()) + self._close()
         self.final = response_object(self.resp_id, self.parsed, self.created_at, "failed", self.output, error=err)
-        return b"".join(out + [self._event("response.failed", {"response": self.final})])
+        error = error_object(err, "responses")["error"]
+        error["code"] = error["code"] or error["type"]  # a string in the AI SDK's schema
+        # OpenAI's event carries code, message and param at its top; the SDKs read them under `error`
+        said = {k: error[k] for k in ("code", "message", "param")}
+        return b"".join(out + [self._event("error", {**said, "error": error}),
+                               self._event("response.failed", {"response": self.final})])
 
     def _event(self, kind: str, body: dict[str, Any]) -> bytes:
         obj = {"type": kind, "sequence_number": self.sequence, **body}

@@ -216,15 +216,20 @@ async def test_responses_and_anthropic_word_the_overflow_their_way(velo):
 
 
 async def test_a_streamed_responses_turn_fails_in_its_stream_where_codex_reads_an_overflow(velo):
-    """Codex compacts on `response.failed` with code context_length_exceeded; a 400 ends its turn instead."""
+    """Codex compacts on `response.failed` with code context_length_exceeded; a 400 ends its turn instead. An
+    `error` event comes first: the AI SDK drops `response.failed` (an empty answer, no error), and raises on it."""
     c, backend = await velo()
     resp = await c.post("/v1/responses", json={"model": "tiny", "input": words(60), "stream": True})
     assert resp.status == 200 and resp.content_type == "text/event-stream"
     events = [orjson.loads(block.split("data: ", 1)[1]) for block in (await resp.text()).split("\n\n") if block]
-    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error", "response.failed"]
+    said = "Your input exceeds the context window of this model. Please adjust your input and try again."
     assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"] == {
-        "code": "context_length_exceeded",
-        "message": "Your input exceeds the context window of this model. Please adjust your input and try again."}
+        "code": "context_length_exceeded", "message": said}
+    error = events[2]  # OpenAI's fields at its top, and under `error` with a type, as the AI SDK's schema has them
+    assert (error["code"], error["message"], error["param"]) == ("context_length_exceeded", said, "input")
+    assert error["error"] == {"type": "invalid_request_error", "code": "context_length_exceeded", "message": said,
+                              "param": "input"}
     assert backend.requests == []
 
 
