@@ -438,10 +438,14 @@ class MessageStream:
         return event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def _close(self) -> list[bytes]:
+        """A thinking block ends with its signature, as Anthropic's do: the AI SDK takes a block's signature only from
+        a `signature_delta`, and without one dropped the thinking from the next turn ("unsupported reasoning
+        metadata"). Velo's is empty: there is nothing to sign (the non-streamed answer says "" too)."""
         if self.open is None:
             return []
+        out = [self._delta({"type": "signature_delta", "signature": ""})] if self.open == "thinking" else []
         self.open = None
-        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return out + [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _end(self, reason: str, usage: Usage | None, stop: str | None = None) -> list[bytes]:
         self.done = True

@@ -58,7 +58,7 @@ async def test_stream_events_in_anthropics_order(client, scripted: ScriptedBacke
     events = sse_events(await resp.text())
     assert [e for e, _ in events] == [
         "message_start", "ping",
-        "content_block_start", "content_block_delta", "content_block_stop",  # thinking
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",  # thinking
         "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
         "content_block_stop",  # text, a delta per piece
         "content_block_start", "content_block_delta", "content_block_stop",  # tool_use
@@ -69,8 +69,9 @@ async def test_stream_events_in_anthropics_order(client, scripted: ScriptedBacke
     assert starts[2] == {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}
     deltas = [d["delta"] for e, d in events if e == "content_block_delta"]
     assert deltas[0] == {"type": "thinking_delta", "thinking": "Let me think."}
+    assert deltas[1] == {"type": "signature_delta", "signature": ""}  # the AI SDK reads a block's signature here
     assert deltas[-1] == {"type": "input_json_delta", "partial_json": '{"path":"a.py"}'}
-    assert [d["index"] for e, d in events if e.startswith("content_block")] == [0] * 3 + [1] * 5 + [2] * 3
+    assert [d["index"] for e, d in events if e.startswith("content_block")] == [0] * 4 + [1] * 5 + [2] * 3
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert delta["usage"]["output_tokens"] == 3 and delta["usage"]["input_tokens"] == 5
