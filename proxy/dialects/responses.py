@@ -417,8 +417,11 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 
 def message_item(item_id: str, text: str, status: str = "completed",
                  logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    """A finished message has its text part even when the text is empty, as OpenAI's and Ollama's do
+    (openai/responses.go): clients read `content[0].text`. One just opened in a stream has none yet."""
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": token_logprobs(logprobs or [])}
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part] if text else []}
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [] if status == "in_progress" else [part]}
 
 
 def call_item(call: ToolCall, names: dict[str, ToolName]) -> dict[str, Any]:

@@ -185,6 +185,13 @@ async def test_item_references_name_stored_items_of_the_same_key(base_url, scrip
         await mine.responses.create(model="tiny", input=turn)
 
 
+async def test_an_empty_answer_keeps_its_text_part(base_url, scripted: ScriptedBackend):
+    """n8n's agent read `content: []` after a tool result; OpenAI and Ollama give the message an empty text part."""
+    scripted.script.pieces = []
+    r = await _client(base_url).responses.create(model="tiny", input="hi")
+    assert [(p.type, p.text) for p in r.output[0].content] == [("output_text", "")] and r.output_text == ""
+
+
 async def test_the_response_echoes_what_codex_and_the_sdk_send(base_url):
     """Fields the SDK's Response models and Codex sends (prompt_cache_key, text.verbosity) come back as sent; before,
     they were null and `text` lost its verbosity."""
