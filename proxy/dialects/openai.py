@@ -86,6 +86,9 @@ def parse_response_format(body: dict[str, Any]) -> Any:
     if fmt["type"] == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
+        if isinstance(spec, dict) and "schema" not in spec and ("properties" in spec or "type" in spec):
+            schema = spec  # a bare schema in its place, as Dify's OpenAI-compatible plugin sends one (Ollama's /v1
+            # takes it, unenforced; OpenAI refuses it)
         if not isinstance(schema, dict):
             raise BadRequest("response_format.json_schema.schema must be an object", param="response_format")
         return schema

@@ -112,7 +112,15 @@ async def test_response_format_json_schema(client, scripted: ScriptedBackend):
         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
     await client.post("/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})
-    assert [r.format for r in scripted.requests] == [schema, "json"]
+    # a bare schema in json_schema's place (Dify's OpenAI-compatible plugin): before, a 400
+    await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": schema}})
+    assert [r.format for r in scripted.requests] == [schema, "json", schema]
+    nameless = await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s"}}})
+    assert nameless.status == 400 and "json_schema.schema must be an object" in await nameless.text()
 
 
 async def test_completions_fim_and_stream(base_url, scripted: ScriptedBackend):
