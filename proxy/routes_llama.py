@@ -1,8 +1,9 @@
 """llama-server's own routes, passed on to a llama-server backend as they are, so a client pointed at Velo where it
 pointed at llama-server keeps working: llama.vscode's autocomplete posts `/infill` with repository context
 (`input_extra`) and llama-server's samplers, which no dialect carries; SillyTavern counts tokens with `/tokenize`
-(without it, it guesses a tokenizer from the model's name) and reads `/props` and `/slots`. Errors come in OpenAI's
-shape, which is llama-server's."""
+(without it, it guesses a tokenizer from the model's name) and reads `/props` and `/slots`; Dify's rerank models
+post `/v1/rerank` (a llama-server started with `--reranking`). Errors come in OpenAI's shape, which is
+llama-server's."""
 from __future__ import annotations
 
 from typing import Any

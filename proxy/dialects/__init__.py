@@ -31,7 +31,8 @@ RULES = {
 
 
 # llama-server's own, passed on (proxy/routes_llama.py); /slots also as /slots/<id>.
-LLAMA_SERVER_PATHS = ("/infill", "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
+LLAMA_SERVER_PATHS = ("/infill", "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
+                      "/rerank", "/v1/rerank")
 
 
 def dialect_of(path: str, headers: Mapping[str, str]) -> str:

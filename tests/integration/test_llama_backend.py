@@ -212,6 +212,10 @@ async def test_llama_servers_token_props_and_slot_routes_pass_through(velo_llama
         assert [s["id"] for s in through] == [s["id"] for s in direct]
         async with http.post(velo_llama + "/slots/0?action=erase") as resp:  # two backends: which one is unsaid
             assert resp.status == 404 and "or several" in (await resp.json())["error"]["message"]
+        async with http.post(velo_llama + "/v1/rerank", json={"model": CHAT_MODEL, "query": "q",
+                                                               "documents": ["a", "b"]}) as resp:
+            err = (await resp.json())["error"]  # llama-server's own answer: this one was not started to rerank
+        assert resp.status == 400 and "--reranking" in err["message"]
         async with http.post(velo_llama + "/slots/0?action=erase", json={"model": CHAT_MODEL}) as resp:
             err = (await resp.json())["error"]  # llama-server's own refusal: these servers run without a save path
         assert resp.status == 400 and "--slot-save-path" in err["message"]

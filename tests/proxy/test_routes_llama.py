@@ -17,9 +17,10 @@ async def test_no_llama_server_backend_is_a_404_naming_the_route(client, scripte
 
 
 @pytest.mark.parametrize("method, path", [("GET", "/props"), ("GET", "/slots?model=tiny"),
-                                          ("POST", "/slots/0?action=erase"), ("POST", "/tokenize")])
+                                          ("POST", "/slots/0?action=erase"), ("POST", "/tokenize"),
+                                          ("POST", "/v1/rerank")])
 async def test_the_other_routes_are_404s_in_llama_servers_shape_too(client, scripted, method, path):
-    resp = await client.request(method, path, json={"content": "hi"} if path == "/tokenize" else None)
+    resp = await client.request(method, path, json={"content": "hi"} if method == "POST" and "?" not in path else None)
     err = (await resp.json())["error"]
     assert resp.status == 404 and f"{path.split('?')[0]} is llama-server's own route" in err["message"]
     assert set(err) == {"message", "type", "param", "code"} and scripted.requests == []
