@@ -30,9 +30,7 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     opts = options.read("ollama", raw, cut_fractions=True)
     known = options.names("ollama")
     opts.extra = {k: v for k, v in raw.items() if k not in known}
-    if opts.max_tokens is not None and opts.max_tokens < 0:  # -1: until done, -2: fill the context
-        opts.max_tokens = None
-    return opts
+    return opts  # num_predict -1 (until done) and -2 (fill the context) stay, for the fit stage
 
 
 def parse_top_logprobs(body: dict[str, Any], key: str = "top_logprobs", most: int = _MAX_TOP_LOGPROBS) -> int:

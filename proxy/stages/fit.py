@@ -43,8 +43,8 @@ def _unseen(m: Message) -> Message:
 class Fit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        req = self._capped(job.request)
         info = await self.services.router.model_info(job.target)
+        req = self._capped(job.request, info)
         if info is not None:  # a model the backend cannot describe is left to the backend
             self._check_insert(req, info, job)
             req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job)
@@ -52,9 +52,14 @@ class Fit(Stage):
             async for chunk in rest:
                 yield chunk
 
-    def _capped(self, req: Request) -> Request:
-        cap = self.services.config.server.default_max_tokens
-        if req.options.max_tokens is not None or cap == 0:
+    def _capped(self, req: Request, info: ModelInfo | None) -> Request:
+        """Velo's default output limit where the client set none. Ollama's -1 (until done) and -2 (fill the
+        context) run to the window's end, which bounds them, or where Velo knows no window to the backend's own
+        limit: n8n and Dify send -1, and the default ended their long answers at 4,096 tokens."""
+        asked, cap = req.options.max_tokens, self.services.config.server.default_max_tokens
+        if asked is not None and asked < 0:
+            return replace(req, options=replace(req.options, max_tokens=_window(info, req)))
+        if asked is not None or cap == 0:
             return req
         return replace(req, options=replace(req.options, max_tokens=cap))
 
@@ -96,7 +101,7 @@ class Fit(Stage):
         # a client's num_ctx narrows a window Velo knows and never invents one: where the backend lists none (an
         # OpenAI-compatible server other than vLLM), it cannot apply num_ctx either, and keeps its own window. Zed
         # sends a fallback 4096 for a model whose /api/show has no context, and its agent's prompt was a 400 here.
-        limit = min(info.context_length, req.options.num_ctx or info.context_length) if info.context_length else None
+        limit = _window(info, req)
         if limit is None or job.target.backend.fits_context:
             return req
         room = req.options.max_tokens is not None and job.target.backend.refuses_output_past_window
@@ -113,6 +118,13 @@ class Fit(Stage):
                                       "but the backend cannot give (a llama-server slot is its -c over its -np)")
             req, tokens = await _trimmed(job, info, req, tokens, limit)
         return _output_within(req, limit - tokens) if room else req
+
+
+def _window(info: ModelInfo | None, req: Request) -> int | None:
+    """The window the request gets where Velo knows the model's: a client's num_ctx narrows it, never widens it."""
+    if info is None or not info.context_length:
+        return None
+    return min(info.context_length, req.options.num_ctx or info.context_length)
 
 
 def _granted(info: ModelInfo, num_ctx: int) -> int:

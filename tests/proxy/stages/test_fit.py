@@ -260,6 +260,20 @@ async def test_requests_without_an_output_limit_get_the_default(velo):
     assert backend2.requests[0].options.max_tokens is None
 
 
+async def test_ollamas_until_done_and_fill_the_context_run_to_the_windows_end(velo):
+    """num_predict -1 and -2 (n8n's and Dify's "until done"): to the window's end (num_ctx's, where smaller), which
+    bounds them; where Velo knows no window, to the backend's own limit. Before, the default cap stood in."""
+    c, backend = await velo(Config(server=ServerConfig(default_max_tokens=30)))
+    for options in ({"num_predict": -1}, {"num_predict": -2}, {"num_predict": -1, "num_ctx": LIMIT // 2}):
+        await c.post("/api/chat", json={"model": "tiny", "messages": chat(5, False), "stream": False,
+                                        "options": options})
+    assert [r.options.max_tokens for r in backend.requests] == [LIMIT, LIMIT, LIMIT // 2]
+    c2, unknown = await velo(Config(server=ServerConfig(default_max_tokens=30)), context_length=None)
+    await c2.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
+                                         "options": {"num_predict": -1}})
+    assert unknown.requests[0].options.max_tokens is None
+
+
 async def test_an_output_limit_past_the_window_is_cut_where_the_server_would_refuse_it(velo):
     """vLLM and SGLang refuse a prompt whose max_tokens reaches past the window, where the engine, llama-server and
     Ollama stop at its end: there Velo's default and a client's own limit (opencode sends 32000) are cut to what the
