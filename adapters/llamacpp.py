@@ -65,7 +65,7 @@ def _status(entry: dict[str, Any]) -> dict[str, Any]:
     return entry.get("status") or {}
 
 
-def _arg(args: list[str], *names: str) -> str | None:
+def flag_value(args: list[str], *names: str) -> str | None:
     """The value after the first of `names` in a command line."""
     for flag, value in zip(args, args[1:]):
         if flag in names:
@@ -257,8 +257,8 @@ class LlamaCppBackend(OpenAIBackend):
         out = []
         for entry in entries:
             args = _status(entry).get("args") or []
-            context = _arg(args, "-c", "--ctx-size") or ""
-            out.append(await self.file_listing(str(entry["id"]), _arg(args, "-m", "--model") or "",
+            context = flag_value(args, "-c", "--ctx-size") or ""
+            out.append(await self.file_listing(str(entry["id"]), flag_value(args, "-m", "--model") or "",
                                                int(context) or None if context.isdigit() else None))
         return out
 
@@ -414,8 +414,10 @@ class LlamaCppBackend(OpenAIBackend):
         except BackendError as e:
             if (batch := _batch_limit(e.message)) is None:
                 raise
-            if not req.truncate:  # Ollama's words and status for an input it may not cut
-                raise BadRequest("the input length exceeds the context length") from e
+            if not req.truncate:  # Ollama's words and status for an input it may not cut, and the way out
+                raise BadRequest(f"the input length exceeds the context length (this llama-server embeds at most "
+                                 f"{batch} tokens an input, its physical batch: start it with -ub and -b as large "
+                                 "as its context)") from e
             body["input"] = [(await self.tokenize(text, req.model))[:batch] for text in req.inputs]
             result = await self.embed_body(body, req.model)
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)

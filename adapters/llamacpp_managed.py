@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
-from .llamacpp import LlamaCppBackend, gguf_name
+from .llamacpp import LlamaCppBackend, flag_value, gguf_name
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 from .swaps import Swaps
 
@@ -35,6 +35,21 @@ class ManagedStats:
     swaps: int = 0  # times it was stopped (or drained) to make room for another
     wait_s: float = 0.0  # seconds requests spent waiting for it, all together
     last_error: str = ""
+
+
+_EMBEDDING_BATCH = 2048  # Ollama's for embedding models (llm/llama_server.go DefaultEmbeddingNumBatch)
+
+
+def embedding_batch(command: list[str]) -> list[str]:
+    """An embedding server's batch, as Ollama sets it where the command sets none: llama-server embeds no input
+    longer than its physical batch, 512 by default, so a 1,580-token retrieval chunk was cut (Dify) or refused
+    (n8n, Flowise) where Ollama embeds it whole. Up to the server's context, as Ollama caps it."""
+    if not {"--embedding", "--embeddings"} & set(command) or \
+            {"-b", "--batch-size", "-ub", "--ubatch-size"} & set(command):
+        return []
+    context = flag_value(command, "-c", "--ctx-size") or ""
+    batch = min(_EMBEDDING_BATCH, int(context)) if context.isdigit() and int(context) else _EMBEDDING_BATCH
+    return ["-b", str(batch), "-ub", str(batch)]
 
 
 class ManagedLlamaCpp(LlamaCppBackend):
@@ -97,7 +112,8 @@ class ManagedLlamaCpp(LlamaCppBackend):
         started, port = time.monotonic(), _free_port()
         self.http.config.urls = [f"http://127.0.0.1:{port}"]
         self._props, self._can_infill = None, None  # facts of the previous process
-        cmd = [*self.config.command, "-m", self.config.model or "", "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [*self.config.command, *embedding_batch(self.config.command), "-m", self.config.model or "",
+               "--host", "127.0.0.1", "--port", str(port)]
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)

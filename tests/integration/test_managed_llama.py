@@ -10,6 +10,7 @@ import os
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.llamacpp_managed import embedding_batch
 from proxy.app import make_app
 from proxy.config import parse_config
 from proxy.state import GENERATIONS
@@ -103,3 +104,20 @@ async def test_a_server_that_cannot_start_is_a_clear_503(tmp_path):
         body = await resp.json()
         assert resp.status == 503 and "llama-server exited" in body["error"]["message"]
         assert (await (await c.get("/ready")).json())["backends"] == {"first": False}
+
+
+async def test_a_managed_embedding_server_embeds_what_ollama_would_whole(tmp_path):
+    """Ollama runs an embedding model with a batch of min(2048, its context); llama-server's default 512 cut a
+    1,580-token retrieval chunk (Dify) or refused it (n8n's and Flowise's truncate false). A command that sets its
+    own batch keeps it."""
+    gguf = tmp_path / "emb.gguf"
+    os.symlink(model_path(), gguf)
+    command = [binary(), "-c", "1024", "-np", "1", "-t", "1", "-tb", "1", "--embeddings", "--pooling", "mean"]
+    assert embedding_batch(command) == ["-b", "1024", "-ub", "1024"]
+    assert embedding_batch([*command, "-ub", "256"]) == [] and embedding_batch(command[:-3]) == []
+    raw = {"backends": [{"name": "emb", "kind": "llamacpp", "model": str(gguf), "command": command,
+                         "first_token_timeout": 60.0}], "cache": {"enabled": False}}
+    async with client(raw) as c:
+        resp = await c.post("/api/embed", json={"model": "emb", "input": "word " * 700, "truncate": False})
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["prompt_eval_count"] > 700
