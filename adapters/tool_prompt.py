@@ -14,6 +14,8 @@ from dataclasses import replace
 
 import orjson
 
+from engine.tool_schema import tool_call_schema
+
 from .protocol import ChatRequest, Message, Tool, ToolCall
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -35,9 +37,7 @@ tags:
 
 def call_schema(tools: list[Tool]) -> dict:
     """A JSON Schema that only a call of one of `tools` matches: `{"name": ..., "arguments": {...}}`."""
-    return {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                       "properties": {"name": {"const": t.name}, "arguments": t.parameters or {"type": "object"}}}
-                      for t in tools]}
+    return tool_call_schema([{"name": t.name, "parameters": t.parameters} for t in tools])
 
 
 def tools_block(tools: list[Tool]) -> str:

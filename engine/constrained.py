@@ -15,6 +15,7 @@ import llguidance
 import torch
 
 from engine.tokenizer import Tokenizer
+from engine.tool_schema import tool_call_schema
 
 # Compact, fixed whitespace: small models given free whitespace can pad forever. `lenient` ignores
 # schema keywords llguidance does not implement instead of rejecting the request.
@@ -24,14 +25,6 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 def json_grammar(schema: dict | None) -> str:
     """Grammar for one JSON value matching schema; None means any JSON object (Ollama `format: "json"`)."""
     return llguidance.LLMatcher.grammar_from_json_schema(schema or {"type": "object"}, defaults=JSON_OPTIONS)
-
-
-def tool_call_schema(tools: list[dict]) -> dict:
-    """A call of one of tools ({"name", "parameters"} each) as {"name": ..., "arguments": {...}}."""
-    return {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                       "properties": {"name": {"const": t["name"]},
-                                      "arguments": t.get("parameters") or {"type": "object"}}}
-                      for t in tools]}
 
 
 def grammar_for(format: str | dict | None = None, tools: list[dict] | None = None,

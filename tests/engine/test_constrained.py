@@ -22,6 +22,11 @@ WEATHER = {"name": "get_weather", "parameters": {
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}
 TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
+# pydantic's shape for an Enum argument: the same def name in two tools, meaning two things
+FORECAST = {"name": "forecast", "parameters": {"$defs": {"Unit": {"enum": ["C", "F"]}}, "type": "object",
+                                               "properties": {"unit": {"$ref": "#/$defs/Unit"}}}}
+MEASURE = {"name": "measure", "parameters": {"definitions": {"Unit": {"enum": ["cm", "in"]}}, "type": "object",
+                                             "properties": {"unit": {"$ref": "#/definitions/Unit"}}}}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,11 @@ def accepts(constrainer: Constrainer, grammar: str, text: str) -> bool:
       f"<tool_call>\n{CALL}", '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>']),
     ({"tools": [WEATHER], "format": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
      [CALL, '{"ok": true}'], ["Sure", '{"ok": 1}']),
+    ({"tools": [FORECAST, MEASURE], "tool_choice": "required"},
+     ['{"name": "forecast", "arguments": {"unit": "C"}}', '{"name": "measure", "arguments": {"unit": "in"}}'],
+     ['{"name": "forecast", "arguments": {"unit": "cm"}}', '{"name": "measure", "arguments": {"unit": "F"}}']),
+    ({"tools": [FORECAST, MEASURE]}, ['{"name": "forecast", "arguments": {"unit": "F"}}', "Sure."],
+     ['{"name": "measure", "arguments": {"unit": "C"}}']),
 ])
 def test_grammar_for_accepts_exactly_the_valid_outputs(bpe, kwargs, good, bad):
     c = Constrainer(bpe, bpe.vocab_size)

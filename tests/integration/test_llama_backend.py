@@ -56,6 +56,21 @@ async def test_tool_calls_round_trip_openai(velo_llama):
         ("get_weather", '{"city":"Paris"}')]
 
 
+async def test_a_forced_call_of_a_tool_with_definitions(velo_llama):
+    """instructor's default mode forces a call of its response model's tool, whose schema has `$defs` wherever the
+    model nests another or an Enum: the forced call's grammar pointed at definitions it did not hold, a 400."""
+    oai, _ = clients(velo_llama)
+    tool = {"type": "function", "function": {"name": "Forecast", "parameters": {
+        "$defs": {"Unit": {"enum": ["celsius", "fahrenheit"], "type": "string"}}, "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"$ref": "#/$defs/Unit"}}, "required": ["city", "unit"]}}}
+    answer = await oai.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "Forecast for Paris in celsius"}], tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "Forecast"}}, temperature=0, max_tokens=40)
+    [call] = answer.choices[0].message.tool_calls
+    assert call.function.name == "Forecast" and orjson.loads(call.function.arguments)["unit"] in ("celsius",
+                                                                                                  "fahrenheit")
+
+
 async def test_tool_calls_round_trip_ollama(velo_llama):
     _, oll = clients(velo_llama)
     history = [{"role": "user", "content": "Weather in Rome?"},

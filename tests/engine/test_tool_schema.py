@@ -1,0 +1,29 @@
+"""The schema of one call of a request's tools: each tool's definitions move to the root under its own names."""
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from engine.tool_schema import tool_call_schema
+from tests.engine.test_constrained import FORECAST, MEASURE, WEATHER
+
+
+def test_definitions_move_to_the_root_and_their_refs_follow():
+    """Inside the wrapper, `#/$defs/Unit` pointed at the root, which held none: instructor's response models and
+    pydantic-ai's tools with an Enum or a nested model were a 400 on every turn."""
+    schema = tool_call_schema([FORECAST, MEASURE, WEATHER])
+    assert set(schema["$defs"]) == {"t0.Unit", "t1.Unit"}
+    assert "$defs" not in str(schema["anyOf"]).replace("#/$defs/", "") and "definitions" not in str(schema)
+    check = jsonschema.Draft202012Validator(schema)
+    for good in ({"name": "forecast", "arguments": {"unit": "C"}}, {"name": "measure", "arguments": {"unit": "cm"}},
+                 {"name": "get_weather", "arguments": {"city": "Paris"}}):
+        check.validate(good)
+    for bad in ({"name": "forecast", "arguments": {"unit": "cm"}}, {"name": "measure", "arguments": {"unit": "C"}}):
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate(bad)
+
+
+def test_a_tool_without_definitions_is_wrapped_as_it_is():
+    schema = tool_call_schema([WEATHER, {"name": "bare"}])
+    assert "$defs" not in schema and schema["anyOf"][0]["properties"]["arguments"] is WEATHER["parameters"]
+    assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object"}
