@@ -51,6 +51,10 @@ class Preset:
     def options(self) -> SamplingOptions:
         return parse_options({"options": self.parameters})
 
+    def settings(self) -> dict[str, Any]:
+        """What this preset adds to its base."""
+        return {"system": self.system, "template": self.template, "parameters": self.parameters}
+
     def shown(self, base: ModelInfo) -> ModelInfo:
         """The base model as /api/show describes this preset, as Ollama shows a created model: its system prompt,
         its template, its parameters over the base's, its time."""
@@ -70,6 +74,14 @@ class Preset:
 def full_name(name: str) -> str:
     """Ollama names a model without a tag `name:latest`."""
     return name if ":" in name else f"{name}:latest"
+
+
+def spellings(model: str) -> tuple[str, ...]:
+    """Ollama treats `name` and `name:latest` as the same model, either way round: a client that copied a tagged
+    name (LiteLLM users write `ollama_chat/foo:latest`) finds a model listed without its tag."""
+    if model.endswith(":latest"):
+        return model, model.removesuffix(":latest")
+    return (model,) if ":" in model else (model, f"{model}:latest")
 
 
 class PresetStore:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from adapters.base import Backend
 from adapters.errors import ModelNotFound
@@ -15,7 +17,7 @@ from adapters.protocol import ModelInfo
 
 from .config import Config
 from .listings import START_S, Listings
-from .presets import PresetStore
+from .presets import PresetStore, spellings
 
 log = logging.getLogger("velo.router")
 OTHER = "other"  # the metrics label of every model name that no backend lists and no route or alias names
@@ -88,7 +90,7 @@ class Router:
             raise ModelNotFound(model)
         if (preset := self.presets.get(model)) is not None:
             model = preset.base
-        alias = self.config.aliases.get(model)
+        alias = next((self.config.aliases[n] for n in spellings(model) if n in self.config.aliases), None)
         if alias is None:
             return await self._resolve(model)
         backend, sep, name = alias.partition(":")
@@ -111,7 +113,7 @@ class Router:
         return None
 
     def _from_listing(self, model: str) -> Target | None:
-        for name in _spellings(self.listings.known_as.get(model, model)):
+        for name in spellings(self.listings.known_as.get(model, model)):
             if (backend := self.listings.owner.get(name)) is not None:
                 return Target(self.backends[backend], name, model)  # at most two spellings of a listed name
         return None
@@ -140,16 +142,20 @@ class Router:
                 seen[info.name] = replace(info, backend=backend)
         for alias, target in self.config.aliases.items():
             base = seen.get(target.partition(":")[2] or target)
-            seen.setdefault(alias, replace(base, name=alias) if base else ModelInfo(name=alias))
+            seen.setdefault(alias, self._own(base, alias) if base else ModelInfo(name=alias))
         for preset in self.presets.all():
-            base = next((seen[n] for n in _spellings(preset.base) if n in seen), None) or ModelInfo(name=preset.base)
-            seen.setdefault(preset.name, replace(base, name=preset.name, modified_at=preset.modified_at))
+            base = next((seen[n] for n in spellings(preset.base) if n in seen), None) or ModelInfo(name=preset.base)
+            seen.setdefault(preset.name, replace(self._own(base, preset.name, preset.settings()),
+                                                 modified_at=preset.modified_at))
         return list(seen.values())
 
-
-def _spellings(model: str) -> tuple[str, ...]:
-    """Ollama treats `name` and `name:latest` as the same model, either way round: a client that copied a tagged
-    name (LiteLLM users write `ollama_chat/foo:latest`) finds a model listed without its tag."""
-    if model.endswith(":latest"):
-        return model, model.removesuffix(":latest")
-    return (model,) if ":" in model else (model, f"{model}:latest")
+    def _own(self, base: ModelInfo, name: str, *settings: Any) -> ModelInfo:
+        """`base` listed as `name`, with a digest of its own where it has settings of its own (a preset's, its
+        [models] table's), as Ollama gives a created model its manifest's and only a copy shares one: llm-ollama
+        keeps one name per digest, and ran the base model for a preset, without its system prompt or options."""
+        table = next((self.config.models[n] for n in spellings(name) if n in self.config.models), None)
+        own = [s for s in (*settings, table) if s]
+        if not own or not base.digest:
+            return replace(base, name=name)
+        mixed = hashlib.sha256(f"{base.digest}{own!r}".encode())
+        return replace(base, name=name, digest=mixed.hexdigest())

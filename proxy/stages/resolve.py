@@ -14,7 +14,7 @@ from adapters.protocol import ChatRequest, Chunk, Message
 
 from ..job import Job, Request
 from ..config import ModelConfig
-from ..presets import Preset, full_name
+from ..presets import Preset, spellings
 from .base import Next, Stage
 
 
@@ -42,8 +42,8 @@ class Resolve(Stage):
 
 
 def _first(models: dict[str, ModelConfig], names: tuple[str, ...]) -> ModelConfig | None:
-    """The [models] table of the first name that has one, as asked or with Ollama's `:latest`."""
-    return next((models[n] for name in names if name for n in (name, full_name(name)) if n in models), None)
+    """The [models] table of the first name that has one, as asked or with or without Ollama's `:latest`."""
+    return next((models[n] for name in names if name for n in spellings(name) if n in models), None)
 
 
 def _with_prompt(req: Request, preset: Preset) -> Request:

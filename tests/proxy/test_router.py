@@ -7,6 +7,7 @@ import pytest
 from adapters.errors import BackendUnavailable, ModelNotFound
 from adapters.protocol import ModelInfo
 from proxy.config import parse_config
+from proxy.presets import Preset, PresetStore
 from proxy.router import Router, Target
 from tests.scripted import ScriptedBackend
 
@@ -107,6 +108,29 @@ async def test_a_down_backend_does_not_hide_the_others():
 async def test_aliases_are_listed():
     router, *_ = _router(aliases={"gpt-4o": "b:qwen-coder"})
     assert "gpt-4o" in {m.name for m in await router.list_models()}
+
+
+async def test_a_name_with_settings_of_its_own_has_a_digest_of_its_own(tmp_path):
+    """llm-ollama keeps one name per digest: a preset and an alias with a [models] table shared their base's, and
+    llm ran the base model without the preset's system prompt or the alias's options. A plain alias is a copy
+    (Ollama's `cp`), and shares it; `name:latest` reaches an alias, as every Ollama name."""
+    backend = ScriptedBackend("b", ("qwen-coder",))
+
+    async def listing():
+        return [ModelInfo(name="qwen-coder", backend="b", digest="d" * 64)]
+    backend.list_models = listing  # type: ignore[method-assign]
+    cfg = parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}],
+                        "aliases": {"copy": "qwen-coder", "fast": "qwen-coder"},
+                        "models": {"fast": {"options": {"num_predict": 3}}}})
+    presets = PresetStore(tmp_path / "presets.json")
+    await presets.put(Preset("pirate:latest", "qwen-coder", system="Arr."))
+    router = Router(cfg, {"b": backend}, presets=presets)
+    digests = {m.name: m.digest for m in await router.list_models()}
+    assert digests["copy"] == digests["qwen-coder"] == "d" * 64
+    assert len({digests["qwen-coder"], digests["fast"], digests["pirate:latest"]}) == 3
+    assert digests == {m.name: m.digest for m in await router.list_models()}  # the same at every listing
+    assert (await router.resolve("fast:latest")).label == "fast:latest"
+    assert (await router.resolve("fast:latest")).model == "qwen-coder"
 
 
 class Hung(ScriptedBackend):

@@ -72,6 +72,15 @@ async def test_a_models_options_come_before_the_defaults_and_after_the_request(v
                                                                             "repeat_penalty": 1.3}
 
 
+async def test_an_aliases_options_apply_under_either_spelling(velo):
+    """Ollama names every model with a tag: `fast:latest` is `fast`, the alias and its [models] table (before, the
+    alias was a 404 and its table missed)."""
+    config = Config(aliases={"fast": "tiny"}, models={"fast": ModelConfig({"temperature": 0.3})})
+    client, backend = await velo(config)
+    for name in ("fast", "fast:latest"):
+        assert (await asked(client, backend, "ollama", model=name)).temperature == 0.3
+
+
 async def test_a_backend_that_applies_the_dialects_defaults_itself_gets_none_twice(velo):
     """Ollama fills in its own defaults for /api/chat; an OpenAI request through it still gets OpenAI's, as
     Ollama's own /v1 sends them; a model's options still apply."""
