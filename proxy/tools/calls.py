@@ -92,6 +92,7 @@ class CallRepairer:
     report: RepairReport = field(default_factory=RepairReport)
     seen: dict[CallKey, str] = field(default_factory=dict)  # call -> the kind of block it came in first
     blocks: set[tuple[CallKey, ...]] = field(default_factory=set)  # blocks of two or more calls
+    forced: bool = False  # a call decoded under the call grammar because the request demands one
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
@@ -141,10 +142,12 @@ class CallRepairer:
     def _is_attempt(self, raw: RawCall, region: Region) -> bool:
         """Bare JSON in prose is only a call when it names an offered tool or has an arguments key, and never
         when its "arguments" are a JSON Schema: small models echo a tool's definition back (seen from
-        Qwen2.5-Coder-0.5B: the read_file signature in a json fence instead of a call)."""
+        Qwen2.5-Coder-0.5B: the read_file signature in a json fence instead of a call). A `forced` call is one
+        whatever its arguments: the grammar held them to the tool's schema, and the request wants a call
+        (smolagents and instructor got none for a tool whose schema allows any object)."""
         if region.kind not in ("json", "fence"):
             return True
-        if _is_schema(raw.arguments):
+        if _is_schema(raw.arguments) and not self.forced:
             return False
         return self.resolve(raw.name) is not None or "flattened_arguments" not in raw.fixes
 

@@ -49,11 +49,12 @@ def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionReq
     """Wrap a chunk stream; with neither tools nor a format it is returned as is (no overhead).
     What was done is added to `report` as the stream runs and to `metrics` when it ends. Without a `budget`, all
     the work runs on the caller's loop (tests, benchmarks). `constrained`: the backend decodes the format under a
-    grammar, so structured output streams as it comes and is checked at the end."""
+    grammar, so structured output streams as it comes and is checked at the end, and a demanded call is one."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
-        return _hold_back(chunks, HoldBack(CallRepairer(tools, report), must_call=demands_a_call(req)), metrics,
-                          budget)
+        must = demands_a_call(req)
+        repairer = CallRepairer(tools, report, forced=must and constrained)
+        return _hold_back(chunks, HoldBack(repairer, must_call=must), metrics, budget)
     if req.format is not None:
         check = _check_structured if constrained else _buffer_structured
         return check(chunks, req, metrics, report, budget)

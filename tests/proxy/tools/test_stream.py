@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ToolCall
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, Tool, ToolCall
 from proxy.tools.calls import RepairReport, ToolCallInvalid
 from proxy.tools.metrics import ModelCounts
 from proxy.tools.stream import repair_message, repair_stream
@@ -121,6 +121,18 @@ async def test_a_call_repair_could_close_is_text_when_the_limit_cut_it(size: int
     whole = await _run(_cut('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', size),
                        _req(tools=TOOLS), finish="length")
     assert [c.tool_calls[0].arguments for c in whole if c.tool_calls] == [{"city": "Paris"}]
+
+
+async def test_a_forced_call_whose_arguments_look_like_a_schema_is_still_a_call() -> None:
+    """The engine forces `{"name": "weather", "arguments": {"type": "object", "properties": {}}}` for a tool whose
+    schema allows any object: smolagents and instructor got it as content, and no call. Unforced, it stays the
+    schema echo small models write in prose."""
+    tools = [Tool("weather", "", {"type": "object", "properties": {}})]
+    text = '{"name": "weather", "arguments": {"type": "object", "properties": {}}}'
+    forced = await _run([text], _req(tools=tools, tool_choice="required"), constrained=True)
+    assert [c.tool_calls[0].name for c in forced if c.tool_calls] == ["weather"]
+    free = await _run([text], _req(tools=tools))
+    assert "".join(c.text for c in free) == text and not any(c.tool_calls for c in free)
 
 
 async def test_tool_choice_none_turns_extraction_off() -> None:
