@@ -14,6 +14,7 @@ from adapters.protocol import Chunk, Usage
 from ..cache import CacheLayer
 from ..job import Job, Request
 from ..keep import fingerprint
+from ..tools.calls import new_call_id
 from .base import Next, Services, Stage
 
 
@@ -75,9 +76,12 @@ class Cache(Stage):
 
 async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
     """The cached answer with the replay's own timings (the lookup as prompt evaluation, the replay as decoding,
-    no load) and the original token counts; cached chunks are shared, so the one with usage is copied."""
+    no load) and the original token counts, and tool calls with ids of their own, as a fresh answer's (an agent
+    pairs results with calls by id); cached chunks are shared, so the ones changed are copied."""
     found = time.perf_counter_ns()
     for chunk in chunks:
+        if chunk.tool_calls:
+            chunk = replace(chunk, tool_calls=[replace(call, id=new_call_id()) for call in chunk.tool_calls])
         if chunk.usage is not None:
             now = time.perf_counter_ns()
             chunk = replace(chunk, usage=Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens,

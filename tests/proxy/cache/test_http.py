@@ -6,6 +6,7 @@ import uuid
 
 import orjson
 
+from adapters.protocol import ToolCall
 from proxy.cache import CacheConfig, RoutePolicy
 from proxy.state import GENERATIONS
 from proxy.stages.cache import Cache
@@ -54,6 +55,22 @@ async def test_replay_as_sse_stream(velo):
     assert [d for d in deltas if d] == ["Hel", "lo", " world"]
     assert events[-1]["choices"][0]["finish_reason"] == "stop" and raw.endswith(b"data: [DONE]\n\n")
     assert len(backend.requests) == 1
+
+
+async def test_a_replayed_call_gets_ids_of_its_own(velo):
+    """Two answers from one cache entry carried the same call id, where a fresh answer's is new (an agent pairs
+    results with calls by id)."""
+    backend = ScriptedBackend(script=Script(tool_calls=[ToolCall("read_file", {"path": "a.py"}, id="call_1")]))
+    client = await velo(CacheConfig(), backend, models=SHARED)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}}}}]
+    answers = []
+    for _ in range(3):
+        resp = await client.post("/v1/chat/completions", json=_openai(stream=False, tools=tools))
+        answers.append(((await resp.json())["choices"][0]["message"]["tool_calls"][0], resp.headers["X-Velo-Cache"]))
+    assert [cache for _, cache in answers] == ["miss", "exact", "exact"] and len(backend.requests) == 1
+    assert len({call["id"] for call, _ in answers}) == 3
+    assert {call["function"]["arguments"] for call, _ in answers} == {'{"path":"a.py"}'}
 
 
 async def test_completions_are_cached_across_dialects_too(velo):
