@@ -16,6 +16,7 @@ from .auth import CALLER
 from .dialects import ollama
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
+from .presets import spellings
 from .state import PIPELINE, ROUTER
 from .stream_ends import as_streamed
 from .streams import collect
@@ -163,7 +164,9 @@ async def pull_or_push(request: web.Request) -> web.StreamResponse:
     router, verb = request[ROUTER], request.path.rsplit("/", 1)[-1]
     if any(b.config.kind == "ollama" for b in router.backends.values()):
         return await manage(request)
-    if verb == "pull" and isinstance(model, str) and any(m.name == model for m in await router.list_models()):
+    # either spelling: Open Interpreter pulls `name:latest` of a model listed without a tag
+    if verb == "pull" and isinstance(model, str) and \
+            {m.name for m in await router.list_models()} & set(spellings(model)):
         done = {"status": "success"}
         if body.get("stream", True) is False:
             return json_response(done)

@@ -323,7 +323,8 @@ def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"at most {MAX_CHOICES} choices a request (prompts × n), got {len(prompts) * n}",
                          param="prompt")
-    first = CompletionRequest(model=get_model(body), prompt=prompts[0], suffix=get(body, "suffix", str), raw=True,
+    suffix = get(body, "suffix", str) or None  # "" is no insert, as Ollama reads it (Tabby at the end of a file)
+    first = CompletionRequest(model=get_model(body), prompt=prompts[0], suffix=suffix, raw=True,
                               options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
                               n=n)
     echo = get(body, "echo", bool, False)

@@ -219,6 +219,8 @@ async def test_pull_and_push_without_an_ollama_backend(client, base_url):
     c = ollama.AsyncClient(host=base_url)
     assert (await c.pull("tiny:latest")).status == "success"
     assert [p.status async for p in await c.pull("tiny:latest", stream=True)] == ["success"]
+    # either spelling of a listed name: Open Interpreter pulls `name:latest` of one listed without a tag
+    assert (await c.pull("tiny")).status == "success"
     with pytest.raises(ollama.ResponseError) as e:
         await c.pull("llama3")
     assert e.value.status_code == 400

@@ -32,6 +32,10 @@ async def test_what_the_model_lacks_is_a_400_with_ollamas_words(base_url, script
             await call
         assert (e.value.status_code, e.value.error) == (400, f'"tiny" does not support {feature}')
     assert scripted.requests == []
+    # an empty suffix asks no insert, as Ollama reads it (Tabby and Void send "" at the end of a file)
+    assert (await c.generate(model="tiny", prompt="def f(", suffix="", raw=True)).response
+    oai = await c._client.post("/v1/completions", json={"model": "tiny", "prompt": "def f(", "suffix": ""})
+    assert oai.status_code == 200 and [r.suffix for r in scripted.requests] == [None, None]
 
 
 async def test_unknown_model_is_ollamas_404(base_url, scripted: ScriptedBackend):
