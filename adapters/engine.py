@@ -274,7 +274,7 @@ class EngineBackend(Backend):
             family=meta["architecture"],
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
-            context_length=window, template=model_card.go_template(jinja, fim, "tools" in self.capabilities),
+            context_length=window, template=model_card.go_template(jinja, fim),
             parameters=model_card.parameters(window, model_card.stop_words(jinja)),
             capabilities=list(self.capabilities), file=path,
             model_info=meta.get("general", {}) | model_card.model_info(shape))

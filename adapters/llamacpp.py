@@ -246,7 +246,7 @@ class LlamaCppBackend(OpenAIBackend):
                           served_as=list(dict.fromkeys(own)),
                           quantization_level=props.get("model_ftype", ""),
                           parameter_size=parameter_size(params), context_length=context, capabilities=list(caps),
-                          template=model_card.go_template(jinja, fim, "tools" in caps),
+                          template=model_card.go_template(jinja, fim),
                           parameters=model_card.parameters(context, model_card.stop_words(jinja)),
                           model_info={"general.parameter_count": params})
                 for n in names]
@@ -309,7 +309,7 @@ class LlamaCppBackend(OpenAIBackend):
         info.file = path
         info.model_info = facts.info | info.model_info
         if facts.fim and "insert" in info.capabilities:
-            info.template = model_card.go_template(jinja or facts.jinja, facts.fim, "tools" in info.capabilities)
+            info.template = model_card.go_template(jinja or facts.jinja, facts.fim)
         return info
 
     async def gguf_facts(self, path: str) -> model_card.GgufFacts:
@@ -329,7 +329,7 @@ class LlamaCppBackend(OpenAIBackend):
                          digest=file.digest, size=file.size, context_length=context, file=path,
                          family=str(facts.info.get("general.architecture", "")),
                          capabilities=capabilities(facts.jinja, tools=True, infill=facts.fim is not None),
-                         template=model_card.go_template(facts.jinja, facts.fim, tools=True),
+                         template=model_card.go_template(facts.jinja, facts.fim),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 
     async def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:

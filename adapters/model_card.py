@@ -58,13 +58,14 @@ def fim_style(has_token: Callable[[str], bool]) -> tuple[str, str, str] | None:
     return next((style for style in FIM_STYLES if all(has_token(t) for t in style)), None)
 
 
-def go_template(jinja: str, fim: tuple[str, str, str] | None = None, tools: bool = False) -> str:
+def go_template(jinja: str, fim: tuple[str, str, str] | None = None) -> str:
     """An Ollama-style template for a model whose chat template is `jinja`; with a `.Suffix` branch iff `fim`, and a
-    `.Tools` block iff the model renders `tools`, as Ollama's own templates have: LiteLLM decides whether an Ollama
-    model calls functions by "tools" in its template (llms/ollama/common_utils.py), and agents (CrewAI) ask it
-    before they offer tools."""
+    `.Tools` block, as Ollama's own templates have, for every chat model: Velo writes tools into the prompt of one
+    whose template cannot (adapters/tool_prompt.py), and /api/show says `tools` for all. LiteLLM decides whether an
+    Ollama model calls functions by "tools" in its template (llms/ollama/common_utils.py; Open Interpreter fell
+    back to text mode on the engine's SmolLM2), and agents (CrewAI) ask it before they offer tools."""
     fam = family(jinja)
-    body = (fam.tools if tools else "") + fam.turns if fam else PLAIN
+    body = fam.tools + fam.turns if fam else PLAIN
     if fim is None:
         return body
     prefix, suffix, middle = fim

@@ -52,7 +52,9 @@ async def test_engine_show(velo_engine, model_dir):
     _, c = clients(url)
     shown = await c.show(TINY)
     assert _parameters(shown.parameters) == [("num_ctx", "512"), ("stop", '"<|im_start|>"'), ("stop", '"<|im_end|>"')]
-    assert shown.template.startswith("{{- range .Messages }}<|im_start|>") and "{%" not in shown.template
+    assert "{{- range .Messages }}<|im_start|>" in shown.template and "{%" not in shown.template
+    # tools as the capabilities say (LiteLLM, so Open Interpreter, reads the template; it ran SmolLM2 in text mode)
+    assert "tools" in shown.capabilities and shown.template.startswith("{{- if .Tools }}")
     assert ("{{ .Suffix }}" in shown.template) == ("insert" in shown.capabilities)  # FIM only where it works
     assert shown.capabilities[:2] == ["completion", "tools"] and "embedding" not in shown.capabilities
     info = shown.modelinfo
