@@ -30,4 +30,5 @@ async def model(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/models", models)  # as llama-server answers it (dialects.UNVERSIONED)
     app.router.add_get("/v1/models/{name:.+}", model)

@@ -136,6 +136,7 @@ async def embeddings(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     r = app.router
-    r.add_post("/v1/chat/completions", chat_completions)
-    r.add_post("/v1/completions", completions)
-    r.add_post("/v1/embeddings", embeddings)
+    for prefix in ("/v1", ""):  # also without /v1, as llama-server answers them (dialects.UNVERSIONED)
+        r.add_post(f"{prefix}/chat/completions", chat_completions)
+        r.add_post(f"{prefix}/completions", completions)
+        r.add_post(f"{prefix}/embeddings", embeddings)

@@ -35,6 +35,10 @@ LLAMA_SERVER_PATHS = ("/infill", "/completion", "/tokenize", "/detokenize", "/ap
                       "/rerank", "/v1/rerank")
 
 
+# OpenAI's routes as llama-server also answers them, without /v1 (crush's llamacpp provider calls them so)
+UNVERSIONED = ("/models", "/chat/completions", "/completions", "/embeddings")
+
+
 def dialect_of(path: str, headers: Mapping[str, str]) -> str:
     """By the URL path; `/v1/models`, which OpenAI and Anthropic share, by `anthropic-version`, which Anthropic's
     clients send on every request and OpenAI's never do. llama-server's own routes answer errors as it does, in
@@ -44,4 +48,5 @@ def dialect_of(path: str, headers: Mapping[str, str]) -> str:
     if path.startswith("/v1/responses"):
         return "responses"
     llama_servers = path in LLAMA_SERVER_PATHS or path.startswith("/slots/")
-    return "openai" if path.startswith("/v1/") or path == "/v1" or llama_servers else "ollama"
+    openai = path.startswith("/v1/") or path == "/v1" or path in UNVERSIONED or llama_servers
+    return "openai" if openai else "ollama"

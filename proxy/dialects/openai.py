@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 import orjson
 
-from adapters import options
+from adapters import model_card, options
 from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
@@ -526,8 +526,12 @@ def embeddings_object(model: str, result: EmbedResult, encoding: str) -> dict[st
 
 
 def model_object(info: ModelInfo) -> dict[str, Any]:
-    return {"id": info.name, "object": "model", "created": epoch(info.modified_at),
-            "owned_by": info.backend or "velo"}
+    """OpenAI's model object, with llama-server's `meta` where Velo knows the window: crush sizes its context (and
+    when it summarises) by `meta.n_ctx`, else `n_ctx_train`."""
+    obj = {"id": info.name, "object": "model", "created": epoch(info.modified_at), "owned_by": info.backend or "velo"}
+    trained = model_card.file_context(info.model_info, info.family)
+    meta = {"n_ctx": info.context_length, "n_ctx_train": trained}
+    return obj | ({"meta": {k: v for k, v in meta.items() if v}} if info.context_length else {})
 
 
 def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:

@@ -206,6 +206,21 @@ async def test_models_listing(base_url):
     raw = await c.models.with_raw_response.list()
     assert raw.request_id == raw.headers["X-Velo-Request-Id"] and raw.request_id.startswith("req_")  # x-request-id
     assert e.value.request_id and e.value.request_id.startswith("req_")
+    [listed] = raw.parse().data
+    assert listed.meta == {"n_ctx": 8192}  # llama-server's: crush sizes its context by it
+
+
+async def test_openais_routes_answer_without_v1_as_llama_servers_do(base_url, scripted: ScriptedBackend):
+    """crush's llamacpp provider takes the server's URL without /v1: Velo answered its model listing and chats 404."""
+    c = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    assert [m.id async for m in c.models.list()] == ["tiny:latest"]
+    answer = await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content == "Hello world"
+    assert (await c.completions.create(model="tiny", prompt="x")).choices[0].text == "Hello world"
+    assert len((await c.embeddings.create(model="tiny", input="ab")).data) == 1
+    with pytest.raises(openai.BadRequestError) as e:  # errors in OpenAI's shape, not Ollama's
+        await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=5)
+    assert e.value.param == "temperature"
 
 
 @pytest.mark.parametrize("body, param", [
