@@ -111,8 +111,8 @@ ERROR = {"error": F(str)}  # StatusError's `json:"error"`
 # -- OpenAI, the `openai` package's models --------------------------------------------------------------------------
 
 # Names OpenAI-compatible servers add and clients read where present: the reasoning text, DeepSeek's name and
-# vLLM's and Ollama's.
-EXTENSIONS = {"reasoning_content", "reasoning"}
+# vLLM's and Ollama's; a model's `meta`, llama-server's (crush reads its n_ctx).
+EXTENSIONS = {"reasoning_content", "reasoning", "meta"}
 
 
 def check_openai(obj: Any, model: type[pydantic.BaseModel], where: str = "$") -> list[str]:
