@@ -24,9 +24,17 @@ OTHER_OPTIONS = frozenset({"num_keep", "num_batch", "num_gpu", "main_gpu", "use_
                            "penalize_newline"})
 
 
+# Knobs a client puts beside `options`, as ollama-ai-provider-v2 does (Cherry Studio and other AI SDK apps): Ollama
+# ignores them there, and the user's temperature and output limit went unheard. `options` wins where both say; a
+# value that is no number is ignored there, as by Ollama, not a new 400.
+_BESIDE_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "num_predict"}
+
+
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
     """The `options` object: knobs by the options table, anything else passed on untouched in `extra`."""
-    raw = get(body, "options", dict, {})
+    beside = {name: value for key, name in _BESIDE_OPTIONS.items()
+              if isinstance(value := body.get(key), (int, float)) and not isinstance(value, bool)}  # else ignored
+    raw = beside | get(body, "options", dict, {})
     opts = options.read("ollama", raw, cut_fractions=True)
     known = options.names("ollama")
     opts.extra = {k: v for k, v in raw.items() if k not in known}

@@ -207,6 +207,18 @@ async def test_failure_before_first_chunk_is_an_http_error(client, scripted: Scr
     assert resp.status == 502 and "broke" in (await resp.json())["error"]
 
 
+async def test_knobs_beside_options_are_heard_and_options_win(client, scripted):
+    """ollama-ai-provider-v2 (Cherry Studio, AI SDK apps) sends temperature, top_p and max_output_tokens beside
+    `options`, where Ollama ignores them: a limit of 20 gave 31 tokens. A value that is no number stays ignored."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False, "temperature": 0.3,
+            "top_p": 0.5, "max_output_tokens": 20, "options": {"top_p": 0.7}}
+    assert (await client.post("/api/chat", json=body)).status == 200
+    assert (await client.post("/api/chat", json={**body, "temperature": "warm", "options": {}})).status == 200
+    first, second = (r.options for r in scripted.requests)
+    assert (first.temperature, first.top_p, first.max_tokens) == (0.3, 0.7, 20)
+    assert (second.temperature, second.top_p) == (0.8, 0.5)  # Ollama's default where the value was no number
+
+
 async def test_pull_and_push_without_an_ollama_backend(client, base_url):
     """A 400 in Ollama's shape that says where models come from (an OpenAI SDK would retry a 5xx); a model Velo
     already serves is "pulled" at once, as Codex's --oss pulls whatever it does not see listed."""
