@@ -11,7 +11,7 @@ import asyncio
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, TypeVar
 
 import orjson
 
@@ -20,6 +20,8 @@ from adapters.protocol import ModelInfo, SamplingOptions
 from adapters.schema import setting
 
 from .dialects.ollama import now_iso, parse_options
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -82,6 +84,12 @@ def spellings(model: str) -> tuple[str, ...]:
     if model.endswith(":latest"):
         return model, model.removesuffix(":latest")
     return (model,) if ":" in model else (model, f"{model}:latest")
+
+
+def by_spelling(table: Mapping[str, T], *names: str) -> T | None:
+    """What `table` holds for the first of `names` it has under either spelling (an alias, a [models] table, a
+    listed model)."""
+    return next((table[n] for name in names if name for n in spellings(name) if n in table), None)
 
 
 class PresetStore:

@@ -17,7 +17,7 @@ from adapters.protocol import ModelInfo
 
 from .config import Config
 from .listings import START_S, Listings
-from .presets import PresetStore, spellings
+from .presets import PresetStore, by_spelling, spellings
 
 log = logging.getLogger("velo.router")
 OTHER = "other"  # the metrics label of every model name that no backend lists and no route or alias names
@@ -90,7 +90,7 @@ class Router:
             raise ModelNotFound(model)
         if (preset := self.presets.get(model)) is not None:
             model = preset.base
-        alias = next((self.config.aliases[n] for n in spellings(model) if n in self.config.aliases), None)
+        alias = by_spelling(self.config.aliases, model)
         if alias is None:
             return await self._resolve(model)
         backend, sep, name = alias.partition(":")
@@ -144,7 +144,7 @@ class Router:
             base = seen.get(target.partition(":")[2] or target)
             seen.setdefault(alias, self._own(base, alias) if base else ModelInfo(name=alias))
         for preset in self.presets.all():
-            base = next((seen[n] for n in spellings(preset.base) if n in seen), None) or ModelInfo(name=preset.base)
+            base = by_spelling(seen, preset.base) or ModelInfo(name=preset.base)
             seen.setdefault(preset.name, replace(self._own(base, preset.name, preset.settings()),
                                                  modified_at=preset.modified_at))
         return list(seen.values())
@@ -153,8 +153,7 @@ class Router:
         """`base` listed as `name`, with a digest of its own where it has settings of its own (a preset's, its
         [models] table's), as Ollama gives a created model its manifest's and only a copy shares one: llm-ollama
         keeps one name per digest, and ran the base model for a preset, without its system prompt or options."""
-        table = next((self.config.models[n] for n in spellings(name) if n in self.config.models), None)
-        own = [s for s in (*settings, table) if s]
+        own = [s for s in (*settings, by_spelling(self.config.models, name)) if s]
         if not own or not base.digest:
             return replace(base, name=name)
         mixed = hashlib.sha256(f"{base.digest}{own!r}".encode())

@@ -13,8 +13,7 @@ from adapters import options
 from adapters.protocol import ChatRequest, Chunk, Message
 
 from ..job import Job, Request
-from ..config import ModelConfig
-from ..presets import Preset, spellings
+from ..presets import Preset, by_spelling
 from .base import Next, Stage
 
 
@@ -34,16 +33,11 @@ class Resolve(Stage):
         if preset is not None:
             req, opts = _with_prompt(req, preset), options.under(opts, preset.options)
         names = (job.model, preset.base if preset else "", job.target.model)
-        if (settings := _first(self.services.config.models, names)) is not None:
+        if (settings := by_spelling(self.services.config.models, *names)) is not None:
             opts = options.under(opts, settings.sampling())
         if job.target.backend.own_defaults != job.dialect:
             opts = options.under(opts, options.defaults(job.dialect))
         return req if opts is req.options else replace(req, options=opts)
-
-
-def _first(models: dict[str, ModelConfig], names: tuple[str, ...]) -> ModelConfig | None:
-    """The [models] table of the first name that has one, as asked or with or without Ollama's `:latest`."""
-    return next((models[n] for name in names if name for n in spellings(name) if n in models), None)
 
 
 def _with_prompt(req: Request, preset: Preset) -> Request:
