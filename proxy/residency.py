@@ -43,7 +43,7 @@ class Residency:
         self._timer: asyncio.Task | None = None
 
     def _stay(self, target: Target) -> Stay:
-        key = (target.backend.name, target.model)
+        key = _key(target)
         if key not in self.stays:
             self.stays[key] = (target, Stay())
         return self.stays[key][1]
@@ -58,7 +58,7 @@ class Residency:
             yield
         except ModelNotFound:
             if stay.in_flight == 1:  # a name the backend does not serve (Ollama's 404) stays nowhere
-                del self.stays[(target.backend.name, target.model)]
+                del self.stays[_key(target)]
             raise
         finally:
             stay.in_flight -= 1
@@ -76,11 +76,13 @@ class Residency:
 
     async def unload(self, target: Target) -> None:
         """`keep_alive: 0` with no prompt: unloaded now, or as soon as the requests in flight are done."""
-        stay = self._stay(target)
-        stay.keep_s, stay.last_used, stay.unloading = 0.0, time.time(), stay.in_flight > 0
-        if stay.in_flight == 0:
-            del self.stays[(target.backend.name, target.model)]
-            await target.backend.unload(target.model)
+        held = self.stays.get(_key(target))
+        if held is not None and held[1].in_flight:
+            stay = held[1]
+            stay.keep_s, stay.last_used, stay.unloading = 0.0, time.time(), True
+            return
+        self.stays.pop(_key(target), None)
+        await target.backend.unload(target.model)
 
     def expires_at(self, backend: str, model: str) -> str | None:
         """RFC 3339 time the model is due to unload, as /api/ps says it; None when no request used it yet."""
@@ -104,8 +106,10 @@ class Residency:
             now = time.time()
             mine = [(t, s) for t, s in self.stays.values() if t.backend.idle_unload]
             for target, stay in mine:
-                if stay.expires <= now:
-                    del self.stays[(target.backend.name, target.model)]
+                # still this stay: an unload while the loop awaited another may have ended it, and a request since
+                # begun another under the same key
+                if stay.expires <= now and self.stays.get(_key(target), (None, None))[1] is stay:
+                    del self.stays[_key(target)]
                     try:
                         await target.backend.unload(target.model)
                     except Exception:  # noqa: BLE001 - a failed unload leaves the model loaded, nothing worse
@@ -116,3 +120,7 @@ class Residency:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(None if math.isinf(soonest) else max(soonest, 0.05)):
                     await self._wake.wait()
+
+
+def _key(target: Target) -> tuple[str, str]:
+    return target.backend.name, target.model

@@ -98,3 +98,34 @@ async def test_ps_load_and_unload_through_the_ollama_client(base_url, scripted: 
     assert (await c.generate(model="tiny", prompt="", keep_alive="0s")).done_reason == "unload"
     assert (await c.generate(model="tiny", prompt="")).done_reason == "load"
     assert len(scripted.requests) == 1  # loading and unloading generate nothing
+
+
+async def test_a_stay_ended_while_the_timer_awaited_is_not_ended_again_under_a_new_request():
+    """The timer unloads the expired models one after another; while it awaited the first, a `keep_alive: 0` ended
+    the second's stay and a request began a new one under the same name. The timer's old view must not end that."""
+    class Slow(Unloadable):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = asyncio.Event()
+
+        async def unload(self, model):
+            if model == "a":
+                await self.release.wait()
+            await super().unload(model)
+
+    backend, residency = Slow(), Residency()
+    first, second = Target(backend, "a"), Target(backend, "b")
+    for target in (first, second):
+        with residency.use(target, 0.05):
+            pass
+    await residency.start()
+    try:
+        await asyncio.sleep(0.2)  # both expired; the timer waits on a's unload
+        await residency.unload(second)
+        assert backend.unloads == 1
+        with residency.use(second, "1h"):
+            backend.release.set()
+            await asyncio.sleep(0.2)
+            assert backend.unloads == 2 and residency.expires_at("scripted", "b") is not None
+    finally:
+        await residency.close()
