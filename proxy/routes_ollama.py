@@ -16,7 +16,7 @@ from .auth import CALLER
 from .dialects import ollama
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
-from .presets import spellings
+from .presets import by_spelling
 from .state import PIPELINE, ROUTER
 from .stream_ends import as_streamed
 from .streams import collect
@@ -166,7 +166,7 @@ async def pull_or_push(request: web.Request) -> web.StreamResponse:
         return await manage(request)
     # either spelling: Open Interpreter pulls `name:latest` of a model listed without a tag
     if verb == "pull" and isinstance(model, str) and \
-            {m.name for m in await router.list_models()} & set(spellings(model)):
+            by_spelling({m.name: m for m in await router.list_models()}, model) is not None:
         done = {"status": "success"}
         if body.get("stream", True) is False:
             return json_response(done)
