@@ -185,6 +185,8 @@ class Chunk:
     """One piece of a streamed answer. The last chunk of a stream has `finish_reason` (and usually `usage`).
 
     `tool_calls` hold only complete calls: adapters accumulate streamed argument fragments before emitting.
+    A `keepalive` chunk carries nothing: the answer is being held back to be checked, and the stream shows it is
+    alive (each dialect's empty event).
     """
 
     text: str = ""
@@ -195,6 +197,7 @@ class Chunk:
     usage: Usage | None = None
     context: list[int] | None = None  # Ollama /api/generate's opaque conversation state
     stop_sequence: str | None = None  # the client's stop string that ended the answer, where the backend says which
+    keepalive: bool = False
 
 
 @dataclass

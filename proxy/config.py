@@ -85,6 +85,13 @@ class ToolsConfig:
     repair_budget_s: float = setting(2.0, "seconds of a repair thread one answer's repair may take; past it the "
                                      "answer is passed through unrepaired (X-Velo-Repair: skipped=budget). Answers "
                                      "over 256 KB of broken JSON are never repaired (skipped=size)", min=0.01)
+    # Clients' read timeouts: the openai Agents SDK's was seen to give up on a held call at 300 s, Node's fetch
+    # (the AI SDK, Continue) waits 300 s, nginx's proxy_read_timeout 60 s.
+    keepalive_s: float = setting(15.0, "while a streamed answer is held back to be checked (a tool call or JSON "
+                                 "being written), an empty event goes out after this long without one, so that its "
+                                 "headers are sent and no client or proxy read timeout ends a long call; a call "
+                                 "that then fails is an error inside the stream, not an error status. 0: none",
+                                 min=0)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from aiohttp import web
 from adapters.protocol import Chunk, Usage, aggregate
 
 from .auth import CALLER
-from .dialects import openai
+from .dialects import SSE_KEEPALIVE, openai
 from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Request
 from .state import PIPELINE
@@ -121,6 +121,8 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
         if opening and index not in opened:  # OpenAI opens each choice with a role delta
             opened.add(index)
             head = sse(openai.chat_chunk(ids, model_name, index, None, first=True))
+        if chunk.keepalive:
+            return head or SSE_KEEPALIVE
         return head + sse(shape(index, chunk))
 
     return await write_stream(request, merge([as_streamed(s) for s in streams]), encode,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+SSE_KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every SSE parser skips it, every read timeout sees bytes
+
 
 @dataclass(frozen=True)
 class Rules:

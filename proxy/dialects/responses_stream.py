@@ -26,6 +26,7 @@ import orjson
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import Chunk, TokenLogprob, Usage
 
+from . import SSE_KEEPALIVE
 from .openai import error_object, token_logprobs
 from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
                         status_of)
@@ -46,6 +47,8 @@ class ResponseStream:
     compaction_id: str = field(default_factory=lambda: new_id("cmp"))
 
     def encode(self, chunk: Chunk) -> bytes:
+        if chunk.keepalive:  # the Responses API has no keepalive event: an SSE comment
+            return b"".join(self._start()) if not self.sequence else SSE_KEEPALIVE
         if self.compacting:
             return self._summary(chunk)
         out = [] if self.sequence else self._start()

@@ -54,7 +54,8 @@ class Cache(Stage):
         chunks: list[Chunk] = []
         async with contextlib.aclosing(next(job)) as rest:
             async for chunk in rest:
-                chunks.append(chunk)
+                if not chunk.keepalive:
+                    chunks.append(chunk)
                 yield chunk
         if job.outcome.cache == "miss":
             await layer.store(_keyed(job), job.caller.tenant, chunks, model=job.model, label=job.target.label)

@@ -35,8 +35,9 @@ class Observe(Stage):
                 try:
                     async with contextlib.aclosing(next(job)) as rest:
                         async for chunk in rest:
-                            seen.chunk(chunk)
-                            line.chunk(chunk, job.outcome.cache)
+                            if not chunk.keepalive:  # not the answer's start: time to first token waits on
+                                seen.chunk(chunk)
+                                line.chunk(chunk, job.outcome.cache)
                             yield chunk
                 finally:
                     seen.cache = job.outcome.cache

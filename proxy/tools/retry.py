@@ -1,7 +1,7 @@
 """The repaired answer the pipeline sends, with retry on invalid (config `tools.max_retries`, off by default).
 
 With retries off the repaired stream flows through as it is made. With retries on, each attempt is read whole
-(a streamed answer cannot be taken back), and an answer whose tool calls or JSON stay invalid after repair is
+(a streamed answer cannot be taken back; keepalives go out meanwhile), and an answer whose tool calls or JSON stay invalid after repair is
 asked again with the validation error appended to the conversation; the first valid answer is sent. When every
 attempt fails, the last usable answer is sent, or the last error raised.
 """
@@ -16,7 +16,7 @@ from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message
 from proxy.tools.budget import Budget
 from proxy.tools.calls import RepairReport, ToolCallInvalid
 from proxy.tools.metrics import ModelCounts
-from proxy.tools.stream import offered_tools, repair_stream
+from proxy.tools.stream import Quiet, offered_tools, repair_stream
 from proxy.tools.structured import StructuredOutputInvalid
 
 log = logging.getLogger("velo.tools")
@@ -27,24 +27,25 @@ _INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 
 
 def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ModelCounts, notes: list[str],
-               budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
+               budget: Budget | None = None, constrained: bool = False,
+               keepalive_s: float = 0.0) -> AsyncIterator[Chunk]:
     """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
     header) and logged. Completions are repaired but never retried: there is no conversation to append to. Every
     attempt shares `budget` (proxy/tools/budget.py). `constrained`: the backend enforces `format` with a grammar
-    (structured output then streams unbuffered)."""
+    (structured output then streams unbuffered). `keepalive_s`: the longest silence while text is held."""
     if not offered_tools(req) and req.format is None:
         return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
-        return _streamed(run, req, metrics, notes, budget, constrained)
-    return _retried(run, req, max_retries, metrics, notes, budget)
+        return _streamed(run, req, metrics, notes, budget, constrained, keepalive_s)
+    return _retried(run, req, max_retries, metrics, notes, budget, Quiet(keepalive_s))
 
 
 async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[str],
-                    budget: Budget | None, constrained: bool) -> AsyncIterator[Chunk]:
+                    budget: Budget | None, constrained: bool, keepalive_s: float) -> AsyncIterator[Chunk]:
     report = RepairReport()
     try:
         async with contextlib.aclosing(repair_stream(run(req), req, metrics, report, budget,
-                                                     constrained)) as stream:
+                                                     constrained, keepalive_s)) as stream:
             async for chunk in stream:
                 yield chunk
     finally:
@@ -52,18 +53,22 @@ async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[
 
 
 async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ModelCounts, notes: list[str],
-                   budget: Budget | None) -> AsyncIterator[Chunk]:
+                   budget: Budget | None, quiet: Quiet) -> AsyncIterator[Chunk]:
     attempt, usable, error = req, None, None
     for n in range(max_retries + 1):
         if n:
             metrics.retried += 1
             notes.append(f"retry={n}")
         raw: list[str] = []
+        chunks: list[Chunk] = []
         report = RepairReport()
         try:
             async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report,
                                                          budget)) as s:
-                chunks = [c async for c in s]
+                async for chunk in s:
+                    chunks.append(chunk)
+                    if (keepalive := quiet.keepalive()) is not None:
+                        yield keepalive
             usable, error = chunks, (report.error() if report.invalid else None)
         except _INVALID as e:
             error = e

@@ -12,11 +12,16 @@ was retried by the SDKs into the same answer, on every unrelated question a smal
 cut by its token limit is not the model's failure but the limit's: its unfinished call, even one that repair could
 close, goes out as text, with finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the
 SDKs into the same cut; a closed one ran the tool on arguments cut mid-value).
+
+While text is held, a keepalive chunk goes out after `keepalive_s` without a chunk: on 2 CPU cores a 1.5B model
+writes a file-sized call for minutes, and with nothing sent, not even headers, the Agents SDK gave up at its 300 s
+read timeout (Node's fetch has the same 300 s, nginx 60 s). A call that fails after that fails inside the stream.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable, TypeVar
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Tool, ToolCall
@@ -45,20 +50,42 @@ def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
 
 def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
                   metrics: ModelCounts | None = None, report: RepairReport | None = None,
-                  budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
+                  budget: Budget | None = None, constrained: bool = False,
+                  keepalive_s: float = 0.0) -> AsyncIterator[Chunk]:
     """Wrap a chunk stream; with neither tools nor a format it is returned as is (no overhead).
     What was done is added to `report` as the stream runs and to `metrics` when it ends. Without a `budget`, all
     the work runs on the caller's loop (tests, benchmarks). `constrained`: the backend decodes the format under a
-    grammar, so structured output streams as it comes and is checked at the end, and a demanded call is one."""
+    grammar, so structured output streams as it comes and is checked at the end, and a demanded call is one.
+    `keepalive_s`: the longest silence while text is held (0: no keepalives)."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
         must = demands_a_call(req)
         repairer = CallRepairer(tools, report, forced=must and constrained)
-        return _hold_back(chunks, HoldBack(repairer, must_call=must), metrics, budget)
+        return _hold_back(chunks, HoldBack(repairer, must_call=must), metrics, budget, Quiet(keepalive_s))
     if req.format is not None:
-        check = _check_structured if constrained else _buffer_structured
-        return check(chunks, req, metrics, report, budget)
+        if constrained:
+            return _check_structured(chunks, req, metrics, report, budget)
+        return _buffer_structured(chunks, req, metrics, report, budget, Quiet(keepalive_s))
     return chunks
+
+
+@dataclass
+class Quiet:
+    """How long a held-back stream has sent nothing: past `after_s` it owes the client a keepalive."""
+
+    after_s: float
+    since: float = field(default_factory=time.monotonic)
+
+    def sent(self) -> None:
+        self.since = time.monotonic()
+
+    def keepalive(self) -> Chunk | None:
+        """A keepalive chunk when one is due (the silence starts again), else None."""
+        now = time.monotonic()
+        if self.after_s <= 0 or now - self.since < self.after_s:
+            return None
+        self.since = now
+        return Chunk(keepalive=True)
 
 
 def demands_a_call(req: ChatRequest | CompletionRequest) -> bool:
@@ -195,7 +222,7 @@ async def _run(budget: Budget | None, fn: Callable[..., T], *args: object, size:
 
 
 async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: ModelCounts | None,
-                     budget: Budget | None) -> AsyncIterator[Chunk]:
+                     budget: Budget | None, quiet: Quiet) -> AsyncIterator[Chunk]:
     """Text flows; calls are all sent with the last chunk, so that a dialect numbering the calls of one chunk
     (OpenAI's `index`) gives each call of the turn its own number."""
     last = Chunk(finish_reason="stop")  # used when the stream ends without a finish_reason
@@ -210,7 +237,10 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
             calls += found
             sent = state.out(chunk, state.release(segments), [])
             if sent is not None:
+                quiet.sent()
                 yield sent
+            elif (keepalive := quiet.keepalive()) is not None:
+                yield keepalive
     cut = last.finish_reason == "length"
     segments, found = await _run(budget, state.feed, last.text, True, cut, size=state.cost(last.text, True))
     text = state.release(segments)
@@ -247,7 +277,7 @@ async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Com
 
 async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
                              metrics: ModelCounts | None, report: RepairReport,
-                             budget: Budget | None) -> AsyncIterator[Chunk]:
+                             budget: Budget | None, quiet: Quiet) -> AsyncIterator[Chunk]:
     """JSON can only be checked whole: hold all text, pass everything else, send the repaired text last (or, past
     the repair budget, the text as it came)."""
     parts: list[str] = []
@@ -259,7 +289,10 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
                 last = chunk
                 break
             if chunk.thinking or chunk.usage:
+                quiet.sent()
                 yield replace(chunk, text="", logprobs=[])
+            elif (keepalive := quiet.keepalive()) is not None:
+                yield keepalive
     text = "".join(parts)
     try:
         text = await _run(budget, repair_structured, text, req.format, report, size=len(text))

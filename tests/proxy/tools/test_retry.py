@@ -1,6 +1,7 @@
 """with_retry against a callable backend: what is re-asked, when it stops, what comes back."""
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator
 
 import pytest
@@ -79,3 +80,19 @@ async def test_requests_without_tools_or_format_are_not_touched() -> None:
     backend = Backend("plain")
     stream = with_retry(backend, _req(), 3, ModelCounts(), [])
     assert [c.text async for c in stream] == ["plain", ""]
+
+
+async def test_attempts_read_whole_send_keepalives_meanwhile() -> None:
+    """With retries on, an attempt is read whole before anything of it is sent: keepalives cover the wait."""
+    class Slow(Backend):
+        async def _stream(self, text: str) -> AsyncIterator[Chunk]:
+            for word in text.split(" "):
+                await asyncio.sleep(0.02)
+                yield Chunk(text=word + " ")
+            yield Chunk(finish_reason="stop")
+
+    backend = Slow("one two three four five six seven eight")
+    out = [c async for c in with_retry(backend, _req(tools=TOOLS), 1, ModelCounts(), [], keepalive_s=0.03)]
+    first = next(i for i, c in enumerate(out) if not c.keepalive)
+    assert first >= 2 and not any(c.keepalive for c in out[first:])
+    assert "".join(c.text for c in out).split() == "one two three four five six seven eight".split()

@@ -235,3 +235,31 @@ async def test_tool_choice_naming_a_function_offers_only_that_one() -> None:
     choice = {"type": "function", "function": {"name": "search"}}
     with pytest.raises(ToolCallInvalid, match="not an offered tool \\(offered: search\\)"):
         await _run([CALL], _req(tools=TOOLS, tool_choice=choice))
+
+
+async def _slow(pieces: list[str], pause: float) -> AsyncIterator[Chunk]:
+    for p in pieces:
+        await asyncio.sleep(pause)
+        yield Chunk(text=p)
+    yield Chunk(finish_reason="stop")
+
+
+async def test_a_held_call_sends_keepalives_and_flowing_text_none() -> None:
+    """A call written slowly is held whole, with keepalives meanwhile; text that flows needs none."""
+    out = [c async for c in repair_stream(_slow(["Sure. "] + _cut(CALL, 8), 0.02), _req(tools=TOOLS),
+                                          keepalive_s=0.03)]
+    kinds = ["keepalive" if c.keepalive else "text" if c.text else "call" if c.tool_calls else "" for c in out]
+    assert kinds[0] == "text" and kinds[-1] == "call"
+    assert 2 <= kinds.count("keepalive") <= len(_cut(CALL, 8)) // 2 + 1  # at most every second piece
+    assert all(not (c.text or c.tool_calls or c.finish_reason) for c in out if c.keepalive)
+    flowing = [c async for c in repair_stream(_slow(_cut("plain text " * 8, 8), 0.02), _req(tools=TOOLS),
+                                              keepalive_s=0.03)]
+    assert not any(c.keepalive for c in flowing)
+    off = [c async for c in repair_stream(_slow(_cut(CALL, 8), 0.02), _req(tools=TOOLS))]
+    assert not any(c.keepalive for c in off)
+
+
+async def test_json_held_whole_sends_keepalives() -> None:
+    pieces = _cut('{"name": "Ada", "age": 36}', 4)
+    out = [c async for c in repair_stream(_slow(pieces, 0.02), _req(format={"type": "object"}), keepalive_s=0.03)]
+    assert any(c.keepalive for c in out) and "".join(c.text for c in out) == '{"name": "Ada", "age": 36}'
