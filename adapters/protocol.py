@@ -185,8 +185,8 @@ class Chunk:
     """One piece of a streamed answer. The last chunk of a stream has `finish_reason` (and usually `usage`).
 
     `tool_calls` hold only complete calls: adapters accumulate streamed argument fragments before emitting.
-    A `keepalive` chunk carries nothing: the answer is being held back to be checked, and the stream shows it is
-    alive (each dialect's empty event).
+    An `empty` chunk is only a sign of life (llama-server's progress through a prompt, text held back to be
+    checked); a `heartbeat` one tells the client the stream is alive (proxy/stages/heartbeat.py).
     """
 
     text: str = ""
@@ -197,7 +197,13 @@ class Chunk:
     usage: Usage | None = None
     context: list[int] | None = None  # Ollama /api/generate's opaque conversation state
     stop_sequence: str | None = None  # the client's stop string that ended the answer, where the backend says which
-    keepalive: bool = False
+    heartbeat: bool = False
+
+    @property
+    def empty(self) -> bool:
+        """Nothing of the answer (a sign of life, or a heartbeat)."""
+        return not (self.text or self.thinking or self.tool_calls or self.logprobs or self.finish_reason
+                    or self.usage or self.context is not None)
 
 
 @dataclass

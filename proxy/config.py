@@ -61,6 +61,14 @@ class ServerConfig:
                                       "(or of its previous answer), else it is closed: slow clients cannot hold "
                                       "connections open; idle keep-alive connections close after it too", min=0.1)
     body_timeout_s: float = setting(60.0, "a request's whole body must arrive within this long, else 408", min=0.1)
+    # Clients' read timeouts: the openai Agents SDK was seen to give up on a held call at 300 s, as Node's fetch
+    # (the AI SDK, Continue) would; nginx's proxy_read_timeout is 60 s, Cloudflare's 100 s.
+    heartbeat_s: float = setting(15.0, "a stream that has sent nothing for this long, while the backend works on it "
+                                 "(llama-server reading a long prompt, or a tool call or JSON held back to be "
+                                 "checked while the model writes it), gets its headers and then the dialect's "
+                                 "empty event this often, so that no client or proxy read timeout ends it; what "
+                                 "fails after that is an error inside the stream, not an error status. 0: none",
+                                 min=0)
     long_request_s: float = setting(300.0, "a request running longer than this is logged once with its id, model, "
                                     "client and tokens so far (`GET /velo/requests` lists every one, `DELETE "
                                     "/velo/requests/{id}` cancels one). 0: never logged", min=0)
@@ -85,13 +93,6 @@ class ToolsConfig:
     repair_budget_s: float = setting(2.0, "seconds of a repair thread one answer's repair may take; past it the "
                                      "answer is passed through unrepaired (X-Velo-Repair: skipped=budget). Answers "
                                      "over 256 KB of broken JSON are never repaired (skipped=size)", min=0.01)
-    # Clients' read timeouts: the openai Agents SDK's was seen to give up on a held call at 300 s, Node's fetch
-    # (the AI SDK, Continue) waits 300 s, nginx's proxy_read_timeout 60 s.
-    keepalive_s: float = setting(15.0, "while a streamed answer is held back to be checked (a tool call or JSON "
-                                 "being written), an empty event goes out after this long without one, so that its "
-                                 "headers are sent and no client or proxy read timeout ends a long call; a call "
-                                 "that then fails is an error inside the stream, not an error status. 0: none",
-                                 min=0)
 
 
 @dataclass

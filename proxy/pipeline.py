@@ -1,6 +1,6 @@
 """The request path below the dialects: a job passes through the stages in order, each wrapping the rest.
 
-    resolve -> keep loaded -> observe -> limit -> edit context -> fit -> one tool call -> cache -> repair
+    resolve -> keep loaded -> observe -> heartbeat -> limit -> edit context -> fit -> one tool call -> cache -> repair
       -> offer tools -> coalesce -> admit -> call backend
 
 Every stage sees the internal model only (adapters.protocol), so every dialect and every backend share it. A new
@@ -27,6 +27,7 @@ from .stages.call_backend import CallBackend
 from .stages.coalesce import Coalesce
 from .stages.edit_context import EditContext
 from .stages.fit import Fit
+from .stages.heartbeat import Heartbeat
 from .stages.keep_loaded import KeepLoaded
 from .stages.limit import Limit
 from .stages.observe import Observe
@@ -35,8 +36,8 @@ from .stages.one_call import OneToolCall
 from .stages.repair import Repair
 from .stages.resolve import Resolve
 
-STAGES: tuple[type[Stage], ...] = (Resolve, KeepLoaded, Observe, Limit, EditContext, Fit, OneToolCall, Cache, Repair,
-                                   OfferTools, Coalesce, Admit, CallBackend)
+STAGES: tuple[type[Stage], ...] = (Resolve, KeepLoaded, Observe, Heartbeat, Limit, EditContext, Fit, OneToolCall,
+                                   Cache, Repair, OfferTools, Coalesce, Admit, CallBackend)
 S = TypeVar("S", bound=Stage)
 
 

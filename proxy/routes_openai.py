@@ -121,7 +121,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
         if opening and index not in opened:  # OpenAI opens each choice with a role delta
             opened.add(index)
             head = sse(openai.chat_chunk(ids, model_name, index, None, first=True))
-        if chunk.keepalive:
+        if chunk.heartbeat:
             return head or SSE_KEEPALIVE
         return head + sse(shape(index, chunk))
 

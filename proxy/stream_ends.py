@@ -19,12 +19,12 @@ def has_payload(chunk: Chunk) -> bool:
 
 async def as_streamed(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
     """`stream` with its finishing chunk split in two (payload, then a bare finish), several tool calls one a chunk
-    (the first with the text), and empty chunks dropped (keepalives kept). A turn that sent tool calls ends with "tool_calls" when
-    the backend said only "stop"."""
+    (the first with the text), and empty chunks dropped (heartbeats kept). A turn that sent tool calls ends with
+    "tool_calls" when the backend said only "stop"."""
     called = False
     try:
         async for chunk in stream:
-            if chunk.keepalive:
+            if chunk.heartbeat:
                 yield chunk
                 continue
             called |= bool(chunk.tool_calls)

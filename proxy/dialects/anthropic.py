@@ -398,7 +398,7 @@ class MessageStream:
     open: str | None = None  # the kind of the content block being filled
 
     def encode(self, chunk: Chunk) -> bytes:
-        if chunk.keepalive:  # Anthropic's own keepalive is a ping, which its SDKs skip
+        if chunk.heartbeat:  # Anthropic's own keepalive is a ping, which its SDKs skip
             return b"".join(self._start()) if not self.started else event("ping", {"type": "ping"})
         out = [] if self.started else self._start()
         if chunk.thinking:

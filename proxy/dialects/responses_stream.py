@@ -47,7 +47,7 @@ class ResponseStream:
     compaction_id: str = field(default_factory=lambda: new_id("cmp"))
 
     def encode(self, chunk: Chunk) -> bytes:
-        if chunk.keepalive:  # the Responses API has no keepalive event: an SSE comment
+        if chunk.heartbeat:  # the Responses API has no keepalive event: an SSE comment
             return b"".join(self._start()) if not self.sequence else SSE_KEEPALIVE
         if self.compacting:
             return self._summary(chunk)

@@ -35,7 +35,7 @@ class Observe(Stage):
                 try:
                     async with contextlib.aclosing(next(job)) as rest:
                         async for chunk in rest:
-                            if not chunk.keepalive:  # not the answer's start: time to first token waits on
+                            if not chunk.empty:  # not yet the answer: time to first token waits on
                                 seen.chunk(chunk)
                                 line.chunk(chunk, job.outcome.cache)
                             yield chunk

@@ -1,9 +1,10 @@
 """The repaired answer the pipeline sends, with retry on invalid (config `tools.max_retries`, off by default).
 
 With retries off the repaired stream flows through as it is made. With retries on, each attempt is read whole
-(a streamed answer cannot be taken back; keepalives go out meanwhile), and an answer whose tool calls or JSON stay invalid after repair is
-asked again with the validation error appended to the conversation; the first valid answer is sent. When every
-attempt fails, the last usable answer is sent, or the last error raised.
+(a streamed answer cannot be taken back; an empty chunk goes up for each one read, as a sign of life), and an
+answer whose tool calls or JSON stay invalid after repair is asked again with the validation error appended to the
+conversation; the first valid answer is sent. When every attempt fails, the last usable answer is sent, or the
+last error raised.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message
 from proxy.tools.budget import Budget
 from proxy.tools.calls import RepairReport, ToolCallInvalid
 from proxy.tools.metrics import ModelCounts
-from proxy.tools.stream import Quiet, offered_tools, repair_stream
+from proxy.tools.stream import offered_tools, repair_stream
 from proxy.tools.structured import StructuredOutputInvalid
 
 log = logging.getLogger("velo.tools")
@@ -27,25 +28,24 @@ _INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 
 
 def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ModelCounts, notes: list[str],
-               budget: Budget | None = None, constrained: bool = False,
-               keepalive_s: float = 0.0) -> AsyncIterator[Chunk]:
+               budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
     """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
     header) and logged. Completions are repaired but never retried: there is no conversation to append to. Every
     attempt shares `budget` (proxy/tools/budget.py). `constrained`: the backend enforces `format` with a grammar
-    (structured output then streams unbuffered). `keepalive_s`: the longest silence while text is held."""
+    (structured output then streams unbuffered)."""
     if not offered_tools(req) and req.format is None:
         return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
-        return _streamed(run, req, metrics, notes, budget, constrained, keepalive_s)
-    return _retried(run, req, max_retries, metrics, notes, budget, Quiet(keepalive_s))
+        return _streamed(run, req, metrics, notes, budget, constrained)
+    return _retried(run, req, max_retries, metrics, notes, budget)
 
 
 async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[str],
-                    budget: Budget | None, constrained: bool, keepalive_s: float) -> AsyncIterator[Chunk]:
+                    budget: Budget | None, constrained: bool) -> AsyncIterator[Chunk]:
     report = RepairReport()
     try:
         async with contextlib.aclosing(repair_stream(run(req), req, metrics, report, budget,
-                                                     constrained, keepalive_s)) as stream:
+                                                     constrained)) as stream:
             async for chunk in stream:
                 yield chunk
     finally:
@@ -53,22 +53,21 @@ async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[
 
 
 async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ModelCounts, notes: list[str],
-                   budget: Budget | None, quiet: Quiet) -> AsyncIterator[Chunk]:
+                   budget: Budget | None) -> AsyncIterator[Chunk]:
     attempt, usable, error = req, None, None
     for n in range(max_retries + 1):
         if n:
             metrics.retried += 1
             notes.append(f"retry={n}")
         raw: list[str] = []
-        chunks: list[Chunk] = []
         report = RepairReport()
         try:
+            chunks: list[Chunk] = []
             async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report,
                                                          budget)) as s:
                 async for chunk in s:
                     chunks.append(chunk)
-                    if (keepalive := quiet.keepalive()) is not None:
-                        yield keepalive
+                    yield Chunk()
             usable, error = chunks, (report.error() if report.invalid else None)
         except _INVALID as e:
             error = e

@@ -13,15 +13,13 @@ cut by its token limit is not the model's failure but the limit's: its unfinishe
 close, goes out as text, with finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the
 SDKs into the same cut; a closed one ran the tool on arguments cut mid-value).
 
-While text is held, a keepalive chunk goes out after `keepalive_s` without a chunk: on 2 CPU cores a 1.5B model
-writes a file-sized call for minutes, and with nothing sent, not even headers, the Agents SDK gave up at its 300 s
-read timeout (Node's fetch has the same 300 s, nginx 60 s). A call that fails after that fails inside the stream.
+A chunk whose text is all held still goes up, empty: the heartbeat stage (proxy/stages/heartbeat.py) keeps the
+client's stream alive on it while a call is written for minutes.
 """
 from __future__ import annotations
 
 import contextlib
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, TypeVar
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Tool, ToolCall
@@ -50,42 +48,20 @@ def offered_tools(req: ChatRequest | CompletionRequest) -> list[Tool]:
 
 def repair_stream(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
                   metrics: ModelCounts | None = None, report: RepairReport | None = None,
-                  budget: Budget | None = None, constrained: bool = False,
-                  keepalive_s: float = 0.0) -> AsyncIterator[Chunk]:
+                  budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
     """Wrap a chunk stream; with neither tools nor a format it is returned as is (no overhead).
     What was done is added to `report` as the stream runs and to `metrics` when it ends. Without a `budget`, all
     the work runs on the caller's loop (tests, benchmarks). `constrained`: the backend decodes the format under a
-    grammar, so structured output streams as it comes and is checked at the end, and a demanded call is one.
-    `keepalive_s`: the longest silence while text is held (0: no keepalives)."""
+    grammar, so structured output streams as it comes and is checked at the end, and a demanded call is one."""
     report = report if report is not None else RepairReport()
     if tools := offered_tools(req):
         must = demands_a_call(req)
         repairer = CallRepairer(tools, report, forced=must and constrained)
-        return _hold_back(chunks, HoldBack(repairer, must_call=must), metrics, budget, Quiet(keepalive_s))
+        return _hold_back(chunks, HoldBack(repairer, must_call=must), metrics, budget)
     if req.format is not None:
-        if constrained:
-            return _check_structured(chunks, req, metrics, report, budget)
-        return _buffer_structured(chunks, req, metrics, report, budget, Quiet(keepalive_s))
+        check = _check_structured if constrained else _buffer_structured
+        return check(chunks, req, metrics, report, budget)
     return chunks
-
-
-@dataclass
-class Quiet:
-    """How long a held-back stream has sent nothing: past `after_s` it owes the client a keepalive."""
-
-    after_s: float
-    since: float = field(default_factory=time.monotonic)
-
-    def sent(self) -> None:
-        self.since = time.monotonic()
-
-    def keepalive(self) -> Chunk | None:
-        """A keepalive chunk when one is due (the silence starts again), else None."""
-        now = time.monotonic()
-        if self.after_s <= 0 or now - self.since < self.after_s:
-            return None
-        self.since = now
-        return Chunk(keepalive=True)
 
 
 def demands_a_call(req: ChatRequest | CompletionRequest) -> bool:
@@ -196,15 +172,13 @@ class HoldBack:
         doubt, self.doubt = self.doubt, ""
         return doubt if doubt.strip() else ""
 
-    def out(self, chunk: Chunk, text: str, calls: list[ToolCall]) -> Chunk | None:
-        """The chunk to send, or None when everything in it is still held."""
+    def out(self, chunk: Chunk, text: str, calls: list[ToolCall]) -> Chunk:
+        """The chunk to send: empty when everything in it is still held."""
         self.sent_calls |= bool(calls)
         finish = chunk.finish_reason
         if finish in _OVERRIDABLE and finish and self.sent_calls:
             finish = "tool_calls"
-        new = replace(chunk, text=text, tool_calls=calls, finish_reason=finish)
-        empty = not (text or calls or new.thinking or new.logprobs or finish or new.usage or new.context)
-        return None if empty else new
+        return replace(chunk, text=text, tool_calls=calls, finish_reason=finish)
 
 
 def _rebased(search: EndSearch | None, shift: int) -> EndSearch | None:
@@ -222,7 +196,7 @@ async def _run(budget: Budget | None, fn: Callable[..., T], *args: object, size:
 
 
 async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: ModelCounts | None,
-                     budget: Budget | None, quiet: Quiet) -> AsyncIterator[Chunk]:
+                     budget: Budget | None) -> AsyncIterator[Chunk]:
     """Text flows; calls are all sent with the last chunk, so that a dialect numbering the calls of one chunk
     (OpenAI's `index`) gives each call of the turn its own number."""
     last = Chunk(finish_reason="stop")  # used when the stream ends without a finish_reason
@@ -235,12 +209,7 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
                 break
             segments, found = await _run(budget, state.feed, chunk.text, False, size=state.cost(chunk.text, False))
             calls += found
-            sent = state.out(chunk, state.release(segments), [])
-            if sent is not None:
-                quiet.sent()
-                yield sent
-            elif (keepalive := quiet.keepalive()) is not None:
-                yield keepalive
+            yield state.out(chunk, state.release(segments), [])
     cut = last.finish_reason == "length"
     segments, found = await _run(budget, state.feed, last.text, True, cut, size=state.cost(last.text, True))
     text = state.release(segments)
@@ -250,7 +219,7 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
     finally:
         if metrics is not None:
             metrics.record(state.repairer.report)
-    yield state.out(last, text, calls) or last
+    yield state.out(last, text, calls)
 
 
 async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
@@ -277,7 +246,7 @@ async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Com
 
 async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
                              metrics: ModelCounts | None, report: RepairReport,
-                             budget: Budget | None, quiet: Quiet) -> AsyncIterator[Chunk]:
+                             budget: Budget | None) -> AsyncIterator[Chunk]:
     """JSON can only be checked whole: hold all text, pass everything else, send the repaired text last (or, past
     the repair budget, the text as it came)."""
     parts: list[str] = []
@@ -288,11 +257,7 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
             if chunk.finish_reason is not None:
                 last = chunk
                 break
-            if chunk.thinking or chunk.usage:
-                quiet.sent()
-                yield replace(chunk, text="", logprobs=[])
-            elif (keepalive := quiet.keepalive()) is not None:
-                yield keepalive
+            yield replace(chunk, text="", logprobs=[])
     text = "".join(parts)
     try:
         text = await _run(budget, repair_structured, text, req.format, report, size=len(text))

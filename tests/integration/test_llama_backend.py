@@ -7,7 +7,9 @@ import openai
 import orjson
 import pytest
 
-from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients
+from adapters.base import BackendConfig
+from proxy.config import ServerConfig
+from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients, config, serve
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",
@@ -247,3 +249,17 @@ async def test_llama_servers_own_model_id_reaches_its_model(velo_llama, llama_ch
     answer = await oai.chat.completions.create(model=own, max_tokens=2,
                                                messages=[{"role": "user", "content": "Say hi"}])
     assert answer.choices[0].message.content and answer.model == own
+
+
+async def test_a_stream_stays_alive_while_llama_server_reads_the_prompt(llama_chat):
+    """llama-server's progress through the prompt is a sign of life: past `heartbeat_s` (a millisecond here) without
+    a token, the client gets the headers, OpenAI's role delta and SSE comments before the first token."""
+    cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url], models=[CHAT_MODEL]),
+                 server=ServerConfig(heartbeat_s=0.001))
+    prompt = [{"role": "user", "content": "Summarise: " + "the cat sat on the mat and looked at the hat. " * 30}]
+    async with serve(cfg) as url, aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/chat/completions", json={"model": CHAT_MODEL, "messages": prompt,
+                                                                 "max_tokens": 3, "stream": True}) as resp:
+            blocks = (await resp.read()).split(b"\n\n")
+    text_at = next(i for i, b in enumerate(blocks) if b'"content":"' in b and b'"content":""' not in b)
+    assert b'"role":"assistant"' in blocks[0] and b": keepalive" in blocks[1:text_at]

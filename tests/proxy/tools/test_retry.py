@@ -1,7 +1,6 @@
 """with_retry against a callable backend: what is re-asked, when it stops, what comes back."""
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator
 
 import pytest
@@ -82,17 +81,8 @@ async def test_requests_without_tools_or_format_are_not_touched() -> None:
     assert [c.text async for c in stream] == ["plain", ""]
 
 
-async def test_attempts_read_whole_send_keepalives_meanwhile() -> None:
-    """With retries on, an attempt is read whole before anything of it is sent: keepalives cover the wait."""
-    class Slow(Backend):
-        async def _stream(self, text: str) -> AsyncIterator[Chunk]:
-            for word in text.split(" "):
-                await asyncio.sleep(0.02)
-                yield Chunk(text=word + " ")
-            yield Chunk(finish_reason="stop")
-
-    backend = Slow("one two three four five six seven eight")
-    out = [c async for c in with_retry(backend, _req(tools=TOOLS), 1, ModelCounts(), [], keepalive_s=0.03)]
-    first = next(i for i, c in enumerate(out) if not c.keepalive)
-    assert first >= 2 and not any(c.keepalive for c in out[first:])
-    assert "".join(c.text for c in out).split() == "one two three four five six seven eight".split()
+async def test_an_attempt_read_whole_leaves_a_sign_of_life_per_chunk() -> None:
+    """With retries on nothing of an attempt is sent before it is checked: each chunk read leaves an empty one."""
+    out = await _answer(Backend('{"name": "get_weather", "arguments": {"city": "Oslo"}}'), _req(tools=TOOLS), 1)
+    assert [c.empty for c in out] == [True, True, True, False]  # two read, then the attempt: its held text, its call
+    assert out[-1].tool_calls[0].arguments == {"city": "Oslo"}

@@ -30,7 +30,14 @@ async def _source(pieces: list[str], finish: str | None = "stop") -> AsyncIterat
 
 
 async def _run(pieces: list[str], req: ChatRequest, finish: str | None = "stop", **kw) -> list[Chunk]:
-    return [c async for c in repair_stream(_source(pieces, finish), req, **kw)]
+    """What reaches the client: held text leaves empty chunks, signs of life the heartbeat stage drops."""
+    return [c async for c in repair_stream(_source(pieces, finish), req, **kw) if not c.empty]
+
+
+async def _next_sent(stream: AsyncIterator[Chunk]) -> Chunk:
+    while (chunk := await stream.__anext__()).empty:
+        pass
+    return chunk
 
 
 def _cut(text: str, size: int) -> list[str]:
@@ -67,8 +74,8 @@ async def test_json_that_turns_out_not_to_be_a_call_is_released_early() -> None:
     pieces = ['Example: {"colour', '": "red", ', '"size": 3} end']
     source = _source(pieces, finish=None)
     stream = repair_stream(source, _req(tools=TOOLS))
-    first = await stream.__anext__()
-    second = await stream.__anext__()
+    first = await _next_sent(stream)
+    second = await _next_sent(stream)
     assert first.text == 'Example: {"colour' and second.text == '": "red", '
 
 
@@ -84,11 +91,11 @@ async def test_only_failed_attempts_raise_before_anything_is_sent() -> None:
     stream = repair_stream(_source(_cut('{"name": "rm_rf", "arguments": {}}', 4)),
                            _req(tools=TOOLS, tool_choice="required"))
     with pytest.raises(ToolCallInvalid, match="rm_rf: not an offered tool"):
-        await stream.__anext__()
+        await _next_sent(stream)
     schema_broken = '{"name": "get_weather", "arguments": {"unit": "kelvin"}}'  # no city, no such unit
     invalid = repair_stream(_source(_cut(schema_broken, 4)), _req(tools=TOOLS))
     with pytest.raises(ToolCallInvalid, match="get_weather: "):
-        await invalid.__anext__()
+        await _next_sent(invalid)
 
 
 async def test_json_naming_no_offered_tool_is_the_answer_when_no_call_is_demanded() -> None:
@@ -237,29 +244,8 @@ async def test_tool_choice_naming_a_function_offers_only_that_one() -> None:
         await _run([CALL], _req(tools=TOOLS, tool_choice=choice))
 
 
-async def _slow(pieces: list[str], pause: float) -> AsyncIterator[Chunk]:
-    for p in pieces:
-        await asyncio.sleep(pause)
-        yield Chunk(text=p)
-    yield Chunk(finish_reason="stop")
-
-
-async def test_a_held_call_sends_keepalives_and_flowing_text_none() -> None:
-    """A call written slowly is held whole, with keepalives meanwhile; text that flows needs none."""
-    out = [c async for c in repair_stream(_slow(["Sure. "] + _cut(CALL, 8), 0.02), _req(tools=TOOLS),
-                                          keepalive_s=0.03)]
-    kinds = ["keepalive" if c.keepalive else "text" if c.text else "call" if c.tool_calls else "" for c in out]
-    assert kinds[0] == "text" and kinds[-1] == "call"
-    assert 2 <= kinds.count("keepalive") <= len(_cut(CALL, 8)) // 2 + 1  # at most every second piece
-    assert all(not (c.text or c.tool_calls or c.finish_reason) for c in out if c.keepalive)
-    flowing = [c async for c in repair_stream(_slow(_cut("plain text " * 8, 8), 0.02), _req(tools=TOOLS),
-                                              keepalive_s=0.03)]
-    assert not any(c.keepalive for c in flowing)
-    off = [c async for c in repair_stream(_slow(_cut(CALL, 8), 0.02), _req(tools=TOOLS))]
-    assert not any(c.keepalive for c in off)
-
-
-async def test_json_held_whole_sends_keepalives() -> None:
-    pieces = _cut('{"name": "Ada", "age": 36}', 4)
-    out = [c async for c in repair_stream(_slow(pieces, 0.02), _req(format={"type": "object"}), keepalive_s=0.03)]
-    assert any(c.keepalive for c in out) and "".join(c.text for c in out) == '{"name": "Ada", "age": 36}'
+async def test_held_text_leaves_an_empty_chunk_per_chunk_held() -> None:
+    """A sign of life for the heartbeat stage while a call is written: one empty chunk for each piece held."""
+    pieces = _cut(CALL, 8)
+    out = [c async for c in repair_stream(_source(pieces), _req(tools=TOOLS))]
+    assert [c.empty for c in out] == [True] * len(pieces) + [False] and out[-1].tool_calls

@@ -1,7 +1,10 @@
-"""A streamed call held back while the model writes it keeps its stream alive in every dialect: headers and each
-dialect's empty event go out, the official clients read through them, the cache keeps none, and a call that then
-fails ends the stream with the dialect's error event."""
+"""A stream the backend is still working on stays alive: a tool call held back while the model writes it sends the
+headers and each dialect's empty event, the official clients read through them, the cache keeps none, time to first
+token ignores them, and a call that then fails ends the stream with the dialect's error event."""
 from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
 
 import anthropic
 import ollama
@@ -10,7 +13,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from proxy.config import Config, ServerConfig, ToolsConfig
+from adapters.protocol import Chunk
+from proxy.config import Config, ServerConfig
+from proxy.stages.heartbeat import _beating
 from tests.proxy.test_metrics import scrape, value
 from tests.proxy.tools.test_http import BAD, CALL, MESSAGES, WEATHER, _cut
 from tests.scripted import Script, ScriptedBackend
@@ -23,7 +28,21 @@ ANTHROPIC_TOOL = {"name": "get_weather", "description": "Current weather",
 
 @pytest.fixture
 def config() -> Config:
-    return Config(server=ServerConfig(max_body_bytes=64 * 1024), tools=ToolsConfig(keepalive_s=0.05))
+    return Config(server=ServerConfig(max_body_bytes=64 * 1024, heartbeat_s=0.05))
+
+
+async def _timed(*items: tuple[float, Chunk]) -> AsyncIterator[Chunk]:
+    for pause, chunk in items:
+        await asyncio.sleep(pause)
+        yield chunk
+
+
+async def test_signs_of_life_become_a_heartbeat_only_after_the_silence() -> None:
+    """Empty chunks are dropped; one that comes `every` seconds after the last chunk sent is a heartbeat."""
+    life = Chunk()
+    out = [c async for c in _beating(_timed((0.0, life), (0.06, life), (0.01, life), (0.0, Chunk(text="a")),
+                                            (0.03, life), (0.06, life), (0.0, Chunk(finish_reason="stop"))), 0.05)]
+    assert [("beat" if c.heartbeat else c.text or c.finish_reason) for c in out] == ["beat", "a", "beat", "stop"]
 
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=SLOW_CALL)])
