@@ -142,8 +142,10 @@ def parse_generate(body: Any) -> CompletionRequest:
     if get(body, "raw", bool, False) and (body.get("template") or body.get("system") or context):
         raise BadRequest("raw mode does not support template, system, or context", param="raw")  # Ollama's words
     return CompletionRequest(
-        model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str) or None,  # "": none
-        system=get(body, "system", str), template=get(body, "template", str), raw=get(body, "raw", bool, False),
+        # "" is no suffix, system or template, as Ollama reads them: its CLI sends all three empty with every prompt
+        model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str) or None,
+        system=get(body, "system", str) or None, template=get(body, "template", str) or None,
+        raw=get(body, "raw", bool, False),
         images=[str(i) for i in get(body, "images", list, [])], context=context, **_shared(body))
 
 

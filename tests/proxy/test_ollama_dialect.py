@@ -134,6 +134,16 @@ async def test_generate_context_and_load_only(client, scripted: ScriptedBackend)
     assert body["response"] == "Hello world" and scripted.requests[0].context == [1, 2]
 
 
+async def test_the_ollama_clis_empty_suffix_system_and_template_are_none(client, scripted: ScriptedBackend):
+    """`ollama run MODEL "prompt"` sends `suffix`, `system` and `template` empty with every prompt (api/types.go has
+    no omitempty there): Ollama reads "" as none. Read as an empty template override, the prompt was lost."""
+    resp = await client.post("/api/generate", json={"model": "tiny", "prompt": "Capital of France?", "suffix": "",
+                                                    "system": "", "template": "", "stream": False})
+    assert resp.status == 200
+    req = scripted.requests[-1]
+    assert (req.prompt, req.suffix, req.system, req.template) == ("Capital of France?", None, None, None)
+
+
 async def test_roles_are_read_in_lower_case_and_an_empty_input_embeds_nothing(client, scripted):
     """As Ollama reads them (api/types.go Message.UnmarshalJSON; routes.go skips an empty input string): before,
     "SYSTEM" was no system prompt, and "" was embedded."""
