@@ -38,6 +38,12 @@ class PresetsConfig:
         return Path(data) / "velo" / "presets.json"
 
 
+def parameters_over(lines: str, options: dict[str, Any]) -> str:
+    """Modelfile PARAMETER `lines` with `options` over them, as Ollama shows a model's options."""
+    kept = [line for line in lines.splitlines() if line.split(" ", 1)[0] not in options]
+    return "\n".join(filter(None, ["\n".join(kept), parameter_lines(options)]))
+
+
 @dataclass(frozen=True)
 class Preset:
     """`parameters` are Ollama option names, as the client sent them (Modelfile PARAMETER lines)."""
@@ -60,11 +66,9 @@ class Preset:
     def shown(self, base: ModelInfo) -> ModelInfo:
         """The base model as /api/show describes this preset, as Ollama shows a created model: its system prompt,
         its template, its parameters over the base's, its time."""
-        kept = [line for line in base.parameters.splitlines() if line.split(" ", 1)[0] not in self.parameters]
-        lines = "\n".join(filter(None, ["\n".join(kept), parameter_lines(self.parameters)]))
         template = self.template if self.template is not None else base.template
-        return replace(base, system=self.system or "", template=template, parameters=lines,
-                       modified_at=self.modified_at)
+        return replace(base, system=self.system or "", template=template,
+                       parameters=parameters_over(base.parameters, self.parameters), modified_at=self.modified_at)
 
     def over(self, older: "Preset") -> "Preset":
         """This preset made from `older`: what this one leaves unset comes from it, as Ollama's layers do."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
@@ -9,14 +10,14 @@ from aiohttp import web
 from adapters import keep_alive
 from adapters.base import Backend
 from adapters.errors import BadRequest, ModelNotFound, Unsupported, VeloError
-from adapters.fields import body_object
-from adapters.protocol import Chunk, EmbedResult, RunningModel, aggregate, epoch
+from adapters.fields import body_object, get
+from adapters.protocol import Chunk, EmbedResult, ModelInfo, RunningModel, aggregate, epoch
 
 from .auth import CALLER
 from .dialects import ollama
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
-from .presets import by_spelling
+from .presets import by_spelling, parameters_over
 from .state import PIPELINE, ROUTER
 from .stream_ends import as_streamed
 from .streams import collect
@@ -51,9 +52,17 @@ async def show(request: web.Request) -> web.Response:
         info = await target.backend.show(target.model)
     except ModelNotFound as e:
         raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
-    info.name = name
+    info = replace(info, name=name)  # a copy: a backend may hand out its own card (the engine's, once unloaded)
     preset = router.presets.get(name)
-    return json_response(ollama.show_object(preset.shown(info) if preset else info))
+    return json_response(ollama.show_object(_as_asked(preset.shown(info) if preset else info, body)))
+
+
+def _as_asked(info: ModelInfo, body: dict[str, Any]) -> ModelInfo:
+    """With the request's own `system` and `options` over the model's, as Ollama shows them: `ollama run` sends the
+    session's `/set system` and `/set parameter` with its `/show modelfile` and `/show info`."""
+    system, options = get(body, "system", str), get(body, "options", dict)
+    return replace(info, system=system or info.system,
+                   parameters=parameters_over(info.parameters, options) if options else info.parameters)
 
 
 async def ps(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.protocol import ModelInfo
 from proxy.app import make_app
 from proxy.config import Config
 from proxy.presets import PresetsConfig
@@ -136,3 +137,38 @@ async def test_a_bad_presets_file_stops_the_start_rather_than_being_overwritten(
         async with TestClient(TestServer(make_app(config, {"s": ScriptedBackend()}))):
             pass
     assert path.read_text() == "{not json"
+
+
+class OneCard(ScriptedBackend):
+    """Hands out its one card object, as the engine does once its model is unloaded (adapters/engine.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.card: ModelInfo | None = None
+
+    async def list_models(self) -> list[ModelInfo]:
+        if self.card is None:
+            [self.card] = await super().list_models()
+        return [self.card]
+
+
+@pytest.mark.parametrize("scripted", [OneCard()])
+async def test_showing_a_copy_leaves_the_models_own_name(oll, scripted: OneCard):
+    """`ollama stop` and `ollama rm` show the name first: the copy's name stuck to the engine's card, and the model
+    itself left /api/tags."""
+    await oll.copy("tiny", "mycopy")
+    assert (await oll.show("mycopy")).details.family == "llama"
+    assert await names(oll) == {"tiny:latest", "mycopy:latest"}
+
+
+async def test_show_applies_the_requests_own_system_and_options(base_url):
+    """`ollama run`'s /show modelfile sends the session's /set system and /set parameter along, as Ollama shows them."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base_url}/api/show", json={"model": "tiny", "system": "Talk like a pirate.",
+                                                           "options": {"temperature": 0.3}}) as resp:
+            shown = await resp.json()
+        async with http.post(f"{base_url}/api/show", json={"model": "tiny"}) as resp:
+            plain = await resp.json()
+    assert shown["system"] == "Talk like a pirate." and 'SYSTEM """Talk like a pirate."""' in shown["modelfile"]
+    assert "temperature" in shown["parameters"] and "PARAMETER temperature" in shown["modelfile"]
+    assert "system" not in plain and "temperature" not in plain.get("parameters", "")
