@@ -5,6 +5,7 @@ nanoseconds, tool-call arguments are JSON objects.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -248,14 +249,27 @@ def embed_object(model: str, result: EmbedResult) -> dict[str, Any]:
 
 
 def _details(info: ModelInfo) -> dict[str, Any]:
-    return {"parent_model": "", "format": info.format, "family": info.family,
-            "families": [info.family] if info.family else None, "parameter_size": info.parameter_size,
-            "quantization_level": info.quantization_level}
+    """Ollama's ModelDetails; its window and embedding width only where known (omitempty there), which `ollama
+    launch` writes into the coding agents' settings."""
+    out = {"parent_model": "", "format": info.format, "family": info.family,
+           "families": [info.family] if info.family else None, "parameter_size": info.parameter_size,
+           "quantization_level": info.quantization_level}
+    width = info.model_info.get(f"{info.model_info.get('general.architecture', info.family)}.embedding_length")
+    sizes = {"context_length": info.context_length, "embedding_length": width}
+    return {**out, **{k: v for k, v in sizes.items() if isinstance(v, int) and v > 0}}
+
+
+def _digest(name: str, digest: str) -> str:
+    """The model's digest, else one made from its name (the same in /api/tags and /api/ps): a server that keeps
+    no manifests (an OpenAI-compatible one) has none, and the ollama CLI's `list` and `ps` slice every digest's
+    first 12 characters (cmd/cmd.go), which panicked on an empty one."""
+    return digest or hashlib.sha256(name.encode()).hexdigest()
 
 
 def tag_object(info: ModelInfo) -> dict[str, Any]:
     return {"name": info.name, "model": info.name, "modified_at": info.modified_at, "size": info.size,
-            "digest": info.digest, "details": _details(info)}
+            "digest": _digest(info.name, info.digest), "details": _details(info),
+            "capabilities": shown_capabilities(info.capabilities)}
 
 
 def shown_capabilities(capabilities: list[str]) -> list[str]:
@@ -293,7 +307,8 @@ def show_object(info: ModelInfo) -> dict[str, Any]:
 
 def ps_object(model: RunningModel) -> dict[str, Any]:
     info = model.info or ModelInfo(name=model.name)
-    return {"name": model.name, "model": model.name, "size": model.size, "digest": model.digest,
+    return {"name": model.name, "model": model.name, "size": model.size,
+            "digest": _digest(model.name, model.digest),
             "details": _details(info), "expires_at": model.expires_at, "size_vram": model.size_vram,
             "context_length": model.context_length or info.context_length or 0}
 

@@ -144,6 +144,17 @@ async def test_the_ollama_clis_empty_suffix_system_and_template_are_none(client,
     assert (req.prompt, req.suffix, req.system, req.template) == ("Capital of France?", None, None, None)
 
 
+async def test_tags_and_ps_entries_as_the_ollama_cli_reads_them(client):
+    """A digest always (`ollama list`/`ps` print its first 12 characters, and panicked on an OpenAI-compatible
+    server's empty one), the same in both; capabilities and the window, which `ollama launch` writes into the coding
+    agents' settings (Codex was told 128k for an 8k model)."""
+    [tag] = (await (await client.get("/api/tags")).json())["models"]
+    [running] = (await (await client.get("/api/ps")).json())["models"]
+    assert len(tag["digest"]) == 64 and int(tag["digest"], 16) and running["digest"] == tag["digest"]
+    assert tag["capabilities"] == ["completion", "tools", "thinking", "insert", "vision"]
+    assert tag["details"]["context_length"] == 8192 and "embedding_length" not in tag["details"]
+
+
 async def test_roles_are_read_in_lower_case_and_an_empty_input_embeds_nothing(client, scripted):
     """As Ollama reads them (api/types.go Message.UnmarshalJSON; routes.go skips an empty input string): before,
     "SYSTEM" was no system prompt, and "" was embedded."""
