@@ -9,7 +9,7 @@ from aiohttp import web
 
 from adapters import keep_alive
 from adapters.base import Backend
-from adapters.errors import BadRequest, ModelNotFound, Unsupported, VeloError
+from adapters.errors import BadRequest, ModelLacks, ModelNotFound, Unsupported, VeloError
 from adapters.fields import body_object, get
 from adapters.protocol import Chunk, EmbedResult, ModelInfo, RunningModel, aggregate, epoch
 
@@ -83,12 +83,18 @@ async def _safe_running(backend: Backend) -> list[RunningModel]:
         return []
 
 
-async def _load_or_unload(request: web.Request, model: str, keep: Any) -> tuple[str, int]:
-    """Ollama's bare request (no messages, no prompt): loads the model, or with `keep_alive: 0` unloads it."""
-    target, residency = await request[ROUTER].resolve(model), request[PIPELINE].residency
+async def _load_or_unload(request: web.Request, model: str, keep: Any, think: Any = None) -> tuple[str, int]:
+    """Ollama's bare request (no messages, no prompt): loads the model, or with `keep_alive: 0` unloads it. Asking
+    a model that cannot think to think is Ollama's 400 already here: `ollama run --think` sends it with its load
+    request "so we fail before getting to the chat prompt" (cmd/cmd.go)."""
+    router, residency = request[ROUTER], request[PIPELINE].residency
+    target = await router.resolve(model)
     if keep_alive.unloads(keep):
         await residency.unload(target)
         return "unload", 0
+    if think not in (None, False) and (info := await router.model_info(target)) is not None \
+            and "thinking" not in info.capabilities:
+        raise ModelLacks(model, "thinking")
     return "load", await residency.load(target, keep)
 
 
@@ -96,7 +102,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_chat(body), time.perf_counter_ns()
     if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
-        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
+        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think)
         return json_response(ollama.chat_load_object(req.model, reason, load_ns))
     calls_sent = 0
 
@@ -112,7 +118,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_generate(body), time.perf_counter_ns()
     if not req.prompt and not req.suffix and not req.images:
-        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
+        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think)
         return json_response(ollama.load_object(req.model, reason, load_ns))
     return await _answer(request, job_for(request, req, body),
                          lambda c: ollama.generate_object(req.model, c, started))

@@ -155,6 +155,19 @@ async def test_tags_and_ps_entries_as_the_ollama_cli_reads_them(client):
     assert tag["details"]["context_length"] == 8192 and "embedding_length" not in tag["details"]
 
 
+@pytest.mark.parametrize("scripted", [ScriptedBackend(capabilities=("completion", "tools"))])
+async def test_a_load_asking_a_model_that_cannot_think_to_think_is_a_400(client, scripted: ScriptedBackend):
+    """`ollama run --think` sends `think` with its load request so that it fails before the prompt (cmd/cmd.go), as
+    Ollama's load answers; else every message of the session failed."""
+    for path, body in [("/api/generate", {"prompt": ""}), ("/api/chat", {"messages": []})]:
+        resp = await client.post(path, json={"model": "tiny", "think": True, **body})
+        assert resp.status == 400 and (await resp.json())["error"] == '"tiny" does not support thinking'
+        off = await client.post(path, json={"model": "tiny", "think": False, **body})
+        assert (await off.json())["done_reason"] == "load"
+        unload = await client.post(path, json={"model": "tiny", "think": True, "keep_alive": 0, **body})
+        assert (await unload.json())["done_reason"] == "unload"
+
+
 async def test_roles_are_read_in_lower_case_and_an_empty_input_embeds_nothing(client, scripted):
     """As Ollama reads them (api/types.go Message.UnmarshalJSON; routes.go skips an empty input string): before,
     "SYSTEM" was no system prompt, and "" was embedded."""
