@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from adapters.base import Backend
 
-from . import (routes_anthropic, routes_llama, routes_models, routes_ollama, routes_openai, routes_presets,
-               routes_responses, routes_ui, routes_velo)
+from . import (routes_anthropic, routes_llama, routes_models, routes_ollama, routes_ollama_cloud, routes_openai,
+               routes_presets, routes_responses, routes_ui, routes_velo)
 from .auth import Handler, authenticate
 from .browser_guard import OriginPolicy, guard
 from .config import Config
@@ -101,6 +101,7 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     routes_ollama.add_routes(app)
+    routes_ollama_cloud.add_routes(app)
     routes_presets.add_routes(app)
     routes_openai.add_routes(app)
     routes_models.add_routes(app)
