@@ -16,10 +16,10 @@ from typing import Any, Mapping, TypeVar
 import orjson
 
 from adapters.model_card import parameter_lines
-from adapters.protocol import ModelInfo, SamplingOptions
+from adapters.protocol import Message, ModelInfo, SamplingOptions
 from adapters.schema import setting
 
-from .dialects.ollama import now_iso, parse_options
+from .dialects.ollama import now_iso, parse_message, parse_options
 
 T = TypeVar("T")
 
@@ -54,14 +54,21 @@ class Preset:
     template: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     modified_at: str = field(default_factory=now_iso)
+    # Ollama's MESSAGE lines, as its API sends them: a conversation every chat continues (`ollama run`'s /save)
+    messages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def options(self) -> SamplingOptions:
         return parse_options({"options": self.parameters})
 
+    @property
+    def history(self) -> list[Message]:
+        return [parse_message(m) for m in self.messages]
+
     def settings(self) -> dict[str, Any]:
         """What this preset adds to its base."""
-        return {"system": self.system, "template": self.template, "parameters": self.parameters}
+        return {"system": self.system, "template": self.template, "parameters": self.parameters,
+                "messages": self.messages}
 
     def shown(self, base: ModelInfo) -> ModelInfo:
         """The base model as /api/show describes this preset, as Ollama shows a created model: its system prompt,
@@ -74,7 +81,7 @@ class Preset:
         """This preset made from `older`: what this one leaves unset comes from it, as Ollama's layers do."""
         return replace(self, base=older.base, system=self.system if self.system is not None else older.system,
                        template=self.template if self.template is not None else older.template,
-                       parameters=older.parameters | self.parameters)
+                       parameters=older.parameters | self.parameters, messages=self.messages or older.messages)
 
 
 def full_name(name: str) -> str:

@@ -54,7 +54,9 @@ async def show(request: web.Request) -> web.Response:
         raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
     info = replace(info, name=name)  # a copy: a backend may hand out its own card (the engine's, once unloaded)
     preset = router.presets.get(name)
-    return json_response(ollama.show_object(_as_asked(preset.shown(info) if preset else info, body)))
+    shown = ollama.show_object(_as_asked(preset.shown(info) if preset else info, body))
+    # a preset's conversation, which `ollama run` prints before its prompt
+    return json_response({**shown, "messages": preset.messages} if preset and preset.messages else shown)
 
 
 def _as_asked(info: ModelInfo, body: dict[str, Any]) -> ModelInfo:

@@ -1,10 +1,10 @@
 """/api/create, /api/copy and /api/delete as Ollama answers them, on model presets (proxy/presets.py) for every
 backend.
 
-A create from a model (`from` + `system` / `parameters` / `template`) is always a Velo preset, on an Ollama backend
-too: one behaviour for every backend and dialect, with Velo's defaults and `[models]` settings applied the same way,
-and a preset that outlives a change of backend. What only Ollama can build (a model from `files`, `adapters`,
-`quantize`, preset `messages`) goes to an Ollama backend when there is one; models an Ollama backend holds are
+A create from a model (`from` + `system` / `parameters` / `template` / `messages`) is always a Velo preset, on an
+Ollama backend too: one behaviour for every backend and dialect, with Velo's defaults and `[models]` settings applied
+the same way, and a preset that outlives a change of backend. What only Ollama can build (a model from `files`,
+`adapters`, `quantize`) goes to an Ollama backend when there is one; models an Ollama backend holds are
 copied and deleted there.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from adapters.errors import BadRequest, ModelNotFound
 from adapters.fields import get
 from adapters.protocol import ModelInfo
 
-from .dialects.ollama import now_iso, parse_options
+from .dialects.ollama import now_iso, parse_message, parse_options
 from .http_io import json_response, ndjson, read_json
 from .presets import Preset, full_name
 from .router import Router
@@ -28,7 +28,7 @@ from .state import ROUTER
 
 # Ollama's model names (types/model/name.go): [host/][namespace/]model[:tag], letters, digits, "_", "-", ".".
 _VALID_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+){0,2}(:[\w][\w.-]{0,79})?")
-_OLLAMA_ONLY = ("files", "adapters", "quantize", "messages", "draft_files", "remote_host")
+_OLLAMA_ONLY = ("files", "adapters", "quantize", "draft_files", "remote_host")
 # Ollama's last status lines of a create from a model whose layers all exist already.
 _CREATED = ({"status": "writing manifest"}, {"status": "success"})
 
@@ -37,13 +37,16 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     name = _valid(_name(body, "model", "name"))
     if any(body.get(k) for k in _OLLAMA_ONLY):
-        return await _on_ollama(request, "a model from files, adapters, quantize or messages")
+        return await _on_ollama(request, "a model from files, adapters or quantize")
     base = get(body, "from", str)
     if not base:
         raise BadRequest("neither 'from' or 'files' was specified", param="from")
-    parameters = get(body, "parameters", dict, {})
+    parameters, messages = get(body, "parameters", dict, {}), get(body, "messages", list, [])
     parse_options({"options": parameters})  # a bad parameter is a 400 naming it now, not at each request
-    preset = Preset(full_name(name), base, get(body, "system", str), get(body, "template", str), parameters)
+    for message in messages:
+        parse_message(message)  # a bad message too
+    preset = Preset(full_name(name), base, get(body, "system", str), get(body, "template", str), parameters,
+                    messages=messages)
     router = request[ROUTER]
     if (older := router.presets.get(base)) is not None:
         preset = preset.over(older)

@@ -41,12 +41,13 @@ class Resolve(Stage):
 
 
 def _with_prompt(req: Request, preset: Preset) -> Request:
-    """The preset's system prompt where the request has none, and its template for a prompt that is not raw, as
-    Ollama applies a Modelfile's SYSTEM and TEMPLATE."""
+    """The preset's system prompt where the request has none, its messages before the chat's, and its template for
+    a prompt that is not raw, as Ollama applies a Modelfile's SYSTEM, MESSAGE and TEMPLATE."""
     if isinstance(req, ChatRequest):
-        if not preset.system or any(m.role == "system" for m in req.messages):  # "": a SYSTEM cleared
-            return req
-        return replace(req, messages=[Message(role="system", content=preset.system), *req.messages])
+        messages = [*preset.history, *req.messages]
+        if preset.system and not any(m.role == "system" for m in req.messages):  # "": a SYSTEM cleared
+            messages.insert(0, Message(role="system", content=preset.system))
+        return req if len(messages) == len(req.messages) else replace(req, messages=messages)
     if req.raw:
         return req
     return replace(req, system=req.system if req.system is not None else preset.system or None,

@@ -172,3 +172,19 @@ async def test_show_applies_the_requests_own_system_and_options(base_url):
     assert shown["system"] == "Talk like a pirate." and 'SYSTEM """Talk like a pirate."""' in shown["modelfile"]
     assert "temperature" in shown["parameters"] and "PARAMETER temperature" in shown["modelfile"]
     assert "system" not in plain and "temperature" not in plain.get("parameters", "")
+
+
+async def test_a_preset_with_messages_continues_their_conversation(oll, base_url, scripted: ScriptedBackend):
+    """`ollama run`'s /save sends the session's messages: Ollama keeps them and every chat continues them (a 400
+    ended the CLI's session). /api/show gives them back, which `ollama run` prints before its prompt."""
+    said = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello Ada!"}]
+    await oll.create("saved", from_="tiny", system="Be brief.", messages=said)
+    async with aiohttp.ClientSession() as http:  # the ollama package's ShowResponse has no `messages`
+        async with http.post(f"{base_url}/api/show", json={"model": "saved"}) as resp:
+            assert (await resp.json())["messages"] == said
+    await oll.chat(model="saved", messages=[{"role": "user", "content": "My name?"}])
+    assert [(m.role, m.content) for m in scripted.requests[-1].messages] == [
+        ("system", "Be brief."), ("user", "My name is Ada."), ("assistant", "Hello Ada!"), ("user", "My name?")]
+    with pytest.raises(ollama.ResponseError) as e:
+        await oll.create("broken", from_="tiny", messages=[{"content": "no role"}])
+    assert e.value.status_code == 400
