@@ -302,6 +302,8 @@ def show_object(info: ModelInfo) -> dict[str, Any]:
     shown = {"modelfile": _modelfile(info), "parameters": info.parameters, "template": info.template,
              "details": _details(info), "model_info": model_info,
              "capabilities": shown_capabilities(info.capabilities), "modified_at": info.modified_at}
+    if isinstance(license := model_info.get("general.license"), str):  # the file's, where Ollama has a LICENSE layer
+        shown["license"] = license
     return {**shown, "system": info.system} if info.system else shown
 
 

@@ -5,7 +5,8 @@ import ollama
 import orjson
 import pytest
 
-from adapters.protocol import ToolCall
+from adapters.protocol import ModelInfo, ToolCall
+from proxy.dialects.ollama import show_object
 from tests.scripted import ScriptedBackend
 
 
@@ -286,3 +287,9 @@ async def test_think_max_is_asked_as_high(client, scripted):
     resp = await client.post("/api/chat", json={"model": "tiny", "think": "max", "stream": False,
                                                 "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status == 200 and scripted.requests[-1].think == "high"
+
+
+def test_show_carries_the_files_license():
+    """`ollama show --license` and `/show license` print it; a GGUF names it in `general.license`."""
+    assert show_object(ModelInfo(name="m", model_info={"general.license": "apache-2.0"}))["license"] == "apache-2.0"
+    assert "license" not in show_object(ModelInfo(name="m"))
