@@ -41,11 +41,10 @@ def _call(pieces: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)]
 
 
-async def _serve(beat: float, script: Script) -> TestServer:
+def _server(beat: float, script: Script) -> TestServer:
+    """Velo over a scripted backend, started and closed by `async with`."""
     config = Config(server=ServerConfig(heartbeat_s=beat), cache=CacheConfig(enabled=False))
-    server = TestServer(make_app(config, {"scripted": ScriptedBackend(script=script)}))
-    await server.start_server()
-    return server
+    return TestServer(make_app(config, {"scripted": ScriptedBackend(script=script)}))
 
 
 async def _silences(server: TestServer) -> tuple[float, float, float]:
@@ -80,13 +79,11 @@ async def main(args: argparse.Namespace) -> None:
     cost: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(args.rounds):
         for side, beat in sides.items():
-            server = await _serve(beat, held)
-            seen[side].append(await _silences(server))
-            await server.close()
-            server = await _serve(beat, plain)
-            await _plain(server)  # warm
-            cost[side].append(statistics.median([await _plain(server) for _ in range(3)]))
-            await server.close()
+            async with _server(beat, held) as server:
+                seen[side].append(await _silences(server))
+            async with _server(beat, plain) as server:
+                await _plain(server)  # warm
+                cost[side].append(statistics.median([await _plain(server) for _ in range(3)]))
     print(f"held call: {args.pieces} pieces {args.gap:g} s apart; heartbeat_s {args.beat:g}; "
           f"{args.rounds} interleaved rounds (medians)")
     longest = {}
@@ -97,6 +94,7 @@ async def main(args: argparse.Namespace) -> None:
     per_on, per_off = (statistics.median(cost[s]) / args.words * 1e6 for s in sides)
     print(f"plain stream of {args.words} pieces, CPU a piece (Velo + client): heartbeat {per_on:.1f} us, "
           f"off {per_off:.1f} us: {per_on / per_off:.2f}x")
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
