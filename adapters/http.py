@@ -183,7 +183,9 @@ class Upstream:
         return aiohttp.ClientSession(
             headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None,
             timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout, sock_connect=cfg.connect_timeout),
-            connector=connector)
+            # no cookie jar: the session is every client's, so a cookie a backend (or a gateway before it) set
+            # for one request went out with everyone's next (aiohttp keeps those of any host named, not an IP)
+            cookie_jar=aiohttp.DummyCookieJar(), connector=connector)
 
     async def close(self) -> None:
         for session in (self._session, self._fresh):

@@ -102,6 +102,30 @@ async def test_llama_servers_context_overflow_is_velos(aiohttp_server):
         await up.close()
 
 
+async def test_a_cookie_one_answer_sets_never_goes_out_with_another_request(aiohttp_server):
+    """Velo's session is shared by every client and key: a cookie a backend (or the gateway before it) sets for one
+    request must not go out with the next, someone else's."""
+    cookies: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        cookies.append(request.headers.get("Cookie", ""))
+        response = web.json_response({"ok": True})
+        response.set_cookie("session", f"of-request-{len(cookies)}")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", answer)
+    server = await aiohttp_server(app)
+    # by host name: aiohttp's default jar ignores cookies from a bare IP address, not from a name
+    up = Upstream(BackendConfig(name="b", kind="openai", urls=[f"http://localhost:{server.port}"]))
+    try:
+        for _ in range(2):
+            assert await up.call("POST", "/v1/embeddings", {}) == {"ok": True}
+        assert cookies == ["", ""]
+    finally:
+        await up.close()
+
+
 async def test_a_model_that_loads_too_long_is_a_clear_503_and_listing_never_waits(aiohttp_server):
     """A request waits for a loading model (llama-server's 503 "Loading model") at most `first_token_timeout`, then
     fails saying so; a GET (listing, /props) is answered at once, as Ollama lists while it loads."""
