@@ -23,11 +23,17 @@ from .config import ServerConfig
 # After an answer sent before its request body was read (413, 408), aiohttp reads and drops what the client still
 # sends, so the answer is not lost to a reset, for this long (its default, 10 s, let a trickling client hold on).
 _LINGER_S = 2.0
+# The longest request line and header line read: a browser sends every cookie of `localhost`, whatever the port, and
+# a developer's (notebooks, dashboards, dev servers) passed aiohttp's 8,190 bytes, a 400 in plain text where Ollama
+# (Go's 1 MiB for the whole head) answers. 64 KiB holds such a head many times over.
+_HEAD_LINE_BYTES = 64 * 1024
 
 
 def server_options(server: ServerConfig) -> dict[str, Any]:
-    """Keyword arguments for aiohttp's runner that bound how long a connection may take to send its headers."""
-    return {"keepalive_timeout": server.header_timeout_s, "lingering_time": _LINGER_S}
+    """Keyword arguments for aiohttp's runner that bound how long a connection may take to send its headers, and how
+    long each of their lines may be."""
+    return {"keepalive_timeout": server.header_timeout_s, "lingering_time": _LINGER_S,
+            "max_line_size": _HEAD_LINE_BYTES, "max_field_size": _HEAD_LINE_BYTES}
 
 
 @web.middleware

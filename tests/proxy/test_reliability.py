@@ -364,6 +364,25 @@ async def test_slow_clients_cannot_hold_connections():
             await asyncio.wait_for(task, 10)
 
 
+async def test_a_browsers_many_localhost_cookies_are_read_and_a_huge_header_is_refused():
+    """A browser sends every cookie of `localhost`, whatever the port: a developer's 20 KB of them passed aiohttp's
+    8,190-byte line and got a plain-text 400, where Ollama answers. A header past 64 KiB is still refused."""
+    async with FakeOpenAI(models=["m"]) as up:
+        config = velo_config(up.url, port=free_port())
+        task, stop = await start_serving(config)
+        try:
+            async with aiohttp.ClientSession() as s:
+                url = f"http://127.0.0.1:{config.server.port}/api/tags"
+                cookies = "; ".join(f"app{i}_session={'x' * 200}" for i in range(100))  # 21 KB
+                async with s.get(url, headers={"Cookie": cookies}) as resp:
+                    assert resp.status == 200 and (await resp.json())["models"]
+                async with s.get(url, headers={"X-Huge": "x" * 70_000}) as resp:
+                    assert resp.status == 400
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
 async def test_a_request_waits_while_a_real_llama_server_loads_its_model():
     """llama-server listens at once and answers 503 "Loading model" until its model is in (2.5 s for Qwen2.5-Coder-1.5B
     here): a request sent then waits, as Ollama's clients expect a request to wait for a load, and is answered."""
