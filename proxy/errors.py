@@ -1,4 +1,5 @@
-"""Every error in the client's own dialect, decided by the URL path, from one middleware."""
+"""Every error in the client's own dialect, decided by the URL path, from one middleware; a path with no route but for
+a trailing slash is sent to the one without, as Ollama's router does."""
 from __future__ import annotations
 
 import asyncio
@@ -44,11 +45,26 @@ async def errors_in_dialect(request: web.Request, handler: Handler) -> web.Strea
         return request.get(STREAM) or error_response(reason, dialect_of(request.path, request.headers))
     except ConnectionResetError:
         raise
+    except web.HTTPNotFound as e:
+        return await _without_trailing_slash(request) or _answer(request, e)
     except Exception as e:
         if (streamed := request.get(STREAM)) is not None:  # its answer is out: never a second one in its stream
             log.exception("error on %s %s after its stream ended", request.method, request.path)
             return streamed
         return _answer(request, e)
+
+
+async def _without_trailing_slash(request: web.Request) -> web.StreamResponse | None:
+    """Ollama's router (gin's RedirectTrailingSlash) sends `/api/tags/` to `/api/tags`: 301 for a GET, 307 (the
+    method and body kept) for any other method; a client with a base URL ending in `/` otherwise met a 404."""
+    path = request.path
+    if len(path) < 2 or not path.endswith("/"):
+        return None
+    moved = request.rel_url.with_path(path.rstrip("/") or "/", keep_query=True)
+    if (await request.app.router.resolve(request.clone(rel_url=moved))).http_exception is not None:
+        return None
+    status = 301 if request.method == "GET" else 307
+    return web.Response(status=status, headers={"Location": str(moved)})
 
 
 def _answer(request: web.Request, e: Exception) -> web.StreamResponse:

@@ -89,6 +89,17 @@ async def test_a_wrong_method_says_which_are_allowed(client: TestClient) -> None
     assert resp.status == 405 and set(resp.headers["Allow"].split(", ")) == {"DELETE", "GET", "HEAD"}
 
 
+async def test_a_trailing_slash_is_sent_where_ollama_sends_it(client: TestClient) -> None:
+    """Ollama's router answers `/api/chat/` with a 307 to `/api/chat` (method and body kept) and a GET with a 301; a
+    path without a route stays a 404 in the dialect."""
+    resp = await client.post("/api/chat/", json={"model": "tiny", "messages": MESSAGES, "stream": False})
+    assert resp.status == 200 and resp.url.path == "/api/chat" and (await resp.json())["done"] is True
+    resp = await client.get("/v1/models/?limit=5", allow_redirects=False)
+    assert resp.status == 301 and resp.headers["Location"] == "/v1/models?limit=5"
+    resp = await client.post("/v1/nothing/", json={})
+    assert resp.status == 404 and "no route" in (await resp.json())["error"]["message"]
+
+
 @pytest.mark.parametrize("config", [Config()])
 async def test_a_chat_with_photos_fits_under_the_default_limit(client: TestClient, scripted) -> None:
     """Open WebUI sends every image of a chat again, as base64, with each turn: two phone photos passed 8 MiB."""
