@@ -12,8 +12,9 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
-from adapters.errors import PayloadTooLarge, RequestTimeout
+from adapters.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from adapters.http import wait_at_most
 
 from .auth import Handler
@@ -53,5 +54,9 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
             return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise PayloadTooLarge(f"request body is larger than the limit of {request.client_max_size} bytes") from e
+    except RequestPayloadError as e:  # a body its Content-Encoding (gzip, deflate) does not decode: was a 500
+        err = BadRequest(f"request body could not be read: {getattr(e.__cause__, 'message', e)}")
+        err.headers = {"Connection": "close"}  # aiohttp drops a connection it cannot parse: not to be used again
+        raise err from e
     except asyncio.TimeoutError as e:
         raise RequestTimeout(f"the request body did not arrive within {timeout:g}s") from e

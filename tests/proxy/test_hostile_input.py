@@ -3,6 +3,7 @@ odd field types, a seed at the top of the 64-bit range, a wrong method, a huge d
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
 import pytest
@@ -87,6 +88,19 @@ async def test_a_wrong_method_says_which_are_allowed(client: TestClient) -> None
     assert resp.status == 405 and resp.headers["Allow"] == "POST"
     resp = await client.put("/v1/responses/resp_1")
     assert resp.status == 405 and set(resp.headers["Allow"].split(", ")) == {"DELETE", "GET", "HEAD"}
+
+
+async def test_a_body_its_content_encoding_does_not_decode_is_a_400(client: TestClient) -> None:
+    """A gzip body is read as sent (aiohttp decodes it); one that is not gzip was a 500, which SDKs retry."""
+    body = {"model": "tiny", "messages": MESSAGES, "stream": False}
+    resp = await client.post("/api/chat", data=gzip.compress(json.dumps(body).encode()),
+                             headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert resp.status == 200 and (await resp.json())["done"] is True
+    for path in ("/api/chat", "/v1/chat/completions"):
+        resp = await client.post(path, data=json.dumps(body), headers={"Content-Encoding": "gzip"})
+        answer = await resp.json()
+        assert resp.status == 400, answer
+        assert "could not be read" in (answer["error"] if path == "/api/chat" else answer["error"]["message"])
 
 
 async def test_a_trailing_slash_is_sent_where_ollama_sends_it(client: TestClient) -> None:
