@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from .base import BackendConfig
 from .protocol import Chunk, aggregate
@@ -43,6 +44,7 @@ T = TypeVar("T")
 # (vLLM, SGLang) close idle keep-alive connections, so a request is never sent on one the server is closing.
 KEEPALIVE_S = 4.0
 _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
+_ERROR_BODY_BYTES = 64 * 1024  # of an error answer read for its message: a backend's HTML page, never a whole file
 _JSON = {"Content-Type": "application/json"}
 
 
@@ -161,6 +163,19 @@ class Upstream:
             raise BackendUnavailable(f"backend {self.config.name!r} has no url configured")
         return self.config.urls[0].rstrip("/")
 
+    @property
+    def shown_url(self) -> str:
+        """The base URL as messages name it, without the user and password it may carry (basic auth in front of a
+        server): messages reach clients and logs."""
+        return str(URL(self.url).with_user(None))
+
+    def _scrubbed(self, text: str) -> str:
+        """`text` without the backend's secrets (its key, its URL's password), wherever a message quotes them."""
+        for secret in (self.config.api_key, URL(self.url).password):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
     def streams(self, asked: bool) -> bool:
         """Whether a generation is asked of the backend as a stream: always, unless `always_stream = false`, which
         leaves it as the client asked."""
@@ -206,7 +221,7 @@ class Upstream:
         until = loop.time() + self.config.first_token_timeout
         resp = await self._head(method, path, body, wait)
         try:
-            while resp.status >= 400:
+            while resp.status >= 300:
                 try:
                     await self._raise_for_status(resp, path, model)
                 except _Loading:
@@ -229,17 +244,17 @@ class Upstream:
             async with wait_at_most(wait):
                 return await self._send(method, path, body)
         except aiohttp.ServerTimeoutError as e:
-            raise BackendTimeout(f"backend {name!r} at {self.url} did not accept a connection within "
+            raise BackendTimeout(f"backend {name!r} at {self.shown_url} did not accept a connection within "
                                  f"{self.config.connect_timeout:g}s") from e
         except asyncio.TimeoutError as e:
             raise BackendTimeout(f"backend {name!r} did not answer {path} within {wait:g}s") from e
         except aiohttp.ClientConnectorError as e:
-            raise BackendUnavailable(f"backend {name!r} at {self.url} is not reachable ({e.os_error})") from e
+            raise BackendUnavailable(f"backend {name!r} at {self.shown_url} is not reachable ({e.os_error})") from e
         except aiohttp.ServerDisconnectedError as e:
             raise BackendError(f"backend {name!r} closed the connection on {path} before answering (not sent "
                                "again: it may have taken the request)") from e
         except aiohttp.ClientError as e:
-            raise BackendError(f"backend {name!r} failed on {path}: {e!r}") from e
+            raise BackendError(f"backend {name!r} failed on {path}: {self._described(e)}") from e
 
     async def _send(self, method: str, path: str, body: Any) -> aiohttp.ClientResponse:
         """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
@@ -248,20 +263,35 @@ class Upstream:
         data = None if body is None else orjson.dumps(body)  # bytes as they go out: `json=` made str, then bytes
         headers = None if body is None else _JSON
         try:
-            return await self.session().request(method, self.url + path, data=data, headers=headers)
+            return await self.session().request(method, self.url + path, data=data, headers=headers,
+                                                allow_redirects=False)
         except aiohttp.ClientConnectorError:
             raise
         except aiohttp.ClientOSError as e:
             if not _never_sent(e):
                 raise
-            return await self.fresh_session().request(method, self.url + path, data=data, headers=headers)
+            return await self.fresh_session().request(method, self.url + path, data=data, headers=headers,
+                                                      allow_redirects=False)
+
+    def _described(self, e: aiohttp.ClientError) -> str:
+        """An aiohttp failure as a client may read it: its repr carries the request's headers, the backend's
+        Authorization among them, which went out in 502s (and logs) on a malformed answer."""
+        what = f"{e.status} {e.message}" if isinstance(e, aiohttp.ClientResponseError) else str(e)
+        return self._scrubbed(f"{type(e).__name__}: {what}")
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
-        body = b""
-        async for data in self.reads(resp, self.config.idle_timeout, None):
-            body += data
-        message = error_message(body) or resp.reason or ""
         where = f"backend {self.config.name!r}"
+        if resp.status < 400:  # followed, a redirect made a POST a GET without its body: a 405, a misleading 404
+            moved = self._scrubbed(resp.headers.get("Location", "?"))
+            raise BackendError(f"{where} redirected {path} to {moved} ({resp.status}); Velo does not follow "
+                               "redirects: set the backend's url to where the server is")
+        body = b""
+        async with aclosing(self.reads(resp, self.config.idle_timeout, None)) as pieces:
+            async for data in pieces:
+                body += data
+                if len(body) >= _ERROR_BODY_BYTES:  # its message is in its start: an HTML page is not read whole
+                    break
+        message = self._scrubbed(error_message(body) or resp.reason or "")
         if resp.status == 404 and model:
             raise ModelNotFound(model)
         if (overflow := _overflow(body)) is not None:
@@ -302,7 +332,7 @@ class Upstream:
             except asyncio.TimeoutError as e:
                 raise BackendTimeout(f"backend {self.config.name!r} {what} within {limit:g}s") from e
             except aiohttp.ClientError as e:
-                raise BackendError(f"backend {self.config.name!r} broke the stream: {e!r}") from e
+                raise BackendError(f"backend {self.config.name!r} broke the stream: {self._described(e)}") from e
             if not data:
                 return
             yield data
@@ -314,15 +344,21 @@ class Upstream:
     async def lines(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                     started: _Start | None = None) -> AsyncIterator[list[bytes]]:
         """Non-empty lines of the body (NDJSON or SSE), as soon as they are complete: all those that arrived
-        together in one list, so the layers above wake once per read, not once per line."""
-        buf = b""
+        together in one list, so the layers above wake once per read, not once per line. The start of a line is
+        kept in pieces until its end comes: joined at every read, a 16 MiB event (a file in a tool call) took 4.3 s
+        of the event loop, which no other request got meanwhile."""
+        start: list[bytes] = []
         async for data in self.reads(resp, first_wait, total, started):
-            *complete, buf = (buf + data).split(b"\n")
-            complete = [line for line in complete if line.strip()]
+            if b"\n" not in data:
+                start.append(data)
+                continue
+            first, *complete, rest = data.split(b"\n")
+            complete = [line for line in (b"".join([*start, first]), *complete) if line.strip()]
+            start = [rest]
             if complete:
                 yield complete
-        if buf.strip():
-            yield [buf]
+        if (last := b"".join(start)).strip():
+            yield [last]
 
     async def read_json(self, resp: aiohttp.ClientResponse) -> Any:
         body = b"".join([data async for data in self.reads(resp, self.config.total_timeout,

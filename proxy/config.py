@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yarl import URL
+
 from adapters import options
 from adapters.base import BackendConfig
 from adapters.errors import BadRequest
@@ -175,6 +177,8 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
     if cfg.kind != "engine" and not cfg.urls and cfg.model is None:
         raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url" +
                           (" (or a GGUF `model` that Velo serves itself)" if cfg.kind == "llamacpp" else ""))
+    if cfg.api_key and any(URL(u).user for u in cfg.urls):  # both are an Authorization header: aiohttp refused
+        raise SchemaError(f"{path}.api_key: the url carries a user and password already; use one of the two")
     options = cfg.options
     if len(cfg.urls) > 1:
         _, options = ReplicaOptions.split(cfg.options, f"{path}.options")

@@ -126,6 +126,59 @@ async def test_a_cookie_one_answer_sets_never_goes_out_with_another_request(aioh
         await up.close()
 
 
+async def test_no_message_quotes_the_backends_key_or_password():
+    """aiohttp's errors carry the request's headers: a malformed answer put `Authorization: Bearer <api_key>` in the
+    502 every client read (and in the log). A password in the url stays out of messages too."""
+    async def malformed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")  # not a chunk size
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(malformed, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    keyed = Upstream(BackendConfig(name="b", kind="openai", urls=[f"http://127.0.0.1:{port}"], api_key="sk-SECRET"))
+    gone = Upstream(BackendConfig(name="b", kind="ollama", urls=["http://velo:pa55word@127.0.0.1:9"]))
+    try:
+        with pytest.raises(BackendError) as failed:
+            await keyed.call("GET", "/v1/models")
+        with pytest.raises(BackendUnavailable) as unreachable:
+            await gone.call("GET", "/api/tags")
+        assert "chunk" in failed.value.message and "127.0.0.1:9" in unreachable.value.message
+        for message in (failed.value.message, unreachable.value.message):
+            assert "sk-SECRET" not in message and "Authorization" not in message and "pa55word" not in message
+    finally:
+        await keyed.close()
+        await gone.close()
+        server.close()
+
+
+async def test_a_redirect_is_a_clear_502_never_followed(aiohttp_server):
+    """Followed, a 302 made a POST a GET without its body (the client read a 405, or a misleading 404 "model not
+    found" from an Ollama moved to https), and a 307 sent the prompt on to wherever it pointed."""
+    followed = []
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("/elsewhere")
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        followed.append(request.method)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/chat", moved)
+    app.router.add_route("*", "/elsewhere", elsewhere)
+    server = await aiohttp_server(app)
+    up = Upstream(BackendConfig(name="b", kind="ollama", urls=[str(server.make_url(""))]))
+    try:
+        with pytest.raises(BackendError) as e:
+            await up.call("POST", "/api/chat", {"model": "m"}, model="m")
+        assert e.value.status == 502 and "redirected /api/chat to /elsewhere (307)" in e.value.message
+        assert followed == []
+    finally:
+        await up.close()
+
+
 async def test_a_model_that_loads_too_long_is_a_clear_503_and_listing_never_waits(aiohttp_server):
     """A request waits for a loading model (llama-server's 503 "Loading model") at most `first_token_timeout`, then
     fails saying so; a GET (listing, /props) is answered at once, as Ollama lists while it loads."""

@@ -24,6 +24,8 @@ def test_minimal_backend_and_url_shorthand():
     ({"backends": [{"name": "x", "kind": "vllm", "url": "u"}]}, "backends[0].kind"),
     ({"backends": [{"name": "x", "kind": "ollama"}]}, "backends[0].url"),
     ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "colour": 1}]}, "backends[0].colour"),
+    # two Authorization headers, which aiohttp refused with a 500 at each request
+    ({"backends": [{"name": "x", "kind": "openai", "url": "http://me:pw@h:1", "api_key": "k"}]}, "backends[0].api_key"),
     ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "max_concurrency": "4"}]}, "backends[0].max_concurrency"),
     ({"server": {"port": "8000"}}, "server.port"),
     ({"server": {"port": True}}, "server.port"),
