@@ -41,8 +41,10 @@ def caller_for(request: web.Request, api_keys: list[str]) -> Caller:
     key = api_key(request)
     if api_keys and key not in api_keys:
         raise Unauthorized("invalid or missing API key")
-    client = request.headers.get("X-Velo-Client") or key or (request.remote or "")
-    return Caller(tenant=tenant_of(key), client=client, path=request.path)
+    tenant = tenant_of(key)
+    # the key's scope, never the key: the client is listed to every key holder (GET /velo/requests) and logged
+    client = request.headers.get("X-Velo-Client") or (f"key:{tenant}" if key else request.remote or "")
+    return Caller(tenant=tenant, client=client, path=request.path)
 
 
 def tenant_of(key: str | None) -> str:

@@ -79,6 +79,25 @@ async def test_with_api_keys_the_admin_routes_need_one() -> None:
         assert (await c.get("/velo/requests", headers={"Authorization": "Bearer k"})).status == 200
 
 
+async def test_the_list_and_the_log_never_show_a_callers_key(caplog) -> None:
+    """Every key holder may read the list of requests in flight: it named each request's client by its raw API key,
+    so any user read every other user's key there (and in the long-request log line)."""
+    caplog.set_level(logging.WARNING, logger="velo.requests")
+    config = Config(server=ServerConfig(api_keys=["sk-alice-secret", "sk-bob"], long_request_s=0.1),
+                    cache=CacheConfig(enabled=False))
+    app = make_app(config, {"s": runaway()})
+    async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+        alice = await c.post("/api/chat", json=CHAT, headers={"Authorization": "Bearer sk-alice-secret"})
+        for _ in range(200):
+            listed = await (await c.get("/velo/requests", headers={"Authorization": "Bearer sk-bob"})).text()
+            if "/api/chat" in listed and caplog.records:
+                break
+            await asyncio.sleep(0.02)
+        alice.close()
+    assert '"client":"key:' in listed and "sk-alice" not in listed
+    assert caplog.records and not any("sk-alice" in r.getMessage() for r in caplog.records)
+
+
 async def test_a_long_request_is_logged_once_with_its_id_and_tokens(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="velo.requests")
     app = make_app(Config(server=ServerConfig(long_request_s=0.2), cache=CacheConfig(enabled=False)),
