@@ -87,7 +87,7 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     browser_guard, add_cors_headers = guard(OriginPolicy.for_server(config.server.host, config.server.origins))
     app = web.Application(client_max_size=config.server.max_body_bytes,
                           middlewares=[browser_guard, errors_in_dialect, refuse_oversized, pin,
-                                       authenticate(lambda r: r[GENERATION].config.server.api_keys), track])
+                                       authenticate(lambda r: r[GENERATION].config.server), track])
     app.on_response_prepare.append(add_cors_headers)
     app.on_response_prepare.append(_request_id)
     app[GENERATIONS], app[APP_METRICS] = generations, new_registry()

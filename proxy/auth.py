@@ -8,12 +8,14 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from adapters.errors import Unauthorized
+from adapters.errors import Forbidden, Unauthorized
 
+from .config import ServerConfig
 from .job import Caller
 
 CALLER = "velo.caller"  # request key: the Caller of every /api and /v1 request
 OPEN_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
+ADMIN_PATHS = ("/ui", "/velo/")  # what shows or ends other keys' requests
 ANONYMOUS = "anonymous"  # the scope of requests without a key
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -32,15 +34,18 @@ def api_key(request: web.Request) -> str | None:
     return request.headers.get("X-Api-Key") or None
 
 
-def caller_for(request: web.Request, api_keys: list[str]) -> Caller:
-    """Authenticates (when keys are configured) and scopes the request to its key.
+def caller_for(request: web.Request, server: ServerConfig) -> Caller:
+    """Authenticates (when keys are configured) and scopes the request to its key; the dashboard and the requests
+    in flight, where `admin_keys` are set, only for those.
 
     Without configured keys, a client that still sends a key gets its own scope; one that sends none shares the
     anonymous scope, as a single-user local setup expects.
     """
     key = api_key(request)
-    if api_keys and key not in api_keys:
+    if (server.api_keys or server.admin_keys) and key not in server.api_keys and key not in server.admin_keys:
         raise Unauthorized("invalid or missing API key")
+    if server.admin_keys and key not in server.admin_keys and request.path.startswith(ADMIN_PATHS):
+        raise Forbidden(f"{request.path} is for the keys in [server] admin_keys")
     tenant = tenant_of(key)
     # the key's scope, never the key: the client is listed to every key holder (GET /velo/requests) and logged
     client = request.headers.get("X-Velo-Client") or (f"key:{tenant}" if key else request.remote or "")
@@ -52,16 +57,17 @@ def tenant_of(key: str | None) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16] if key else ANONYMOUS
 
 
-def authenticate(api_keys: Callable[[web.Request], list[str]]) -> Callable:
-    """`api_keys(request)`: the keys in force for that request (they change with a config reload)."""
+def authenticate(server: Callable[[web.Request], ServerConfig]) -> Callable:
+    """`server(request)`: the settings in force for that request (their keys change with a config reload)."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
             try:
-                request[CALLER] = caller_for(request, api_keys(request))
-            except Unauthorized:
-                if request.path == "/ui" or request.path.startswith("/ui/"):  # the browser asks for the key
-                    return web.Response(status=401, text="an API key is needed (as the password; any user name)",
+                request[CALLER] = caller_for(request, server(request))
+            except (Unauthorized, Forbidden) as e:
+                if request.path == "/ui" or request.path.startswith("/ui/"):  # the browser asks for (another) key
+                    which = "an admin" if isinstance(e, Forbidden) else "an"
+                    return web.Response(status=401, text=f"{which} API key is needed (as the password; any user name)",
                                         headers={"WWW-Authenticate": 'Basic realm="Velo", charset="UTF-8"'})
                 raise
         return await handler(request)

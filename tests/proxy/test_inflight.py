@@ -79,6 +79,24 @@ async def test_with_api_keys_the_admin_routes_need_one() -> None:
         assert (await c.get("/velo/requests", headers={"Authorization": "Bearer k"})).status == 200
 
 
+async def test_admin_keys_alone_see_and_end_other_keys_requests() -> None:
+    """With keys of different people, any of them could list every request in flight, cancel anyone's, and read the
+    dashboard's recent prompts (with log_prompts); `admin_keys` keeps those to the keys named there."""
+    config = Config(server=ServerConfig(api_keys=["sk-alice"], admin_keys=["sk-root"]))
+    app = make_app(config, {"s": ScriptedBackend()})
+    alice, root = {"Authorization": "Bearer sk-alice"}, {"Authorization": "Bearer sk-root"}
+    async with TestClient(TestServer(app)) as c:
+        listed = await c.get("/velo/requests", headers=alice)
+        assert listed.status == 403 and "admin_keys" in (await listed.json())["error"]
+        assert (await c.delete("/velo/requests/req_x", headers=alice)).status == 403
+        page = await c.get("/ui/state", headers=alice)
+        assert page.status == 401 and "admin" in await page.text() and "WWW-Authenticate" in page.headers
+        assert (await c.get("/v1/models", headers=alice)).status == 200
+        for path in ("/velo/requests", "/ui/state", "/v1/models"):
+            assert (await c.get(path, headers=root)).status == 200, path
+        assert (await c.get("/v1/models", headers={"Authorization": "Bearer sk-nobody"})).status == 401
+
+
 async def test_the_list_and_the_log_never_show_a_callers_key(caplog) -> None:
     """Every key holder may read the list of requests in flight: it named each request's client by its raw API key,
     so any user read every other user's key there (and in the long-request log line)."""
