@@ -119,7 +119,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
                 *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         except OSError as e:
             raise BackendUnavailable(f"backend {self.name!r}: cannot run {cmd[0]!r}: {e}") from e
-        asyncio.get_running_loop().create_task(self._keep_output(self.process))
+        asyncio.get_running_loop().create_task(self._follow(self.process))
         deadline = started + self.config.first_token_timeout
         while not await self.healthy_now():
             if self.process.returncode is not None or time.monotonic() > deadline:
@@ -131,10 +131,21 @@ class ManagedLlamaCpp(LlamaCppBackend):
         log.info("backend %r: llama-server for %s ready on port %d in %.1fs", self.name, self.model_name, port,
                  time.monotonic() - started)
 
-    async def _keep_output(self, process: asyncio.subprocess.Process) -> None:
+    async def _follow(self, process: asyncio.subprocess.Process) -> None:
+        """Keeps the server's last lines, and marks a ready server that exits by itself (a crash, the OOM killer)
+        stopped, so the next request starts it again: its dead port stayed "ready", and every request got a 503
+        until ttl_s passed without one."""
         assert process.stdout is not None
         async for line in process.stdout:
             self._output.append(line.decode(errors="replace").rstrip())
+        code = await process.wait()
+        if self.process is not process or self.state != "ready":  # Velo stopped it, or its start saw the exit
+            return
+        log.warning("backend %r: llama-server for %s exited with %s; the next request starts it again: %s",
+                    self.name, self.model_name, code, " | ".join(self._output))
+        self.process = None
+        await self.http.close()
+        await self.swaps.stopped(self)
 
     async def healthy_now(self) -> bool:
         return await LlamaCppBackend.health(self)

@@ -95,6 +95,23 @@ async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp
         assert value(await scrape(c), "velo_managed_starts_total", backend="first") == 2
 
 
+async def test_a_server_that_dies_is_started_again_by_the_next_request(tmp_path):
+    """A crash (or the OOM killer) left the dead server "ready": every request got a 503 until ttl_s passed with no
+    request at all. Its exit now marks it stopped, and the next request starts it again."""
+    async with client(managed(tmp_path, ttl_s=0, names=("first",))) as c:
+        first = c.server.app[GENERATIONS].current.backends["first"]
+        hi = {"model": "first", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
+        assert (await c.post("/v1/chat/completions", json=hi)).status == 200
+        first.process.kill()
+        for _ in range(100):
+            if first.state == "stopped":
+                break
+            await asyncio.sleep(0.05)
+        again = await c.post("/v1/chat/completions", json=hi)
+        assert again.status == 200, await again.text()
+        assert value(await scrape(c), "velo_managed_starts_total", backend="first") == 2
+
+
 async def test_a_server_that_cannot_start_is_a_clear_503(tmp_path):
     raw = managed(tmp_path, ttl_s=0, names=("first",))
     raw["backends"][0]["command"] = [binary(), "--no-such-flag"]
