@@ -31,8 +31,8 @@ from yarl import URL
 
 from .base import BackendConfig
 from .protocol import Chunk, aggregate
-from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelNotFound,
-                     Overloaded, Unsupported, VeloError)
+from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
+                     ModelNotFound, Overloaded, Unsupported, VeloError)
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as wait_at_most
@@ -124,6 +124,10 @@ _WINDOW = re.compile(r"maximum (?:context length|allowed length)(?: is| of| \()\
 _PROMPT = re.compile(r"\((\d+) in the messages|(\d+) input tokens|(\d+) tokens from the input|Input length \((\d+)"
                      r"|requested (\d+) tokens in the messages")
 _TOTAL = re.compile(r"total of (?:at least )?(\d+)|you requested (\d+) tokens")
+# llama-server refuses media for a model loaded without its projector with a 500 ("image input is not supported -
+# hint: ... mmproj"), which SDKs retry three times; it is the request's to fix: Ollama's 400 "does not support vision"
+_NO_MEDIA = re.compile(r"(image|audio|video) input is not supported")
+_MEDIA_FEATURE = {"image": "vision", "audio": "audio", "video": "video"}
 
 
 def _overflow(body: bytes) -> ContextOverflow | None:
@@ -296,6 +300,9 @@ class Upstream:
             raise ModelNotFound(model)
         if (overflow := _overflow(body)) is not None:
             raise overflow
+        if (media := _NO_MEDIA.match(message)) is not None:
+            feature = _MEDIA_FEATURE[media.group(1)]
+            raise ModelLacks(model, feature) if model else BadRequest(f"{where} cannot take {feature} input: {message}")
         if resp.status in (400, 422):
             raise BadRequest(f"{where} rejected the request: {message}")
         if resp.status == 429:

@@ -179,6 +179,29 @@ async def test_a_redirect_is_a_clear_502_never_followed(aiohttp_server):
         await up.close()
 
 
+async def test_llama_servers_500_for_an_image_is_the_requests_400(aiohttp_server):
+    """llama-server without a projector answers an image with a 500, which every SDK retried three times as Velo's
+    502; it is Ollama's 400 "does not support vision". Other 500s stay the backend's."""
+    async def refuse(request: web.Request) -> web.Response:
+        message = {"/v1/chat/completions": "image input is not supported - hint: if this is unexpected, you may "
+                                           "need to provide the mmproj"}.get(request.path, "out of memory")
+        return web.json_response({"error": {"code": 500, "message": message, "type": "server_error"}}, status=500)
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", refuse)
+    server = await aiohttp_server(app)
+    up = Upstream(BackendConfig(name="b", kind="llamacpp", urls=[str(server.make_url(""))]))
+    try:
+        with pytest.raises(BadRequest) as lacks:
+            await up.call("POST", "/v1/chat/completions", {}, model="smollm2")
+        assert lacks.value.status == 400 and lacks.value.message == '"smollm2" does not support vision'
+        with pytest.raises(BackendError) as failed:
+            await up.call("POST", "/completion", {}, model="smollm2")
+        assert failed.value.status == 502
+    finally:
+        await up.close()
+
+
 async def test_a_model_that_loads_too_long_is_a_clear_503_and_listing_never_waits(aiohttp_server):
     """A request waits for a loading model (llama-server's 503 "Loading model") at most `first_token_timeout`, then
     fails saying so; a GET (listing, /props) is answered at once, as Ollama lists while it loads."""
