@@ -34,10 +34,13 @@ LOCAL_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "127.
 ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
 ALLOW_HEADERS = ",".join([
     "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",
-    *(f"x-stainless-{h}" for h in ("arch", "async", "custom-poll-interval", "helper-method", "lang", "os",
+    *(f"x-stainless-{h}" for h in ("arch", "async", "custom-poll-interval", "helper", "helper-method", "lang", "os",
                                    "package-version", "poll-helper", "retry-count", "runtime", "runtime-version",
                                    "timeout")),
-    # what Anthropic's SDK adds in a browser: without them no web page could use /v1/messages (LobeChat)
+    # what the OpenAI SDK adds for an app that sets its organization or project: its every request failed preflight
+    "OpenAI-Organization", "OpenAI-Project",
+    # what Anthropic's SDK adds in a browser: without them no web page could use /v1/messages (LobeChat); its tool
+    # runner adds x-stainless-helper
     "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
     "Cache-Control", "X-Api-Key", "X-Velo-Cache"])  # the last three: Velo's own (cache bypass, keys)
 # `*` is every header, for a request without credentials; a request with them reads `*` as a name, so Velo's own

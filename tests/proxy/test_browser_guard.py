@@ -46,6 +46,11 @@ async def test_a_page_can_use_the_anthropic_sdk_and_read_every_header_velo_sends
     sdk = "anthropic-version,anthropic-beta,anthropic-dangerous-direct-browser-access,x-api-key,content-type"
     resp = await client.options("/v1/messages", headers={**preflight(origin), "Access-Control-Request-Headers": sdk})
     assert set(sdk.split(",")) <= set(resp.headers["Access-Control-Allow-Headers"].lower().split(","))
+    # the JS SDKs' tool runner (x-stainless-helper), and an OpenAI client with its organization and project set
+    sdk = "x-stainless-helper,openai-organization,openai-project,authorization,content-type"
+    resp = await client.options("/v1/chat/completions", headers={**preflight(origin),
+                                                                 "Access-Control-Request-Headers": sdk})
+    assert set(sdk.split(",")) <= set(resp.headers["Access-Control-Allow-Headers"].lower().split(","))
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     resp = await client.post("/v1/chat/completions", json={**CHAT, "tools": [tool]}, headers={"Origin": origin})
     exposed = resp.headers["Access-Control-Expose-Headers"].split(",")
