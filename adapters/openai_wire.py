@@ -48,6 +48,9 @@ def message_to_wire(m: Message, call_ids: list[str], tool_call_id: str = "") -> 
         out["tool_call_id"] = tool_call_id
         if m.tool_name:
             out["name"] = m.tool_name
+    if m.thinking and m.role == "assistant":  # an earlier turn's reasoning, which a tool loop's next step reads
+        # under both names: llama-server and SGLang read `reasoning_content`, vLLM since 0.16 only `reasoning`
+        out["reasoning_content"] = out["reasoning"] = m.thinking
     return out
 
 

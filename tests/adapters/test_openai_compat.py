@@ -219,6 +219,18 @@ def test_a_tool_results_images_follow_it_as_a_user_turn():
         "type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 
 
+def test_an_earlier_turns_reasoning_goes_back_to_the_server():
+    """A thinking model's tool loop reads its own reasoning from the step before (Qwen3's template keeps it after
+    the last user turn; gpt-oss and MiniMax-M2 rely on it): every dialect carries it in, and it was dropped on the
+    OpenAI wire (Ollama's kept it)."""
+    history = [Message("user", "weather?"),
+               Message("assistant", thinking="ask the tool", tool_calls=[ToolCall("weather", {}, "c1")]),
+               Message("tool", "sunny", tool_call_id="c1")]
+    sent = chat_to_wire(ChatRequest("m", history))["messages"]
+    assert sent[1]["reasoning_content"] == sent[1]["reasoning"] == "ask the tool"
+    assert "reasoning" not in sent[0] and "reasoning" not in sent[2]
+
+
 @pytest.mark.parametrize("think, wire", [
     (True, {"chat_template_kwargs": {"enable_thinking": True}}),
     (False, {"chat_template_kwargs": {"enable_thinking": False}}),
