@@ -11,13 +11,14 @@ import logging
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
 from .llamacpp import LlamaCppBackend, flag_value, gguf_name
-from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel,
+                       rfc3339)
 from .swaps import Swaps
 
 log = logging.getLogger("velo.adapters.llamacpp_managed")
@@ -212,8 +213,14 @@ class ManagedLlamaCpp(LlamaCppBackend):
         no template and no FIM for the rest of its session."""
         if self.state == "ready":
             with contextlib.suppress(BackendError):
-                return await LlamaCppBackend.list_models(self)
-        return [await self.file_listing(self.model_name, self.config.model or "", None)]
+                return [self._as_served(m) for m in await LlamaCppBackend.list_models(self)]
+        return [self._as_served(await self.file_listing(self.model_name, self.config.model or "", None))]
+
+    def _as_served(self, info: ModelInfo) -> ModelInfo:
+        """A server started with --embeddings embeds and does nothing else, as Ollama lists an embedding model."""
+        if {"--embedding", "--embeddings"} & set(self.config.command):
+            return replace(info, capabilities=["embedding"])
+        return info
 
     async def show(self, model: str) -> ModelInfo:
         """Stopped, from the file alone (showing never starts it)."""
@@ -223,7 +230,15 @@ class ManagedLlamaCpp(LlamaCppBackend):
         return await self.with_file(await Backend.show(self, model), self.config.model or "", "")
 
     async def running(self) -> list[RunningModel]:
-        return [RunningModel(name=self.model_name)] if self.state == "ready" else []
+        """The running server's model as listed (size, digest, details), until `ttl_s` after its last request (a
+        server in use, from now); with ttl_s 0, kept: /api/ps said it never unloads whatever ttl_s was."""
+        if self.state != "ready":
+            return []
+        ttl = self.config.ttl_s
+        idle_for = time.monotonic() - self.last_used if not self.users and self.last_used else 0.0
+        kept = {"expires_at": rfc3339(time.time() + ttl - idle_for)} if ttl > 0 else {}
+        return [RunningModel(name=m.name, size=m.size, digest=m.digest, info=m, **kept)
+                for m in await self.list_models()]
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         return self._held(lambda: LlamaCppBackend.chat(self, req))

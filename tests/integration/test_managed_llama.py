@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
+from datetime import datetime
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -79,6 +81,11 @@ async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp
         ask = [c.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "Hi"}],
                                                     "max_tokens": 3}) for name in ("first", "second")]
         assert [r.status for r in await asyncio.gather(*ask)] == [200, 200]  # two may run at once: no swap
+        ps, tags = [await (await c.get(path)).json() for path in ("/api/ps", "/api/tags")]
+        assert {m["name"]: m["digest"] for m in ps["models"]} == {m["name"]: m["digest"] for m in tags["models"]}
+        for m in ps["models"]:  # it unloads after ttl_s, not never; its size and details are the file's
+            expires = datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00")).timestamp()
+            assert time.time() - 1 < expires < time.time() + 1 and m["size"] > 90e6 and m["details"]["family"]
         found = await scrape(c)
         assert value(found, "velo_managed_swaps_total", backend="first") == 0
         for _ in range(100):
@@ -135,6 +142,8 @@ async def test_a_managed_embedding_server_embeds_what_ollama_would_whole(tmp_pat
     raw = {"backends": [{"name": "emb", "kind": "llamacpp", "model": str(gguf), "command": command,
                          "first_token_timeout": 60.0}], "cache": {"enabled": False}}
     async with client(raw) as c:
+        tags = await (await c.get("/api/tags")).json()
+        assert tags["models"][0]["capabilities"] == ["embedding"]  # it embeds and does nothing else
         resp = await c.post("/api/embed", json={"model": "emb", "input": "word " * 700, "truncate": False})
         assert resp.status == 200, await resp.text()
         assert (await resp.json())["prompt_eval_count"] > 700
