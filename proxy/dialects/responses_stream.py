@@ -40,7 +40,8 @@ class ResponseStream:
     sequence: int = 0
     output: list[dict[str, Any]] = field(default_factory=list)  # finished items
     open: dict[str, Any] | None = None  # the reasoning or message item being filled
-    text: str = ""  # of the open item
+    # of the open item, in the pieces it came in: `+=` on an attribute copies the whole text at every chunk
+    pieces: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the open message's text, when asked for
     final: dict[str, Any] | None = None  # the response object once the stream ended
     compacting: bool = False  # the text is a summary, sent as one compaction item
@@ -55,11 +56,11 @@ class ResponseStream:
         if chunk.thinking:
             out += self._item("reasoning") + [self._event("response.reasoning_summary_text.delta", {
                 **self._at(), "summary_index": 0, "delta": chunk.thinking})]
-            self.text += chunk.thinking
+            self.pieces.append(chunk.thinking)
         if chunk.text:
             out += self._item("message") + [self._event("response.output_text.delta", {
                 **self._at(), "content_index": 0, "delta": chunk.text, "logprobs": token_logprobs(chunk.logprobs)})]
-            self.text += chunk.text
+            self.pieces.append(chunk.text)
             self.logprobs += chunk.logprobs
         if chunk.tool_calls:
             out += self._close()
@@ -75,13 +76,13 @@ class ResponseStream:
         `response.output_item.done`)."""
         out = [] if self.sequence else self._start()
         if chunk.text:
-            self.text += chunk.text
+            self.pieces.append(chunk.text)
             out.append(self._event("response.compaction.compacting", {"item_id": self.compaction_id,
                                                                        "output_index": 0}))
         if chunk.finish_reason is None:
             return b"".join(out)
         try:
-            item, self.text = compaction_item(self.text, self.compaction_id), ""
+            item, self.pieces = compaction_item("".join(self.pieces), self.compaction_id), []
         except BackendError as e:
             return b"".join(out) + self.fail(e)
         out += [self._event("response.output_item.added", {"output_index": 0, "item": item}),
@@ -140,7 +141,7 @@ class ResponseStream:
         """`status`: the message's, "incomplete" where the output limit cut it (as OpenAI marks it)."""
         if self.open is None:
             return []
-        at, text = self._at(), self.text
+        at, text = self._at(), "".join(self.pieces)
         if self.open["type"] == "reasoning":
             item = reasoning_item(self.open["id"], text)
             out = [self._event("response.reasoning_summary_text.done", {**at, "summary_index": 0, "text": text}),
@@ -154,7 +155,7 @@ class ResponseStream:
                    self._event("response.content_part.done", {**at, "content_index": 0, "part": part})]
         out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
         self.output.append(item)
-        self.open, self.text, self.logprobs = None, "", []
+        self.open, self.pieces, self.logprobs = None, [], []
         return out
 
     def _call(self, item: dict[str, Any]) -> list[bytes]:
