@@ -46,6 +46,9 @@ KEEPALIVE_S = 4.0
 _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
 _ERROR_BODY_BYTES = 64 * 1024  # of an error answer read for its message: a backend's HTML page, never a whole file
 _JSON = {"Content-Type": "application/json"}
+# A stream asked uncompressed: a gzip on the way (nginx's `gzip on` for text/event-stream before a vLLM) holds
+# its events until its buffer fills, and the answer comes whole at the end, or after first_token_timeout
+_STREAMED = {**_JSON, "Accept-Encoding": "identity"}
 
 
 def _as_is(obj: Any) -> Any:
@@ -265,7 +268,7 @@ class Upstream:
         while writing it. Never once the backend may have taken it (it read the request, then dropped the
         connection): it may have crashed on it, and sending it again would crash it again."""
         data = None if body is None else orjson.dumps(body)  # bytes as they go out: `json=` made str, then bytes
-        headers = None if body is None else _JSON
+        headers = None if body is None else _STREAMED if isinstance(body, dict) and body.get("stream") else _JSON
         try:
             return await self.session().request(method, self.url + path, data=data, headers=headers,
                                                 allow_redirects=False)

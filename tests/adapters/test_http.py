@@ -202,6 +202,35 @@ async def test_llama_servers_500_for_an_image_is_the_requests_400(aiohttp_server
         await up.close()
 
 
+async def test_a_stream_is_asked_uncompressed_so_its_events_come_as_they_are_written(aiohttp_server):
+    """A gzip between Velo and the backend (nginx's `gzip on` for text/event-stream) sends a compressed stream only
+    when its buffer fills: here, only after the client has read the first event, which it then never gets."""
+    first_read = asyncio.Event()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            response.enable_compression(web.ContentCoding.gzip)
+        await response.prepare(request)
+        await response.write(b'data: {"n": 1}\n\n')
+        await asyncio.wait_for(first_read.wait(), 5)
+        await response.write(b'data: {"n": 2}\n\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stream)
+    server = await aiohttp_server(app)
+    up = Upstream(BackendConfig(name="b", kind="openai", urls=[str(server.make_url(""))]))
+    try:
+        events = up.generation("/v1/chat/completions", {"stream": True}, model="m", parse=lambda obj: obj["n"])
+        assert await asyncio.wait_for(events.__anext__(), 3) == 1
+        first_read.set()
+        assert [n async for n in events] == [2]
+    finally:
+        await up.close()
+
+
 async def test_a_model_that_loads_too_long_is_a_clear_503_and_listing_never_waits(aiohttp_server):
     """A request waits for a loading model (llama-server's 503 "Loading model") at most `first_token_timeout`, then
     fails saying so; a GET (listing, /props) is answered at once, as Ollama lists while it loads."""
