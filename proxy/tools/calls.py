@@ -104,15 +104,17 @@ class CallRepairer:
 
     def region(self, region: Region, cut: bool = False) -> list[ToolCall] | None:
         """Calls in a complete text region, or None when the region is not (or not only) valid calls. In a turn
-        `cut` by its token limit, a call that had to be closed is the limit's, not the model's: its arguments end
-        mid-value (a `bio` ending "a software engineer with"), and a tool run on them is run on a guess."""
+        `cut` by its token limit, a call that needed any repair is the limit's, not the model's: its arguments end
+        mid-value (a `bio` ending "a software engineer with"), and a tool run on them is run on a guess. A string
+        cut before a closing brace reads as a quote missing mid-text, not as a cut: OpenAI-wire arguments
+        `{"cmd": "cat no` (made whole text by the adapter) were closed to `cat no`, and Codex ran it."""
         attempts = [r for r in raw_calls(region) if self._is_attempt(r, region)]
         if not attempts:
             if region.kind in _MARKERS:  # a call marker is an attempt even when nothing after it parses
                 self.report.invalid.append(f"no parsable call after {_MARKERS[region.kind]}")
             return None
         accepted = [a for a in (self._accept(r, "") for r in attempts) if a is not None]
-        if cut and any("truncated" in a.fixes for a in accepted):
+        if cut and any(a.fixes for a in accepted):
             self.report.invalid.append("a call cut off by the token limit")
             return None
         self.report.unoffered += sum(self.resolve(r.name) is None for r in attempts)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapters.openai_wire import ChatStream
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, Tool, ToolCall
 from proxy.tools.calls import RepairReport, ToolCallInvalid
 from proxy.tools.metrics import ModelCounts
@@ -128,6 +129,22 @@ async def test_a_call_repair_could_close_is_text_when_the_limit_cut_it(size: int
     whole = await _run(_cut('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', size),
                        _req(tools=TOOLS), finish="length")
     assert [c.tool_calls[0].arguments for c in whole if c.tool_calls] == [{"city": "Paris"}]
+
+
+async def test_arguments_the_limit_cut_on_the_openai_wire_are_text() -> None:
+    """A backend's structured call cut by max_tokens (`{"cmd": "cat no`, finish `length`) reaches repair as the
+    adapter's text `{"name": ..., "arguments": {"cmd": "cat no}`, where a quote put back before the brace made
+    it a whole call: Codex ran `cat no`. A cut turn's call that needed any repair is text, finish `length`."""
+    parser = ChatStream()
+    for event in ({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": ""}}]},
+                  {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Par'}}]}):
+        parser.feed({"choices": [{"index": 0, "delta": event}]})
+    parser.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+    last = parser.last()
+    out = await _run([last.text], _req(tools=TOOLS), finish="length")
+    assert not any(c.tool_calls for c in out) and out[-1].finish_reason == "length"
+    assert "".join(c.text for c in out) == '{"name": "get_weather", "arguments": {"city": "Par}'
 
 
 async def test_a_forced_call_whose_arguments_look_like_a_schema_is_still_a_call() -> None:
