@@ -26,7 +26,6 @@ import orjson
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import Chunk, TokenLogprob, Usage
 
-from . import SSE_KEEPALIVE
 from .openai import error_object, token_logprobs
 from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
                         status_of)
@@ -48,8 +47,8 @@ class ResponseStream:
     compaction_id: str = field(default_factory=lambda: new_id("cmp"))
 
     def encode(self, chunk: Chunk) -> bytes:
-        if chunk.heartbeat:  # the Responses API has no keepalive event: an SSE comment
-            return b"".join(self._start()) if not self.sequence else SSE_KEEPALIVE
+        if chunk.heartbeat:
+            return b"".join(self._start() if not self.sequence else [self._still_in_progress()])
         if self.compacting:
             return self._summary(chunk)
         out = [] if self.sequence else self._start()
@@ -120,6 +119,13 @@ class ResponseStream:
         response = response_object(self.resp_id, self.parsed, self.created_at, "in_progress", [])
         return [self._event("response.created", {"response": response}),
                 self._event("response.in_progress", {"response": response})]
+
+    def _still_in_progress(self) -> bytes:
+        """A heartbeat: `response.in_progress` again, with no output (the SDK's snapshot keeps its own). The API has
+        no keepalive event, and Codex's idle timer counts events, not SSE comments: it dropped, and sent again, a
+        stream whose prompt a CPU read for minutes."""
+        return self._event("response.in_progress", {
+            "response": response_object(self.resp_id, self.parsed, self.created_at, "in_progress", [])})
 
     def _item(self, kind: str) -> list[bytes]:
         if self.open is not None and self.open["type"] == kind:
