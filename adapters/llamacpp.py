@@ -48,6 +48,14 @@ def _batch_limit(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def takes_tools(jinja: str) -> bool:
+    """Whether a chat template renders the tools it is given, as a running llama-server's `supports_tools` says
+    (it renders the template with one): a template that never names `tools` cannot (SmolLM2's). A stopped server's
+    listing said yes, so the first requests after its start sent their tools natively, and the model never saw
+    them, until the running server's listing replaced it."""
+    return re.search(r"\btools\b", jinja) is not None
+
+
 def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
     """Ollama's capability names for a llama-server model: its template's (tools, thinking) and /infill's."""
     return (["completion"] + (["tools"] if tools else []) + (["thinking"] if template_thinks(jinja) else [])
@@ -328,7 +336,7 @@ class LlamaCppBackend(OpenAIBackend):
         return ModelInfo(name=name, backend=self.name, format="gguf", modified_at=file.modified_at,
                          digest=file.digest, size=file.size, context_length=context, file=path,
                          family=str(facts.info.get("general.architecture", "")),
-                         capabilities=capabilities(facts.jinja, tools=True, infill=facts.fim is not None),
+                         capabilities=capabilities(facts.jinja, takes_tools(facts.jinja), facts.fim is not None),
                          template=model_card.go_template(facts.jinja, facts.fim),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 

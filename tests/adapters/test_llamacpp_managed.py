@@ -6,13 +6,14 @@ from tests.adapters.test_model_card import gguf_file
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOOLS_CHATML = "{% if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}" + CHATML
 CODER_VOCAB = ["a", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 
 
 async def test_a_stopped_server_shows_the_template_and_fim_its_file_has(tmp_path):
     """Continue reads /api/show once per model, before its first request: a stopped server showed no template and
     no FIM, so Continue guessed a FIM format from the model's name for the rest of its session."""
-    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, CHATML)  # Qwen2.5-Coder-like: ChatML, FIM
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, TOOLS_CHATML)  # Qwen2.5-Coder-like: ChatML, FIM
     backend = ManagedLlamaCpp(BackendConfig(name="coder", kind="llamacpp", model=path), Swaps())
     shown = await backend.show("coder")
     assert backend.state == "stopped" and backend.process is None  # showing never starts it
@@ -30,4 +31,14 @@ async def test_a_stopped_server_lists_thinking_when_its_template_thinks(tmp_path
     backend = ManagedLlamaCpp(BackendConfig(name="thinker", kind="llamacpp", model=path), Swaps())
     [listed] = await backend.list_models()
     assert backend.state == "stopped"
-    assert listed.capabilities == ["completion", "tools", "thinking"]
+    assert listed.capabilities == ["completion", "thinking"]  # its template renders no tools
+
+
+async def test_a_stopped_server_lists_tools_only_when_its_template_renders_them(tmp_path):
+    """As the running server's listing says (llama-server renders the template with a tool): the stopped listing
+    said tools for SmolLM2's template, so the first requests after a start sent tools natively, which its template
+    drops, and the model never saw them (Codex's first turns, `X-Velo-Tools: native`)."""
+    for template, listed in ((CHATML, ["completion"]), (TOOLS_CHATML, ["completion", "tools"])):
+        path = gguf_file(str(tmp_path / "m.gguf"), ["a", "<|im_start|>", "<|im_end|>"], template)
+        backend = ManagedLlamaCpp(BackendConfig(name="m", kind="llamacpp", model=path), Swaps())
+        assert (await backend.list_models())[0].capabilities == listed
