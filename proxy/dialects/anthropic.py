@@ -398,8 +398,8 @@ class MessageStream:
     open: str | None = None  # the kind of the content block being filled
 
     def encode(self, chunk: Chunk) -> bytes:
-        if chunk.heartbeat:  # Anthropic's own keepalive is a ping, which its SDKs skip
-            return b"".join(self._start()) if not self.started else event("ping", {"type": "ping"})
+        if chunk.heartbeat:
+            return b"".join(self._start() if not self.started else self._still_writing())
         out = [] if self.started else self._start()
         if chunk.thinking:
             out += self._block("thinking", {"thinking": "", "signature": ""})
@@ -425,6 +425,16 @@ class MessageStream:
                    "stop_reason": None, "stop_sequence": None,
                    "usage": usage_object(Usage(prompt_tokens=self.input_tokens))}
         return [event("message_start", {"type": "message_start", "message": message}), event("ping", {"type": "ping"})]
+
+    def _still_writing(self) -> list[bytes]:
+        """A heartbeat after the start: an empty delta of the open block, or of a text block opened for it (the
+        answer's text goes on in it). Anthropic's keepalive, a `ping`, is what Claude Code's idle watchdog skips:
+        it abandoned, after 300 s of pings, every turn whose 20k-token prompt a CPU read for longer, and retried."""
+        kind = self.open or "text"
+        out = self._block(kind, {"text": ""}) if self.open is None else []
+        return out + [self._delta({"text": {"type": "text_delta", "text": ""},
+                                   "thinking": {"type": "thinking_delta", "thinking": ""},
+                                   "tool_use": {"type": "input_json_delta", "partial_json": ""}}[kind])]
 
     def _block(self, kind: str, start: dict[str, Any], fresh: bool = False) -> list[bytes]:
         if self.open == kind and not fresh:
