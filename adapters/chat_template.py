@@ -6,14 +6,18 @@ them gets them from adapters/tool_prompt.py instead.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-from engine.tokenizer import Tokenizer
+from engine.chat_jinja import chat_template_env
 
 from .errors import BadRequest
 from .protocol import ChatRequest, Message
 from .think import template_thinks
 from .tool_prompt import in_prompt
+
+if TYPE_CHECKING:  # the type only: a llama-server's listing asks what a template can do without loading `tokenizers`
+    from engine.tokenizer import Tokenizer
 
 _PROBE = [{"role": "user", "content": "hi"}]
 _PROBE_TOOL = [{"type": "function", "function": {"name": "velo_probe_tool", "description": "probe",
@@ -65,15 +69,20 @@ def capabilities(tokenizer: Tokenizer) -> list[str]:
     """Ollama's capability names for what the model's template does: "completion", "tools" when it renders
     them, "insert" when its vocabulary has fill-in-the-middle markers, "thinking" when it has <think> blocks."""
     template = tokenizer.chat_template or ""
-    return (["completion"] + (["tools"] if renders_tools(tokenizer) else [])
+    return (["completion"] + (["tools"] if renders_tools(template, tokenizer.bos_token, tokenizer.eos_token) else [])
             + (["insert"] if tokenizer.fim_tokens else [])
             + (["thinking"] if template_thinks(template) else []))
 
 
-def renders_tools(tokenizer: Tokenizer) -> bool:
-    if not tokenizer.chat_template:
+@functools.lru_cache(maxsize=64)
+def renders_tools(template: str, bos_token: str | None = None, eos_token: str | None = None) -> bool:
+    """Whether a chat template renders the tools it is given (llama-server's `supports_tools` probes it the same
+    way); once a template: a stopped llama-server's listing asks it at each listing."""
+    if not template:
         return False
     try:
-        return "velo_probe_tool" in tokenizer.apply_chat_template(_PROBE, tools=_PROBE_TOOL)
+        return "velo_probe_tool" in chat_template_env().from_string(template).render(
+            messages=_PROBE, tools=_PROBE_TOOL, add_generation_prompt=True, bos_token=bos_token or "",
+            eos_token=eos_token or "")
     except Exception:  # noqa: BLE001 - a template that refuses tools does not render them
         return False

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 
 from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
+from .chat_template import renders_tools
 from .errors import BackendError, BackendTimeout, BadRequest, Unsupported
 from .fields import wire_text
 from .http import LOADING_POLL_S, json_object, one_answer
@@ -46,14 +47,6 @@ _TOO_LARGE = re.compile(r"is too large to process\. increase the physical batch 
 def _batch_limit(message: str) -> int | None:
     found = _TOO_LARGE.search(message)
     return int(found.group(1)) if found else None
-
-
-def takes_tools(jinja: str) -> bool:
-    """Whether a chat template renders the tools it is given, as a running llama-server's `supports_tools` says
-    (it renders the template with one): a template that never names `tools` cannot (SmolLM2's). A stopped server's
-    listing said yes, so the first requests after its start sent their tools natively, and the model never saw
-    them, until the running server's listing replaced it."""
-    return re.search(r"\btools\b", jinja) is not None
 
 
 def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
@@ -336,7 +329,7 @@ class LlamaCppBackend(OpenAIBackend):
         return ModelInfo(name=name, backend=self.name, format="gguf", modified_at=file.modified_at,
                          digest=file.digest, size=file.size, context_length=context, file=path,
                          family=str(facts.info.get("general.architecture", "")),
-                         capabilities=capabilities(facts.jinja, takes_tools(facts.jinja), facts.fim is not None),
+                         capabilities=capabilities(facts.jinja, renders_tools(facts.jinja), facts.fim is not None),
                          template=model_card.go_template(facts.jinja, facts.fim),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 

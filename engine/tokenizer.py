@@ -2,7 +2,7 @@
 
 GGUF files carry a byte-level BPE or SentencePiece vocabulary (`tokenizer.ggml.*`) that we rebuild as a
 `tokenizers` pipeline; Hugging Face folders ship `tokenizer.json`. Chat templates are rendered with jinja2 in a
-sandbox, the way `transformers` does (trim_blocks, lstrip_blocks, `tojson`, `raise_exception`).
+sandbox, the way `transformers` does (engine/chat_jinja.py).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime
 from functools import cached_property
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from .chat_jinja import chat_template_env
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (llama.cpp's names).
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -107,7 +107,7 @@ class Tokenizer:
         if not self.chat_template:
             raise ValueError("this model has no chat template")
         if self._template is None:
-            self._template = _jinja_env().from_string(self.chat_template)
+            self._template = chat_template_env().from_string(self.chat_template)
         return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
 
@@ -214,21 +214,6 @@ def _gguf_pre_tokenizer(pre: str):
     if pre in ("smollm", "starcoder", "refact"):
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     return byte_level  # "gpt2", "default": GPT-2's own regex
-
-
-def _jinja_env() -> jinja2.Environment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
 
 
 def _read_json(path: str) -> dict:

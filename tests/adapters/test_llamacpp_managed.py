@@ -37,8 +37,11 @@ async def test_a_stopped_server_lists_thinking_when_its_template_thinks(tmp_path
 async def test_a_stopped_server_lists_tools_only_when_its_template_renders_them(tmp_path):
     """As the running server's listing says (llama-server renders the template with a tool): the stopped listing
     said tools for SmolLM2's template, so the first requests after a start sent tools natively, which its template
-    drops, and the model never saw them (Codex's first turns, `X-Velo-Tools: native`)."""
-    for template, listed in ((CHATML, ["completion"]), (TOOLS_CHATML, ["completion", "tools"])):
+    drops, and the model never saw them (Codex's first turns, `X-Velo-Tools: native`). The template is rendered,
+    not read, as the engine's is (adapters/chat_template.py)."""
+    refuses = "{% if tools %}{{ raise_exception('no tools') }}{% endif %}" + CHATML  # names tools, renders none
+    for template, listed in ((CHATML, ["completion"]), (refuses, ["completion"]),
+                             (TOOLS_CHATML, ["completion", "tools"])):
         path = gguf_file(str(tmp_path / "m.gguf"), ["a", "<|im_start|>", "<|im_end|>"], template)
         backend = ManagedLlamaCpp(BackendConfig(name="m", kind="llamacpp", model=path), Swaps())
         assert (await backend.list_models())[0].capabilities == listed
