@@ -41,12 +41,16 @@ class ManagedStats:
 _EMBEDDING_BATCH = 2048  # Ollama's for embedding models (llm/llama_server.go DefaultEmbeddingNumBatch)
 
 
+def embeds(command: list[str]) -> bool:
+    """Whether the server is started to embed (and so does nothing else)."""
+    return bool({"--embedding", "--embeddings"} & set(command))
+
+
 def embedding_batch(command: list[str]) -> list[str]:
     """An embedding server's batch, as Ollama sets it where the command sets none: llama-server embeds no input
     longer than its physical batch, 512 by default, so a 1,580-token retrieval chunk was cut (Dify) or refused
     (n8n, Flowise) where Ollama embeds it whole. Up to the server's context, as Ollama caps it."""
-    if not {"--embedding", "--embeddings"} & set(command) or \
-            {"-b", "--batch-size", "-ub", "--ubatch-size"} & set(command):
+    if not embeds(command) or {"-b", "--batch-size", "-ub", "--ubatch-size"} & set(command):
         return []
     context = flag_value(command, "-c", "--ctx-size") or ""
     batch = min(_EMBEDDING_BATCH, int(context)) if context.isdigit() and int(context) else _EMBEDDING_BATCH
@@ -218,7 +222,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
 
     def _as_served(self, info: ModelInfo) -> ModelInfo:
         """A server started with --embeddings embeds and does nothing else, as Ollama lists an embedding model."""
-        if {"--embedding", "--embeddings"} & set(self.config.command):
+        if embeds(self.config.command):
             return replace(info, capabilities=["embedding"])
         return info
 
