@@ -126,14 +126,14 @@ class OpenAIBackend(Backend):
 
     async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """A stream from the backend, or its one answer folded the same way (see adapters/http.py). An event with
-        nothing to send yet (llama-server's prompt progress, a tool call's argument pieces) is an empty chunk: a
-        sign of life (Chunk.empty)."""
+        nothing to send yet (llama-server's prompt progress, a tool call's argument pieces) sends nothing."""
         parser = ChatStream()
         async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
                                                  whole=lambda answer: parser.feed(as_stream_event(answer)),
                                                  progress=self.reports_progress)) as events:
             async for chunk in events:
-                yield Chunk() if chunk is None else chunk
+                if chunk is not None:
+                    yield chunk
         if parser.finish is None:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
         yield parser.last()

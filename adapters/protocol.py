@@ -185,8 +185,9 @@ class Chunk:
     """One piece of a streamed answer. The last chunk of a stream has `finish_reason` (and usually `usage`).
 
     `tool_calls` hold only complete calls: adapters accumulate streamed argument fragments before emitting.
-    An `empty` chunk is only a sign of life (llama-server's progress through a prompt, text held back to be
-    checked); a `heartbeat` one tells the client the stream is alive (proxy/stages/heartbeat.py).
+    An `empty` chunk has nothing to send (a backend's role-only delta, llama-server's progress through a prompt):
+    the pipeline drops those of a stream (proxy/stages/skip_empty.py). A `heartbeat` one is what a route writes as
+    its dialect's empty event while a stream is quiet (proxy/http_io.py).
     """
 
     text: str = ""
@@ -201,7 +202,7 @@ class Chunk:
 
     @property
     def empty(self) -> bool:
-        """Nothing of the answer (a sign of life, or a heartbeat)."""
+        """Nothing of the answer (a backend's empty event, or a heartbeat)."""
         return not (self.text or self.thinking or self.tool_calls or self.logprobs or self.finish_reason
                     or self.usage or self.context is not None)
 

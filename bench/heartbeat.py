@@ -1,14 +1,15 @@
-"""What heartbeats buy and cost: the longest silence a client sees while a tool call is written, and the time a
-plain stream takes through the heartbeat stage.
+"""What heartbeats buy and cost: the longest silence a client sees while a tool call is written or a prompt is read,
+and the time a plain stream takes through Velo with the heartbeats' timer.
 
 A scripted backend writes a tool call in `--pieces` pieces `--gap` seconds apart (a small model on a CPU writing a
 file-sized call); Velo holds the call back until it is complete, so with no heartbeats the client hears nothing,
-not even headers, until the end. With `server.heartbeat_s` it hears the headers and an empty event every
-`heartbeat_s`. The cost is read on a stream of `--words` text pieces sent as fast as the backend makes them.
+not even headers, until the end. The same backend also sends nothing for as long before its answer (Ollama reading
+a long prompt). With `server.heartbeat_s` the client hears the headers and an empty event every `heartbeat_s`. The
+cost is read on a stream of `--words` text pieces sent as fast as the backend makes them.
 
     python bench/heartbeat.py [--pieces 60] [--gap 0.05] [--beat 0.5] [--words 20000] [--rounds 5]
 
-The baseline is the same requests with `heartbeat_s = 0` (the stage stands aside), in the same run, interleaved.
+The baseline is the same requests with `heartbeat_s = 0` (no timer), in the same run, interleaved.
 """
 from __future__ import annotations
 
@@ -72,25 +73,29 @@ async def _plain(server: TestServer) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    held = Script(pieces=_call(args.pieces), delay=args.gap)
+    waits = {"held call": Script(pieces=_call(args.pieces), delay=args.gap),
+             "silent prompt read": Script(silence=args.pieces * args.gap)}
     plain = Script(pieces=[f" w{i}" for i in range(args.words)])
     sides = {"heartbeat": args.beat, "off": 0.0}
-    seen: dict[str, list[tuple[float, float, float]]] = {s: [] for s in sides}
+    seen: dict[tuple[str, str], list[tuple[float, float, float]]] = {(w, s): [] for w in waits for s in sides}
     cost: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(args.rounds):
         for side, beat in sides.items():
-            async with _server(beat, held) as server:
-                seen[side].append(await _silences(server))
+            for wait, script in waits.items():
+                async with _server(beat, script) as server:
+                    seen[wait, side].append(await _silences(server))
             async with _server(beat, plain) as server:
                 await _plain(server)  # warm
                 cost[side].append(statistics.median([await _plain(server) for _ in range(3)]))
-    print(f"held call: {args.pieces} pieces {args.gap:g} s apart; heartbeat_s {args.beat:g}; "
-          f"{args.rounds} interleaved rounds (medians)")
-    longest = {}
-    for side in sides:
-        first, longest[side], whole = (statistics.median(x) for x in zip(*seen[side]))
-        print(f"  {side:9} first byte {first:6.2f} s   longest silence {longest[side]:6.2f} s   whole {whole:6.2f} s")
-    print(f"  longest silence with heartbeats: {longest['heartbeat'] / longest['off']:.2f}x of without")
+    print(f"{args.pieces} pieces {args.gap:g} s apart (a held call), or as long silent (a prompt read); heartbeat_s "
+          f"{args.beat:g}; {args.rounds} interleaved rounds (medians)")
+    for wait in waits:
+        longest = {}
+        for side in sides:
+            first, longest[side], whole = (statistics.median(x) for x in zip(*seen[wait, side]))
+            print(f"  {wait:18} {side:9} first byte {first:6.2f} s   longest silence {longest[side]:6.2f} s   "
+                  f"whole {whole:6.2f} s")
+        print(f"  {wait}: longest silence with heartbeats {longest['heartbeat'] / longest['off']:.2f}x of without")
     per_on, per_off = (statistics.median(cost[s]) / args.words * 1e6 for s in sides)
     print(f"plain stream of {args.words} pieces, CPU a piece (Velo + client): heartbeat {per_on:.1f} us, "
           f"off {per_off:.1f} us: {per_on / per_off:.2f}x")

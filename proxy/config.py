@@ -69,12 +69,11 @@ class ServerConfig:
     body_timeout_s: float = setting(60.0, "a request's whole body must arrive within this long, else 408", min=0.1)
     # Clients' read timeouts: the openai Agents SDK was seen to give up on a held call at 300 s, as Node's fetch
     # (the AI SDK, Continue) would; nginx's proxy_read_timeout is 60 s, Cloudflare's 100 s.
-    heartbeat_s: float = setting(15.0, "a stream that has sent nothing for this long, while the backend works on it "
-                                 "(llama-server reading a long prompt, or a tool call or JSON held back to be "
-                                 "checked while the model writes it), gets its headers and then the dialect's "
-                                 "empty event this often, so that no client or proxy read timeout ends it; what "
-                                 "fails after that is an error inside the stream, not an error status. 0: none",
-                                 min=0)
+    heartbeat_s: float = setting(15.0, "a stream that has sent nothing for this long (waiting for a backend's slot, "
+                                 "a backend reading a long prompt, a tool call or JSON held back to be checked "
+                                 "while the model writes it) gets its headers and then the dialect's empty event "
+                                 "this often, so that no client or proxy read timeout ends it; what fails after "
+                                 "that is an error inside the stream, not an error status. 0: none", min=0)
     long_request_s: float = setting(300.0, "a request running longer than this is logged once with its id, model, "
                                     "client and tokens so far (`GET /velo/requests` lists every one, `DELETE "
                                     "/velo/requests/{id}` cancels one). 0: never logged", min=0)

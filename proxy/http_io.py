@@ -1,7 +1,10 @@
 """Reading request bodies, making jobs of them, and writing JSON, NDJSON and SSE answers.
 
 A stream's first chunk is awaited before any byte is sent, so a backend that fails early gives a proper HTTP
-error status. After the first byte, whatever fails (the backend, a malformed upstream event, Velo itself, an admin's
+error status; only a stream with nothing to send for `server.heartbeat_s` (a queue, a prompt read for minutes on a
+CPU, a tool call held back while it is written) sends its headers sooner, with the dialect's empty event, and then
+that event as often, so that no client or proxy read timeout ends it (300 s in the Agents SDK and Node's fetch, 60 s
+in nginx). After the first byte, whatever fails (the backend, a malformed upstream event, Velo itself, an admin's
 cancel, a shutdown) ends the stream with the dialect's error event and the stream's proper end: a second HTTP
 response is never written into an open stream. Whatever happens, the backend stream is closed, which cancels the
 backend's work.
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -59,39 +64,88 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
                        on_error: Callable[[VeloError], bytes], content_type: str,
                        headers: Callable[[], dict[str, str]] = dict, trailer: bytes = b"",
                        finish: Callable[[], Awaitable[bytes]] | None = None,
-                       streamed_errors: tuple[type[VeloError], ...] = ()) -> web.StreamResponse:
+                       streamed_errors: tuple[type[VeloError], ...] = (), heartbeat: Any = None) -> web.StreamResponse:
     """Streams `stream` item by item through `encode`; the first item is awaited before the headers (`headers()`,
     read then: the pipeline has decided the cache outcome by its first chunk) go out. A failure before that
     propagates (the error middleware answers in the dialect), unless it is one of `streamed_errors`, which the
-    dialect reports inside its stream; after it, `on_error` ends the stream."""
-    resp: web.StreamResponse | None = None
+    dialect reports inside its stream; after it, `on_error` ends the stream.
+
+    `heartbeat`: the item `encode` makes the dialect's empty event of, written (the headers first) whenever the
+    stream has sent nothing for `server.heartbeat_s`, by a timer beside the handler's task: the pipeline stays in
+    that task, whose cancelling is how a newer autocomplete and an admin's cancel stop it."""
+    out = _Out(request, lambda: web.StreamResponse(headers={"Content-Type": content_type,
+                                                            "Cache-Control": "no-cache", **headers()}))
+    every = request[GENERATION].config.server.heartbeat_s if heartbeat is not None else 0
+    beating = asyncio.create_task(out.beat(encode, heartbeat, every)) if every > 0 else None
     early: VeloError | None = None
     try:
         try:
-            first, rest = await first_then_rest(stream)
-        except streamed_errors as e:
-            first, rest, early = None, stream, e
-        resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache", **headers()})
-        await resp.prepare(request)
-        request[STREAM] = resp
-        if early is not None:
-            raise early
-        if first is not None:
-            await resp.write(encode(first))
-        async for item in rest:
-            await resp.write(encode(item))
+            try:
+                first, rest = await first_then_rest(stream)
+            except streamed_errors as e:
+                first, rest, early = None, stream, e
+            await out.open()
+            if early is not None:
+                raise early
+            if first is not None:
+                await out.write(encode(first))
+            async for item in rest:
+                await out.write(encode(item))
+        finally:
+            if beating is not None:
+                beating.cancel()
+                await asyncio.wait([beating])
+        resp = await out.open()
         if finish is not None:
             await resp.write(await finish())
         await resp.write(trailer)
     except BaseException as e:
-        err = _mid_stream(request, e) if resp is not None and resp.prepared else None
+        err = _mid_stream(request, e) if out.resp is not None else None
         if err is None:
             raise
-        await _end_with(request, resp, on_error, err)  # type: ignore[arg-type]
+        await _end_with(request, out.resp, on_error, err)  # type: ignore[arg-type]
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    await resp.write_eof()
-    return resp
+    await out.resp.write_eof()  # type: ignore[union-attr]
+    return out.resp  # type: ignore[return-value]
+
+
+@dataclass
+class _Out:
+    """One stream's response, written by the stream and by the heartbeats' timer. A write's bytes join the response's
+    buffer before it awaits anything (aiohttp's StreamWriter.write), so an item encoded and written at once goes out
+    in the order it was encoded, whoever wrote it: Anthropic's and the Responses API's writers number their events."""
+
+    request: web.Request
+    head: Callable[[], web.StreamResponse]
+    resp: web.StreamResponse | None = None  # once its head is out
+    opening: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last: float = field(default_factory=time.monotonic)  # when something was last written (or the stream began)
+
+    async def open(self) -> web.StreamResponse:
+        """The response, its head sent once, by whichever comes first: the stream's first item or a heartbeat."""
+        async with self.opening:
+            if self.resp is None:
+                resp = self.head()
+                await resp.prepare(self.request)
+                self.resp = self.request[STREAM] = resp
+        return self.resp
+
+    async def write(self, data: bytes) -> None:
+        self.last = time.monotonic()
+        await self.resp.write(data)  # type: ignore[union-attr]
+
+    async def beat(self, encode: Callable[[Any], bytes], heartbeat: Any, every: float) -> None:
+        """`heartbeat` written whenever `every` seconds passed without a write, until cancelled or the client left."""
+        while True:
+            await asyncio.sleep(self.last + every - time.monotonic())
+            if time.monotonic() - self.last < every:
+                continue
+            await self.open()
+            try:
+                await self.write(encode(heartbeat))
+            except ConnectionResetError:  # the client left: its handler is cancelled, and stops this timer
+                return
 
 
 def _mid_stream(request: web.Request, e: BaseException) -> VeloError | None:

@@ -1,6 +1,6 @@
 """The request path below the dialects: a job passes through the stages in order, each wrapping the rest.
 
-    resolve -> keep loaded -> observe -> heartbeat -> limit -> edit context -> fit -> one tool call -> cache -> repair
+    resolve -> keep loaded -> observe -> skip empty -> limit -> edit context -> fit -> one tool call -> cache -> repair
       -> offer tools -> coalesce -> admit -> call backend
 
 Every stage sees the internal model only (adapters.protocol), so every dialect and every backend share it. A new
@@ -27,7 +27,6 @@ from .stages.call_backend import CallBackend
 from .stages.coalesce import Coalesce
 from .stages.edit_context import EditContext
 from .stages.fit import Fit
-from .stages.heartbeat import Heartbeat
 from .stages.keep_loaded import KeepLoaded
 from .stages.limit import Limit
 from .stages.observe import Observe
@@ -35,8 +34,9 @@ from .stages.offer_tools import OfferTools
 from .stages.one_call import OneToolCall
 from .stages.repair import Repair
 from .stages.resolve import Resolve
+from .stages.skip_empty import SkipEmpty
 
-STAGES: tuple[type[Stage], ...] = (Resolve, KeepLoaded, Observe, Heartbeat, Limit, EditContext, Fit, OneToolCall,
+STAGES: tuple[type[Stage], ...] = (Resolve, KeepLoaded, Observe, SkipEmpty, Limit, EditContext, Fit, OneToolCall,
                                    Cache, Repair, OfferTools, Coalesce, Admit, CallBackend)
 S = TypeVar("S", bound=Stage)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.protocol import aggregate
+from adapters.protocol import Chunk, aggregate
 
 from . import context_edits
 from .dialects import anthropic
@@ -43,7 +43,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async def finish() -> bytes:
         return writer.finish()
     return await write_stream(request, stream, writer.encode, anthropic.error_event, "text/event-stream", headers,
-                              finish=finish)
+                              finish=finish, heartbeat=Chunk(heartbeat=True))
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -127,7 +127,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
     return await write_stream(request, merge([as_streamed(s) for s in streams]), encode,
                               lambda e: sse(openai.error_object(e)), "text/event-stream", lambda: _headers(jobs),
-                              SSE_DONE, finish)
+                              SSE_DONE, finish, heartbeat=(0, Chunk(heartbeat=True)))
 
 
 async def embeddings(request: web.Request) -> web.Response:

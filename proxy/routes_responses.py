@@ -21,7 +21,7 @@ from aiohttp import web
 
 from adapters.errors import BadRequest, ContextOverflow, NotFound
 from adapters.fields import get
-from adapters.protocol import aggregate
+from adapters.protocol import Chunk, aggregate
 
 from .auth import CALLER
 from .dialects import responses
@@ -58,7 +58,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     async def finish() -> bytes:
         return writer.finish()
     resp = await write_stream(request, stream, writer.encode, writer.fail, "text/event-stream", headers,
-                              finish=finish, streamed_errors=(ContextOverflow,))
+                              finish=finish, streamed_errors=(ContextOverflow,), heartbeat=Chunk(heartbeat=True))
     if writer.final is not None and writer.final["status"] != "failed":
         await _keep(request, parsed, history, writer.final)
     return resp

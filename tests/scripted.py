@@ -27,6 +27,7 @@ class Script:
     finish_reason: str = "stop"
     fail_after: int | None = None  # raise BackendError after this many chunks
     delay: float = 0.0
+    silence: float = 0.0  # before anything, as Ollama sends nothing while it reads a long prompt
     last_in_finish: bool = False  # the last piece comes in the finishing chunk, as the engine and llama-server send it
     total_ns: int = 0  # the timings the finishing chunk reports (all of it decoding)
     empties: int = 0  # empty chunks before each piece, as a backend holding text back for a stop string sends
@@ -74,6 +75,8 @@ class ScriptedBackend(Backend):
         """With `logprobs`, each piece is one token of logprob -0.5, with " x" as the runner-up."""
         s = self.script
         try:
+            if s.silence:
+                await asyncio.sleep(s.silence)
             if s.thinking:
                 yield Chunk(thinking=s.thinking)
             pieces = s.pieces[:-1] if s.last_in_finish else s.pieces

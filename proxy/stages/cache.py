@@ -54,7 +54,7 @@ class Cache(Stage):
         chunks: list[Chunk] = []
         async with contextlib.aclosing(next(job)) as rest:
             async for chunk in rest:
-                if not chunk.empty:  # signs of life are not the answer
+                if not chunk.empty:  # a backend's empty events are not the answer
                     chunks.append(chunk)
                 yield chunk
         if job.outcome.cache == "miss":

@@ -1,7 +1,7 @@
 """The repaired answer the pipeline sends, with retry on invalid (config `tools.max_retries`, off by default).
 
 With retries off the repaired stream flows through as it is made. With retries on, each attempt is read whole
-(a streamed answer cannot be taken back; an empty chunk goes up for each one read, as a sign of life), and an
+(a streamed answer cannot be taken back; the route's heartbeats keep a streaming client meanwhile), and an
 answer whose tool calls or JSON stay invalid after repair is asked again with the validation error appended to the
 conversation; the first valid answer is sent. When every attempt fails, the last usable answer is sent, or the
 last error raised.
@@ -67,7 +67,6 @@ async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: Mode
                                                          budget)) as s:
                 async for chunk in s:
                     chunks.append(chunk)
-                    yield Chunk()
             usable, error = chunks, (report.error() if report.invalid else None)
         except _INVALID as e:
             error = e

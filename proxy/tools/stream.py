@@ -13,8 +13,8 @@ cut by its token limit is not the model's failure but the limit's: its unfinishe
 close, goes out as text, with finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the
 SDKs into the same cut; a closed one ran the tool on arguments cut mid-value).
 
-A chunk whose text is all held still goes up, empty: the heartbeat stage (proxy/stages/heartbeat.py) keeps the
-client's stream alive on it while a call is written for minutes.
+A chunk whose text is all held does not go up at all: while a call is written for minutes, the route's heartbeats
+keep the client (proxy/http_io.py).
 """
 from __future__ import annotations
 
@@ -209,7 +209,8 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
                 break
             segments, found = await _run(budget, state.feed, chunk.text, False, size=state.cost(chunk.text, False))
             calls += found
-            yield state.out(chunk, state.release(segments), [])
+            if not (out := state.out(chunk, state.release(segments), [])).empty:
+                yield out
     cut = last.finish_reason == "length"
     segments, found = await _run(budget, state.feed, last.text, True, cut, size=state.cost(last.text, True))
     text = state.release(segments)
@@ -257,7 +258,8 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
             if chunk.finish_reason is not None:
                 last = chunk
                 break
-            yield replace(chunk, text="", logprobs=[])
+            if not (held := replace(chunk, text="", logprobs=[])).empty:
+                yield held  # its thinking, say
     text = "".join(parts)
     try:
         text = await _run(budget, repair_structured, text, req.format, report, size=len(text))

@@ -253,7 +253,7 @@ async def test_llama_servers_own_model_id_reaches_its_model(velo_llama, llama_ch
 
 
 async def test_a_stream_stays_alive_while_llama_server_reads_the_prompt(llama_chat):
-    """llama-server's progress through the prompt is a sign of life: past `heartbeat_s` (a millisecond here) without
+    """While llama-server reads the prompt: past `heartbeat_s` (a millisecond here) without
     a token, the client gets the headers, OpenAI's role delta and SSE comments before the first token."""
     cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url], models=[CHAT_MODEL]),
                  server=ServerConfig(heartbeat_s=0.001))

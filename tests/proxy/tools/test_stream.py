@@ -31,7 +31,7 @@ async def _source(pieces: list[str], finish: str | None = "stop") -> AsyncIterat
 
 
 async def _run(pieces: list[str], req: ChatRequest, finish: str | None = "stop", **kw) -> list[Chunk]:
-    """What reaches the client: held text leaves empty chunks, signs of life the heartbeat stage drops."""
+    """What reaches the client: chunks with something in them (a backend's empty ones the pipeline drops)."""
     return [c async for c in repair_stream(_source(pieces, finish), req, **kw) if not c.empty]
 
 
@@ -261,8 +261,8 @@ async def test_tool_choice_naming_a_function_offers_only_that_one() -> None:
         await _run([CALL], _req(tools=TOOLS, tool_choice=choice))
 
 
-async def test_held_text_leaves_an_empty_chunk_per_chunk_held() -> None:
-    """A sign of life for the heartbeat stage while a call is written: one empty chunk for each piece held."""
-    pieces = _cut(CALL, 8)
-    out = [c async for c in repair_stream(_source(pieces), _req(tools=TOOLS))]
-    assert [c.empty for c in out] == [True] * len(pieces) + [False] and out[-1].tool_calls
+async def test_held_text_sends_nothing_until_the_call() -> None:
+    """While a call is written, nothing goes up the pipeline (each empty chunk was a hop through every stage above):
+    the route's heartbeats keep the client."""
+    out = [c async for c in repair_stream(_source(_cut(CALL, 8)), _req(tools=TOOLS))]
+    assert len(out) == 1 and out[0].tool_calls

@@ -1,21 +1,22 @@
-"""A stream the backend is still working on stays alive: a tool call held back while the model writes it sends the
-headers and each dialect's empty event, the official clients read through them, the cache keeps none, time to first
-token ignores them, and a call that then fails ends the stream with the dialect's error event."""
+"""A quiet stream stays alive: after `server.heartbeat_s` with nothing to send (a backend silent while it reads the
+prompt, a queue for the backend's slot, a tool call held back while the model writes it) the client gets the headers
+and each dialect's empty event, the official clients read through them, the cache keeps none, time to first token
+ignores them, a call that then fails ends the stream with the dialect's error event, and the heartbeats' timer
+changes nothing of who may cancel the stream (a newer autocomplete, the client leaving)."""
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
 
 import anthropic
 import ollama
 import openai
 import orjson
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
-from adapters.protocol import Chunk
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
-from proxy.stages.heartbeat import _beating
 from tests.proxy.test_metrics import scrape, value
 from tests.proxy.tools.test_http import BAD, CALL, MESSAGES, WEATHER, _cut
 from tests.scripted import Script, ScriptedBackend
@@ -24,6 +25,7 @@ SLOW_CALL = Script(pieces=_cut(CALL), delay=0.02)  # 18 pieces over ~0.4 s
 PARIS = {"city": "Paris", "days": 2}
 ANTHROPIC_TOOL = {"name": "get_weather", "description": "Current weather",
                   "input_schema": WEATHER["function"]["parameters"]}
+QUIET = Config(server=ServerConfig(heartbeat_s=0.05), cache=CacheConfig(enabled=False))
 
 
 @pytest.fixture
@@ -31,18 +33,72 @@ def config() -> Config:
     return Config(server=ServerConfig(max_body_bytes=64 * 1024, heartbeat_s=0.05))
 
 
-async def _timed(*items: tuple[float, Chunk]) -> AsyncIterator[Chunk]:
-    for pause, chunk in items:
-        await asyncio.sleep(pause)
-        yield chunk
+async def _until(condition, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")
 
 
-async def test_signs_of_life_become_a_heartbeat_only_after_the_silence() -> None:
-    """Empty chunks are dropped; one that comes `every` seconds after the last chunk sent is a heartbeat."""
-    life = Chunk()
-    out = [c async for c in _beating(_timed((0.0, life), (0.06, life), (0.01, life), (0.0, Chunk(text="a")),
-                                            (0.03, life), (0.06, life), (0.0, Chunk(finish_reason="stop"))), 0.05)]
-    assert [("beat" if c.heartbeat else c.text or c.finish_reason) for c in out] == ["beat", "a", "beat", "stop"]
+# Each dialect's stream, and the bytes of its heartbeat
+DIALECTS = [("/api/chat", {"model": "tiny", "messages": MESSAGES}, b'"content":""'),
+            ("/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "stream": True}, b": keepalive"),
+            ("/v1/messages", {"model": "tiny", "max_tokens": 100, "messages": MESSAGES, "stream": True},
+             b'"delta":{"type":"text_delta","text":""}'),
+            ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True}, b"event: response.in_progress")]
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(silence=0.4))])
+@pytest.mark.parametrize("path,body,beat", DIALECTS)
+async def test_a_backend_silent_before_its_first_token_gets_heartbeats_in_every_dialect(
+        client: TestClient, path: str, body: dict, beat: bytes) -> None:
+    """Ollama sends nothing while it reads a prompt (nor does a vLLM while it prefills), so the stream has nothing
+    to pass on: the timer alone keeps the client, then the answer follows whole."""
+    resp = await client.post(path, json=body)
+    raw = await resp.read()
+    before, _, after = raw.partition(b"Hel")
+    assert resp.status == 200 and before.count(beat) >= 2 and b"lo" in after and b" world" in after
+
+
+async def test_a_stream_waiting_for_its_backends_slot_gets_its_headers_and_heartbeats() -> None:
+    backend = ScriptedBackend("s", script=Script(pieces=["x"] * 50, delay=0.02))  # a second of work
+    backend.config.max_concurrency = 1
+    async with TestClient(TestServer(make_app(QUIET, {"s": backend}), handler_cancellation=True)) as c:
+        busy = asyncio.create_task(c.post("/api/chat", json={"model": "tiny", "messages": MESSAGES,
+                                                             "stream": False}))
+        await _until(lambda: len(backend.requests) == 1)
+        queued = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "stream": True})
+        assert queued.status == 200 and len(backend.requests) == 1  # its headers came while it waited
+        raw = await queued.read()
+        assert raw.partition(b'"content":"x"')[0].count(b": keepalive") >= 2 and raw.count(b'"content":"x"') == 50
+        assert (await busy).status == 200
+
+
+async def test_a_newer_autocomplete_replaces_an_older_one_kept_alive_by_heartbeats() -> None:
+    """The pipeline stays in the handler's task, whose cancelling is how a newer autocomplete at the same place
+    stops an older one: its stream, already open, ends with the error line."""
+    backend = ScriptedBackend("s", script=Script(silence=1.0))
+
+    async def fim(prompt: str):
+        return await c.post("/api/generate", json={"model": "tiny", "prompt": prompt, "suffix": ")\n"})
+    async with TestClient(TestServer(make_app(QUIET, {"s": backend}), handler_cancellation=True)) as c:
+        older = await fim("def a(")
+        assert orjson.loads(await older.content.readline())["response"] == ""  # a heartbeat
+        newer = await fim("def ab(")
+        lines = [orjson.loads(line) for line in (await older.read()).splitlines()]
+        assert "replaced" in lines[-1]["error"] and orjson.loads((await newer.read()).splitlines()[-1])["done"]
+    assert backend.cancelled == 1 and backend.completed == 1
+
+
+async def test_a_client_leaving_a_stream_kept_alive_by_heartbeats_cancels_the_backends_work() -> None:
+    backend = ScriptedBackend("s", script=Script(silence=5.0))
+    async with TestClient(TestServer(make_app(QUIET, {"s": backend}), handler_cancellation=True)) as c:
+        resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "stream": True})
+        assert b"assistant" in await resp.content.readany()  # the role delta: the first heartbeat
+        resp.close()
+        await _until(lambda: backend.cancelled == 1)
+    assert backend.completed == 0
 
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=SLOW_CALL)])

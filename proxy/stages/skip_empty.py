@@ -1,0 +1,28 @@
+"""A stream's chunks with nothing to send stop here: a backend's role-only delta, llama-server's progress through a
+prompt, text the repair stage holds back while a tool call is written. The stream's first byte is then its first
+content, so an error before it keeps its HTTP status; while nothing comes, the route's heartbeat timer keeps the
+client (proxy/http_io.py, `server.heartbeat_s`).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator
+
+from adapters.protocol import Chunk
+
+from ..job import Job
+from .base import Next, Stage
+
+
+class SkipEmpty(Stage):
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """A one-answer request is folded whole, empty chunks and all: the rest of the pipeline's as is (see
+        stages/base.py)."""
+        return _with_content(next(job)) if job.request.stream else next(job)
+
+
+async def _with_content(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    async with contextlib.aclosing(stream) as rest:  # type: ignore[type-var]
+        async for chunk in rest:
+            if not chunk.empty:
+                yield chunk
