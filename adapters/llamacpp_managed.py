@@ -75,6 +75,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         self._timer: asyncio.Task | None = None
         self._stopping: asyncio.Task | None = None
         self._output: deque[str] = deque(maxlen=20)
+        self.served_context: int | None = None  # the window its server gave a request when it last ran
 
     @property
     def max_loaded(self) -> int:
@@ -214,11 +215,16 @@ class ManagedLlamaCpp(LlamaCppBackend):
         """From the file while the server is down (listing never starts it), else what the server says. The file
         tells the template and whether the model fills in the middle, as a running server's /props and /infill
         would: Continue reads both once per model, before its first request, so a stopped server was a model with
-        no template and no FIM for the rest of its session."""
+        no template and no FIM for the rest of its session. The window is the one the server gave when it last ran
+        (its flags, llama.cpp's version and the model decide it): stopped, /api/show said the file's trained
+        window, so llama-index and Aider, which size their prompts by it, saw 512 tokens, then 8,192, then 512."""
         if self.state == "ready":
             with contextlib.suppress(BackendError):
-                return [self._as_served(m) for m in await LlamaCppBackend.list_models(self)]
-        return [self._as_served(await self.file_listing(self.model_name, self.config.model or "", None))]
+                served = [self._as_served(m) for m in await LlamaCppBackend.list_models(self)]
+                self.served_context = served[0].context_length if served else None
+                return served
+        return [self._as_served(await self.file_listing(self.model_name, self.config.model or "",
+                                                        self.served_context))]
 
     def _as_served(self, info: ModelInfo) -> ModelInfo:
         """A server started with --embeddings embeds and does nothing else, as Ollama lists an embedding model."""

@@ -88,6 +88,7 @@ async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp
             assert time.time() - 1 < expires < time.time() + 1 and m["size"] > 90e6 and m["details"]["family"]
         found = await scrape(c)
         assert value(found, "velo_managed_swaps_total", backend="first") == 0
+        served = await (await c.post("/api/show", json={"model": "first"})).json()
         for _ in range(100):
             if all(b.state == "stopped" for b in backends.values()):
                 break
@@ -95,6 +96,10 @@ async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp
         assert all(b.state == "stopped" and b.process is None for b in backends.values())
         shown = await (await c.post("/api/show", json={"model": "first"})).json()
         assert shown["model_info"]["llama.block_count"] == 30  # from the file: showing never starts it
+        # the window its server gave (-c 1024 over 2 slots), as when it ran, not the file's 8,192
+        window = served["model_info"]["llama.context_length"]
+        assert window < 8192 and shown["model_info"]["llama.context_length"] == window
+        assert shown["parameters"].split("\n")[0].split() == ["num_ctx", str(window)]
         assert all(b.state == "stopped" for b in backends.values())
         again = await c.post("/v1/chat/completions", json={"model": "first", "max_tokens": 3,
                                                            "messages": [{"role": "user", "content": "Hi"}]})
