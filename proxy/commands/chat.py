@@ -17,7 +17,8 @@ from typing import Any, Callable
 import aiohttp
 
 from . import CommandError, guarded
-from .client import add_connection_args, chat_stream, check_model, list_models, open_session
+from .client import (add_connection_args, chat_stream, check_model, list_models, ollama_chat_stream, open_session,
+                     speaks_ollama)
 
 HELP = """commands:
   /model         show the current model and the ones the server lists
@@ -31,6 +32,7 @@ class Conversation:
     base: str
     model: str
     system: str | None = None
+    ollama: bool = True  # the server speaks Ollama's API: chat as `ollama run` does (see client.py)
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def messages(self, user_text: str) -> list[dict[str, Any]]:
@@ -41,7 +43,8 @@ class Conversation:
 async def answer(session: aiohttp.ClientSession, chat: Conversation, user_text: str) -> None:
     """Streams the reply to stdout; the turn joins the history only once the answer is complete."""
     pieces: list[str] = []
-    async with chat_stream(session, chat.base, chat.model, chat.messages(user_text)) as reply:
+    stream = ollama_chat_stream if chat.ollama else chat_stream
+    async with stream(session, chat.base, chat.model, chat.messages(user_text)) as reply:
         async for text in reply.texts():
             pieces.append(text)
             sys.stdout.write(text)
@@ -116,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         session = runner.run(_open(args.api_key))
         try:
             model = runner.run(check_model(session, base, args.model))
-            chat_loop(runner, session, Conversation(base, model, args.system), interactive)
+            ollama = runner.run(speaks_ollama(session, base))
+            chat_loop(runner, session, Conversation(base, model, args.system, ollama=ollama), interactive)
         except KeyboardInterrupt:  # at the prompt: leave quietly
             print()
         finally:

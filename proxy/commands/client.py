@@ -1,7 +1,10 @@
 """What `velo chat` and `velo bench` say to a running Velo (or any Ollama- or OpenAI-compatible server).
 
-Chat goes through the OpenAI dialect as a stream (`/v1/chat/completions`, SSE) with
-`stream_options.include_usage`, so token counts are the ones the server reports, not guessed. Models are listed
+`velo bench` chats through the OpenAI dialect as a stream (`/v1/chat/completions`, SSE) with
+`stream_options.include_usage`, so token counts are the ones the server reports, not guessed. `velo chat` goes
+through Ollama's `/api/chat` where the server speaks it (Velo, Ollama), as `ollama run` does, and so gets Ollama's
+defaults (temperature 0.8, repeat penalty 1.1): with OpenAI's (temperature 1, no penalty) the shipped SmolLM2 ran
+on to the 4,096-token cap, 3 to 4 minutes on two cores, where Ollama's ended in 10 to 27 tokens. Models are listed
 from Ollama's `/api/tags` (Velo, Ollama), else `/v1/models` (llama-server, vLLM, LM Studio). Every failure a
 user can cause becomes a `CommandError` with one line that names the URL.
 """
@@ -138,6 +141,17 @@ async def check_model(session: aiohttp.ClientSession, base: str, model: str | No
         raise CommandError(f"model {model!r} is not served by {base} (it lists: {listed or 'nothing'})") from None
 
 
+async def speaks_ollama(session: aiohttp.ClientSession, base: str) -> bool:
+    """Whether the server answers Ollama's API (Velo and Ollama do; OpenAI-compatible servers answer 404)."""
+    try:
+        await get_json(session, f"{base}/api/version")
+    except HttpError as e:
+        if e.status != 404:
+            raise
+        return False
+    return True
+
+
 @dataclass
 class Reply:
     """One streamed chat completion: iterate `texts()`; afterwards `usage` holds what the server counted."""
@@ -174,6 +188,36 @@ async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, 
         if not isinstance(event, dict):
             raise CommandError(f"a malformed stream event: {data[:100]!r}")
         yield event
+
+
+@dataclass
+class OllamaReply:
+    """One streamed `/api/chat` answer: iterate `texts()`."""
+
+    response: aiohttp.ClientResponse
+
+    async def texts(self) -> AsyncIterator[str]:
+        async for line in self.response.content:
+            if not line.strip():
+                continue
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict):
+                raise CommandError(f"a malformed stream line: {line[:100]!r}")
+            if "error" in event:
+                raise CommandError(f"the stream from {self.response.url} failed: {error_text(line)}")
+            if text := (event.get("message") or {}).get("content"):
+                yield text
+
+
+@asynccontextmanager
+async def ollama_chat_stream(session: aiohttp.ClientSession, base: str, model: str,
+                             messages: list[dict[str, Any]]) -> AsyncIterator[OllamaReply]:
+    """POST /api/chat, streamed (Ollama's default), with no options: the server's defaults, as `ollama run` sends."""
+    async with request(session, "POST", f"{base}/api/chat", json={"model": model, "messages": messages}) as resp:
+        yield OllamaReply(resp)
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.app import make_app
 from proxy.config import Config, ServerConfig
+from tests.fakes import FakeOpenAI
 from tests.proxy.commands.conftest import ROOT
 from tests.scripted import ScriptedBackend
 
@@ -33,6 +34,22 @@ async def test_picks_the_first_listed_model_and_sends_the_system_prompt(run_cli,
     result = await run_cli("chat", "--url", base_url, "--system", "Be brief.", stdin="Hi\n")
     assert result.code == 0, result.err  # end of input leaves like /exit
     assert _turns(scripted) == [("tiny:latest", [("system", "Be brief."), ("user", "Hi")])]
+
+
+async def test_velo_is_asked_as_ollama_run_asks_with_ollamas_defaults(run_cli, base_url, scripted):
+    """Through OpenAI's defaults (temperature 1, no repeat penalty) the shipped SmolLM2 ran on to the 4,096-token
+    cap, minutes on two cores, where Ollama's ended it in a few dozen tokens."""
+    assert (await run_cli("chat", "--url", base_url, stdin="Hi\n")).out == "Hello world\n"
+    options = scripted.requests[0].options
+    assert (options.temperature, options.repeat_penalty, options.top_k) == (0.8, 1.1, 40)
+
+
+async def test_a_server_without_ollamas_api_is_asked_through_openais(run_cli):
+    async with FakeOpenAI(models=["fake-gpt"]) as fake:
+        fake.script.reply = "Hi from vLLM"
+        result = await run_cli("chat", "--url", fake.url, stdin="Hi\n")
+        assert result.code == 0 and result.out == "Hi from vLLM\n", result.err
+        assert fake.last("/v1/chat/completions")["messages"] == [{"role": "user", "content": "Hi"}]
 
 
 async def test_unknown_commands_are_not_sent(run_cli, base_url, scripted):
