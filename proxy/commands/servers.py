@@ -4,7 +4,8 @@ Each port gets the same handful of GETs at once, with a short timeout, and is na
 number (a llama-server may well listen on 8000):
 - `/` says "Ollama is running" and `/metrics` has `velo_` series: a Velo (it imitates Ollama; never configure
   a Velo as its own backend); without those series: Ollama (`/api/version`, `/api/tags`);
-- `/props` with `default_generation_settings`: llama.cpp's llama-server (slots and context from it);
+- `/props` with `default_generation_settings`: llama.cpp's llama-server (slots and context from it), asked only
+  of what is neither: a Velo passes `/props` on to its llama-server, which that started if it was stopped;
 - `/v1/models` with a `data` list (or 401: it wants a key): an OpenAI-compatible server (vLLM, SGLang, LM Studio).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .client import listed_names
 # called after its port's usual product.
 USUAL_PORTS = {11434: ("Ollama", "ollama"), 8080: ("llama-server", "llamacpp"), 8000: ("vLLM", "openai"),
                30000: ("SGLang", "openai"), 1234: ("LM Studio", "openai")}
-PROBED_PATHS = ("/", "/api/version", "/api/tags", "/props", "/v1/models", "/metrics")
+PROBED_PATHS = ("/", "/api/version", "/api/tags", "/v1/models", "/metrics")
 
 
 @dataclass
@@ -70,12 +71,16 @@ def _openai_product(port: int, models: list[dict[str, Any]]) -> str:
     return owner or (product if kind == "openai" else "OpenAI API")
 
 
+def _imitates_ollama(root: Answer) -> bool:
+    return root.status == 200 and root.body.startswith(b"Ollama is running")
+
+
 def identify(port: int, url: str, answers: dict[str, Answer]) -> Server | None:
-    """What answered on `port`, from the answers to PROBED_PATHS; None if nothing did."""
+    """What answered on `port`, from the answers to PROBED_PATHS and `/props`; None if nothing did."""
     if all(a.status == 0 for a in answers.values()):
         return None
     tags = listed_names(answers["/api/tags"].json(), "models", "name")
-    if answers["/"].status == 200 and answers["/"].body.startswith(b"Ollama is running"):
+    if _imitates_ollama(answers["/"]):
         if answers["/metrics"].status == 200 and b"velo_" in answers["/metrics"].body:
             return Server(port, url, "velo", "Velo", tags, note="a Velo gateway: not configured as a backend of itself")
         version = answers["/api/version"].json()
@@ -99,8 +104,9 @@ def identify(port: int, url: str, answers: dict[str, Answer]) -> Server | None:
 
 async def probe_port(session: aiohttp.ClientSession, host: str, port: int) -> Server | None:
     url = f"http://{host}:{port}"
-    answers = await asyncio.gather(*(_get(session, url + path) for path in PROBED_PATHS))
-    return identify(port, url, dict(zip(PROBED_PATHS, answers)))
+    answers = dict(zip(PROBED_PATHS, await asyncio.gather(*(_get(session, url + path) for path in PROBED_PATHS))))
+    answers["/props"] = Answer(0) if _imitates_ollama(answers["/"]) else await _get(session, url + "/props")
+    return identify(port, url, answers)
 
 
 async def find_servers(host: str = "127.0.0.1", ports: list[int] | None = None, timeout: float = 1.5) -> list[Server]:

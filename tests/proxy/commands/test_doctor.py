@@ -8,6 +8,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from adapters.base import BackendConfig
 from proxy.app import make_app
 from proxy.commands.doctor import survey
 from proxy.config import Config, load_config
@@ -73,6 +74,22 @@ async def test_only_a_velo_answering_still_gives_the_engine(velo_port, tmp_path)
     found = await survey(ports=[velo_port], models_dir=tmp_path)
     assert [s.kind for s in found.servers] == ["velo"]
     assert [b.kind for b in _loads(found.config_toml, tmp_path).backends] == ["engine"]
+
+
+async def test_a_velo_is_not_asked_what_would_start_its_llama_server(tmp_path):
+    """A Velo passes `/props` on to its llama-server, which that starts when it is a stopped managed one (and, with
+    `max_loaded` 1, stops another to make room): doctor asks `/props` only of what does not imitate Ollama."""
+    async with FakeOpenAI(models=["m"]) as llama:
+        cfg = Config(backends=[BackendConfig(name="llama", kind="llamacpp", urls=[llama.url], max_concurrency=1)])
+        server = TestServer(make_app(cfg), host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            asked = sum(r.path == "/props" for r in llama.requests)
+            found = await survey(ports=[server.port], timeout=2.0, models_dir=tmp_path)
+            assert [s.kind for s in found.servers] == ["velo"]
+            assert sum(r.path == "/props" for r in llama.requests) == asked
+        finally:
+            await server.close()
 
 
 @pytest.mark.slow
