@@ -92,14 +92,16 @@ def uncancel() -> None:
 
 
 class InFlight:
-    def __init__(self, long_request_s: float) -> None:
-        self.long_request_s = long_request_s
+    def __init__(self) -> None:
+        self.long_request_s = 0.0
         self.running: dict[str, Running] = {}
         self._watch: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        """Each configuration's pipeline starts it; the first start runs the watch for long requests."""
-        if self.long_request_s > 0 and self._watch is None:
+    async def start(self, long_request_s: float) -> None:
+        """Each configuration's pipeline starts it with its `long_request_s`: one list across config reloads, and
+        the threshold of the newest configuration (a reload that changed it was ignored, without a word)."""
+        self.long_request_s = long_request_s
+        if long_request_s > 0 and self._watch is None:
             self._watch = asyncio.create_task(self._watch_long())
 
     async def close(self) -> None:
@@ -152,8 +154,12 @@ class InFlight:
         return sorted((r.view(now) for r in self.running.values()), key=lambda v: -v["seconds"])
 
     async def _watch_long(self) -> None:
+        """Until a configuration sets `long_request_s` to 0 (one that sets it again starts another watch)."""
         while True:
             await asyncio.sleep(min(_WATCH_EVERY_S, self.long_request_s))
+            if self.long_request_s <= 0:
+                self._watch = None
+                return
             now = time.monotonic()
             for entry in list(self.running.values()):
                 if not entry.logged and now - entry.started > self.long_request_s:

@@ -43,7 +43,7 @@ S = TypeVar("S", bound=Stage)
 
 class Pipeline:
     def __init__(self, config: Config, router: Router, lease: Lease) -> None:
-        inflight, _ = lease.hold("inflight", lambda: InFlight(config.server.long_request_s), _close_inflight)
+        inflight, _ = lease.hold("inflight", InFlight, _close_inflight)
         self.services = Services(config, router, new_registry(), lease, inflight)
         self.services.registry.register(inflight)
         self.stages = [cls(self.services) for cls in STAGES]
@@ -66,7 +66,7 @@ class Pipeline:
         return self.services.inflight
 
     async def start(self) -> None:
-        await self.inflight.start()
+        await self.inflight.start(self.services.config.server.long_request_s)
         for stage in self.stages:
             await stage.start()
         await self.embeddings.start()

@@ -3,8 +3,8 @@ changes (polled, like llama-swap's `--watch-config`). A config that loads and wh
 current generation (proxy/generation.py); one that does not is refused, its error in the log, and the one in force
 stays. Requests in flight finish on the generation they started on.
 
-What a generation cannot change (the listening address, the body limit, the browser origins, the shutdown grace,
-the responses store) is logged as needing a restart.
+What a generation cannot change (the listening address, the body limit, the header timeout, the browser origins,
+the shutdown grace, the responses store) is logged as needing a restart.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from .generation import Generation, Generations
 from .keep import Keep, fingerprint
 
 log = logging.getLogger("velo.reload")
-RESTART_ONLY = ("server.host", "server.port", "server.max_body_bytes", "server.origins", "server.shutdown_grace_s",
-                "responses")
+RESTART_ONLY = ("server.host", "server.port", "server.max_body_bytes", "server.header_timeout_s", "server.origins",
+                "server.shutdown_grace_s", "responses")
 
 
 class Reloader:

@@ -147,6 +147,28 @@ async def test_keys_limits_and_cache_settings_change_live_and_the_cache_survives
         assert await answer(c, Authorization="Bearer k") == "changed"  # no cache any more
 
 
+async def test_long_request_s_changes_live_and_header_timeout_s_says_it_waits_for_a_restart(tmp_path, two_fakes,
+                                                                                            caplog):
+    """Both changes were ignored without a word: the list of requests outlives a reload, and kept its first
+    threshold; the header timeout is the server's, set when it starts."""
+    caplog.set_level(logging.WARNING)
+    a, b = two_fakes
+    a.script.reply, a.script.token_delay = "word " * 20, 0.03  # 0.6 s
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a", extra="[server]\nlong_request_s = 0"))
+    async with await reloaded_app(path) as c:
+        path.write_text(toml(a.url, b.url, "a", extra="[server]\nlong_request_s = 0.2\nheader_timeout_s = 5"))
+        assert await c.server.app[RELOADER].reload()
+        await answer(c, {**CHAT, "options": {"temperature": 0.5}})
+        said = [r.getMessage() for r in caplog.records]
+        assert sum("has run" in m for m in said) == 1
+        assert any(m.startswith("server.header_timeout_s changed (15.0 -> 5.0)") for m in said)
+        path.write_text(toml(a.url, b.url, "a", extra="[server]\nlong_request_s = 0"))
+        assert await c.server.app[RELOADER].reload()
+        await answer(c, {**CHAT, "options": {"temperature": 0.6}})
+        assert sum("has run" in r.getMessage() for r in caplog.records) == 1  # off again
+
+
 async def test_an_unchanged_engine_keeps_its_loaded_model_and_a_changed_one_reloads(tmp_path, two_fakes):
     model_dir = write_tiny_model(str(tmp_path / "tiny"), "qwen2")
     engine = f"""
