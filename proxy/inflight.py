@@ -130,6 +130,11 @@ class InFlight:
         if (entry := self.running.get(request_id)) is not None:
             entry.jobs.append((model, backend, seen))
 
+    def ended_by(self, request_id: str) -> VeloError | None:
+        """Why Velo cancelled this request itself, if it did (None: running, or the client left)."""
+        entry = self.running.get(request_id)
+        return entry.reason if entry is not None else None
+
     def cancel(self, request_id: str, reason: VeloError) -> bool:
         entry = self.running.get(request_id)
         if entry is None or entry.reason is not None:

@@ -1,6 +1,7 @@
 """Two log lines per generation request (logger `velo.requests`, INFO): one when its answer starts (the first
 chunk, before the client sees a byte) and one when it ends, with its outcome: done, cancelled by client, or the
-error. The access log alone writes a line only once a response is whole, so a long stream shows nothing until it
+error. A request Velo ended itself (an admin's cancel, a shutdown) says so, where it read "cancelled by client".
+The access log alone writes a line only once a response is whole, so a long stream shows nothing until it
 ends and a request the client abandons shows nothing at all. With `[server] log_prompts`, the start line carries
 the prompt (the last user turn, or a completion's prompt) and the end line the answer, each cut at
 `_TEXT_CHARS` characters; off (the default), only sizes and timings are logged."""
@@ -44,12 +45,13 @@ class RequestLine:
         if self.prompt is not None:
             self.answer.append(chunk.text)
 
-    def end(self, status: str, error: BaseException | None) -> None:
+    def end(self, status: str, error: BaseException | None, ended_by: VeloError | None = None) -> None:
+        """`ended_by`: why Velo cancelled the request itself (an admin, a shutdown), if it did."""
         answer = "".join(self.answer) if self.prompt is not None else None
         if status == "200":
             outcome = f"done ({self.finish or 'stop'})"
         elif status == "499":
-            outcome = "cancelled by client"
+            outcome = f"cancelled: {ended_by.message}" if ended_by is not None else "cancelled by client"
         else:
             outcome = f"error {status}: {error.message if isinstance(error, VeloError) else repr(error)}"
         level = logging.WARNING if status not in ("200", "499") else logging.INFO

@@ -45,7 +45,7 @@ class Observe(Stage):
             error = e
             raise
         finally:
-            line.end(seen.status, error)
+            line.end(seen.status, error, self.services.inflight.ended_by(job.caller.request_id))
 
 
 def _prompt(req: Request) -> str:

@@ -57,6 +57,16 @@ async def test_a_client_that_leaves_is_logged_as_cancelled(client, scripted, cap
     assert any("answer started" in line for line in logged) and any("cancelled by client" in line for line in logged)
 
 
+async def test_an_admins_cancel_is_logged_as_velos_not_the_clients(client, scripted, caplog):
+    scripted.script.delay = 0.2
+    resp = await client.post("/api/chat", json=CHAT)
+    await resp.content.readline()
+    assert (await client.delete(f"/velo/requests/{resp.headers['X-Velo-Request-Id']}")).status == 200
+    await resp.read()
+    logged = await until_logged(caplog, "cancelled")
+    assert "cancelled: cancelled by an administrator after" in logged[-1], logged
+
+
 async def test_a_failure_is_logged_with_its_error(client, scripted, caplog):
     scripted.script.fail_after = 1
     await (await client.post("/api/chat", json=CHAT)).read()
