@@ -20,7 +20,7 @@ from .config import Config
 from .errors import errors_in_dialect
 from .generation import Generation, Generations
 from .http_io import json_response
-from .inflight import RUNNING
+from .inflight import is_listed, request_id
 from .keep import Keep
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, new_registry, render
 from .reload import Reloader
@@ -67,9 +67,9 @@ async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _request_id(request: web.Request, response: web.StreamResponse) -> None:
     """The request's id under Velo's name and the two its clients' SDKs read (`request_id` of a response or an
     error): OpenAI's `x-request-id` and Anthropic's `request-id`."""
-    if (running := request.get(RUNNING)) is not None:
-        response.headers["X-Velo-Request-Id"] = response.headers["x-request-id"] = running.id
-        response.headers["request-id"] = running.id
+    if is_listed(request.path):
+        response.headers["X-Velo-Request-Id"] = response.headers["x-request-id"] = request_id(request)
+        response.headers["request-id"] = request_id(request)
 
 
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:

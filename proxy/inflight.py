@@ -26,6 +26,7 @@ from .metrics import Observation
 
 log = logging.getLogger("velo.requests")
 RUNNING = "velo.running"  # request key: the request's Running entry
+_ID = "velo.request_id"  # request key: its id, made when first asked for
 ADMIN_PREFIX = "/velo/"  # the routes that look at requests are not requests themselves
 _WATCH_EVERY_S = 10.0
 
@@ -71,9 +72,16 @@ def new_request_id() -> str:
 
 
 def request_id(request: web.Request) -> str:
-    """The request's id in the list of those in flight; a fresh one for a request refused before it got there."""
-    entry = request.get(RUNNING)
-    return entry.id if entry is not None else new_request_id()
+    """The request's id, made when first asked for: by the list of requests in flight, or by the answer to one
+    refused before it got there (a 401, 403 or 413 names its id too)."""
+    if (made := request.get(_ID)) is None:
+        made = request[_ID] = new_request_id()
+    return made
+
+
+def is_listed(path: str) -> bool:
+    """Whether a request on `path` is a request Velo lists and names (the status and admin routes are not)."""
+    return path not in OPEN_PATHS and not path.startswith(ADMIN_PREFIX)
 
 
 def ending_reason(request: web.Request) -> VeloError | None:
@@ -112,12 +120,12 @@ class InFlight:
     @web.middleware
     async def track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Registers the request for as long as its handler runs (inside authentication: it knows the caller)."""
-        if request.path in OPEN_PATHS or request.path.startswith(ADMIN_PREFIX):
+        if not is_listed(request.path):
             return await handler(request)
         task = asyncio.current_task()
         assert task is not None
         caller = request[CALLER]
-        entry = Running(new_request_id(), request.method, request.path, caller.client, task)
+        entry = Running(request_id(request), request.method, request.path, caller.client, task)
         request[RUNNING], request[CALLER] = entry, replace(caller, request_id=entry.id)
         self.running[entry.id] = entry
         try:

@@ -71,6 +71,22 @@ async def test_a_request_not_answering_yet_is_cancelled_with_a_499_in_its_dialec
     assert backend.cancelled == 1
 
 
+async def test_an_answer_refused_before_it_is_listed_names_its_id_too() -> None:
+    """401, 403 and 413 came from the middlewares before the list of requests, without an id; Anthropic's error
+    body named one that no header did."""
+    app = make_app(Config(server=ServerConfig(api_keys=["k"], max_body_bytes=1024)), {"s": ScriptedBackend()})
+    async with TestClient(TestServer(app)) as c:
+        refused = [await c.post("/api/chat", json=CHAT),
+                   await c.post("/v1/messages", json={**CHAT, "max_tokens": 5}),
+                   await c.post("/v1/chat/completions", json=CHAT, headers={"Origin": "https://evil.example"}),
+                   await c.post("/api/chat", data=b"x" * 4096, headers={"Authorization": "Bearer k"})]
+        assert [r.status for r in refused] == [401, 401, 403, 413]
+        assert all(r.headers["X-Velo-Request-Id"].startswith("req_") for r in refused)
+        said, headers = await refused[1].json(), refused[1].headers
+        assert said["request_id"] == headers["X-Velo-Request-Id"] == headers["request-id"]
+        assert "X-Velo-Request-Id" not in (await c.get("/health")).headers
+
+
 async def test_with_api_keys_the_admin_routes_need_one() -> None:
     app = make_app(Config(server=ServerConfig(api_keys=["k"])), {"s": ScriptedBackend()})
     async with TestClient(TestServer(app)) as c:
