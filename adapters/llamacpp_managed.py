@@ -118,6 +118,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         started, port = time.monotonic(), _free_port()
         self.http.config.urls = [f"http://127.0.0.1:{port}"]
         self._props, self._can_infill = None, None  # facts of the previous process
+        self._output.clear()  # its words too: a second failed start quoted the first's error beside its own
         cmd = [*self.config.command, *embedding_batch(self.config.command), "-m", self.config.model or "",
                "--host", "127.0.0.1", "--port", str(port)]
         try:

@@ -133,6 +133,10 @@ async def test_a_server_that_cannot_start_is_a_clear_503(tmp_path):
         body = await resp.json()
         assert resp.status == 503 and "llama-server exited" in body["error"]["message"]
         assert (await (await c.get("/ready")).json())["backends"] == {"first": False}
+        again = await c.post("/v1/messages", json={"model": "first", "max_tokens": 3,
+                                                   "messages": [{"role": "user", "content": "Hi"}]})
+        said = (await again.json())["error"]["message"]
+        assert again.status == 529 and said.count("--no-such-flag") == 1, said
 
 
 async def test_a_managed_embedding_server_embeds_what_ollama_would_whole(tmp_path):
