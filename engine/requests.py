@@ -26,7 +26,9 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
     num_output_tokens: int = 0
-    logprobs: list[dict] | None = None  # per new token: {"token_id", "token", "logprob", "top_logprobs"}
+    # of the tokens whose text begins in this output's (or an earlier one's): {"token_id", "token", "logprob",
+    # "top_logprobs"}; none for text a stop string cut, or for the end-of-sequence token
+    logprobs: list[dict] | None = None
     stop_string: str | None = None  # the stop string that ended the request, on its last output
     extra: dict = field(default_factory=dict)
 
@@ -51,6 +53,11 @@ class RequestState:
         self.longest_stop = max((len(s) for s in params.stop), default=0)
         self.stopped_by: str | None = None  # the stop string found in the text
         self.done = False
+        # Log-probabilities go out with the text they describe: each waits, with where its token's text begins,
+        # until that text is sent, and those of text a stop string cut (or of the end-of-sequence token, which
+        # shows none) never go, as Ollama's runner truncates them; they described tokens the answer lacks.
+        self.scored_at: int | None = None  # where the text of this step's last token begins (None: not shown)
+        self.held: list[tuple[int, dict]] = []
 
     def push(self, tokens: list[int], reason: str | None) -> bool:
         """Take the tokens just appended to the sequence (Sequence.append; reason "stop" means the last one is a
@@ -58,8 +65,11 @@ class RequestState:
         ended the text here."""
         for token in tokens if self.matcher is not None else ():
             Constrainer.advance(self.matcher, token)
-        before = len(self.text)
-        for token in tokens[:-1] if reason == "stop" else tokens:
+        before, self.scored_at = len(self.text), None
+        shown = tokens[:-1] if reason == "stop" else tokens
+        for i, token in enumerate(shown):
+            if i == len(tokens) - 1:
+                self.scored_at = len(self.text)
             self.text += self.detok.push(token)
         if reason:
             self.text += self.detok.flush()
@@ -75,9 +85,20 @@ class RequestState:
         tokens = seq.output_ids[self.num_sent_tokens:]
         self.num_sent_tokens = len(seq.output_ids)
         end = len(self.text) if seq.finished else max(self.sent, len(self.text) - self._open_stop())
-        self._emit(seq, self.text[self.sent:end], tokens, seq.finish_reason, self._logprobs(tokens[-1], sample))
+        self._emit(seq, self.text[self.sent:end], tokens, seq.finish_reason, self._scored(tokens[-1], sample, end))
         self.sent = end
         return len(tokens)
+
+    def _scored(self, token: int, sample: Sample, end: int) -> list[dict] | None:
+        """The log-probabilities of the tokens whose text begins before `end` (what is sent so far)."""
+        scored = self._logprobs(token, sample)
+        if scored is None:
+            return None
+        if self.scored_at is not None:
+            self.held += [(self.scored_at, entry) for entry in scored]
+        ready = next((i for i, (at, _) in enumerate(self.held) if at >= end), len(self.held))
+        sent, self.held = [entry for _, entry in self.held[:ready]], self.held[ready:]
+        return sent
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End without a new token (abort): flush what is held back."""

@@ -94,6 +94,21 @@ async def test_logprobs_describe_the_chosen_tokens(backend):
         assert 0 >= lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
 
 
+async def test_logprobs_describe_only_the_answers_tokens(backend):
+    """Not those of text a stop string cut, nor the end-of-sequence token (it shows no text): their text is not in
+    the answer, and clients joined the tokens into more than it said (as Ollama's runner truncates them)."""
+    full = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0, logprobs=True))))
+    stop = full.text[12:14]
+    cut = aggregate(await collect(backend.chat(chat(max_tokens=30, temperature=0, logprobs=True, stop=[stop]))))
+    tokens = [lp.token for lp in cut.logprobs]
+    assert cut.text == full.text[:full.text.index(stop)] and cut.finish_reason == "stop"
+    assert "".join(tokens).startswith(cut.text) and len("".join(tokens[:-1])) < len(cut.text)
+    assert len(cut.logprobs) < len(full.logprobs)
+    eos = backend.engine.tokenizer.eos_token_ids[0]
+    ended = aggregate(await collect(backend.chat(chat(max_tokens=5, logprobs=True, logit_bias={eos: 100.0}))))
+    assert (ended.text, ended.finish_reason, ended.logprobs) == ("", "stop", [])
+
+
 async def test_seed_reproduces_and_differs_across_seeds(backend):
     texts = [aggregate(await collect(backend.chat(chat(max_tokens=16, temperature=1.0, seed=s)))).text
              for s in (1, 1, 2, 3)]
