@@ -48,8 +48,13 @@ _AT = re.compile(r"^at \d+\(\d+\): ")  # llguidance's line(column) in the gramma
 
 def _headline(message: str) -> str:
     """llguidance's error without the place in Velo's grammar and the grammar's lines after it, which mean nothing
-    to a client whose tool schema (`"required": {}`) or format was the mistake."""
-    return _AT.sub("", message.splitlines()[0] if message else message, count=1)
+    to a client whose tool schema (`"required": {}`) or format was the mistake. A regex's error is its first line
+    ("regex parse error:"), the pattern, a line of carets and the reason: the pattern and the reason are kept."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    head = lines[0] if lines else message
+    if head.endswith(":") and len(lines) > 1:
+        head = " ".join([head, *(line for line in lines[1:] if set(line) != {"^"})])
+    return _AT.sub("", head, count=1)
 
 
 def _grammar(format, tools, tool_choice) -> str | None:

@@ -93,6 +93,13 @@ def test_an_invalid_tool_schema_is_named_without_velos_grammar():
     assert str(e.value) == "invalid output grammar: failed to compile JSON schema: Expected array for 'required', got {}"
 
 
+def test_an_invalid_pattern_is_named_with_its_reason():
+    """The regex's error came as its first line alone: "regex parse error:", and nothing after it."""
+    with pytest.raises(ValueError) as e:
+        grammar_for({"type": "object", "properties": {"a": {"type": "string", "pattern": "a(b"}}})
+    assert str(e.value) == "invalid output grammar: regex parse error: a(b error: unclosed group"
+
+
 def test_masked_greedy_decoding_from_noise_builds_a_valid_call(bpe):
     """Random logits, masked each step, then argmax: the result is a complete, schema-valid call. Rows
     without a matcher keep their logits; padded vocabulary beyond the tokenizer is always masked."""
