@@ -103,6 +103,17 @@ def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:
     return tokenizer.fim_tokens.prompt(req.prompt, req.suffix)
 
 
+def _said(engine: LLMEngine, made: list[int], text: str, out: RequestOutput) -> list[int]:
+    """The answer's ids in Ollama's `context`, which come back as prompt in the next turn: those generated, but not
+    the end-of-sequence id (it shows no text); after a stop string, the text it left tokenized, as Ollama makes the
+    whole context (which ids made the text cut away is not known)."""
+    if out.stop_string is not None:
+        return engine.tokenizer.encode(text, add_special_tokens=False)
+    if out.finish_reason == "stop" and made and made[-1] in engine.tokenizer.eos_token_ids:
+        return made[:-1]
+    return made
+
+
 def to_chunk(out: RequestOutput) -> Chunk:
     logprobs = [TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p["top_logprobs"]])
                 for p in out.logprobs or []]
@@ -327,7 +338,8 @@ class EngineBackend(Backend):
                         context: list[int] | None = None, fills_middle: bool = False) -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
         has its <think> text sent as thinking, not content. With `context` (token ids of an earlier answer, Ollama's
-        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids. A middle
+        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids (`_said`).
+        A middle
         (fills_middle) ends at the model's FIM end tokens too."""
         if problem:
             raise Unsupported(problem)
@@ -336,15 +348,16 @@ class EngineBackend(Backend):
         prompt, ids, params = _prepared(engine, render, options, grammar, context, fills_middle)
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
-        start, first, said = time.perf_counter_ns(), 0, list(ids)
+        start, first, made, text = time.perf_counter_ns(), 0, [], []
         async with contextlib.aclosing(engine.generate(ids, params)) as stream:
             try:
                 async for out in stream:
                     first = first or time.perf_counter_ns()
                     chunk = to_chunk(out)
-                    said += out.token_ids
+                    made += out.token_ids
+                    text.append(out.text)
                     if out.finished and context is not None:
-                        chunk.context = said
+                        chunk.context = [*ids, *_said(engine, made, "".join(text), out)]
                     if thinking is not None:
                         chunk.thinking, chunk.text = thinking.feed(chunk.text)
                         if out.finished:

@@ -109,6 +109,21 @@ async def test_logprobs_describe_only_the_answers_tokens(backend):
     assert (ended.text, ended.finish_reason, ended.logprobs) == ("", "stop", [])
 
 
+async def test_generates_context_is_the_prompt_then_the_answers_ids(backend):
+    """As Ollama makes it: the end-of-sequence id and the tokens of text a stop string cut were in it, and came
+    back as prompt in the next turn."""
+    def complete(**options) -> CompletionRequest:
+        return CompletionRequest(model=NAME, prompt="Once upon", context=[], options=SamplingOptions(**options))
+    full = aggregate(await collect(backend.complete(complete(max_tokens=30, temperature=0))))
+    cut = aggregate(await collect(backend.complete(complete(max_tokens=30, temperature=0, stop=[full.text[12:14]]))))
+    tokenizer, prompt = backend.engine.tokenizer, full.usage.prompt_tokens
+    assert cut.context[prompt:] == tokenizer.encode(cut.text, add_special_tokens=False)
+    assert cut.context[:prompt] == full.context[:prompt] and len(cut.context) < len(full.context)
+    eos = tokenizer.eos_token_ids[0]
+    ended = aggregate(await collect(backend.complete(complete(max_tokens=5, logit_bias={eos: 100.0}))))
+    assert ended.text == "" and ended.context == full.context[:prompt]
+
+
 async def test_seed_reproduces_and_differs_across_seeds(backend):
     texts = [aggregate(await collect(backend.chat(chat(max_tokens=16, temperature=1.0, seed=s)))).text
              for s in (1, 1, 2, 3)]
