@@ -228,12 +228,14 @@ async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Com
                             budget: Budget | None) -> AsyncIterator[Chunk]:
     """A grammar-constrained answer flows token by token, as Ollama streams it; the whole is checked before the
     last chunk (past the repair budget, not at all), and one that does not parse ends the stream in
-    StructuredOutputInvalid (never cached). An answer cut by max_tokens is sent as it is, as Ollama sends it."""
+    StructuredOutputInvalid (never cached). An answer cut by max_tokens, or by a stop string of the client's (where
+    the backend says which: the engine does), is sent as it is, as Ollama sends it: that JSON is the client's cut.
+    """
     parts: list[str] = []
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
             parts.append(chunk.text)
-            if chunk.finish_reason == "stop":
+            if chunk.finish_reason == "stop" and chunk.stop_sequence is None:
                 text = "".join(parts)
                 try:
                     await _run(budget, repair_structured, text, req.format, report, size=len(text))

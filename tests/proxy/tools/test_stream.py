@@ -217,6 +217,17 @@ async def test_grammar_constrained_output_that_breaks_the_schema_ends_in_an_erro
     assert cut[-1].finish_reason == "length"  # cut by max_tokens: sent as it is, as Ollama sends it
 
 
+async def test_grammar_constrained_output_cut_by_the_clients_stop_string_is_sent_as_it_is() -> None:
+    """As a cut by max_tokens, and as Ollama sends it: a 502 there was retried by the SDKs into the same cut."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    async def stopped() -> AsyncIterator[Chunk]:
+        yield Chunk(text='{"')
+        yield Chunk(finish_reason="stop", stop_sequence="n")
+    out = [c async for c in repair_stream(stopped(), _req(format=schema), constrained=True)]
+    assert "".join(c.text for c in out) == '{"' and out[-1].stop_sequence == "n"
+
+
 async def test_closing_the_repaired_stream_closes_the_backend_stream() -> None:
     closed = []
 
