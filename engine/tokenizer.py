@@ -199,11 +199,12 @@ class IncrementalDetokenizer:
         return text[len(emitted):]
 
     def flush(self) -> str:
-        """Whatever is still held back (at the end of a request, broken bytes and all)."""
+        """Whatever is still held back, at the end of a request, but a character its output limit cut in two: the
+        bytes of it that came are dropped, as Ollama drops them, where they went out as a broken character."""
         emitted = self.tokenizer.decode(self.ids[self.prefix:self.read])
         text = self.tokenizer.decode(self.ids[self.prefix:])
         self.prefix = self.read = len(self.ids)
-        return text[len(emitted):]
+        return text[len(emitted):].rstrip("\ufffd")
 
 
 def _gguf_pre_tokenizer(pre: str):

@@ -105,7 +105,7 @@ def test_no_leak_after_random_requests_with_aborts(tiny_llama, engine_factory):
 def test_utf8_is_never_split_and_stop_strings_cut(tiny_llama, engine_factory):
     eng = engine_factory(tiny_llama)
     outs = generate(eng, eng.tokenizer.encode("ab"), SamplingParams(max_tokens=60, temperature=1.0, seed=3))
-    full = eng.tokenizer.decode(tokens_of(outs))
+    full = eng.tokenizer.decode(tokens_of(outs)).rstrip("\ufffd")  # broken bytes at the very end are dropped
     assert text_of(outs) == full
     for o in outs:
         o.text.encode("utf-8")  # a lone surrogate or split character would raise or show as U+FFFD

@@ -1,4 +1,4 @@
-"""Fill-in-the-middle markers read from a vocabulary, and the FIM prompt built from them."""
+"""Fill-in-the-middle markers read from a vocabulary, and the FIM prompt built from them; text made token by token."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from tokenizers import AddedToken
 
 from engine import default_model_path
-from engine.tokenizer import FIM_MARKERS, FimTokens, Tokenizer
+from engine.tokenizer import FIM_MARKERS, FimTokens, IncrementalDetokenizer, Tokenizer
 from tests.engine.tiny import byte_tokenizer
 
 QWEN = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -70,3 +70,13 @@ def test_markers_a_gguf_declares_come_first(shipped):
     assert tok.fim_tokens == FimTokens("<repo_name>", "<file_sep>", "<filename>")
     assert tok.encode(tok.fim_tokens.prompt("a", "b")) == [3, *tok.encode("a"), 5, *tok.encode("b"), 6]
     assert Tokenizer.from_gguf(reader, meta | dict(zip(keys, (3, 5, 40)))).fim_tokens is None  # 40 is plain text
+
+
+def test_a_character_the_output_limit_cuts_in_two_is_dropped_not_sent_broken():
+    tokenizer = tokenizer_with()
+    ids = tokenizer.encode("hi \U0001F600", add_special_tokens=False)  # the emoji is four byte tokens
+    detok = IncrementalDetokenizer(tokenizer)
+    sent = "".join(detok.push(i) for i in ids[:-1])  # its last byte never comes
+    assert sent + detok.flush() == "hi "
+    detok = IncrementalDetokenizer(tokenizer)
+    assert "".join(detok.push(i) for i in ids) + detok.flush() == "hi \U0001F600"
