@@ -141,8 +141,8 @@ class _Out:
             await asyncio.sleep(self.last + every - time.monotonic())
             if time.monotonic() - self.last < every:
                 continue
-            await self.open()
             try:
+                await self.open()
                 await self.write(encode(heartbeat))
             except ConnectionResetError:  # the client left: its handler is cancelled, and stops this timer
                 return
