@@ -181,13 +181,18 @@ async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, 
         data = line[5:].strip()
         if data == b"[DONE]":
             return
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            event = None
-        if not isinstance(event, dict):
-            raise CommandError(f"a malformed stream event: {data[:100]!r}")
-        yield event
+        yield _json_object(data, "event")
+
+
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    """One streamed event's JSON object; anything else is a one-line error naming the malformed `what`."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        event = None
+    if not isinstance(event, dict):
+        raise CommandError(f"a malformed stream {what}: {data[:100]!r}")
+    return event
 
 
 @dataclass
@@ -200,12 +205,7 @@ class OllamaReply:
         async for line in self.response.content:
             if not line.strip():
                 continue
-            try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                event = None
-            if not isinstance(event, dict):
-                raise CommandError(f"a malformed stream line: {line[:100]!r}")
+            event = _json_object(line, "line")
             if "error" in event:
                 raise CommandError(f"the stream from {self.response.url} failed: {error_text(line)}")
             if text := (event.get("message") or {}).get("content"):
