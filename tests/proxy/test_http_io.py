@@ -61,6 +61,23 @@ async def test_a_backend_silent_before_its_first_token_gets_heartbeats_in_every_
     assert resp.status == 200 and before.count(beat) >= 2 and b"lo" in after and b" world" in after
 
 
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(silence=0.3))])
+async def test_the_sdks_read_an_answer_whose_heartbeats_came_first(base_url: str) -> None:
+    """Anthropic's heartbeat opens the text block the answer then fills; the Responses API's are
+    `response.in_progress` events before any item: each SDK's final object holds the answer alone."""
+    claude = anthropic.AsyncAnthropic(base_url=base_url, api_key="sk-test", max_retries=0)
+    async with claude.messages.stream(model="tiny", max_tokens=100, messages=MESSAGES) as s:
+        message = await s.get_final_message()
+    assert [(b.type, b.text) for b in message.content] == [("text", "Hello world")]
+    sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+    async with sdk.responses.stream(model="tiny", input="hi") as stream:
+        response = await stream.get_final_response()
+    assert response.output_text == "Hello world" and len(response.output) == 1
+    parts = [p async for p in await ollama.AsyncClient(host=base_url).chat(model="tiny", messages=MESSAGES,
+                                                                            stream=True)]
+    assert "".join(p.message.content for p in parts) == "Hello world" and parts[-1].done
+
+
 async def test_a_stream_waiting_for_its_backends_slot_gets_its_headers_and_heartbeats() -> None:
     backend = ScriptedBackend("s", script=Script(pieces=["x"] * 50, delay=0.02))  # a second of work
     backend.config.max_concurrency = 1
