@@ -338,9 +338,8 @@ class EngineBackend(Backend):
                         context: list[int] | None = None, fills_middle: bool = False) -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
         has its <think> text sent as thinking, not content. With `context` (token ids of an earlier answer, Ollama's
-        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids (`_said`).
-        A middle
-        (fills_middle) ends at the model's FIM end tokens too."""
+        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids (`_said`). A
+        middle (fills_middle) ends at the model's FIM end tokens too."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)  # a bad schema is a 400 before any model loads

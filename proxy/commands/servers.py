@@ -1,7 +1,7 @@
 """Which model servers answer on this machine, what they are and what models they serve.
 
-Each port gets the same handful of GETs at once, with a short timeout, and is named by its answers, not by its
-number (a llama-server may well listen on 8000):
+Each port gets the same handful of GETs at once (then `/props`, below), with a short timeout, and is named by its
+answers, not by its number (a llama-server may well listen on 8000):
 - `/` says "Ollama is running" and `/metrics` has `velo_` series: a Velo (it imitates Ollama; never configure
   a Velo as its own backend); without those series: Ollama (`/api/version`, `/api/tags`);
 - `/props` with `default_generation_settings`: llama.cpp's llama-server (slots and context from it), asked only
