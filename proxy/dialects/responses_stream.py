@@ -48,7 +48,9 @@ class ResponseStream:
 
     def encode(self, chunk: Chunk) -> bytes:
         if chunk.heartbeat:
-            return b"".join(self._start() if not self.sequence else [self._still_in_progress()])
+            # the API has no keepalive event, and Codex's idle timer counts events, not SSE comments: it dropped, and
+            # sent again, a stream whose prompt a CPU read for minutes
+            return b"".join(self._start() if not self.sequence else [self._in_progress("response.in_progress")])
         if self.compacting:
             return self._summary(chunk)
         out = [] if self.sequence else self._start()
@@ -116,15 +118,12 @@ class ResponseStream:
         return {"item_id": self.open["id"], "output_index": len(self.output)}
 
     def _start(self) -> list[bytes]:
-        response = response_object(self.resp_id, self.parsed, self.created_at, "in_progress", [])
-        return [self._event("response.created", {"response": response}),
-                self._event("response.in_progress", {"response": response})]
+        return [self._in_progress("response.created"), self._in_progress("response.in_progress")]
 
-    def _still_in_progress(self) -> bytes:
-        """A heartbeat: `response.in_progress` again, with no output (the SDK's snapshot keeps its own). The API has
-        no keepalive event, and Codex's idle timer counts events, not SSE comments: it dropped, and sent again, a
-        stream whose prompt a CPU read for minutes."""
-        return self._event("response.in_progress", {
+    def _in_progress(self, kind: str) -> bytes:
+        """`kind` with the response in progress and no output: at the start, and again as a heartbeat (the SDK's
+        snapshot keeps its own output)."""
+        return self._event(kind, {
             "response": response_object(self.resp_id, self.parsed, self.created_at, "in_progress", [])})
 
     def _item(self, kind: str) -> list[bytes]:
