@@ -68,8 +68,9 @@ async def _request_id(request: web.Request, response: web.StreamResponse) -> Non
     """The request's id under Velo's name and the two its clients' SDKs read (`request_id` of a response or an
     error): OpenAI's `x-request-id` and Anthropic's `request-id`."""
     if is_listed(request.path):
-        response.headers["X-Velo-Request-Id"] = response.headers["x-request-id"] = request_id(request)
-        response.headers["request-id"] = request_id(request)
+        named = request_id(request)
+        response.headers["X-Velo-Request-Id"] = response.headers["x-request-id"] = named
+        response.headers["request-id"] = named
 
 
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -42,7 +42,7 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     anonymous scope, as a single-user local setup expects.
     """
     key = api_key(request)
-    if (server.api_keys or server.admin_keys) and key not in server.api_keys and key not in server.admin_keys:
+    if server.keys and key not in server.keys:
         raise Unauthorized("invalid or missing API key")
     if server.admin_keys and key not in server.admin_keys and request.path.startswith(ADMIN_PATHS):
         raise Forbidden(f"{request.path} is for the keys in [server] admin_keys")

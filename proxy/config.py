@@ -47,9 +47,9 @@ class ServerConfig:
                                   "Bearer <key>` (or `x-api-key`); cache entries are scoped per key",
                                   default_doc="[] (no authentication; a client that sends a key still gets its own "
                                               "cache scope)")
-    admin_keys: list[str] = setting(factory=list, doc="when keys belong to different people: the keys that alone open "
-                                    "the dashboard (/ui, with its recent requests) and list or cancel requests in flight "
-                                    "(/velo/requests); other keys get 403 there. Each is an API key too",
+    admin_keys: list[str] = setting(factory=list, doc="when keys belong to different people: the keys that alone "
+                                    "open the dashboard (/ui, with its recent requests) and list or cancel requests in "
+                                    "flight (/velo/requests); other keys get 403 there. Each is an API key too",
                                     default_doc="[] (every API key may)")
     origins: list[str] = setting(factory=list, doc="browser origins allowed to call Velo (CORS), besides Ollama's "
                                  "defaults: http(s) on localhost, 127.0.0.1 and 0.0.0.0 at any port, app://, file://, "
@@ -77,6 +77,11 @@ class ServerConfig:
     long_request_s: float = setting(300.0, "a request running longer than this is logged once with its id, model, "
                                     "client and tokens so far (`GET /velo/requests` lists every one, `DELETE "
                                     "/velo/requests/{id}` cancels one). 0: never logged", min=0)
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key that may call Velo: the API keys and the admin keys (each an API key too)."""
+        return [*self.api_keys, *self.admin_keys]
 
 
 @dataclass

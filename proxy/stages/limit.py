@@ -31,8 +31,7 @@ class Limit(Stage):
         super().__init__(services)
         cfg = services.config.limits
         self.limits, _ = services.lease.hold(f"limits:{fingerprint(cfg)}", lambda: KeyLimits(cfg))
-        server = services.config.server
-        self.named = {tenant_of(k) for k in [*server.api_keys, *server.admin_keys]} | {ANONYMOUS}
+        self.named = {tenant_of(k) for k in services.config.server.keys} | {ANONYMOUS}
         services.registry.register(self)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
