@@ -115,8 +115,7 @@ def _said(engine: LLMEngine, made: list[int], text: str, out: RequestOutput) -> 
 
 
 def to_chunk(out: RequestOutput) -> Chunk:
-    logprobs = [TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p["top_logprobs"]])
-                for p in out.logprobs or []]
+    logprobs = [TokenLogprob.from_wire(p) for p in out.logprobs or []]
     return Chunk(text=out.text, logprobs=logprobs, finish_reason=_FINISH[out.finish_reason] if out.finished else None,
                  stop_sequence=out.stop_string)
 

@@ -105,8 +105,7 @@ def native_chunk(obj: dict[str, Any]) -> Chunk:
     if _is_progress(obj):
         return Chunk()
     chunk = Chunk(text=wire_text(obj.get("content")), context=obj.get("tokens") or None, logprobs=[
-        TokenLogprob(p["token"], p["logprob"], [(t["token"], t["logprob"]) for t in p.get("top_logprobs") or []])
-        for p in obj.get("completion_probabilities") or [] if "logprob" in p])
+        TokenLogprob.from_wire(p) for p in obj.get("completion_probabilities") or [] if "logprob" in p])
     if obj.get("stop"):
         timings = obj.get("timings") or {}
         chunk.finish_reason = "length" if obj.get("stop_type") == "limit" else "stop"

@@ -83,9 +83,7 @@ def usage_from_wire(obj: dict[str, Any]) -> Usage:
 
 
 def logprobs_from_wire(items: list[dict[str, Any]] | None) -> list[TokenLogprob]:
-    return [TokenLogprob(token=i["token"], logprob=i["logprob"],
-                         top=[(t["token"], t["logprob"]) for t in i.get("top_logprobs") or []])
-            for i in items or []]
+    return [TokenLogprob.from_wire(i) for i in items or []]
 
 
 def chunk_from_wire(obj: dict[str, Any]) -> Chunk:

@@ -135,10 +135,9 @@ def logprobs_from_wire(lp: dict[str, Any] | None) -> list[TokenLogprob]:
     if not lp:
         return []
     if lp.get("content") is not None:
-        return [TokenLogprob(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t.get("top_logprobs") or []])
-                for t in lp["content"]]
+        return [TokenLogprob.from_wire(t) for t in lp["content"]]
     tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
-    return [TokenLogprob(tok, p, list((top or {}).items()))
+    return [TokenLogprob(tok, p, [TokenLogprob(t, q) for t, q in (top or {}).items()])
             for tok, p, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], tops)]
 
 

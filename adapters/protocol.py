@@ -175,9 +175,28 @@ class Usage:
 
 @dataclass
 class TokenLogprob:
+    """A token's log-probability; the chosen token's also lists its best alternatives (`top`). `raw` holds the
+    token's own bytes where its text is not whole characters: a character split across tokens shows as U+FFFD in
+    `token`, and only the bytes let a client rebuild the text. None: `token`'s UTF-8."""
+
     token: str
     logprob: float
-    top: list[tuple[str, float]] = field(default_factory=list)
+    top: list[TokenLogprob] = field(default_factory=list)
+    raw: bytes | None = None
+
+    @property
+    def utf8(self) -> list[int]:
+        """The token's bytes, as OpenAI's and Ollama's `bytes` list them."""
+        return list(self.token.encode() if self.raw is None else self.raw)
+
+    @classmethod
+    def from_wire(cls, entry: dict[str, Any]) -> TokenLogprob:
+        """One entry of the shape OpenAI's chat logprobs, Ollama's, llama-server's and Velo's engine share:
+        `{token, logprob, bytes, top_logprobs}`. `bytes` is kept only where it is not the token's UTF-8."""
+        token, raw = entry["token"], entry.get("bytes")
+        raw = None if raw is None else bytes(list(raw))  # bytes(5) would be five zeros, not a TypeError
+        return cls(token, entry["logprob"], [cls.from_wire(t) for t in entry.get("top_logprobs") or []],
+                   None if raw is None or raw == token.encode() else raw)
 
 
 @dataclass

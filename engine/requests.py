@@ -27,7 +27,8 @@ class RequestOutput:
     num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
     num_output_tokens: int = 0
     # of the tokens whose text begins in this output's (or an earlier one's): {"token_id", "token", "logprob",
-    # "top_logprobs"}; none for text a stop string cut, or for the end-of-sequence token
+    # "top_logprobs"}, and "bytes" where the token is part of a character; none for text a stop string cut, or for
+    # the end-of-sequence token
     logprobs: list[dict] | None = None
     stop_string: str | None = None  # the stop string that ended the request, on its last output
     extra: dict = field(default_factory=dict)
@@ -142,8 +143,12 @@ class RequestState:
     def _logprobs(self, token: int, sample: Sample) -> list[dict] | None:
         if not (self.params.logprobs or self.params.top_logprobs) or sample.logprob is None:
             return None
-        decode = self.tokenizer.decode
-        top = [{"token_id": t, "token": decode([t], skip_special_tokens=False), "logprob": lp}
-               for t, lp in sample.top_logprobs]
-        return [{"token_id": token, "token": decode([token], skip_special_tokens=False),
-                 "logprob": sample.logprob, "top_logprobs": top}]
+        top = [{**self._token(t), "logprob": lp} for t, lp in sample.top_logprobs]
+        return [{**self._token(token), "logprob": sample.logprob, "top_logprobs": top}]
+
+    def _token(self, token_id: int) -> dict:
+        """A token's text, and its bytes where that text is not whole characters (a character split across tokens
+        decodes to U+FFFD)."""
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        raw = self.tokenizer.token_bytes(token_id) if "\ufffd" in text else None
+        return {"token_id": token_id, "token": text, **({"bytes": raw} if raw is not None else {})}

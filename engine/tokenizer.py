@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -39,6 +40,18 @@ FIM_MARKERS = (
 FIM_ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<file_sep>", "<EOT>", "\u2581<EOT>",
             "<\uff5cend\u2581of\u2581sentence\uff5c>")
 _GGUF_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _gpt2_bytes() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character to byte: printable bytes stand for themselves, the other 68 for
+    U+0100 onwards in byte order (its `bytes_to_unicode`)."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    others = [b for b in range(256) if b not in shown]
+    return {**{chr(b): b for b in shown}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
+_GPT2_BYTES = _gpt2_bytes()
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,21 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """A token's own bytes, for a token whose text alone is not whole characters (it decodes to U+FFFD): a
+        byte-level vocabulary spells each byte as one character of GPT-2's table, SentencePiece's byte fallback as
+        `<0xNN>`. None for a piece spelled some other way."""
+        piece = self.tk.id_to_token(token_id) or ""
+        if (byte := _BYTE_FALLBACK.fullmatch(piece)) is not None:
+            return bytes([int(byte.group(1), 16)])
+        if self._byte_level and all(ch in _GPT2_BYTES for ch in piece):
+            return bytes(_GPT2_BYTES[ch] for ch in piece)
+        return None
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        return "ByteLevel" in repr(self.tk.decoder)
 
     @cached_property
     def fim_tokens(self) -> FimTokens | None:

@@ -99,4 +99,4 @@ class ScriptedBackend(Backend):
 
 
 def _logprobs(piece: str) -> list[TokenLogprob]:
-    return [TokenLogprob(piece, -0.5, [(piece, -0.5), (" x", -2.0)])]
+    return [TokenLogprob(piece, -0.5, [TokenLogprob(piece, -0.5), TokenLogprob(" x", -2.0)])]

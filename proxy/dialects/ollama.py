@@ -13,7 +13,7 @@ from typing import Any
 from adapters import keep_alive, options
 from adapters.errors import BadRequest
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
-                               ModelInfo, RunningModel, SamplingOptions, Tool, ToolCall, Usage)
+                               ModelInfo, RunningModel, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage)
 
 from adapters.fields import body_object, get, get_model, string_list
 
@@ -207,13 +207,15 @@ def _add_logprobs(out: dict[str, Any], chunk: Chunk) -> None:
     """The chunk's tokens as Ollama's server/logprob.go writes them: `bytes` as integers, `top_logprobs` only when
     asked for."""
     if chunk.logprobs:
-        out["logprobs"] = [{**_token(lp.token, lp.logprob), **({"top_logprobs": [_token(t, p) for t, p in lp.top]}
-                                                                  if lp.top else {})} for lp in chunk.logprobs]
+        out["logprobs"] = [{**_token(lp), **({"top_logprobs": [_token(t) for t in lp.top]} if lp.top else {})}
+                           for lp in chunk.logprobs]
 
 
-def _token(token: str, logprob: float) -> dict[str, Any]:
-    raw = token.encode()
-    return {"token": token, "logprob": logprob, "bytes": list(raw)} if raw else {"token": token, "logprob": logprob}
+def _token(lp: TokenLogprob) -> dict[str, Any]:
+    out: dict[str, Any] = {"token": lp.token, "logprob": lp.logprob}
+    if raw := lp.utf8:  # Go's omitempty
+        out["bytes"] = raw
+    return out
 
 
 def generate_object(model: str, chunk: Chunk, started_ns: int) -> dict[str, Any]:

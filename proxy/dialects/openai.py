@@ -397,8 +397,8 @@ def _logprobs(chunk: Chunk) -> dict[str, Any] | None:
 
 def token_logprobs(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
     """OpenAI's per-token log-probabilities, as chat completions and the Responses API both write them."""
-    return [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
-             "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode())} for t, p in lp.top]}
+    return [{"token": lp.token, "logprob": lp.logprob, "bytes": lp.utf8,
+             "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.utf8} for t in lp.top]}
             for lp in logprobs]
 
 
@@ -494,7 +494,7 @@ def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:
         return None
     tokens = [lp.token for lp in chunk.logprobs]
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in chunk.logprobs],
-            "top_logprobs": [dict(lp.top) for lp in chunk.logprobs],
+            "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in chunk.logprobs],
             "text_offset": list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset))}
 
 

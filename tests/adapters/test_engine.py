@@ -90,8 +90,20 @@ async def test_logprobs_describe_the_chosen_tokens(backend):
     logprobs = [lp for c in chunks for lp in c.logprobs]
     assert len(logprobs) == 6
     for lp in logprobs:
-        assert len(lp.top) == 3 and lp.top[0] == (lp.token, lp.logprob)  # greedy: the chosen token is the best
-        assert 0 >= lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+        best = lp.top[0]
+        assert len(lp.top) == 3 and (best.token, best.logprob) == (lp.token, lp.logprob)  # greedy: the chosen is best
+        assert 0 >= lp.top[0].logprob >= lp.top[1].logprob >= lp.top[2].logprob
+
+
+async def test_logprobs_give_the_bytes_of_a_token_that_is_part_of_a_character(backend):
+    """Each byte above 0x7f is a token of its own in the tiny model's vocabulary and decodes alone to U+FFFD; its
+    `bytes` must be that byte, or a client cannot rebuild the character (all of them were EF BF BD)."""
+    chunks = await collect(backend.chat(chat(max_tokens=6, temperature=0, logprobs=True, top_logprobs=20)))
+    alternatives = [t for c in chunks for lp in c.logprobs for t in lp.top]
+    split = [t for t in alternatives if t.token == "\ufffd"]
+    assert split and all(len(t.utf8) == 1 and t.utf8[0] >= 0x80 for t in split)
+    for lp in (lp for c in chunks for lp in c.logprobs):
+        assert len({bytes(t.utf8) for t in lp.top}) == len(lp.top)  # twenty different tokens, twenty byte strings
 
 
 async def test_logprobs_describe_only_the_answers_tokens(backend):

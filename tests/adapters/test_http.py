@@ -325,8 +325,9 @@ async def test_sse_events_come_whole_and_in_order_however_the_body_is_cut(pieces
 async def test_one_answer_folds_a_stream_into_one_chunk_and_keeps_every_field():
     """A non-streamed client request: the backend's stream folded before the pipeline, with nothing lost."""
     call = ToolCall(name="f", arguments={"a": 1}, id="c0")
+    lo = TokenLogprob("lo", -0.2, [TokenLogprob("lo", -0.2)])
     pieces = [Chunk(text="Hel", thinking="hm", logprobs=[TokenLogprob("Hel", -0.1)]),
-              Chunk(text="lo", logprobs=[TokenLogprob("lo", -0.2, [("lo", -0.2)])], tool_calls=[call]),
+              Chunk(text="lo", logprobs=[lo], tool_calls=[call]),
               Chunk(finish_reason="tool_calls", usage=Usage(prompt_tokens=3, completion_tokens=2), context=[1, 2])]
 
     async def stream() -> AsyncIterator[Chunk]:
@@ -335,7 +336,7 @@ async def test_one_answer_folds_a_stream_into_one_chunk_and_keeps_every_field():
 
     assert [c async for c in one_answer(stream())] == [aggregate(pieces)]
     assert aggregate(pieces) == Chunk(text="Hello", thinking="hm", tool_calls=[call], finish_reason="tool_calls",
-                                      logprobs=[TokenLogprob("Hel", -0.1), TokenLogprob("lo", -0.2, [("lo", -0.2)])],
+                                      logprobs=[TokenLogprob("Hel", -0.1), lo],
                                       usage=Usage(prompt_tokens=3, completion_tokens=2), context=[1, 2])
 
 

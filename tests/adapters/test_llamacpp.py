@@ -115,6 +115,17 @@ async def test_raw_completion_uses_native_endpoint(backend):
     assert "".join(p.token for p in out.logprobs) == out.text
 
 
+async def test_logprobs_keep_the_bytes_of_a_token_that_is_part_of_a_character(backend):
+    """SmolLM2 writes 日 and 語 as two tokens each. llama-server gives the chosen tokens a whole character each, but
+    an alternative that is part of one as U+FFFD with its own bytes: those must reach the client, not EF BF BD."""
+    req = CompletionRequest(model=MODEL, prompt="日本語, 日本語, 日本", raw=True,
+                            options=SamplingOptions(max_tokens=4, temperature=0, logprobs=True, top_logprobs=1))
+    out = aggregate(await collect(backend.complete(req)))
+    assert "語" in out.text and bytes(b for p in out.logprobs for b in p.utf8).decode() == out.text
+    split = [t for p in out.logprobs for t in p.top if t.token == "\ufffd"]
+    assert split and all(t.raw is not None and t.utf8 != list("\ufffd".encode()) for t in split)
+
+
 async def test_with_always_stream_off_every_path_answers_as_the_stream_does(backend, llama_chat):
     """`always_stream = false` sends one-answer requests as they are: chat, tool calls, the native /completion
     (logprobs) and Ollama's /api/generate with its context read from llama-server's whole answers as from its

@@ -264,3 +264,14 @@ async def test_openai_style_tool_answer_gets_its_tool_name(backend, ollama_doubl
     assert sent[1]["tool_calls"] == [{"id": "call_7", "function": {"name": "get_weather",
                                                                    "arguments": {"city": "Rome"}}}]
     assert sent[2] == {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "call_7"}
+
+
+def test_logprobs_keep_the_bytes_ollama_gives_a_token_that_is_part_of_a_character():
+    """server/logprob.go writes a token's text and its bytes: for part of a character the text is U+FFFD, and
+    only the bytes say which part (they went out again as EF BF BD)."""
+    from adapters.ollama import logprobs_from_wire
+    [part] = logprobs_from_wire([{"token": "\ufffd", "logprob": -0.5, "bytes": [230, 151],
+                                  "top_logprobs": [{"token": "\ufffd", "logprob": -0.5, "bytes": [230, 151]},
+                                                   {"token": "a", "logprob": -3.0, "bytes": [97]}]}])
+    assert (part.utf8, [t.utf8 for t in part.top]) == ([230, 151], [[230, 151], [97]])
+    assert part.top[1].raw is None  # a whole character's bytes are its text's: not kept twice

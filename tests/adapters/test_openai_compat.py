@@ -351,3 +351,13 @@ async def test_embeddings_of_the_wrong_shape_are_the_backends_fault(backend, ope
     with pytest.raises(BackendError, match="unexpected shape") as e:
         await backend.embed(EmbedRequest(model=MODEL, inputs=["a"]))
     assert e.value.status == 502
+
+
+def test_logprobs_keep_a_tokens_own_bytes_and_refuse_bytes_that_are_not_a_list():
+    """llama-server's and vLLM's `bytes` for part of a character; `bytes: 5` is a backend's mistake (bytes(5)
+    would have been five zero bytes)."""
+    from adapters.openai_wire import logprobs_from_wire
+    [part] = logprobs_from_wire({"content": [{"token": "\ufffd", "logprob": -0.1, "bytes": [165], "top_logprobs": []}]})
+    assert (part.token, part.utf8) == ("\ufffd", [165])
+    with pytest.raises(TypeError):
+        logprobs_from_wire({"content": [{"token": "a", "logprob": -0.1, "bytes": 5}]})

@@ -80,3 +80,20 @@ def test_a_character_the_output_limit_cuts_in_two_is_dropped_not_sent_broken():
     assert sent + detok.flush() == "hi "
     detok = IncrementalDetokenizer(tokenizer)
     assert "".join(detok.push(i) for i in ids) + detok.flush() == "hi \U0001F600"
+
+
+def test_a_tokens_own_bytes_where_it_is_part_of_a_character(shipped):
+    """SmolLM2 writes 日 as two tokens; each decodes alone to U+FFFD, and only its bytes say which part it is."""
+    tok = Tokenizer.from_gguf(*shipped)
+    first, second = tok.encode("日", add_special_tokens=False)
+    assert tok.decode([first]) == tok.decode([second]) == "\ufffd"
+    assert (tok.token_bytes(first), tok.token_bytes(second)) == (b"\xe6\x97", b"\xa5")
+    assert tok.token_bytes(tok.encode(" é", add_special_tokens=False)[0]) == " é".encode()
+
+
+def test_sentencepiece_byte_fallback_pieces_are_their_byte():
+    from engine.tokenizer import _sentencepiece_bpe
+    pieces = ["<unk>", "a", *(f"<0x{b:02X}>" for b in range(256))]
+    tok = Tokenizer(_sentencepiece_bpe(pieces, [0.0] * len(pieces)), None, None, None, [])
+    ids = tok.encode("日a", add_special_tokens=False)  # "▁日a": ▁ and 日 are not pieces, so bytes
+    assert [tok.token_bytes(i) for i in ids][-4:] == [b"\xe6", b"\x97", b"\xa5", None]  # "a" is no byte

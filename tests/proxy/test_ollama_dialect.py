@@ -5,8 +5,8 @@ import ollama
 import orjson
 import pytest
 
-from adapters.protocol import ModelInfo, ToolCall
-from proxy.dialects.ollama import show_object
+from adapters.protocol import Chunk, ModelInfo, TokenLogprob, ToolCall
+from proxy.dialects.ollama import generate_object, show_object
 from tests.scripted import ScriptedBackend
 
 
@@ -293,3 +293,9 @@ def test_show_carries_the_files_license():
     """`ollama show --license` and `/show license` print it; a GGUF names it in `general.license`."""
     assert show_object(ModelInfo(name="m", model_info={"general.license": "apache-2.0"}))["license"] == "apache-2.0"
     assert "license" not in show_object(ModelInfo(name="m"))
+
+
+def test_a_token_that_is_part_of_a_character_gives_its_own_bytes():
+    part = TokenLogprob("\ufffd", -0.1, [TokenLogprob("\ufffd", -0.1, raw=b"\xe6\x97")], raw=b"\xe6\x97")
+    [entry] = generate_object("tiny", Chunk(logprobs=[part]), 0)["logprobs"]
+    assert (entry["bytes"], entry["top_logprobs"][0]["bytes"]) == ([0xE6, 0x97], [0xE6, 0x97])

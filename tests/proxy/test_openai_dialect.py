@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
 from adapters.llamacpp import LlamaCppBackend
-from adapters.protocol import Chunk, ToolCall
+from adapters.protocol import Chunk, TokenLogprob, ToolCall
 from proxy.app import make_app
 from proxy.cache.config import CacheConfig
 from proxy.config import Config
@@ -507,3 +507,13 @@ async def test_completions_stream_options_without_stream_is_a_400(client, script
     assert resp.status == 400 and (await resp.json())["error"]["param"] == "stream_options"
     assert scripted.requests == []
 
+
+
+def test_a_token_that_is_part_of_a_character_gives_its_own_bytes():
+    """Each part of a character split across tokens reads U+FFFD; its `bytes` were the replacement character's
+    (EF BF BD), so a client joining them got three of those, not the character."""
+    first = TokenLogprob("\ufffd", -0.1, [TokenLogprob("\ufffd", -0.1, raw=b"\xe6\x97"), TokenLogprob("x", -2.0)],
+                         raw=b"\xe6\x97")
+    out = openai_dialect.token_logprobs([first, TokenLogprob("\ufffd", -0.2, raw=b"\xa5")])
+    assert bytes(b for entry in out for b in entry["bytes"]).decode() == "日"
+    assert [t["bytes"] for t in out[0]["top_logprobs"]] == [[0xE6, 0x97], [ord("x")]]

@@ -94,10 +94,18 @@ def test_lru_entries_expire():
 
 
 def test_codec_round_trips_every_chunk_field():
-    chunks = [Chunk("Hel", thinking="hm", logprobs=[TokenLogprob("Hel", -0.1, [("Hel", -0.1), ("He", -2.0)])]),
+    split = TokenLogprob("\ufffd", -0.3, raw=b"\xe6\x97")  # the first two bytes of a character
+    chunks = [Chunk("Hel", thinking="hm", logprobs=[TokenLogprob("Hel", -0.1, [TokenLogprob("Hel", -0.1), split])]),
+              Chunk(logprobs=[split]),
               Chunk(tool_calls=[ToolCall("f", {"x": [1, 2]}, id="call_1")], finish_reason="tool_calls",
                     usage=Usage(5, 2, 100), context=[1, 2, 3])]
     assert decode_chunks(encode_chunks(chunks)) == chunks
+
+
+def test_codec_reads_alternatives_as_entries_before_raw_bytes_were_kept():
+    old = b'[{"text":"Hel","thinking":"","tool_calls":[],"logprobs":[{"token":"Hel","logprob":-0.1,"top":[["He",-2.0]]}],' \
+          b'"finish_reason":null,"usage":null,"context":null}]'
+    assert decode_chunks(old)[0].logprobs == [TokenLogprob("Hel", -0.1, [TokenLogprob("He", -2.0)])]
 
 
 def test_scope_index_switches_to_hnsw_and_compacts_when_full():
