@@ -78,6 +78,8 @@ class ResponseStore:
             await tier.put(key, payload, self.memory.clock() + self.cfg.ttl_s)
 
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
+        if ":" in resp_id:  # never one of Velo's ids; "item:<id>" would read an item's entry as a response (a 500)
+            return None
         return await self._get(_key(tenant, resp_id), lambda payload: StoredResponse(**orjson.loads(payload)))
 
     async def item(self, tenant: str, item_id: str) -> dict[str, Any] | None:
@@ -99,8 +101,9 @@ class ResponseStore:
 
     async def delete(self, tenant: str, resp_id: str) -> bool:
         """The response, and the references to its items."""
-        record = await self.get(tenant, resp_id)
-        keys = [_key(tenant, resp_id)] + [_item_key(tenant, i["id"]) for i in (record.items() if record else [])]
+        if (record := await self.get(tenant, resp_id)) is None:
+            return False
+        keys = [_key(tenant, resp_id)] + [_item_key(tenant, i["id"]) for i in record.items()]
         deleted = False
         for key in keys:
             deleted = self.memory.delete(key) or deleted

@@ -243,6 +243,19 @@ async def test_stored_responses_belong_to_their_api_key(base_url):
     assert e.value.body["type"] == "invalid_request_error"  # OpenAI's type for a 404, not Anthropic's
 
 
+async def test_an_items_id_is_no_responses_id(base_url):
+    """Items were kept under "item:<id>" beside the responses: GET and DELETE /v1/responses/item:<id> read an item's
+    entry as a response, a 500."""
+    sdk = _client(base_url)
+    r = await sdk.responses.create(model="tiny", input="hi")
+    for item_id in (r.output[0].id, (await sdk.responses.input_items.list(r.id)).data[0].id):
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.retrieve(f"item:{item_id}")
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.delete(f"item:{item_id}")
+    assert (await sdk.responses.retrieve(r.id)).output_text == "Hello world"
+
+
 async def test_store_false_keeps_nothing(base_url):
     r = await _client(base_url).responses.create(model="tiny", input="hi", store=False)
     with pytest.raises(openai.NotFoundError):
