@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -34,6 +35,7 @@ from .streams import first_then_rest
 
 log = logging.getLogger("velo.http")
 STREAM = "velo.stream"  # request key: the stream response once its head is out (errors.py never answers twice)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 async def read_json(request: web.Request) -> Any:
@@ -54,6 +56,13 @@ def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
     cache alone."""
     return Job(req, request[CALLER], dialect_of(request.path, request.headers),
                cache_bypass=bypass_requested(request.headers, body))
+
+
+def ignored_tools_header(names: list[str]) -> dict[str, str]:
+    """`X-Velo-Tools-Ignored`: the offered tools that need the vendor's servers, by the names the client gave them.
+    A control character would end the header (aiohttp refuses CR and LF there: the answer was a 500), so those are
+    spaces."""
+    return {"X-Velo-Tools-Ignored": _CONTROL.sub(" ", ", ".join(names))} if names else {}
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

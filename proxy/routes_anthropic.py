@@ -12,7 +12,7 @@ from adapters.protocol import Chunk, aggregate
 
 from . import context_edits
 from .dialects import anthropic
-from .http_io import job_for, json_response, read_json, write_stream
+from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .state import PIPELINE, ROUTER
 from .streams import collect
 from .token_count import counter, estimate, prompt_tokens
@@ -31,8 +31,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     asked = context if parsed.edits is not None else None
 
     def headers() -> dict[str, str]:
-        ignored = {"X-Velo-Tools-Ignored": ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else {}
-        return {**job.outcome.headers(), **ignored}
+        return {**job.outcome.headers(), **ignored_tools_header(parsed.ignored_tools)}
 
     if not req.stream:
         whole = aggregate(await collect(stream))

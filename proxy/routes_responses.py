@@ -26,7 +26,7 @@ from adapters.protocol import Chunk, aggregate
 from .auth import CALLER
 from .dialects import responses
 from .dialects.responses_stream import ResponseStream
-from .http_io import job_for, json_response, read_json, write_stream
+from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .responses_store import StoredResponse
 from .state import PIPELINE, RESPONSES, ROUTER
 from .streams import collect
@@ -42,8 +42,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     resp_id = responses.new_id("resp")
 
     def headers() -> dict[str, str]:
-        ignored = {"X-Velo-Tools-Ignored": ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else {}
-        return {**job.outcome.headers(), **ignored}
+        return {**job.outcome.headers(), **ignored_tools_header(parsed.ignored_tools)}
 
     if not parsed.stream:
         created, whole = time.time(), aggregate(await collect(stream))

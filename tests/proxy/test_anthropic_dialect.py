@@ -223,6 +223,11 @@ async def test_server_tools_are_left_out_and_named(client, scripted):
     resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER, "mcp_servers": [
         {"type": "url", "url": "https://mcp.example.com/sse", "name": "docs"}]})  # the beta MCP connector
     assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "mcp_servers.docs"
+    for stream in (False, True):  # a line break in a name would end the header: aiohttp refused it, a 500
+        resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
+                                                       "stream": stream, "tools": [
+                                                           {"type": "web_search_20250305", "name": "a\r\nX-B: 1"}]})
+        assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "a  X-B: 1" and "X-B" not in resp.headers
     resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER,
                                                    "mcp_servers": ["docs"]})
     assert resp.status == 400 and (await resp.json())["error"]["type"] == "invalid_request_error"

@@ -104,6 +104,10 @@ async def test_a_codex_turn_converts_to_the_internal_conversation(client, script
     resp = await client.post("/v1/responses", json=body)
     assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "web_search"
     req = scripted.requests[0]
+    for stream in (False, True):  # a line break in a name would end the header: aiohttp refused it, a 500
+        resp = await client.post("/v1/responses", json={**body, "stream": stream, "tools": [
+            {"type": "web_search", "name": "a\r\nX-B: 1"}]})
+        assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "a  X-B: 1" and "X-B" not in resp.headers
     assert [(m.role, m.content) for m in req.messages] == [
         ("system", "You are Codex."), ("user", "list files"), ("assistant", ""), ("tool", "a.py\nb.py"),
         ("assistant", ""), ("tool", "Done")]
