@@ -176,7 +176,7 @@ class Upstream:
         server): messages reach clients and logs."""
         return str(URL(self.url).with_user(None))
 
-    def _scrubbed(self, text: str) -> str:
+    def scrubbed(self, text: str) -> str:
         """`text` without the backend's secrets (its key, its URL's password), wherever a message quotes them."""
         for secret in (self.config.api_key, URL(self.url).password):
             if secret:
@@ -284,12 +284,12 @@ class Upstream:
         """An aiohttp failure as a client may read it: its repr carries the request's headers, the backend's
         Authorization among them, which went out in 502s (and logs) on a malformed answer."""
         what = f"{e.status} {e.message}" if isinstance(e, aiohttp.ClientResponseError) else str(e)
-        return self._scrubbed(f"{type(e).__name__}: {what}")
+        return self.scrubbed(f"{type(e).__name__}: {what}")
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse, path: str, model: str | None) -> None:
         where = f"backend {self.config.name!r}"
         if resp.status < 400:  # followed, a redirect made a POST a GET without its body: a 405, a misleading 404
-            moved = self._scrubbed(resp.headers.get("Location", "?"))
+            moved = self.scrubbed(resp.headers.get("Location", "?"))
             raise BackendError(f"{where} redirected {path} to {moved} ({resp.status}); Velo does not follow "
                                "redirects: set the backend's url to where the server is")
         body = b""
@@ -298,7 +298,7 @@ class Upstream:
                 body += data
                 if len(body) >= _ERROR_BODY_BYTES:  # its message is in its start: an HTML page is not read whole
                     break
-        message = self._scrubbed(error_message(body) or resp.reason or "")
+        message = self.scrubbed(error_message(body) or resp.reason or "")
         if resp.status == 404 and model:
             raise ModelNotFound(model)
         if (overflow := _overflow(body)) is not None:
@@ -379,17 +379,19 @@ class Upstream:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            raise BackendError(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}") from e
+            raise BackendError(self.scrubbed(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}")) from e
 
     def shaped(self, parse: Callable[[Any], T], obj: Any, path: str) -> T:
         """`parse(obj)`, where an answer of the wrong shape (a field missing or of another type) is a 502."""
         try:
             return parse(obj)
-        except VeloError:
+        except VeloError as e:  # an error line a parser read (Ollama's mid-stream `error`) may quote the key
+            e.message = self.scrubbed(e.message)
+            e.args = (e.message,)
             raise
         except _SHAPE_ERRORS as e:
-            raise BackendError(f"backend {self.config.name!r} sent an answer to {path} of an unexpected shape "
-                               f"({type(e).__name__}: {e})") from e
+            raise BackendError(self.scrubbed(f"backend {self.config.name!r} sent an answer to {path} of an "
+                                             f"unexpected shape ({type(e).__name__}: {e})")) from e
 
     async def call(self, method: str, path: str, body: Any = None, *, model: str | None = None,
                    parse: Callable[[Any], T] = _as_is) -> T:
@@ -435,12 +437,14 @@ class Upstream:
                 field, _, value = line.partition(b":")
                 value = value.strip()
                 if field == b"error":
-                    raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+                    raise BackendError(f"backend {self.config.name!r} failed mid-stream: "
+                                       f"{self.scrubbed(error_message(value))}")
                 if field != b"data" or value == b"[DONE]":
                     continue
                 obj = self._loads(value)
                 if isinstance(obj, dict) and "error" in obj:
-                    raise BackendError(f"backend {self.config.name!r} failed mid-stream: {error_message(value)}")
+                    raise BackendError(f"backend {self.config.name!r} failed mid-stream: "
+                                       f"{self.scrubbed(error_message(value))}")
                 if started is not None:
                     started.note(obj)
                 yield self.shaped(parse, obj, resp.url.path)

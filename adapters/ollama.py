@@ -249,5 +249,5 @@ class OllamaBackend(Backend):
             async for obj in self.http.ndjson(resp, first_wait=cfg.first_token_timeout, total=None,
                                               parse=json_object):
                 if "error" in obj:
-                    raise BackendError(f"backend {self.name!r} failed on {path}: {obj['error']}")
+                    raise BackendError(self.http.scrubbed(f"backend {self.name!r} failed on {path}: {obj['error']}"))
                 yield obj

@@ -10,7 +10,7 @@ from aiohttp import web
 from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow
 from adapters.http import Upstream, one_answer
-from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage, aggregate
+from adapters.protocol import ChatRequest, Chunk, Message, TokenLogprob, ToolCall, Usage, aggregate
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok": 123}'
 
@@ -151,6 +151,36 @@ async def test_no_message_quotes_the_backends_key_or_password():
         await keyed.close()
         await gone.close()
         server.close()
+
+
+@pytest.mark.parametrize("kind,body", [
+    ("openai", b'data: {"error": {"message": "token sk-SECRET expired"}}\n\n'),  # vLLM's mid-stream error
+    ("openai", b"error: sk-SECRET expired\n\n"),
+    ("openai", b"data: {oops sk-SECRET\n\n"),  # not JSON: quoted in the 502
+    ("ollama", b'{"error": "token sk-SECRET expired"}\n'),  # Ollama's mid-stream error line
+])
+async def test_no_error_a_backend_sends_mid_stream_quotes_its_key(aiohttp_server, kind, body):
+    """Error statuses were scrubbed, but a message built from what came in a stream quoted the key to the client
+    and to the log."""
+    from adapters.registry import make_backend
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(body)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    app.router.add_post("/api/chat", answer)
+    server = await aiohttp_server(app)
+    backend = make_backend(BackendConfig(name="b", kind=kind, urls=[str(server.make_url(""))], api_key="sk-SECRET"))
+    try:
+        with pytest.raises(BackendError) as e:
+            [c async for c in backend.chat(ChatRequest(model="m", messages=[Message(role="user", content="hi")]))]
+        assert "sk-SECRET" not in e.value.message and "sk-SECRET" not in str(e.value) and "***" in e.value.message
+    finally:
+        await backend.close()
 
 
 async def test_a_redirect_is_a_clear_502_never_followed(aiohttp_server):
