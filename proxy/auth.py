@@ -15,7 +15,11 @@ from .job import Caller
 
 CALLER = "velo.caller"  # request key: the Caller of every /api and /v1 request
 OPEN_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
-ADMIN_PATHS = ("/ui", "/velo/")  # what shows or ends other keys' requests
+# What shows or ends other keys' requests (the dashboard, requests in flight, llama-server's slots: their tasks, and
+# saving, restoring or erasing their caches) or changes what every key gets (presets shadow models: Ollama's
+# create/copy/delete, pulls, pushes, blobs)
+ADMIN_PATHS = ("/ui", "/velo/", "/slots", "/api/create", "/api/copy", "/api/delete", "/api/pull", "/api/push",
+               "/api/blobs/")
 ANONYMOUS = "anonymous"  # the scope of requests without a key
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -188,3 +188,25 @@ async def test_a_preset_with_messages_continues_their_conversation(oll, base_url
     with pytest.raises(ollama.ResponseError) as e:
         await oll.create("broken", from_="tiny", messages=[{"content": "no role"}])
     assert e.value.status_code == 400
+
+
+async def test_with_admin_keys_only_those_manage_models(tmp_path):
+    """A preset is what every key gets under its name, a backend's model's name included: any key could create one
+    over `tiny` with its own system prompt for everyone (or read and delete another's)."""
+    from proxy.config import ServerConfig
+    config = Config(server=ServerConfig(api_keys=["sk-alice"], admin_keys=["sk-root"]),
+                    presets=PresetsConfig(path=str(tmp_path / "presets.json")))
+    alice, root = {"Authorization": "Bearer sk-alice"}, {"Authorization": "Bearer sk-root"}
+    scripted = ScriptedBackend()
+    async with TestClient(TestServer(make_app(config, {"s": scripted}))) as c:
+        preset = {"model": "tiny", "from": "tiny", "system": "Be brief."}
+        for method, path, body in (("POST", "/api/create", preset), ("POST", "/api/copy", {"source": "tiny",
+                                   "destination": "x"}), ("DELETE", "/api/delete", {"model": "tiny"}),
+                                   ("POST", "/api/pull", {"model": "tiny"}), ("POST", "/api/push", {"model": "tiny"}),
+                                   ("HEAD", "/api/blobs/sha256:00", None)):
+            resp = await c.request(method, path, json=body, headers=alice)
+            assert resp.status == 403, path
+        assert (await c.post("/api/create", json=preset, headers=root)).status == 200
+        await c.post("/api/chat", json={"model": "tiny", "messages": USER, "stream": False}, headers=alice)
+        assert scripted.requests[-1].messages[0].content == "Be brief."  # an admin's preset serves every key
+        assert (await c.delete("/api/delete", json={"model": "tiny"}, headers=root)).status == 200
