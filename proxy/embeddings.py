@@ -1,5 +1,5 @@
-"""The embedding path: resolve -> observe -> a micro-batch per backend (proxy/batching/embed_batcher.py) -> the
-backend. Not a chunk stream, so not the generation stages; it shares the observe stage's series."""
+"""The embedding path: resolve -> observe -> limit -> a micro-batch per backend (proxy/batching/embed_batcher.py) ->
+the backend. Not a chunk stream, so not the generation stages; it shares the observe and limit stages' state."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,15 +10,18 @@ from prometheus_client.core import CounterMetricFamily
 from adapters.protocol import EmbedRequest, EmbedResult
 
 from .batching import EmbedBatcher
+from .dialects import dialect_of
 from .job import Caller
 from .metrics import RequestMetrics
 from .residency import Residency
 from .stages.base import Services
+from .stages.limit import Limit
+from .token_count import CHARS_PER_TOKEN
 
 
 class Embeddings:
-    def __init__(self, services: Services, metrics: RequestMetrics, residency: Residency) -> None:
-        self.services, self.metrics, self.residency = services, metrics, residency
+    def __init__(self, services: Services, metrics: RequestMetrics, residency: Residency, limit: Limit) -> None:
+        self.services, self.metrics, self.residency, self.limit = services, metrics, residency, limit
         self.batchers: dict[str, EmbedBatcher] = {}
         services.registry.register(self)
 
@@ -35,10 +38,12 @@ class Embeddings:
     async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
         target = await self.services.router.resolve(req.model)
         batcher = self.batchers.get(target.backend.name)
+        prompt = sum(len(text) for text in req.inputs) // CHARS_PER_TOKEN
         with self.metrics.observe(caller.path, target.label, target.backend.name):
-            req = replace(req, model=target.model)
-            with self.residency.use(target, req.keep_alive):
-                return await (batcher.embed(req) if batcher else target.backend.embed(req))
+            with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt):
+                req = replace(req, model=target.model)
+                with self.residency.use(target, req.keep_alive):
+                    return await (batcher.embed(req) if batcher else target.backend.embed(req))
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",

@@ -48,7 +48,8 @@ class Pipeline:
         self.services.registry.register(inflight)
         self.stages = [cls(self.services) for cls in STAGES]
         self.residency = self.stage(KeepLoaded).residency
-        self.embeddings = Embeddings(self.services, self.stage(Observe).metrics, self.residency)
+        self.limit = self.stage(Limit)
+        self.embeddings = Embeddings(self.services, self.stage(Observe).metrics, self.residency, self.limit)
         call = functools.partial(self.stages[-1], next=None)
         for stage in reversed(self.stages[:-1]):
             call = functools.partial(stage, next=call)

@@ -6,6 +6,7 @@ post `/v1/rerank` (a llama-server started with `--reranking`). Errors come in Op
 llama-server's."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from aiohttp import web
@@ -14,21 +15,29 @@ from adapters.errors import NotFound
 from adapters.fields import body_object
 from adapters.llamacpp import LlamaCppBackend
 
+from .auth import CALLER
 from .dialects import LLAMA_SERVER_PATHS, openai
 from .http_io import read_json, sse, write_stream
-from .state import ROUTER
+from .state import PIPELINE, ROUTER
+from .token_count import CHARS_PER_TOKEN
 
 
 _GET = ("/props", "/slots")
 
 
 async def native(request: web.Request) -> web.StreamResponse:
+    """Under the key's limits like every generation (/completion, /infill and /rerank went around them); the GETs
+    (/props, /slots) read state only."""
     body = await _body(request)
     server = await _llama_server(request, request.query.get("model") if body is None else body.get("model"))
     stream = bool(body and body.get("stream"))
-    return await write_stream(request, server.native(request.method, request.path_qs, body), lambda piece: piece,
-                              lambda e: sse(openai.error_object(e)) if stream else b"",
-                              "text/event-stream" if stream else "application/json")
+    prompt = (request.content_length or 0) // CHARS_PER_TOKEN
+    limited = request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt) if body is not None else \
+        contextlib.nullcontext()
+    with limited:
+        return await write_stream(request, server.native(request.method, request.path_qs, body), lambda piece: piece,
+                                  lambda e: sse(openai.error_object(e)) if stream else b"",
+                                  "text/event-stream" if stream else "application/json")
 
 
 async def _body(request: web.Request) -> dict[str, Any] | None:

@@ -40,11 +40,7 @@ class Limit(Stage):
 
     async def _limited(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         key, prompt = job.caller.tenant, estimate(job.request)
-        try:
-            job.outcome.rate_limit = headers(job.dialect, self.limits.admit(key, prompt, self.label(key)))
-        except RateLimited as e:
-            e.headers = headers(job.dialect, self.limits.state(key))
-            raise
+        job.outcome.rate_limit = self._admit(key, job.dialect, prompt)
         counted, pieces = 0, 0
         try:
             async with contextlib.aclosing(next(job)) as rest:
@@ -54,6 +50,28 @@ class Limit(Stage):
         finally:
             spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
             self.limits.done(key, spent - prompt)
+
+    @contextlib.contextmanager
+    def held(self, tenant: str, dialect: str, prompt: int) -> Iterator[None]:
+        """A request that is no answer stream (embeddings, llama-server's own routes: /completion, /infill, /rerank)
+        under the same limits, which it went around: a 429 over them, one of the key's requests at once while it
+        runs, `prompt` (an estimate) its tokens."""
+        if not self.limits.active:
+            yield
+            return
+        self._admit(tenant, dialect, prompt)
+        try:
+            yield
+        finally:
+            self.limits.done(tenant, 0)
+
+    def _admit(self, key: str, dialect: str, prompt: int) -> dict[str, str]:
+        """The key's share taken, and its state in the dialect's headers; or RateLimited, with them."""
+        try:
+            return headers(dialect, self.limits.admit(key, prompt, self.label(key)))
+        except RateLimited as e:
+            e.headers = headers(dialect, self.limits.state(key))
+            raise
 
     def label(self, tenant: str) -> str:
         """What /metrics calls a key: a configured key's hash, the anonymous scope, else `other` (with no

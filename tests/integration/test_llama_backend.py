@@ -264,3 +264,29 @@ async def test_a_stream_stays_alive_while_llama_server_reads_the_prompt(llama_ch
             blocks = (await resp.read()).split(b"\n\n")
     text_at = next(i for i, b in enumerate(blocks) if b'"content":"' in b and b'"content":""' not in b)
     assert b'"role":"assistant"' in blocks[0] and b": keepalive" in blocks[1:text_at]
+
+
+async def test_llama_servers_own_routes_and_embeddings_are_under_the_keys_limits(llama_chat):
+    """/completion, /infill and /rerank went around the per-key limits (a key refused on /v1/chat/completions kept
+    getting answers there), as did embeddings; /slots is an admin's (another key's task, saving or erasing its
+    cache)."""
+    from proxy.limits import LimitsConfig
+    cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url], models=[CHAT_MODEL]),
+                 server=ServerConfig(api_keys=["k1"], admin_keys=["root"]),
+                 limits=LimitsConfig(requests_per_minute=2, request_burst=2))
+    k1 = {"Authorization": "Bearer k1"}
+    async with serve(cfg) as url, aiohttp.ClientSession(headers=k1) as http:
+        async with http.post(url + "/completion", json={"prompt": "Hi", "n_predict": 1}) as resp:
+            assert resp.status == 200
+        async with http.post(url + "/v1/embeddings", json={"model": CHAT_MODEL, "input": "hi"}) as resp:
+            assert resp.status in (200, 400)  # a chat-only server refuses embeddings: still a request
+        async with http.post(url + "/completion", json={"prompt": "Hi", "n_predict": 1}) as resp:
+            assert resp.status == 429 and resp.headers["Retry-After"] and (await resp.json())["error"]["type"] == \
+                "rate_limit_error"
+            assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+        async with http.post(url + "/api/embed", json={"model": CHAT_MODEL, "input": "hi"}) as resp:
+            assert resp.status == 429 and "error" in await resp.json()
+        async with http.get(url + "/slots") as resp:
+            assert resp.status == 403
+        async with http.get(url + "/props") as resp:  # state only: not a request against the limits
+            assert resp.status == 200
