@@ -51,8 +51,11 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     if server.admin_keys and key not in server.admin_keys and request.path.startswith(ADMIN_PATHS):
         raise Forbidden(f"{request.path} is for the keys in [server] admin_keys")
     tenant = tenant_of(key)
-    # the key's scope, never the key: the client is listed to every key holder (GET /velo/requests) and logged
-    client = request.headers.get("X-Velo-Client") or (f"key:{tenant}" if key else request.remote or "")
+    # the key's scope, never the key: the client is listed to every key holder (GET /velo/requests) and logged; a
+    # name the client gives itself comes after it, where it could pass for another key ("key:<its hash>") and share
+    # that key's place in a backend's queue
+    named = request.headers.get("X-Velo-Client")
+    client = (f"key:{tenant}/{named}" if named else f"key:{tenant}") if key else named or request.remote or ""
     return Caller(tenant=tenant, client=client, path=request.path)
 
 

@@ -132,6 +132,24 @@ async def test_the_list_and_the_log_never_show_a_callers_key(caplog) -> None:
     assert caplog.records and not any("sk-alice" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_name_a_client_gives_itself_comes_after_its_keys_scope() -> None:
+    """`X-Velo-Client: key:<another key's hash>` listed the request as that key's, and shared its place in a
+    backend's queue."""
+    from proxy.auth import tenant_of
+    config = Config(server=ServerConfig(api_keys=["sk-alice", "sk-bob"]), cache=CacheConfig(enabled=False))
+    app = make_app(config, {"s": runaway()})
+    alice = f"key:{tenant_of('sk-alice')}"
+    async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+        bob = await c.post("/api/chat", json=CHAT, headers={"Authorization": "Bearer sk-bob", "X-Velo-Client": alice})
+        for _ in range(200):
+            listed = await (await c.get("/velo/requests", headers={"Authorization": "Bearer sk-bob"})).json()
+            if listed["requests"]:
+                break
+            await asyncio.sleep(0.02)
+        bob.close()
+    assert [r["client"] for r in listed["requests"]] == [f"key:{tenant_of('sk-bob')}/{alice}"]
+
+
 async def test_a_long_request_is_logged_once_with_its_id_and_tokens(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="velo.requests")
     app = make_app(Config(server=ServerConfig(long_request_s=0.2), cache=CacheConfig(enabled=False)),
