@@ -9,6 +9,7 @@ class VeloError(Exception):
     status = 500
     kind = "server_error"
     code: str | None = None
+    quotes_answer = False  # the message quotes what the model wrote: the log leaves it out without log_prompts
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None):
         super().__init__(message)

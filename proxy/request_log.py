@@ -52,6 +52,8 @@ class RequestLine:
             outcome = f"done ({self.finish or 'stop'})"
         elif status == "499":
             outcome = f"cancelled: {ended_by.message}" if ended_by is not None else "cancelled by client"
+        elif isinstance(error, VeloError) and error.quotes_answer and answer is None:
+            outcome = f"error {status}: {error.kind} (its message quotes the answer: shown with log_prompts)"
         else:
             outcome = f"error {status}: {error.message if isinstance(error, VeloError) else repr(error)}"
         level = logging.WARNING if status not in ("200", "499") else logging.INFO

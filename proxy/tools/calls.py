@@ -24,6 +24,7 @@ class ToolCallInvalid(BackendError):
     """The model answered only with tool calls that cannot be made valid (status 502)."""
 
     kind = "tool_call_invalid"
+    quotes_answer = True  # its arguments' values, or the answer's start
 
 
 @dataclass

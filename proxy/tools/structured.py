@@ -17,6 +17,7 @@ class StructuredOutputInvalid(BackendError):
     """The model's answer cannot be made into JSON matching the requested format (status 502)."""
 
     kind = "invalid_structured_output"
+    quotes_answer = True  # its arguments' values, or the answer's start
 
 
 def repair_structured(text: str, fmt: str | dict, report: RepairReport) -> str:

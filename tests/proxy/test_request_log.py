@@ -71,3 +71,15 @@ async def test_a_failure_is_logged_with_its_error(client, scripted, caplog):
     scripted.script.fail_after = 1
     await (await client.post("/api/chat", json=CHAT)).read()
     assert "error 502: scripted backend broke mid-stream" in lines(caplog)[-1]
+
+
+@pytest.mark.parametrize("log_prompts", [False, True])
+async def test_an_error_that_quotes_the_answer_is_logged_without_it_unless_prompts_are(scripted, caplog, log_prompts):
+    """A JSON answer that is no JSON is a 502 quoting the answer's start, which went to the log with log_prompts
+    off."""
+    app = make_app(Config(server=ServerConfig(log_prompts=log_prompts)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/api/chat", json={**CHAT, "stream": False, "format": "json"})
+        assert resp.status == 502 and "Hello world" in (await resp.json())["error"]  # the client still reads it
+    end = lines(caplog)[-1]
+    assert "error 502:" in end and ("Hello world" in end) == log_prompts
