@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -22,6 +23,7 @@ from .generation import Generation, Generations
 from .keep import Keep, fingerprint
 
 log = logging.getLogger("velo.reload")
+_PASSWORD = re.compile(r"(//[^/@\s:'\"]*:)[^@\s'\"]*@")  # scheme://user:PASSWORD@host
 RESTART_ONLY = ("server.host", "server.port", "server.max_body_bytes", "server.header_timeout_s", "server.origins",
                 "server.shutdown_grace_s", "responses")
 
@@ -101,9 +103,14 @@ def _keep_restart_only(old: Config, new: Config) -> Config:
         old_owner, new_owner = _at(old, parents), _at(new, parents)
         before, after = getattr(old_owner, name), getattr(new_owner, name)
         if fingerprint(before) != fingerprint(after):
-            log.warning("%s changed (%r -> %r): it takes effect when Velo restarts", key, before, after)
+            log.warning("%s changed (%s -> %s): it takes effect when Velo restarts", key, _shown(before), _shown(after))
             setattr(new_owner, name, before)
     return new
+
+
+def _shown(value: object) -> str:
+    """`value`'s repr without the passwords of the URLs in it ([responses] redis_url)."""
+    return _PASSWORD.sub(r"\1***@", repr(value))
 
 
 def _at(config: Config, parts: list[str]) -> object:

@@ -218,3 +218,16 @@ async def test_a_request_from_the_old_configuration_stays_listed_and_cancellable
         assert "cancelled by an administrator" in tail
         await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
         assert app[GENERATIONS].current.pipeline.inflight.running == {}
+
+
+async def test_a_restart_only_change_is_logged_without_the_passwords_in_its_urls(tmp_path, two_fakes, caplog):
+    """The [responses] section was logged whole, its redis_url's password in it."""
+    caplog.set_level(logging.WARNING)
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        path.write_text(toml(a.url, b.url, "a", extra='[responses]\nredis_url = "redis://velo:s3cret@db:6379/0"'))
+        assert await c.server.app[RELOADER].reload()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("responses changed")]
+    assert said and "redis://velo:***@db:6379/0" in said[0] and "s3cret" not in said[0]
