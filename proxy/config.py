@@ -3,7 +3,7 @@ bad key or value gets the same error naming its key path, and the defaults docum
 are rendered from these classes (proxy/config_example.py)."""
 from __future__ import annotations
 
-import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,6 @@ from .limits import LimitsConfig
 from .presets import PresetsConfig
 from .responses_store import ResponsesConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # the same parser, from PyPI, before it joined the standard library
-    import tomli as tomllib
 
 
 class ConfigError(ValueError):
