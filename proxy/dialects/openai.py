@@ -483,8 +483,8 @@ def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first:
 
 
 def usage_chunk(ids: ChatIds, model: str, obj: str, usages: list[tuple[int, Usage]], n: int) -> dict[str, Any]:
-    return {"id": ids.id, "object": obj, "created": ids.created, "model": model, "choices": [],
-            "usage": total_usage(usages, n)}
+    return {"id": ids.id, "object": obj, "created": ids.created, "model": model, "system_fingerprint": "velo",
+            "choices": [], "usage": total_usage(usages, n)}
 
 
 def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:

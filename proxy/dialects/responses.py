@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import orjson
 
 from adapters import options
-from adapters.errors import BackendError, BadRequest, NotFound, VeloError
+from adapters.errors import BackendError, BadRequest, NotFound, Overloaded, VeloError
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
 
@@ -228,8 +228,9 @@ def compaction_item(summary: str, item_id: str | None = None) -> dict[str, Any]:
 
 
 def user_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The user's messages among `items`: what `POST /v1/responses/compact` answers before its compaction item."""
-    return [i for i in items if i.get("type") == "message" and i.get("role") == "user"]
+    """The user's messages among `items`: what `POST /v1/responses/compact` answers before its compaction item, each
+    with the id and status an output message has (they went out as sent, without them)."""
+    return [stored_item(i) for i in items if i.get("type") == "message" and i.get("role") == "user"]
 
 
 def _compacted(item: dict[str, Any], where: str) -> str:
@@ -405,8 +406,17 @@ def response_object(resp_id: str, parsed: Parsed, created_at: float, status: str
 
 
 def error_body(err: VeloError) -> dict[str, Any]:
-    """A failed response's `error`, worded as the dialect's HTTP error is (a context overflow as OpenAI words it)."""
-    return {"code": err.code or err.kind, "message": error_object(err, "responses")["error"]["message"]}
+    """A failed response's `error`, worded as the dialect's HTTP error is (a context overflow as OpenAI words it),
+    with one of the codes OpenAI gives a failed response (the SDKs' `ResponseError.code`), where it had Velo's own
+    (`backend_error`, `timeout_error`, ...); a context overflow keeps OpenAI's `context_length_exceeded`, which Codex
+    reads."""
+    if err.code == "context_length_exceeded":
+        code = err.code
+    elif isinstance(err, Overloaded):
+        code = "rate_limit_exceeded"
+    else:
+        code = "invalid_prompt" if err.status < 500 else "server_error"
+    return {"code": code, "message": error_object(err, "responses")["error"]["message"]}
 
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:

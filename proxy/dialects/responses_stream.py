@@ -99,7 +99,7 @@ class ResponseStream:
         """An error after the first event: the response fails, in its own stream, with what went wrong. An `error`
         event first, which the AI SDK and the openai package raise (the AI SDK drops `response.failed`, and gave an
         empty answer with no error on an overflow); Codex reads `response.failed` and passes over `error`."""
-        out = ([] if self.sequence else self._start()) + self._close()
+        out = ([] if self.sequence else self._start()) + self._close("incomplete")  # it never got its end
         self.final = response_object(self.resp_id, self.parsed, self.created_at, "failed", self.output, error=err)
         error = error_object(err, "responses")["error"]
         error["code"] = error["code"] or error["type"]  # a string in the AI SDK's schema

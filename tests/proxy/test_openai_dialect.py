@@ -47,6 +47,7 @@ async def test_chat_stream_with_usage_and_tool_calls(base_url, scripted: Scripte
     assert calls[0].function.name == "lookup" and orjson.loads(calls[0].function.arguments) == {"q": "velo"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 8
+    assert {c.system_fingerprint for c in chunks} == {"velo"}  # the usage chunk's too, as every other chunk's
 
 
 async def test_parallel_calls_stream_one_an_event_index_counting_on(client, scripted: ScriptedBackend):

@@ -77,6 +77,9 @@ async def test_compact_answers_the_user_messages_and_one_compaction_item(base_ur
         model="tiny", input=TURNS)
     assert out.object == "response.compaction" and out.usage.output_tokens == 3
     assert [(i.type, getattr(i, "role", None)) for i in out.output] == [("message", "user"), ("compaction", None)]
+    user = out.output[0].model_dump()
+    assert user["id"].startswith("msg_") and user["status"] == "completed"  # an output message's fields
+    assert [(p["type"], p["text"]) for p in user["content"]] == [("input_text", "Fix the failing test in a.py")]
     assert _summary(out.output[-1].model_dump()) == "Hello world"
 
 

@@ -347,7 +347,11 @@ async def test_failure_mid_stream_fails_the_response():
     assert events[-1][0] == "response.failed"
     failed = events[-1][1]["response"]
     assert failed["status"] == "failed" and failed["error"]["message"] == "scripted backend broke mid-stream"
-    assert failed["error"]["code"] == "backend_error"
+    assert failed["error"]["code"] == "server_error"  # one of the codes the SDKs' ResponseError allows
+    message = next(e[1]["item"] for e in events if e[0] == "response.output_item.done")
+    assert message["status"] == "incomplete" and failed["output"] == [message]  # never finished, never "completed"
+    error = next(e[1] for e in events if e[0] == "error")
+    assert error["code"] == "backend_error"  # the error event's code is any string: Velo's own kind
 
 
 @pytest.mark.parametrize("body, param", [
