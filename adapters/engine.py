@@ -297,7 +297,7 @@ class EngineBackend(Backend):
         problem = _unsupported([i for m in req.messages for i in m.images])
         calls = [{"name": t.name, "parameters": t.parameters} for t in req.tools]
         return self._generate(req.model, lambda engine: chat_template.render(engine.tokenizer, req), req.options,
-                              problem, req.format, calls, req.tool_choice, splits_thinking=True)
+                              problem, req.format, calls, req.tool_choice, splits_thinking=True, scope=req.prefix_scope)
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         if isinstance(req, CompletionRequest) and not req.raw and not req.suffix:
@@ -316,10 +316,11 @@ class EngineBackend(Backend):
         any other through the chat template (_templated)."""
         if req.suffix and req.template is None:
             return self._generate(req.model, lambda engine: _fim_prompt(engine.tokenizer, req), req.options,
-                                  _unsupported(req.images), req.format, fills_middle=True)
+                                  _unsupported(req.images), req.format, fills_middle=True, scope=req.prefix_scope)
         if not req.raw:
             return self._templated(req)
-        return self._generate(req.model, lambda engine: req.prompt, req.options, _unsupported(req.images), req.format)
+        return self._generate(req.model, lambda engine: req.prompt, req.options, _unsupported(req.images), req.format,
+                              scope=req.prefix_scope)
 
     def _templated(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Ollama's non-raw /api/generate: the prompt through the model's chat template (or the Go `template` the
@@ -329,16 +330,18 @@ class EngineBackend(Backend):
                 return go_template.render(req.template, req.prompt, req.system, req.suffix)
             return chat_template.render(engine.tokenizer, as_chat(req))
         return self._generate(req.model, render, req.options, _unsupported(req.images), req.format,
-                              splits_thinking=True, context=req.context or [])
+                              splits_thinking=True, context=req.context or [], scope=req.prefix_scope)
 
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
                         tool_choice: Any = None, splits_thinking: bool = False,
-                        context: list[int] | None = None, fills_middle: bool = False) -> AsyncIterator[Chunk]:
+                        context: list[int] | None = None, fills_middle: bool = False,
+                        scope: str = "") -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
         has its <think> text sent as thinking, not content. With `context` (token ids of an earlier answer, Ollama's
         /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids (`_said`). A
-        middle (fills_middle) ends at the model's FIM end tokens too."""
+        middle (fills_middle) ends at the model's FIM end tokens too. Its prompt reuses, and leaves, cached
+        prefixes only within `scope` (the request's prefix_scope)."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)  # a bad schema is a 400 before any model loads
@@ -347,7 +350,7 @@ class EngineBackend(Backend):
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
         start, first, made, text = time.perf_counter_ns(), 0, [], []
-        async with contextlib.aclosing(engine.generate(ids, params)) as stream:
+        async with contextlib.aclosing(engine.generate(ids, params, scope)) as stream:
             try:
                 async for out in stream:
                     first = first or time.perf_counter_ns()

@@ -22,7 +22,8 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
     messages = [Message(role="system", content=req.system)] if req.system else []
     messages.append(Message(role="user", content=req.prompt, images=req.images))
     return ChatRequest(model=req.model, messages=messages, options=req.options, format=req.format,
-                       stream=req.stream, keep_alive=req.keep_alive, think=req.think, n=req.n)
+                       stream=req.stream, keep_alive=req.keep_alive, think=req.think, n=req.n,
+                       prefix_scope=req.prefix_scope)
 
 
 _ASSUMED = ("completion", "tools", "thinking")
@@ -100,6 +101,13 @@ class OpenAIBackend(Backend):
             body["continue_final_message"] = True
             if self.server == "vllm":
                 body["add_generation_prompt"] = False
+        return self._salted(body, req)
+
+    def _salted(self, body: dict[str, Any], req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+        """vLLM (0.9+) keeps a key's prompt prefixes apart from another's under `cache_salt`, as Velo's engine does
+        under the request's prefix_scope; other servers have no such field."""
+        if self.server == "vllm" and req.prefix_scope:
+            body["cache_salt"] = req.prefix_scope
         return body
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
@@ -116,7 +124,7 @@ class OpenAIBackend(Backend):
             req = replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
-        stream = self._answer("/v1/completions", completion_to_wire(self._asked(req)), req.model)
+        stream = self._answer("/v1/completions", self._salted(completion_to_wire(self._asked(req)), req), req.model)
         return stream if req.stream else one_answer(stream)
 
     @staticmethod

@@ -107,6 +107,11 @@ class ChatRequest:
     truncate: bool | None = None
     shift: bool | None = None
     tools_in_prompt: bool = False  # the model's template ignores tools: adapters write them in (tool_prompt.py)
+    # Whose requests may reuse this prompt's prefix in a backend's cache (the caller's API key scope, set at the
+    # edge): the length of a cached prefix, in `cached_tokens` and in how soon an answer starts, would tell one key
+    # what another sent. Velo's engine and vLLM (`cache_salt`) keep scopes apart; llama-server, Ollama and SGLang
+    # cannot.
+    prefix_scope: str = ""
     # Variables for the model's chat template (vLLM's, SGLang's and llama-server's `chat_template_kwargs`); the
     # thinking switch `think` goes over their `enable_thinking`.
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -147,6 +152,7 @@ class CompletionRequest:
     n: int = 1
     truncate: bool | None = None  # as ChatRequest's, where True trims the prompt's start
     shift: bool | None = None
+    prefix_scope: str = ""  # as ChatRequest's
 
 
 @dataclass

@@ -81,9 +81,10 @@ class LLMEngine:
 
     # -- public API (any thread) ---------------------------------------------------------------
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> int:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, cache_scope: str = "") -> int:
         """Queue a request; `sink` is called from the engine thread with each RequestOutput (or an
-        exception if the engine fails). Returns the request id for `abort`."""
+        exception if the engine fails). Returns the request id for `abort`. It reuses and leaves prompt prefixes
+        in the radix cache only within `cache_scope` (an API key's)."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         room = self.max_context - len(prompt_ids)
@@ -96,7 +97,7 @@ class LLMEngine:
             self._constrainer = self._constrainer or Constrainer(self.tokenizer, self.runner.model.cfg.vocab_size)
             matcher = self._constrainer.matcher(params.grammar)
         seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops),
-                       request=RequestState(params, self.tokenizer, sink, matcher))
+                       request=RequestState(params, self.tokenizer, sink, matcher), cache_scope=cache_scope)
         self._inbox.put(("add", seq))
         return seq.seq_id
 
@@ -104,11 +105,13 @@ class LLMEngine:
         """Cancel a request; its blocks are freed before the next step."""
         self._inbox.put(("abort", request_id))
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       cache_scope: str = "") -> AsyncIterator[RequestOutput]:
         """Stream RequestOutputs; leaving the loop early (break, cancel, close) aborts the request."""
         import asyncio
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
-        request_id = self.add_request(prompt_ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))
+        request_id = self.add_request(prompt_ids, params,
+                                      lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out), cache_scope)
         done = False
         try:
             while not done:

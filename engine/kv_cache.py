@@ -87,7 +87,7 @@ class BlockManager:
         free). Always leaves the last token to compute, since the model needs its logits.
         Returns False, changing nothing, if memory is short even after evicting the cache."""
         assert seq.seq_id not in self._seqs and not seq.block_table, "sequence already holds blocks"
-        hit, node = self.cache.match_prefix(seq.all_ids[:-1]) if self.cache else ([], None)
+        hit, node = self.cache.match_prefix(seq.all_ids[:-1], seq.cache_scope) if self.cache else ([], None)
         if node is not None:
             self.cache.lock(node)
         need = self.blocks_needed(seq.num_tokens) - len(hit)
@@ -151,7 +151,7 @@ class BlockManager:
         node = self._locks.pop(seq.seq_id, None)
         if cache and self.cache is not None:
             n = self._cacheable_blocks(seq)
-            present = self.cache.insert(seq.all_ids, seq.block_table[:n])
+            present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
             for b in seq.block_table[present // self.block_size:n]:
                 self.allocator.incref(b)  # the cache's own reference
         if node is not None:

@@ -3,6 +3,10 @@
 Every edge holds a whole number of pages (block_size tokens each) and one block id per page, so a
 matched prefix maps straight onto a block table. The tree never frees memory: `evict` returns the
 block ids it dropped and the block manager, which owns refcounts and the free list, releases them.
+
+Prefixes are kept per scope (an API key's, as vLLM's `cache_salt` does): the root's children are found by scope
+and first page, so a request never reuses another scope's KV, and the length of its cached prefix (what
+`cached_tokens` reports, and how soon it answers) tells it nothing of what another key sent.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ class Node:
     key: tuple[int, ...] = ()                  # tokens on the edge from the parent; len % block_size == 0
     blocks: list[int] = field(default_factory=list)  # one block id per page of `key`
     parent: Node | None = None
-    children: dict[tuple[int, ...], Node] = field(default_factory=dict)  # first page -> child
+    children: dict[tuple, Node] = field(default_factory=dict)  # first page (and scope, under the root) -> child
+    scope: str = ""                            # whose prefixes these are
     lock_ref: int = 0                          # live sequences using this node (or a descendant)
     last_access: int = 0
 
@@ -41,12 +46,13 @@ class RadixCache:
     def cached_blocks(self) -> int:
         return self.evictable_blocks + self.protected_blocks
 
-    def match_prefix(self, tokens: list[int]) -> tuple[list[int], Node]:
-        """Block ids of the longest cached block-aligned prefix of `tokens`, and the node where it ends."""
-        node, blocks, _ = self._walk(tokens)
+    def match_prefix(self, tokens: list[int], scope: str = "") -> tuple[list[int], Node]:
+        """Block ids of the longest block-aligned prefix of `tokens` that `scope` has cached, and the node where it
+        ends."""
+        node, blocks, _ = self._walk(tokens, scope)
         return blocks, node
 
-    def insert(self, tokens: list[int], blocks: list[int]) -> int:
+    def insert(self, tokens: list[int], blocks: list[int], scope: str = "") -> int:
         """Cache `blocks` as the KV of tokens[:len(blocks) * block_size].
 
         Returns how many tokens were already present: the cache adopts only blocks[present // bs:],
@@ -55,11 +61,11 @@ class RadixCache:
         n = len(blocks) * self.block_size
         assert len(tokens) >= n, "fewer tokens than blocks cover"
         key = tokens[:n]
-        node, _, present = self._walk(key)
+        node, _, present = self._walk(key, scope)
         if present < n:
             leaf = Node(tuple(key[present:]), list(blocks[present // self.block_size:]), node,
-                        last_access=next(self._clock))
-            node.children[self._page(leaf.key)] = leaf
+                        last_access=next(self._clock), scope=scope)
+            node.children[self._slot(node, leaf.key, scope)] = leaf
             self.evictable_blocks += len(leaf.blocks)
         return present
 
@@ -97,7 +103,7 @@ class RadixCache:
                 leaf.key = leaf.key[:len(leaf.blocks) * self.block_size]
                 continue
             parent = leaf.parent
-            del parent.children[self._page(leaf.key)]
+            del parent.children[self._slot(parent, leaf.key, leaf.scope)]
             if parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
@@ -119,7 +125,8 @@ class RadixCache:
             if node is self.root:
                 continue
             assert node.key and len(node.key) == len(node.blocks) * self.block_size
-            assert node.parent.children.get(self._page(node.key)) is node
+            assert node.parent.children.get(self._slot(node.parent, node.key, node.scope)) is node
+            assert node.scope == node.parent.scope or node.parent is self.root
             assert node.lock_ref >= sum(c.lock_ref for c in node.children.values())
             assert node.lock_ref >= 0
             if node.lock_ref:
@@ -132,10 +139,13 @@ class RadixCache:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _page(self, key) -> tuple[int, ...]:
-        return tuple(key[:self.block_size])
+    def _slot(self, parent: Node, key, scope: str) -> tuple:
+        """Where a child whose edge starts with `key` hangs under `parent`: by its first page, and under the root by
+        its scope too."""
+        page = tuple(key[:self.block_size])
+        return (scope, *page) if parent is self.root else page
 
-    def _walk(self, tokens: list[int]) -> tuple[Node, list[int], int]:
+    def _walk(self, tokens: list[int], scope: str) -> tuple[Node, list[int], int]:
         """Follow tokens (rounded down to whole pages) from the root, splitting an edge that matches
         only partly so the match always ends on a node. Returns (node, block ids, matched tokens)."""
         bs = self.block_size
@@ -143,7 +153,7 @@ class RadixCache:
         node, blocks, pos = self.root, [], 0
         now = next(self._clock)
         while pos < len(key):
-            child = node.children.get(tuple(key[pos:pos + bs]))
+            child = node.children.get(self._slot(node, key[pos:pos + bs], scope))
             if child is None:
                 break
             n = self._common_pages(child.key, key, pos)
@@ -166,8 +176,8 @@ class RadixCache:
         """Cut child's edge after `pages` pages; the new upper node inherits the lock count."""
         cut = pages * self.block_size
         upper = Node(child.key[:cut], child.blocks[:pages], child.parent,
-                     lock_ref=child.lock_ref, last_access=child.last_access)
-        child.parent.children[self._page(upper.key)] = upper
+                     lock_ref=child.lock_ref, last_access=child.last_access, scope=child.scope)
+        child.parent.children[self._slot(child.parent, upper.key, upper.scope)] = upper
         child.key, child.blocks, child.parent = child.key[cut:], child.blocks[pages:], upper
-        upper.children[self._page(child.key)] = child
+        upper.children[self._slot(upper, child.key, child.scope)] = child
         return upper

@@ -104,7 +104,7 @@ class Scheduler:
         """A running copy of a decoding parent that shares its KV blocks (parallel sampling)."""
         assert parent.status is SequenceStatus.RUNNING and not parent.is_prefilling
         child = Sequence(seq_id, parent.prompt_ids, parent.max_tokens, parent.stop_token_ids,
-                         list(parent.output_ids), SequenceStatus.RUNNING)
+                         list(parent.output_ids), SequenceStatus.RUNNING, cache_scope=parent.cache_scope)
         self.blocks.fork(parent, child)
         self.running.append(child)
         return child

@@ -32,6 +32,7 @@ class Sequence:
     num_cached_prefix: int = 0   # tokens served from the radix cache at admission (metric)
     request: RequestState | None = None  # the engine's per-request state; None for bookkeeping-only sequences
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
+    cache_scope: str = ""  # whose prefixes it may reuse and leaves in the radix cache (engine/radix_cache.py)
 
     def __post_init__(self) -> None:
         assert self.prompt_ids, "a sequence needs at least one prompt token"

@@ -40,7 +40,10 @@ class ServerConfig:
     # (it sends every image again, as base64, with each turn).
     max_body_bytes: int = setting(32 * 1024 * 1024, "larger request bodies get 413 in the client's dialect", min=1)
     api_keys: list[str] = setting(factory=list, doc="when set, every /api and /v1 call needs `Authorization: "
-                                  "Bearer <key>` (or `x-api-key`); cache entries are scoped per key",
+                                  "Bearer <key>` (or `x-api-key`); cache entries are scoped per key, and so are "
+                                  "prompt prefixes in the engine's and vLLM's prefix caches (llama-server, Ollama "
+                                  "and SGLang share theirs: a key can tell from its cached_tokens, or how soon its "
+                                  "answer starts, what another key sent)",
                                   default_doc="[] (no authentication; a client that sends a key still gets its own "
                                               "cache scope)")
     admin_keys: list[str] = setting(factory=list, doc="when keys belong to different people: the keys that alone "

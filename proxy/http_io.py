@@ -24,7 +24,7 @@ from aiohttp import web
 from adapters.errors import BadRequest, VeloError
 from adapters.fields import MAX_DEPTH, nests_deeper
 
-from .auth import CALLER
+from .auth import ANONYMOUS, CALLER
 from .cache.policy import bypass_requested
 from .dialects import dialect_of
 from .inflight import ending_reason, uncancel
@@ -53,8 +53,10 @@ async def read_json(request: web.Request) -> Any:
 
 def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
     """The pipeline's job for a parsed request: who asks, in which dialect, and whether they asked Velo to leave its
-    cache alone."""
-    return Job(req, request[CALLER], dialect_of(request.path, request.headers),
+    cache alone. A request with a key shares backends' prefix caches only with that key's (`prefix_scope`)."""
+    caller = request[CALLER]
+    req.prefix_scope = "" if caller.tenant == ANONYMOUS else caller.tenant
+    return Job(req, caller, dialect_of(request.path, request.headers),
                cache_bypass=bypass_requested(request.headers, body))
 
 

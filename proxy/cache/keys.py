@@ -18,7 +18,8 @@ from adapters.protocol import ChatRequest, CompletionRequest, Message, SamplingO
 Request = ChatRequest | CompletionRequest
 
 # `parallel_tool_calls` is applied above the cache (stages/one_call.py): one entry answers both settings.
-_TRANSPORT = {"stream", "keep_alive", "parallel_tool_calls"}
+# `prefix_scope` is the caller's, which the cache's own scope already is.
+_TRANSPORT = {"stream", "keep_alive", "parallel_tool_calls", "prefix_scope"}
 _IDS = {"id", "tool_call_id"}
 # Ollama `options` that tune speed or memory, not the text written.
 _PERFORMANCE_KNOBS = {"num_thread", "num_gpu", "main_gpu", "num_batch", "use_mmap", "use_mlock", "low_vram",

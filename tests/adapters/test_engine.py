@@ -85,6 +85,22 @@ async def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(backend):
     assert again.usage.cached_tokens % 4 == 0  # whole blocks of the radix cache
 
 
+async def test_a_prompt_reuses_cached_prefixes_of_its_own_scope_only(backend):
+    """Another key's cached prefix showed in `cached_tokens` (and in how soon the answer came): a key could probe
+    what another had sent."""
+    question = chat("What did the memo say about the Globex deal and its price?", max_tokens=2, temperature=0)
+    alice, bob = (dataclasses.replace(question, prefix_scope=k) for k in ("alice", "bob"))
+    assert aggregate(await collect(backend.chat(alice))).usage.cached_tokens == 0
+    assert aggregate(await collect(backend.chat(bob))).usage.cached_tokens == 0
+    assert aggregate(await collect(backend.chat(alice))).usage.cached_tokens > 0
+    raw = CompletionRequest(model=NAME, prompt="The memo said the Globex price was", raw=True,
+                            options=SamplingOptions(max_tokens=1), prefix_scope="alice")
+    assert aggregate(await collect(backend.complete(raw))).usage.cached_tokens == 0
+    assert aggregate(await collect(backend.complete(dataclasses.replace(raw, prefix_scope="bob")))).usage \
+        .cached_tokens == 0
+    assert aggregate(await collect(backend.complete(raw))).usage.cached_tokens > 0
+
+
 async def test_logprobs_describe_the_chosen_tokens(backend):
     chunks = await collect(backend.chat(chat(max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)))
     logprobs = [lp for c in chunks for lp in c.logprobs]
@@ -223,7 +239,7 @@ async def test_a_suffix_asks_a_fim_model_for_the_middle(tmp_path):
         assert "insert" in (await b.show(NAME)).capabilities
         sent = []
         generate = b.engine.generate
-        b.engine.generate = lambda ids, params: sent.append((ids, params)) or generate(ids, params)
+        b.engine.generate = lambda ids, params, scope: sent.append((ids, params)) or generate(ids, params, scope)
         req = CompletionRequest(model=NAME, prompt="ab", suffix="cd", options=SamplingOptions(max_tokens=4,
                                                                                              temperature=0))
         answer = aggregate(await collect(b.complete(req)))

@@ -361,3 +361,21 @@ def test_logprobs_keep_a_tokens_own_bytes_and_refuse_bytes_that_are_not_a_list()
     assert (part.token, part.utf8) == ("\ufffd", [165])
     with pytest.raises(TypeError):
         logprobs_from_wire({"content": [{"token": "a", "logprob": -0.1, "bytes": 5}]})
+
+
+@pytest.mark.parametrize("owner", ["vllm", "sglang", "fake"])
+async def test_vllm_keeps_each_keys_prefixes_apart_under_cache_salt(openai_fake, owner):
+    """vLLM's `cache_salt` (0.9+) is the request's prefix scope, so a key's cached_tokens and first-token time tell
+    it nothing of another key's prompts; other servers have no such field (OpenAI's own refuses unknown ones)."""
+    openai_fake.owner = owner
+    b = OpenAIBackend(config(openai_fake.url))
+    try:
+        await b.list_models()
+        await collect(b.chat(ChatRequest(MODEL, [Message("user", "hi")], prefix_scope="3f2a")))
+        await collect(b.complete(CompletionRequest(MODEL, "def f(", raw=True, prefix_scope="3f2a")))
+        salts = [openai_fake.last(path).get("cache_salt") for path in ("/v1/chat/completions", "/v1/completions")]
+        assert salts == (["3f2a", "3f2a"] if owner == "vllm" else [None, None])
+        await collect(b.chat(chat()))  # no key: no scope, no salt
+        assert "cache_salt" not in openai_fake.last("/v1/chat/completions")
+    finally:
+        await b.close()

@@ -72,7 +72,21 @@ def test_split_of_a_locked_edge_keeps_the_lock_on_the_path():
     assert cache.evictable_blocks == 2
 
 
+def test_a_scope_never_matches_another_scopes_prefixes():
+    """Another key's cached prefix served its prompt, and `cached_tokens` told a key how much of what it guessed
+    another key had sent (the security audit read a memo back in 16-token steps)."""
+    cache = RadixCache(BS)
+    cache.insert([1, 2, 3, 4], [10, 11], scope="a")
+    assert cache.match_prefix([1, 2, 3, 4], "b")[0] == [] and cache.match_prefix([1, 2, 3, 4])[0] == []
+    assert cache.insert([1, 2, 3, 4, 5, 6], [20, 21, 22], scope="b") == 0  # b keeps its own copy
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6], "a")[0] == [10, 11]
+    assert cache.match_prefix([1, 2, 9, 9], "b")[0] == [20]  # splits b's edge, not a's
+    assert sorted(cache.evict(10)) == [10, 11, 20, 21, 22]
+    cache.check_integrity()
+
+
 tokens_st = st.lists(st.integers(0, 2), max_size=10)
+scope_st = st.sampled_from(["", "a", "b"])
 
 
 class RadixMachine(RuleBasedStateMachine):
@@ -82,33 +96,33 @@ class RadixMachine(RuleBasedStateMachine):
         super().__init__()
         self.cache = RadixCache(BS)
         self.ids = itertools.count()
-        self.prefix_of: dict[int, tuple[int, ...]] = {}  # cached block -> tokens up to its page end
+        self.prefix_of: dict[int, tuple[str, tuple[int, ...]]] = {}  # cached block -> scope, tokens to its page end
         self.locked: list[tuple[object, list[int]]] = []
 
-    def check_match(self, tokens, blocks):
-        for i, b in enumerate(blocks):  # a true prefix: every block holds exactly these tokens
-            assert self.prefix_of[b] == tuple(tokens[:(i + 1) * BS])
-        longer = [p for p in self.prefix_of.values()
-                  if len(p) > len(blocks) * BS and tuple(tokens[:len(p)]) == p]
+    def check_match(self, tokens, blocks, scope):
+        for i, b in enumerate(blocks):  # a true prefix of the same scope: every block holds exactly these tokens
+            assert self.prefix_of[b] == (scope, tuple(tokens[:(i + 1) * BS]))
+        longer = [p for s, p in self.prefix_of.values()
+                  if s == scope and len(p) > len(blocks) * BS and tuple(tokens[:len(p)]) == p]
         assert not longer, "match missed a longer cached prefix"
 
-    @rule(tokens=tokens_st)
-    def insert(self, tokens):
+    @rule(tokens=tokens_st, scope=scope_st)
+    def insert(self, tokens, scope):
         blocks = fresh(self.ids, len(tokens) // BS)
-        before, _ = self.cache.match_prefix(tokens)
-        present = self.cache.insert(tokens, blocks)
+        before, _ = self.cache.match_prefix(tokens, scope)
+        present = self.cache.insert(tokens, blocks, scope)
         assert present == len(before) * BS
         for i in range(present // BS, len(blocks)):
-            self.prefix_of[blocks[i]] = tuple(tokens[:(i + 1) * BS])
+            self.prefix_of[blocks[i]] = (scope, tuple(tokens[:(i + 1) * BS]))
 
-    @rule(tokens=tokens_st)
-    def match(self, tokens):
-        blocks, _ = self.cache.match_prefix(tokens)
-        self.check_match(tokens, blocks)
+    @rule(tokens=tokens_st, scope=scope_st)
+    def match(self, tokens, scope):
+        blocks, _ = self.cache.match_prefix(tokens, scope)
+        self.check_match(tokens, blocks, scope)
 
-    @rule(tokens=tokens_st)
-    def lock(self, tokens):
-        blocks, node = self.cache.match_prefix(tokens)
+    @rule(tokens=tokens_st, scope=scope_st)
+    def lock(self, tokens, scope):
+        blocks, node = self.cache.match_prefix(tokens, scope)
         self.cache.lock(node)
         self.locked.append((node, blocks))
 

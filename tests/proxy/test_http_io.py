@@ -209,3 +209,17 @@ async def test_time_to_first_token_is_the_calls_not_the_first_keepalives(client:
     labels = {"endpoint": "/api/chat", "model": "tiny", "backend": "scripted"}
     assert value(found, "velo_time_to_first_token_seconds_count", **labels) == 1
     assert value(found, "velo_time_to_first_token_seconds_sum", **labels) > 0.3  # 18 pieces 0.02 s apart
+
+
+async def test_each_key_reaches_the_backend_as_its_own_prefix_scope() -> None:
+    """In every dialect; a request without a key has none (one user's tools share a backend's prefix cache)."""
+    from proxy.auth import tenant_of
+    scripted = ScriptedBackend()
+    async with TestClient(TestServer(make_app(Config(cache=CacheConfig(enabled=False)), {"s": scripted}))) as c:
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": False}
+        a = {"Authorization": "Bearer sk-a"}
+        for path, auth in (("/api/chat", a), ("/v1/chat/completions", {}), ("/v1/messages", {"x-api-key": "sk-b"}),
+                           ("/api/generate", a)):
+            body = {"model": "tiny", "prompt": "hi", "stream": False} if path == "/api/generate" else chat
+            assert (await c.post(path, json=body, headers=auth)).status == 200
+    assert [r.prefix_scope for r in scripted.requests] == [tenant_of("sk-a"), "", tenant_of("sk-b"), tenant_of("sk-a")]
