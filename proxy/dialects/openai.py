@@ -290,8 +290,9 @@ def parse_chat(body: Any) -> ChatRequest:
 
 
 def legacy_functions(body: dict[str, Any]) -> bool:
-    """Whether the request uses the form before tools (`functions`, `function_call`), answered in that form."""
-    return "functions" in body and "tools" not in body
+    """Whether the request uses the form before tools (`functions`, `function_call`), answered in that form (a
+    `functions: null`, which clients send for "none", is not: it was a 500)."""
+    return body.get("functions") is not None and "tools" not in body
 
 
 def as_tools(body: dict[str, Any]) -> dict[str, Any]:

@@ -269,6 +269,8 @@ async def test_the_legacy_functions_form_is_answered_in_it(base_url, scripted):
         await sdk.chat.completions.create(model="tiny", messages=history[:1], functions=[WEATHER_FN],
                                           function_call="always")
     assert e.value.param == "function_call"
+    plain = await sdk.chat.completions.create(model="tiny", messages=history[:1], extra_body={"functions": None})
+    assert plain.choices[0].finish_reason == "tool_calls" and scripted.requests[-1].tools == []  # was a 500
 
 
 async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client, scripted):
