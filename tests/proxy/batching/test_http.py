@@ -188,3 +188,23 @@ async def test_replacing_an_autocomplete_never_fails_another_clients_identical_o
         other_lines = (await (await other).read()).splitlines()
         assert b"error" in (await first.read()).splitlines()[-1]
         assert orjson.loads(other_lines[-1])["done"] is True and b"error" not in b"".join(other_lines)
+
+
+async def test_a_stream_never_joins_a_one_answer_request_in_flight():
+    """The one-answer leader's backend stream is folded into one chunk in the adapter: a streamed request that
+    joined it got every token at once, at the end (a real adapter here: the scripted one does not fold)."""
+    from adapters.base import BackendConfig
+    from tests.fakes import FakeOpenAI
+    async with FakeOpenAI(models=["fake"]) as fake:
+        fake.script.reply, fake.script.token_delay = "one two three four five six", 0.05
+        config = Config(cache=CacheConfig(enabled=False),
+                        backends=[BackendConfig(name="up", kind="openai", urls=[fake.url])])
+        async with TestClient(TestServer(make_app(config))) as c:
+            body = {"model": "fake", "messages": MESSAGES, "temperature": 0}
+            whole = asyncio.create_task(c.post("/v1/chat/completions", json=body))
+            await asyncio.sleep(0.1)
+            resp = await c.post("/v1/chat/completions", json={**body, "stream": True})
+            deltas = [line for line in (await resp.read()).split(b"\n\n") if b'"content":"' in line
+                      and b'"content":""' not in line]
+            assert (await whole).status == 200
+    assert len(deltas) > 1  # its own stream, token by token
