@@ -162,6 +162,32 @@ async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server():
         assert len(chats) == 2 and len(failing.requests) == 1  # its circuit opened after one failure
 
 
+@pytest.mark.parametrize("always_stream", [True, False])
+async def test_a_one_answer_request_a_replica_cut_mid_generation_is_not_sent_again(always_stream):
+    """Each replica's adapter folded its stream into one chunk, so a replica that failed mid-generation had not yet
+    sent a "first chunk" and the request went again to the next (with the SDKs' retries, one call cost six
+    generations). With `always_stream = false` the backend is asked for one answer, and its cut is one too."""
+    async with FakeOpenAI(models=["m"]) as cut, FakeOpenAI(models=["m"]) as whole:
+        cut.script.cut_after = 3
+        cfg = BackendConfig(name="pool", kind="openai", urls=[cut.url, whole.url], always_stream=always_stream,
+                            options={"affinity": "none"})
+        backend = make_backend(cfg)
+        try:
+            req = ChatRequest(model="m", messages=[Message("user", "hi")], stream=False)
+            if always_stream:
+                with pytest.raises(BackendError):
+                    [c async for c in backend.chat(req)]
+                assert [len([r for r in f.requests if r.path == "/v1/chat/completions"]) for f in (cut, whole)] == \
+                    [1, 0]
+            else:  # nothing streamed to cut: the whole answer comes from the first replica
+                assert "".join([c.text async for c in backend.chat(req)]).startswith("Hello")
+            cut.script.cut_after = None
+            streamed = [c async for c in backend.chat(ChatRequest(model="m", messages=[Message("user", "hi")]))]
+            assert len(streamed) > 1  # a streamed request is still a stream
+        finally:
+            await backend.close()
+
+
 def test_bad_affinity_is_a_named_config_error():
     with pytest.raises(ValueError, match="options.affinity"):
         ReplicaOptions.split({"affinity": "sticky"})
