@@ -370,10 +370,9 @@ class Upstream:
         if (last := b"".join(start)).strip():
             yield [last]
 
-    async def read_json(self, resp: aiohttp.ClientResponse) -> Any:
-        body = b"".join([data async for data in self.reads(resp, self.config.total_timeout,
-                                                             self.config.total_timeout)])
-        return self._loads(body)
+    async def read_json(self, resp: aiohttp.ClientResponse, wait: float | None = None) -> Any:
+        wait = self.config.total_timeout if wait is None else wait
+        return self._loads(b"".join([data async for data in self.reads(resp, wait, wait)]))
 
     def _loads(self, data: bytes) -> Any:
         try:
@@ -394,10 +393,13 @@ class Upstream:
                                              f"unexpected shape ({type(e).__name__}: {e})")) from e
 
     async def call(self, method: str, path: str, body: Any = None, *, model: str | None = None,
-                   parse: Callable[[Any], T] = _as_is) -> T:
-        """A plain request/response call (listing, show, embeddings): the answer through `parse`."""
-        async with self.request(method, path, body, wait=self.config.total_timeout, model=model) as resp:
-            return self.shaped(parse, await self.read_json(resp), path)
+                   parse: Callable[[Any], T] = _as_is, wait: float | None = None) -> T:
+        """A plain request/response call (listing, show, embeddings): the answer through `parse`, whole within `wait`
+        (default `total_timeout`; a step before a generation, such as tokenizing its prompt, passes
+        `first_token_timeout`: a stalled server held such a request for `total_timeout`)."""
+        async with self.request(method, path, body, wait=self.config.total_timeout if wait is None else wait,
+                                model=model) as resp:
+            return self.shaped(parse, await self.read_json(resp, wait), path)
 
     async def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T],
                          whole: Callable[[Any], T] | None = None, ndjson: bool = False,

@@ -177,7 +177,7 @@ class LlamaCppBackend(OpenAIBackend):
     async def props(self) -> dict[str, Any]:
         """/props changes only on restart: asked once here, and again with each listing (`_props_now`)."""
         if self._props is None:
-            self._props = await self.http.call("GET", "/props", parse=json_object)
+            self._props = await self.http.call("GET", "/props", parse=json_object, wait=self.config.first_token_timeout)
         return self._props
 
     async def _props_now(self) -> dict[str, Any]:
@@ -370,7 +370,7 @@ class LlamaCppBackend(OpenAIBackend):
             prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
         else:
             prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
-                                           model=req.model))["prompt"]
+                                           model=req.model, wait=self.config.first_token_timeout))["prompt"]
         ids = (req.context or []) + await self.tokenize(prompt, req.model)
         said, jinja = list(ids), (await self.props()).get("chat_template", "")
         thinking = ThinkSplitter(opens_thinking(prompt)) if template_thinks(jinja) else None
@@ -430,11 +430,12 @@ class LlamaCppBackend(OpenAIBackend):
         if isinstance(req, CompletionRequest):
             return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))
         rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
-                                        parse=lambda obj: wire_text(obj["prompt"]))
+                                        parse=lambda obj: wire_text(obj["prompt"]),
+                                        wait=self.config.first_token_timeout)
         return len(await self.tokenize(rendered, req.model))
 
     async def tokenize(self, text: str, model: str) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything. `model` picks a
         router's model (a single-model server ignores it)."""
         return await self.http.call("POST", "/tokenize", {"content": text, "model": model},
-                                    parse=lambda obj: list(obj["tokens"]))
+                                    parse=lambda obj: list(obj["tokens"]), wait=self.config.first_token_timeout)

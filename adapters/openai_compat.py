@@ -160,7 +160,8 @@ class OpenAIBackend(Backend):
             wire = self.chat_body(req)
             body = {k: wire[k] for k in _TOKENIZED if k in wire}
         try:
-            return await self.http.call("POST", "/tokenize", body, model=req.model, parse=lambda obj: int(obj["count"]))
+            return await self.http.call("POST", "/tokenize", body, model=req.model, parse=lambda obj: int(obj["count"]),
+                                        wait=self.config.first_token_timeout)
         except VeloError:  # an older vLLM without /tokenize, a model it cannot render
             return None
 

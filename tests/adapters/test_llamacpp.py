@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BackendUnavailable, BadRequest, Unsupported
+from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, Unsupported
 from adapters.llamacpp import LlamaCppBackend, parameter_size
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
@@ -278,3 +278,26 @@ async def test_a_server_restarted_with_another_model_is_described_as_it_is_now(a
         assert await backend.context_length() == 1024 and asked == ["/m/qwen.gguf", "/m/smollm2.gguf"]
     finally:
         await backend.close()
+
+
+async def test_the_steps_before_a_generation_wait_first_token_timeout_not_total(aiohttp_server):
+    """A stalled llama-server held a request at /apply-template or /tokenize (the fit stage's exact count, Ollama's
+    /api/generate) for total_timeout (30 min) before its 504."""
+    async def stalled(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.json_response({})
+
+    app = web.Application()
+    for path in ("/apply-template", "/tokenize", "/props"):
+        app.router.add_route("*", path, stalled)
+    server = await aiohttp_server(app)
+    b = LlamaCppBackend(BackendConfig(name="llama", kind="llamacpp", urls=[str(server.make_url(""))],
+                                      first_token_timeout=0.2, total_timeout=30))
+    try:
+        for step in (b.tokenize("hi", MODEL), b.count_tokens(ChatRequest(MODEL, [Message("user", "hi")])), b.props()):
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(BackendTimeout):
+                await step
+            assert asyncio.get_running_loop().time() - started < 5
+    finally:
+        await b.close()
