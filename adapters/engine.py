@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
-from engine.constrained import grammar_for
+from engine.grammar import grammar_for
 from engine.tokenizer import Tokenizer
 
 from . import chat_template, embed_shape, go_template, keep_alive, model_card, options

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine import EngineConfig, LLMEngine, SamplingParams, default_model_path  # noqa: E402
-from engine.constrained import Constrainer, grammar_for  # noqa: E402
+from engine.constrained import Constrainer  # noqa: E402
+from engine.grammar import grammar_for  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "languages", "address"],
           "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},

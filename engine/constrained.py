@@ -3,89 +3,17 @@
 Built on llguidance (Microsoft's Rust grammar engine behind Guidance, also used by llama.cpp, vLLM and
 SGLang): it compiles JSON Schema and Lark grammars lazily against the tokenizer's byte-level vocabulary
 and computes a step's token mask in tens of microseconds, with no torch or transformers dependency.
-A request carries its grammar as a string (`grammar_for` builds it from an Ollama `format`, an OpenAI
+A request carries its grammar as a string (engine/grammar.py builds it from an Ollama `format`, an OpenAI
 `response_format` or a tool list); the engine keeps one `LLMatcher` per constrained sequence.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import llguidance
 import torch
 
+from engine.grammar import headline
 from engine.tokenizer import Tokenizer
-from engine.tool_schema import tool_call_schema
-
-# Compact, fixed whitespace: small models given free whitespace can pad forever. `lenient` ignores
-# schema keywords llguidance does not implement instead of rejecting the request.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
-
-
-def json_grammar(schema: dict | None) -> str:
-    """Grammar for one JSON value matching schema; None means any JSON object (Ollama `format: "json"`)."""
-    return llguidance.LLMatcher.grammar_from_json_schema(schema or {"type": "object"}, defaults=JSON_OPTIONS)
-
-
-def grammar_for(format: str | dict | None = None, tools: list[dict] | None = None,
-                tool_choice: str | dict | None = None) -> str | None:
-    """The grammar a request's output must match, or None for free text; ValueError if a schema is invalid.
-
-    format: None, "json" or a JSON Schema. tools: [{"name", "parameters"}]; tool_choice "none" ignores
-    them, "required" or {"function": {"name"}} forces a call, anything else ("auto") allows either a
-    call or an answer: JSON matching format if given, else free text that does not start with "{" and in
-    which every `<tool_call>` the model opens (Hermes / Qwen format) must hold a valid call and close."""
-    grammar = _grammar(format, tools, tool_choice)
-    if grammar is not None:
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-        if failed:
-            raise ValueError(f"invalid output grammar: {_headline(messages[0])}")
-    return grammar
-
-
-_AT = re.compile(r"^at \d+\(\d+\): ")  # llguidance's line(column) in the grammar
-
-
-def _headline(message: str) -> str:
-    """llguidance's error without the place in Velo's grammar and the grammar's lines after it, which mean nothing
-    to a client whose tool schema (`"required": {}`) or format was the mistake. A regex's error is its first line
-    ("regex parse error:"), the pattern, a line of carets and the reason: the pattern and the reason are kept."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    head = lines[0] if lines else message
-    if head.endswith(":") and len(lines) > 1:
-        head = " ".join([head, *(line for line in lines[1:] if set(line) != {"^"})])
-    return _AT.sub("", head, count=1)
-
-
-def _grammar(format, tools, tool_choice) -> str | None:
-    if not tools or tool_choice == "none":
-        return None if format is None else json_grammar(None if format == "json" else format)
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or tool_choice).get("name")
-        tools = [t for t in tools if t["name"] == name] or tools
-    call = tool_call_schema(tools)
-    if tool_choice == "required" or isinstance(tool_choice, dict):
-        return json_grammar(call)
-    if format is not None:
-        answer = _lark_json(format if isinstance(format, dict) else {"type": "object"})
-        return llguidance.LLMatcher.grammar_from_lark(f"start: answer | call\nanswer: {answer}\ncall: {_lark_json(call)}\n")
-    return llguidance.LLMatcher.grammar_from_lark(_LAZY_CALLS.format(call=_lark_json(call)))
-
-
-# Free text until the model writes "<tool_call>" (a lazy lexeme: it ends at the first one), then a valid call and
-# "</tool_call>", any number of times; or one bare call. Free text may not start with "{": a model that opens a
-# JSON object makes a call.
-_LAZY_CALLS = """start: call | tagged* TEXT
-call: {call}
-tagged: tagged_hd /\\s*/ call /\\s*/ "</tool_call>"
-tagged_hd[lazy]: ANY "<tool_call>"
-ANY: /([^{{](.|\\n)*)?/
-TEXT: /\\s*([^{{\\s](.|\\n)*)?/
-"""
-
-
-def _lark_json(schema: dict) -> str:
-    return "%json " + json.dumps(schema | {"x-guidance": JSON_OPTIONS})
 
 
 class Constrainer:
@@ -103,7 +31,7 @@ class Constrainer:
         """A fresh matcher; ValueError (with llguidance's message) if the grammar or schema is invalid."""
         m = llguidance.LLMatcher(self.ll, grammar, log_level=0)
         if m.is_error():
-            raise ValueError(f"invalid output grammar: {_headline(m.get_error())}")
+            raise ValueError(f"invalid output grammar: {headline(m.get_error())}")
         return m
 
     def allowed(self, matchers: list[llguidance.LLMatcher]) -> torch.Tensor:

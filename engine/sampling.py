@@ -30,7 +30,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
-    grammar: str | None = None     # output must match it (engine.constrained.grammar_for builds one)
+    grammar: str | None = None     # output must match it (engine.grammar.grammar_for builds one)
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to these tokens' logits, before penalties
 
     def __post_init__(self) -> None:

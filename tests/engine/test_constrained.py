@@ -12,7 +12,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from engine import SamplingParams
-from engine.constrained import Constrainer, grammar_for
+from engine.constrained import Constrainer
+from engine.grammar import grammar_for
 from engine.speculative import SpeculativeConfig
 from engine.tokenizer import Tokenizer
 from tests.engine.conftest import collect, generate, submit, text_of, tokens_of

@@ -124,6 +124,22 @@ async def test_response_format_json_schema(client, scripted: ScriptedBackend):
     assert nameless.status == 400 and "json_schema.schema must be an object" in await nameless.text()
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "object", "properties": {"code": {"type": "string", "minLength": 5, "maxLength": 2}},
+        "required": ["code"]}}}}),
+    ("/api/chat", {"format": {"type": "string", "minLength": 5, "maxLength": 2}, "stream": False}),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "s", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 1}}, "required": ["n"]}}}}),
+])
+async def test_a_schema_no_output_can_match_is_a_400_before_any_backend_gets_it(client, scripted, path, body):
+    """Velo's engine said 400; llama-server grew by 0.5 GB a second building a grammar for it while the client
+    waited for a 504, which the SDKs retried."""
+    messages = {"input": "x"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "x"}]}
+    resp = await client.post(path, json={"model": "tiny", **messages, **body})
+    assert resp.status == 400 and "Unsatisfiable schema" in await resp.text() and scripted.requests == []
+
+
 async def test_completions_fim_and_stream(base_url, scripted: ScriptedBackend):
     c = _client(base_url)
     out = await c.completions.create(model="tiny", prompt="def add(a, b):", suffix="\n", max_tokens=8)
