@@ -35,7 +35,8 @@ from engine.tokenizer import Tokenizer
 
 from . import chat_template, embed_shape, go_template, keep_alive, model_card, options
 from .base import Backend, BackendConfig
-from .errors import BackendError, BadRequest, ContextOverflow, ModelLacks, ModelNotFound, Unsupported
+from .errors import (BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, ModelNotFound,
+                     Unsupported, VeloError)
 from .model_file import model_file
 from .openai_compat import as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
@@ -352,7 +353,7 @@ class EngineBackend(Backend):
         start, first, made, text = time.perf_counter_ns(), 0, [], []
         async with contextlib.aclosing(engine.generate(ids, params, scope)) as stream:
             try:
-                async for out in stream:
+                async for out in self._timed(stream):
                     first = first or time.perf_counter_ns()
                     chunk = to_chunk(out)
                     made += out.token_ids
@@ -367,8 +368,31 @@ class EngineBackend(Backend):
                     if out.finished:
                         chunk.usage = _usage(out, start, first, load_ns)
                     yield chunk
+            except VeloError:
+                raise
             except Exception as exc:  # the engine step failed: every live request gets its exception
                 raise BackendError(f"engine: {exc}") from exc
+
+    async def _timed(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs under the timeouts every backend has: the first within `first_token_timeout` (a
+        request queued for KV memory, a prompt read for minutes), each next within `idle_timeout`, the whole within
+        `total_timeout`; they were unbounded here. Only the wait for the engine is timed, never the client's."""
+        cfg, loop = self.config, asyncio.get_running_loop()
+        end = loop.time() + cfg.total_timeout
+        wait, what = cfg.first_token_timeout, f"sent no first token within {cfg.first_token_timeout:g}s"
+        while True:
+            left = end - loop.time()
+            limit, why = (wait, what) if wait < left else \
+                (max(left, 0), f"did not finish within {cfg.total_timeout:g}s")
+            try:
+                async with asyncio.timeout(limit):
+                    out = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as e:
+                raise BackendTimeout(f"backend {self.name!r} {why}") from e
+            yield out
+            wait, what = cfg.idle_timeout, f"sent no token for {cfg.idle_timeout:g}s"
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         start = time.perf_counter_ns()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, TypeVar
@@ -33,11 +32,6 @@ from .base import BackendConfig
 from .protocol import Chunk, aggregate
 from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
                      ModelNotFound, Overloaded, Unsupported, VeloError)
-
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as wait_at_most
-else:  # aiohttp depends on async_timeout below 3.11
-    from async_timeout import timeout as wait_at_most
 
 T = TypeVar("T")
 # Pooled connections idle longer than this are not reused: below the 5 s after which llama-server and uvicorn
@@ -248,7 +242,7 @@ class Upstream:
         """The response, once its head arrived within `wait` seconds; each transport failure as its domain error."""
         name = self.config.name
         try:
-            async with wait_at_most(wait):
+            async with asyncio.timeout(wait):
                 return await self._send(method, path, body)
         except aiohttp.ServerTimeoutError as e:
             raise BackendTimeout(f"backend {name!r} at {self.shown_url} did not accept a connection within "
@@ -337,7 +331,7 @@ class Upstream:
             try:
                 data = content.read_nowait() if limit > 0 else b""
                 if not data and not content.at_eof():
-                    async with wait_at_most(limit):
+                    async with asyncio.timeout(limit):
                         data = await content.readany()
             except asyncio.TimeoutError as e:
                 raise BackendTimeout(f"backend {self.config.name!r} {what} within {limit:g}s") from e

@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, AsyncIterator
 
 from .errors import BackendTimeout
-from .http import wait_at_most
 
 if TYPE_CHECKING:
     from .llamacpp_managed import ManagedLlamaCpp
@@ -40,7 +39,7 @@ class Swaps:
         server.stats.waiting += 1
         try:
             try:
-                async with wait_at_most(limit):
+                async with asyncio.timeout(limit):
                     await self._admit(server)
                     admitted = True
                     await server.ready()

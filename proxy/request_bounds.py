@@ -15,7 +15,6 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from adapters.errors import BadRequest, PayloadTooLarge, RequestTimeout
-from adapters.http import wait_at_most
 
 from .auth import Handler
 from .config import ServerConfig
@@ -50,7 +49,7 @@ async def refuse_oversized(request: web.Request, handler: Handler) -> web.Stream
 async def read_body(request: web.Request, timeout: float) -> bytes:
     """The whole body within `timeout` seconds (408 after), and within the size limit (413)."""
     try:
-        async with wait_at_most(timeout):
+        async with asyncio.timeout(timeout):
             return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise PayloadTooLarge(f"request body is larger than the limit of {request.client_max_size} bytes") from e

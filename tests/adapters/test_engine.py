@@ -9,7 +9,7 @@ import pytest
 
 from adapters.base import BackendConfig
 from adapters.engine import DEFAULT_NAME, EngineBackend, sampling_params
-from adapters.errors import BadRequest, ModelLacks, ModelNotFound
+from adapters.errors import BackendTimeout, BadRequest, ModelLacks, ModelNotFound
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
@@ -356,3 +356,41 @@ async def test_default_backend_serves_the_shipped_model():
     finally:
         await b.close()
 
+
+
+async def test_the_engine_answers_under_the_timeouts_every_backend_has(model_dir):
+    """total_timeout, idle_timeout and first_token_timeout were read by the HTTP backends only: an engine answer ran
+    to its end past total_timeout, and a stalled engine held the request for ever."""
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", total_timeout=0.3, idle_timeout=0.2,
+                                    first_token_timeout=0.2, options={"model": model_dir, "name": NAME,
+                                                                      "progress": False, "kv_memory": 8 * 2**20}))
+    await b.start()
+    try:
+        eos = b.engine.tokenizer.eos_token_ids[0]
+        long = chat(max_tokens=400, logit_bias={eos: -100.0})
+        started = time.monotonic()
+        with pytest.raises(BackendTimeout, match="did not finish within 0.3s"):
+            await collect(b.chat(long))
+        assert time.monotonic() - started < 3
+        real = b.engine.generate
+
+        async def stalled(ids, params, scope, first=True):
+            async for out in real(ids, params, scope):
+                if not first:
+                    await asyncio.sleep(5)
+                first = False
+                yield out
+        b.engine.generate = lambda ids, params, scope: stalled(ids, params, scope, first=False)
+        with pytest.raises(BackendTimeout, match="sent no first token within 0.2s"):
+            await collect(b.chat(chat(max_tokens=5)))
+        b.engine.generate = stalled
+        with pytest.raises(BackendTimeout, match="sent no token for 0.2s"):
+            await collect(b.chat(chat(max_tokens=5)))
+        b.engine.generate = real
+        for _ in range(100):  # each timed-out request was aborted, its KV memory given back
+            if not b.engine.scheduler.running and not b.engine.scheduler.waiting:
+                break
+            await asyncio.sleep(0.05)
+        assert not b.engine.scheduler.running and not b.engine.scheduler.waiting
+    finally:
+        await b.close()
