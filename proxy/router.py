@@ -78,11 +78,14 @@ class Router:
         return entry.info
 
     async def _show(self, target: Target, entry: _Info) -> None:
+        """A backend that cannot answer for a while keeps what it said last (the window and capabilities the fit
+        and resolve stages check were dropped with each failed refresh); one that no longer has the model drops it."""
         try:
             entry.info = await asyncio.wait_for(target.backend.show(target.model), self.listing_timeout)
+        except ModelNotFound:
+            entry.info = None
         except Exception as e:  # noqa: BLE001 - any failure here means "unknown", never a failed request
             log.debug("no model info for %s on %r: %s", target.model, target.backend.name, e)
-            entry.info = None
         entry.at = time.monotonic()
 
     async def resolve(self, model: str) -> Target:

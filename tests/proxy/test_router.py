@@ -249,3 +249,28 @@ async def test_the_first_listing_at_start_has_more_time_than_later_ones():
         assert (await router.resolve("cold:1b")).backend is cold and cold.asked == 1
     finally:
         await router.close()
+
+
+async def test_a_backend_down_for_a_moment_keeps_what_it_said_of_a_model():
+    """A failed refresh dropped the model's window and capabilities, so the fit and resolve stages checked nothing
+    until the backend answered again; a model the backend no longer has is dropped."""
+    class Flaky(ScriptedBackend):
+        down = gone = False
+
+        async def show(self, model: str) -> ModelInfo:
+            if self.down:
+                raise BackendUnavailable("down for a moment")
+            if self.gone:
+                raise ModelNotFound(model)
+            return await super().show(model)
+
+    flaky = Flaky("b", ("tiny:latest",))
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"}]}), {"b": flaky},
+                    info_ttl_s=0)
+    target = Target(flaky, "tiny:latest", "b")
+    assert (await router.model_info(target)).context_length == 8192
+    for down, gone, kept in ((True, False, True), (False, True, False)):
+        flaky.down, flaky.gone = down, gone
+        await router.model_info(target)  # the refresh runs behind the request's back
+        await asyncio.sleep(0.01)
+        assert ((await router.model_info(target)) is not None) == kept
