@@ -31,7 +31,7 @@ from yarl import URL
 from .base import BackendConfig
 from .protocol import Chunk, aggregate
 from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
-                     ModelNotFound, Overloaded, Unsupported, VeloError)
+                     ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
 
 T = TypeVar("T")
 # Pooled connections idle longer than this are not reused: below the 5 s after which llama-server and uvicorn
@@ -302,6 +302,8 @@ class Upstream:
             raise ModelLacks(model, feature) if model else BadRequest(f"{where} cannot take {feature} input: {message}")
         if resp.status in (400, 422):
             raise BadRequest(f"{where} rejected the request: {message}")
+        if resp.status == 413:  # the body Velo passed on was the client's, and too large for a proxy in front
+            raise PayloadTooLarge(f"{where} refused the request as too large: {message}")
         if resp.status == 429:
             retry = resp.headers.get("Retry-After", "")
             raise Overloaded(f"{where} is overloaded: {message}",

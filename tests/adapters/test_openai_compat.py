@@ -8,7 +8,7 @@ import pytest
 
 from adapters.base import BackendConfig
 from adapters.errors import (BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded,
-                             Unauthorized, VeloError)
+                             PayloadTooLarge, Unauthorized, VeloError)
 from adapters.openai_compat import OpenAIBackend
 from adapters.openai_wire import chat_to_wire
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
@@ -131,7 +131,8 @@ async def test_api_key_goes_out_as_bearer():
 async def test_error_statuses_map_to_domain_errors(backend, openai_fake):
     with pytest.raises(ModelNotFound):
         await collect(backend.chat(ChatRequest(model="nope", messages=[Message(role="user", content="x")])))
-    for status, kind in ((429, Overloaded), (503, BackendUnavailable), (500, BackendError)):
+    # 413: a proxy in front of the server refused the client's body, passed on as it came (was a 502)
+    for status, kind in ((429, Overloaded), (503, BackendUnavailable), (500, BackendError), (413, PayloadTooLarge)):
         openai_fake.script.fail_status, openai_fake.script.fail_message = status, f"boom {status}"
         with pytest.raises(kind) as e:
             await collect(backend.chat(chat()))
