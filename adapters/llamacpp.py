@@ -196,14 +196,11 @@ class LlamaCppBackend(OpenAIBackend):
             return False
 
     async def concurrency(self) -> int:
-        """The server's slot count; a server that is down at startup gets the default, so Velo still starts."""
+        """The server's slot count; BackendError from a server that is down (the admit stage then assumes 4 and
+        asks again until it says)."""
         if self.config.max_concurrency:
             return self.config.max_concurrency
-        try:
-            return int((await self.props()).get("total_slots") or 4)
-        except BackendError as e:
-            log.warning("%s; assuming 4 slots", e.message)
-            return 4
+        return int((await self.props()).get("total_slots") or 4)
 
     async def context_length(self) -> int | None:
         """Tokens per slot (llama-server splits -c across its slots)."""

@@ -107,6 +107,14 @@ class AdmissionController:
                 self._dequeue(ticket)
             raise
 
+    def resize(self, limit: int) -> None:
+        """A new slot count (a backend down at startup has said its own): waiters take the slots it adds; fewer
+        take effect as running requests end."""
+        self.limit = max(1, limit)
+        while self.running < self.limit and (nxt := self._next()) is not None:
+            self.running += 1
+            nxt.granted.set_result(None)
+
     def retry_after(self) -> float:
         """Seconds until the queue has probably drained by one request per slot, at least 1."""
         return float(max(1, math.ceil(self._mean_hold_s * (self._queued + 1) / self.limit)))
@@ -140,8 +148,9 @@ class AdmissionController:
             del self._queues[ticket.priority]
 
     def _release(self) -> None:
-        """Hands the freed slot to the next waiter: best priority, then the client served longest ago."""
-        nxt = self._next()
+        """Hands the freed slot to the next waiter: best priority, then the client served longest ago (unless the
+        limit has shrunk below what runs)."""
+        nxt = self._next() if self.running <= self.limit else None
         if nxt is None:
             self.running -= 1
         else:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
@@ -61,15 +62,18 @@ class Admit(Stage):
         previous configuration keeps its queue, so requests of both configurations share its slots."""
         max_queue = self.services.config.batching.max_queue
         backends = list(self.services.router.backends.values())
-        for backend, controller in zip(backends, await asyncio.gather(*(self._queue(b, max_queue) for b in backends))):
-            controller.max_queue = max_queue
-            self.controllers[backend.name] = controller
+        for backend, queue in zip(backends, await asyncio.gather(*(self._queue(b, max_queue) for b in backends))):
+            queue.controller.max_queue = max_queue
+            self.controllers[backend.name] = queue.controller
 
     def _queue(self, backend: Backend, max_queue: int) -> asyncio.Future:
-        async def opened() -> AdmissionController:
-            return AdmissionController(limit=await _slots(backend), max_queue=max_queue)
+        async def opened() -> _Queue:
+            slots = await _slots(backend)
+            controller = AdmissionController(limit=slots or backend.config.max_concurrency or 4, max_queue=max_queue)
+            asks = None if slots else asyncio.create_task(_ask_again(backend, controller), name=f"slots:{backend.name}")
+            return _Queue(controller, asks)
         opening, _ = self.services.lease.hold(f"queue:{backend.name}:{fingerprint(backend.config)}",
-                                              lambda: asyncio.ensure_future(opened()))
+                                              lambda: asyncio.ensure_future(opened()), _closed)
         return opening
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
@@ -94,13 +98,41 @@ class Admit(Stage):
 
 
 _SLOTS_TIMEOUT_S = 5.0  # a backend that hangs at startup must not hold Velo's start for its total_timeout
+_SLOTS_AGAIN_S = 10.0  # how often a backend that could not say its slots is asked again
 
 
-async def _slots(backend: Backend) -> int:
-    """What the backend reports; one that cannot say at startup (down, hung) gets its configured limit or 4."""
+@dataclass
+class _Queue:
+    """A backend's queue, and the task asking a backend that was down at startup for its slots until it says."""
+
+    controller: AdmissionController
+    asks: asyncio.Task | None = None
+
+
+async def _closed(opening: asyncio.Future) -> None:
+    queue = await opening
+    if queue.asks is not None:
+        queue.asks.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await queue.asks
+
+
+async def _slots(backend: Backend, quiet: bool = False) -> int | None:
+    """What the backend reports; None when it cannot say (down, hung): the queue then starts with its configured
+    limit or 4, and `_ask_again` asks until it says (a llama-server started after Velo kept 4 slots for good)."""
     try:
         return max(1, await asyncio.wait_for(backend.concurrency(), _SLOTS_TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 - a backend that is down must not stop Velo from starting
-        log.warning("backend %r did not report its concurrency (%s); using %d", backend.name, e,
-                    backend.config.max_concurrency or 4)
-        return backend.config.max_concurrency or 4
+        if not quiet:
+            log.warning("backend %r did not report its concurrency (%s); using %d until it does", backend.name, e,
+                        backend.config.max_concurrency or 4)
+        return None
+
+
+async def _ask_again(backend: Backend, controller: AdmissionController) -> None:
+    slots = None
+    while slots is None:
+        await asyncio.sleep(_SLOTS_AGAIN_S)
+        slots = await _slots(backend, quiet=True)
+    log.info("backend %r reports %d slots", backend.name, slots)
+    controller.resize(slots)

@@ -36,6 +36,25 @@ async def test_concurrency_limit_and_fifo_queue():
     assert started == ["0", "1", "2", "3", "4"] and ctl.running == 0 and ctl.queued == 0
 
 
+async def test_a_resized_limit_admits_waiters_at_once_and_shrinks_as_requests_end():
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    holders = [Holder(ctl, started) for _ in range(5)]
+    tasks = [asyncio.create_task(h.run(str(i))) for i, h in enumerate(holders)]
+    await settle()
+    ctl.resize(3)  # a backend down at startup has said its slots
+    await settle()
+    assert started == ["0", "1", "2"] and ctl.running == 3 and ctl.queued == 2
+    ctl.resize(1)
+    for h in holders[:2]:
+        h.release.set()
+    await settle()
+    assert started == ["0", "1", "2"] and ctl.running == 1  # the two that ended gave their slots up
+    for h in holders:
+        h.release.set()
+    await asyncio.gather(*tasks)
+    assert started == ["0", "1", "2", "3", "4"] and ctl.running == 0 and ctl.queued == 0
+
+
 async def test_latency_critical_requests_jump_the_queue():
     ctl, started = AdmissionController(limit=1, max_queue=10), []
     h = Holder(ctl, started)

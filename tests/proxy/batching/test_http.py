@@ -136,6 +136,21 @@ async def test_a_backend_down_at_startup_gets_the_configured_limit():
     assert backend.peak == 3
 
 
+async def test_a_backend_down_at_startup_gets_its_own_slots_once_it_says(monkeypatch):
+    """A llama-server started after Velo kept the assumed 4 slots until Velo restarted."""
+    from proxy.stages import admit
+    monkeypatch.setattr(admit, "_SLOTS_AGAIN_S", 0.05)
+    backend = Counting(None, script=Script(delay=0.05))
+    async with app_over(backend) as c:
+        await asyncio.gather(*[ollama_text(c, {"temperature": 0.5}) for _ in range(8)])
+        assert backend.peak == 4
+        backend.slots, backend.peak = 6, 0
+        await asyncio.sleep(0.2)
+        await asyncio.gather(*[ollama_text(c, {"temperature": 0.5}) for _ in range(12)])
+        scraped = await (await c.get("/metrics")).text()
+        assert backend.peak == 6 and 'velo_backend_slots{backend="scripted"} 6.0' in scraped
+
+
 async def test_clients_with_different_api_keys_take_turns_in_the_queue():
     backend = ScriptedBackend(script=Script(delay=0.1))
     backend.config.max_concurrency = 1
