@@ -328,15 +328,16 @@ class Upstream:
         content = resp.content
         while True:
             limit = wait if deadline is None else min(wait, deadline - loop.time())
-            if deadline is not None and limit < wait:
-                limit, what = max(limit, 0), f"did not send the whole answer ({total:g}s total)"
+            late = limit < wait  # the whole answer's time runs out first
+            limit = max(limit, 0)
             try:
                 data = content.read_nowait() if limit > 0 else b""
                 if not data and not content.at_eof():
                     async with asyncio.timeout(limit):
                         data = await content.readany()
             except asyncio.TimeoutError as e:
-                raise BackendTimeout(f"backend {self.config.name!r} {what} within {limit:g}s") from e
+                why = f"did not send the whole answer within {total:g}s" if late else f"{what} within {limit:g}s"
+                raise BackendTimeout(f"backend {self.config.name!r} {why}") from e
             except aiohttp.ClientError as e:
                 raise BackendError(f"backend {self.config.name!r} broke the stream: {self._described(e)}") from e
             if not data:
