@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import hmac
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -31,7 +33,13 @@ class Limit(Stage):
         super().__init__(services)
         cfg = services.config.limits
         self.limits, _ = services.lease.hold(f"limits:{fingerprint(cfg)}", lambda: KeyLimits(cfg))
-        self.named = {tenant_of(k) for k in services.config.server.keys} | {ANONYMOUS}
+        keys = services.config.server.keys
+        # a key's label on /metrics (which needs no key): its hash keyed by every configured key, so a weak key
+        # cannot be guessed offline from it, as it could from the bare hash its cache scope is; the same on every
+        # instance with the same keys
+        secret = hashlib.sha256("\0".join(sorted(keys)).encode()).digest()
+        self.named = {tenant_of(k): hmac.new(secret, k.encode(), "sha256").hexdigest()[:16] for k in keys}
+        self.named[ANONYMOUS] = ANONYMOUS
         services.registry.register(self)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
@@ -74,10 +82,10 @@ class Limit(Stage):
             raise
 
     def label(self, tenant: str) -> str:
-        """What /metrics calls a key: a configured key's hash, the anonymous scope, else `other` (with no
+        """What /metrics calls a key: a configured key's label, the anonymous scope, else `other` (with no
         `api_keys` any client may send made-up keys, each its own scope: as labels they would grow /metrics
         without bound)."""
-        return tenant if tenant in self.named else "other"
+        return self.named.get(tenant, "other")
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         refused = CounterMetricFamily("velo_rate_limited", "Requests refused by a per-key limit",
