@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import socket
 import time
 from collections import deque
@@ -55,6 +56,14 @@ def embedding_batch(command: list[str]) -> list[str]:
     context = flag_value(command, "-c", "--ctx-size") or ""
     batch = min(_EMBEDDING_BATCH, int(context)) if context.isdigit() and int(context) else _EMBEDDING_BATCH
     return ["-b", str(batch), "-ub", str(batch)]
+
+
+def dies_with_velo(cmd: list[str]) -> list[str]:
+    """`cmd` under util-linux's `setpriv --pdeathsig TERM`: the server is stopped when Velo dies, by SIGKILL or the
+    OOM killer too (it outlived Velo holding its model's memory, and the next start loaded the model again beside
+    it). As it is where there is no setpriv (macOS), or no such program (the start's error names it)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv and shutil.which(cmd[0]) else cmd
 
 
 class ManagedLlamaCpp(LlamaCppBackend):
@@ -123,7 +132,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
                "--host", "127.0.0.1", "--port", str(port)]
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+                *dies_with_velo(cmd), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         except OSError as e:
             raise BackendUnavailable(f"backend {self.name!r}: cannot run {cmd[0]!r}: {e}") from e
         asyncio.get_running_loop().create_task(self._follow(self.process))

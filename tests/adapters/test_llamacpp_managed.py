@@ -45,3 +45,44 @@ async def test_a_stopped_server_lists_tools_only_when_its_template_renders_them(
         path = gguf_file(str(tmp_path / "m.gguf"), ["a", "<|im_start|>", "<|im_end|>"], template)
         backend = ManagedLlamaCpp(BackendConfig(name="m", kind="llamacpp", model=path), Swaps())
         assert (await backend.list_models())[0].capabilities == listed
+
+
+def test_a_managed_server_dies_with_a_velo_killed_by_sigkill(tmp_path):
+    """SIGTERM stopped it, but a Velo killed outright (SIGKILL, the OOM killer) left it running with its model's
+    memory, and the next start loaded the model again beside it. Here a parent starts `sleep` as Velo starts
+    llama-server, in its event loop's thread, and is killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from adapters.llamacpp_managed import dies_with_velo
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import asyncio, sys
+sys.path.insert(0, {os.getcwd()!r})
+from adapters.llamacpp_managed import dies_with_velo
+async def main():
+    child = await asyncio.create_subprocess_exec(*dies_with_velo(["sleep", "60"]))
+    print(child.pid, flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    for _ in range(100):  # setpriv has set the signal once it has become `sleep`
+        with open(f"/proc/{child}/comm") as comm:
+            if comm.read().strip() == "sleep":
+                break
+        time.sleep(0.02)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the child outlived its killed parent")
+    assert dies_with_velo(["no-such-llama-server"]) == ["no-such-llama-server"]  # its start error names it
