@@ -161,7 +161,7 @@ async def test_total_timeout_ends_the_stream_with_an_ollama_error_line():
             resp = await c.post("/api/chat", json=CHAT)
             lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
     assert time.monotonic() - started < 2
-    assert "did not send the whole answer (0.5s total)" in lines[-1]["error"] and "message" in lines[0]
+    assert "did not send the whole answer within 0.5s" in lines[-1]["error"] and "message" in lines[0]
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
