@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from adapters.errors import BackendTimeout, Overloaded, VeloError
+from adapters.errors import Overloaded, VeloError
 
 LATENCY_CRITICAL = 0  # autocomplete / fill-in-the-middle
 NORMAL = 1
@@ -63,17 +63,13 @@ class AdmissionController:
         return self._queued
 
     @asynccontextmanager
-    async def slot(self, priority: int = NORMAL, client: str = "", supersede_key: str | None = None,
-                   wait: float | None = None) -> AsyncIterator[None]:
-        """`wait`: the longest a request waits in line for its slot, then BackendTimeout (504)."""
+    async def slot(self, priority: int = NORMAL, client: str = "", supersede_key: str | None = None
+                   ) -> AsyncIterator[None]:
         ticket = _Ticket(priority, client, supersede_key)
         if supersede_key is not None:
             self._supersede(supersede_key, ticket)
         try:
-            await self._acquire(ticket, wait)
-        except TimeoutError as e:
-            self._forget(ticket)
-            raise BackendTimeout(f"no slot of the backend was free within {wait:g}s (its first_token_timeout)") from e
+            await self._acquire(ticket)
         except BaseException:
             self._forget(ticket)
             raise
@@ -93,7 +89,7 @@ class AdmissionController:
             self._forget(ticket)
             self._release()
 
-    async def _acquire(self, ticket: _Ticket, wait: float | None) -> None:
+    async def _acquire(self, ticket: _Ticket) -> None:
         if self.running < self.limit and self._queued == 0:
             self.running += 1
             ticket.granted.set_result(None)
@@ -103,8 +99,7 @@ class AdmissionController:
         self._queues.setdefault(ticket.priority, OrderedDict()).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
         try:
-            async with asyncio.timeout(wait):  # armed only in line: a timer per request cost the fast path
-                await ticket.granted
+            await ticket.granted
         except BaseException:
             if ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
                 self._release()  # the slot was handed over just as we were cancelled: pass it on

@@ -78,11 +78,9 @@ class Admit(Stage):
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        backend = job.target.backend
-        controller = self.controllers.get(backend.name)
-        # waiting in line is waiting for the first token: behind hung requests it was unbounded
-        slot = controller.slot(priority(job), job.caller.client, supersede_key(job, self.services.config),
-                               backend.config.first_token_timeout) if controller else contextlib.nullcontext()
+        controller = self.controllers.get(job.target.backend.name)
+        slot = controller.slot(priority(job), job.caller.client, supersede_key(job, self.services.config)) \
+            if controller else contextlib.nullcontext()
         async with slot:
             async with contextlib.aclosing(next(job)) as rest:
                 async for chunk in rest:
