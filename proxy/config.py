@@ -25,7 +25,6 @@ from .presets import PresetsConfig
 from .responses_store import ResponsesConfig
 
 
-
 class ConfigError(ValueError):
     """A bad config.toml: the message names the offending key path."""
 

@@ -1,5 +1,4 @@
-"""The end of the pipeline: the job's request, under the backend's name for the model, to the backend's adapter; a
-structured-output schema checked first, whatever the backend (adapters/output_format.py)."""
+"""The end of the pipeline: the job's request, under the backend's name for the model, to the backend's adapter."""
 from __future__ import annotations
 
 import time
@@ -10,7 +9,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from adapters.protocol import ChatRequest, Chunk
 from adapters.llamacpp_managed import ManagedLlamaCpp
-from adapters.output_format import check_format
 from adapters.replicas import ReplicaSet
 
 from ..job import Job
@@ -25,7 +23,6 @@ class CallBackend(Stage):
     def __call__(self, job: Job, next: Next | None = None) -> AsyncIterator[Chunk]:
         assert job.target is not None
         req, backend = job.request, job.target.backend
-        check_format(req.format)
         if req.model != job.target.model:
             req = replace(req, model=job.target.model)
         return backend.chat(req) if isinstance(req, ChatRequest) else backend.complete(req)

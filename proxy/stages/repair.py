@@ -7,6 +7,7 @@ from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily
 
+from adapters.output_format import check_format
 from adapters.protocol import Chunk
 
 from ..job import Job, Request
@@ -27,7 +28,10 @@ class Repair(Stage):
         self.threads.shutdown(wait=False, cancel_futures=True)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is."""
+        """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is. A
+        schema no answer can match is a 400 here, whatever the backend (adapters/output_format.py), before the
+        request waits for a backend's slot."""
+        check_format(job.request.format)
         tools = self.services.config.tools
         if not tools.repair:
             return next(job)

@@ -536,3 +536,23 @@ def test_a_token_that_is_part_of_a_character_gives_its_own_bytes():
     out = openai_dialect.token_logprobs([first, TokenLogprob("\ufffd", -0.2, raw=b"\xa5")])
     assert bytes(b for entry in out for b in entry["bytes"]).decode() == "日"
     assert [t["bytes"] for t in out[0]["top_logprobs"]] == [[0xE6, 0x97], [ord("x")]]
+
+
+async def test_a_schema_no_output_can_match_does_not_wait_for_a_busy_backends_slot():
+    """Checked where the backend was called, after its queue: behind a long answer it waited for a slot first."""
+    import asyncio
+    import time
+
+    from tests.scripted import Script
+    busy = ScriptedBackend(script=Script(delay=0.5))
+    busy.config.max_concurrency = 1
+    async with TestClient(TestServer(make_app(Config(cache=CacheConfig(enabled=False)), {"s": busy}))) as c:
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+        long = asyncio.create_task(c.post("/v1/chat/completions", json={**chat, "temperature": 0.7}))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        resp = await c.post("/v1/chat/completions", json={**chat, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string", "minLength": 3,
+                                                                          "maxLength": 1}}}})
+        assert resp.status == 400 and time.monotonic() - started < 0.5
+        assert (await long).status == 200
