@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
-import hmac
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,13 +31,7 @@ class Limit(Stage):
         super().__init__(services)
         cfg = services.config.limits
         self.limits, _ = services.lease.hold(f"limits:{fingerprint(cfg)}", lambda: KeyLimits(cfg))
-        keys = services.config.server.keys
-        # a key's label on /metrics (which needs no key): its hash keyed by every configured key, so a weak key
-        # cannot be guessed offline from it, as it could from the bare hash its cache scope is; the same on every
-        # instance with the same keys
-        secret = hashlib.sha256("\0".join(sorted(keys)).encode()).digest()
-        self.named = {tenant_of(k): hmac.new(secret, k.encode(), "sha256").hexdigest()[:16] for k in keys}
-        self.named[ANONYMOUS] = ANONYMOUS
+        self.named = _labels(services.config.server.keys)
         services.registry.register(self)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
@@ -101,6 +93,16 @@ class Limit(Stage):
             running.add_metric([label], n)
         yield refused
         yield running
+
+
+def _labels(keys: list[str]) -> dict[str, str]:
+    """Each configured key's label on /metrics (which needs no key): its place in the config, `key1`, `key2`, ...
+    (api_keys, then admin_keys). Anything computed from the key alone (its bare hash, or an HMAC keyed by the keys)
+    let a weak key be guessed offline from /metrics."""
+    labels = {ANONYMOUS: ANONYMOUS}
+    for key in keys:
+        labels.setdefault(tenant_of(key), f"key{len(labels)}")
+    return labels
 
 
 def _tokens(chunk: Chunk, prompt: int) -> int:
