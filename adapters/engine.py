@@ -354,6 +354,8 @@ class EngineBackend(Backend):
         async with contextlib.aclosing(engine.generate(ids, params, scope)) as stream:
             try:
                 async for out in self._timed(stream):
+                    if not (out.token_ids or out.text or out.finished):  # progress through the prompt
+                        continue
                     first = first or time.perf_counter_ns()
                     chunk = to_chunk(out)
                     made += out.token_ids
@@ -374,9 +376,10 @@ class EngineBackend(Backend):
                 raise BackendError(f"engine: {exc}") from exc
 
     async def _timed(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs under the timeouts every backend has: the first within `first_token_timeout` (a
-        request queued for KV memory, a prompt read for minutes), each next within `idle_timeout`, the whole within
-        `total_timeout`; they were unbounded here. Only the wait for the engine is timed, never the client's."""
+        """The engine's outputs under the timeouts every backend has: the first token within `first_token_timeout`
+        (a request queued for KV memory; each chunk of a long prompt read starts that wait again, as llama-server's
+        progress reports do), each next within `idle_timeout`, the whole within `total_timeout`; they were
+        unbounded here. Only the wait for the engine is timed, never the client's."""
         cfg, loop = self.config, asyncio.get_running_loop()
         end = loop.time() + cfg.total_timeout
         wait, what = cfg.first_token_timeout, f"sent no first token within {cfg.first_token_timeout:g}s"
@@ -392,7 +395,8 @@ class EngineBackend(Backend):
             except TimeoutError as e:
                 raise BackendTimeout(f"backend {self.name!r} {why}") from e
             yield out
-            wait, what = cfg.idle_timeout, f"sent no token for {cfg.idle_timeout:g}s"
+            if out.token_ids or out.finished:
+                wait, what = cfg.idle_timeout, f"sent no token for {cfg.idle_timeout:g}s"
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         start = time.perf_counter_ns()

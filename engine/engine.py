@@ -253,6 +253,9 @@ class LLMEngine:
         self.scheduler.postprocess(plan, {item.seq.seq_id: s.tokens for item, s in zip(plan.sampling, samples)})
         for item, sample in zip(plan.sampling, samples):
             self._stats["generated_tokens"] += item.seq.request.emit(item.seq, sample)
+        for item in plan.items:
+            if not item.samples and item.seq.request is not None:  # a prompt's chunk: its progress
+                item.seq.request.progress(item.seq)
         if self.speculator is not None:
             self.speculator.retain({s.seq_id for s in self.scheduler.running})
 

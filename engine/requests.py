@@ -17,7 +17,8 @@ from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 @dataclass
 class RequestOutput:
     """One streamed step of a request. `text` is the new text since the previous output (never a
-    broken UTF-8 character, never part of a stop string); `token_ids` the new tokens."""
+    broken UTF-8 character, never part of a stop string); `token_ids` the new tokens. One with neither, not
+    finished, reports progress through a prompt read in chunks."""
     request_id: int
     text: str
     token_ids: list[int]
@@ -100,6 +101,14 @@ class RequestState:
         ready = next((i for i, (at, _) in enumerate(self.held) if at >= end), len(self.held))
         sent, self.held = [entry for _, entry in self.held[:ready]], self.held[ready:]
         return sent
+
+    def progress(self, seq: Sequence) -> None:
+        """A chunk of the prompt read and no token yet: an output with nothing in it, as llama-server reports its
+        progress through a prompt, so that a reader's wait for the first token starts again (a CPU reads a long
+        prompt for minutes, longer than that wait)."""
+        if not self.done:
+            self._send(RequestOutput(seq.seq_id, "", [], num_prompt_tokens=seq.num_prompt_tokens,
+                                     num_cached_tokens=seq.num_cached_prefix))
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End without a new token (abort): flush what is held back."""

@@ -13,7 +13,7 @@ from adapters.errors import BackendTimeout, BadRequest, ModelLacks, ModelNotFoun
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
-from engine import LLMEngine
+from engine import LLMEngine, RequestOutput
 from engine.tokenizer import FIM_ENDS
 from tests.engine.tiny import write_tiny_model
 
@@ -360,32 +360,45 @@ async def test_default_backend_serves_the_shipped_model():
 
 async def test_the_engine_answers_under_the_timeouts_every_backend_has(model_dir):
     """total_timeout, idle_timeout and first_token_timeout were read by the HTTP backends only: an engine answer ran
-    to its end past total_timeout, and a stalled engine held the request for ever."""
-    b = EngineBackend(BackendConfig(name="engine", kind="engine", total_timeout=0.3, idle_timeout=0.2,
-                                    first_token_timeout=0.2, options={"model": model_dir, "name": NAME,
-                                                                      "progress": False, "kv_memory": 8 * 2**20}))
+    to its end past total_timeout, and a stalled engine held the request for ever. A prompt read in chunks reports
+    its progress, each report a new wait for the first token, as llama-server's do."""
+    def engine(**timeouts: float) -> EngineBackend:
+        return EngineBackend(BackendConfig(name="engine", kind="engine", **timeouts, options={
+            "model": model_dir, "name": NAME, "progress": False, "kv_memory": 8 * 2**20}))
+
+    b = engine(total_timeout=0.3, first_token_timeout=30, idle_timeout=30)
     await b.start()
     try:
         eos = b.engine.tokenizer.eos_token_ids[0]
-        long = chat(max_tokens=400, logit_bias={eos: -100.0})
         started = time.monotonic()
         with pytest.raises(BackendTimeout, match="did not finish within 0.3s"):
-            await collect(b.chat(long))
+            await collect(b.chat(chat(max_tokens=400, logit_bias={eos: -100.0})))
         assert time.monotonic() - started < 3
+    finally:
+        await b.close()
+    b = engine(total_timeout=30, first_token_timeout=0.2, idle_timeout=0.2)
+    await b.start()
+    try:
         real = b.engine.generate
 
-        async def stalled(ids, params, scope, first=True):
-            async for out in real(ids, params, scope):
-                if not first:
-                    await asyncio.sleep(5)
-                first = False
-                yield out
-        b.engine.generate = lambda ids, params, scope: stalled(ids, params, scope, first=False)
+        def paced(before: list[float], after: float):
+            """The real outputs, after progress reports `before` seconds apart, then `after` seconds apart."""
+            async def generate(ids, params, scope):
+                for pause in before:
+                    await asyncio.sleep(pause)
+                    yield RequestOutput(0, "", [])
+                async for out in real(ids, params, scope):
+                    yield out
+                    await asyncio.sleep(after)
+            return generate
+        b.engine.generate = paced([0.5], 0)
         with pytest.raises(BackendTimeout, match="sent no first token within 0.2s"):
             await collect(b.chat(chat(max_tokens=5)))
-        b.engine.generate = stalled
+        b.engine.generate = paced([], 0.5)
         with pytest.raises(BackendTimeout, match="sent no token for 0.2s"):
             await collect(b.chat(chat(max_tokens=5)))
+        b.engine.generate = paced([0.1] * 6, 0)  # 0.6 s of progress: each report a new 0.2-s wait
+        assert aggregate(await collect(b.chat(chat(max_tokens=5, temperature=0)))).usage.completion_tokens == 5
         b.engine.generate = real
         for _ in range(100):  # each timed-out request was aborted, its KV memory given back
             if not b.engine.scheduler.running and not b.engine.scheduler.waiting:

@@ -42,6 +42,16 @@ def test_greedy_matches_transformers(tmp_path, engine_factory, arch, overrides):
     assert ours == hf_greedy(path, prompt, 24)
 
 
+def test_a_prompt_read_in_chunks_reports_its_progress_before_the_first_token(tiny_llama, engine_factory):
+    """Nothing came out until the first token, so a reader waiting for one could not tell a CPU reading a long
+    prompt from a stalled engine (the engine backend's first_token_timeout starts again at each report)."""
+    eng = engine_factory(tiny_llama, block_size=4, prefill_chunk=8, enable_prefix_cache=False)
+    outputs = generate(eng, list(range(1, 31)), SamplingParams(max_tokens=3, **GREEDY))  # 30 tokens: 4 chunks
+    progress = [o for o in outputs if not o.token_ids and not o.finished]
+    assert len(progress) == 3 and outputs[:3] == progress and all(o.text == "" for o in progress)
+    assert len(tokens_of(outputs)) == 3
+
+
 def test_concurrent_requests_match_solo_runs(tiny_llama, engine_factory):
     eng = engine_factory(tiny_llama, block_size=4, max_step_tokens=40, prefill_chunk=8)
     rng = random.Random(0)
