@@ -375,7 +375,9 @@ class Upstream:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            raise BackendError(self.scrubbed(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}")) from e
+            error = BackendError(self.scrubbed(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}"))
+            error.quotes_answer = True  # what it sent may be the model's text
+            raise error from e
 
     def shaped(self, parse: Callable[[Any], T], obj: Any, path: str) -> T:
         """`parse(obj)`, where an answer of the wrong shape (a field missing or of another type) is a 502."""

@@ -83,3 +83,15 @@ async def test_an_error_that_quotes_the_answer_is_logged_without_it_unless_promp
         assert resp.status == 502 and "Hello world" in (await resp.json())["error"]  # the client still reads it
     end = lines(caplog)[-1]
     assert "error 502:" in end and ("Hello world" in end) == log_prompts
+
+
+async def test_a_stream_kept_open_by_heartbeats_logs_no_answer_text_when_it_fails(scripted, caplog):
+    """Once heartbeats had opened the stream, the failure was logged again as 'failed mid-way', with its message."""
+    caplog.set_level(logging.WARNING)
+    scripted.script.delay = 0.05
+    app = make_app(Config(server=ServerConfig(heartbeat_s=0.01)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/api/chat", json={**CHAT, "format": "json"})
+        assert resp.status == 200 and b"Hello world" in await resp.read()  # the stream's error event says it
+    said = [r.getMessage() for r in caplog.records]
+    assert any("failed mid-way" in m for m in said) and not any("Hello world" in m for m in said)
