@@ -26,6 +26,7 @@ log = logging.getLogger("velo.adapters.llamacpp_managed")
 T = TypeVar("T")
 _HEALTH_POLL_S = 0.1  # llama-server answers /health 0.5 s after start for a 100 MB model (MODELS.md)
 _STOP_GRACE_S = 10.0
+_PDEATHSIG: dict[str, bool] = {}  # setpriv's path -> whether it takes --pdeathsig
 
 
 @dataclass
@@ -58,12 +59,20 @@ def embedding_batch(command: list[str]) -> list[str]:
     return ["-b", str(batch), "-ub", str(batch)]
 
 
-def dies_with_velo(cmd: list[str]) -> list[str]:
+async def dies_with_velo(cmd: list[str]) -> list[str]:
     """`cmd` under util-linux's `setpriv --pdeathsig TERM`: the server is stopped when Velo dies, by SIGKILL or the
     OOM killer too (it outlived Velo holding its model's memory, and the next start loaded the model again beside
-    it). As it is where there is no setpriv (macOS), or no such program (the start's error names it)."""
+    it). As it is where there is no setpriv (macOS) or one without `--pdeathsig` (util-linux before 2.33), or no
+    such program (the start's error names it)."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv and shutil.which(cmd[0]) else cmd
+    if setpriv is None or shutil.which(cmd[0]) is None:
+        return cmd
+    if setpriv not in _PDEATHSIG:  # asked once: an older setpriv refuses the option, and the server never started
+        probe = await asyncio.create_subprocess_exec(setpriv, "--pdeathsig", "TERM", "--", "true",
+                                                     stdout=asyncio.subprocess.DEVNULL,
+                                                     stderr=asyncio.subprocess.DEVNULL)
+        _PDEATHSIG[setpriv] = await probe.wait() == 0
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if _PDEATHSIG[setpriv] else cmd
 
 
 class ManagedLlamaCpp(LlamaCppBackend):
@@ -132,7 +141,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
                "--host", "127.0.0.1", "--port", str(port)]
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *dies_with_velo(cmd), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+                *await dies_with_velo(cmd), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         except OSError as e:
             raise BackendUnavailable(f"backend {self.name!r}: cannot run {cmd[0]!r}: {e}") from e
         asyncio.get_running_loop().create_task(self._follow(self.process))

@@ -57,13 +57,15 @@ def test_a_managed_server_dies_with_a_velo_killed_by_sigkill(tmp_path):
     import sys
     import time
 
+    import asyncio
+
     from adapters.llamacpp_managed import dies_with_velo
     parent = subprocess.Popen([sys.executable, "-c", f"""
 import asyncio, sys
 sys.path.insert(0, {os.getcwd()!r})
 from adapters.llamacpp_managed import dies_with_velo
 async def main():
-    child = await asyncio.create_subprocess_exec(*dies_with_velo(["sleep", "60"]))
+    child = await asyncio.create_subprocess_exec(*await dies_with_velo(["sleep", "60"]))
     print(child.pid, flush=True)
     await asyncio.sleep(60)
 asyncio.run(main())
@@ -78,11 +80,13 @@ asyncio.run(main())
     parent.wait()
     for _ in range(100):
         try:
-            os.kill(child, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{child}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":  # dead, where nothing reaps orphans
+                    break
+        except FileNotFoundError:
             break
         time.sleep(0.05)
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the child outlived its killed parent")
-    assert dies_with_velo(["no-such-llama-server"]) == ["no-such-llama-server"]  # its start error names it
+    assert asyncio.run(dies_with_velo(["no-such-llama-server"])) == ["no-such-llama-server"]  # its start error names it
