@@ -31,9 +31,10 @@ async def native(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     server = await _llama_server(request, request.query.get("model") if body is None else body.get("model"))
     stream = bool(body and body.get("stream"))
-    prompt = (request.content_length or 0) // CHARS_PER_TOKEN
-    limited = request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt) if body is not None else \
-        contextlib.nullcontext()
+    limited = contextlib.nullcontext()
+    if body is not None:  # its size, read already (a chunked body has no Content-Length), as its tokens' estimate
+        prompt = len(await request.read()) // CHARS_PER_TOKEN
+        limited = request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt)
     with limited:
         return await write_stream(request, server.native(request.method, request.path_qs, body), lambda piece: piece,
                                   lambda e: sse(openai.error_object(e)) if stream else b"",
