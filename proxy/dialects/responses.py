@@ -419,10 +419,10 @@ def error_body(err: VeloError) -> dict[str, Any]:
     return {"code": code, "message": error_object(err, "responses")["error"]["message"]}
 
 
-def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}],
             "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": _sealed("reasoning", text=text),
-            "status": "completed"}
+            "status": status}
 
 
 def message_item(item_id: str, text: str, status: str = "completed",

@@ -148,7 +148,7 @@ class ResponseStream:
             return []
         at, text = self._at(), "".join(self.pieces)
         if self.open["type"] == "reasoning":
-            item = reasoning_item(self.open["id"], text)
+            item = reasoning_item(self.open["id"], text, status)
             out = [self._event("response.reasoning_summary_text.done", {**at, "summary_index": 0, "text": text}),
                    self._event("response.reasoning_summary_part.done", {
                        **at, "summary_index": 0, "part": {"type": "summary_text", "text": text}})]

@@ -352,6 +352,12 @@ async def test_failure_mid_stream_fails_the_response():
     assert message["status"] == "incomplete" and failed["output"] == [message]  # never finished, never "completed"
     error = next(e[1] for e in events if e[0] == "error")
     assert error["code"] == "backend_error"  # the error event's code is any string: Velo's own kind
+    backend.script = Script(thinking="Let me see", fail_after=0)  # cut while it reasons
+    async with TestClient(TestServer(make_app(Config(), {"s": backend}))) as c:
+        resp = await c.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True})
+        events = sse_events(await resp.text())
+    reasoning = next(e[1]["item"] for e in events if e[0] == "response.output_item.done")
+    assert (reasoning["type"], reasoning["status"]) == ("reasoning", "incomplete")
 
 
 @pytest.mark.parametrize("body, param", [
