@@ -1,7 +1,8 @@
 """A structured-output schema checked before any backend gets it, as Velo's engine compiles it (engine/grammar.py,
-llguidance, lenient about keywords it does not implement): a schema no output can match (`minLength` 5 with
-`maxLength` 2) is the client's 400 on every backend. llama-server took one and grew by 0.5 GB a second building its
-grammar while the client waited for a 504, which the SDKs retry."""
+llguidance): a schema no output can match (`minLength` 5 with `maxLength` 2) is the client's 400 on every backend.
+llama-server took one and grew by 0.5 GB a second building its grammar while the client waited for a 504, which the
+SDKs retry. What llguidance only cannot compile (a look-around `pattern`, a remote `$ref`) is left to the backend,
+which may."""
 from __future__ import annotations
 
 from engine.grammar import grammar_for
@@ -9,11 +10,14 @@ from engine.grammar import grammar_for
 from .errors import BadRequest
 from .protocol import OutputFormat
 
+_UNSATISFIABLE = "Unsatisfiable schema"  # llguidance's words for a schema no value matches
+
 
 def check_format(fmt: OutputFormat) -> None:
-    """BadRequest (param `format`) when `fmt` is a JSON Schema no output can match, or no schema at all."""
+    """BadRequest (param `format`) when `fmt` is a JSON Schema no output can match."""
     if isinstance(fmt, dict):
         try:
             grammar_for(fmt)
         except ValueError as e:
-            raise BadRequest(str(e), param="format") from e
+            if _UNSATISFIABLE in str(e):
+                raise BadRequest(str(e), param="format") from e

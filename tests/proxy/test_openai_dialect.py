@@ -538,6 +538,16 @@ def test_a_token_that_is_part_of_a_character_gives_its_own_bytes():
     assert [t["bytes"] for t in out[0]["top_logprobs"]] == [[0xE6, 0x97], [ord("x")]]
 
 
+async def test_a_schema_only_llguidance_cannot_compile_is_left_to_the_backend(client, scripted):
+    """A look-around `pattern` or a remote `$ref` is no reason for a 400 from every backend: llama-server or vLLM
+    may take it."""
+    for schema in ({"type": "string", "pattern": "^(?=a)ab$"}, {"$ref": "https://example.com/s.json"}):
+        await client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                                             "format": schema, "stream": False})
+    assert [r.format for r in scripted.requests] == [{"type": "string", "pattern": "^(?=a)ab$"},
+                                                      {"$ref": "https://example.com/s.json"}]
+
+
 async def test_a_schema_no_output_can_match_does_not_wait_for_a_busy_backends_slot():
     """Checked where the backend was called, after its queue: behind a long answer it waited for a slot first."""
     import asyncio
