@@ -2,18 +2,20 @@
 with streaming, tools, response_format, embeddings and /v1/models; an optional API key goes out as Bearer."""
 from __future__ import annotations
 
+import logging
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, AsyncIterator, TypeVar
 
 from . import go_template, model_card
 from .base import Backend, BackendConfig
-from .errors import BackendError, VeloError
+from .errors import BackendError, BadRequest, VeloError
 from .http import Upstream, one_answer
 from .openai_wire import ChatStream, as_stream_event, chat_to_wire, completion_to_wire, embeddings_from_wire
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        rfc3339)
 
+log = logging.getLogger("velo.adapters.openai_compat")
 R = TypeVar("R", ChatRequest, CompletionRequest)
 
 
@@ -52,6 +54,7 @@ class OpenAIBackend(Backend):
         self.http = Upstream(replace(config, urls=[u.rstrip("/").removesuffix("/v1") for u in config.urls]),
                              pooled=self.pools_connections)
         self.server: str | None = None  # "vllm" or "sglang" where the last listing named one as its owner
+        self.salts = True  # False once the server refused `cache_salt` (vLLM on its V0 engine)
 
     async def close(self) -> None:
         await self.http.close()
@@ -106,7 +109,7 @@ class OpenAIBackend(Backend):
     def _salted(self, body: dict[str, Any], req: ChatRequest | CompletionRequest) -> dict[str, Any]:
         """vLLM (0.9+) keeps a key's prompt prefixes apart from another's under `cache_salt`, as Velo's engine does
         under the request's prefix_scope; other servers have no such field."""
-        if self.server == "vllm" and req.prefix_scope:
+        if self.server == "vllm" and req.prefix_scope and self.salts:
             body["cache_salt"] = req.prefix_scope
         return body
 
@@ -134,17 +137,36 @@ class OpenAIBackend(Backend):
 
     async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """A stream from the backend, or its one answer folded the same way (see adapters/http.py). An event with
-        nothing to send yet (llama-server's prompt progress, a tool call's argument pieces) sends nothing."""
-        parser = ChatStream()
+        nothing to send yet (llama-server's prompt progress, a tool call's argument pieces) sends nothing. A vLLM
+        on its V0 engine refuses `cache_salt` (a 400 naming it; every request with a key failed): the request goes
+        again without it, as do those after it."""
+        parser, sent = ChatStream(), False
+        try:
+            async with aclosing(self._events(path, body, model, parser)) as events:
+                async for chunk in events:
+                    sent = True
+                    yield chunk
+        except BadRequest as e:
+            if sent or "cache_salt" not in body or "cache_salt" not in e.message:
+                raise
+            log.warning("backend %r refuses cache_salt (vLLM's V0 engine): keys share its prefix cache", self.name)
+            self.salts = False
+            parser = ChatStream()
+            async with aclosing(self._events(path, {k: v for k, v in body.items() if k != "cache_salt"}, model,
+                                             parser)) as events:
+                async for chunk in events:
+                    yield chunk
+        if parser.finish is None:
+            raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
+        yield parser.last()
+
+    async def _events(self, path: str, body: dict[str, Any], model: str, parser: ChatStream) -> AsyncIterator[Chunk]:
         async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
                                                  whole=lambda answer: parser.feed(as_stream_event(answer)),
                                                  progress=self.reports_progress)) as events:
             async for chunk in events:
                 if chunk is not None:
                     yield chunk
-        if parser.finish is None:
-            raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
-        yield parser.last()
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """vLLM's own count (`/tokenize`): a chat as its template renders it, tools and template variables included,

@@ -48,6 +48,7 @@ class Script:
     malformed: bytes | None = None  # a streamed line sent in place of the one at `malformed_at` (then the rest)
     malformed_at: int = 2
     answer: Any = None  # answer every POST with this JSON body (status 200), whatever its shape
+    refused_field: str | None = None  # a 400 naming it for a request that has it (vLLM's V0 engine: cache_salt)
 
 
 @dataclass
@@ -100,6 +101,9 @@ class FakeServer:
             return self.error(self.script.fail_status, self.script.fail_message)
         if self.script.answer is not None and request.method == "POST":
             return web.json_response(self.script.answer)
+        if isinstance(body, dict) and self.script.refused_field in body:
+            return self.error(400, f"Parameter '{self.script.refused_field}' is not supported with this "
+                                   "configuration (engine V0)")
         return self.refuse(request) or await handler(request)
 
     def refuse(self, request: web.Request) -> web.Response | None:

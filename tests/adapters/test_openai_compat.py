@@ -378,5 +378,13 @@ async def test_vllm_keeps_each_keys_prefixes_apart_under_cache_salt(openai_fake,
         assert salts == (["3f2a", "3f2a"] if owner == "vllm" else [None, None])
         await collect(b.chat(chat()))  # no key: no scope, no salt
         assert "cache_salt" not in openai_fake.last("/v1/chat/completions")
+        openai_fake.script.refused_field = "cache_salt"  # vLLM 0.9-0.10 on its V0 engine: every keyed request a 400
+        sent = len(openai_fake.requests)
+        for _ in range(2):
+            out = await collect(b.chat(ChatRequest(MODEL, [Message("user", "hi")], prefix_scope="3f2a")))
+            assert out[-1].finish_reason == "stop"
+        asked = [r.body for r in openai_fake.requests[sent:] if r.path == "/v1/chat/completions"]
+        if owner == "vllm":  # refused once, then sent again and never again with it
+            assert ["cache_salt" in body for body in asked] == [True, False, False]
     finally:
         await b.close()
