@@ -133,8 +133,11 @@ class ReplicaSet(Backend):
 
     async def concurrency(self) -> int:
         """The replicas' slots added up: Velo's admission queue sits in front of the whole set. A replica that
-        cannot say (down) counts as its configured limit or 4, as a single backend would."""
+        cannot say (down) counts as its configured limit or 4, as a single backend would; when none can say, the
+        error of one, so that the admit stage asks again until they do."""
         answers = await asyncio.gather(*(r.backend.concurrency() for r in self.replicas), return_exceptions=True)
+        if all(isinstance(n, BaseException) for n in answers):
+            raise answers[0]
         fallback = self.config.max_concurrency or 4
         return sum(n if isinstance(n, int) else fallback for n in answers)
 

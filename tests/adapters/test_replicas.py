@@ -201,6 +201,10 @@ async def test_concurrency_adds_up_replicas_and_tolerates_one_that_is_down():
     members[1].concurrency = down  # type: ignore[method-assign]
     members[0].config.max_concurrency = 2
     assert await rs.concurrency() == 2 + 4 + 4
+    for member in members:  # none can say: the admit stage is told, and asks again until they can
+        member.concurrency = down  # type: ignore[method-assign]
+    with pytest.raises(BackendUnavailable):
+        await rs.concurrency()
 
 
 @pytest.mark.parametrize("kind, traits", [
