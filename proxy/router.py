@@ -8,6 +8,7 @@ import fnmatch
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +22,10 @@ from .presets import PresetStore, by_spelling, spellings
 
 log = logging.getLogger("velo.router")
 OTHER = "other"  # the metrics label of every model name that no backend lists and no route or alias names
+
+# Models whose info is kept: far more than a server has, while made-up names sent to a default backend (each a 404
+# from its /api/show) grew the dict by ~380 B each, without bound (9,000 in an audit's soak).
+_INFO_ENTRIES = 1024
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,8 @@ class Router:
         self.listing_timeout = listing_timeout
         self.info_ttl_s = info_ttl_s
         self.listings = Listings(backends, listing_timeout, refresh_s, unknown_ttl_s, start_listing_s)
-        self._info: dict[tuple[str, str], _Info] = {}  # (backend, model) -> what the backend said, and when
+        # (backend, model) -> what the backend said, and when; least recently asked first
+        self._info: OrderedDict[tuple[str, str], _Info] = OrderedDict()
 
     async def start(self) -> None:
         await self.listings.start()
@@ -67,8 +73,12 @@ class Router:
         the request itself then finds out."""
         key = (target.backend.name, target.model)
         entry = self._info.get(key)
+        if entry is not None:
+            self._info.move_to_end(key)
         if entry is None:
             entry = self._info[key] = _Info(0.0, None)
+            if len(self._info) > _INFO_ENTRIES:
+                self._info.popitem(last=False)
             entry.task = asyncio.create_task(self._show(target, entry))
             await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
         elif time.monotonic() - entry.at > self.info_ttl_s and (entry.task is None or entry.task.done()):

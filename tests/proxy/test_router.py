@@ -274,3 +274,17 @@ async def test_a_backend_down_for_a_moment_keeps_what_it_said_of_a_model():
         await router.model_info(target)  # the refresh runs behind the request's back
         await asyncio.sleep(0.01)
         assert ((await router.model_info(target)) is not None) == kept
+
+
+async def test_the_model_info_kept_is_bounded_by_the_names_asked_most_recently(monkeypatch):
+    """Made-up names sent to a default backend (each a 404 from its /api/show) grew the dict without bound."""
+    from proxy import router as router_module
+    monkeypatch.setattr(router_module, "_INFO_ENTRIES", 3)
+    backend = ScriptedBackend("b", ("tiny:latest",))
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"}]}), {"b": backend})
+    known = Target(backend, "tiny:latest", "b")
+    assert await router.model_info(known) is not None
+    for i in range(10):
+        assert await router.model_info(Target(backend, f"made-up-{i}", "other")) is None
+        await router.model_info(known)  # asked again: kept, as the most recent
+    assert len(router._info) == 3 and ("b", "tiny:latest") in router._info
