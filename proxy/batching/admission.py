@@ -67,6 +67,7 @@ class AdmissionController:
                    ) -> AsyncIterator[None]:
         ticket = _Ticket(priority, client, supersede_key)
         if supersede_key is not None:
+            self._check_room(supersede_key)
             self._supersede(supersede_key, ticket)
         try:
             await self._acquire(ticket)
@@ -95,7 +96,7 @@ class AdmissionController:
             ticket.granted.set_result(None)
             return
         if self._queued >= self.max_queue:
-            raise Overloaded(f"backend queue is full ({self.max_queue} waiting)", retry_after=self.retry_after())
+            raise self._full()
         self._queues.setdefault(ticket.priority, OrderedDict()).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
         try:
@@ -118,6 +119,18 @@ class AdmissionController:
     def retry_after(self) -> float:
         """Seconds until the queue has probably drained by one request per slot, at least 1."""
         return float(max(1, math.ceil(self._mean_hold_s * (self._queued + 1) / self.limit)))
+
+    def _full(self) -> Overloaded:
+        return Overloaded(f"backend queue is full ({self.max_queue} waiting)", retry_after=self.retry_after())
+
+    def _check_room(self, key: str) -> None:
+        """Overloaded before a newer request replaces an older one, where the newer would find the queue full: the
+        older was cancelled and the newer refused, and the user got no completion at all. A queued older one gives
+        its place up; a running one frees its slot only once it has stopped."""
+        older = self._by_key.get(key)
+        queued = self._queued - (older is not None and not older.granted.done())
+        if not (self.running < self.limit and queued == 0) and queued >= self.max_queue:
+            raise self._full()
 
     def _supersede(self, key: str, newer: _Ticket) -> None:
         older = self._by_key.get(key)

@@ -158,6 +158,34 @@ async def test_newer_request_supersedes_a_running_one():
     assert ctl.running == 0
 
 
+async def test_a_newer_request_refused_for_a_full_queue_leaves_the_older_one_running():
+    """It cancelled the older one first, then found the queue full: the user got no completion at all."""
+    ctl, started = AdmissionController(limit=1, max_queue=1), []
+    h = Holder(ctl, started)
+    old = asyncio.create_task(h.run("old", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    chat = asyncio.create_task(h.run("chat"))  # fills the queue
+    await settle()
+    with pytest.raises(Overloaded):
+        async with ctl.slot(LATENCY_CRITICAL, "ide", "ide:fim"):
+            pass
+    assert not old.done() and ctl.running == 1 and ctl.queued == 1
+    h.release.set()
+    assert await asyncio.gather(old, chat) == ["old", "chat"]
+    queued_old = AdmissionController(limit=1, max_queue=1)  # a queued older one gives its place to the newer
+    h = Holder(queued_old, [])
+    busy = asyncio.create_task(h.run("busy"))
+    await settle()
+    old = asyncio.create_task(h.run("old", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    new = asyncio.create_task(h.run("new", LATENCY_CRITICAL, "ide", "ide:fim"))
+    await settle()
+    with pytest.raises(Superseded):
+        await old
+    h.release.set()
+    assert await asyncio.gather(busy, new) == ["busy", "new"]
+
+
 async def test_supersede_keys_are_per_key():
     ctl, started = AdmissionController(limit=4, max_queue=10), []
     h = Holder(ctl, started)
