@@ -25,6 +25,7 @@ class _Batch:
     futures: list[asyncio.Future] = field(default_factory=list)
     inputs: int = 0
     timer: asyncio.TimerHandle | None = None
+    task: asyncio.Task | None = None  # its backend call, once flushed
 
 
 @dataclass
@@ -54,7 +55,12 @@ class EmbedBatcher:
         batch.inputs += len(req.inputs)
         if batch.inputs >= self.max_inputs:
             self._flush(key)
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:  # the last caller to leave cancels the backend call: it ran on for nobody
+            if batch.task is not None and all(f.done() for f in batch.futures):
+                batch.task.cancel()
+            raise
 
     async def close(self) -> None:
         """Cancels batches in flight (shutdown); their callers get CancelledError."""
@@ -70,7 +76,7 @@ class EmbedBatcher:
             return
         if batch.timer is not None:
             batch.timer.cancel()
-        task = asyncio.create_task(self._run(batch))
+        task = batch.task = asyncio.create_task(self._run(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

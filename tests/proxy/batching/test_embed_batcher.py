@@ -88,6 +88,23 @@ async def test_a_caller_that_leaves_before_the_flush_is_left_out():
     assert call.calls[0].inputs == ["here"]
 
 
+async def test_the_backend_call_stops_once_every_caller_has_left_and_not_before():
+    """Callers gone, the batch's call ran on for nobody: a client could pile up backend work while its key's
+    concurrency count, released as each caller left, said it ran nothing."""
+    call = Recorder()
+    call.release.clear()
+    batcher = EmbedBatcher(call, window_ms=1)
+    first, second = (asyncio.create_task(batcher.embed(req(s))) for s in ("a", "b"))
+    await asyncio.sleep(0.02)
+    [running] = batcher._tasks
+    first.cancel()
+    await asyncio.sleep(0.01)
+    assert not running.done()  # one caller still waits for it
+    second.cancel()
+    await asyncio.sleep(0.01)
+    assert running.cancelled() and not batcher._tasks
+
+
 async def test_close_cancels_batches_in_flight():
     call = Recorder()
     call.release.clear()
