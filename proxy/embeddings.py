@@ -1,7 +1,9 @@
 """The embedding path: resolve -> observe -> limit -> a micro-batch per backend (proxy/batching/embed_batcher.py) ->
-the backend. Not a chunk stream, so not the generation stages; it shares the observe and limit stages' state."""
+a slot of the backend's queue -> the backend. Not a chunk stream, so not the generation stages; it shares the observe,
+limit and admit stages' state."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Iterator
 
@@ -9,27 +11,30 @@ from prometheus_client.core import CounterMetricFamily
 
 from adapters.protocol import EmbedRequest, EmbedResult
 
-from .batching import EmbedBatcher
+from .batching import NORMAL, AdmissionController, EmbedBatcher
+from .batching.embed_batcher import EmbedCall
 from .dialects import dialect_of
 from .job import Caller
 from .metrics import RequestMetrics
 from .residency import Residency
+from .stages.admit import Admit
 from .stages.base import Services
 from .stages.limit import Limit
 from .token_count import CHARS_PER_TOKEN
 
 
 class Embeddings:
-    def __init__(self, services: Services, metrics: RequestMetrics, residency: Residency, limit: Limit) -> None:
-        self.services, self.metrics, self.residency, self.limit = services, metrics, residency, limit
+    def __init__(self, services: Services, metrics: RequestMetrics, residency: Residency, limit: Limit,
+                 admit: Admit) -> None:
+        self.services, self.metrics, self.residency, self.limit, self.admit = services, metrics, residency, limit, admit
         self.batchers: dict[str, EmbedBatcher] = {}
         services.registry.register(self)
 
     async def start(self) -> None:
         batching = self.services.config.batching
         for backend in self.services.router.backends.values():
-            self.batchers[backend.name] = EmbedBatcher(backend.embed, batching.embed_window_ms,
-                                                       batching.embed_max_inputs)
+            call = functools.partial(_admitted, self.admit.controllers.get(backend.name), backend.embed)
+            self.batchers[backend.name] = EmbedBatcher(call, batching.embed_window_ms, batching.embed_max_inputs)
 
     async def close(self) -> None:
         for batcher in self.batchers.values():
@@ -51,3 +56,12 @@ class Embeddings:
         for name, batcher in self.batchers.items():
             batches.add_metric([name], batcher.batches)
         yield batches
+
+
+async def _admitted(controller: AdmissionController | None, embed: EmbedCall, req: EmbedRequest) -> EmbedResult:
+    """A backend call in one of the backend's slots, as a generation's: embeddings went around `max_concurrency`
+    (100 requests that could not be merged were 100 calls at once to a backend of 4 slots)."""
+    if controller is None:
+        return await embed(req)
+    async with controller.slot(NORMAL, "embeddings"):
+        return await embed(req)

@@ -90,6 +90,27 @@ async def test_concurrent_embeds_in_both_dialects_become_one_backend_call():
                                                                                      "eeeee"]
 
 
+async def test_embeddings_take_the_backends_slots_as_generations_do():
+    """Embedding calls went around the backend's queue: 100 requests that could not be merged (each its own
+    `dimensions`) were 100 calls at once to a backend of 4 slots."""
+    class Slow(ScriptedBackend):
+        active = peak = 0
+
+        async def embed(self, req):
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            await asyncio.sleep(0.02)
+            self.active -= 1
+            return await super().embed(req)
+
+    backend = Slow()
+    backend.config.max_concurrency = 3
+    async with app_over(backend) as c:
+        answers = await asyncio.gather(*[c.post("/v1/embeddings", json={"model": "tiny", "input": "a", "dimensions":
+                                                                         d}) for d in range(1, 13)])
+        assert [r.status for r in answers] == [200] * 12 and backend.peak == 3
+
+
 async def test_embed_batches_are_capped_at_max_inputs():
     backend = ScriptedBackend()
     async with app_over(backend, embed_window_ms=100, embed_max_inputs=4) as c:
