@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+from adapters.errors import BackendError
 from adapters.protocol import Chunk
 
 ChunkFactory = Callable[[], AsyncIterator[Chunk]]
@@ -94,7 +95,8 @@ class Coalescer:
             finally:
                 with contextlib.suppress(Exception):
                     await stream.aclose()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # by _abandon (no caller left), or from outside (a shutdown): never a whole
+            flight.error = BackendError("the shared backend call was cancelled")  # answer, nor one to cache
             raise
         except Exception as e:  # every caller re-raises it
             flight.error = e

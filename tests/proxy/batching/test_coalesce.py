@@ -115,6 +115,20 @@ async def test_error_reaches_every_caller():
     assert up.calls == 1
 
 
+async def test_a_shared_call_cancelled_from_outside_fails_every_caller():
+    """A pump cancelled by anything but its last caller leaving (a shutdown) ended the flight with no error: every
+    caller got the chunks so far as a whole answer, which the cache then kept."""
+    co, up = Coalescer(), Upstream(n=3)
+    callers = [asyncio.create_task(collect(co, "k", up)) for _ in range(2)]
+    await settle()
+    up.release(1)
+    await settle()
+    [flight] = co._flights.values()
+    flight.pump.cancel()
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(r, BackendError) for r in results), results
+
+
 async def test_on_coalesced_hook_counts_joiners():
     joined = []
     co, up = Coalescer(on_coalesced=lambda: joined.append(1)), Upstream(n=1)
