@@ -58,23 +58,33 @@ class Admit(Stage):
         services.registry.register(self)
 
     async def start(self) -> None:
-        """Sizes each backend's queue from what it reports (e.g. llama-server slots). A backend kept open from the
-        previous configuration keeps its queue, so requests of both configurations share its slots."""
+        """Sizes each backend's queue from what it reports (e.g. llama-server slots). A server the previous
+        configuration named too keeps its queue, whatever else of its settings changed, so requests of both
+        configurations share its slots; the queue takes its new size."""
         max_queue = self.services.config.batching.max_queue
         backends = list(self.services.router.backends.values())
-        for backend, queue in zip(backends, await asyncio.gather(*(self._queue(b, max_queue) for b in backends))):
+        held = [self._queue(b, max_queue) for b in backends]
+        queues = await asyncio.gather(*(opening for opening, _ in held))
+        kept = [(b, q) for b, q, (_, fresh) in zip(backends, queues, held) if not fresh]
+        for (backend, queue), slots in zip(kept, await asyncio.gather(*(_slots(b) for b, _ in kept))):
+            if slots is not None:
+                queue.controller.resize(slots)
+                if queue.asks is not None:  # it asked the backend object of an earlier configuration
+                    queue.asks.cancel()
+        for backend, queue in zip(backends, queues):
             queue.controller.max_queue = max_queue
             self.controllers[backend.name] = queue.controller
 
-    def _queue(self, backend: Backend, max_queue: int) -> asyncio.Future:
+    def _queue(self, backend: Backend, max_queue: int) -> tuple[asyncio.Future, bool]:
         async def opened() -> _Queue:
             slots = await _slots(backend)
             controller = AdmissionController(limit=slots or backend.config.max_concurrency or 4, max_queue=max_queue)
             asks = None if slots else asyncio.create_task(_ask_again(backend, controller), name=f"slots:{backend.name}")
             return _Queue(controller, asks)
-        opening, _ = self.services.lease.hold(f"queue:{backend.name}:{fingerprint(backend.config)}",
-                                              lambda: asyncio.ensure_future(opened()), _closed)
-        return opening
+        cfg = backend.config  # the server, not how it is asked: a new timeout gave it a second queue beside the first
+        server = (cfg.kind, cfg.urls, cfg.model, cfg.command, cfg.options)
+        return self.services.lease.hold(f"queue:{backend.name}:{fingerprint(server)}",
+                                        lambda: asyncio.ensure_future(opened()), _closed)
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None

@@ -231,3 +231,26 @@ async def test_a_restart_only_change_is_logged_without_the_passwords_in_its_urls
         assert await c.server.app[RELOADER].reload()
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("responses changed")]
     assert said and "redis://velo:***@db:6379/0" in said[0] and "s3cret" not in said[0]
+
+
+async def test_a_backend_whose_settings_change_keeps_its_queue_and_slots(tmp_path, two_fakes):
+    """Any change to a backend's settings (here `first_token_timeout`) gave it a new queue beside the old one: for
+    the switch, the server got the old queue's requests and the new one's at once (8 streams on a 4-slot server)."""
+    a, b = two_fakes
+    a.script.reply, a.script.token_delay = "one two three four", 0.3
+    path = tmp_path / "config.toml"
+
+    def config(timeout: int) -> str:
+        return toml(a.url, b.url, "a").replace(f'url = "{a.url}"\n', f'url = "{a.url}"\nmax_concurrency = 1\n'
+                                                                      f"first_token_timeout = {timeout}\n")
+    path.write_text(config(300))
+    async with await reloaded_app(path) as c:
+        first = asyncio.create_task(streamed(c))
+        while not any(r.path == "/v1/chat/completions" for r in a.requests):
+            await asyncio.sleep(0.01)
+        path.write_text(config(200))
+        assert await c.server.app[RELOADER].reload()
+        second = asyncio.create_task(streamed(c))
+        await asyncio.sleep(0.5)
+        assert sum(r.path == "/v1/chat/completions" for r in a.requests) == 1  # the second waits for the one slot
+        assert await asyncio.gather(first, second) == ["one two three four"] * 2
