@@ -71,7 +71,7 @@ async def main():
 asyncio.run(main())
 """], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
-    for _ in range(100):  # setpriv has set the signal once it has become `sleep`
+    for _ in range(500):  # setpriv has set the signal once it has become `sleep` (10 s at most, on a loaded machine)
         with open(f"/proc/{child}/comm") as comm:
             if comm.read().strip() == "sleep":
                 break
