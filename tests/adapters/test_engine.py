@@ -397,13 +397,26 @@ async def test_the_engine_answers_under_the_timeouts_every_backend_has(model_dir
         b.engine.generate = paced([], 0.5)
         with pytest.raises(BackendTimeout, match="sent no token for 0.2s"):
             await collect(b.chat(chat(max_tokens=5)))
-        b.engine.generate = paced([0.1] * 6, 0)  # 0.6 s of progress: each report a new 0.2-s wait
-        assert aggregate(await collect(b.chat(chat(max_tokens=5, temperature=0)))).usage.completion_tokens == 5
         b.engine.generate = real
         for _ in range(100):  # each timed-out request was aborted, its KV memory given back
             if not b.engine.scheduler.running and not b.engine.scheduler.waiting:
                 break
             await asyncio.sleep(0.05)
         assert not b.engine.scheduler.running and not b.engine.scheduler.waiting
+    finally:
+        await b.close()
+    b = engine(total_timeout=30, first_token_timeout=1.0, idle_timeout=30)  # room for a loaded machine's first token
+    await b.start()
+    try:
+        real = b.engine.generate
+
+        async def progressing(ids, params, scope):
+            for _ in range(3):  # 1.5 s of progress: each report a new 1-s wait for the first token
+                await asyncio.sleep(0.5)
+                yield RequestOutput(0, "", [])
+            async for out in real(ids, params, scope):
+                yield out
+        b.engine.generate = progressing
+        assert aggregate(await collect(b.chat(chat(max_tokens=5, temperature=0)))).usage.completion_tokens == 5
     finally:
         await b.close()
