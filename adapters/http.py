@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 import aiohttp
@@ -29,11 +29,12 @@ import orjson
 from yarl import URL
 
 from .base import BackendConfig
-from .protocol import Chunk, aggregate
+from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
 from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
                      ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
 
 T = TypeVar("T")
+R = TypeVar("R", ChatRequest, CompletionRequest)
 # Pooled connections idle longer than this are not reused: below the 5 s after which llama-server and uvicorn
 # (vLLM, SGLang) close idle keep-alive connections, so a request is never sent on one the server is closing.
 KEEPALIVE_S = 4.0
@@ -76,6 +77,12 @@ class _Start:
         """The first event that is more than prompt progress begins the answer."""
         if not self.begun and not self.progress(event):
             self.begun = True
+
+
+def asked_of(req: R, config: BackendConfig) -> R:
+    """`req` as a backend is asked it: a stream, whatever the client asked, unless `always_stream = false` (as
+    `Upstream.streams` decides for a body); the adapter folds a one-answer request's stream (`one_answer`)."""
+    return req if req.stream or not config.always_stream else replace(req, stream=True)
 
 
 async def one_answer(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:

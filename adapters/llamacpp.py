@@ -17,7 +17,7 @@ from .base import BackendConfig
 from .chat_template import renders_tools
 from .errors import BackendError, BackendTimeout, BadRequest, Unsupported
 from .fields import wire_text
-from .http import LOADING_POLL_S, json_object, one_answer
+from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, SamplingOptions,
@@ -387,7 +387,7 @@ class LlamaCppBackend(OpenAIBackend):
         """A stream from the server, whatever the client asked, unless `always_stream = false` (see
         adapters/http.py). `prompt_ids`: the prompt as token ids; each chunk's `context` then holds the tokens it
         adds."""
-        body, finished = _with_progress(native_body(self._asked(req))), False
+        body, finished = _with_progress(native_body(asked_of(req, self.config))), False
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, return_tokens=True)
         async with contextlib.aclosing(self.http.generation(path, body, model=req.model, parse=native_chunk,

@@ -5,18 +5,17 @@ from __future__ import annotations
 import logging
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, AsyncIterator
 
 from . import go_template, model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, VeloError
-from .http import Upstream, one_answer
+from .http import Upstream, asked_of, one_answer
 from .openai_wire import ChatStream, as_stream_event, chat_to_wire, completion_to_wire, embeddings_from_wire
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        rfc3339)
 
 log = logging.getLogger("velo.adapters.openai_compat")
-R = TypeVar("R", ChatRequest, CompletionRequest)
 
 
 def as_chat(req: CompletionRequest) -> ChatRequest:
@@ -114,12 +113,8 @@ class OpenAIBackend(Backend):
         return body
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        stream = self._answer("/v1/chat/completions", self.chat_body(self._asked(req)), req.model)
+        stream = self._answer("/v1/chat/completions", self.chat_body(asked_of(req, self.config)), req.model)
         return stream if req.stream else one_answer(stream)
-
-    def _asked(self, req: R) -> R:
-        """What the backend is asked: a stream, whatever the client asked, unless `always_stream = false`."""
-        return req if self.http.streams(req.stream) == req.stream else replace(req, stream=True)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.template is not None and not req.raw:  # Ollama's template override: the prompt it renders, raw
@@ -127,7 +122,7 @@ class OpenAIBackend(Backend):
             req = replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
-        stream = self._answer("/v1/completions", self._salted(completion_to_wire(self._asked(req)), req), req.model)
+        stream = self._answer("/v1/completions", self._salted(completion_to_wire(asked_of(req, self.config)), req), req.model)
         return stream if req.stream else one_answer(stream)
 
     @staticmethod

@@ -23,13 +23,12 @@ import xxhash
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable, Overloaded
-from .http import one_answer
+from .http import asked_of, one_answer
 from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 
 log = logging.getLogger("velo.replicas")
 T = TypeVar("T")
-R = TypeVar("R", ChatRequest, CompletionRequest)
 _RETRYABLE = (BackendError, Overloaded)  # worth another replica; a 4xx would fail the same everywhere
 _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyond the least busy one
 
@@ -157,21 +156,18 @@ class ReplicaSet(Backend):
                 ready.insert(0, preferred)
         return ready + [r for r in closed if not r.healthy]
 
+    # A one-answer request is asked of the replica as a stream and folded here, above the failover: each replica's
+    # own fold made its whole answer the "first chunk", so one that failed mid-generation had the request sent
+    # again to the next.
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        asked = self._streamed(req)
+        asked = asked_of(req, self.config)
         stream = self._stream(lambda b: b.chat(asked), self._affinity(req))
         return stream if asked is req else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        asked = self._streamed(req)
+        asked = asked_of(req, self.config)
         stream = self._stream(lambda b: b.complete(asked), self._affinity(req))
         return stream if asked is req else one_answer(stream)
-
-    def _streamed(self, req: R) -> R:
-        """A one-answer request as a stream from the replica, folded here, above the failover: each replica's own
-        fold made its whole answer the "first chunk", so one that failed mid-generation had the request sent again
-        to the next (`always_stream = false` sends it as asked)."""
-        return replace(req, stream=True) if not req.stream and self.config.always_stream else req
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         return await self._call(lambda b: b.embed(req))
