@@ -354,7 +354,7 @@ class EngineBackend(Backend):
         async with contextlib.aclosing(engine.generate(ids, params, scope)) as stream:
             try:
                 async for out in self._timed(stream):
-                    if not (out.token_ids or out.text or out.finished):  # progress through the prompt
+                    if out.progress:
                         continue
                     first = first or time.perf_counter_ns()
                     chunk = to_chunk(out)
@@ -395,7 +395,7 @@ class EngineBackend(Backend):
             except TimeoutError as e:
                 raise BackendTimeout(f"backend {self.name!r} {why}") from e
             yield out
-            if out.token_ids or out.finished:
+            if not out.progress:
                 wait, what = cfg.idle_timeout, f"sent no token for {cfg.idle_timeout:g}s"
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:

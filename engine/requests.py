@@ -34,6 +34,11 @@ class RequestOutput:
     stop_string: str | None = None  # the stop string that ended the request, on its last output
     extra: dict = field(default_factory=dict)
 
+    @property
+    def progress(self) -> bool:
+        """Only a report of progress through the prompt (RequestState.progress): no text, no token, no end."""
+        return not (self.token_ids or self.text or self.finished)
+
 
 Sink = Callable[[RequestOutput | BaseException], None]
 
