@@ -122,7 +122,8 @@ class OpenAIBackend(Backend):
             req = replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
-        stream = self._answer("/v1/completions", self._salted(completion_to_wire(asked_of(req, self.config)), req), req.model)
+        body = self._salted(completion_to_wire(asked_of(req, self.config)), req)
+        stream = self._answer("/v1/completions", body, req.model)
         return stream if req.stream else one_answer(stream)
 
     @staticmethod
@@ -135,33 +136,25 @@ class OpenAIBackend(Backend):
         nothing to send yet (llama-server's prompt progress, a tool call's argument pieces) sends nothing. A vLLM
         on its V0 engine refuses `cache_salt` (a 400 naming it; every request with a key failed): the request goes
         again without it, as do those after it."""
-        parser, sent = ChatStream(), False
-        try:
-            async with aclosing(self._events(path, body, model, parser)) as events:
-                async for chunk in events:
-                    sent = True
-                    yield chunk
-        except BadRequest as e:
-            if sent or "cache_salt" not in body or "cache_salt" not in e.message:
-                raise
-            log.warning("backend %r refuses cache_salt (vLLM's V0 engine): keys share its prefix cache", self.name)
-            self.salts = False
-            parser = ChatStream()
-            async with aclosing(self._events(path, {k: v for k, v in body.items() if k != "cache_salt"}, model,
-                                             parser)) as events:
-                async for chunk in events:
-                    yield chunk
+        while True:
+            parser, sent = ChatStream(), False
+            try:
+                async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
+                                                         whole=lambda answer: parser.feed(as_stream_event(answer)),
+                                                         progress=self.reports_progress)) as events:
+                    async for chunk in events:
+                        if chunk is not None:
+                            sent = True
+                            yield chunk
+                break
+            except BadRequest as e:
+                if sent or "cache_salt" not in body or "cache_salt" not in e.message:
+                    raise
+                log.warning("backend %r refuses cache_salt (vLLM's V0 engine): keys share its prefix cache", self.name)
+                self.salts, body = False, {k: v for k, v in body.items() if k != "cache_salt"}
         if parser.finish is None:
             raise BackendError(f"backend {self.name!r} ended the {path} stream before its finish_reason")
         yield parser.last()
-
-    async def _events(self, path: str, body: dict[str, Any], model: str, parser: ChatStream) -> AsyncIterator[Chunk]:
-        async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
-                                                 whole=lambda answer: parser.feed(as_stream_event(answer)),
-                                                 progress=self.reports_progress)) as events:
-            async for chunk in events:
-                if chunk is not None:
-                    yield chunk
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """vLLM's own count (`/tokenize`): a chat as its template renders it, tools and template variables included,
