@@ -374,8 +374,7 @@ class Upstream:
         if (last := b"".join(start)).strip():
             yield [last]
 
-    async def read_json(self, resp: aiohttp.ClientResponse, wait: float | None = None) -> Any:
-        wait = self.config.total_timeout if wait is None else wait
+    async def read_json(self, resp: aiohttp.ClientResponse, wait: float) -> Any:
         return self._loads(b"".join([data async for data in self.reads(resp, wait, wait)]))
 
     def _loads(self, data: bytes) -> Any:
@@ -403,8 +402,8 @@ class Upstream:
         """A plain request/response call (listing, show, embeddings): the answer through `parse`, whole within `wait`
         (default `total_timeout`; a step before a generation, such as tokenizing its prompt, passes
         `first_token_timeout`: a stalled server held such a request for `total_timeout`)."""
-        async with self.request(method, path, body, wait=self.config.total_timeout if wait is None else wait,
-                                model=model) as resp:
+        wait = self.config.total_timeout if wait is None else wait
+        async with self.request(method, path, body, wait=wait, model=model) as resp:
             return self.shaped(parse, await self.read_json(resp, wait), path)
 
     async def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T],
