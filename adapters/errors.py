@@ -17,6 +17,12 @@ class VeloError(Exception):
         self.param = param
         self.retry_after = retry_after
 
+    def logged(self, answers: bool) -> str:
+        """The message as a log line may carry it: without `answers` (log_prompts), its kind alone where it quotes
+        what the model wrote."""
+        return self.message if answers or not self.quotes_answer else \
+            f"{self.kind} (its message quotes the answer: shown with log_prompts)"
+
 
 class BadRequest(VeloError):
     status = 400

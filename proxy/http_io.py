@@ -169,7 +169,7 @@ def _mid_stream(request: web.Request, e: BaseException) -> VeloError | None:
     if isinstance(e, ConnectionResetError) or not isinstance(e, Exception):
         return None
     if isinstance(e, VeloError):  # the request log has the message, with the answer's text only with log_prompts
-        log.warning("stream for %s failed mid-way: %s", request.path, e.kind if e.quotes_answer else e.message)
+        log.warning("stream for %s failed mid-way: %s", request.path, e.logged(answers=False))
         return e
     log.exception("stream for %s failed mid-way", request.path)
     return VeloError("internal error in Velo; see its log")

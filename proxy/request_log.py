@@ -52,10 +52,9 @@ class RequestLine:
             outcome = f"done ({self.finish or 'stop'})"
         elif status == "499":
             outcome = f"cancelled: {ended_by.message}" if ended_by is not None else "cancelled by client"
-        elif isinstance(error, VeloError) and error.quotes_answer and answer is None:
-            outcome = f"error {status}: {error.kind} (its message quotes the answer: shown with log_prompts)"
         else:
-            outcome = f"error {status}: {error.message if isinstance(error, VeloError) else repr(error)}"
+            said = error.logged(answer is not None) if isinstance(error, VeloError) else repr(error)
+            outcome = f"error {status}: {said}"
         level = logging.WARNING if status not in ("200", "499") else logging.INFO
         log.log(level, "#%d %s %s on %s: %s after %.3fs, %d tokens%s", self.number, self.path, self.model,
                 self.backend, outcome, self._elapsed(), self.tokens, _text("answer", answer))
