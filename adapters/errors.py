@@ -10,6 +10,9 @@ class VeloError(Exception):
     kind = "server_error"
     code: str | None = None
     quotes_answer = False  # the message quotes what the model wrote: the log leaves it out without log_prompts
+    # The same request would fail the same way (a greedy or seeded answer that stays invalid): the client is told not
+    # to retry (`x-should-retry: false`, which the openai and anthropic SDKs obey; they retried such a 502 3 times).
+    repeats = False
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None):
         super().__init__(message)

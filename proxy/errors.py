@@ -24,6 +24,8 @@ def error_response(err: VeloError, dialect: str, headers: dict[str, str] | None 
     headers = {**(headers or {}), **getattr(err, "headers", {})}  # a per-key limit's state (proxy/limits.py)
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after)))
+    if err.repeats:
+        headers["x-should-retry"] = "false"
     if dialect == "anthropic":
         if request_id is not None:
             headers["request-id"] = request_id

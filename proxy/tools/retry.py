@@ -48,6 +48,9 @@ async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[
                                                      constrained)) as stream:
             async for chunk in stream:
                 yield chunk
+    except _INVALID as e:
+        e.repeats = req.options.deterministic
+        raise
     finally:
         _note(report, req.model, notes)
 
@@ -77,6 +80,7 @@ async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: Mode
         attempt = ask_again(attempt, "".join(raw), error.message)
     if usable is None:
         assert error is not None
+        error.repeats = req.options.deterministic
         raise error
     for chunk in usable:
         yield chunk

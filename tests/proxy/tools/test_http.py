@@ -206,3 +206,29 @@ async def test_streamed_repairs_are_logged(client: TestClient, caplog: pytest.Lo
     resp = await client.post("/api/chat", json={"model": "tiny", "messages": MESSAGES, "tools": [WEATHER]})
     await resp.read()
     assert any("repair for tiny" in r.message and "trailing_comma" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=["I am not able to do that."]))])
+async def test_an_sdk_does_not_retry_a_greedy_answer_that_stays_invalid(base_url: str,
+                                                                        scripted: ScriptedBackend) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=2)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0,
+                                             response_format={"type": "json_object"})
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert len(scripted.requests) == 3  # Velo's own max_retries=2, and not the SDK's 2 retries of it
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=[BAD]))])
+@pytest.mark.parametrize("path, body, retried", [
+    ("/v1/messages", {"max_tokens": 64, "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]
+                                                   ["parameters"]}], "temperature": 0}, "false"),
+    ("/v1/chat/completions", {"tools": [WEATHER], "seed": 7}, "false"),
+    ("/v1/chat/completions", {"tools": [WEATHER], "temperature": 0.7}, None),
+])
+async def test_only_a_repeatable_failure_tells_the_client_not_to_retry(client: TestClient, path: str,
+                                                                       body: dict[str, Any],
+                                                                       retried: str | None) -> None:
+    resp = await client.post(path, json={"model": "tiny", "messages": MESSAGES, **body})
+    assert resp.status >= 500
+    assert resp.headers.get("x-should-retry") == retried
