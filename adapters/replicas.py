@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Literal, TypeVar
 import xxhash
 
 from .base import Backend, BackendConfig
-from .errors import BackendError, BackendUnavailable, Overloaded
+from .errors import BackendError, BackendTimeout, BackendUnavailable, Overloaded, VeloError
 from .http import asked_of, one_answer
 from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
@@ -36,8 +36,9 @@ _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyon
 @dataclass
 class ReplicaOptions:
     """A backend with `urls = [...]` sends each request to the healthy replica with the fewest requests
-    outstanding, fails over before the first byte, and opens a replica's circuit after repeated failures; these
-    keys of its `options` tune that."""
+    outstanding, fails over before the first byte, and opens a replica's circuit after repeated failures (when every
+    replica fails, the client gets a 504 if each timed out, a 429 if each was busy, else a 503); these keys of its
+    `options` tune that."""
 
     affinity: Literal["none", "prefix"] = setting(
         "none", '"prefix" keeps a conversation on one replica (its prompt cache); "none" picks the least busy')
@@ -199,25 +200,25 @@ class ReplicaSet(Backend):
 
     async def _call(self, fn: Callable[[Backend], Awaitable[T]]) -> T:
         """A plain call, tried on each replica in turn while the failure is one another replica might not have."""
-        error: BaseException | None = None
+        errors: list[VeloError] = []
         for replica in self.order():
             replica.outstanding += 1
             try:
                 result = await fn(replica.backend)
             except _RETRYABLE as e:
                 self._failed(replica, e)
-                error = e
+                errors.append(e)
                 continue
             finally:
                 replica.outstanding -= 1
             replica.succeeded()
             return result
-        raise BackendUnavailable(f"every replica of backend {self.name!r} failed: {error}") from error
+        raise self._every_failed(errors) from errors[-1]
 
     async def _stream(self, open_stream: Callable[[Backend], AsyncIterator[Chunk]], key: str | None
                       ) -> AsyncIterator[Chunk]:
         """Fails over until a replica yields its first chunk; from then on, that replica's stream is the answer."""
-        error: BaseException | None = None
+        errors: list[VeloError] = []
         for replica in self.order(key):
             replica.outstanding += 1
             stream = open_stream(replica.backend)
@@ -229,7 +230,7 @@ class ReplicaSet(Backend):
                     return
                 except _RETRYABLE as e:
                     self._failed(replica, e)
-                    error = e
+                    errors.append(e)
                     continue
                 yield first
                 async for chunk in stream:
@@ -242,7 +243,18 @@ class ReplicaSet(Backend):
             finally:
                 replica.outstanding -= 1
                 await stream.aclose()  # type: ignore[attr-defined]
-        raise BackendUnavailable(f"every replica of backend {self.name!r} failed: {error}") from error
+        raise self._every_failed(errors) from errors[-1]
+
+    def _every_failed(self, errors: list[VeloError]) -> VeloError:
+        """What the client is told when each replica tried failed: a 504 when each timed out, a 429 (with the
+        soonest `Retry-After`) when each was busy, else a 503; one status for all hid a hung set behind "down"."""
+        what = f"every replica of backend {self.name!r} failed: {errors[-1]}"
+        if all(isinstance(e, BackendTimeout) for e in errors):
+            return BackendTimeout(what)
+        if all(isinstance(e, Overloaded) for e in errors):
+            waits = [e.retry_after for e in errors if e.retry_after is not None]
+            return Overloaded(what, retry_after=min(waits, default=None))
+        return BackendUnavailable(what)
 
     def _failed(self, replica: Replica, error: BaseException) -> None:
         log.warning("replica %s failed: %s", replica.backend.name, error)

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BackendUnavailable, BadRequest
+from adapters.errors import BackendError, BackendUnavailable, BadRequest, Overloaded
 from adapters.protocol import ChatRequest, Message
 from adapters.registry import make_backend
 from adapters.replicas import ReplicaOptions, ReplicaSet
@@ -215,3 +215,38 @@ def test_a_replica_set_has_the_traits_of_the_servers_it_stands_for(kind, traits)
     backend = make_backend(BackendConfig(name="pool", kind=kind, urls=["http://a:1", "http://b:2"]))
     assert isinstance(backend, ReplicaSet)
     assert {trait: getattr(backend, trait) for trait in traits} == traits
+
+
+@pytest.mark.parametrize("fault, status", [("slow", 504), ("busy", 429), ("mixed", 503)])
+async def test_every_replica_failing_says_how(fault: str, status: int):
+    """Each replica timing out is a 504 and each one busy a 429, as one backend's would be; a 503 ("unavailable")
+    hid a hung set behind a down one."""
+    async with FakeOpenAI(models=["m"]) as a, FakeOpenAI(models=["m"]) as b:
+        for fake in (a, b):
+            if fault == "slow":
+                fake.script.token_delay = 1.0
+            else:
+                fake.script.fail_status = 429
+        if fault == "mixed":
+            b.script.fail_status = 503
+        cfg = BackendConfig(name="pool", kind="openai", urls=[a.url, b.url], first_token_timeout=0.2,
+                            options={"affinity": "none"})
+        app = make_app(Config(default_backend="pool", backends=[cfg]), {"pool": make_backend(cfg)})
+        async with TestClient(TestServer(app)) as c:
+            resp = await c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user",
+                                                                                          "content": "hi"}]})
+            body = await resp.json()
+        assert resp.status == status, body
+        assert "every replica of backend 'pool' failed" in body["error"]["message"]
+
+
+async def test_every_replica_busy_says_the_soonest_retry_after():
+    rs, members = replica_set(Script(), Script())
+    for member, wait in zip(members, (3.0, 1.0)):
+        async def busy(req, wait=wait):  # noqa: ANN001
+            raise Overloaded("queue full", retry_after=wait)
+            yield  # pragma: no cover - makes this an async generator
+        member.chat = busy  # type: ignore[method-assign]
+    with pytest.raises(Overloaded) as info:
+        await text(rs)
+    assert info.value.status == 429 and info.value.retry_after == 1.0
