@@ -36,9 +36,14 @@ class Reloader:
         self._mtime = _mtime(self.path)  # the file the config in force was read from (read before serving)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self._waiting = False  # a reload is asked for and has not read the file yet
 
     def trigger(self) -> None:
-        """For a signal handler: reload soon, on the event loop."""
+        """For a signal handler: reload soon, on the event loop. Signals that come while a reload waits to read the
+        file are that reload's (a burst of 5 SIGHUPs built 5 generations, each opening the changed backends)."""
+        if self._waiting:
+            return
+        self._waiting = True
         task = asyncio.get_running_loop().create_task(self.reload())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -46,6 +51,7 @@ class Reloader:
     async def reload(self) -> bool:
         """True when the file's config is now in force; False (and the old one stays) when it was refused."""
         async with self._lock:
+            self._waiting = False  # what the file says from here on, this reload reads
             self._mtime = await asyncio.to_thread(_mtime, self.path)
             old = self.generations.current
             try:

@@ -254,3 +254,22 @@ async def test_a_backend_whose_settings_change_keeps_its_queue_and_slots(tmp_pat
         await asyncio.sleep(0.5)
         assert sum(r.path == "/v1/chat/completions" for r in a.requests) == 1  # the second waits for the one slot
         assert await asyncio.gather(first, second) == ["one two three four"] * 2
+
+
+async def test_a_burst_of_signals_is_one_reload_and_a_signal_during_one_is_another(tmp_path, two_fakes):
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        reloader = c.server.app[RELOADER]
+        for _ in range(5):
+            reloader.trigger()
+        while reloader._tasks:
+            await asyncio.sleep(0.01)
+        assert reloader.applied == 1 and c.server.app[GENERATIONS].current.number == 2
+        async with reloader._lock:  # a reload is reading the file: a signal now asks for the next one
+            reloader.trigger()
+            reloader.trigger()
+        while reloader._tasks:
+            await asyncio.sleep(0.01)
+        assert reloader.applied == 2
