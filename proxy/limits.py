@@ -128,6 +128,17 @@ class KeyLimits:
         return State(*(None if b is None else (int(b.capacity), max(0, math.floor(b.level)), b.until_full())
                        for b in (entry.requests, entry.tokens)))
 
+    def reconfigure(self, cfg: LimitsConfig) -> None:
+        """New limits, as if they had been in force all along: what each key used stays used (a bucket keeps what it
+        lacks of full, so a lower limit can leave a key in debt), its requests running stay counted, and a limit
+        turned on starts full. A reload that built fresh buckets gave every key, a throttled one too, a full
+        allowance and forgot its running requests."""
+        now = self.clock()
+        for entry in self.keys.values():
+            entry.requests = _resized(entry.requests, cfg.requests_per_minute, cfg.request_burst, now)
+            entry.tokens = _resized(entry.tokens, cfg.tokens_per_minute, cfg.token_burst, now)
+        self.cfg = cfg
+
     def running(self) -> dict[str, int]:
         return {key: e.running for key, e in self.keys.items() if e.running}
 
@@ -163,3 +174,11 @@ def _bucket(per_minute: int, burst: int | None, now: float) -> Bucket | None:
         return None
     capacity = float(burst or per_minute)
     return Bucket(capacity, per_minute / 60, capacity, now)
+
+
+def _resized(old: Bucket | None, per_minute: int, burst: int | None, now: float) -> Bucket | None:
+    new = _bucket(per_minute, burst, now)
+    if new is not None and old is not None:
+        old.refill(now)
+        new.level -= old.capacity - old.level
+    return new

@@ -30,9 +30,16 @@ class Limit(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
         cfg = services.config.limits
-        self.limits, _ = services.lease.hold(f"limits:{fingerprint(cfg)}", lambda: KeyLimits(cfg))
+        self.limits, self.fresh = services.lease.hold("limits", lambda: KeyLimits(cfg))
         self.named = _labels(services.config.server.keys)
         services.registry.register(self)
+
+    async def start(self) -> None:
+        """Keys' buckets and running requests are kept through a reload (their requests in flight end on them);
+        changed limits apply to them from now."""
+        cfg = self.services.config.limits
+        if not self.fresh and fingerprint(cfg) != fingerprint(self.limits.cfg):
+            self.limits.reconfigure(cfg)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         """No limits set: the rest of the pipeline's stream as is (see stages/base.py)."""

@@ -89,3 +89,23 @@ def test_made_up_keys_cost_a_sweep_of_all_keys_only_now_and_then():
     lim.admit("one-more", 0)
     assert len(lim.keys) == 30_001  # under the next sweep mark
     assert lim.sweep_at == 40_000
+
+
+def test_new_limits_apply_as_if_in_force_all_along_and_keep_running_requests():
+    lim, clock = limits(requests_per_minute=60, request_burst=5, tokens_per_minute=600, concurrency=2)
+    for _ in range(2):
+        lim.admit("k", 100)  # two requests running, 2 of 5 requests and 200 of 600 tokens used
+    lim.reconfigure(LimitsConfig(requests_per_minute=60, request_burst=3, tokens_per_minute=1200, concurrency=2))
+    assert lim.state("k").requests == (3, 1, pytest.approx(2.0)) and lim.state("k").tokens[:2] == (1200, 1000)
+    with pytest.raises(RateLimited) as refused:
+        lim.admit("k", 0)
+    assert refused.value.limit == "concurrency"  # its running requests are still counted
+    lim.done("k", 0)
+    lim.admit("k", 0)  # the third of three
+    lim.done("k", 0)
+    with pytest.raises(RateLimited):
+        lim.admit("k", 0)
+    lim.reconfigure(LimitsConfig(requests_per_minute=60))
+    assert lim.state("k").tokens is None and lim.state("k").requests == (60, 57, pytest.approx(3.0))
+    lim.reconfigure(LimitsConfig(requests_per_minute=60, tokens_per_minute=60))
+    assert lim.state("k").tokens == (60, 60, 0.0)  # a limit turned on starts full

@@ -273,3 +273,26 @@ async def test_a_burst_of_signals_is_one_reload_and_a_signal_during_one_is_anoth
         while reloader._tasks:
             await asyncio.sleep(0.01)
         assert reloader.applied == 2
+
+
+async def test_a_limits_change_keeps_what_each_key_used_and_its_requests_running(tmp_path, two_fakes):
+    a, b = two_fakes
+    a.script.token_delay = 0.2
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a", extra="[limits]\nconcurrency = 1\nrequests_per_minute = 1\n"
+                                                  "request_burst = 2"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        streaming = asyncio.create_task(streamed(c))
+        while not any(r.path == "/v1/chat/completions" for r in a.requests):
+            await asyncio.sleep(0.01)
+        path.write_text(toml(a.url, b.url, "a", extra="[limits]\nconcurrency = 1\nrequests_per_minute = 1\n"
+                                                      "request_burst = 3"))
+        assert await app[RELOADER].reload()
+        busy = await c.post("/api/chat", json=CHAT)
+        assert busy.status == 429 and "1 requests of this key are running" in (await busy.json())["error"]
+        await streaming
+        assert await answer(c) == "from a"  # the second of the new burst of 3 (the refused one took none)
+        assert await answer(c) == "from a"
+        over = await c.post("/api/chat", json=CHAT)
+        assert over.status == 429 and "request limit" in (await over.json())["error"]
