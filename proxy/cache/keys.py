@@ -2,11 +2,13 @@
 
 The key is computed from the internal model, never from the wire body, so a request parsed from the Ollama
 dialect and the same request parsed from the OpenAI dialect hit the same entry. Transport fields (`stream`,
-`keep_alive`) and correlation ids (tool-call ids) are dropped: they never change what the model writes.
+`keep_alive`) are dropped: they never change what the model writes; tool-call ids are kept only as which call a
+result answers.
 """
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+import functools
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
 import orjson
@@ -28,14 +30,16 @@ _FLOAT_OPTIONS = {k.field for k in KNOBS if k.kind is float}
 
 
 def _plain(value: Any) -> Any:
-    """Dataclasses -> dicts without None/empty fields, so a field left out and one set to its default agree."""
+    """Dataclasses -> dicts without the fields that are None, "" or their own default, so a field left out and one
+    set to its default agree. Only a field's own default is dropped: `format = {}` (any JSON, a grammar on the
+    backend) dropped as "empty" shared its entry with an answer in free text."""
     if is_dataclass(value):
         out = {}
         for f in fields(value):
             if f.name in _TRANSPORT or f.name in _IDS:
                 continue
             v = _plain(getattr(value, f.name))
-            if v is not None and v != [] and v != {} and v != "":
+            if v is not None and v != "" and v != _defaults(type(value)).get(f.name):
                 out[f.name] = v
         return out
     if isinstance(value, dict):
@@ -43,6 +47,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+@functools.cache
+def _defaults(cls: type) -> dict[str, Any]:
+    """Each field's default, as `_plain` writes it; fields without one are not there."""
+    out = {}
+    for f in fields(cls):
+        if f.default is not MISSING:
+            out[f.name] = _plain(f.default)
+        elif f.default_factory is not MISSING:
+            out[f.name] = _plain(f.default_factory())
+    return out
 
 
 def _options(opts: SamplingOptions) -> dict[str, Any]:
@@ -60,7 +76,22 @@ def canonical(req: Request) -> dict[str, Any]:
     out = _plain(req)
     out["kind"] = "chat" if isinstance(req, ChatRequest) else "completion"
     out["options"] = _options(req.options)
+    if isinstance(req, ChatRequest):
+        _link_results(req.messages, out["messages"])
     return out
+
+
+def _link_results(messages: list[Message], plain: list[dict[str, Any]]) -> None:
+    """Which call each tool result answers, written as the call's place in the conversation: ids are made up per
+    client and left out, but which result goes with which call changes the answer (parallel calls' results come
+    back in the order they finished)."""
+    place: dict[str, int] = {}
+    for msg, out in zip(messages, plain):
+        for call, out_call in zip(msg.tool_calls, out.get("tool_calls", ())):
+            if call.id:
+                out_call["call"] = place.setdefault(call.id, len(place))
+        if msg.tool_call_id:
+            out["answers"] = place.get(msg.tool_call_id, msg.tool_call_id)
 
 
 def digest(value: Any) -> str:

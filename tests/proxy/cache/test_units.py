@@ -127,3 +127,30 @@ def test_scope_index_switches_to_hnsw_and_compacts_when_full():
     q10 = Embedded(vectors[10], read("q"))
     assert len(index) == 8 and [e.key for e in index.search(q10, 0.99, now=150.0)] == ["k10"]
     assert index.search(Embedded(vectors[0], read("q")), 0.99, now=150.0) == []
+
+
+def test_an_empty_schema_is_a_format_not_its_absence():
+    """`format = {}` asks for any JSON (a grammar on the backend): it shared its key with an answer in free text."""
+    free = _chat(temperature=0)
+    schema = ChatRequest("tiny", free.messages, options=free.options, format={})
+    assert exact_key(schema, "t") != exact_key(free, "t")
+    assert semantic_query(schema)[1] != semantic_query(free)[1]
+    assert exact_key(_chat(temperature=0, logit_bias={}), "t") == exact_key(free, "t")  # a field's own default
+
+
+def _results(*answers: tuple[str, str]) -> ChatRequest:
+    calls = [ToolCall("weather", {"city": "Paris"}, "call_a"), ToolCall("weather", {"city": "London"}, "call_b")]
+    return ChatRequest("tiny", [Message("user", "weather?"), Message("assistant", tool_calls=calls),
+                                *[Message("tool", text, tool_call_id=cid) for cid, text in answers],
+                                Message("user", "So how warm is Paris?")], options=SamplingOptions(temperature=0))
+
+
+def test_which_call_a_tool_result_answers_is_in_the_key_and_the_ids_are_not():
+    base = _results(("call_a", "20C"), ("call_b", "5C"))
+    swapped = _results(("call_b", "20C"), ("call_a", "5C"))  # the same texts, each answering the other call
+    assert exact_key(swapped, "t") != exact_key(base, "t")
+    assert semantic_query(swapped)[1] != semantic_query(base)[1]
+    renamed = _results(("x1", "20C"), ("x2", "5C"))
+    for msg, cid in zip(renamed.messages[1].tool_calls, ("x1", "x2")):
+        msg.id = cid
+    assert exact_key(renamed, "t") == exact_key(base, "t")  # other clients' made-up ids, the same conversation
