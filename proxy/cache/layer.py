@@ -151,14 +151,20 @@ class CacheLayer:
         return None
 
     async def _embed(self, text: str, label: str) -> Embedded | None:
-        """The text's vector, or None when the model fails: the semantic tier then costs a miss, never the
-        request (a store runs after the answer has been streamed)."""
+        """The text's vector, or None when the model fails (the semantic tier then costs a miss, never the
+        request: a store runs after the answer has been streamed) or did not read all of the text: then the text
+        is left to the exact tier (the same pasted page followed by "summarize it" and by "list its typos" had one
+        vector, and the guard lets a changed instruction of several words through)."""
         try:
-            return await self.embedder.embed(text)
+            embedded = await self.embedder.embed(text)
         except Exception:
             log.exception("cache embedding failed")
             self.counters.count("semantic", label, "error")
             return None
+        if not embedded.whole:
+            self.counters.count("semantic", label, "skip")
+            return None
+        return embedded
 
     async def _lookup_pg(self, sid: str, query: Embedded, label: str) -> CacheHit | None:
         try:

@@ -29,6 +29,7 @@ class Embedded:
 
     vector: np.ndarray
     reading: Reading
+    whole: bool = True  # the vector saw all of the text (proxy/cache/encoders.py: reads_whole)
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Embedder:
                     future.set_exception(v) if isinstance(v, Exception) else future.set_result(v)
 
     def _embed_and_read(self, texts: list[str]) -> list[Embedded]:
-        return [Embedded(v, read(t)) for v, t in zip(self.encode(texts), texts)]
+        return [Embedded(v, read(t), self.model.reads_whole(t)) for v, t in zip(self.encode(texts), texts)]
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Blocking: unit-length float32 rows, so inner product is cosine similarity."""

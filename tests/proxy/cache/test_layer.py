@@ -179,3 +179,20 @@ async def test_a_failing_embedding_model_costs_a_miss_not_the_request(embedder: 
     assert (await layer.lookup(_ask("a fresh question about failures"), "t", bypass=False)).kind == "exact"
     assert layer.stats()["events"]["semantic"]["tiny"] == {"error": 2}
     await layer.close()
+
+
+async def test_a_turn_longer_than_the_encoders_window_is_left_to_the_exact_tier(embedder: Embedder):
+    """The encoder reads 256 word pieces: the same pasted page followed by two different instructions had one vector
+    (its end cut, unseen), and the second was served the first one's answer."""
+    page = " ".join(f"The harbour town of Vell{i} trades salt, wool and amber with its neighbours." for i in range(30))
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    await layer.store(_ask(page + "\nGive a short summary of the text above."), "t", ANSWER)
+    assert await layer.lookup(_ask(page + "\nList every spelling mistake in the text above."), "t",
+                              bypass=False) is None
+    assert (await layer.lookup(_ask(page + "\nGive a short summary of the text above."), "t",
+                               bypass=False)).kind == "exact"
+    assert layer.stats()["events"]["semantic"]["tiny"] == {"skip": 1, "miss": 1}  # stored in no index: no lookup
+    short = "How do I learn Python quickly?"
+    assert embedder.model.reads_whole(short) and embedder.model.reads_whole("word " * 250)
+    assert not embedder.model.reads_whole("word " * 260)
+    await layer.close()
