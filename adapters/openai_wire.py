@@ -14,13 +14,17 @@ from typing import Any
 import orjson
 
 from . import options
+from .errors import BackendError
 from .fields import nests_deeper, wire_text
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedResult, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
 from .tool_prompt import in_prompt
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
-                                    "function_call": "tool_calls", "content_filter": "stop"}
+                                    "function_call": "tool_calls", "content_filter": "content_filter"}
+# The server gave up on the request (vLLM's and SGLang's `abort`): a failure, never a whole answer to keep. Any
+# other reason a server makes up is read as "stop".
+_FAILED = frozenset({"abort", "error"})
 
 
 def format_to_wire(fmt: OutputFormat) -> dict[str, Any] | None:
@@ -231,6 +235,8 @@ class ChatStream:
         if "tool_calls" in delta:
             self._take_calls(delta["tool_calls"] or [])
         if reason := choice.get("finish_reason"):
+            if reason in _FAILED:
+                raise BackendError(f"the backend ended the answer with finish_reason {reason!r}")
             self.finish = _FINISH.get(reason, "stop")
             self.stop_sequence = _matched_stop(choice)
         text = wire_text(delta.get("content")) or wire_text(choice.get("text"))

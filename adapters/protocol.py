@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, Union
 
-FinishReason = Literal["stop", "length", "tool_calls", "error", "cancelled"]
+# "content_filter": the server withheld the rest (OpenAI's reason; Anthropic's `refusal`); never cached.
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error", "cancelled"]
 # Ollama `format` / OpenAI `response_format`: None (free text), "json" (any JSON object) or a JSON Schema.
 OutputFormat = Union[None, Literal["json"], dict]
 KEPT_LOADED_S = 2**63 / 1e9  # what Ollama adds to now for a model kept loaded forever (keep_alive < 0)

@@ -49,7 +49,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         output = [responses.compaction_item(whole.text)] if parsed.compact else \
             responses.output_items(whole, parsed.names)
         obj = responses.response_object(resp_id, parsed, created, "completed" if parsed.compact else
-                                        responses.status_of(whole), output, whole.usage)
+                                        responses.status_of(whole), output, whole.usage, finish=whole.finish_reason)
         await _keep(request, parsed, history, obj)
         return json_response(obj, headers=headers())
     writer = ResponseStream(resp_id, parsed, compacting=parsed.compact)

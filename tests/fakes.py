@@ -49,6 +49,7 @@ class Script:
     malformed_at: int = 2
     answer: Any = None  # answer every POST with this JSON body (status 200), whatever its shape
     refused_field: str | None = None  # a 400 naming it for a request that has it (vLLM's V0 engine: cache_salt)
+    finish_reason: str | None = None  # the OpenAI fake's in place of its own (content_filter, vLLM's abort)
 
 
 @dataclass
@@ -445,6 +446,8 @@ class FakeOpenAI(FakeServer):
         words, limit = tokens(reply), body.get("max_tokens")
         if limit is not None and limit < len(words):
             return words[:limit], "length", None
+        if self.script.finish_reason is not None:
+            return words, self.script.finish_reason, None
         return words, "tool_calls" if self.script.tool_calls else "stop", matched
 
     def _usage(self, body: dict[str, Any], completion: int) -> dict[str, int]:

@@ -27,7 +27,7 @@ from .anthropic_tools import client_tool
 from .openai import EFFORTS
 from .paging import position, query_int
 
-_STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+_STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",

@@ -21,7 +21,8 @@ import orjson
 from adapters import options
 from adapters.errors import BackendError, BadRequest, NotFound, Overloaded, VeloError
 from adapters.fields import body_object, get, get_model, string_list
-from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage
+from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, SamplingOptions, TokenLogprob, Tool, ToolCall,
+                               Usage)
 
 from . import tool_choice
 from .ollama import parse_top_logprobs
@@ -397,8 +398,11 @@ def usage_object(usage: Usage | None) -> dict[str, Any]:
 
 
 def response_object(resp_id: str, parsed: Parsed, created_at: float, status: str, output: list[dict[str, Any]],
-                    usage: Usage | None = None, error: VeloError | None = None) -> dict[str, Any]:
-    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+                    usage: Usage | None = None, error: VeloError | None = None,
+                    finish: FinishReason | None = None) -> dict[str, Any]:
+    """`finish`: the answer's finish reason, which says why an incomplete one is (its output limit by default)."""
+    incomplete = None if status != "incomplete" else {"reason": _INCOMPLETE.get(finish or "length",
+                                                                                "max_output_tokens")}
     return {"id": resp_id, "object": "response", "created_at": int(created_at), "status": status,
             "error": error_body(error) if error else None, "incomplete_details": incomplete, "model": parsed.model,
             "output": output, "usage": usage_object(usage) if status != "in_progress" else None,
@@ -454,7 +458,10 @@ def output_items(whole: Chunk, names: dict[str, ToolName]) -> list[dict[str, Any
 
 
 def status_of(whole: Chunk) -> str:
-    return "incomplete" if whole.finish_reason == "length" else "completed"
+    return "incomplete" if whole.finish_reason in _INCOMPLETE else "completed"
+
+
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}  # reason -> incomplete_details
 
 
 # -- stored input items --------------------------------------------------------------------------------------------

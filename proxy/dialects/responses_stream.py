@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from adapters.errors import BackendError, VeloError
-from adapters.protocol import Chunk, TokenLogprob, Usage
+from adapters.protocol import Chunk, FinishReason, TokenLogprob, Usage
 
 from .openai import error_object, token_logprobs
 from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
@@ -68,7 +68,7 @@ class ResponseStream:
             for call in chunk.tool_calls:
                 out += self._call(call_item(call, self.parsed.names))
         if chunk.finish_reason is not None:
-            out += self._end(status_of(chunk), chunk.usage)
+            out += self._end(status_of(chunk), chunk.usage, chunk.finish_reason)
         return b"".join(out)
 
     def _summary(self, chunk: Chunk) -> bytes:
@@ -175,7 +175,8 @@ class ResponseStream:
         self.output.append(item)
         return out
 
-    def _end(self, status: str, usage: Usage | None) -> list[bytes]:
+    def _end(self, status: str, usage: Usage | None, finish: FinishReason | None = None) -> list[bytes]:
         out = self._close("incomplete" if status == "incomplete" else "completed")
-        self.final = response_object(self.resp_id, self.parsed, self.created_at, status, self.output, usage)
+        self.final = response_object(self.resp_id, self.parsed, self.created_at, status, self.output, usage,
+                                     finish=finish)
         return out + [self._event("response.completed", {"response": self.final})]
