@@ -23,9 +23,9 @@ Request = ChatRequest | CompletionRequest
 # `prefix_scope` is the caller's, which the cache's own scope already is.
 _TRANSPORT = {"stream", "keep_alive", "parallel_tool_calls", "prefix_scope"}
 _IDS = {"id", "tool_call_id"}
-# Ollama `options` that tune speed or memory, not the text written.
-_PERFORMANCE_KNOBS = {"num_thread", "num_gpu", "main_gpu", "num_batch", "use_mmap", "use_mlock", "low_vram",
-                      "numa", "num_keep"}
+# Ollama `options` that tune speed or memory, not the text written (`num_keep` is not one: it decides which tokens
+# a context shift keeps).
+_PERFORMANCE_KNOBS = {"num_thread", "num_gpu", "main_gpu", "num_batch", "use_mmap", "use_mlock", "low_vram", "numa"}
 _FLOAT_OPTIONS = {k.field for k in KNOBS if k.kind is float}
 
 

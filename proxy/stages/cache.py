@@ -93,9 +93,10 @@ async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
 
 def _keyed(job: Job) -> Request:
     """The request as the cache keys it: under the backend and model that answer it, so an answer is never
-    replayed for a name that a route, an alias or a config reload has since sent elsewhere."""
+    replayed for a name that a route, an alias or a config reload has since sent elsewhere. NUL between them, which
+    no name holds: "/" (in many model names) let two triples read as one."""
     assert job.target is not None
-    return replace(job.request, model=f"{job.target.backend.name}/{job.target.model}/{job.model}")
+    return replace(job.request, model=f"{job.target.backend.name}\0{job.target.model}\0{job.model}")
 
 
 async def _close(opening: asyncio.Future) -> None:

@@ -154,3 +154,9 @@ def test_which_call_a_tool_result_answers_is_in_the_key_and_the_ids_are_not():
     for msg, cid in zip(renamed.messages[1].tool_calls, ("x1", "x2")):
         msg.id = cid
     assert exact_key(renamed, "t") == exact_key(base, "t")  # other clients' made-up ids, the same conversation
+
+
+def test_num_keep_is_in_the_key_and_the_speed_knobs_are_not():
+    base = exact_key(_chat(temperature=0), "t")
+    assert exact_key(_chat(temperature=0, extra={"num_keep": 5}), "t") != base  # which tokens a context shift keeps
+    assert exact_key(_chat(temperature=0, extra={"num_thread": 4, "num_batch": 64}), "t") == base
