@@ -44,13 +44,14 @@ class ScriptedBackend(Backend):
         self.trained_context = trained_context  # what the model's file says, where it is larger than what it runs
         self.script = script or Script()
         self.requests: list[Any] = []
+        self.digest = ""  # the models' as listed: a model pulled again under its name
         self.cancelled = 0
         self.completed = 0
 
     async def list_models(self) -> list[ModelInfo]:
         trained = {"llama.context_length": self.trained_context} if self.trained_context else {}
         return [ModelInfo(name=m, family="llama", context_length=self.context_length, model_info=trained,
-                          capabilities=list(self.capabilities), modified_at=MODIFIED_AT)
+                          capabilities=list(self.capabilities), modified_at=MODIFIED_AT, digest=self.digest)
                 for m in self.models]
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:

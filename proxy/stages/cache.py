@@ -9,7 +9,7 @@ from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from adapters.protocol import Chunk, Usage
+from adapters.protocol import Chunk, ModelInfo, Usage
 
 from ..cache import CacheLayer
 from ..job import Job, Request
@@ -42,14 +42,14 @@ class Cache(Stage):
     async def _cached(self, job: Job, next: Next, layer: CacheLayer) -> AsyncIterator[Chunk]:
         assert job.target is not None
         started = time.perf_counter_ns()
-        hit = await layer.lookup(_keyed(job), job.caller.tenant, job.cache_bypass, model=job.model,
-                                 label=job.target.label)
+        keyed = _keyed(job, await self.services.router.model_info(job.target))
+        hit = await layer.lookup(keyed, job.caller.tenant, job.cache_bypass, model=job.model, label=job.target.label)
         if hit is not None:
             job.outcome.cache = hit.kind
             async for chunk in _replay(hit.chunks, started):
                 yield chunk
             return
-        job.outcome.cache_reason = "" if job.cache_bypass else layer.skip_reason(_keyed(job), job.model)
+        job.outcome.cache_reason = "" if job.cache_bypass else layer.skip_reason(keyed, job.model)
         job.outcome.cache = "bypass" if job.cache_bypass else "skip" if job.outcome.cache_reason else "miss"
         chunks: list[Chunk] = []
         async with contextlib.aclosing(next(job)) as rest:
@@ -58,7 +58,7 @@ class Cache(Stage):
                     chunks.append(chunk)
                 yield chunk
         if job.outcome.cache == "miss":
-            await layer.store(_keyed(job), job.caller.tenant, chunks, model=job.model, label=job.target.label)
+            await layer.store(keyed, job.caller.tenant, chunks, model=job.model, label=job.target.label)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.layer.stats() if self.layer is not None else {}
@@ -91,12 +91,15 @@ async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
         yield chunk
 
 
-def _keyed(job: Job) -> Request:
+def _keyed(job: Job, info: ModelInfo | None) -> Request:
     """The request as the cache keys it: under the backend and model that answer it, so an answer is never
-    replayed for a name that a route, an alias or a config reload has since sent elsewhere. NUL between them, which
-    no name holds: "/" (in many model names) let two triples read as one."""
+    replayed for a name that a route, an alias or a config reload has since sent elsewhere, and under the model's
+    digest where the backend says one (Ollama's; a model file's on this machine), so a model pulled or rebuilt
+    under the same name is not answered for by the one before. NUL between them, which no name holds: "/" (in many
+    model names) let two of them read as one."""
     assert job.target is not None
-    return replace(job.request, model=f"{job.target.backend.name}\0{job.target.model}\0{job.model}")
+    digest = info.digest if info is not None else ""
+    return replace(job.request, model=f"{job.target.backend.name}\0{job.target.model}\0{job.model}\0{digest}")
 
 
 async def _close(opening: asyncio.Future) -> None:
