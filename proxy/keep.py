@@ -6,6 +6,7 @@ queue, counters), and the thing is closed only when the last generation holding 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ Close = Callable[[Any], Awaitable[None]]
 
 def fingerprint(settings: Any) -> str:
     """A key for a settings dataclass (or any JSON-able value): equal settings, equal keys, whatever the key order
-    in config.toml."""
+    in config.toml. A digest, not the settings: keys are logged, and settings hold passwords (a cache's
+    `redis_url`, a backend's `api_key`), which a failed close wrote to the error log."""
     plain = dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else settings
-    return json.dumps(plain, sort_keys=True, default=str)
+    return hashlib.blake2b(json.dumps(plain, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
 
 @dataclass(eq=False)
