@@ -186,6 +186,12 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
     if cfg.kind != "engine" and not cfg.urls and cfg.model is None:
         raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url" +
                           (" (or a GGUF `model` that Velo serves itself)" if cfg.kind == "llamacpp" else ""))
+    for i, url in enumerate(cfg.urls):
+        parsed = URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:  # "127.0.0.1:8080" read as scheme and path
+            where = f"{path}.url" if len(cfg.urls) == 1 else f"{path}.urls[{i}]"
+            raise SchemaError(f"{where}: must be an http:// or https:// URL with a host, got "
+                              f"{str(parsed.with_password('***') if parsed.password else parsed)!r}")
     if cfg.api_key and any(URL(u).user for u in cfg.urls):  # both are an Authorization header: aiohttp refused
         raise SchemaError(f"{path}.api_key: the url carries a user and password already; use one of the two")
     options = cfg.options
@@ -205,10 +211,8 @@ def _check_references(cfg: Config) -> None:
             raise ConfigError(f"routes[{i}].backend: no backend named {r.backend!r}")
     if cfg.default_backend is not None and cfg.default_backend not in names:
         raise ConfigError(f"default_backend: no backend named {cfg.default_backend!r}")
-    for alias, target in cfg.aliases.items():
-        backend, sep, _ = target.partition(":")
-        if sep and backend not in names:
-            raise ConfigError(f"aliases.{alias}: no backend named {backend!r}")
+    # An alias's target is "backend:model" where it starts with a backend's name, else a model name as clients send
+    # it ("smollm2:135m"), as the router reads it: one that names no backend was refused as a missing backend.
     for model, settings in cfg.models.items():
         _check_options(settings, f"models.{model}.options")
 

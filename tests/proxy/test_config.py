@@ -21,7 +21,7 @@ def test_minimal_backend_and_url_shorthand():
 
 
 @pytest.mark.parametrize("raw, path", [
-    ({"backends": [{"name": "x", "kind": "vllm", "url": "u"}]}, "backends[0].kind"),
+    ({"backends": [{"name": "x", "kind": "vllm", "url": "http://u:1"}]}, "backends[0].kind"),
     ({"backends": [{"name": "x", "kind": "ollama"}]}, "backends[0].url"),
     ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "colour": 1}]}, "backends[0].colour"),
     # two Authorization headers, which aiohttp refused with a 500 at each request
@@ -31,7 +31,8 @@ def test_minimal_backend_and_url_shorthand():
     ({"server": {"port": True}}, "server.port"),
     ({"routes": [{"match": "*", "backend": "ghost"}]}, "routes[0].backend"),
     ({"default_backend": "ghost"}, "default_backend"),
-    ({"aliases": {"gpt-4": "ghost:m"}}, "aliases.gpt-4"),
+    ({"backends": [{"name": "x", "kind": "openai", "url": "127.0.0.1:8080/v1"}]}, "backends[0].url"),
+    ({"backends": [{"name": "x", "kind": "openai", "urls": ["http://a:1", "ftp://b:1"]}]}, "backends[0].urls[1]"),
     ({"backends": {"name": "x"}}, "backends"),
     ({"frobnicate": 1}, "frobnicate"),
     ({"backends": [{"name": "x", "kind": "llamacpp", "urls": ["http://a:1", "http://b:1"],
@@ -74,3 +75,9 @@ def test_a_managed_llamacpp_backend_needs_a_model_or_a_url_never_both():
             assert str(e).startswith(where)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_an_alias_may_name_a_model_as_clients_send_it():
+    cfg = parse_config({"backends": [{"name": "oll", "kind": "ollama", "url": "http://h:1"}],
+                        "aliases": {"gpt-4o-mini": "smollm2:135m", "fast": "oll:smollm2:135m"}})
+    assert cfg.aliases == {"gpt-4o-mini": "smollm2:135m", "fast": "oll:smollm2:135m"}

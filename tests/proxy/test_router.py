@@ -13,8 +13,8 @@ from tests.scripted import ScriptedBackend
 
 
 def _router(**extra) -> tuple[Router, ScriptedBackend, ScriptedBackend]:
-    cfg = parse_config({"backends": [{"name": "a", "kind": "ollama", "url": "u"},
-                                     {"name": "b", "kind": "llamacpp", "url": "v"}], **extra})
+    cfg = parse_config({"backends": [{"name": "a", "kind": "ollama", "url": "http://u:1"},
+                                     {"name": "b", "kind": "llamacpp", "url": "http://v:1"}], **extra})
     a, b = ScriptedBackend("a", ("llama3:latest", "shared:latest")), ScriptedBackend("b", ("qwen-coder", "shared:latest"))
     return Router(cfg, {"a": a, "b": b}), a, b
 
@@ -28,12 +28,14 @@ async def test_listing_is_the_union_and_first_backend_wins_duplicates():
 async def test_resolution_order_alias_exact_glob_listing_default():
     router, a, b = _router(routes=[{"match": "qwen*", "backend": "b"}, {"match": "special", "backend": "b",
                                                                        "model": "renamed"}],
-                           aliases={"gpt-4o": "b:qwen-coder", "fast": "llama3"}, default_backend="a")
+                           aliases={"gpt-4o": "b:qwen-coder", "fast": "llama3", "mini": "shared:latest"},
+                           default_backend="a")
     assert (t := await router.resolve("gpt-4o")).backend is b and t.model == "qwen-coder"
     assert (await router.resolve("special")).model == "renamed"
     assert (await router.resolve("qwen2.5")).backend is b
     assert (t := await router.resolve("llama3")).backend is a and t.model == "llama3:latest"
     assert (await router.resolve("fast")).model == "llama3:latest"
+    assert (t := await router.resolve("mini")).backend is a and t.model == "shared:latest"  # "shared" is no backend
     assert (await router.resolve("unknown-model")).backend is a  # the default takes the rest
 
 
@@ -60,21 +62,21 @@ async def test_the_only_backend_takes_unknown_names_unless_it_would_answer_them_
     configured default backend."""
     backend = ScriptedBackend("b", ("qwen-coder",))
     backend.answers_unlisted_names = answers_unlisted  # type: ignore[misc]
-    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}), {"b": backend})
     assert (await router.resolve("qwen-coder")).backend is backend
     if answers_unlisted:
         with pytest.raises(ModelNotFound, match="model 'llama3.2:latest' not found"):
             await router.resolve("llama3.2:latest")
     else:
         assert (await router.resolve("llama3.2:latest")).backend is backend
-    configured = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}],
+    configured = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}],
                                       "default_backend": "b"}), {"b": backend})
     assert (await configured.resolve("llama3.2:latest")).backend is backend
 
     async def down():
         raise ConnectionError("down")
     backend.list_models = down  # type: ignore[method-assign]
-    unlisted = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
+    unlisted = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}), {"b": backend})
     assert (await unlisted.resolve("llama3.2:latest")).backend is backend
 
 
@@ -88,7 +90,7 @@ async def test_a_servers_own_name_for_its_model_reaches_it_unlisted():
     async def listing():
         return [listed]
     backend.list_models = listing  # type: ignore[method-assign]
-    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}]}), {"b": backend})
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}), {"b": backend})
     target = await router.resolve("/models/qwen.gguf")
     assert (target.backend, target.model, target.label) == (backend, "qwen-coder", "/models/qwen.gguf")
     assert [m.name for m in await router.list_models()] == ["qwen-coder"]
@@ -119,7 +121,7 @@ async def test_a_name_with_settings_of_its_own_has_a_digest_of_its_own(tmp_path)
     async def listing():
         return [ModelInfo(name="qwen-coder", backend="b", digest="d" * 64)]
     backend.list_models = listing  # type: ignore[method-assign]
-    cfg = parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "v"}],
+    cfg = parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}],
                         "aliases": {"copy": "qwen-coder", "fast": "qwen-coder"},
                         "models": {"fast": {"options": {"num_predict": 3}}}})
     presets = PresetStore(tmp_path / "presets.json")
@@ -150,8 +152,8 @@ class Hung(ScriptedBackend):
 
 
 def _with_hung(timeout: float) -> tuple[Router, Hung, ScriptedBackend]:
-    cfg = parse_config({"backends": [{"name": "hung", "kind": "ollama", "url": "u"},
-                                     {"name": "b", "kind": "llamacpp", "url": "v"}]})
+    cfg = parse_config({"backends": [{"name": "hung", "kind": "ollama", "url": "http://u:1"},
+                                     {"name": "b", "kind": "llamacpp", "url": "http://v:1"}]})
     hung, fast = Hung(), ScriptedBackend("b", ("qwen-coder",))
     return Router(cfg, {"hung": hung, "b": fast}, listing_timeout=timeout, start_listing_s=timeout), hung, fast
 
@@ -211,8 +213,8 @@ class SlowAtFirst(ScriptedBackend):
 async def test_a_backend_that_failed_its_listing_is_asked_again_on_its_own():
     """Before: a backend whose listing failed at start had its models answered 404 (without waiting for it) until
     the next full round, a minute later."""
-    cfg = parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"},
-                                     {"name": "late", "kind": "ollama", "url": "v"}]})
+    cfg = parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "http://u:1"},
+                                     {"name": "late", "kind": "ollama", "url": "http://v:1"}]})
     late = SlowAtFirst()
     router = Router(cfg, {"b": ScriptedBackend("b", ("other:1b",)), "late": late}, unknown_ttl_s=0.1)
     await router.start()
@@ -239,8 +241,8 @@ class SlowFirstListing(ScriptedBackend):
 
 
 async def test_the_first_listing_at_start_has_more_time_than_later_ones():
-    cfg = parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"},
-                                     {"name": "cold", "kind": "ollama", "url": "v"}]})
+    cfg = parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "http://u:1"},
+                                     {"name": "cold", "kind": "ollama", "url": "http://v:1"}]})
     cold = SlowFirstListing()
     router = Router(cfg, {"b": ScriptedBackend("b", ("other:1b",)), "cold": cold}, listing_timeout=0.1,
                     start_listing_s=2.0)
@@ -265,7 +267,7 @@ async def test_a_backend_down_for_a_moment_keeps_what_it_said_of_a_model():
             return await super().show(model)
 
     flaky = Flaky("b", ("tiny:latest",))
-    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"}]}), {"b": flaky},
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "http://u:1"}]}), {"b": flaky},
                     info_ttl_s=0)
     target = Target(flaky, "tiny:latest", "b")
     assert (await router.model_info(target)).context_length == 8192
@@ -281,7 +283,7 @@ async def test_the_model_info_kept_is_bounded_by_the_names_asked_most_recently(m
     from proxy import router as router_module
     monkeypatch.setattr(router_module, "_INFO_ENTRIES", 3)
     backend = ScriptedBackend("b", ("tiny:latest",))
-    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "u"}]}), {"b": backend})
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "http://u:1"}]}), {"b": backend})
     known = Target(backend, "tiny:latest", "b")
     assert await router.model_info(known) is not None
     for i in range(10):
