@@ -66,20 +66,31 @@ class RequestState:
         self.scored_at: int | None = None  # where the text of this step's last token begins (None: not shown)
         self.held: list[tuple[int, dict]] = []
 
-    def push(self, tokens: list[int], reason: str | None) -> bool:
+    def push(self, tokens: list[int], reason: str | None) -> int | None:
         """Take the tokens just appended to the sequence (Sequence.append; reason "stop" means the last one is a
-        stop token, whose text is not shown): advance the grammar, extend the text. True if a stop string
-        ended the text here."""
+        stop token, whose text is not shown): advance the grammar, extend the text. Where a stop string ended the
+        text, how many of `tokens` the answer keeps: up to the one that completed it (a speculative step appends
+        several, and those after it went out in `token_ids` and the usage); else None."""
         for token in tokens if self.matcher is not None else ():
             Constrainer.advance(self.matcher, token)
-        before, self.scored_at = len(self.text), None
+        self.scored_at = None
         shown = tokens[:-1] if reason == "stop" else tokens
         for i, token in enumerate(shown):
+            before = len(self.text)
             if i == len(tokens) - 1:
-                self.scored_at = len(self.text)
+                self.scored_at = before
             self.text += self.detok.push(token)
+            if self.longest_stop and self._stopped(before):
+                return i + 1
         if reason:
+            before = len(self.text)
             self.text += self.detok.flush()
+            if self.longest_stop and self._stopped(before):
+                return len(tokens)
+        return None
+
+    def _stopped(self, before: int) -> bool:
+        """Whether a stop string ends the text, given the text before the last piece came: the text is cut there."""
         found = self._find_stop(max(0, before - self.longest_stop + 1))
         if found is not None:
             cut, self.stopped_by = found

@@ -76,7 +76,8 @@ class Sequence:
             if len(self.output_ids) >= self.max_tokens:
                 reason = "length"
                 break
-        if self.request is not None and self.request.push(self.output_ids[-n:], reason):
+        if self.request is not None and (kept := self.request.push(self.output_ids[-n:], reason)) is not None:
+            del self.output_ids[len(self.output_ids) - n + kept:]
             reason = "stop"
         return reason
 

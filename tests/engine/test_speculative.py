@@ -197,6 +197,23 @@ def test_greedy_output_is_identical_with_and_without_speculation(request, tiny_l
         assert m["spec_acceptance_rate"] == 1.0  # the target drafting for itself is always right
 
 
+def test_a_stop_string_inside_accepted_drafts_ends_the_tokens_there_too(tiny_llama, engine_factory):
+    """A step keeps several drafts: the tokens after the one that completed a stop string went out in `token_ids`
+    and the usage (21 tokens where the same answer without speculation has 18, on SmolLM2)."""
+    plain = engine_factory(tiny_llama, block_size=4)
+    spec = _spec_engine(engine_factory, tiny_llama, tiny_llama)  # the target drafting for itself: all accepted
+    prompt = _prompts()[0]
+    text = "".join(o.text for o in generate(plain, prompt, SamplingParams(max_tokens=30, **GREEDY)))
+    for at in range(4, 14):  # the stop string completed at each place of a step's five tokens
+        params = SamplingParams(max_tokens=30, stop=[text[at:at + 2]], **GREEDY)
+        expected, got = generate(plain, prompt, params), generate(spec, prompt, params)
+        assert tokens_of(got) == tokens_of(expected) and len(tokens_of(got)) < 30
+        assert got[-1].num_output_tokens == expected[-1].num_output_tokens == len(tokens_of(got))
+        assert "".join(o.text for o in got) == "".join(o.text for o in expected)
+    assert spec.metrics()["spec_tokens_per_step"] > 1
+    _assert_no_leaks(spec)
+
+
 def test_no_speculation_while_more_sequences_decode_than_max_batch(tiny_llama, engine_factory):
     plain = engine_factory(tiny_llama, block_size=4)
     spec = engine_factory(tiny_llama, block_size=4, speculative=SpeculativeConfig("ngram", 4, ngram_min=1, max_batch=1))
