@@ -249,7 +249,7 @@ class LLMEngine:
         self._stats["steps"] += 1
         for seq in (item.seq for item in plan.sampling if not item.seq.output_ids):  # a prompt, counted once
             self._stats["prompt_tokens"] += seq.num_prompt_tokens
-            self._stats["cached_prompt_tokens"] += seq.num_cached_prefix
+            self._stats["cached_prompt_tokens"] += seq.num_cached_prompt
         self.scheduler.postprocess(plan, {item.seq.seq_id: s.tokens for item, s in zip(plan.sampling, samples)})
         for item, sample in zip(plan.sampling, samples):
             self._stats["generated_tokens"] += item.seq.request.emit(item.seq, sample)

@@ -99,6 +99,8 @@ class BlockManager:
             self.allocator.incref(b)
         seq.block_table = hit + self._allocate(need)
         seq.num_computed = seq.num_cached_prefix = len(hit) * self.block_size
+        if not seq.output_ids:
+            seq.num_cached_prompt = seq.num_cached_prefix
         self._seqs[seq.seq_id] = seq
         if node is not None:
             self._locks[seq.seq_id] = node
@@ -139,6 +141,7 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.num_computed = parent.num_computed
         child.num_cached_prefix = parent.num_cached_prefix  # same locked prefix, so free() treats it alike
+        child.num_cached_prompt = parent.num_cached_prompt
         self._seqs[child.seq_id] = child
         node = self._locks.get(parent.seq_id)
         if node is not None:

@@ -124,7 +124,7 @@ class RequestState:
         prompt for minutes, longer than that wait)."""
         if not self.done:
             self._send(RequestOutput(seq.seq_id, "", [], num_prompt_tokens=seq.num_prompt_tokens,
-                                     num_cached_tokens=seq.num_cached_prefix))
+                                     num_cached_tokens=seq.num_cached_prompt))
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End without a new token (abort): flush what is held back."""
@@ -156,7 +156,7 @@ class RequestState:
             return
         self.done = reason is not None
         self._send(RequestOutput(seq.seq_id, text, token_ids, reason is not None, reason, seq.num_prompt_tokens,
-                                 seq.num_cached_prefix, len(seq.output_ids), logprobs,
+                                 seq.num_cached_prompt, len(seq.output_ids), logprobs,
                                  self.stopped_by if reason is not None else None))
 
     def _send(self, out: RequestOutput | BaseException) -> None:

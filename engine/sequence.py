@@ -29,7 +29,10 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)  # physical block ids, in order
     num_computed: int = 0        # tokens whose K/V are already written in the cache (prefix hits count)
-    num_cached_prefix: int = 0   # tokens served from the radix cache at admission (metric)
+    num_cached_prefix: int = 0   # tokens served from the radix cache at its latest admission (its locked prefix)
+    # prompt tokens the radix cache served before its first token: what usage reports. A preempted sequence is
+    # admitted again over its own answer as well (80 "cached" of a 46-token prompt, a negative Anthropic input).
+    num_cached_prompt: int = 0
     request: RequestState | None = None  # the engine's per-request state; None for bookkeeping-only sequences
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
     cache_scope: str = ""  # whose prefixes it may reuse and leaves in the radix cache (engine/radix_cache.py)

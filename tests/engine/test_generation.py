@@ -75,6 +75,19 @@ def test_preemption_under_tight_memory_keeps_outputs(tiny_llama, engine_factory)
     assert tight.metrics()["preemptions"] > 0
 
 
+def test_cached_prompt_tokens_are_those_of_the_first_admission_never_more_than_the_prompt(tiny_llama, engine_factory):
+    """Twins in a pool too small for both: one is preempted and admitted again over blocks the other cached, which
+    cover its own answer too; that hit was reported as its cached prompt (80 of a 46-token prompt on SmolLM2)."""
+    roomy = engine_factory(tiny_llama, block_size=4)
+    tight = engine_factory(tiny_llama, block_size=4, kv_memory=slot_bytes(roomy) * 4 * 12)
+    prompt = [(5 * j) % 256 for j in range(14)]
+    finals = [collect(q)[-1] for q in [submit(tight, prompt, SamplingParams(max_tokens=30, **GREEDY))[1]
+                                       for _ in range(2)]]
+    assert tight.metrics()["preemptions"] > 0
+    assert all(0 <= f.num_cached_tokens < f.num_prompt_tokens == 14 for f in finals)
+    assert sum(f.num_cached_tokens for f in finals) == tight.metrics()["cached_prompt_tokens"]
+
+
 def test_abort_finishes_the_stream_and_frees_blocks(tiny_llama, engine_factory):
     eng = engine_factory(tiny_llama, block_size=4)
     request_id, outputs = submit(eng, list(range(40)), SamplingParams(max_tokens=10_000 - 41, **GREEDY))
