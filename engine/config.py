@@ -73,7 +73,8 @@ class EngineConfig:
                          "loads (1-4 minutes on 2 cores the first time, cached on disk after): SmolLM2's decode step "
                          "1.8x faster (20.1 -> 11.1 ms)")
     speculative: SpeculativeConfig | None = _doc(None, "speculative decoding for eligible requests, exact (greedy "
-                                                 "output unchanged); a table of the speculative keys below",
+                                                 "output unchanged in float32; in bfloat16 a near-tie may break "
+                                                 "the other way); a table of the speculative keys below",
                                                  default_doc="off")
 
     def __post_init__(self) -> None:
