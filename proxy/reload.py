@@ -34,6 +34,9 @@ class Reloader:
         self.applied = self.refused = 0
         self.last_error = ""
         self._mtime = _mtime(self.path)  # the file the config in force was read from (read before serving)
+        # what the file says of the restart-only keys: a change is one of the file's, not of `velo serve --port`
+        self._restart_only = _restart_only(generations.current.config) if self._mtime is None else \
+            _restart_only(load_config(self.path))
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._waiting = False  # a reload is asked for and has not read the file yet
@@ -55,7 +58,8 @@ class Reloader:
             self._mtime = await asyncio.to_thread(_mtime, self.path)
             old = self.generations.current
             try:
-                config = _keep_restart_only(old.config, await asyncio.to_thread(load_config, self.path))
+                read = await asyncio.to_thread(load_config, self.path)
+                config, self._restart_only = _keep_restart_only(old.config, read, self._restart_only)
                 new = Generation.build(old.number + 1, config, self.keep)
                 await new.start()
             except Exception as e:  # noqa: BLE001 - any failure refuses the new config; the old one serves on
@@ -101,17 +105,22 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
-def _keep_restart_only(old: Config, new: Config) -> Config:
+def _restart_only(config: Config) -> dict[str, object]:
+    return {key: getattr(_at(config, key.split(".")[:-1]), key.split(".")[-1]) for key in RESTART_ONLY}
+
+
+def _keep_restart_only(old: Config, new: Config, read_before: dict[str, object]) -> tuple[Config, dict[str, object]]:
     """`new` with the values in force for what only a restart changes (so the config in force says what is
-    true), and a warning for each one the file changed."""
+    true), a warning for each one the file changed since it was read last (a `--port` given to `velo serve` is
+    no change of the file's: it warned at every reload), and what the file says of them now."""
+    read = _restart_only(new)
     for key in RESTART_ONLY:
         *parents, name = key.split(".")
-        old_owner, new_owner = _at(old, parents), _at(new, parents)
-        before, after = getattr(old_owner, name), getattr(new_owner, name)
-        if fingerprint(before) != fingerprint(after):
-            log.warning("%s changed (%s -> %s): it takes effect when Velo restarts", key, _shown(before), _shown(after))
-            setattr(new_owner, name, before)
-    return new
+        if fingerprint(read[key]) != fingerprint(read_before[key]):
+            log.warning("%s changed (%s -> %s): it takes effect when Velo restarts", key, _shown(read_before[key]),
+                        _shown(read[key]))
+        setattr(_at(new, parents), name, getattr(_at(old, parents), name))
+    return new, read
 
 
 def _shown(value: object) -> str:

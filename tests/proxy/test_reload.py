@@ -296,3 +296,22 @@ async def test_a_limits_change_keeps_what_each_key_used_and_its_requests_running
         assert await answer(c) == "from a"
         over = await c.post("/api/chat", json=CHAT)
         assert over.status == 429 and "request limit" in (await over.json())["error"]
+
+
+async def test_a_port_from_the_command_line_is_no_change_of_the_file(tmp_path, two_fakes, caplog):
+    """`velo serve --port` overrides the file's: each reload warned that server.port changed."""
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a", extra="[server]\nport = 8000"))
+    config = load_config(path)
+    config.server.port = 18310  # as `velo serve --port 18310` sets it
+    async with TestClient(TestServer(make_app(config, config_path=path))) as c:
+        with caplog.at_level(logging.WARNING, logger="velo.reload"):
+            for _ in range(2):
+                assert await c.server.app[RELOADER].reload()
+            assert "changed" not in caplog.text
+            assert c.server.app[GENERATIONS].current.config.server.port == 18310
+            path.write_text(toml(a.url, b.url, "a", extra="[server]\nport = 9000"))
+            for _ in range(2):
+                assert await c.server.app[RELOADER].reload()
+        assert caplog.text.count("server.port changed (8000 -> 9000)") == 1
