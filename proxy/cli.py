@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any, Coroutine
 
@@ -20,6 +21,7 @@ from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
 from .inflight import InFlight, ShuttingDown
 from .request_bounds import server_options
+from .reload import Reloader
 from .state import GENERATIONS, RELOADER
 
 log = logging.getLogger("velo")
@@ -48,12 +50,28 @@ async def default_config() -> Config:
 
 
 def find_config(explicit: str | None) -> Path | None:
-    for candidate in (explicit, os.environ.get("VELO_CONFIG"), "config.toml"):
-        if candidate and Path(candidate).is_file():
+    """`--config`, else $VELO_CONFIG, else ./config.toml if there is one. A file named by the first two must be
+    there: a mistyped VELO_CONFIG started the default setup, without the file's API keys."""
+    for candidate, named in ((explicit, "--config"), (os.environ.get("VELO_CONFIG"), "VELO_CONFIG")):
+        if candidate:
+            if not Path(candidate).is_file():
+                why = "is not a file" if Path(candidate).exists() else "not found"
+                raise ConfigError(f"config file {candidate} (from {named}) {why}")
             return Path(candidate)
-        if candidate == explicit and explicit:
-            raise ConfigError(f"config file {explicit} not found")
-    return None
+    return Path("config.toml") if Path("config.toml").is_file() else None
+
+
+def check_listen(host: str, port: int) -> None:
+    """Whether Velo can listen there, asked before the backends start (an engine loads its model first): a port in
+    use was a traceback after the load, with the backends' sessions left unclosed."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                                  flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself binds
+                probe.bind(address)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
 
 
 async def serve(config: Config, stop: asyncio.Event | None = None, config_path: Path | None = None) -> None:
@@ -62,27 +80,56 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     still running are ended with their dialect's error (a stream's error event; 503 "shutting down"), which
     cancels their backend work, and only then are the backends closed (before, aiohttp's own shutdown waited
     twice the grace and then cut streams with no error event). With `config_path`, SIGHUP or an edit of that file
-    reloads the configuration (proxy/reload.py)."""
+    reloads the configuration (proxy/reload.py). The signals are Velo's from the start: a SIGHUP while an engine
+    loaded its model, or to a Velo without a config file, ended the process (`systemctl reload` sends one)."""
     app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
                            shutdown_timeout=_AFTER_ENDING_S, **server_options(config.server))
-    await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port)
-    await site.start()
-    log.info("Velo listening on http://%s:%d", config.server.host, config.server.port)
-    stop = stop or asyncio.Event()
+    stop, hangup = stop or asyncio.Event(), _Hangup(app.get(RELOADER))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if config_path is not None:
-        loop.add_signal_handler(signal.SIGHUP, app[RELOADER].trigger)
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     try:
+        await runner.setup()
+        await web.TCPSite(runner, config.server.host, config.server.port).start()
+        log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))
+        hangup.serving()
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
-        await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight,
-                         config.server.shutdown_grace_s)
+        if runner.server is None:  # it never started: nothing in flight
+            await runner.cleanup()
+        else:
+            await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight, config.server.shutdown_grace_s)
+
+
+class _Hangup:
+    """SIGHUP: a reload of the config file, once Velo serves (one asked while it starts waits for that)."""
+
+    def __init__(self, reloader: Reloader | None) -> None:
+        self.reloader, self.started, self.asked = reloader, False, False
+
+    def __call__(self) -> None:
+        if self.reloader is None:
+            log.warning("SIGHUP: there is no config file to reload (Velo started without one)")
+        elif self.started:
+            self.reloader.trigger()
+        else:
+            log.info("SIGHUP while starting: the config file is read again once Velo serves")
+            self.asked = True
+
+    def serving(self) -> None:
+        self.started = True
+        if self.asked:
+            self()
+
+
+def _address(host: str, port: int) -> str:
+    """host:port as a URL writes it: an IPv6 address in brackets, no host as every address."""
+    host = host or "0.0.0.0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _shut_down(runner: web.AppRunner, inflight: InFlight, grace: float) -> None:
@@ -103,24 +150,42 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="run the proxy")
     serve_p.add_argument("--config", help="path to config.toml (default: $VELO_CONFIG, ./config.toml)")
-    serve_p.add_argument("--host")
-    serve_p.add_argument("--port", type=int)
-    serve_p.add_argument("--log-level", default="INFO")
+    serve_p.add_argument("--host", help="address to listen on (default: the config's server.host, 127.0.0.1)")
+    serve_p.add_argument("--port", type=_port, help="port to listen on (default: the config's server.port, 8000)")
+    serve_p.add_argument("--log-level", default="INFO", type=str.upper, choices=_LEVELS, help="default: INFO")
     for command in (doctor, bench, chat):
         command.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command != "serve":
         return args.func(args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if hasattr(signal, "SIGHUP"):  # until serve() takes it: by default a SIGHUP ends the process
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         path = find_config(args.config)
         config = load_config(path) if path else asyncio.run(default_config())
     except ConfigError as e:
         parser.exit(2, f"velo: config error: {e}\n")
-    config.server.host = args.host or config.server.host
-    config.server.port = args.port or config.server.port
+    if path is not None:
+        log.info("configuration from %s", path.resolve())
+    config.server.host = config.server.host if args.host is None else args.host
+    config.server.port = config.server.port if args.port is None else args.port
+    try:
+        check_listen(config.server.host, config.server.port)
+    except ConfigError as e:
+        parser.exit(1, f"velo: {e}\n")
     run_server(serve(config, config_path=path))
     return 0
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1-65535)")
+    return port
 
 
 def run_server(main: Coroutine[Any, Any, None]) -> None:

@@ -144,10 +144,15 @@ class Config:
 
 
 def load_config(path: str | Path) -> Config:
+    """The file's config; a byte-order mark (Notepad writes one) is read past."""
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(Path(path).read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from e
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from e
     return parse_config(raw)
 
 

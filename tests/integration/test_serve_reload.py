@@ -63,3 +63,40 @@ async def test_sighup_reloads_the_config_file(tmp_path):
             out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
         assert "configuration 2 from" in out and "is in force" in out
+
+
+async def test_sighups_while_velo_starts_never_end_it(tmp_path):
+    """`systemctl reload` while Velo starts (an engine loads its model for seconds): SIGHUP's default action ended
+    the process until Velo took the signal, which it did only once it served."""
+    async with FakeOpenAI(models=["one", "two"]) as fake:
+        port = free_port()
+        path = tmp_path / "config.toml"
+        path.write_text(config(fake.url, "one", port))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        log = tmp_path / "velo.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(path)], cwd=tmp_path,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}/health"
+        try:
+            while b"configuration from" not in log.read_bytes():  # `velo serve` runs: its imports are done
+                assert proc.poll() is None, log.read_text()
+                await asyncio.sleep(0.01)
+            async with aiohttp.ClientSession() as s:
+                for _ in range(600):
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGHUP)
+                    await asyncio.sleep(0.02)
+                    assert proc.poll() is None, log.read_text()
+                    try:
+                        if (await s.get(url)).status == 200:
+                            break
+                    except aiohttp.ClientConnectionError:
+                        continue
+                proc.send_signal(signal.SIGHUP)
+                await asyncio.sleep(0.5)
+                assert proc.poll() is None and (await s.get(url)).status == 200
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        assert "Traceback" not in log.read_text()

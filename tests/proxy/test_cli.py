@@ -1,0 +1,72 @@
+"""`velo serve`'s command line: which config file, what it may listen on, and its signals, each misuse a one-line
+message rather than a traceback or a silent default."""
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from proxy.cli import _Hangup, check_listen, find_config, main
+from proxy.config import ConfigError, load_config
+
+
+def test_a_config_file_named_by_velo_config_must_be_there(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VELO_CONFIG", str(tmp_path / "typo.toml"))
+    with pytest.raises(ConfigError, match=r"typo.toml \(from VELO_CONFIG\) not found"):
+        find_config(None)
+    with pytest.raises(ConfigError, match=r"\(from --config\) is not a file"):
+        find_config(str(tmp_path))
+    monkeypatch.delenv("VELO_CONFIG")
+    assert find_config(None) is None
+    (tmp_path / "config.toml").write_text("")
+    assert find_config(None).name == "config.toml"
+
+
+def test_a_config_file_with_a_byte_order_mark_loads_and_one_not_in_utf8_is_named(tmp_path):
+    marked = tmp_path / "bom.toml"
+    marked.write_bytes("\ufeff[server]\nport = 9001\n".encode())
+    assert load_config(marked).server.port == 9001
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("[server]\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(latin)
+
+
+@pytest.mark.parametrize("args", [["--port", "70000"], ["--port", "0"], ["--log-level", "bogus"]])
+def test_bad_flags_are_usage_errors(args, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", *args])
+    assert done.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_found_before_anything_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1"):
+            check_listen("127.0.0.1", taken.getsockname()[1])
+
+
+class _Reloader:
+    def __init__(self) -> None:
+        self.triggered = 0
+
+    def trigger(self) -> None:
+        self.triggered += 1
+
+
+def test_a_sighup_while_starting_reloads_once_serving_and_one_without_a_file_is_said(caplog):
+    reloader = _Reloader()
+    hangup = _Hangup(reloader)  # type: ignore[arg-type]
+    hangup()
+    hangup()
+    assert reloader.triggered == 0
+    hangup.serving()
+    assert reloader.triggered == 1
+    hangup()
+    assert reloader.triggered == 2
+    with caplog.at_level(logging.WARNING, logger="velo"):
+        _Hangup(None)()
+    assert "no config file to reload" in caplog.text
