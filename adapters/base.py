@@ -22,15 +22,16 @@ class BackendConfig:
                               "with or without it for openai), as `url = \"...\"`; `urls = [...]` lists replicas of "
                               "one backend. Required except for kind \"engine\"")
     api_key: str | None = setting(None, "sent as a Bearer token", default_doc="none")
-    connect_timeout: float = setting(5.0, "seconds to open a connection; then a clear 504", min=0)
+    # Timeouts are above 0: a 0 made every request a 504 where 0 turns other keys off (default_max_tokens, ttl_s).
+    connect_timeout: float = setting(5.0, "seconds to open a connection; then a clear 504", min=0.001)
     # 300 s: Ollama's own limit on a model load that stalls; a CPU reads a long prompt for minutes (Qwen2.5-Coder-1.5B
     # on 2 cores: 12,307 tokens in 310 s), which llama-server reports as progress, each report a new wait.
     first_token_timeout: float = setting(300.0, "seconds until the first token, each gap of it for a backend that "
                                          "reports its progress through the prompt (llama-server); then a clear 504",
-                                         min=0)
-    idle_timeout: float = setting(60.0, "seconds between streamed bytes; then a clear 504", min=0)
+                                         min=0.001)
+    idle_timeout: float = setting(60.0, "seconds between streamed bytes; then a clear 504", min=0.001)
     # 1800 s: the default output cap (4096 tokens) at a CPU's few tokens a second, after a long prompt.
-    total_timeout: float = setting(1800.0, "seconds for a whole answer; then a clear 504", min=0)
+    total_timeout: float = setting(1800.0, "seconds for a whole answer; then a clear 504", min=0.001)
     always_stream: bool = setting(True, "ask for a stream also when the client asked for one answer, so a hung "
                                   "backend is found after first_token_timeout; false sends such requests as asked: "
                                   "less work for a busy vLLM or SGLang, but a hang is found only after "

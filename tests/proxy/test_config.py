@@ -28,6 +28,7 @@ def test_minimal_backend_and_url_shorthand():
     ({"backends": [{"name": "x", "kind": "openai", "url": "http://me:pw@h:1", "api_key": "k"}]}, "backends[0].api_key"),
     ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "max_concurrency": "4"}]}, "backends[0].max_concurrency"),
     ({"server": {"port": "8000"}}, "server.port"),
+    ({"backends": [{"name": "x", "kind": "openai", "url": "http://h:1", "idle_timeout": 0}]}, "backends[0].idle_timeout"),
     ({"server": {"port": True}}, "server.port"),
     ({"routes": [{"match": "*", "backend": "ghost"}]}, "routes[0].backend"),
     ({"default_backend": "ghost"}, "default_backend"),
