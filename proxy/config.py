@@ -4,7 +4,7 @@ are rendered from these classes (proxy/config_example.py)."""
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +205,10 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
     if cfg.kind == "engine":
         from adapters.engine import engine_config  # only engine configs pay for importing torch
         engine_config(options, f"{path}.options")
+    elif options:  # only the engine and replica sets read options: a misspelt `afinity` was taken without a word
+        takes = f"one of: {', '.join(f.name for f in fields(ReplicaOptions))}" if len(cfg.urls) > 1 else \
+            f"a {cfg.kind} backend with one url takes none"
+        raise SchemaError(f"{path}.options.{sorted(options)[0]}: unknown key ({takes})")
 
 
 def _check_references(cfg: Config) -> None:
