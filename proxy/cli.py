@@ -38,15 +38,21 @@ async def ollama_running(url: str = OLLAMA_DEFAULT_URL, timeout: float = 0.5) ->
         return False
 
 
-async def default_config() -> Config:
-    """No config file: a local Ollama if one answers, else Velo's engine with the model shipped on PyPI."""
+async def default_config(config: Config | None = None) -> Config:
+    """`config` (none: the defaults) with the default backend where it names none: a local Ollama if one answers,
+    else Velo's engine with the model shipped on PyPI. A file that set only `port` served nothing (every model
+    a 404, /ready "ready")."""
+    config = config or Config()
+    if config.backends:
+        return config
     if await ollama_running():
-        log.info("no config: using the Ollama at %s", OLLAMA_DEFAULT_URL)
+        log.info("no backends configured: using the Ollama at %s", OLLAMA_DEFAULT_URL)
         backend = BackendConfig(name="ollama", kind="ollama", urls=[OLLAMA_DEFAULT_URL])
     else:
-        log.info("no config and no Ollama: starting the embedded engine with the shipped SmolLM2-135M")
+        log.info("no backends configured and no Ollama: starting the embedded engine with the shipped SmolLM2-135M")
         backend = BackendConfig(name="engine", kind="engine")
-    return Config(backends=[backend], default_backend=backend.name)
+    config.backends, config.default_backend = [backend], backend.name
+    return config
 
 
 def find_config(explicit: str | None) -> Path | None:
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         path = find_config(args.config)
-        config = load_config(path) if path else asyncio.run(default_config())
+        config = asyncio.run(default_config(load_config(path) if path else None))
     except ConfigError as e:
         parser.exit(2, f"velo: config error: {e}\n")
     if path is not None:

@@ -35,8 +35,11 @@ class Reloader:
         self.last_error = ""
         self._mtime = _mtime(self.path)  # the file the config in force was read from (read before serving)
         # what the file says of the restart-only keys: a change is one of the file's, not of `velo serve --port`
-        self._restart_only = _restart_only(generations.current.config) if self._mtime is None else \
-            _restart_only(load_config(self.path))
+        read = generations.current.config if self._mtime is None else load_config(self.path)
+        self._restart_only = _restart_only(read)
+        # a file that names no backends is served by the default (proxy/cli.py), which its edits keep
+        in_force = generations.current.config
+        self._default = None if read.backends else (in_force.backends, in_force.default_backend)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._waiting = False  # a reload is asked for and has not read the file yet
@@ -59,6 +62,8 @@ class Reloader:
             old = self.generations.current
             try:
                 read = await asyncio.to_thread(load_config, self.path)
+                if not read.backends and self._default is not None:
+                    read.backends, read.default_backend = self._default
                 config, self._restart_only = _keep_restart_only(old.config, read, self._restart_only)
                 new = Generation.build(old.number + 1, config, self.keep)
                 await new.start()

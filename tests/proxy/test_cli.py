@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from proxy.cli import _Hangup, check_listen, find_config, main
+from adapters.base import BackendConfig
+from proxy.cli import _Hangup, check_listen, default_config, find_config, main
 from proxy.config import ConfigError, load_config
 
 
@@ -70,3 +71,17 @@ def test_a_sighup_while_starting_reloads_once_serving_and_one_without_a_file_is_
     with caplog.at_level(logging.WARNING, logger="velo"):
         _Hangup(None)()
     assert "no config file to reload" in caplog.text
+
+
+async def test_a_config_file_that_names_no_backend_gets_the_default_one(tmp_path, monkeypatch):
+    async def ollama_answers(*_: object) -> bool:
+        return True
+    monkeypatch.setattr("proxy.cli.ollama_running", ollama_answers)
+    path = tmp_path / "config.toml"
+    path.write_text("[server]\nport = 9000\n")
+    config = await default_config(load_config(path))
+    assert config.server.port == 9000 and [b.kind for b in config.backends] == ["ollama"]
+    assert config.default_backend == "ollama"
+    named = load_config(path)
+    named.backends = [BackendConfig(name="mine", kind="openai", urls=["http://h:1"])]
+    assert (await default_config(named)).backends == named.backends

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.base import BackendConfig
 from proxy.app import make_app
 from proxy.config import load_config
 from proxy.state import GENERATIONS, RELOADER
@@ -315,3 +316,18 @@ async def test_a_port_from_the_command_line_is_no_change_of_the_file(tmp_path, t
             for _ in range(2):
                 assert await c.server.app[RELOADER].reload()
         assert caplog.text.count("server.port changed (8000 -> 9000)") == 1
+
+
+async def test_a_file_that_names_no_backend_keeps_the_default_through_its_edits(tmp_path, two_fakes):
+    a, _ = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text("[server]\nlong_request_s = 0\n")
+    config = load_config(path)
+    config.backends = [BackendConfig(name="a", kind="openai", urls=[a.url])]
+    config.default_backend = "a"  # as velo serve fills it in (proxy/cli.py default_config)
+    async with TestClient(TestServer(make_app(config, config_path=path))) as c:
+        path.write_text("[server]\nlong_request_s = 5\n")
+        assert await c.server.app[RELOADER].reload()
+        current = c.server.app[GENERATIONS].current.config
+        assert current.server.long_request_s == 5 and [b.name for b in current.backends] == ["a"]
+        assert await answer(c, {**CHAT, "model": "fake-gpt"}) == "from a"
