@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 from typing import Awaitable, Callable
 
@@ -51,12 +52,24 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     if server.admin_keys and key not in server.admin_keys and request.path.startswith(ADMIN_PATHS):
         raise Forbidden(f"{request.path} is for the keys in [server] admin_keys")
     tenant = tenant_of(key)
-    # the key's scope, never the key: the client is listed to every key holder (GET /velo/requests) and logged; a
-    # name the client gives itself comes after it, where it could pass for another key ("key:<its hash>") and share
-    # that key's place in a backend's queue
+    # the key's label, never the key or its hash: the client is listed to every key holder (GET /velo/requests) and
+    # logged; a name the client gives itself comes after it, where it could pass for another key ("key:key2") and
+    # share that key's place in a backend's queue
+    who = key_labels(tuple(server.keys)).get(tenant, tenant)  # a key nobody configured is no secret of the config's
     named = request.headers.get("X-Velo-Client")
-    client = (f"key:{tenant}/{named}" if named else f"key:{tenant}") if key else named or request.remote or ""
+    client = (f"key:{who}/{named}" if named else f"key:{who}") if key else named or request.remote or ""
     return Caller(tenant=tenant, client=client, path=request.path)
+
+
+@functools.lru_cache(maxsize=8)
+def key_labels(keys: tuple[str, ...]) -> dict[str, str]:
+    """Each configured key's scope -> its label where others see it (/metrics, which needs no key; the log; the
+    requests in flight): its place in the config, `key1`, `key2`, ... (api_keys, then admin_keys). Anything
+    computed from the key alone (its bare hash, or an HMAC keyed by the keys) let a weak key be guessed offline."""
+    labels = {ANONYMOUS: ANONYMOUS}
+    for key in keys:
+        labels.setdefault(tenant_of(key), f"key{len(labels)}")
+    return labels
 
 
 def tenant_of(key: str | None) -> str:

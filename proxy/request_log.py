@@ -28,7 +28,9 @@ class RequestLine:
     model: str
     backend: str
     prompt: str | None = None  # only with log_prompts
-    number: int = field(default_factory=lambda: next(_numbers))
+    # the request's id (X-Velo-Request-Id), which the long-request warning, /velo/requests and shutdown name too;
+    # a number where it has none
+    name: str = field(default_factory=lambda: f"#{next(_numbers)}")
     started: float = field(default_factory=time.perf_counter)
     streaming: bool = False
     tokens: int = 0
@@ -38,7 +40,7 @@ class RequestLine:
     def chunk(self, chunk: Chunk, cache: str) -> None:
         if not self.streaming:
             self.streaming = True
-            log.info("#%d %s %s on %s: answer started after %.3fs (cache %s)%s", self.number, self.path, self.model,
+            log.info("%s %s %s on %s: answer started after %.3fs (cache %s)%s", self.name, self.path, self.model,
                      self.backend, self._elapsed(), cache, _text("prompt", self.prompt))
         self.tokens = chunk.usage.completion_tokens if chunk.usage is not None else self.tokens + bool(chunk.text)
         self.finish = chunk.finish_reason or self.finish
@@ -56,7 +58,7 @@ class RequestLine:
             said = error.logged(answer is not None) if isinstance(error, VeloError) else repr(error)
             outcome = f"error {status}: {said}"
         level = logging.WARNING if status not in ("200", "499") else logging.INFO
-        log.log(level, "#%d %s %s on %s: %s after %.3fs, %d tokens%s", self.number, self.path, self.model,
+        log.log(level, "%s %s %s on %s: %s after %.3fs, %d tokens%s", self.name, self.path, self.model,
                 self.backend, outcome, self._elapsed(), self.tokens, _text("answer", answer))
 
     def _elapsed(self) -> float:

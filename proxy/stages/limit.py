@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from adapters.protocol import Chunk
 
-from ..auth import ANONYMOUS, tenant_of
+from ..auth import key_labels
 from ..job import Job
 from ..keep import fingerprint
 from ..limits import KeyLimits, RateLimited, State
@@ -31,7 +31,7 @@ class Limit(Stage):
         super().__init__(services)
         cfg = services.config.limits
         self.limits, self.fresh = services.lease.hold("limits", lambda: KeyLimits(cfg))
-        self.named = _labels(services.config.server.keys)
+        self.named = key_labels(tuple(services.config.server.keys))
         services.registry.register(self)
 
     async def start(self) -> None:
@@ -91,8 +91,8 @@ class Limit(Stage):
                                       labels=["key", "limit"])
         for (label, limit), n in self.limits.refused.items():
             refused.add_metric([label, limit], n)
-        running = GaugeMetricFamily("velo_key_in_flight", "Requests running per API key (hashed; keys not "
-                                    "configured: other)", labels=["key"])
+        running = GaugeMetricFamily("velo_key_in_flight", "Requests running per API key (key1, key2, ...: "
+                                    "its place in the config; keys not configured: other)", labels=["key"])
         by_label: dict[str, int] = {}
         for key, n in self.limits.running().items():
             by_label[self.label(key)] = by_label.get(self.label(key), 0) + n
@@ -100,16 +100,6 @@ class Limit(Stage):
             running.add_metric([label], n)
         yield refused
         yield running
-
-
-def _labels(keys: list[str]) -> dict[str, str]:
-    """Each configured key's label on /metrics (which needs no key): its place in the config, `key1`, `key2`, ...
-    (api_keys, then admin_keys). Anything computed from the key alone (its bare hash, or an HMAC keyed by the keys)
-    let a weak key be guessed offline from /metrics."""
-    labels = {ANONYMOUS: ANONYMOUS}
-    for key in keys:
-        labels.setdefault(tenant_of(key), f"key{len(labels)}")
-    return labels
 
 
 def _tokens(chunk: Chunk, prompt: int) -> int:

@@ -26,6 +26,8 @@ class Observe(Stage):
         log_prompts, backend = self.services.config.server.log_prompts, job.target.backend.name
         prompt = _prompt(job.request) if log_prompts else None
         line = RequestLine(job.caller.path, job.model, backend, prompt)
+        if job.caller.request_id:
+            line.name = job.caller.request_id
         error: BaseException | None = None
         try:
             with self.metrics.observe(job.caller.path, job.target.label, backend) as seen:

@@ -33,8 +33,11 @@ async def until_logged(caplog, fragment: str) -> list[str]:
 
 
 async def test_a_stream_logs_its_start_and_its_end_without_the_prompt(client, caplog):
-    await (await client.post("/api/chat", json=CHAT)).read()
+    resp = await client.post("/api/chat", json=CHAT)
+    await resp.read()
     start, end = lines(caplog)
+    # named by the id the response, /velo/requests and the long-request warning give it
+    assert start.startswith(resp.headers["X-Velo-Request-Id"] + " ") and end.startswith(resp.headers["X-Velo-Request-Id"])
     assert "/api/chat tiny on scripted: answer started after" in start and "(cache skip)" in start
     assert "done (stop) after" in end and "3 tokens" in end
     assert "secret" not in start + end and "Hello" not in end
