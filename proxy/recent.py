@@ -52,8 +52,14 @@ class Recent:
             current.ttft_sum += done.ttft_s
             current.ttft_n += 1
 
-    def last(self, n: int = 50) -> list[dict]:
-        return [asdict(r) for r in list(self.requests)[-n:]][::-1]
+    def last(self, n: int = 50, prompts: bool = True) -> list[dict]:
+        """The newest first; their prompts only while `prompts` (log_prompts as it is now: turned off by a reload,
+        the prompts kept from before stayed on the page)."""
+        out = [asdict(r) for r in list(self.requests)[-n:]][::-1]
+        if not prompts:
+            for r in out:
+                r["prompt"] = ""
+        return out
 
     def series(self, now: float | None = None) -> dict[str, list]:
         """Per bin over the window, oldest first, empty bins included: tokens/s produced, mean TTFT, requests."""

@@ -32,7 +32,8 @@ async def state(request: web.Request) -> web.Response:
     views = [BackendView(n, generation.backends[n].config.kind, health[n], models) for n, models in zip(names, loaded)]
     metrics = generation.pipeline.stage(Observe).metrics
     found = samples([generation.pipeline.registry, request.app[APP_METRICS]])
-    return json_response(snapshot(found, views, generation.number, metrics.recent.last(), metrics.recent.series()),
+    recent = metrics.recent.last(prompts=generation.config.server.log_prompts)
+    return json_response(snapshot(found, views, generation.number, recent, metrics.recent.series()),
                          headers={"Cache-Control": "no-store"})
 
 

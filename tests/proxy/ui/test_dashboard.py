@@ -69,3 +69,13 @@ async def test_the_root_still_answers_like_ollama():
         resp = await c.get("/")
         assert resp.status == 200 and await resp.text() == "Ollama is running"
         await asyncio.sleep(0)
+
+
+async def test_prompts_kept_before_log_prompts_was_turned_off_leave_the_page():
+    from proxy.state import GENERATIONS
+    async with app(log_prompts=True) as c:
+        await (await c.post("/api/chat", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})).read()
+        before = await (await c.get("/ui/state", headers=basic("me", KEY))).json()
+        c.server.app[GENERATIONS].current.config.server.log_prompts = False  # as a reload that turns it off
+        after = await (await c.get("/ui/state", headers=basic("me", KEY))).json()
+    assert before["recent"][0]["prompt"] == "What is a token bucket?" and after["recent"][0]["prompt"] == ""
