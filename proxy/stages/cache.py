@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from adapters.protocol import Chunk, ModelInfo, Usage
 
 from ..cache import CacheLayer
+from ..cache.stats import CacheStats
 from ..job import Job, Request
 from ..keep import fingerprint
 from ..tools.calls import new_call_id
@@ -25,12 +26,15 @@ class Cache(Stage):
         services.registry.register(self)
 
     async def start(self) -> None:
-        """The layer of the previous configuration when the cache settings did not change: its entries stay."""
+        """The layer of the previous configuration when the cache settings did not change: its entries stay. Its
+        counters stay whatever changed (a new layer started them again, and /metrics lost velo_cache_events)."""
         cfg = self.services.config.cache
         if cfg.enabled:
+            counters, _ = self.services.lease.hold("cache:counters", CacheStats)
             opening, _ = self.services.lease.hold(f"cache:{fingerprint(cfg)}",
                                                   lambda: asyncio.ensure_future(CacheLayer.create(cfg)), _close)
             self.layer = await opening
+            self.layer.counters = counters
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         """No cache: the rest of the pipeline's stream as is (see stages/base.py)."""

@@ -331,3 +331,19 @@ async def test_a_file_that_names_no_backend_keeps_the_default_through_its_edits(
         current = c.server.app[GENERATIONS].current.config
         assert current.server.long_request_s == 5 and [b.name for b in current.backends] == ["a"]
         assert await answer(c, {**CHAT, "model": "fake-gpt"}) == "from a"
+
+
+async def test_the_cache_counters_outlive_a_change_of_its_settings(tmp_path, two_fakes):
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        await answer(c)
+        await answer(c)
+        assert value(await scrape(c), "velo_cache_events_total", tier="all", model="m", outcome="hit") == 1
+        path.write_text(toml(a.url, b.url, "a", extra="[cache]\nttl_s = 60"))
+        assert await c.server.app[RELOADER].reload()
+        await answer(c)  # a new layer: its entries are gone, its counts are not
+        scraped = await scrape(c)
+        assert value(scraped, "velo_cache_events_total", tier="all", model="m", outcome="hit") == 1
+        assert value(scraped, "velo_cache_events_total", tier="all", model="m", outcome="miss") == 2
