@@ -61,7 +61,7 @@ class OriginPolicy:
     @classmethod
     def for_server(cls, bind_host: str, extra: list[str]) -> "OriginPolicy":
         from_env = [o.strip() for o in os.environ.get("OLLAMA_ORIGINS", "").split(",") if o.strip()]
-        return cls(tuple(extra) + tuple(from_env) + LOCAL_ORIGINS, _is_loopback(bind_host),
+        return cls(tuple(extra) + tuple(from_env) + LOCAL_ORIGINS, is_loopback(bind_host),
                    socket.gethostname().lower())
 
     def origin_allowed(self, origin: str) -> bool:
@@ -119,7 +119,7 @@ def _hostname(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _is_loopback(bind_host: str) -> bool:
+def is_loopback(bind_host: str) -> bool:
     try:
         return ipaddress.ip_address(bind_host).is_loopback
     except ValueError:

@@ -17,6 +17,7 @@ from aiohttp import web
 from adapters.base import BackendConfig
 
 from .app import make_app
+from .browser_guard import is_loopback
 from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
 from .inflight import InFlight, ShuttingDown
@@ -180,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         check_listen(config.server.host, config.server.port)
     except ConfigError as e:
         parser.exit(1, f"velo: {e}\n")
+    if not config.server.keys and not is_loopback(config.server.host):
+        log.warning("listening on %s without [server] api_keys: anyone who reaches this address can use every "
+                    "backend", _address(config.server.host, config.server.port))
     run_server(serve(config, config_path=path))
     return 0
 

@@ -85,3 +85,18 @@ async def test_a_config_file_that_names_no_backend_gets_the_default_one(tmp_path
     named = load_config(path)
     named.backends = [BackendConfig(name="mine", kind="openai", urls=["http://h:1"])]
     assert (await default_config(named)).backends == named.backends
+
+
+def test_listening_beyond_this_machine_without_api_keys_is_warned_of(tmp_path, monkeypatch, caplog):
+    ran = []
+    monkeypatch.setattr("proxy.cli.run_server", lambda main: (ran.append(main), main.close()))
+    monkeypatch.setattr("proxy.cli.check_listen", lambda host, port: None)
+    path = tmp_path / "config.toml"
+    path.write_text('[[backends]]\nname = "o"\nkind = "ollama"\nurl = "http://h:1"\n')
+    with caplog.at_level(logging.WARNING, logger="velo"):
+        main(["serve", "--config", str(path), "--host", "0.0.0.0"])
+        assert "without [server] api_keys" in caplog.text
+        caplog.clear()
+        main(["serve", "--config", str(path)])  # 127.0.0.1: this machine only
+        assert "api_keys" not in caplog.text
+    assert len(ran) == 2
