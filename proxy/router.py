@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from adapters.base import Backend
-from adapters.errors import ModelNotFound
+from adapters.errors import BackendUnavailable, ModelNotFound, VeloError
 from adapters.protocol import ModelInfo
 
 from .config import Config
@@ -138,11 +138,20 @@ class Router:
         if self.config.default_backend:
             return Target(self.backends[self.config.default_backend], model)
         if len(self.backends) != 1:
-            raise ModelNotFound(model)
+            raise self._not_found(model)
         [(name, only)] = self.backends.items()
         if only.answers_unlisted_names and self.listings.by_backend[name].models:
             raise ModelNotFound(model)
         return Target(only, model)
+
+    def _not_found(self, model: str) -> VeloError:
+        """404, unless a backend that has never listed its models (down since Velo started) may hold it: a 503
+        then, which says to ask again, where a 404 said the model does not exist."""
+        unknown = [name for name, entry in self.listings.by_backend.items() if not entry.answered and not entry.models]
+        if not unknown:
+            return ModelNotFound(model)
+        return BackendUnavailable(f"model '{model}' is not listed by any backend that answers; "
+                                  f"{', '.join(map(repr, unknown))} did not list its models yet", retry_after=5)
 
     async def list_models(self) -> list[ModelInfo]:
         """The union of every backend's models (first backend wins a name; a backend that never answered contributes
