@@ -55,9 +55,12 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     # the key's label, never the key or its hash: the client is listed to every key holder (GET /velo/requests) and
     # logged; a name the client gives itself comes after it, where it could pass for another key ("key:key2") and
     # share that key's place in a backend's queue
-    who = key_labels(tuple(server.keys)).get(tenant, tenant)  # a key nobody configured is no secret of the config's
     named = request.headers.get("X-Velo-Client")
-    client = (f"key:{who}/{named}" if named else f"key:{who}") if key else named or request.remote or ""
+    if key:
+        who = key_labels(tuple(server.keys)).get(tenant, tenant)  # a key nobody configured is no secret of the config
+        client = f"key:{who}/{named}" if named else f"key:{who}"
+    else:
+        client = named or request.remote or ""
     return Caller(tenant=tenant, client=client, path=request.path)
 
 
