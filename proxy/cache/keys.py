@@ -35,12 +35,10 @@ def _plain(value: Any) -> Any:
     backend) dropped as "empty" shared its entry with an answer in free text."""
     if is_dataclass(value):
         out = {}
-        for f in fields(value):
-            if f.name in _TRANSPORT or f.name in _IDS:
-                continue
-            v = _plain(getattr(value, f.name))
-            if v is not None and v != "" and v != _defaults(type(value)).get(f.name):
-                out[f.name] = v
+        for name, default in _defaults(type(value)):
+            v = _plain(getattr(value, name))
+            if v is not None and v != "" and v != default:
+                out[name] = v
         return out
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -50,15 +48,16 @@ def _plain(value: Any) -> Any:
 
 
 @functools.cache
-def _defaults(cls: type) -> dict[str, Any]:
-    """Each field's default, as `_plain` writes it; fields without one are not there."""
-    out = {}
+def _defaults(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, default as `_plain` writes it; None where it has none) of each field the key reads."""
+    out = []
     for f in fields(cls):
-        if f.default is not MISSING:
-            out[f.name] = _plain(f.default)
-        elif f.default_factory is not MISSING:
-            out[f.name] = _plain(f.default_factory())
-    return out
+        if f.name in _TRANSPORT or f.name in _IDS:
+            continue
+        default = f.default if f.default is not MISSING else \
+            f.default_factory() if f.default_factory is not MISSING else None
+        out.append((f.name, _plain(default)))
+    return tuple(out)
 
 
 def _options(opts: SamplingOptions) -> dict[str, Any]:
