@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path
+from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, default_model_path, heap
 from engine.grammar import grammar_for
 from engine.tokenizer import Tokenizer
 
@@ -208,6 +208,7 @@ class EngineBackend(Backend):
                 await asyncio.to_thread(engine.shutdown)
                 del engine
                 gc.collect()
+                await asyncio.to_thread(heap.give_back)
 
     async def _waited(self, model: str) -> tuple[LLMEngine, int]:
         """The engine for `model`, and the nanoseconds this request waited for it to load (0 when it was loaded)."""

@@ -2,6 +2,7 @@
 import asyncio
 import dataclasses
 import json
+import os
 import threading
 import time
 
@@ -420,3 +421,22 @@ async def test_the_engine_answers_under_the_timeouts_every_backend_has(model_dir
         assert aggregate(await collect(b.chat(chat(max_tokens=5, temperature=0)))).usage.completion_tokens == 5
     finally:
         await b.close()
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+async def test_unloading_the_model_gives_its_memory_back():
+    """keep_alive and config reloads unload and load the model again: glibc kept what each copy freed, ~300 MB more
+    resident after each cycle of SmolLM2 (696 -> 1,051 -> 1,363 MB)."""
+    after = []
+    for _ in range(3):
+        b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"progress": False,
+                                                                             "kv_memory": 16 * 2**20}))
+        await b.start()
+        await b.close()
+        del b
+        after.append(_resident_mb())
+    assert after[2] - after[0] < 150, after
