@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import socket
 import time
@@ -206,6 +207,17 @@ class ManagedLlamaCpp(LlamaCppBackend):
                 process.kill()
                 await process.wait()
         await self.http.close()
+
+    async def start(self) -> None:
+        """The server starts on the first request for its model; what would stop it is said now, in the log, where
+        the first request's 503 was the first word of a missing file or program."""
+        where = f"backend {self.name!r}"
+        if not os.path.isfile(self.config.model or ""):
+            log.warning("%s: model file %s not found; its requests will fail until it is there", where,
+                        self.config.model)
+        if shutil.which(self.config.command[0]) is None:
+            log.warning("%s: %r is not a program on PATH (command = %s); its requests will fail", where,
+                        self.config.command[0], self.config.command)
 
     async def close(self) -> None:
         if self._timer is not None:

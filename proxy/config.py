@@ -188,6 +188,8 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
         raise SchemaError(f"{path}.kind: must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
     if cfg.model is not None and (cfg.kind != "llamacpp" or cfg.urls):
         raise SchemaError(f"{path}.model: only a llamacpp backend without a url runs its own server from a model file")
+    if cfg.model is not None and not cfg.command:
+        raise SchemaError(f"{path}.command: must name the server program (default [\"llama-server\"])")
     if cfg.kind != "engine" and not cfg.urls and cfg.model is None:
         raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url" +
                           (" (or a GGUF `model` that Velo serves itself)" if cfg.kind == "llamacpp" else ""))

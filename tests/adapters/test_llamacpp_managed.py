@@ -90,3 +90,16 @@ asyncio.run(main())
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the child outlived its killed parent")
     assert asyncio.run(dies_with_velo(["no-such-llama-server"])) == ["no-such-llama-server"]  # its start error names it
+
+
+async def test_a_missing_model_file_or_program_is_said_at_start(tmp_path, caplog):
+    """The server starts on the first request: a missing file or program was first heard of as that request's 503."""
+    import logging
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, CHATML)
+    with caplog.at_level(logging.WARNING, logger="velo.adapters.llamacpp_managed"):
+        await ManagedLlamaCpp(BackendConfig(name="ok", kind="llamacpp", model=path, command=["python3"]),
+                              Swaps()).start()
+        assert caplog.text == ""
+        await ManagedLlamaCpp(BackendConfig(name="gone", kind="llamacpp", model=str(tmp_path / "gone.gguf"),
+                                            command=["no-such-llama-server"]), Swaps()).start()
+    assert "gone.gguf not found" in caplog.text and "'no-such-llama-server' is not a program on PATH" in caplog.text

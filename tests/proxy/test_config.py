@@ -72,14 +72,12 @@ def test_a_managed_llamacpp_backend_needs_a_model_or_a_url_never_both():
     ok = parse_config({"backends": [{"name": "m", "kind": "llamacpp", "model": "/m.gguf", "ttl_s": 5}]})
     assert ok.backends[0].command == ["llama-server"] and ok.backends[0].max_loaded == 1
     for bad, where in (({"kind": "llamacpp"}, "backends[0].url"),
+                       ({"kind": "llamacpp", "model": "/m.gguf", "command": []}, "backends[0].command"),
                        ({"kind": "llamacpp", "model": "/m.gguf", "url": "http://x"}, "backends[0].model"),
                        ({"kind": "ollama", "model": "/m.gguf"}, "backends[0].model")):
-        try:
+        with pytest.raises(ConfigError) as refused:
             parse_config({"backends": [{"name": "m", **bad}]})
-        except ConfigError as e:
-            assert str(e).startswith(where)
-        else:
-            raise AssertionError(f"{bad} was accepted")
+        assert str(refused.value).startswith(where)
 
 
 def test_an_alias_may_name_a_model_as_clients_send_it():
