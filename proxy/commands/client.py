@@ -10,6 +10,7 @@ user can cause becomes a `CommandError` with one line that names the URL.
 """
 from __future__ import annotations
 
+import argparse
 import os
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -33,9 +34,18 @@ class HttpError(CommandError):
 
 
 def add_connection_args(parser: Any) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"Velo or any Ollama/OpenAI server (default {DEFAULT_URL})")
+    parser.add_argument("--url", default=DEFAULT_URL, type=_server_url,
+                        help=f"Velo or any Ollama/OpenAI server (default {DEFAULT_URL})")
     parser.add_argument("--api-key", default=os.environ.get("VELO_API_KEY"),
                         help="sent as a bearer token (default: $VELO_API_KEY)")
+
+
+def _server_url(text: str) -> str:
+    """An http(s) URL with a host: "notaurl" was sent as is, and failed as "GET notaurl/api/tags failed"."""
+    url = URL(text)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL (e.g. {DEFAULT_URL})")
+    return text.rstrip("/")
 
 
 def open_session(api_key: str | None, connect_timeout: float = 5.0) -> aiohttp.ClientSession:
@@ -86,7 +96,9 @@ async def request(session: aiohttp.ClientSession, method: str, url: str,
     try:
         async with _response(session, method, url, **kwargs) as resp:
             if resp.status >= 400:
-                raise HttpError(f"{method} {url} answered {resp.status}: {error_text(await resp.read())}", resp.status)
+                hint = " (--api-key or $VELO_API_KEY sends one)" if resp.status == 401 else ""
+                raise HttpError(f"{method} {url} answered {resp.status}: {error_text(await resp.read())}{hint}",
+                                resp.status)
             yield resp
     except aiohttp.ClientConnectorError as e:
         reason = "connection refused" if isinstance(e.os_error, ConnectionRefusedError) else str(e.os_error or e)

@@ -5,9 +5,11 @@ import asyncio
 import os
 import sys
 
+import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.app import make_app
+from proxy.cli import main
 from proxy.config import Config, ServerConfig
 from tests.fakes import FakeOpenAI
 from tests.proxy.commands.conftest import ROOT
@@ -77,6 +79,12 @@ async def test_unreachable_server_is_one_line(run_cli, unused_tcp_port):
                           "is `velo serve` running there? (--url picks another address)\n")
 
 
+def test_a_url_that_is_no_url_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["chat", "--url", "notaurl"])
+    assert done.value.code == 2 and "'notaurl' is not an http:// or https:// URL" in capsys.readouterr().err
+
+
 async def test_api_key_from_the_option_or_the_environment(run_cli, monkeypatch):
     backend = ScriptedBackend()
     server = TestServer(make_app(Config(server=ServerConfig(api_keys=["k1"])), {"s": backend}), host="127.0.0.1")
@@ -85,6 +93,7 @@ async def test_api_key_from_the_option_or_the_environment(run_cli, monkeypatch):
     try:
         denied = await run_cli("chat", "--url", url, stdin="Hi\n")
         assert denied.code == 1 and denied.err.startswith(f"velo chat: GET {url}/api/tags answered 401: ")
+        assert denied.err.endswith("(--api-key or $VELO_API_KEY sends one)\n")
         assert (await run_cli("chat", "--url", url, "--api-key", "k1", stdin="Hi\n")).out == "Hello world\n"
         monkeypatch.setenv("VELO_API_KEY", "k1")
         assert (await run_cli("chat", "--url", url, stdin="Hi\n")).out == "Hello world\n"
