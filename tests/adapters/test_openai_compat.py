@@ -388,3 +388,21 @@ async def test_vllm_keeps_each_keys_prefixes_apart_under_cache_salt(openai_fake,
             assert ["cache_salt" in body for body in asked] == [True, False, False]
     finally:
         await b.close()
+
+
+async def test_llama_server_as_an_openai_server_gets_a_connection_a_request(llama_chat, openai_fake):
+    """llama-server closes its connection after each stream though its head says keep-alive: a pooled one was taken
+    for the next request as it closed, a 502 "closed the connection before answering" under load."""
+    llama = OpenAIBackend(config(llama_chat.url))
+    fake = OpenAIBackend(config(openai_fake.url))
+    try:
+        name = (await llama.list_models())[0].name
+        await fake.list_models()
+        assert not llama.http.pooled and fake.http.pooled  # vLLM, SGLang, the fake keep theirs alive
+        for _ in range(5):
+            chunks = await collect(llama.chat(ChatRequest(name, [Message("user", "Hi")],
+                                                          options=SamplingOptions(max_tokens=2))))
+            assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        await llama.close()
+        await fake.close()
