@@ -68,6 +68,10 @@ class Residency:
             stay.unloading = stay.unloading and stay.in_flight > 0
             if target.backend.idle_unload:
                 self._wake.set()
+            elif not stay.in_flight and self.stays.get(_key(target), (None, None))[1] is stay:
+                # a backend that unloads for itself needs its stay only while requests run: kept, every name a
+                # client made up (answered by a backend that takes any name, or refused by a later stage) stayed
+                del self.stays[_key(target)]
 
     async def load(self, target: Target, keep: Any) -> int:
         """A bare load request (no prompt): nanoseconds spent loading."""

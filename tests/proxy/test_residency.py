@@ -129,3 +129,17 @@ async def test_a_stay_ended_while_the_timer_awaited_is_not_ended_again_under_a_n
             assert backend.unloads == 2 and residency.expires_at("scripted", "b") is not None
     finally:
         await residency.close()
+
+
+async def test_a_backend_that_unloads_for_itself_keeps_no_stay_once_its_requests_are_done():
+    """Every name a client made up stayed (a backend that answers any name, or a request refused after this stage):
+    1,000 names, 1,000 entries, and a 100 KB name pinned 100 KB."""
+    residency = Residency()
+    for n in range(1000):
+        with residency.use(Target(ScriptedBackend(), f"made-up-{n}"), None):
+            assert len(residency.stays) == 1
+    assert residency.stays == {}
+    engine_like = Target(Unloadable(), "tiny:latest")
+    with residency.use(engine_like, "1h"):
+        pass
+    assert list(residency.stays) == [("scripted", "tiny:latest")]  # its unload is Velo's: when, it keeps
