@@ -31,10 +31,18 @@ def get(body: dict[str, Any], key: str, kind: type, default: Any = None, *, requ
     return value
 
 
+# Longer than any name a server gives (Ollama's host, namespace, model and tag together stay under ~600): a name is
+# kept in the model info and cache keys of what was asked, where a 100 KB one pinned 100 KB.
+MAX_MODEL_NAME = 1024
+
+
 def get_model(body: dict[str, Any], key: str = "model") -> str:
     model = get(body, key, str, required=True)
     if not model.strip():
         raise BadRequest(f"{key} is required", param=key)
+    if len(model) > MAX_MODEL_NAME:
+        raise BadRequest(f"{key}: a model name is at most {MAX_MODEL_NAME} characters, this one has {len(model)}",
+                         param=key)
     return model
 
 

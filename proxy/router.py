@@ -14,6 +14,7 @@ from typing import Any
 
 from adapters.base import Backend
 from adapters.errors import BackendUnavailable, ModelNotFound, VeloError
+from adapters.fields import MAX_MODEL_NAME
 from adapters.protocol import ModelInfo
 
 from .config import Config
@@ -99,8 +100,8 @@ class Router:
         entry.at = time.monotonic()
 
     async def resolve(self, model: str) -> Target:
-        if not model:
-            raise ModelNotFound(model)
+        if not model or len(model) > MAX_MODEL_NAME:  # no server names one so long: kept, it pinned its size
+            raise ModelNotFound(model[:MAX_MODEL_NAME])
         if (preset := self.presets.get(model)) is not None:
             model = preset.base
         alias = by_spelling(self.config.aliases, model)

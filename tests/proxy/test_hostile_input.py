@@ -134,3 +134,14 @@ async def test_a_huge_declared_body_is_refused_before_it_is_sent(client: TestCli
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)  # before: waited for the body, forever
     writer.close()
     assert head.startswith(b"HTTP/1.1 413")
+
+
+async def test_a_model_name_longer_than_any_server_gives_is_refused_before_it_is_kept(client, scripted):
+    """Names are kept (model info, cache keys): a 100 KB one pinned 100 KB, each of 1,024 of them."""
+    long_name = "m" * 20_000
+    chat = await client.post("/v1/chat/completions", json={"model": long_name, "messages": [{"role": "user",
+                                                                                             "content": "hi"}]})
+    assert chat.status == 400 and "at most 1024 characters" in (await chat.json())["error"]["message"]
+    shown = await client.post("/api/show", json={"model": long_name})
+    assert shown.status == 404 and len(await shown.read()) < 2000
+    assert scripted.requests == []
