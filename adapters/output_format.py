@@ -5,13 +5,12 @@ SDKs retry. What llguidance only cannot compile (a look-around `pattern`, a remo
 which may."""
 from __future__ import annotations
 
-import functools
-
 import orjson
 
 from engine.grammar import grammar_for
 
 from .errors import BadRequest
+from .per_schema import PerSchema
 from .protocol import OutputFormat
 
 _UNSATISFIABLE = "Unsatisfiable schema"  # llguidance's words for a schema no value matches
@@ -19,12 +18,11 @@ _UNSATISFIABLE = "Unsatisfiable schema"  # llguidance's words for a schema no va
 
 def check_format(fmt: OutputFormat) -> None:
     """BadRequest (param `format`) when `fmt` is a JSON Schema no output can match."""
-    if isinstance(fmt, dict) and (why := _unsatisfiable(orjson.dumps(fmt, option=orjson.OPT_SORT_KEYS))):
+    if isinstance(fmt, dict) and (why := _unsatisfiable(fmt)):
         raise BadRequest(why, param="format")
 
 
-@functools.lru_cache(maxsize=256)
-def _unsatisfiable(schema_json: bytes) -> str | None:
+def _verdict(schema_json: bytes) -> str | None:
     """Why no output can match the schema, or None. Kept per schema: clients send the same one with each request,
     and compiling it costs ~230 us, 27x the parse of the request itself (bench/schema_check.py)."""
     try:
@@ -32,3 +30,6 @@ def _unsatisfiable(schema_json: bytes) -> str | None:
     except ValueError as e:
         return str(e) if _UNSATISFIABLE in str(e) else None
     return None
+
+
+_unsatisfiable = PerSchema(_verdict)

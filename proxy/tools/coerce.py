@@ -8,13 +8,13 @@ remote `$ref`s never fetched: a client's schema must not make the proxy open con
 """
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
 import jsonschema_rs
 import orjson
 
+from adapters.per_schema import PerSchema
 from proxy.tools.repair import Unrepairable, parse_json
 
 _INT = re.compile(r"\s*[-+]?\d+(\.0*)?\s*")
@@ -34,7 +34,7 @@ def check_arguments(args: Any, schema: dict, changes: list[str]) -> tuple[Any, l
 
 def validation_errors(value: Any, schema: dict) -> list[str]:
     try:
-        validator = _validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+        validator = _validator(schema)
     except jsonschema_rs.ValidationError as e:
         return [f"the tool's schema cannot be used: {e.message}"]
     if validator.is_valid(value):
@@ -42,10 +42,12 @@ def validation_errors(value: Any, schema: dict) -> list[str]:
     return [_describe(e) for e in validator.iter_errors(value)]
 
 
-@functools.lru_cache(maxsize=256)
-def _validator(schema_json: bytes) -> Any:
+def _new_validator(schema_json: bytes) -> Any:
     """Building a validator costs more than using it, and clients send the same tools with every request."""
     return jsonschema_rs.validator_for(orjson.loads(schema_json), retriever=_no_fetch)
+
+
+_validator = PerSchema(_new_validator)
 
 
 def _no_fetch(uri: str) -> Any:
