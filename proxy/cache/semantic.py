@@ -62,9 +62,10 @@ class Embedder:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         embedded = await future
-        self._memo[text] = embedded
-        if len(self._memo) > _MEMO:
-            self._memo.popitem(last=False)
+        if embedded.whole:  # a text too long to read whole is no vector: nothing to keep of it
+            self._memo[text] = embedded
+            if len(self._memo) > _MEMO:
+                self._memo.popitem(last=False)
         return embedded
 
     async def _drain(self) -> None:
@@ -80,7 +81,12 @@ class Embedder:
                     future.set_exception(v) if isinstance(v, Exception) else future.set_result(v)
 
     def _embed_and_read(self, texts: list[str]) -> list[Embedded]:
-        return [Embedded(v, read(t), self.model.reads_whole(t)) for v, t in zip(self.encode(texts), texts)]
+        """A text past the encoder's window is neither encoded nor read: the semantic tier leaves it to the exact
+        one, and reading a 200 KB turn for the verifier took 9 s of this thread, which every lookup shares."""
+        whole = [self.model.reads_whole(t) for t in texts]
+        vectors = iter(self.encode([t for t, w in zip(texts, whole) if w]) if any(whole) else ())
+        return [Embedded(next(vectors), read(t)) if w else Embedded(np.zeros(self.dim, np.float32), read(""), False)
+                for t, w in zip(texts, whole)]
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Blocking: unit-length float32 rows, so inner product is cosine similarity."""

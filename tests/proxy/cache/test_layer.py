@@ -196,3 +196,18 @@ async def test_a_turn_longer_than_the_encoders_window_is_left_to_the_exact_tier(
     assert embedder.model.reads_whole(short) and embedder.model.reads_whole("word " * 250)
     assert not embedder.model.reads_whole("word " * 260)
     await layer.close()
+
+
+async def test_a_turn_past_the_window_is_neither_encoded_read_nor_kept(embedder: Embedder, monkeypatch):
+    """Reading a 200 KB turn for the verifier took 9 s of the one thread every semantic lookup shares, and the memo
+    kept its reading, ~65x its size."""
+    encoded: list[str] = []
+    real = embedder.encode
+    monkeypatch.setattr(embedder, "encode", lambda texts: encoded.extend(texts) or real(texts))
+    long_turn = "The harbour town trades salt and amber. " * 5000
+    started = time.perf_counter()
+    embedded = await embedder.embed(long_turn)
+    assert not embedded.whole and time.perf_counter() - started < 2.0
+    assert encoded == [] and long_turn not in embedder._memo
+    short = "Which harbour town trades amber for wool this winter?"  # asked nowhere else: not in the memo yet
+    assert (await embedder.embed(short)).whole and encoded == [short]
