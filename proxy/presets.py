@@ -15,6 +15,7 @@ from typing import Any, Mapping, TypeVar
 
 import orjson
 
+from adapters.errors import BadRequest
 from adapters.model_card import parameter_lines
 from adapters.protocol import Message, ModelInfo, SamplingOptions
 from adapters.schema import setting
@@ -103,6 +104,10 @@ def by_spelling(table: Mapping[str, T], *names: str) -> T | None:
     return next((table[n] for name in names if name for n in spellings(name) if n in table), None)
 
 
+MAX_PRESETS = 1000
+MAX_PRESET_BYTES = 1024 * 1024
+
+
 class PresetStore:
     """The presets in memory, loaded once at start and saved on every change (file work on a thread)."""
 
@@ -125,7 +130,13 @@ class PresetStore:
         return list(self._presets.values())
 
     async def put(self, preset: Preset) -> None:
+        """BadRequest past `MAX_PRESETS` or a preset over `MAX_PRESET_BYTES`: each is listed to every client and
+        the whole file is written again at each change (1,500 made-up names took it from 3 to 44 ms a create)."""
+        if len(orjson.dumps(preset.settings())) > MAX_PRESET_BYTES:
+            raise BadRequest(f"a model's system prompt, template and messages are at most {MAX_PRESET_BYTES} bytes")
         async with self._lock:
+            if preset.name not in self._presets and len(self._presets) >= MAX_PRESETS:
+                raise BadRequest(f"there are {MAX_PRESETS} models created here already; delete one first")
             self._presets[preset.name] = preset
             await asyncio.to_thread(_write, self.path, list(self._presets.values()))
 

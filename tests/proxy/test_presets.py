@@ -1,6 +1,9 @@
 """The preset store on its own: names as Ollama tags them, a preset over another, the file written and read back."""
 from __future__ import annotations
 
+import pytest
+
+from adapters.errors import BadRequest
 from proxy.presets import Preset, PresetStore, full_name
 
 
@@ -27,3 +30,19 @@ async def test_the_file_holds_every_change(tmp_path):
     await again.open()
     assert again.all() == store.all() and again.get("a") == store.get("a:latest")
     assert again.get("a").options.stop == ["x"]
+
+
+async def test_created_models_are_bounded_in_number_and_size(tmp_path, monkeypatch):
+    """Anyone may create models where admin_keys is unset, each listed to every client and the file written again
+    at each change: 1,500 made-up names took a create from 3 to 44 ms."""
+    monkeypatch.setattr("proxy.presets.MAX_PRESETS", 3)
+    store = PresetStore(tmp_path / "presets.json")
+    await store.open()
+    for n in range(3):
+        await store.put(Preset(f"m{n}:latest", "base"))
+    with pytest.raises(BadRequest, match="3 models created here already"):
+        await store.put(Preset("m3:latest", "base"))
+    await store.put(Preset("m0:latest", "base", system="changed"))  # one that is there may change
+    with pytest.raises(BadRequest, match="at most 1048576 bytes"):
+        await store.put(Preset("m1:latest", "base", system="x" * (1024 * 1024)))
+    assert len(store.all()) == 3 and store.get("m1").system is None
