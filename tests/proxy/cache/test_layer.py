@@ -211,3 +211,20 @@ async def test_a_turn_past_the_window_is_neither_encoded_read_nor_kept(embedder:
     assert encoded == [] and long_turn not in embedder._memo
     short = "Which harbour town trades amber for wool this winter?"  # asked nowhere else: not in the memo yet
     assert (await embedder.embed(short)).whole and encoded == [short]
+
+
+async def test_the_memory_tier_holds_no_more_than_its_max_bytes():
+    """It counted answers by their encoded bytes and kept them decoded: 8.5 MiB counted held 19.4 MiB."""
+    import tracemalloc
+    layer = await CacheLayer.create(CacheConfig(max_bytes=2 * 2**20))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(300):
+            answer = [Chunk(f" word{i}") for i in range(200)] + [Chunk(finish_reason="stop", usage=Usage(3, 200))]
+            assert await layer.store(_ask(f"question {n}"), "t", answer)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        await layer.close()
+    assert held < 1.3 * 2 * 2**20, held
