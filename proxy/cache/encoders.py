@@ -117,9 +117,16 @@ class OnnxEncoder:
         return fits(self.tokenizer, self.max_length, text)
 
 
+_WORD_CHARS = 100  # WordPiece's max_input_chars_per_word (all-MiniLM-L6-v2's, BERT's)
+
+
 def fits(tokenizer: Any, max_length: int, text: str) -> bool:
-    """Whether `text` is within `max_length` tokens, special ones included; a word piece covers a character or
-    more, so a text that short in characters is not tokenized."""
+    """Whether the model sees all of `text`: within `max_length` tokens, special ones included (a word piece covers
+    a character or more, so a text that short in characters is not tokenized), and no word past what WordPiece
+    reads of one (100 characters: longer is one [UNK], unseen; such words also cost the verifier's reading seconds
+    each, a 255-word turn of them minutes of the thread every lookup shares)."""
+    if max(map(len, text.split()), default=0) > _WORD_CHARS:
+        return False
     return len(text) <= max_length - 2 or len(tokenizer(text, truncation=False)["input_ids"]) <= max_length
 
 

@@ -195,6 +195,7 @@ async def test_a_turn_longer_than_the_encoders_window_is_left_to_the_exact_tier(
     short = "How do I learn Python quickly?"
     assert embedder.model.reads_whole(short) and embedder.model.reads_whole("word " * 250)
     assert not embedder.model.reads_whole("word " * 260)
+    assert not embedder.model.reads_whole("what is " + "x" * 150)  # one [UNK] to the encoder: unseen
     await layer.close()
 
 
