@@ -205,6 +205,8 @@ class EngineBackend(Backend):
         async with self._loading:
             if self.engine is not None:
                 engine, self.engine = self.engine, None
+                if self._load is not None and self._load.done():
+                    self._load = None  # its result is the engine: it kept the unloaded one alive
                 await asyncio.to_thread(engine.shutdown)
                 del engine
                 gc.collect()
