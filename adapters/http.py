@@ -80,8 +80,8 @@ class _Start:
 
 
 def asked_of(req: R, config: BackendConfig) -> R:
-    """`req` as a backend is asked it: a stream, whatever the client asked, unless `always_stream = false` (as
-    `Upstream.streams` decides for a body); the adapter folds a one-answer request's stream (`one_answer`)."""
+    """`req` as a backend is asked it: a stream, whatever the client asked, unless `always_stream = false`; the
+    adapter folds a one-answer request's stream (`one_answer`)."""
     return req if req.stream or not config.always_stream else replace(req, stream=True)
 
 
@@ -183,11 +183,6 @@ class Upstream:
             if secret:
                 text = text.replace(secret, "***")
         return text
-
-    def streams(self, asked: bool) -> bool:
-        """Whether a generation is asked of the backend as a stream: always, unless `always_stream = false`, which
-        leaves it as the client asked."""
-        return asked or self.config.always_stream
 
     def session(self) -> aiohttp.ClientSession:
         if not self.pooled:

@@ -12,7 +12,7 @@ from . import model_card, options
 from .base import Backend, BackendConfig
 from .errors import BackendError
 from .fields import nests_deeper, wire_text
-from .http import Upstream, json_object, one_answer
+from .http import Upstream, asked_of, json_object, one_answer
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
 from .tool_prompt import in_prompt
@@ -200,18 +200,17 @@ class OllamaBackend(Backend):
         return out
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        stream = self._generate("/api/chat", chat_to_wire(req), req.model)
+        stream = self._generate("/api/chat", chat_to_wire(asked_of(req, self.config)), req.model)
         return stream if req.stream else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        stream = self._generate("/api/generate", generate_to_wire(req), req.model)
+        stream = self._generate("/api/generate", generate_to_wire(asked_of(req, self.config)), req.model)
         return stream if req.stream else one_answer(stream)
 
     async def _generate(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
         """A stream from Ollama, whatever the client asked, unless `always_stream = false` (see adapters/http.py);
         its one answer is the stream's last line with everything in it."""
         state = _StreamState()
-        body["stream"] = self.http.streams(body["stream"])
         async with aclosing(self.http.generation(
                 path, body, model=model, ndjson=True, parse=lambda obj: state.take(chunk_from_wire(obj)),
                 whole=lambda answer: state.take(chunk_from_wire(json_object(answer))),
