@@ -79,6 +79,12 @@ class _Start:
             self.begun = True
 
 
+def is_server_url(url: str) -> bool:
+    """An http(s) URL with a host: "127.0.0.1:8080/v1" reads as a scheme and a path, and "notaurl" as a path."""
+    parsed = URL(url)
+    return parsed.scheme in ("http", "https") and bool(parsed.host)
+
+
 def asked_of(req: R, config: BackendConfig) -> R:
     """`req` as a backend is asked it: a stream, whatever the client asked, unless `always_stream = false`; the
     adapter folds a one-answer request's stream (`one_answer`)."""

@@ -13,6 +13,7 @@ from yarl import URL
 from adapters import options
 from adapters.base import BackendConfig
 from adapters.errors import BadRequest
+from adapters.http import is_server_url
 from adapters.protocol import SamplingOptions
 from adapters.registry import KINDS
 from adapters.replicas import ReplicaOptions
@@ -194,9 +195,9 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
         raise SchemaError(f"{path}.url: a {cfg.kind} backend needs a url" +
                           (" (or a GGUF `model` that Velo serves itself)" if cfg.kind == "llamacpp" else ""))
     for i, url in enumerate(cfg.urls):
-        parsed = URL(url)
-        if parsed.scheme not in ("http", "https") or not parsed.host:  # "127.0.0.1:8080" read as scheme and path
+        if not is_server_url(url):
             where = f"{path}.url" if len(cfg.urls) == 1 else f"{path}.urls[{i}]"
+            parsed = URL(url)
             raise SchemaError(f"{where}: must be an http:// or https:// URL with a host, got "
                               f"{str(parsed.with_password('***') if parsed.password else parsed)!r}")
     if cfg.api_key and any(URL(u).user for u in cfg.urls):  # both are an Authorization header: aiohttp refused

@@ -20,6 +20,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from adapters.http import is_server_url
+
 from . import CommandError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -41,9 +43,8 @@ def add_connection_args(parser: Any) -> None:
 
 
 def _server_url(text: str) -> str:
-    """An http(s) URL with a host: "notaurl" was sent as is, and failed as "GET notaurl/api/tags failed"."""
-    url = URL(text)
-    if url.scheme not in ("http", "https") or not url.host:
+    """"notaurl" was sent as is, and failed as "GET notaurl/api/tags failed"."""
+    if not is_server_url(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL (e.g. {DEFAULT_URL})")
     return text.rstrip("/")
 
