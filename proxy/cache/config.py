@@ -25,7 +25,8 @@ class CacheConfig:
     `"options": {"cache": false}` (Ollama)."""
 
     enabled: bool = setting(True, "the cache as a whole")
-    max_bytes: int = setting(256 * 1024 * 1024, "bound of the in-process LRU, counted as the memory its answers hold", min=0)
+    max_bytes: int = setting(256 * 1024 * 1024, "bound of the in-process LRU, counted as the memory its answers hold",
+                             min=0)
     ttl_s: float = setting(3600.0, "seconds an answer stays valid, in every tier", min=0)
     sqlite_path: str | None = setting(None, "a SQLite file that keeps answers across restarts",
                                       default_doc="none (memory only)")

@@ -37,7 +37,8 @@ async def test_a_stream_logs_its_start_and_its_end_without_the_prompt(client, ca
     await resp.read()
     start, end = lines(caplog)
     # named by the id the response, /velo/requests and the long-request warning give it
-    assert start.startswith(resp.headers["X-Velo-Request-Id"] + " ") and end.startswith(resp.headers["X-Velo-Request-Id"])
+    named = resp.headers["X-Velo-Request-Id"]
+    assert start.startswith(named + " ") and end.startswith(named + " ")
     assert "/api/chat tiny on scripted: answer started after" in start and "(cache skip)" in start
     assert "done (stop) after" in end and "3 tokens" in end
     assert "secret" not in start + end and "Hello" not in end

@@ -12,6 +12,9 @@ from proxy.router import Router, Target
 from tests.scripted import ScriptedBackend
 
 
+ONE_LLAMA = {"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}
+
+
 def _router(**extra) -> tuple[Router, ScriptedBackend, ScriptedBackend]:
     cfg = parse_config({"backends": [{"name": "a", "kind": "ollama", "url": "http://u:1"},
                                      {"name": "b", "kind": "llamacpp", "url": "http://v:1"}], **extra})
@@ -62,7 +65,7 @@ async def test_the_only_backend_takes_unknown_names_unless_it_would_answer_them_
     configured default backend."""
     backend = ScriptedBackend("b", ("qwen-coder",))
     backend.answers_unlisted_names = answers_unlisted  # type: ignore[misc]
-    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}), {"b": backend})
+    router = Router(parse_config(ONE_LLAMA), {"b": backend})
     assert (await router.resolve("qwen-coder")).backend is backend
     if answers_unlisted:
         with pytest.raises(ModelNotFound, match="model 'llama3.2:latest' not found"):
@@ -76,7 +79,7 @@ async def test_the_only_backend_takes_unknown_names_unless_it_would_answer_them_
     async def down():
         raise ConnectionError("down")
     backend.list_models = down  # type: ignore[method-assign]
-    unlisted = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}), {"b": backend})
+    unlisted = Router(parse_config(ONE_LLAMA), {"b": backend})
     assert (await unlisted.resolve("llama3.2:latest")).backend is backend
 
 
@@ -90,7 +93,7 @@ async def test_a_servers_own_name_for_its_model_reaches_it_unlisted():
     async def listing():
         return [listed]
     backend.list_models = listing  # type: ignore[method-assign]
-    router = Router(parse_config({"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}]}), {"b": backend})
+    router = Router(parse_config(ONE_LLAMA), {"b": backend})
     target = await router.resolve("/models/qwen.gguf")
     assert (target.backend, target.model, target.label) == (backend, "qwen-coder", "/models/qwen.gguf")
     assert [m.name for m in await router.list_models()] == ["qwen-coder"]
