@@ -15,20 +15,20 @@ MAX_KEPT_BYTES = 64 * 1024  # a large real tool schema is a few KB
 
 
 class PerSchema(Generic[T]):
-    def __init__(self, make: Callable[[bytes], T], entries: int = 256) -> None:
+    def __init__(self, make: Callable[[Any], T], entries: int = 256) -> None:
         self.make, self.entries = make, entries
         self.kept: OrderedDict[bytes, T] = OrderedDict()
 
     def __call__(self, schema: Any) -> T:
-        """`make` of the schema's canonical JSON (sorted keys), from the kept ones where it is there."""
+        """`make(schema)`, from the kept ones where a schema of the same canonical JSON (sorted keys) was made."""
         raw = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
         if len(raw) > MAX_KEPT_BYTES:
-            return self.make(raw)
+            return self.make(schema)
         key = xxhash.xxh3_128_digest(raw)
         if key in self.kept:
             self.kept.move_to_end(key)
             return self.kept[key]
-        made = self.kept[key] = self.make(raw)  # raising, it keeps nothing
+        made = self.kept[key] = self.make(schema)  # raising, it keeps nothing
         if len(self.kept) > self.entries:
             self.kept.popitem(last=False)
         return made

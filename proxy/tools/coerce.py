@@ -42,9 +42,9 @@ def validation_errors(value: Any, schema: dict) -> list[str]:
     return [_describe(e) for e in validator.iter_errors(value)]
 
 
-def _new_validator(schema_json: bytes) -> Any:
+def _new_validator(schema: dict) -> Any:
     """Building a validator costs more than using it, and clients send the same tools with every request."""
-    return jsonschema_rs.validator_for(orjson.loads(schema_json), retriever=_no_fetch)
+    return jsonschema_rs.validator_for(schema, retriever=_no_fetch)
 
 
 _validator = PerSchema(_new_validator)

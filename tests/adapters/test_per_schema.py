@@ -7,8 +7,8 @@ from adapters.per_schema import MAX_KEPT_BYTES, PerSchema
 
 
 def test_a_schema_is_made_once_and_a_large_one_is_never_kept():
-    made: list[bytes] = []
-    per_schema = PerSchema(lambda raw: made.append(raw) or len(raw), entries=2)
+    made: list[dict] = []
+    per_schema = PerSchema(lambda schema: made.append(schema) or len(made), entries=2)
     small = {"type": "object", "properties": {"a": {"type": "string"}}}
     assert per_schema(small) == per_schema({"properties": {"a": {"type": "string"}}, "type": "object"})
     assert len(made) == 1  # the same schema, its keys in another order
@@ -22,7 +22,7 @@ def test_a_schema_is_made_once_and_a_large_one_is_never_kept():
 
 
 def test_a_failure_keeps_nothing():
-    def refuse(raw: bytes) -> int:
+    def refuse(schema: dict) -> int:
         raise ValueError("no")
     per_schema = PerSchema(refuse)
     with pytest.raises(ValueError):
