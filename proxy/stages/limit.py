@@ -20,7 +20,6 @@ from adapters.protocol import Chunk
 
 from ..auth import key_labels
 from ..job import Job
-from ..keep import fingerprint
 from ..limits import KeyLimits, RateLimited, State
 from ..token_count import estimate
 from .base import Next, Services, Stage
@@ -38,7 +37,7 @@ class Limit(Stage):
         """Keys' buckets and running requests are kept through a reload (their requests in flight end on them);
         changed limits apply to them from now."""
         cfg = self.services.config.limits
-        if not self.fresh and fingerprint(cfg) != fingerprint(self.limits.cfg):
+        if not self.fresh and cfg != self.limits.cfg:
             self.limits.reconfigure(cfg)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
