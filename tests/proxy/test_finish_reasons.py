@@ -48,11 +48,19 @@ async def test_a_withheld_answer_says_so_in_every_dialect_and_is_never_replayed(
         reasons = [answer.choices[0].finish_reason]
     assert reasons == ["content_filter"]
     an = anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0)
-    message = await an.messages.create(model="m", max_tokens=64, messages=HI)
+    if stream:
+        async with an.messages.stream(model="m", max_tokens=64, messages=HI) as events:
+            message = await events.get_final_message()
+        async with oa.responses.stream(model="m", input="Hi", temperature=0) as events:
+            response = await events.get_final_response()
+        done = [part async for part in await ollama.AsyncClient(host=url).chat(
+            model="m", messages=HI, options={"temperature": 0}, stream=True)][-1]
+    else:
+        message = await an.messages.create(model="m", max_tokens=64, messages=HI)
+        response = await oa.responses.create(model="m", input="Hi", temperature=0)
+        done = await ollama.AsyncClient(host=url).chat(model="m", messages=HI, options={"temperature": 0})
     assert message.stop_reason == "refusal"
-    response = await oa.responses.create(model="m", input="Hi", temperature=0)
     assert response.status == "incomplete" and response.incomplete_details.reason == "content_filter"
-    done = await ollama.AsyncClient(host=url).chat(model="m", messages=HI, options={"temperature": 0})
     assert done.done_reason == "stop"
     before = _chats(fake)
     await oa.chat.completions.create(model="m", messages=HI, temperature=0)
