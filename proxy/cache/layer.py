@@ -6,6 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Literal
 
 from adapters.protocol import Chunk
@@ -25,6 +26,36 @@ log = logging.getLogger(__name__)
 class CacheHit:
     kind: Literal["exact", "semantic"]
     chunks: list[Chunk]  # shared with the cache: replay them, do not mutate them
+
+
+@dataclass
+class Asked:
+    """A request as the layer reads it, worked out once: a miss's lookup, skip reason and store share its key (the
+    canonical form and its hash: 108 µs for a 13-turn agent chat, bench/cache_keys.py) and its semantic query, which
+    each of them used to compute again."""
+    req: Request
+    scope: str  # the caller's: entries are never shared between API keys
+    policy: Policy
+    label: str  # the counters' model label
+    encoder: str = ""  # the semantic tier's: a shared tier may hold vectors of other encoders, not comparable
+
+    @cached_property
+    def key(self) -> str:
+        return exact_key(self.req, self.scope)
+
+    @cached_property
+    def skip_reason(self) -> str:
+        """Why it is never answered from the cache, or "" when it may be (X-Velo-Cache-Reason)."""
+        return self.policy.why_not(self.req)
+
+    @cached_property
+    def semantic(self) -> tuple[str, str] | None:
+        """The text to embed and its semantic scope (the exact scope, the earlier turns and the encoder), or None
+        when the request is exact-only."""
+        if (query := semantic_query(self.req)) is None:
+            return None
+        text, context = query
+        return text, digest([self.scope, context, self.encoder])
 
 
 @dataclass
@@ -71,25 +102,22 @@ class CacheLayer:
         base = Policy(self.cfg.enabled, self.cfg.semantic, self.cfg.cache_nondeterministic, self.cfg.ttl_s)
         return base.with_route(self.cfg.routes, model)
 
-    def skip_reason(self, req: Request, model: str | None = None) -> str:
-        """Why `req` is not cacheable, or "" when it is."""
-        return self._policy(model or req.model).why_not(req)
-
-    async def lookup(self, req: Request, scope: str, bypass: bool, model: str | None = None,
-                     label: str | None = None) -> CacheHit | None:
+    def asked(self, req: Request, scope: str, model: str | None = None, label: str | None = None) -> Asked:
         """`model` (the name asked) picks the `[[cache.routes]]` policy; `label` (router.py: bounded) keys the
         counters, which /metrics shows."""
-        policy = self._policy(model or req.model)
-        label = label or model or req.model
-        if bypass or not policy.cacheable(req):
-            self.counters.count("all", label, "bypass" if bypass else "skip")
+        encoder = self.embedder.model.name if self.embedder is not None else ""
+        return Asked(req, scope, self._policy(model or req.model), label or model or req.model, encoder)
+
+    async def lookup(self, asked: Asked, bypass: bool = False) -> CacheHit | None:
+        if bypass or asked.skip_reason:
+            self.counters.count("all", asked.label, "bypass" if bypass else "skip")
             return None
         start = time.perf_counter()
-        hit = await self._lookup_exact(exact_key(req, scope), label)
-        if hit is None and policy.semantic and self.embedder is not None:
-            hit = await self._lookup_semantic(req, scope, label)
+        hit = await self._lookup_exact(asked.key, asked.label)
+        if hit is None and asked.policy.semantic and self.embedder is not None:
+            hit = await self._lookup_semantic(asked)
         kind = hit.kind if hit else "miss"
-        self.counters.count("all", label, "hit" if hit else "miss")
+        self.counters.count("all", asked.label, "hit" if hit else "miss")
         self.counters.observe(kind, time.perf_counter() - start)
         return hit
 
@@ -117,20 +145,10 @@ class CacheLayer:
                 return chunks
         return None
 
-    def _semantic_query(self, req: Request, scope: str) -> tuple[str, str] | None:
-        """The text to embed and its semantic scope: the exact scope, the earlier turns, and the encoder (a shared
-        tier may hold vectors of other encoders, not comparable with this one's)."""
-        query = semantic_query(req)
-        if query is None:
+    async def _lookup_semantic(self, asked: Asked) -> CacheHit | None:
+        if asked.semantic is None:
             return None
-        text, context = query
-        return text, digest([scope, context, self.embedder.model.name])
-
-    async def _lookup_semantic(self, req: Request, scope: str, label: str) -> CacheHit | None:
-        query = self._semantic_query(req, scope)
-        if query is None:
-            return None
-        text, sid = query
+        (text, sid), label = asked.semantic, asked.label
         index = self.indexes.get(sid)
         if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
             self.counters.count("semantic", label, "miss")
@@ -176,21 +194,19 @@ class CacheLayer:
         self.counters.count("pgvector", label, "miss" if payload is None else "hit")
         return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
 
-    async def store(self, req: Request, scope: str, chunks: list[Chunk], model: str | None = None,
-                    label: str | None = None) -> bool:
+    async def store(self, asked: Asked, chunks: list[Chunk]) -> bool:
         """Write a finished answer to every tier. Errors, cancels, cut-off streams and sampled requests are
         refused (False)."""
-        policy = self._policy(model or req.model)
-        label = label or model or req.model  # the counters' key
-        if not policy.cacheable(req) or not complete_stream(chunks):
+        policy, label = asked.policy, asked.label
+        if asked.skip_reason or not complete_stream(chunks):
             self.counters.count("all", label, "skip")
             return False
-        key, payload = exact_key(req, scope), encode_chunks(chunks)
+        key, payload = asked.key, encode_chunks(chunks)
         expires_at = self.clock() + policy.ttl_s
         self.memory.put(key, decode_chunks(payload), held_bytes(key, len(payload)), policy.ttl_s)
         await asyncio.gather(*(self._put(store, key, payload, expires_at, label) for store in self.stores))
         if policy.semantic and self.embedder is not None:
-            await self._store_semantic(req, scope, key, payload, expires_at, label)
+            await self._store_semantic(asked, payload, expires_at)
         self.counters.count("all", label, "store")
         return True
 
@@ -201,12 +217,10 @@ class CacheLayer:
             log.exception("cache tier %s failed on put", store.name)
             self.counters.count(store.name, label, "error")
 
-    async def _store_semantic(self, req: Request, scope: str, key: str, payload: bytes, expires_at: float,
-                              label: str) -> None:
-        query = self._semantic_query(req, scope)
-        if query is None:
+    async def _store_semantic(self, asked: Asked, payload: bytes, expires_at: float) -> None:
+        if asked.semantic is None:
             return
-        text, sid = query
+        (text, sid), label = asked.semantic, asked.label
         embedded = await self._embed(text, label)
         if embedded is None:
             return
@@ -216,7 +230,7 @@ class CacheLayer:
                                                    self.cfg.semantic_max_entries)
         self.indexes.move_to_end(sid)
         before = len(index)
-        index.add(embedded.vector, Entry(key, embedded.reading, expires_at), self.clock())
+        index.add(embedded.vector, Entry(asked.key, embedded.reading, expires_at), self.clock())
         self.semantic_entries += len(index) - before
         self._evict_scopes()
         if self.pg is not None:

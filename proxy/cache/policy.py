@@ -71,12 +71,9 @@ class Policy:
                                 for n in ("enabled", "semantic", "cache_nondeterministic", "ttl_s")))
         return self
 
-    def cacheable(self, req: Request) -> bool:
-        """Greedy or seeded requests only by default: a sampled answer replayed would hide the sampling."""
-        return not self.why_not(req)
-
     def why_not(self, req: Request) -> str:
-        """Why `req` is never answered from the cache, or "" when it may be (X-Velo-Cache-Reason)."""
+        """Why `req` is never answered from the cache, or "" when it may be (X-Velo-Cache-Reason). Greedy or seeded
+        requests only by default: a sampled answer replayed would hide the sampling."""
         if not self.enabled:
             return "the cache is off for this model"
         if not (self.cache_nondeterministic or req.options.deterministic):

@@ -46,14 +46,15 @@ class Cache(Stage):
     async def _cached(self, job: Job, next: Next, layer: CacheLayer) -> AsyncIterator[Chunk]:
         assert job.target is not None
         started = time.perf_counter_ns()
-        keyed = _keyed(job, await self.services.router.model_info(job.target))
-        hit = await layer.lookup(keyed, job.caller.tenant, job.cache_bypass, model=job.model, label=job.target.label)
+        asked = layer.asked(_keyed(job, await self.services.router.model_info(job.target)), job.caller.tenant,
+                            model=job.model, label=job.target.label)
+        hit = await layer.lookup(asked, job.cache_bypass)
         if hit is not None:
             job.outcome.cache = hit.kind
             async for chunk in _replay(hit.chunks, started):
                 yield chunk
             return
-        job.outcome.cache_reason = "" if job.cache_bypass else layer.skip_reason(keyed, job.model)
+        job.outcome.cache_reason = "" if job.cache_bypass else asked.skip_reason
         job.outcome.cache = "bypass" if job.cache_bypass else "skip" if job.outcome.cache_reason else "miss"
         chunks: list[Chunk] = []
         async with contextlib.aclosing(next(job)) as rest:
@@ -62,7 +63,7 @@ class Cache(Stage):
                     chunks.append(chunk)
                 yield chunk
         if job.outcome.cache == "miss":
-            await layer.store(keyed, job.caller.tenant, chunks, model=job.model, label=job.target.label)
+            await layer.store(asked, chunks)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.layer.stats() if self.layer is not None else {}

@@ -19,9 +19,9 @@ def _ask(text: str, system: str = "be brief", **opts) -> ChatRequest:
 async def test_exact_hit_replays_the_chunks_and_counts_it():
     layer = await CacheLayer.create(CacheConfig())
     req = _ask("hi")
-    assert await layer.lookup(req, "alice", bypass=False) is None
-    assert await layer.store(req, "alice", ANSWER)
-    hit = await layer.lookup(req, "alice", bypass=False)
+    assert await layer.lookup(layer.asked(req, "alice")) is None
+    assert await layer.store(layer.asked(req, "alice"), ANSWER)
+    hit = await layer.lookup(layer.asked(req, "alice"))
     assert hit.kind == "exact" and hit.chunks == ANSWER and hit.chunks is not ANSWER
     stats = layer.stats()
     assert stats["events"]["all"]["tiny"] == {"miss": 1, "store": 1, "hit": 1}
@@ -32,18 +32,18 @@ async def test_exact_hit_replays_the_chunks_and_counts_it():
 
 async def test_tenants_never_see_each_others_answers():
     layer = await CacheLayer.create(CacheConfig())
-    await layer.store(_ask("hi"), "alice", ANSWER)
-    assert await layer.lookup(_ask("hi"), "bob", bypass=False) is None
+    await layer.store(layer.asked(_ask("hi"), "alice"), ANSWER)
+    assert await layer.lookup(layer.asked(_ask("hi"), "bob")) is None
     await layer.close()
 
 
 async def test_refused_stores_and_bypass():
     layer = await CacheLayer.create(CacheConfig())
-    assert not await layer.store(_ask("a", temperature=0.8), "t", ANSWER)  # sampled
-    assert not await layer.store(_ask("b"), "t", [Chunk("x"), Chunk(finish_reason="error")])
-    assert not await layer.store(_ask("c"), "t", [Chunk("x")])  # cut off
-    await layer.store(_ask("d"), "t", ANSWER)
-    assert await layer.lookup(_ask("d"), "t", bypass=True) is None
+    assert not await layer.store(layer.asked(_ask("a", temperature=0.8), "t"), ANSWER)  # sampled
+    assert not await layer.store(layer.asked(_ask("b"), "t"), [Chunk("x"), Chunk(finish_reason="error")])
+    assert not await layer.store(layer.asked(_ask("c"), "t"), [Chunk("x")])  # cut off
+    await layer.store(layer.asked(_ask("d"), "t"), ANSWER)
+    assert await layer.lookup(layer.asked(_ask("d"), "t"), bypass=True) is None
     assert layer.stats()["events"]["all"]["tiny"] == {"skip": 3, "store": 1, "bypass": 1}
     await layer.close()
 
@@ -52,14 +52,14 @@ async def test_sqlite_tier_survives_a_restart_and_keeps_the_expiry(tmp_path):
     now = [time.time()]
     cfg = CacheConfig(sqlite_path=str(tmp_path / "cache.db"), ttl_s=60)
     first = await CacheLayer.create(cfg, clock=lambda: now[0])
-    await first.store(_ask("hi"), "t", ANSWER)
+    await first.store(first.asked(_ask("hi"), "t"), ANSWER)
     await first.close()
     second = await CacheLayer.create(cfg, clock=lambda: now[0])
-    hit = await second.lookup(_ask("hi"), "t", bypass=False)
+    hit = await second.lookup(second.asked(_ask("hi"), "t"))
     assert hit.kind == "exact" and hit.chunks == ANSWER
     assert second.stats()["events"]["sqlite"]["tiny"] == {"hit": 1} and second.stats()["bytes"]["sqlite"] > 0
     now[0] += 61  # expired in memory (copied with its stored expiry) and on disk
-    assert await second.lookup(_ask("hi"), "t", bypass=False) is None
+    assert await second.lookup(second.asked(_ask("hi"), "t")) is None
     await second.close()
 
 
@@ -67,7 +67,7 @@ async def test_the_sqlite_tier_is_readable_by_its_owner_alone(tmp_path):
     """Cached answers are conversations: 0600 files in 0700 folders (before: 0644 and 0755)."""
     cfg = CacheConfig(sqlite_path=str(tmp_path / "new" / "folder" / "cache.db"))
     layer = await CacheLayer.create(cfg)
-    await layer.store(_ask("hi"), "t", ANSWER)
+    await layer.store(layer.asked(_ask("hi"), "t"), ANSWER)
     files = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "new" / "folder").iterdir()}
     await layer.close()
     assert files["cache.db"] == 0o600 and all(mode == 0o600 for mode in files.values()), files
@@ -80,18 +80,42 @@ async def test_the_sqlite_tier_is_readable_by_its_owner_alone(tmp_path):
 
 async def test_semantic_hit_on_a_paraphrase_but_not_across_scopes_or_guarded_changes(embedder: Embedder):
     layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
-    await layer.store(_ask("How do I learn Python quickly?"), "t", ANSWER)
-    hit = await layer.lookup(_ask("How can I learn Python fast?"), "t", bypass=False)
+    await layer.store(layer.asked(_ask("How do I learn Python quickly?"), "t"), ANSWER)
+    hit = await layer.lookup(layer.asked(_ask("How can I learn Python fast?"), "t"))
     assert hit is not None and hit.kind == "semantic" and hit.chunks == ANSWER
-    assert await layer.lookup(_ask("How can I learn Python fast?"), "u", bypass=False) is None
-    assert await layer.lookup(_ask("How can I learn Python fast?", system="be verbose"), "t",
-                              bypass=False) is None
-    assert await layer.lookup(_ask("How can I learn Python fast?", max_tokens=9), "t",
-                              bypass=False) is None
-    assert await layer.lookup(_ask("How do I cook rice?"), "t", bypass=False) is None
-    await layer.store(_ask("Is it safe to eat raw eggs?"), "t", ANSWER)
-    assert await layer.lookup(_ask("Is it not safe to eat raw eggs?"), "t", bypass=False) is None
+    assert await layer.lookup(layer.asked(_ask("How can I learn Python fast?"), "u")) is None
+    assert await layer.lookup(layer.asked(_ask("How can I learn Python fast?", system="be verbose"), "t")) is None
+    assert await layer.lookup(layer.asked(_ask("How can I learn Python fast?", max_tokens=9), "t")) is None
+    assert await layer.lookup(layer.asked(_ask("How do I cook rice?"), "t")) is None
+    await layer.store(layer.asked(_ask("Is it safe to eat raw eggs?"), "t"), ANSWER)
+    assert await layer.lookup(layer.asked(_ask("Is it not safe to eat raw eggs?"), "t")) is None
     assert layer.stats()["events"]["semantic"]["tiny"] == {"hit": 1, "miss": 5}
+    await layer.close()
+
+
+async def test_a_miss_works_out_its_key_and_semantic_query_once(embedder: Embedder, monkeypatch):
+    """A miss's lookup, skip reason and store used to compute the canonical form and its hash again each (108 µs a
+    time for an agent's 13-turn chat, bench/cache_keys.py), the semantic tier's query twice more."""
+    from proxy.cache import layer as layer_module
+    calls = {"exact_key": 0, "semantic_query": 0}
+
+    def counted(name):
+        real = getattr(layer_module, name)
+
+        def count(*args):
+            calls[name] += 1
+            return real(*args)
+        return count
+    for name in calls:
+        monkeypatch.setattr(layer_module, name, counted(name))
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    await layer.store(layer.asked(_ask("How do I learn Python quickly?"), "t"), ANSWER)
+    asked = layer.asked(_ask("What is the capital of France?"), "t")
+    calls.update(exact_key=0, semantic_query=0)
+    assert await layer.lookup(asked) is None and asked.skip_reason == ""
+    assert await layer.store(asked, ANSWER)
+    assert calls == {"exact_key": 1, "semantic_query": 1}
+    assert (await layer.lookup(layer.asked(_ask("What is the capital of France?"), "t"))).kind == "exact"
     await layer.close()
 
 
@@ -113,7 +137,7 @@ async def test_embedding_runs_off_the_event_loop(embedder: Embedder, monkeypatch
             ticks += 1
 
     task = asyncio.create_task(ticker())
-    await layer.store(_ask("a question nobody asked before"), "t", ANSWER)
+    await layer.store(layer.asked(_ask("a question nobody asked before"), "t"), ANSWER)
     task.cancel()
     assert ticks >= 15  # the loop kept turning through the 0.3 s encode
     await layer.close()
@@ -131,16 +155,16 @@ LOOK_ALIKES = [  # stored, asked: the embedding scores each pair above 0.95, the
 async def test_semantic_tier_never_serves_an_opposite_a_swap_or_a_moved_negation(embedder: Embedder):
     layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
     for i, (stored, asked) in enumerate(LOOK_ALIKES):
-        await layer.store(_ask(stored), f"t{i}", ANSWER)
-        assert await layer.lookup(_ask(asked), f"t{i}", bypass=False) is None, asked
-    assert (await layer.lookup(_ask("How can I increase my metabolism?"), "t1", bypass=False)).kind == "semantic"
+        await layer.store(layer.asked(_ask(stored), f"t{i}"), ANSWER)
+        assert await layer.lookup(layer.asked(_ask(asked), f"t{i}")) is None, asked
+    assert (await layer.lookup(layer.asked(_ask("How can I increase my metabolism?"), "t1"))).kind == "semantic"
     await layer.close()
 
 
 async def test_semantic_scopes_are_bounded(embedder: Embedder):
     layer = await CacheLayer.create(CacheConfig(semantic=True, semantic_max_entries=3), embedder=embedder)
     for system in ["a", "b", "c", "d"]:
-        await layer.store(_ask("How do I learn Python quickly?", system=system), "t", ANSWER)
+        await layer.store(layer.asked(_ask("How do I learn Python quickly?", system=system), "t"), ANSWER)
     assert layer.stats()["bytes"]["semantic_entries"] == 3 and len(layer.indexes) == 3
     await layer.close()
 
@@ -172,11 +196,12 @@ async def test_a_failing_embedding_model_costs_a_miss_not_the_request(embedder: 
         raise RuntimeError("model gone")
 
     layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=Embedder(embedder.model, embedder.dim))
-    await layer.store(_ask("How do I learn Python quickly?"), "t", ANSWER)
+    await layer.store(layer.asked(_ask("How do I learn Python quickly?"), "t"), ANSWER)
     monkeypatch.setattr(layer.embedder, "encode", broken)
-    assert await layer.lookup(_ask("How can I learn Python fast?"), "t", bypass=False) is None
-    assert await layer.store(_ask("a fresh question about failures"), "t", ANSWER)  # the exact tiers still take it
-    assert (await layer.lookup(_ask("a fresh question about failures"), "t", bypass=False)).kind == "exact"
+    assert await layer.lookup(layer.asked(_ask("How can I learn Python fast?"), "t")) is None
+    fresh = layer.asked(_ask("a fresh question about failures"), "t")
+    assert await layer.store(fresh, ANSWER)  # the exact tiers still take it
+    assert (await layer.lookup(layer.asked(_ask("a fresh question about failures"), "t"))).kind == "exact"
     assert layer.stats()["events"]["semantic"]["tiny"] == {"error": 2}
     await layer.close()
 
@@ -186,11 +211,10 @@ async def test_a_turn_longer_than_the_encoders_window_is_left_to_the_exact_tier(
     (its end cut, unseen), and the second was served the first one's answer."""
     page = " ".join(f"The harbour town of Vell{i} trades salt, wool and amber with its neighbours." for i in range(30))
     layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
-    await layer.store(_ask(page + "\nGive a short summary of the text above."), "t", ANSWER)
-    assert await layer.lookup(_ask(page + "\nList every spelling mistake in the text above."), "t",
-                              bypass=False) is None
-    assert (await layer.lookup(_ask(page + "\nGive a short summary of the text above."), "t",
-                               bypass=False)).kind == "exact"
+    await layer.store(layer.asked(_ask(page + "\nGive a short summary of the text above."), "t"), ANSWER)
+    assert await layer.lookup(layer.asked(_ask(page + "\nList every spelling mistake in the text above."), "t")) is None
+    summary = layer.asked(_ask(page + "\nGive a short summary of the text above."), "t")
+    assert (await layer.lookup(summary)).kind == "exact"
     assert layer.stats()["events"]["semantic"]["tiny"] == {"skip": 1, "miss": 1}  # stored in no index: no lookup
     short = "How do I learn Python quickly?"
     assert embedder.model.reads_whole(short) and embedder.model.reads_whole("word " * 250)
@@ -223,7 +247,7 @@ async def test_the_memory_tier_holds_no_more_than_its_max_bytes():
         before = tracemalloc.get_traced_memory()[0]
         for n in range(300):
             answer = [Chunk(f" word{i}") for i in range(200)] + [Chunk(finish_reason="stop", usage=Usage(3, 200))]
-            assert await layer.store(_ask(f"question {n}"), "t", answer)
+            assert await layer.store(layer.asked(_ask(f"question {n}"), "t"), answer)
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

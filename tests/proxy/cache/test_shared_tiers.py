@@ -18,11 +18,11 @@ async def test_redis_shares_exact_answers_between_processes(redis_url: str):
     a = await CacheLayer.create(CacheConfig(redis_url=redis_url))
     b = await CacheLayer.create(CacheConfig(redis_url=redis_url))
     question = f"hi {uuid.uuid4()}"
-    await a.store(_ask(question), "t", ANSWER)
-    hit = await b.lookup(_ask(question), "t", bypass=False)
+    await a.store(a.asked(_ask(question), "t"), ANSWER)
+    hit = await b.lookup(b.asked(_ask(question), "t"))
     assert hit.kind == "exact" and hit.chunks == ANSWER
     assert b.stats()["events"]["redis"]["tiny"] == {"hit": 1}
-    assert await b.lookup(_ask(question), "other", bypass=False) is None
+    assert await b.lookup(b.asked(_ask(question), "other")) is None
     await a.close()
     await b.close()
 
@@ -32,17 +32,17 @@ async def test_pgvector_shares_semantic_answers_between_processes(pg_dsn: str, e
     a = await CacheLayer.create(cfg, embedder=embedder)
     b = await CacheLayer.create(cfg, embedder=embedder)
     tenant = str(uuid.uuid4())
-    await a.store(_ask("How do I learn Python quickly?"), tenant, ANSWER)
-    hit = await b.lookup(_ask("How can I learn Python fast?"), tenant, bypass=False)
+    await a.store(a.asked(_ask("How do I learn Python quickly?"), tenant), ANSWER)
+    hit = await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))
     assert hit is not None and hit.kind == "semantic" and hit.chunks == ANSWER
     assert b.stats()["events"]["pgvector"]["tiny"] == {"hit": 1}
-    assert await b.lookup(_ask("How can I learn Python fast?"), "other", bypass=False) is None
-    await a.store(_ask("Is it safe to eat raw eggs?"), tenant, ANSWER)
-    assert await b.lookup(_ask("Is it not safe to eat raw eggs?"), tenant, bypass=False) is None
-    await a.store(_ask("How do I convert rows to columns in Excel?"), tenant, ANSWER)  # verified as locally
-    assert await b.lookup(_ask("How do I convert columns to rows in Excel?"), tenant, bypass=False) is None
-    await a.store(_ask("How do I increase my metabolism?"), tenant, ANSWER)
-    assert await b.lookup(_ask("How do I decrease my metabolism?"), tenant, bypass=False) is None
+    assert await b.lookup(b.asked(_ask("How can I learn Python fast?"), "other")) is None
+    await a.store(a.asked(_ask("Is it safe to eat raw eggs?"), tenant), ANSWER)
+    assert await b.lookup(b.asked(_ask("Is it not safe to eat raw eggs?"), tenant)) is None
+    await a.store(a.asked(_ask("How do I convert rows to columns in Excel?"), tenant), ANSWER)  # verified as locally
+    assert await b.lookup(b.asked(_ask("How do I convert columns to rows in Excel?"), tenant)) is None
+    await a.store(a.asked(_ask("How do I increase my metabolism?"), tenant), ANSWER)
+    assert await b.lookup(b.asked(_ask("How do I decrease my metabolism?"), tenant)) is None
     await a.close()
     await b.close()
 
@@ -54,9 +54,9 @@ async def test_pgvector_never_compares_vectors_of_different_encoders(pg_dsn: str
     cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
     a, same, different = [await CacheLayer.create(cfg, embedder=e) for e in (embedder, embedder, other)]
     tenant = str(uuid.uuid4())
-    await a.store(_ask("How do I learn Python quickly?"), tenant, ANSWER)
-    assert await different.lookup(_ask("How can I learn Python fast?"), tenant, bypass=False) is None
-    assert (await same.lookup(_ask("How can I learn Python fast?"), tenant, bypass=False)).kind == "semantic"
+    await a.store(a.asked(_ask("How do I learn Python quickly?"), tenant), ANSWER)
+    assert await different.lookup(different.asked(_ask("How can I learn Python fast?"), tenant)) is None
+    assert (await same.lookup(same.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
     for layer in (a, same, different):
         await layer.close()
     await other.close()

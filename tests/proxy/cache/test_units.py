@@ -64,12 +64,12 @@ def test_only_whole_successful_streams_are_complete():
 
 def test_policy_is_deterministic_only_unless_a_route_says_otherwise():
     base = Policy(enabled=True, semantic=False, cache_nondeterministic=False, ttl_s=60)
-    assert base.cacheable(_chat(temperature=0)) and base.cacheable(_chat(temperature=0.7, seed=1))
-    assert not base.cacheable(_chat(temperature=0.7)) and not base.cacheable(_chat())
+    assert not base.why_not(_chat(temperature=0)) and not base.why_not(_chat(temperature=0.7, seed=1))
+    assert base.why_not(_chat(temperature=0.7)).startswith("sampled") and base.why_not(_chat())
     routes = [RoutePolicy("embed-*", enabled=False), RoutePolicy("qwen*", cache_nondeterministic=True, ttl_s=5)]
-    assert not base.with_route(routes, "embed-small").cacheable(_chat(temperature=0))
+    assert base.with_route(routes, "embed-small").why_not(_chat(temperature=0)) == "the cache is off for this model"
     qwen = base.with_route(routes, "qwen2.5:7b")
-    assert qwen.cacheable(_chat(temperature=0.7)) and qwen.ttl_s == 5 and not qwen.semantic
+    assert not qwen.why_not(_chat(temperature=0.7)) and qwen.ttl_s == 5 and not qwen.semantic
 
 
 def test_lru_is_bounded_by_bytes_and_evicts_least_recently_used():
