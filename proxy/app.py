@@ -1,7 +1,7 @@
 """The aiohttp app factory: routes registered in one place, state in AppKeys, the configuration in force as a
 `Generation` each request is pinned to (proxy/generation.py), reloaded from `config_path` when it changes
-(proxy/reload.py); middlewares: the browser guard, errors in the client's dialect, the declared body size, the pin,
-authentication, the list of requests in flight."""
+(proxy/reload.py); middlewares: the count of requests that reach no model, the browser guard, errors in the client's
+dialect, the declared body size, the pin, authentication, the list of requests in flight."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +20,7 @@ from .config import Config
 from .errors import errors_in_dialect
 from .generation import Generation, Generations
 from .http_io import json_response
-from .inflight import is_listed, request_id
+from .inflight import RUNNING, is_listed, request_id
 from .keep import Keep
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, new_registry, render
 from .reload import Reloader
@@ -59,6 +59,24 @@ async def pin(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 @web.middleware
+async def count_unobserved(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Counts in `velo_requests` the API requests the pipeline's observe stage never saw, under the route asked and no
+    model or backend: those refused at the edge (401, 403, 413, a body that does not parse, an unknown model or
+    route) and the listings. Without them a storm of 401s from a client with a stale key showed nowhere."""
+    status = "499"  # the client left (errors in its dialect answer everything else)
+    try:
+        response = await handler(request)
+        status = str(response.status)
+        return response
+    finally:
+        running = request.get(RUNNING)
+        if is_listed(request.path) and not request.path.startswith("/ui") and not (running and running.jobs):
+            resource = request.match_info.route.resource
+            endpoint = resource.canonical if resource is not None else "other"  # bounded: a scanner's paths are not
+            request.app[GENERATIONS].current.pipeline.request_metrics.count(endpoint, status)
+
+
+@web.middleware
 async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Lists the request among those in flight (proxy/inflight.py), one list for every configuration."""
     return await request[PIPELINE].inflight.track(request, handler)
@@ -87,7 +105,7 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     generations = Generations(Generation.build(1, config, keep, backends))
     browser_guard, add_cors_headers = guard(OriginPolicy.for_server(config.server.host, config.server.origins))
     app = web.Application(client_max_size=config.server.max_body_bytes,
-                          middlewares=[browser_guard, errors_in_dialect, refuse_oversized, pin,
+                          middlewares=[count_unobserved, browser_guard, errors_in_dialect, refuse_oversized, pin,
                                        authenticate(lambda r: r[GENERATION].config.server), track])
     app.on_response_prepare.append(add_cors_headers)
     app.on_response_prepare.append(_request_id)

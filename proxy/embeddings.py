@@ -44,7 +44,8 @@ class Embeddings:
         target = await self.services.router.resolve(req.model)
         batcher = self.batchers.get(target.backend.name)
         prompt = sum(len(text) for text in req.inputs) // CHARS_PER_TOKEN
-        with self.metrics.observe(caller.path, target.label, target.backend.name):
+        with self.metrics.observe(caller.path, target.label, target.backend.name) as seen:
+            self.services.inflight.watch(caller.request_id, req.model, target.backend.name, seen)
             with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt):
                 req = replace(req, model=target.model)
                 with self.residency.use(target, req.keep_alive):

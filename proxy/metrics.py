@@ -100,6 +100,10 @@ class RequestMetrics:
             obs.status = status
             self._record(obs, status, endpoint, model, backend)
 
+    def count(self, endpoint: str, status: str) -> None:
+        """A request that reached no model (refused at the edge, a listing): counted, not timed."""
+        self.requests.labels(endpoint, "", "", status).inc()
+
     def _record(self, obs: Observation, status: str, endpoint: str, model: str, backend: str) -> None:
         now = time.perf_counter()
         ttft = None if obs.first is None else obs.first - obs.started

@@ -49,7 +49,8 @@ class Pipeline:
         self.stages = [cls(self.services) for cls in STAGES]
         self.residency = self.stage(KeepLoaded).residency
         self.limit = self.stage(Limit)
-        self.embeddings = Embeddings(self.services, self.stage(Observe).metrics, self.residency, self.limit,
+        self.request_metrics = self.stage(Observe).metrics
+        self.embeddings = Embeddings(self.services, self.request_metrics, self.residency, self.limit,
                                      self.stage(Admit))
         call = functools.partial(self.stages[-1], next=None)
         for stage in reversed(self.stages[:-1]):

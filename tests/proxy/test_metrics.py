@@ -57,6 +57,32 @@ async def test_requests_latency_ttft_tokens_and_live_state_are_exported():
     assert ("velo_coalesced_total", ()) in found
 
 
+async def test_requests_that_reach_no_model_are_counted_once_under_their_route():
+    """401s, bodies too large or unparseable, unknown routes used to be in no series: a client with a stale key showed
+    nowhere. They count under the route asked (an unknown path as "other") with no model; a request the observe stage
+    saw is not counted again."""
+    config = parse_config({"server": {"api_keys": ["k1"], "max_body_bytes": 4096}})
+    key = {"Authorization": "Bearer k1"}
+    async with TestClient(TestServer(make_app(config, {"s": ScriptedBackend("s")}))) as c:
+        assert (await c.post("/api/chat", json=CHAT)).status == 401
+        assert (await c.post("/v1/chat/completions", data=b"{", headers=key)).status == 400
+        assert (await c.post("/api/chat", data=b" " * 5000, headers=key)).status == 413
+        assert (await c.get("/v1/no/such/route", headers=key)).status == 404
+        assert (await c.get("/api/tags", headers=key)).status == 200
+        assert (await c.post("/api/chat", json={**CHAT, "stream": False}, headers=key)).status == 200
+        assert (await c.post("/api/embed", json={"model": "tiny", "input": "x"}, headers=key)).status == 200
+        found = await scrape(c)
+    edge = {"model": "", "backend": ""}
+    assert value(found, "velo_requests_total", endpoint="/api/chat", **edge, status="401") == 1
+    assert value(found, "velo_requests_total", endpoint="/v1/chat/completions", **edge, status="400") == 1
+    assert value(found, "velo_requests_total", endpoint="/api/chat", **edge, status="413") == 1
+    assert value(found, "velo_requests_total", endpoint="other", **edge, status="404") == 1
+    assert value(found, "velo_requests_total", endpoint="/api/tags", **edge, status="200") == 1
+    assert value(found, "velo_requests_total", endpoint="/api/chat", model="tiny", backend="s", status="200") == 1
+    assert value(found, "velo_requests_total", endpoint="/api/embed", model="tiny", backend="s", status="200") == 1
+    assert sum(v for (name, _), v in found.items() if name == "velo_requests_total") == 7
+
+
 async def test_each_app_has_its_own_registry():
     apps = [make_app(Config(), {"s": ScriptedBackend("s")}) for _ in range(2)]
     async with TestClient(TestServer(apps[0])) as a, TestClient(TestServer(apps[1])) as b:
