@@ -350,7 +350,9 @@ class EngineBackend(Backend):
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)  # a bad schema is a 400 before any model loads
         engine, load_ns = await self._waited(model)
-        prompt, ids, params = _prepared(engine, render, options, grammar, context, fills_middle)
+        # off the event loop, as count_tokens: a 30k-token chat took 5 ms to render and 43 ms to tokenize
+        prompt, ids, params = await asyncio.to_thread(_prepared, engine, render, options, grammar, context,
+                                                      fills_middle)
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
         start, first, made, text = time.perf_counter_ns(), 0, [], []

@@ -1,8 +1,8 @@
 """The engine loop: scheduler -> model runner -> sampler -> postprocess, in one background thread.
 
-Callers on any thread use `add_request` / `abort` / `embed` (they only post to an inbox); asyncio callers use
-`generate`, which the loop feeds through `loop.call_soon_threadsafe`. Only the loop thread touches the
-scheduler, the block manager and the KV cache, so none of them needs a lock.
+Callers on any thread use `add_request` / `abort` / `embed` (they only post to an inbox, `add_request` after compiling
+the request's grammar); asyncio callers use `generate`, which the loop feeds through `loop.call_soon_threadsafe`.
+Only the loop thread touches the scheduler, the block manager and the KV cache, so none of them needs a lock.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.speculator = Speculator(config.speculative, draft) if config.speculative else None
         self._constrainer: Constrainer | None = None  # built on the first request with a grammar
+        self._constrainer_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stats = {"steps": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0,
@@ -94,7 +95,9 @@ class LLMEngine:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
         matcher = None
         if params.grammar is not None:  # an invalid schema fails here, in the caller's thread
-            self._constrainer = self._constrainer or Constrainer(self.tokenizer, self.runner.model.cfg.vocab_size)
+            with self._constrainer_lock:  # one view of the tokenizer, whichever thread asks first
+                if self._constrainer is None:
+                    self._constrainer = Constrainer(self.tokenizer, self.runner.model.cfg.vocab_size)
             matcher = self._constrainer.matcher(params.grammar)
         seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops),
                        request=RequestState(params, self.tokenizer, sink, matcher), cache_scope=cache_scope)
@@ -107,11 +110,24 @@ class LLMEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        cache_scope: str = "") -> AsyncIterator[RequestOutput]:
-        """Stream RequestOutputs; leaving the loop early (break, cancel, close) aborts the request."""
+        """Stream RequestOutputs; leaving the loop early (break, cancel, close) aborts the request. A request with a
+        grammar is added from a worker thread: the first builds llguidance's view of the tokenizer (~0.3 s), and
+        each compiles its grammar, which the caller's event loop, serving everyone else, should not wait on."""
         import asyncio
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
-        request_id = self.add_request(prompt_ids, params,
-                                      lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out), cache_scope)
+        args = (prompt_ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out), cache_scope)
+        if params.grammar is None:
+            request_id = self.add_request(*args)
+        else:
+            adding = loop.run_in_executor(None, self.add_request, *args)
+            try:
+                request_id = await asyncio.shield(adding)
+            except asyncio.CancelledError:  # the caller left while it was being added: abort it once it is
+                def abort_added(f: asyncio.Future) -> None:
+                    if not f.cancelled() and f.exception() is None:
+                        self.abort(f.result())
+                adding.add_done_callback(abort_added)
+                raise
         done = False
         try:
             while not done:

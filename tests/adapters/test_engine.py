@@ -206,6 +206,56 @@ async def test_generation_does_not_block_the_event_loop(backend):
     assert len(gaps) > 5 and max(gaps) < 0.25
 
 
+def _slowed(monkeypatch, seconds: float) -> None:
+    """The work a generation does before the engine takes it, made slow: the prompt's rendering, and the first
+    constrained request's view of the tokenizer (~0.3 s for a real vocabulary)."""
+    import adapters.engine as adapter
+    import engine.engine as engine_loop
+    render = adapter.chat_template.render
+
+    class SlowConstrainer(engine_loop.Constrainer):
+        def __init__(self, *args) -> None:
+            time.sleep(seconds)
+            super().__init__(*args)
+    monkeypatch.setattr(adapter.chat_template, "render", lambda *a: (time.sleep(seconds), render(*a))[1])
+    monkeypatch.setattr(engine_loop, "Constrainer", SlowConstrainer)
+
+
+async def test_a_prompt_is_rendered_and_its_grammar_built_off_the_event_loop(backend, monkeypatch):
+    """A 30k-token chat took 48 ms to render and tokenize, and the first constrained request 0.3 s to build
+    llguidance's view of the tokenizer: on the event loop, every other request waited."""
+    _slowed(monkeypatch, 0.3)
+    gaps, done = [], asyncio.Event()
+
+    async def tick():
+        last = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)  # ticking
+    answer = aggregate(await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")],
+                                                              format="json", options=SamplingOptions(seed=1)))))
+    done.set()
+    await ticker
+    assert answer.finish_reason in ("stop", "length") and max(gaps) < 0.2
+
+
+async def test_a_request_that_leaves_while_its_grammar_is_built_is_aborted(backend, monkeypatch):
+    _slowed(monkeypatch, 0.3)
+    long = {"type": "object", "required": ["s"], "properties": {"s": {"type": "string", "minLength": 300}}}
+    before = backend.engine.metrics()["generated_tokens"]
+    task = asyncio.create_task(collect(backend.chat(ChatRequest(
+        model=NAME, messages=[Message("user", "x")], format=long, options=SamplingOptions(seed=1, max_tokens=400)))))
+    await asyncio.sleep(0.45)  # rendered; the grammar is being built
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0.5)  # built and added by now, then aborted: a step or two at most
+    metrics = backend.engine.metrics()
+    assert metrics["running"] == 0 and metrics["generated_tokens"] - before < 20
+
+
 async def test_an_empty_prompt_starts_a_new_document(backend):
     """OpenAI's completions take an empty prompt ("as if from the beginning of a new document"); it was a
     context_length_exceeded of 0 tokens."""
