@@ -42,7 +42,8 @@ class CacheConfig:
     semantic_threshold: float = setting(DEFAULT_SEMANTIC_THRESHOLD, "cosine similarity at or above which a "
                                         "semantic match is a hit (bench/semantic_quality.py chose the default)")
     hnsw_above: int = setting(2048, "a scope's index switches from exact (flat) to HNSW search past this many "
-                              "entries", min=1)
+                              "entries: the graph is built in the background, and entries that came since are "
+                              "searched flat until the next one", min=1)
     semantic_max_entries: int = setting(100_000, "semantic entries kept in all scopes together; past it the least "
                                         "recently used scopes go", min=1)
     pg_dsn: str | None = setting(None, "a PostgreSQL with pgvector shared by several Velo processes, which then "

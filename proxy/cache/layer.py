@@ -5,6 +5,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
@@ -68,6 +69,8 @@ class CacheLayer:
     clock: Callable[[], float] = time.time
     owns_embedder: bool = False  # an embedder passed in is shared with others and closed by its owner
     indexes: OrderedDict[str, ScopeIndex] = field(default_factory=OrderedDict)  # least recently used first
+    graphs: ThreadPoolExecutor | None = None  # builds the scopes' HNSW graphs, one at a time (2 shared cores)
+    building: set[asyncio.Task] = field(default_factory=set)
     semantic_entries: int = 0
     counters: CacheStats = field(default_factory=CacheStats)
 
@@ -85,12 +88,18 @@ class CacheLayer:
         if cfg.semantic or any(r.semantic for r in cfg.routes):
             layer.owns_embedder = embedder is None
             layer.embedder = embedder or await Embedder.load(cfg.embed_model_path, cfg.embed_precision)
+            layer.graphs = ThreadPoolExecutor(1, "velo-cache-graph")
             if cfg.pg_dsn:
                 from .pgvector_store import PgVectorStore
                 layer.pg = await PgVectorStore.open(cfg.pg_dsn, layer.embedder.dim)
         return layer
 
     async def close(self) -> None:
+        for task in self.building:
+            task.cancel()
+        await asyncio.gather(*self.building, return_exceptions=True)
+        if self.graphs is not None:
+            self.graphs.shutdown(wait=False, cancel_futures=True)  # a graph half built is of no use
         for store in self.stores:
             await store.close()
         if self.pg is not None:
@@ -232,6 +241,10 @@ class CacheLayer:
         before = len(index)
         index.add(embedded.vector, Entry(asked.key, embedded.reading, expires_at), self.clock())
         self.semantic_entries += len(index) - before
+        if index.wants_graph and self.graphs is not None:
+            task = asyncio.create_task(self._build_graph(index, self.graphs))
+            self.building.add(task)
+            task.add_done_callback(self.building.discard)
         self._evict_scopes()
         if self.pg is not None:
             try:
@@ -239,6 +252,14 @@ class CacheLayer:
             except Exception:
                 log.exception("cache tier pgvector failed on add")
                 self.counters.count("pgvector", label, "error")
+
+    @staticmethod
+    async def _build_graph(index: ScopeIndex, graphs: ThreadPoolExecutor) -> None:
+        """In the background: lookups go on searching the scope meanwhile."""
+        try:
+            await index.build_graph(graphs)
+        except Exception:  # faiss out of memory, say: the scope stays searched flat
+            log.exception("cache: building a semantic scope's HNSW graph failed")
 
     def _evict_scopes(self) -> None:
         """Conversations come and go: past `semantic_max_entries` in all, the least recently used scopes go."""

@@ -119,6 +119,18 @@ async def test_a_miss_works_out_its_key_and_semantic_query_once(embedder: Embedd
     await layer.close()
 
 
+async def test_a_scope_past_hnsw_above_gets_its_graph_in_the_background(embedder: Embedder):
+    layer = await CacheLayer.create(CacheConfig(semantic=True, hnsw_above=2), embedder=embedder)
+    for question in ("How do I learn Python quickly?", "What is the capital of France?", "How do I cook rice?"):
+        await layer.store(layer.asked(_ask(question), "t"), ANSWER)
+    assert layer.building  # started by the third store, not awaited by it
+    await asyncio.gather(*layer.building)
+    (index,) = layer.indexes.values()
+    assert index.is_hnsw and index.graphed == 3
+    assert (await layer.lookup(layer.asked(_ask("How can I learn Python fast?"), "t"))).kind == "semantic"
+    await layer.close()
+
+
 async def test_embedding_runs_off_the_event_loop(embedder: Embedder, monkeypatch):
     slow_encode = embedder.encode
 

@@ -108,25 +108,70 @@ def test_codec_reads_alternatives_as_entries_before_raw_bytes_were_kept():
     assert decode_chunks(old)[0].logprobs == [TokenLogprob("Hel", -0.1, [TokenLogprob("He", -2.0)])]
 
 
-def test_scope_index_switches_to_hnsw_and_compacts_when_full():
+def _unit_vectors(n: int, seed: int = 0):
     import numpy as np
+    vectors = np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+async def test_scope_index_switches_to_hnsw_and_compacts_when_full():
+    from concurrent.futures import ThreadPoolExecutor
 
     from proxy.cache.semantic import Embedded, Entry, ScopeIndex
     from proxy.cache.verifier import read
 
-    rng = np.random.default_rng(0)
-    vectors = rng.normal(size=(12, 16)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = _unit_vectors(12)
     index = ScopeIndex(dim=16, hnsw_above=4, max_entries=10)
     for i, v in enumerate(vectors[:10]):
         index.add(v, Entry(f"k{i}", read("q"), expires_at=100.0 if i < 3 else 200.0), now=0.0)
-    assert index.is_hnsw and len(index) == 10
+        if index.wants_graph:
+            with ThreadPoolExecutor(1) as graphs:
+                await index.build_graph(graphs)
+        if i == 6:  # 5 in the graph, 2 searched flat: both are searched
+            assert [e.key for e in index.search(Embedded(vectors[2], read("q")), 0.99, now=0.0)] == ["k2"]
+            assert [e.key for e in index.search(Embedded(vectors[6], read("q")), 0.99, now=0.0)] == ["k6"]
+    assert index.is_hnsw and len(index) == 10 and index.graphed == 10  # built at the 5th, again at the 10th
     assert [e.key for e in index.search(Embedded(vectors[7], read("q")), 0.99, now=0.0)] == ["k7"]
     assert index.search(Embedded(vectors[7], read("q")), 0.99, now=300.0) == []  # expired
     index.add(vectors[10], Entry("k10", read("q"), 200.0), now=150.0)  # full: the 3 expired go first
     q10 = Embedded(vectors[10], read("q"))
     assert len(index) == 8 and [e.key for e in index.search(q10, 0.99, now=150.0)] == ["k10"]
     assert index.search(Embedded(vectors[0], read("q")), 0.99, now=150.0) == []
+    assert not index.is_hnsw and index.wants_graph  # searched flat until the next graph
+
+
+async def test_a_scopes_graph_is_built_off_the_event_loop_while_searches_go_on(monkeypatch):
+    """Built on the event loop, a graph of 2,049 vectors stalled every request for 0.2 s, and the rebuild after a
+    compaction (50,000 vectors) for 22 s."""
+    import asyncio
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from proxy.cache import semantic
+    from proxy.cache.semantic import Embedded, Entry, ScopeIndex
+    from proxy.cache.verifier import read
+
+    build = semantic._hnsw
+    monkeypatch.setattr(semantic, "_hnsw", lambda *a: (time.sleep(0.3), build(*a))[1])
+    vectors = _unit_vectors(8, seed=1)
+    index = ScopeIndex(dim=16, hnsw_above=4, max_entries=100)
+    for i, v in enumerate(vectors[:6]):
+        index.add(v, Entry(f"k{i}", read("q"), 200.0), now=0.0)
+    gaps, last = [], time.monotonic()
+    with ThreadPoolExecutor(1) as graphs:
+        building = asyncio.create_task(index.build_graph(graphs))
+        while not building.done():
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+            if len(gaps) == 5:  # meanwhile: searched flat, and a new entry comes
+                assert index.building and not index.is_hnsw and not index.wants_graph
+                assert [e.key for e in index.search(Embedded(vectors[3], read("q")), 0.99, 0.0)] == ["k3"]
+                index.add(vectors[6], Entry("k6", read("q"), 200.0), now=0.0)
+    assert max(gaps) < 0.2 and len(gaps) > 10
+    assert index.is_hnsw and index.graphed == 6  # what it held when the build began; k6 is searched flat
+    for i in (3, 6):
+        assert [e.key for e in index.search(Embedded(vectors[i], read("q")), 0.99, 0.0)] == [f"k{i}"]
 
 
 def test_an_empty_schema_is_a_format_not_its_absence():
