@@ -27,9 +27,11 @@ from .ollama import parse_tools, parse_top_logprobs
 
 def parse_options(body: dict[str, Any]) -> SamplingOptions:
     opts = options.read("openai", body)
-    opts.max_tokens = get(body, "max_completion_tokens", int) or opts.max_tokens
+    if (completion := get(body, "max_completion_tokens", int)) is not None:  # 0 fell back to max_tokens
+        opts.max_tokens = completion
     if opts.max_tokens is not None and opts.max_tokens < 1:
-        raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+        name = "max_completion_tokens" if completion is not None else "max_tokens"
+        raise BadRequest(f"{name} must be at least 1", param=name)
     top_logprobs = get(body, "top_logprobs", int)
     logprobs = body.get("logprobs")
     if isinstance(logprobs, int) and not isinstance(logprobs, bool):  # /v1/completions: logprobs is a count

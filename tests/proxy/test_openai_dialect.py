@@ -304,6 +304,9 @@ async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens",
      "max_tokens"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 99}, "n must be", "n"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "at least 1", "max_tokens"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0, "max_tokens": 9},
+     "at least 1", "max_completion_tokens"),  # it fell back to max_tokens
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
      "response_format", "response_format"),
     ({"model": "tiny", "messages": [{"role": "assistant", "tool_calls": [
