@@ -4,11 +4,9 @@ PyPI), served through the same Backend contract as the HTTP adapters.
 The engine runs its loop on its own thread; this adapter only renders prompts, tokenizes, and turns the
 engine's RequestOutputs into Chunks. Closing a stream early aborts the engine request.
 
-Options (`[backends.options]`): `model` (a .gguf file or Hugging Face folder), `name` (the name it is
-served under), and any EngineConfig field: `device`, `dtype`, `kv_memory`, `block_size`, `max_num_seqs`,
-`max_step_tokens`, `prefill_chunk`, `enable_prefix_cache`, `seed`, `progress`, `num_threads`, `int4_weights`,
-`kv_dtype`, `compile`, and `speculative` (a table of SpeculativeConfig fields, e.g. `{ method = "ngram",
-num_tokens = 4 }` or `{ method = "draft", draft_model = "small.gguf", draft_vocab = 32768 }`).
+Options (`[backends.options]`): ModelChoice's (`model`, `name`, `keep_alive`, below) and any EngineConfig field
+(engine/config.py; `speculative` is a table of SpeculativeConfig fields, e.g. `{ method = "ngram", num_tokens = 4 }`);
+config.example.toml lists them all with their defaults.
 
 Ollama `format`, OpenAI `response_format` and tools become an output grammar (engine.constrained): the
 engine masks every step so the answer parses and matches the schema; a forced or chosen tool call comes

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 
 class VeloError(Exception):
-    """Base error: `status` is the HTTP status the client sees, `kind` the OpenAI error `type`, `code` OpenAI's
-    machine-readable `code` (a string clients test, such as "context_length_exceeded", or None)."""
+    """Base error: `status` is the HTTP status the client sees, `kind` the error `type` the OpenAI dialects send (a
+    404's is worded as OpenAI's `invalid_request_error` there, dialects/openai.py; Anthropic's type follows the status,
+    dialects/anthropic.py), `code` OpenAI's machine-readable `code` (a string clients test, such as
+    "context_length_exceeded", or None)."""
 
     status = 500
     kind = "server_error"

@@ -39,9 +39,6 @@ class Keep:
     def lease(self) -> "Lease":
         return Lease(self)
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._held
-
 
 class Lease:
     """One generation's hold on kept things, given back all at once when the generation closes."""

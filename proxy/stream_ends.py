@@ -19,14 +19,11 @@ def has_payload(chunk: Chunk) -> bool:
 
 async def as_streamed(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
     """`stream` with its finishing chunk split in two (payload, then a bare finish), several tool calls one a chunk
-    (the first with the text), and empty chunks dropped (heartbeats kept). A turn that sent tool calls ends with
+    (the first with the text), and empty chunks dropped. A turn that sent tool calls ends with
     "tool_calls" when the backend said only "stop"."""
     called = False
     try:
         async for chunk in stream:
-            if chunk.heartbeat:
-                yield chunk
-                continue
             called |= bool(chunk.tool_calls)
             if has_payload(chunk):
                 plain = chunk.finish_reason is None and chunk.usage is None and chunk.context is None

@@ -35,12 +35,9 @@ class _Flight:
 
 @dataclass
 class Coalescer:
-    """`stream(key, factory)` runs `factory()` once per key in flight and fans its chunks out to every caller.
+    """`stream(key, factory)` runs `factory()` once per key in flight and fans its chunks out to every caller;
+    `coalesced` counts the requests that joined a flight."""
 
-    `on_coalesced` is called once per request that joined an existing flight (a metrics hook).
-    """
-
-    on_coalesced: Callable[[], None] | None = None
     coalesced: int = 0
     _flights: dict[str, _Flight] = field(default_factory=dict)
 
@@ -76,8 +73,6 @@ class Coalescer:
         flight = self._flights.get(key)
         if flight is not None:
             self.coalesced += 1
-            if self.on_coalesced is not None:
-                self.on_coalesced()
             return flight
         flight = _Flight()
         self._flights[key] = flight

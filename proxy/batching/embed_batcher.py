@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Awaitable, Callable
 
 from adapters.errors import BackendError, VeloError
@@ -111,9 +111,10 @@ class EmbedBatcher:
 
 
 def _batch_key(req: EmbedRequest) -> str:
-    """Requests merge only when everything but the inputs is equal."""
-    return json.dumps([req.model, req.truncate, req.dimensions, req.options, req.keep_alive, req.normalize],
-                      sort_keys=True, default=str)
+    """Requests merge only when everything but the inputs is equal (read from the dataclass: a field added to
+    EmbedRequest and written out here by hand could be forgotten, and requests differing in it merged)."""
+    return json.dumps({f.name: getattr(req, f.name) for f in fields(req) if f.name != "inputs"}, sort_keys=True,
+                      default=str)
 
 
 def _split(result: EmbedResult, requests: list[EmbedRequest]) -> list[EmbedResult]:

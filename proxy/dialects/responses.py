@@ -112,6 +112,9 @@ class Parsed:
                        format=None, think=False, options=sampling, truncate=True)
 
 
+_DEFAULTS = options.defaults("responses")  # what the echo shows for a knob the request leaves unset
+
+
 def parse_request(body: Any) -> Parsed:
     body = body_object(body)
     tools, names, ignored = _tools(get(body, "tools", list, []))
@@ -122,7 +125,8 @@ def parse_request(body: Any) -> Parsed:
     if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise BadRequest("max_output_tokens: must be at least 1", param="max_output_tokens")
     echo = {"instructions": body.get("instructions"), "max_output_tokens": sampling.max_tokens,
-            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+            "temperature": _DEFAULTS.temperature if sampling.temperature is None else sampling.temperature,
+            "top_p": _DEFAULTS.top_p if sampling.top_p is None else sampling.top_p,
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
             "parallel_tool_calls": get(body, "parallel_tool_calls", bool, True),
             "text": {"format": text.get("format") or {"type": "text"},

@@ -1,7 +1,6 @@
 """A stream's chunks with nothing to send stop here: a backend's role-only delta, llama-server's progress through a
-prompt, text the repair stage holds back while a tool call is written. The stream's first byte is then its first
-content, so an error before it keeps its HTTP status; while nothing comes, the route's heartbeat timer keeps the
-client (proxy/http_io.py, `server.heartbeat_s`).
+prompt. The stream's first byte is then its first content, so an error before it keeps its HTTP status; while
+nothing comes, the route's heartbeat timer keeps the client (proxy/http_io.py, `server.heartbeat_s`).
 """
 from __future__ import annotations
 

@@ -207,6 +207,9 @@ async def test_the_response_echoes_what_codex_and_the_sdk_send(base_url):
     assert r.text.verbosity == "low" and r.text.format.type == "text" and r.service_tier == "default"
     plain = await _client(base_url).responses.create(model="tiny", input="hi")
     assert (plain.prompt_cache_key, plain.max_tool_calls, plain.text.verbosity) == (None, None, "medium")
+    assert (plain.temperature, plain.top_p) == (1.0, 1.0)  # the API's defaults (adapters/options.py)
+    greedy = await _client(base_url).responses.create(model="tiny", input="hi", temperature=0, top_p=0.5)
+    assert (greedy.temperature, greedy.top_p) == (0, 0.5)
 
 
 async def test_input_items_page_as_openai_lists_them(base_url):

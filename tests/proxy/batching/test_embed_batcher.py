@@ -115,3 +115,18 @@ async def test_close_cancels_batches_in_flight():
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert not batcher._tasks
+
+
+def test_requests_that_differ_in_any_field_but_their_inputs_never_merge():
+    """The key listed EmbedRequest's fields by hand: one added later and forgotten there would merge requests that
+    differ in it."""
+    from dataclasses import fields, replace
+
+    from proxy.batching.embed_batcher import _batch_key
+
+    base = EmbedRequest("m", ["a"])
+    changed = {"model": "n", "truncate": False, "dimensions": 8, "options": {"num_ctx": 64}, "keep_alive": "5m",
+               "normalize": False}
+    assert set(changed) == {f.name for f in fields(EmbedRequest)} - {"inputs"}
+    assert _batch_key(replace(base, inputs=["b", "c"])) == _batch_key(base)
+    assert all(_batch_key(replace(base, **{name: value})) != _batch_key(base) for name, value in changed.items())
