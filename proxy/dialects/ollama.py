@@ -5,7 +5,9 @@ nanoseconds, tool-call arguments are JSON objects.
 """
 from __future__ import annotations
 
+import binascii
 import hashlib
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -78,12 +80,30 @@ def _tool_call(raw: Any) -> ToolCall:
     return ToolCall(name=fn["name"], arguments=args, id=str(raw.get("id", "")))
 
 
+def _images(body: dict[str, Any], param: str) -> list[str]:
+    """Ollama's images are base64 (`[]byte` in Go's JSON): anything else is its 400, in its words, so a web URL is
+    never fetched (it would let any client make Velo reach any address it names) nor passed on as an image."""
+    images = get(body, "images", list, [])
+    for image in images:
+        if not isinstance(image, str):
+            raise BadRequest("images must be base64 strings", param=param)
+        try:
+            binascii.a2b_base64(image.replace("\r", "").replace("\n", ""), strict_mode=True)  # Go skips both
+        except ValueError:
+            bad = _NOT_BASE64.search(image)
+            raise BadRequest(f"illegal base64 data at input byte {bad.start() if bad else len(image)}",
+                             param=param) from None
+    return images
+
+
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=\r\n]")
+
+
 def parse_message(raw: Any) -> Message:
     if not isinstance(raw, dict):
         raise BadRequest("messages must be objects", param="messages")
     role = get(raw, "role", str, required=True).lower()  # as Ollama reads it (api/types.go Message.UnmarshalJSON)
-    images = get(raw, "images", list, [])
-    return Message(role=role, content=get(raw, "content", str, ""), images=[str(i) for i in images],
+    return Message(role=role, content=get(raw, "content", str, ""), images=_images(raw, "messages"),
                    tool_calls=[_tool_call(c) for c in get(raw, "tool_calls", list, [])],
                    tool_name=get(raw, "tool_name", str, ""), tool_call_id=get(raw, "tool_call_id", str, ""),
                    thinking=get(raw, "thinking", str, ""))
@@ -147,7 +167,7 @@ def parse_generate(body: Any) -> CompletionRequest:
         model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str) or None,
         system=get(body, "system", str) or None, template=get(body, "template", str) or None,
         raw=get(body, "raw", bool, False),
-        images=[str(i) for i in get(body, "images", list, [])], context=context, **_shared(body))
+        images=_images(body, "images"), context=context, **_shared(body))
 
 
 def parse_embed(body: Any) -> EmbedRequest:

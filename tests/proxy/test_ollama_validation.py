@@ -15,6 +15,12 @@ CHAT = [{"role": "user", "content": "hi"}]
     ("/api/generate", {"prompt": "x", "keep_alive": "bogus"}, 400, 'time: invalid duration "bogus"'),
     ("/api/chat", {"messages": CHAT, "keep_alive": "10"}, 400, 'time: missing unit in duration "10"'),
     ("/api/embed", {"input": "x", "keep_alive": "bogus"}, 400, "invalid duration"),
+    # images are base64 ([]byte in Go's JSON): a web URL was passed on, to be fetched by whatever reads it
+    ("/api/generate", {"prompt": "x", "images": ["http://169.254.169.254/latest"]}, 400,
+     "illegal base64 data at input byte 4"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["https://example.com/a.png"]}]}, 400,
+     "illegal base64 data at input byte 5"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": [7]}]}, 400, "base64 strings"),
 ])
 async def test_refused_as_ollama_refuses(client, scripted: ScriptedBackend, path, body, status, error):
     resp = await client.post(path, json={"model": "tiny", "stream": False, **body})
