@@ -38,7 +38,9 @@ class BackendConfig:
                                   "total_timeout")
     max_concurrency: int | None = setting(None, "requests sent at once; the rest wait in Velo's queue",
                                           min=1, default_doc="what the backend reports (llama-server's slots), else 4")
-    models: list[str] = setting(factory=list, doc="names to list when the server cannot list its own models")
+    models: list[str] = setting(factory=list, doc="openai and llamacpp: the names listed in place of the server's "
+                                "own listing (a managed llama-server serves its model under the first); ollama and "
+                                "engine backends list their own and ignore it")
     options: dict[str, Any] = setting(factory=dict, doc="kind-specific settings (engine: model, device, ...; "
                                       "replica sets: affinity, ...), see below")
     model: str | None = setting(None, 'llamacpp without a url: a GGUF file that Velo serves with its own '

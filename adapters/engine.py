@@ -149,7 +149,8 @@ class ModelChoice:
     model: str | None = setting(None, "a GGUF file or a Hugging Face safetensors folder",
                                 default_doc="the shipped SmolLM2-135M")
     name: str | None = setting(None, "the model name it is served under",
-                               default_doc='"smollm2:135m" for the shipped model, else the file name')
+                               default_doc='"smollm2:135m" for the shipped model, else the file\'s name without '
+                                           '.gguf, in lower case')
     keep_alive: str = setting("5m", "how long the model stays loaded after a request that sends no keep_alive, as a "
                               'Go duration (Ollama\'s OLLAMA_KEEP_ALIVE): "30m", "-1m" for good; unloaded, the next '
                               "request loads it again")

@@ -16,13 +16,13 @@ DEFAULT_SEMANTIC_THRESHOLD = 0.95
 
 @dataclass
 class CacheConfig:
-    """Answers replayed without asking the backend. Keys come from the internal request, so the same request
-    sent through any dialect shares one entry; entries are scoped per API key (tenant). Only whole, successful
-    answers are stored (never errors, cancelled or cut-off streams); a hit replays as a stream in the client's
-    dialect. The response header X-Velo-Cache says exact | semantic | miss | skip | bypass | off. A client skips
-    the cache (neither read nor written) with any of: `Cache-Control: no-cache` or `no-store`, `Pragma: no-cache`,
-    `X-Velo-Cache: off`, body field `"cache": false` (OpenAI; `extra_body` in its SDKs) or
-    `"options": {"cache": false}` (Ollama)."""
+    """Answers replayed without asking the backend. Keys come from the internal request, so the same request sent
+    through dialects that fill in the same defaults (OpenAI chat and Responses) shares one entry; entries are scoped
+    per API key (tenant). Only whole, successful answers are stored (never errors, cancelled or cut-off streams); a
+    hit replays as a stream in the client's dialect. The response header X-Velo-Cache says exact | semantic | miss |
+    skip | bypass | off. A client skips the cache (neither read nor written) with any of: `Cache-Control: no-cache`
+    or `no-store`, `Pragma: no-cache`, `X-Velo-Cache: off`, body field `"cache": false` (OpenAI; `extra_body` in its
+    SDKs) or `"options": {"cache": false}` (Ollama)."""
 
     enabled: bool = setting(True, "the cache as a whole")
     max_bytes: int = setting(256 * 1024 * 1024, "bound of the in-process LRU, counted as the memory its answers hold",

@@ -520,8 +520,8 @@ def model_page(infos: list[ModelInfo], query: Mapping[str, str]) -> dict[str, An
 # -- errors --------------------------------------------------------------------------------------------------------
 
 def error_status(err: VeloError) -> int:
-    """Anthropic's status for Velo's error: a backend that is down or full is 529 overloaded (its clients retry
-    it with backoff)."""
+    """Anthropic's status for Velo's error: a backend that is down is 529 overloaded (its clients retry it with
+    backoff); a full queue stays a 429 with its Retry-After."""
     return 529 if err.status == 503 else err.status
 
 
