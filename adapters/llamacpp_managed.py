@@ -26,6 +26,7 @@ from .swaps import Swaps
 log = logging.getLogger("velo.adapters.llamacpp_managed")
 T = TypeVar("T")
 _HEALTH_POLL_S = 0.1  # llama-server answers /health 0.5 s after start for a 100 MB model (MODELS.md)
+_LAST_WORDS_S = 1.0  # for the output of a server that exited at start: read to its end, or what came by then
 _STOP_GRACE_S = 10.0
 _PDEATHSIG: dict[str, bool] = {}  # setpriv's path -> whether it takes --pdeathsig
 
@@ -94,6 +95,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         self._timer: asyncio.Task | None = None
         self._stopping: asyncio.Task | None = None
         self._output: deque[str] = deque(maxlen=20)
+        self._following: asyncio.Task | None = None  # reads _output (held: the loop keeps only weak references)
         self.served_context: int | None = None  # the window its server gave a request when it last ran
 
     @property
@@ -145,10 +147,13 @@ class ManagedLlamaCpp(LlamaCppBackend):
                 *await dies_with_velo(cmd), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         except OSError as e:
             raise BackendUnavailable(f"backend {self.name!r}: cannot run {cmd[0]!r}: {e}") from e
-        asyncio.get_running_loop().create_task(self._follow(self.process))
+        self._following = asyncio.get_running_loop().create_task(self._follow(self.process))
         deadline = started + self.config.first_token_timeout
         while not await self.healthy_now():
             if self.process.returncode is not None or time.monotonic() > deadline:
+                if self.process.returncode is not None:  # its last words may not have been read yet
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self._following), _LAST_WORDS_S)
                 why = f"exited with {self.process.returncode}" if self.process.returncode is not None \
                     else f"was not ready within {self.config.first_token_timeout:g}s"
                 raise BackendUnavailable(f"backend {self.name!r}: llama-server {why}: {' | '.join(self._output)}")

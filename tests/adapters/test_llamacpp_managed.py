@@ -103,3 +103,26 @@ async def test_a_missing_model_file_or_program_is_said_at_start(tmp_path, caplog
         await ManagedLlamaCpp(BackendConfig(name="gone", kind="llamacpp", model=str(tmp_path / "gone.gguf"),
                                             command=["no-such-llama-server"]), Swaps()).start()
     assert "gone.gguf not found" in caplog.text and "'no-such-llama-server' is not a program on PATH" in caplog.text
+
+
+async def test_a_server_that_exits_at_start_is_quoted_to_its_last_line(tmp_path, monkeypatch):
+    """A server that printed its error and exited at once: the 503 could come before its output was read (the reader
+    made slow here), and said only "exited with 4: "."""
+    import asyncio
+
+    import pytest
+
+    from adapters.errors import BackendUnavailable
+    follow = ManagedLlamaCpp._follow
+
+    async def late(self, process):
+        await asyncio.sleep(0.3)
+        await follow(self, process)
+    monkeypatch.setattr(ManagedLlamaCpp, "_follow", late)
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, CHATML)
+    backend = ManagedLlamaCpp(BackendConfig(name="b", kind="llamacpp", model=path, command=[
+        "sh", "-c", "echo loading; echo 'error: unknown argument: --bogus'; exit 4", "sh"]), Swaps())
+    backend.starting()
+    with pytest.raises(BackendUnavailable) as e:
+        await backend.launch()
+    assert e.value.message.endswith("exited with 4: loading | error: unknown argument: --bogus")
