@@ -206,8 +206,11 @@ def _strings(value: Any) -> list[str]:
 
 
 def _cleaned(value: Any) -> Any:
-    """json-repair keeps NaN/Infinity, which are not JSON: null, as the fast pass does; and it decodes a lone
+    """json-repair keeps NaN/Infinity, which are not JSON: null, as the fast pass does; an integer past 64 bits,
+    which orjson cannot write (a TypeError, and a 500): a float, as orjson reads one; and it decodes a lone
     surrogate escape ("\\ud83d") into a string no JSON encoder writes: U+FFFD, as a UTF-8 decoder would."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+        value = float(value) if value.bit_length() <= 1024 else math.inf  # float() of a larger one overflows
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, str):

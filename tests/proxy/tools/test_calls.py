@@ -192,7 +192,8 @@ def test_each_safe_coercion_is_made_and_recorded(given: dict, expected: dict) ->
     assert len(report.coerced) == 1 and report.coerced[0].startswith("get_weather.")
 
 
-@pytest.mark.parametrize("given", [{"days": "five"}, {"days": "5.5"}, {"alerts": "yes"}, {"unit": "kelvin"}])
+@pytest.mark.parametrize("given", [{"days": "five"}, {"days": "5.5"}, {"alerts": "yes"}, {"unit": "kelvin"},
+                                   {"days": "1" * 400}, {"days": "1" * 25}])  # past 64 bits: 400 digits were a 500
 def test_unsafe_coercions_are_refused(given: dict) -> None:
     with pytest.raises(ToolCallInvalid):
         repair_message("", [ToolCall("get_weather", {"city": "Paris", **given}, "x")], TOOLS)
@@ -225,3 +226,18 @@ def test_a_tool_definition_echoed_in_a_fence_is_text_not_a_failed_call() -> None
             '"parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}\n```')
     content, calls, report = repair_message(echo, [], TOOLS)
     assert calls == [] and content == echo and not report.invalid
+
+
+def test_an_integer_in_a_string_is_read_exactly() -> None:
+    """Through a float, "12345678901234567893" became 12345678901234567168."""
+    _, calls, _ = repair_message("", [ToolCall("get_weather", {"city": "Paris", "days": "12345678901234567893"},
+                                               "x")], TOOLS)
+    assert calls[0].arguments["days"] == 12345678901234567893
+
+
+def test_a_broken_call_with_a_huge_number_is_repaired_not_a_crash() -> None:
+    """The repair library reads any integer, and orjson writes none past 64 bits (a TypeError, and a 500); it is a
+    float, as orjson reads one from JSON that needs no repair."""
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 1' + "0" * 30 + ', x: tru}}'
+    _, calls, _ = repair_message(text + "</tool_call>", [], [Tool("get_weather", parameters={"type": "object"})])
+    assert calls[0].arguments["days"] == 1e30
