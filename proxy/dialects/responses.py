@@ -296,7 +296,7 @@ def _output(output: Any, where: str) -> tuple[str, list[str]]:
     if not isinstance(output, list):
         raise BadRequest(f"{where}.output: must be a string or an array of parts", param="input")
     parts = [(i, p) for i, p in enumerate(output) if isinstance(p, dict)]
-    text = "".join(p.get("text", "") for _, p in parts if p.get("type") in ("input_text", "output_text", "text"))
+    text = "".join(get(p, "text", str, "") for _, p in parts if p.get("type") in ("input_text", "output_text", "text"))
     return text, [_image(p, f"{where}.output.{i}") for i, p in parts if p.get("type") == "input_image"]
 
 
@@ -304,7 +304,9 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     """The item's text; with none shown, what Velo sealed in `encrypted_content` (OpenAI's own is opaque there: an
     item from it with an empty summary gives the model no thinking, never the blob)."""
     parts = item.get("content") or item.get("summary") or []
-    text = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+    if not isinstance(parts, list):
+        raise BadRequest("a reasoning item's content and summary must be arrays of parts", param="input")
+    text = "".join(get(p, "text", str, "") for p in parts if isinstance(p, dict))
     payload = None if text else _unsealed(item.get("encrypted_content"), "reasoning")
     return text or str((payload or {}).get("text", ""))
 

@@ -373,6 +373,12 @@ async def test_failure_mid_stream_fails_the_response():
         {"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tool_choice"),
     ({"model": "tiny", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]},
      "input"),
+    # these were 500s (a TypeError joining the parts)
+    ({"model": "tiny", "input": [{"type": "function_call_output", "call_id": "c", "output": [
+        {"type": "input_text", "text": 5}]}]}, "text"),
+    ({"model": "tiny", "input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": 5}]},
+                                 {"role": "user", "content": "hi"}]}, "text"),
+    ({"model": "tiny", "input": [{"type": "reasoning", "content": 7}, {"role": "user", "content": "hi"}]}, "input"),
 ])
 async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     resp = await client.post("/v1/responses", json=body)
