@@ -3,8 +3,9 @@
 Small work (a usual tool call: a few hundred characters, ~50 us) stays on the loop: the hop to a thread costs more.
 Larger work goes to one of the repair stage's two threads and checks its deadline as it goes (`check_budget`, at
 every region and every few thousand tokens); past it, the work stops with `OverBudget` and the caller passes the
-answer through unrepaired, saying so in `X-Velo-Repair`. The loop always waits for the thread to stop, so no
-state is touched by work still running.
+answer through unrepaired, saying so in `X-Velo-Repair`. The caller waits for the thread to stop, so no state is
+touched by work still running; a caller that is cancelled (its client left) stops waiting at once, and its work
+runs on to its deadline at most, on state no one reads any more.
 """
 from __future__ import annotations
 

@@ -53,15 +53,6 @@ class RepairReport:
         parts += ["skipped=" + ",".join(dict.fromkeys(self.skipped))] if self.skipped else []
         return "; ".join(parts)
 
-    def merge(self, other: RepairReport) -> None:
-        self.extracted += other.extracted
-        self.repaired += other.repaired
-        self.coerced += other.coerced
-        self.invalid += other.invalid
-        self.unoffered += other.unoffered
-        self.deduped += other.deduped
-        self.skipped += other.skipped
-
     def error(self) -> ToolCallInvalid:
         return ToolCallInvalid("the model's tool call is invalid: " + " | ".join(self.invalid))
 

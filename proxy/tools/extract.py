@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.tools.repair import MAX_REPAIR_CHARS, Unrepairable, parse_json, parse_json_values
+from proxy.tools.repair import BRACKETS, MAX_REPAIR_CHARS, Unrepairable, parse_json, parse_json_values
 from proxy.tools.scan import Brackets, Closer, EndSearch, Pattern
 
 _START = re.compile(r"<tool_call>|<function=|<\|python_tag\|>|\[TOOL_CALLS\]|```|[{\[]")
@@ -21,7 +21,6 @@ _FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*(?:\n|(?=[{\[]))")
 _FENCE_LANGS = {"", "json", "json5", "tool_call", "tool_code", "tool", "function"}
 _STRAY_CLOSERS = re.compile(r"[ \t]*[}\]]*")
 _END_OF_TURN = re.compile(r"<\|eom_id\|>|<\|eot_id\|>|</s>")
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
 _MISTRAL_V11 = re.compile(r"\s*([\w.-]+)\[ARGS\]")
 _FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>")
 _CALL_KEYS = ("name", "function", "tool", "tool_name", "arguments", "parameters", "args", "input", "tool_calls",
@@ -153,7 +152,7 @@ def _json_region_to_stray_quote(text: str, i: int) -> Region:
     """A final text whose last string never closes: its quote is read as a stray character, so the value may end
     before the text does (what whole-message repair has always done)."""
     depth = 0
-    for m in _BRACKETS.finditer(text, i):
+    for m in BRACKETS.finditer(text, i):
         tok = m.group()
         if tok in "{[":
             depth += 1

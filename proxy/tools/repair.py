@@ -50,7 +50,7 @@ _CLOSER = {"{": "}", "[": "]", "(": "]"}
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _JSON_START = re.compile(r"[{\[]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
+BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)  # a JSON string (skipped whole) or a bracket: the scanners' tokens
 # A string that runs to the end of the text is a truncation only if it swallowed no structure: `"units}}]` is a
 # missing closing quote, whose value the fast pass cannot know (80.8% of such texts came out silently wrong).
 _STRUCTURE = re.compile(r'["{}\[\]]|,\s*"|:\s*["{\[]')
@@ -115,7 +115,7 @@ def _top_level_spans(text: str) -> list[str]:
     """The bracketed values at depth 0, by a scan that skips double-quoted strings; an unclosed last value runs
     to the end of the text."""
     spans, depth, start = [], 0, -1
-    for m in _BRACKETS.finditer(text):
+    for m in BRACKETS.finditer(text):
         tok = m.group()
         if tok in "{[":
             if depth == 0:
@@ -185,7 +185,7 @@ def _library_repair(text: str) -> Repaired:
 def _bracket_depth(text: str) -> int:
     """The deepest bracket nesting outside double-quoted strings (one linear scan)."""
     depth = deepest = 0
-    for m in _BRACKETS.finditer(text):
+    for m in BRACKETS.finditer(text):
         tok = m.group()
         if tok in "{[":
             depth += 1

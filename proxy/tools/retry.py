@@ -37,7 +37,7 @@ def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ModelCounts,
         return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
         return _streamed(run, req, metrics, notes, budget, constrained)
-    return _retried(run, req, max_retries, metrics, notes, budget)
+    return _retried(run, req, max_retries, metrics, notes, budget, constrained)
 
 
 async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[str],
@@ -56,7 +56,7 @@ async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[
 
 
 async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ModelCounts, notes: list[str],
-                   budget: Budget | None) -> AsyncIterator[Chunk]:
+                   budget: Budget | None, constrained: bool) -> AsyncIterator[Chunk]:
     attempt, usable, error = req, None, None
     for n in range(max_retries + 1):
         if n:
@@ -67,7 +67,7 @@ async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: Mode
         try:
             chunks: list[Chunk] = []
             async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report,
-                                                         budget)) as s:
+                                                         budget, constrained)) as s:
                 async for chunk in s:
                     chunks.append(chunk)
             usable, error = chunks, (report.error() if report.invalid else None)

@@ -22,7 +22,7 @@ import contextlib
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, TypeVar
 
-from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Tool, ToolCall
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, TokenLogprob, Tool, ToolCall
 from proxy.tools.budget import INLINE_CHARS, Budget, OverBudget, check_budget
 from proxy.tools.calls import CallRepairer, RepairReport
 from proxy.tools.extract import could_be_call, is_partial_marker, next_start, region_at
@@ -250,13 +250,15 @@ async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Com
 async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | CompletionRequest,
                              metrics: ModelCounts | None, report: RepairReport,
                              budget: Budget | None) -> AsyncIterator[Chunk]:
-    """JSON can only be checked whole: hold all text, pass everything else, send the repaired text last (or, past
-    the repair budget, the text as it came)."""
+    """JSON can only be checked whole: hold all text and its logprobs (those of the tokens the model wrote, repaired
+    or not), pass everything else, send the repaired text last (or, past the repair budget, the text as it came)."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     last = Chunk(finish_reason="stop")
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
             parts.append(chunk.text)
+            logprobs += chunk.logprobs
             if chunk.finish_reason is not None:
                 last = chunk
                 break
@@ -270,4 +272,4 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
     finally:
         if metrics is not None:
             metrics.record(report)
-    yield replace(last, text=text)
+    yield replace(last, text=text, logprobs=logprobs)

@@ -87,3 +87,13 @@ async def test_an_attempt_is_read_whole_before_anything_of_it_goes_up() -> None:
     out = await _answer(Backend('{"name": "get_weather", "arguments": {"city": "Oslo"}}'), _req(tools=TOOLS), 1)
     assert [c.empty for c in out] == [False]
     assert out[-1].tool_calls[0].arguments == {"city": "Oslo"}
+
+
+async def test_a_grammar_backends_answer_is_checked_as_it_streams_on_retries_too() -> None:
+    """with_retry took `constrained` and dropped it when it retried: a grammar backend's output was buffered and
+    rewritten there, as if no grammar had made it."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for constrained, sent in ((False, '{"n":3}'), (True, '{"n": "3"}')):  # rewritten, or passed as it came
+        out = [c async for c in with_retry(Backend('{"n": "3"}'), _req(format=schema), 1, ModelCounts(), [],
+                                           constrained=constrained)]
+        assert "".join(c.text for c in out) == sent

@@ -277,3 +277,16 @@ async def test_held_text_sends_nothing_until_the_call() -> None:
     the route's heartbeats keep the client."""
     out = [c async for c in repair_stream(_source(_cut(CALL, 8)), _req(tools=TOOLS))]
     assert len(out) == 1 and out[0].tool_calls
+
+
+async def test_buffered_structured_output_keeps_every_tokens_logprobs() -> None:
+    """Held text gave up its logprobs: only the last chunk's reached the client."""
+    from adapters.protocol import TokenLogprob
+
+    async def pieces() -> AsyncIterator[Chunk]:
+        yield Chunk(text='{"a":', logprobs=[TokenLogprob('{"a":', -0.1)])
+        yield Chunk(text=" 1}", logprobs=[TokenLogprob(" 1}", -0.2)])
+        yield Chunk(finish_reason="stop")
+    out = [c async for c in repair_stream(pieces(), _req(format="json")) if not c.empty]
+    assert [c.text for c in out] == ['{"a": 1}']
+    assert [lp.token for lp in out[0].logprobs] == ['{"a":', " 1}"]
