@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -100,16 +101,26 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     try:
         await runner.setup()
         await web.TCPSite(runner, config.server.host, config.server.port).start()
+        _freeze_the_heap()
         log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))
         hangup.serving()
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        gc.unfreeze()  # collectable again once it is no longer served (a process that serves again, tests)
         if runner.server is None:  # it never started: nothing in flight
             await runner.cleanup()
         else:
             await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight, config.server.shutdown_grace_s)
+
+
+def _freeze_the_heap() -> None:
+    """What is alive once Velo serves (torch, transformers and the rest imported, models loaded: ~500k objects) is
+    moved out of the garbage collector's sight. Each full collection walked it all, 220 ms with the loop held, and
+    a large request (a 2.7 MB tool list, 4 MB of tool-call arguments) set one off; after the freeze, 0.0 ms."""
+    gc.collect()  # the start's garbage is not frozen with the rest
+    gc.freeze()
 
 
 class _Hangup:
