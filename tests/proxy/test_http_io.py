@@ -223,3 +223,31 @@ async def test_each_key_reaches_the_backend_as_its_own_prefix_scope() -> None:
             body = {"model": "tiny", "prompt": "hi", "stream": False} if path == "/api/generate" else chat
             assert (await c.post(path, json=body, headers=auth)).status == 200
     assert [r.prefix_scope for r in scripted.requests] == [tenant_of("sk-a"), "", tenant_of("sk-b"), tenant_of("sk-a")]
+
+
+async def test_a_long_cached_answer_lets_other_requests_run_while_it_is_written() -> None:
+    """A write waits for nothing while the socket takes it, and a cache hit's pieces wait for nothing either: a
+    60,000-piece replay held the event loop from its first byte to its last."""
+    backend = ScriptedBackend(script=Script(pieces=["w "] * 60_000))
+    async with TestClient(TestServer(make_app(Config(), {"s": backend}))) as client:
+        body = {"model": "tiny", "messages": MESSAGES, "stream": True, "temperature": 0}
+        await (await client.post("/v1/chat/completions", json=body)).read()
+        gaps, done = [], asyncio.Event()
+
+        async def tick() -> None:
+            last = asyncio.get_running_loop().time()
+            while not done.is_set():
+                await asyncio.sleep(0)
+                now = asyncio.get_running_loop().time()
+                gaps.append(now - last)
+                last = now
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0)
+        started = asyncio.get_running_loop().time()
+        again = await client.post("/v1/chat/completions", json=body)
+        replay = await again.read()
+        took = asyncio.get_running_loop().time() - started
+        done.set()
+        await ticker
+    assert again.headers["X-Velo-Cache"] == "exact" and replay.count(b"w ") == 60_000
+    assert max(gaps) < took / 3, (max(gaps), took)
