@@ -205,3 +205,17 @@ def test_num_keep_is_in_the_key_and_the_speed_knobs_are_not():
     base = exact_key(_chat(temperature=0), "t")
     assert exact_key(_chat(temperature=0, extra={"num_keep": 5}), "t") != base  # which tokens a context shift keeps
     assert exact_key(_chat(temperature=0, extra={"num_thread": 4, "num_batch": 64}), "t") == base
+
+
+def test_a_turn_of_more_words_than_the_window_is_neither_split_whole_nor_tokenized():
+    """A 1.8 MB turn took 34 ms to split (the GIL held from the event loop) and 1.9 s to tokenize, only to learn it
+    was too long."""
+    from proxy.cache.encoders import fits
+
+    class Counting:
+        def __call__(self, text: str, truncation: bool = False) -> dict:
+            raise AssertionError("tokenized")
+    assert not fits(Counting(), 256, "word " * 300_000)
+    assert not fits(Counting(), 256, "word " * 255)  # 255 word pieces and the two special tokens: 257
+    assert not fits(Counting(), 256, "a" * 101)  # one [UNK], unread
+    assert fits(Counting(), 256, "How do I learn Python quickly?")  # shorter in characters than the window
