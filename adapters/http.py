@@ -162,6 +162,12 @@ def _number(match: re.Match[str] | None) -> int | None:
     return None if match is None else int(next(g for g in match.groups() if g is not None))
 
 
+# llama-server closes its connection after each stream, though its head says keep-alive: a pooled one was taken for
+# the next request as it closed ("closed the connection ... before answering", a 502 under load). It names itself in
+# every answer, so whatever kind of backend points at it stops pooling at its first answer.
+_CLOSES_AFTER_STREAMS = "llama.cpp"
+
+
 @dataclass
 class Upstream:
     """The HTTP side of one backend: its session, its base URL and its timeout policy."""
@@ -251,7 +257,10 @@ class Upstream:
         name = self.config.name
         try:
             async with asyncio.timeout(wait):
-                return await self._send(method, path, body)
+                resp = await self._send(method, path, body)
+            if resp.headers.get("Server") == _CLOSES_AFTER_STREAMS:
+                self.pooled = False
+            return resp
         except aiohttp.ServerTimeoutError as e:
             raise BackendTimeout(f"backend {name!r} at {self.shown_url} did not accept a connection within "
                                  f"{self.config.connect_timeout:g}s") from e

@@ -76,9 +76,6 @@ class OpenAIBackend(Backend):
         models = listing.get("data", [])
         self.server = next((m["owned_by"] for m in models if isinstance(m, dict) and m.get("owned_by") in OWNERS),
                            None)
-        # llama-server closes its connection after each stream, though its head says keep-alive: a pooled one was
-        # taken for the next request as it closed ("closed the connection on /v1/completions before answering")
-        self.http.pooled = not any(isinstance(m, dict) and m.get("owned_by") == "llamacpp" for m in models)
         return [self._info(m) for m in models]
 
     @property

@@ -44,9 +44,16 @@ def snapshot(found: Samples, backends: list[BackendView], generation: int, recen
             "repairs": by(found, "velo_tool_repairs_total", "kind"),
             "limits": {"refused": by(found, "velo_rate_limited_total", "limit"),
                        "keys_in_flight": by(found, "velo_key_in_flight", "key")},
-            "requests": by(found, "velo_requests_total", "status"),
+            "requests": _reached_a_model(found),
             "coalesced": sum(by(found, "velo_coalesced_total", "").values()),
             "series": series, "recent": recent}
+
+
+def _reached_a_model(found: Samples) -> dict[str, float]:
+    """Requests by status, of those that reached a model: velo_requests also counts what reached none (401s,
+    listings, unknown routes: the dashboard's own favicon among them) under model=""."""
+    every, edge = by(found, "velo_requests_total", "status"), by(found, "velo_requests_total", "status", model="")
+    return {status: n - edge.get(status, 0) for status, n in every.items() if n > edge.get(status, 0)}
 
 
 def _backend(found: Samples, b: BackendView) -> dict[str, Any]:
