@@ -14,9 +14,10 @@ from .protocol import OutputFormat
 _UNSATISFIABLE = "Unsatisfiable schema"  # llguidance's words for a schema no value matches
 
 
-def check_format(fmt: OutputFormat) -> None:
-    """BadRequest (param `format`) when `fmt` is a JSON Schema no output can match."""
-    if isinstance(fmt, dict) and (why := _unsatisfiable(fmt)):
+async def check_format(fmt: OutputFormat) -> None:
+    """BadRequest (param `format`) when `fmt` is a JSON Schema no output can match; a large one is compiled off the
+    event loop (PerSchema.off_loop)."""
+    if isinstance(fmt, dict) and (why := await _unsatisfiable.off_loop(fmt)):
         raise BadRequest(why, param="format")
 
 

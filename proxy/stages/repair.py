@@ -2,6 +2,7 @@
 (`[tools] max_retries`): a retry runs the rest of the pipeline again with the corrected conversation."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import AsyncIterator, Iterator
 
@@ -31,7 +32,17 @@ class Repair(Stage):
         """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is. A
         schema no answer can match is a 400 here, whatever the backend (adapters/output_format.py), before the
         request waits for a backend's slot."""
-        check_format(job.request.format)
+        if isinstance(job.request.format, dict):
+            return self._checked(job, next)
+        return self._repaired(job, next)
+
+    async def _checked(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        await check_format(job.request.format)
+        async with contextlib.aclosing(self._repaired(job, next)) as rest:
+            async for chunk in rest:
+                yield chunk
+
+    def _repaired(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         tools = self.services.config.tools
         if not tools.repair:
             return next(job)
