@@ -25,6 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 from proxy import http_io  # noqa: E402
 from proxy.app import make_app  # noqa: E402
 from proxy.config import Config, parse_config  # noqa: E402
+from tests.loop_watch import loop_gaps  # noqa: E402
 from tests.scripted import Script, ScriptedBackend  # noqa: E402
 
 PIECES = 60_000
@@ -45,21 +46,12 @@ def full_collection_ms(frozen: bool) -> float:
 async def replay_held_ms(client: TestClient, burst_s: float) -> float:
     """The longest another task waited while the cached answer was replayed."""
     http_io._BURST_S = burst_s
-    gaps, done = [0.0], asyncio.Event()
 
-    async def tick() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            await asyncio.sleep(0)
-            gaps.append(time.perf_counter() - last)
-            last = time.perf_counter()
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.01)
-    resp = await client.post("/v1/chat/completions", json=CHAT)
-    body = await resp.read()
-    done.set()
-    await ticker
-    assert resp.headers["X-Velo-Cache"] == "exact" and body.count(b"w ") == PIECES
+    async def replayed() -> None:
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+        body = await resp.read()
+        assert resp.headers["X-Velo-Cache"] == "exact" and body.count(b"w ") == PIECES
+    _, gaps = await loop_gaps(replayed(), every=0)
     return max(gaps) * 1000
 
 

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from adapters.output_format import check_format  # noqa: E402
 from engine.grammar import grammar_for  # noqa: E402
 from proxy.dialects import openai  # noqa: E402
+from tests.loop_watch import loop_gaps  # noqa: E402
 
 # A form an agent fills: a few typed fields, an enum, a nested list of objects.
 SCHEMA = {"type": "object", "required": ["name", "age", "tags", "address"], "properties": {
@@ -55,19 +56,7 @@ def large_schema(salt: int) -> dict:
 
 async def loop_held_ms(schema: dict) -> float:
     """The longest the event loop waited while `schema` was checked."""
-    gaps, done = [0.0], asyncio.Event()
-
-    async def tick() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            await asyncio.sleep(0.001)
-            gaps.append(time.perf_counter() - last)
-            last = time.perf_counter()
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.01)
-    await check_format(schema)
-    done.set()
-    await ticker
+    _, gaps = await loop_gaps(check_format(schema), every=0.001)
     return max(gaps) * 1000
 
 

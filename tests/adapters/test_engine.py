@@ -16,6 +16,7 @@ from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Mes
 from engine import LLMEngine, RequestOutput
 from engine.tokenizer import FIM_ENDS
 from tests.engine.tiny import write_tiny_model
+from tests.loop_watch import loop_gaps
 
 NAME = "tiny"
 
@@ -191,18 +192,8 @@ async def test_closing_the_stream_cancels_the_engine_request(backend):
 
 
 async def test_generation_does_not_block_the_event_loop(backend):
-    gaps, done = [], asyncio.Event()
-
-    async def tick():
-        last = time.monotonic()
-        while not done.is_set():
-            await asyncio.sleep(0.005)
-            gaps.append(time.monotonic() - last)
-            last = time.monotonic()
-    ticker = asyncio.create_task(tick())
-    await asyncio.gather(*(collect(backend.chat(chat(str(i), max_tokens=40, temperature=0))) for i in range(4)))
-    done.set()
-    await ticker
+    _, gaps = await loop_gaps(asyncio.gather(*(collect(backend.chat(chat(str(i), max_tokens=40, temperature=0)))
+                                               for i in range(4))))
     assert len(gaps) > 5 and max(gaps) < 0.25
 
 
@@ -225,20 +216,9 @@ async def test_a_prompt_is_rendered_and_its_grammar_built_off_the_event_loop(bac
     """A 30k-token chat took 48 ms to render and tokenize, and the first constrained request 0.3 s to build
     llguidance's view of the tokenizer: on the event loop, every other request waited."""
     _slowed(monkeypatch, 0.3)
-    gaps, done = [], asyncio.Event()
-
-    async def tick():
-        last = time.monotonic()
-        while not done.is_set():
-            await asyncio.sleep(0.005)
-            gaps.append(time.monotonic() - last)
-            last = time.monotonic()
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.01)  # ticking
-    answer = aggregate(await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")],
-                                                              format="json", options=SamplingOptions(seed=1)))))
-    done.set()
-    await ticker
+    stream, gaps = await loop_gaps(collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")],
+                                                                    format="json", options=SamplingOptions(seed=1)))))
+    answer = aggregate(stream)
     assert answer.finish_reason in ("stop", "length") and max(gaps) < 0.2
 
 
