@@ -1,7 +1,9 @@
 """Typed reads from a client's JSON body, raising BadRequest that names the field, so every dialect (and the
-options table, adapters/options.py) validates alike; and the checks every JSON value from outside shares."""
+options table, adapters/options.py) validates alike; the checks every JSON value from outside shares; and a
+server's reported numbers, read leniently."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .errors import BadRequest
@@ -87,3 +89,17 @@ def wire_text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
+
+
+def reported(obj: Any, key: str, default: Any = 0) -> Any:
+    """A count, duration or timing a server reports (`obj[key]`): a finite number, else `default`. A null or a string
+    there is an odd server, not a reason to lose its answer: such a value reached arithmetic later, a 500, and in an
+    embedding batch a request that never got an answer."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else default
+
+
+def count(obj: Any, key: str, default: int = 0) -> int:
+    """A token count or a duration in nanoseconds a server reports, as an int (see `reported`)."""
+    return int(reported(obj, key, default))

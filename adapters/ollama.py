@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 from . import model_card, options
 from .base import Backend, BackendConfig
 from .errors import BackendError
-from .fields import nests_deeper, wire_text
+from .fields import count, nests_deeper, wire_text
 from .http import Upstream, asked_of, json_object, one_answer
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, ToolCall, Usage)
@@ -77,9 +77,9 @@ def generate_to_wire(req: CompletionRequest) -> dict[str, Any]:
 
 
 def usage_from_wire(obj: dict[str, Any]) -> Usage:
-    return Usage(prompt_tokens=obj.get("prompt_eval_count", 0), completion_tokens=obj.get("eval_count", 0),
-                 total_ns=obj.get("total_duration", 0), load_ns=obj.get("load_duration", 0),
-                 prompt_eval_ns=obj.get("prompt_eval_duration", 0), eval_ns=obj.get("eval_duration", 0))
+    return Usage(prompt_tokens=count(obj, "prompt_eval_count"), completion_tokens=count(obj, "eval_count"),
+                 total_ns=count(obj, "total_duration"), load_ns=count(obj, "load_duration"),
+                 prompt_eval_ns=count(obj, "prompt_eval_duration"), eval_ns=count(obj, "eval_duration"))
 
 
 def logprobs_from_wire(items: list[dict[str, Any]] | None) -> list[TokenLogprob]:
@@ -148,8 +148,8 @@ class _StreamState:
 def _embeddings(obj: dict[str, Any]) -> EmbedResult:
     if not isinstance(obj["embeddings"], list) or not all(isinstance(e, list) for e in obj["embeddings"]):
         raise TypeError("embeddings is not an array of arrays of numbers")
-    return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=obj.get("prompt_eval_count", 0),
-                       total_ns=obj.get("total_duration", 0), load_ns=obj.get("load_duration", 0))
+    return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=count(obj, "prompt_eval_count"),
+                       total_ns=count(obj, "total_duration"), load_ns=count(obj, "load_duration"))
 
 
 class OllamaBackend(Backend):

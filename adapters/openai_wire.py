@@ -15,7 +15,7 @@ import orjson
 
 from . import options
 from .errors import BackendError
-from .fields import nests_deeper, wire_text
+from .fields import count, nests_deeper, reported, wire_text
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedResult, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
 from .tool_prompt import in_prompt
@@ -126,10 +126,11 @@ def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None
         return None
     usage, timings = usage or {}, timings or {}
     details = usage.get("prompt_tokens_details") or {}
-    out = Usage(prompt_tokens=usage.get("prompt_tokens", timings.get("prompt_n", 0)),
-                completion_tokens=usage.get("completion_tokens", timings.get("predicted_n", 0)),
-                cached_tokens=details.get("cached_tokens") or timings.get("cache_n", 0),
-                prompt_eval_ns=int(timings.get("prompt_ms", 0) * 1e6), eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
+    out = Usage(prompt_tokens=count(usage, "prompt_tokens", count(timings, "prompt_n")),
+                completion_tokens=count(usage, "completion_tokens", count(timings, "predicted_n")),
+                cached_tokens=count(details, "cached_tokens") or count(timings, "cache_n"),
+                prompt_eval_ns=int(reported(timings, "prompt_ms") * 1e6),
+                eval_ns=int(reported(timings, "predicted_ms") * 1e6))
     out.total_ns = out.prompt_eval_ns + out.eval_ns
     return out
 
@@ -266,4 +267,4 @@ def embeddings_from_wire(obj: dict[str, Any]) -> EmbedResult:
     embeddings = [r["embedding"] for r in rows]
     if not all(isinstance(e, list) for e in embeddings):
         raise TypeError("an embedding is not an array of numbers")
-    return EmbedResult(embeddings=embeddings, prompt_tokens=(obj.get("usage") or {}).get("prompt_tokens", 0))
+    return EmbedResult(embeddings=embeddings, prompt_tokens=count(obj.get("usage"), "prompt_tokens"))

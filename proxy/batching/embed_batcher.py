@@ -92,6 +92,7 @@ class EmbedBatcher:
             if len(result.embeddings) != len(merged.inputs):
                 raise BackendError(f"backend returned {len(result.embeddings)} embeddings "
                                    f"for {len(merged.inputs)} inputs")
+            parts = _split(result, [batch.requests[i] for i in live])  # failing, it fails each caller: none hangs
         except asyncio.CancelledError:
             for i in live:
                 batch.futures[i].cancel()
@@ -105,7 +106,7 @@ class EmbedBatcher:
                 if not batch.futures[i].done():
                     batch.futures[i].set_exception(e)
             return
-        for i, part in zip(live, _split(result, [batch.requests[i] for i in live])):
+        for i, part in zip(live, parts):
             if not batch.futures[i].done():
                 batch.futures[i].set_result(part)
 

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from adapters.errors import BackendError, BadRequest
-from adapters.protocol import EmbedRequest, EmbedResult
+from adapters.protocol import EmbedRequest, EmbedResult, Usage
 from proxy.batching import EmbedBatcher
 
 
@@ -130,3 +130,27 @@ def test_requests_that_differ_in_any_field_but_their_inputs_never_merge():
     assert set(changed) == {f.name for f in fields(EmbedRequest)} - {"inputs"}
     assert _batch_key(replace(base, inputs=["b", "c"])) == _batch_key(base)
     assert all(_batch_key(replace(base, **{name: value})) != _batch_key(base) for name, value in changed.items())
+
+
+async def test_a_result_that_cannot_be_shared_out_fails_its_callers_rather_than_hanging_them():
+    """An answer whose count could not be shared out killed the batch's task after the call, and its callers waited
+    for ever (a backend's `prompt_eval_count: null`, before the adapters read counts leniently)."""
+    async def odd(request: EmbedRequest) -> EmbedResult:
+        return EmbedResult(embeddings=[[1.0] for _ in request.inputs], prompt_tokens="many")  # type: ignore[arg-type]
+    batcher = EmbedBatcher(odd, window_ms=5, max_inputs=64)
+    results = await asyncio.wait_for(asyncio.gather(batcher.embed(req("a")), batcher.embed(req("bb")),
+                                                    return_exceptions=True), 5)
+    assert all(isinstance(r, TypeError) for r in results)
+
+
+def test_a_servers_odd_counts_are_read_as_none_reported():
+    """A null or a string where a server reports a count reached arithmetic later: a 500 (Anthropic's usage,
+    OpenAI's stream), or an embedding request that never got its answer."""
+    from adapters import ollama, openai_wire
+    assert ollama.usage_from_wire({"prompt_eval_count": None, "eval_count": "5", "total_duration": 7}) == Usage(
+        0, 0, total_ns=7)
+    assert openai_wire.usage_from_wire({"prompt_tokens": None, "completion_tokens": 3}, None) == Usage(0, 3)
+    assert openai_wire.usage_from_wire(None, {"prompt_n": "x", "prompt_ms": None, "predicted_ms": 2.5}) == Usage(
+        0, 0, total_ns=2_500_000, eval_ns=2_500_000)
+    assert openai_wire.embeddings_from_wire({"data": [{"embedding": [1.0]}], "usage": {"prompt_tokens": None}}) \
+        == EmbedResult(embeddings=[[1.0]], prompt_tokens=0)
