@@ -100,6 +100,7 @@ def reported(obj: Any, key: str, default: Any = 0) -> Any:
     return value if ok else default
 
 
-def count(obj: Any, key: str, default: int = 0) -> int:
-    """A token count or a duration in nanoseconds a server reports, as an int (see `reported`)."""
-    return int(reported(obj, key, default))
+def count(obj: Any, key: str, default: Any = 0) -> Any:
+    """A token count or a duration in nanoseconds a server reports, as an int, else `default` (see `reported`)."""
+    value = reported(obj, key, None)
+    return default if value is None else int(value)

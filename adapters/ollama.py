@@ -116,16 +116,19 @@ def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelI
     details = obj.get("details") or {}
     model_info = obj.get("model_info") or {}
     context = model_card.file_context(model_info, details.get("family", ""))
-    info = ModelInfo(name=name, backend=backend, size=obj.get("size", 0), digest=obj.get("digest", ""),
-                     family=details.get("family", ""), format=details.get("format", ""),
-                     parameter_size=details.get("parameter_size", ""),
-                     quantization_level=details.get("quantization_level", ""),
-                     context_length=context or obj.get("context_length"), template=obj.get("template", ""),
-                     parameters=obj.get("parameters", ""), model_info=model_info)
-    if obj.get("modified_at"):
-        info.modified_at = obj["modified_at"]
-    if obj.get("capabilities"):
-        info.capabilities = list(obj["capabilities"])
+    info = ModelInfo(name=name, backend=backend, size=count(obj, "size"), digest=wire_text(obj.get("digest")),
+                     family=wire_text(details.get("family")), format=wire_text(details.get("format")),
+                     parameter_size=wire_text(details.get("parameter_size")),
+                     quantization_level=wire_text(details.get("quantization_level")),
+                     context_length=context or count(obj, "context_length", None),
+                     template=wire_text(obj.get("template")), parameters=wire_text(obj.get("parameters")),
+                     model_info=model_info)
+    # read here, in the call's parse, where a wrong type is a 502 rather than a 500 later; a date or a capability
+    # that is not a string is left out instead, which costs the listing nothing
+    if isinstance(modified := obj.get("modified_at"), str) and modified:
+        info.modified_at = modified
+    if isinstance(capabilities := obj.get("capabilities"), list) and capabilities:
+        info.capabilities = [c for c in capabilities if isinstance(c, str)]
     return info
 
 
@@ -150,6 +153,13 @@ def _embeddings(obj: dict[str, Any]) -> EmbedResult:
         raise TypeError("embeddings is not an array of arrays of numbers")
     return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=count(obj, "prompt_eval_count"),
                        total_ns=count(obj, "total_duration"), load_ns=count(obj, "load_duration"))
+
+
+def _embedding(obj: dict[str, Any]) -> list[float]:
+    """The legacy /api/embeddings answer's one vector (read in the call's parse: a missing or odd one is a 502)."""
+    if not isinstance(vector := obj["embedding"], list):
+        raise TypeError("embedding is not an array of numbers")
+    return vector
 
 
 class OllamaBackend(Backend):
@@ -182,7 +192,8 @@ class OllamaBackend(Backend):
     async def load(self, model: str, keep: Any) -> int:
         """Ollama's own load request, passed on: an empty /api/generate."""
         body = {"model": model} | ({} if keep is None else {"keep_alive": keep})
-        return (await self.http.call("POST", "/api/generate", body, model=model)).get("load_duration", 0)
+        return await self.http.call("POST", "/api/generate", body, model=model,
+                                    parse=lambda obj: count(obj, "load_duration"))
 
     async def unload(self, model: str) -> None:
         await self.http.call("POST", "/api/generate", {"model": model, "keep_alive": 0}, model=model)
@@ -237,7 +248,7 @@ class OllamaBackend(Backend):
             body = {"model": req.model, "prompt": text} | ({"options": req.options} if req.options else {})
             if req.keep_alive is not None:
                 body["keep_alive"] = req.keep_alive
-            vectors.append((await self.http.call("POST", "/api/embeddings", body, model=req.model))["embedding"])
+            vectors.append(await self.http.call("POST", "/api/embeddings", body, model=req.model, parse=_embedding))
         return EmbedResult(embeddings=vectors)
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -248,7 +248,9 @@ class ChatStream:
 
     def _take_calls(self, fragments: list[dict[str, Any]]) -> None:
         for frag in fragments:
-            call = self.calls.setdefault(frag.get("index", 0), _PendingCall())
+            if not isinstance(index := frag.get("index") or 0, int):  # null as absent; else sorted with ints later
+                raise TypeError(f"a tool call's index is not an integer: {index!r}")
+            call = self.calls.setdefault(index, _PendingCall())
             call.id = wire_text(frag.get("id")) or call.id
             fn = frag.get("function") or {}
             call.name += wire_text(fn.get("name"))

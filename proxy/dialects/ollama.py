@@ -77,7 +77,8 @@ def _tool_call(raw: Any) -> ToolCall:
     args = fn.get("arguments", {})
     if not isinstance(args, dict):
         raise BadRequest("tool call arguments must be an object", param="messages")
-    return ToolCall(name=fn["name"], arguments=args, id=str(raw.get("id", "")))
+    called = raw.get("id")  # null is no id ("None" gave two calls one id, and the second's result the first's)
+    return ToolCall(name=fn["name"], arguments=args, id="" if called is None else str(called))
 
 
 def _images(body: dict[str, Any], param: str) -> list[str]:

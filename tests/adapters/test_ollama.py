@@ -275,3 +275,22 @@ def test_logprobs_keep_the_bytes_ollama_gives_a_token_that_is_part_of_a_characte
                                                    {"token": "a", "logprob": -3.0, "bytes": [97]}]}])
     assert (part.utf8, [t.utf8 for t in part.top]) == ([230, 151], [[230, 151], [97]])
     assert part.top[1].raw is None  # a whole character's bytes are its text's: not kept twice
+
+
+def test_odd_fields_of_an_answer_are_read_where_a_wrong_type_is_a_502_not_a_500_later():
+    """A date that is not a string made /api/tags and /v1/models 500s (read later), null parameters /api/show's, a
+    load answer that is not an object a bare /api/generate's, and a legacy embedding missing /api/embeddings'."""
+    from adapters.fields import count
+    from adapters.ollama import _embedding, model_info_from_wire
+    info = model_info_from_wire("m", "b", {"modified_at": 5, "parameters": None, "capabilities": ["tools", 1],
+                                           "size": "big", "context_length": None})
+    assert (info.parameters, info.capabilities, info.size, info.context_length) == ("", ["tools"], 0, None)
+    assert info.modified_at == model_info_from_wire("m", "b", {}).modified_at  # as for none given
+    with pytest.raises(TypeError):
+        model_info_from_wire("m", "b", {"digest": 7})  # the call's parse: a 502
+    assert count([1], "load_duration") == 0 and count({"load_duration": 12}, "load_duration") == 12
+    with pytest.raises(KeyError):
+        _embedding({})
+    with pytest.raises(TypeError):
+        _embedding({"embedding": 5})
+    assert _embedding({"embedding": [0.5]}) == [0.5]

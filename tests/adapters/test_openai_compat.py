@@ -413,3 +413,18 @@ async def test_llama_server_as_an_openai_server_gets_a_connection_a_request(llam
     finally:
         for backend in (llama, named, fake):
             await backend.close()
+
+
+def test_a_tool_call_index_of_null_is_read_as_none_given_and_one_of_another_type_is_the_backends_mistake():
+    """Fragments indexed null and 0 made sorting them a TypeError outside the parse step: a 500."""
+    from adapters.openai_wire import ChatStream
+
+    def event(index, **fn):
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, "function": fn}]}}]}
+    stream = ChatStream()
+    stream.feed(event(None, name="get", arguments='{"a":'))
+    stream.feed(event(0, arguments=" 1}"))
+    stream.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    assert [(c.name, c.arguments) for c in stream.last().tool_calls] == [("get", {"a": 1})]
+    with pytest.raises(TypeError):
+        ChatStream().feed(event("0", name="get"))

@@ -299,3 +299,12 @@ def test_a_token_that_is_part_of_a_character_gives_its_own_bytes():
     part = TokenLogprob("\ufffd", -0.1, [TokenLogprob("\ufffd", -0.1, raw=b"\xe6\x97")], raw=b"\xe6\x97")
     [entry] = generate_object("tiny", Chunk(logprobs=[part]), 0)["logprobs"]
     assert (entry["bytes"], entry["top_logprobs"][0]["bytes"]) == ([0xE6, 0x97], [0xE6, 0x97])
+
+
+def test_a_tool_call_id_of_null_is_no_id():
+    """It was the string "None": two such calls had one id, and the second's result was paired with the first."""
+    from proxy.dialects.ollama import parse_message
+    calls = [{"id": None, "function": {"name": "f", "arguments": {}}}, {"function": {"name": "g", "arguments": {}}},
+             {"id": 7, "function": {"name": "h", "arguments": {}}}]
+    message = parse_message({"role": "assistant", "content": "", "tool_calls": calls})
+    assert [c.id for c in message.tool_calls] == ["", "", "7"]
