@@ -11,6 +11,7 @@ from .errors import BadRequest
 
 DEFAULT_S = 300.0  # Ollama's default: 5 minutes
 FOREVER = math.inf
+_LONGEST_S = 2**63 / 1e9  # Go's time.Duration, in seconds
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
@@ -44,7 +45,8 @@ def seconds(value: Any) -> float:
             value = go_duration(value)
         except ValueError as exc:
             raise BadRequest(str(exc), param="keep_alive") from exc
-    return FOREVER if value < 0 else float(value)
+    # past Go's longest duration (292 years) is for good too: 1e300 made every later /api/ps a 500 (its expiry date)
+    return FOREVER if value < 0 or value >= _LONGEST_S else float(value)
 
 
 def unloads(value: Any) -> bool:

@@ -111,7 +111,10 @@ def _whole(raw: dict[str, Any], name: str) -> int:
     off, so `num_ctx: 2048.0` is 2048 (clients that keep options as floats send it so). Config files stay strict,
     as a Modelfile's PARAMETER is."""
     value = raw[name]
-    return int(value) if isinstance(value, float) and math.isfinite(value) else get(raw, name, int)
+    whole = int(value) if isinstance(value, float) and math.isfinite(value) else get(raw, name, int)
+    if not -2**63 <= whole < 2**63:  # 1e300 went on as an integer no JSON writer here takes: a 500
+        raise BadRequest(f"{name}: {value:g} is out of range", param=name)
+    return whole
 
 
 def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:

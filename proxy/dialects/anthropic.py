@@ -101,7 +101,7 @@ def _message(raw: Any, where: str, names: dict[str, str]) -> list[Message]:
         raise BadRequest(f"{where}: must be an object", param="messages")
     role = get(raw, "role", str, required=True)
     if role not in ("user", "assistant", "system"):
-        raise BadRequest(f"{where}.role: must be 'user' or 'assistant', got {role!r}", param="messages")
+        raise BadRequest(f"{where}.role: must be 'user', 'assistant' or 'system', got {role!r}", param="messages")
     content = raw.get("content")
     if isinstance(content, str):
         return [Message(role, content)]
@@ -243,7 +243,7 @@ def _tool_choice(raw: Any) -> tuple[Any, bool]:
     if kind == "tool":
         return {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}, parallel
     choices = {"auto": None, "any": "required", "none": "none"}
-    if kind not in choices:
+    if not isinstance(kind, str) or kind not in choices:  # a list there was unhashable: a 500
         raise BadRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
     return choices[kind], parallel
 
@@ -305,7 +305,9 @@ def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     kind = thinking.get("type") if thinking else None
     if kind == "enabled":
         effort = config.get("effort")
-        return EFFORTS.get(effort, effort) if isinstance(effort, str) else True
+        if effort is not None and effort not in EFFORTS:  # it reached the backend as sent, where OpenAI's is a 400
+            raise BadRequest(f"output_config.effort: must be one of {', '.join(EFFORTS)}", param="output_config")
+        return True if effort is None else EFFORTS[effort]
     if kind == "disabled":
         return False
     if kind not in (None, "adaptive"):

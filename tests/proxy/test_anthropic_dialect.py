@@ -281,6 +281,9 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "role"),
     ({"model": "tiny", "max_tokens": 8, "messages": []}, "at least one message"),
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": "sometimes"}}, "tool_choice"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": [1]}}, "tool_choice"),  # was a 500
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": 1024},
+      "output_config": {"effort": "bogus"}}, "effort"),  # it went on to the backend as sent
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "document"),
 ])

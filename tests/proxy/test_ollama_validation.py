@@ -21,6 +21,7 @@ CHAT = [{"role": "user", "content": "hi"}]
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["https://example.com/a.png"]}]}, 400,
      "illegal base64 data at input byte 5"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": [7]}]}, 400, "base64 strings"),
+    ("/api/chat", {"messages": CHAT, "options": {"num_predict": 1e300}}, 400, "out of range"),  # was a 500
 ])
 async def test_refused_as_ollama_refuses(client, scripted: ScriptedBackend, path, body, status, error):
     resp = await client.post(path, json={"model": "tiny", "stream": False, **body})
@@ -50,3 +51,15 @@ async def test_unknown_model_is_ollamas_404(base_url, scripted: ScriptedBackend)
     with pytest.raises(ollama.ResponseError) as e:
         await c.show("tiny")
     assert (e.value.status_code, e.value.error) == (404, "model 'tiny' not found")
+
+
+async def test_a_keep_alive_past_gos_longest_duration_is_for_good(client, scripted: ScriptedBackend):
+    """1e300 seconds made every later /api/ps a 500: its expiry date could not be written."""
+    from adapters import keep_alive
+    assert keep_alive.seconds(1e300) == keep_alive.FOREVER and keep_alive.seconds(3600) == 3600
+    scripted.idle_unload = True
+    resp = await client.post("/api/chat", json={"model": "tiny", "stream": False, "messages": CHAT,
+                                                "keep_alive": 1e300})
+    assert resp.status == 200
+    ps = await client.get("/api/ps")
+    assert ps.status == 200 and (await ps.json())["models"]
