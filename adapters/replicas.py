@@ -221,8 +221,9 @@ class ReplicaSet(Backend):
         errors: list[VeloError] = []
         for replica in self.order(key):
             replica.outstanding += 1
-            stream = open_stream(replica.backend)
+            stream: AsyncIterator[Chunk] | None = None
             try:
+                stream = open_stream(replica.backend)  # may raise at once (a client's bad template): counted down too
                 try:
                     first = await stream.__anext__()
                 except StopAsyncIteration:
@@ -242,7 +243,8 @@ class ReplicaSet(Backend):
                 raise
             finally:
                 replica.outstanding -= 1
-                await stream.aclose()  # type: ignore[attr-defined]
+                if stream is not None:
+                    await stream.aclose()  # type: ignore[attr-defined]
         raise self._every_failed(errors) from errors[-1]
 
     def _every_failed(self, errors: list[VeloError]) -> VeloError:

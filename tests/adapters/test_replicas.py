@@ -75,6 +75,20 @@ async def test_client_errors_are_not_retried_elsewhere():
         await text(rs)
 
 
+async def test_a_stream_refused_before_it_opens_counts_its_replica_down_again():
+    """A backend whose `chat` raises at once (the openai adapter on a client's bad Go template) left its replica's
+    count of outstanding requests one higher for good, which skewed least-busy and affinity choices."""
+    rs, members = replica_set(Script(), Script())
+
+    def refuse(req):  # noqa: ANN001
+        raise BadRequest("template: missing {{ end }}")
+    members[0].chat = members[1].chat = refuse  # type: ignore[method-assign]
+    for _ in range(3):
+        with pytest.raises(BadRequest):
+            await text(rs)
+    assert [r.outstanding for r in rs.replicas] == [0, 0]
+
+
 async def test_circuit_opens_after_repeated_failures_and_closes_after_cooldown():
     rs, members = replica_set(Script(fail_after=0), Script(), breaker_failures=2, breaker_cooldown_s=0.2)
     for _ in range(4):
