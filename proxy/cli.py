@@ -106,13 +106,20 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         hangup.serving()
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+        loop.remove_signal_handler(signal.SIGHUP)
+        hurry = asyncio.Event()  # a second Ctrl-C or SIGTERM: what is left ends now (it printed a traceback)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, hurry.set)
         gc.unfreeze()  # collectable again once it is no longer served (a process that serves again, tests)
-        if runner.server is None:  # it never started: nothing in flight
-            await runner.cleanup()
-        else:
-            await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight, config.server.shutdown_grace_s)
+        try:
+            if runner.server is None:  # it never started: nothing in flight
+                await runner.cleanup()
+            else:
+                await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight,
+                                 config.server.shutdown_grace_s, hurry)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 def _freeze_the_heap() -> None:
@@ -150,15 +157,18 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _shut_down(runner: web.AppRunner, inflight: InFlight, grace: float) -> None:
-    log.info("shutting down: finishing in-flight requests (up to %gs)", grace)
+async def _shut_down(runner: web.AppRunner, inflight: InFlight, grace: float, hurry: asyncio.Event) -> None:
+    log.info("shutting down: finishing in-flight requests (up to %gs; a second Ctrl-C ends them now)", grace)
     for site in list(runner.sites):
         await site.stop()
     assert runner.server is not None
     runner.server.pre_shutdown()  # kept-alive connections take no new request
-    if not await inflight.drained(grace):
+    if not await inflight.drained(grace, until=hurry):
         ended = inflight.cancel_all(ShuttingDown("Velo is shutting down; send the request again"))
-        log.warning("%d requests outlived the grace period of %gs and were ended", ended, grace)
+        if hurry.is_set():
+            log.warning("%d requests ended at a second signal", ended)
+        else:
+            log.warning("%d requests outlived the grace period of %gs and were ended", ended, grace)
         await inflight.drained(_AFTER_ENDING_S)
     await runner.cleanup()
 

@@ -155,10 +155,10 @@ class InFlight:
     def cancel_all(self, reason: VeloError) -> int:
         return sum(self.cancel(request_id, reason) for request_id in list(self.running))
 
-    async def drained(self, timeout: float) -> bool:
-        """Waits up to `timeout` for every request to finish; True when none is left."""
+    async def drained(self, timeout: float, until: asyncio.Event | None = None) -> bool:
+        """Waits up to `timeout` (or until `until` is set) for every request to finish; True when none is left."""
         deadline = time.monotonic() + timeout
-        while self.running and time.monotonic() < deadline:
+        while self.running and time.monotonic() < deadline and not (until is not None and until.is_set()):
             await asyncio.sleep(0.02)
         return not self.running
 

@@ -3,8 +3,10 @@ shutdown, each against a controllable upstream (real sockets where the behaviour
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
+import gc
+import os
+import signal
 import socket
 import time
 from typing import AsyncIterator
@@ -341,6 +343,29 @@ async def test_shutdown_ends_what_outlives_the_grace_period_with_the_dialects_er
         await wait_for(lambda: up.disconnects == 1)  # the upstream's generation was cancelled too
     tail = rest.decode().strip().splitlines()[-1]
     assert "shutting down" in tail and ("error" in tail or "response.failed" in tail), tail
+
+
+async def test_a_second_signal_ends_what_is_left_at_once_with_the_dialects_error():
+    """A second Ctrl-C during the grace period printed a KeyboardInterrupt and cut the streams; now it ends them as
+    the grace period's end does, at once."""
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["w"] * 200)
+        up.script.token_delay = 0.05
+        config = velo_config(up.url, port=free_port(), grace=30)
+        task, _ = await start_serving(config)
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{config.server.port}/v1/chat/completions",
+                              json={**CHAT, "stream": True}) as resp:
+                await resp.content.readline()
+                started = time.monotonic()
+                os.kill(os.getpid(), signal.SIGINT)  # serve's handler: the first stops it, gracefully
+                await asyncio.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGINT)  # the second: now
+                rest = await asyncio.wait_for(resp.read(), 5)
+                await asyncio.wait_for(task, 5)
+                assert time.monotonic() - started < 3  # not the 30 s of grace
+    tail = rest.decode().strip().splitlines()[-1]
+    assert "shutting down" in tail and "error" in tail, tail
 
 
 async def test_slow_clients_cannot_hold_connections():
