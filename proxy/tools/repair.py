@@ -50,7 +50,7 @@ _CLOSER = {"{": "}", "[": "]", "(": "]"}
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _JSON_START = re.compile(r"[{\[]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)  # a JSON string (skipped whole) or a bracket: the scanners' tokens
+BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)  # a JSON string (whole) or a bracket
 # A string that runs to the end of the text is a truncation only if it swallowed no structure: `"units}}]` is a
 # missing closing quote, whose value the fast pass cannot know (80.8% of such texts came out silently wrong).
 _STRUCTURE = re.compile(r'["{}\[\]]|,\s*"|:\s*["{\[]')

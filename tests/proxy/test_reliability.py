@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -324,22 +324,8 @@ async def test_graceful_shutdown_finishes_in_flight_and_refuses_new_connections(
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/responses"])
 async def test_shutdown_ends_what_outlives_the_grace_period_with_the_dialects_error(path: str):
     """Before: aiohttp waited twice the grace, then cut the stream with no error event."""
-    body = {"/api/chat": CHAT, "/v1/chat/completions": {**CHAT, "stream": True},
-            "/v1/messages": {**CHAT, "max_tokens": 500, "stream": True},
-            "/v1/responses": {"model": "m", "input": "hi", "stream": True}}[path]
-    async with FakeOpenAI(models=["m"]) as up:
-        up.script.reply = " ".join(["w"] * 200)
-        up.script.token_delay = 0.05
-        config = velo_config(up.url, port=free_port(), grace=0.3)
-        task, stop = await start_serving(config)
-        async with aiohttp.ClientSession() as s:
-            async with s.post(f"http://127.0.0.1:{config.server.port}{path}", json=body) as resp:
-                await resp.content.readline()
-                started = time.monotonic()
-                stop.set()
-                rest = await asyncio.wait_for(resp.read(), 3)
-                await asyncio.wait_for(task, 3)
-                assert time.monotonic() - started < 2.3  # the grace, then at most the time to write the error
+    async with _shut_down_mid_stream(path, 0.3, lambda stop: stop.set()) as (rest, took, up):
+        assert took < 2.3  # the grace, then at most the time to write the error
         await wait_for(lambda: up.disconnects == 1)  # the upstream's generation was cancelled too
     tail = rest.decode().strip().splitlines()[-1]
     assert "shutting down" in tail and ("error" in tail or "response.failed" in tail), tail
@@ -347,25 +333,41 @@ async def test_shutdown_ends_what_outlives_the_grace_period_with_the_dialects_er
 
 async def test_a_second_signal_ends_what_is_left_at_once_with_the_dialects_error():
     """A second Ctrl-C during the grace period printed a KeyboardInterrupt and cut the streams; now it ends them as
-    the grace period's end does, at once."""
+    the grace period's end does, at once. Real signals, to serve's own handlers (the old code's second one
+    interrupted pytest itself)."""
+    async def twice(_: asyncio.Event) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # the first stops it, gracefully
+        await asyncio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)  # the second: now
+    async with _shut_down_mid_stream("/v1/chat/completions", 30, twice) as (rest, took, _):
+        pass
+    tail = rest.decode().strip().splitlines()[-1]
+    assert took < 3 and "shutting down" in tail and "error" in tail, tail  # not the 30 s of grace
+
+
+@contextlib.asynccontextmanager
+async def _shut_down_mid_stream(path: str, grace: float, end: Callable[[asyncio.Event], Any]
+                                ) -> AsyncIterator[tuple[bytes, float, FakeOpenAI]]:
+    """A stream under way on a served Velo that `end` stops: what the client read, how long it took, and the
+    upstream (still up)."""
+    body = {"/api/chat": CHAT, "/v1/chat/completions": {**CHAT, "stream": True},
+            "/v1/messages": {**CHAT, "max_tokens": 500, "stream": True},
+            "/v1/responses": {"model": "m", "input": "hi", "stream": True}}[path]
     async with FakeOpenAI(models=["m"]) as up:
         up.script.reply = " ".join(["w"] * 200)
         up.script.token_delay = 0.05
-        config = velo_config(up.url, port=free_port(), grace=30)
-        task, _ = await start_serving(config)
+        config = velo_config(up.url, port=free_port(), grace=grace)
+        task, stop = await start_serving(config)
         async with aiohttp.ClientSession() as s:
-            async with s.post(f"http://127.0.0.1:{config.server.port}/v1/chat/completions",
-                              json={**CHAT, "stream": True}) as resp:
+            async with s.post(f"http://127.0.0.1:{config.server.port}{path}", json=body) as resp:
                 await resp.content.readline()
                 started = time.monotonic()
-                os.kill(os.getpid(), signal.SIGINT)  # serve's handler: the first stops it, gracefully
-                await asyncio.sleep(0.2)
-                os.kill(os.getpid(), signal.SIGINT)  # the second: now
+                if (ending := end(stop)) is not None:
+                    await ending
                 rest = await asyncio.wait_for(resp.read(), 5)
                 await asyncio.wait_for(task, 5)
-                assert time.monotonic() - started < 3  # not the 30 s of grace
-    tail = rest.decode().strip().splitlines()[-1]
-    assert "shutting down" in tail and "error" in tail, tail
+                took = time.monotonic() - started
+        yield rest, took, up
 
 
 async def test_slow_clients_cannot_hold_connections():
