@@ -43,10 +43,11 @@ class Residency:
         self._timer: asyncio.Task | None = None
 
     def _stay(self, target: Target) -> Stay:
+        """The model's stay, kept with the newest target: after a config reload, the backend object in force."""
         key = _key(target)
-        if key not in self.stays:
-            self.stays[key] = (target, Stay())
-        return self.stays[key][1]
+        stay = self.stays[key][1] if key in self.stays else Stay()
+        self.stays[key] = (target, stay)
+        return stay
 
     @contextlib.contextmanager
     def use(self, target: Target, keep: Any) -> Iterator[None]:
@@ -97,7 +98,9 @@ class Residency:
         return rfc3339(time.time() + KEPT_LOADED_S if math.isinf(expires) else expires)
 
     async def start(self) -> None:
-        self._timer = asyncio.create_task(self._expire_forever())
+        """Its unload timer, once: each configuration that holds it starts it."""
+        if self._timer is None:
+            self._timer = asyncio.create_task(self._expire_forever())
 
     async def close(self) -> None:
         if self._timer is not None:

@@ -14,13 +14,13 @@ from .base import Next, Services, Stage
 class KeepLoaded(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
-        self.residency = Residency()
+        # one through config reloads: each configuration had its own, so after a reload an engine's model was never
+        # unloaded when its keep_alive ran out, /api/ps lost its expiry, and a `keep_alive: 0` on the new one
+        # unloaded the model under requests still running on the old one
+        self.residency, _ = services.lease.hold("residency", Residency, _close)
 
     async def start(self) -> None:
         await self.residency.start()
-
-    async def close(self) -> None:
-        await self.residency.close()
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
@@ -28,3 +28,7 @@ class KeepLoaded(Stage):
             async with contextlib.aclosing(next(job)) as rest:
                 async for chunk in rest:
                     yield chunk
+
+
+async def _close(residency: Residency) -> None:
+    await residency.close()

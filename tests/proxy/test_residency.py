@@ -143,3 +143,40 @@ async def test_a_backend_that_unloads_for_itself_keeps_no_stay_once_its_requests
     with residency.use(engine_like, "1h"):
         pass
     assert list(residency.stays) == [("scripted", "tiny:latest")]  # its unload is Velo's: when, it keeps
+
+
+async def test_stays_outlive_a_config_reload():
+    """Each configuration had its own: after a reload an engine's model was never unloaded when its keep_alive ran
+    out, /api/ps lost its expiry, and `keep_alive: 0` on the new one unloaded it under a request still running on
+    the old one."""
+    import tempfile
+
+    from proxy.config import Config
+    from proxy.generation import Generation, Generations
+    from proxy.keep import Keep
+    config = Config()
+    config.presets.path = tempfile.mktemp()
+    keep, backend = Keep(), Unloadable()
+    first = Generation.build(1, config, keep, {"s": backend})
+    await first.start()
+    generations = Generations(first)
+    target = await first.router.resolve("tiny")
+    running = first.pipeline.residency.use(target, "10m")
+    running.__enter__()  # a request on the first configuration, still running
+    second = Generation.build(2, config, keep, {"s": backend})
+    await second.start()
+    generations.swap(second)
+    assert second.pipeline.residency is first.pipeline.residency
+    await second.pipeline.residency.unload(target)  # keep_alive 0 on the new configuration
+    assert backend.unloads == 0  # not under the running request
+    running.__exit__(None, None, None)
+    with second.pipeline.residency.use(target, "0.3s"):
+        pass
+    assert second.pipeline.residency.expires_at(target.backend.name, target.model) is not None  # /api/ps shows it
+    await asyncio.gather(*generations.retiring)
+    for _ in range(100):
+        if backend.unloads:
+            break
+        await asyncio.sleep(0.02)
+    assert backend.unloads == 1  # its keep_alive ran out after the first configuration retired
+    await generations.close()
