@@ -67,10 +67,13 @@ class Admit(Stage):
         queues = await asyncio.gather(*(opening for opening, _ in held))
         kept = [(b, q) for b, q, (_, fresh) in zip(backends, queues, held) if not fresh]
         for (backend, queue), slots in zip(kept, await asyncio.gather(*(_slots(b) for b, _ in kept))):
+            asking, queue.asks = queue.asks, None
+            if asking is not None:  # it asks the backend object of an earlier configuration, which closes
+                asking.cancel()
             if slots is not None:
                 queue.controller.resize(slots)
-                if queue.asks is not None:  # it asked the backend object of an earlier configuration
-                    queue.asks.cancel()
+            elif asking is not None:  # still down, and it never said (a queue of 4 for good): this one is asked
+                queue.asks = asyncio.create_task(_ask_again(backend, queue.controller), name=f"slots:{backend.name}")
         for backend, queue in zip(backends, queues):
             queue.controller.max_queue = max_queue
             self.controllers[backend.name] = queue.controller

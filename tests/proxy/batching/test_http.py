@@ -172,6 +172,49 @@ async def test_a_backend_down_at_startup_gets_its_own_slots_once_it_says(monkeyp
         assert backend.peak == 6 and 'velo_backend_slots{backend="scripted"} 6.0' in scraped
 
 
+async def test_a_queue_kept_through_a_reload_asks_the_new_backend_for_its_slots(monkeypatch):
+    """A reload that keeps the queue but makes a new backend object (a timeout changed) while the server is down:
+    the queue went on asking the old object, closed with the old configuration, and kept 4 slots for good."""
+    import tempfile
+
+    from proxy.config import Config
+    from proxy.generation import Generation, Generations
+    from proxy.keep import Keep
+    from proxy.stages import admit
+    monkeypatch.setattr(admit, "_SLOTS_AGAIN_S", 0.05)
+
+    class Server(ScriptedBackend):
+        up, closed = False, False
+
+        async def concurrency(self) -> int:
+            if self.closed or not Server.up:
+                raise ConnectionError("down" if not self.closed else "closed")
+            return 8
+
+        async def close(self) -> None:
+            self.closed = True
+    config = Config()
+    config.presets.path = tempfile.mktemp()
+    keep, old, new = Keep(), Server("s"), Server("s")
+    new.config.total_timeout = old.config.total_timeout + 1
+    first = Generation.build(1, config, keep, {"s": old})
+    await first.start()
+    generations = Generations(first)
+    second = Generation.build(2, config, keep, {"s": new})
+    await second.start()
+    generations.swap(second)
+    await asyncio.gather(*generations.retiring)
+    controller = second.pipeline.stage(admit.Admit).controllers["s"]
+    assert controller is first.pipeline.stage(admit.Admit).controllers["s"] and old.closed
+    Server.up = True
+    for _ in range(50):
+        if controller.limit == 8:
+            break
+        await asyncio.sleep(0.02)
+    assert controller.limit == 8
+    await generations.close()
+
+
 async def test_clients_with_different_api_keys_take_turns_in_the_queue():
     backend = ScriptedBackend(script=Script(delay=0.1))
     backend.config.max_concurrency = 1
