@@ -95,7 +95,7 @@ class ResponseStore:
             if (row := await tier.get(key)) is not None:
                 payload, expires_at = row
                 value = decode(payload)
-                self.memory.put(key, value, len(payload), expires_at - self.memory.clock())
+                self.memory.put(key, value, held_bytes(key, len(payload)), expires_at - self.memory.clock())
                 return value
         return None
 
