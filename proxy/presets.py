@@ -15,7 +15,7 @@ from typing import Any, Mapping, TypeVar
 
 import orjson
 
-from adapters.errors import BadRequest
+from adapters.errors import BadRequest, VeloError
 from adapters.model_card import parameter_lines
 from adapters.protocol import Message, ModelInfo, SamplingOptions
 from adapters.schema import setting
@@ -137,15 +137,30 @@ class PresetStore:
         async with self._lock:
             if preset.name not in self._presets and len(self._presets) >= MAX_PRESETS:
                 raise BadRequest(f"there are {MAX_PRESETS} models created here already; delete one first")
-            self._presets[preset.name] = preset
-            await asyncio.to_thread(_write, self.path, list(self._presets.values()))
+            await self._save({**self._presets, preset.name: preset})
 
     async def delete(self, name: str) -> bool:
         async with self._lock:
-            if self._presets.pop(full_name(name), None) is None:
+            if full_name(name) not in self._presets:
                 return False
-            await asyncio.to_thread(_write, self.path, list(self._presets.values()))
+            await self._save({k: p for k, p in self._presets.items() if k != full_name(name)})
             return True
+
+    async def _save(self, presets: dict[str, Preset]) -> None:
+        """The file first, then what is served: a write that failed (a full disk, a folder taken) left a preset served
+        that the next start would not have, or the other way round, and answered "internal error"."""
+        try:
+            await asyncio.to_thread(_write, self.path, list(presets.values()))
+        except OSError as e:
+            raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {e.strerror or e}") from e
+        self._presets = presets
+
+
+class PresetsNotSaved(VeloError):
+    """The presets file could not be written: Velo's machine, not the client (a 500 that says what and where)."""
+
+    status = 500
+    kind = "server_error"
 
 
 def _read(path: Path) -> dict[str, Preset]:

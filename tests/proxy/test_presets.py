@@ -32,6 +32,24 @@ async def test_the_file_holds_every_change(tmp_path):
     assert again.get("a").options.stop == ["x"]
 
 
+async def test_a_change_that_cannot_be_saved_is_not_served_and_says_why(tmp_path):
+    """The preset went into what is served before the file was written: a write that failed left it served (and a
+    delete that failed left it gone) until a restart said otherwise, and the client read "internal error"."""
+    from proxy.presets import PresetsNotSaved
+    folder = tmp_path / "presets"
+    store = PresetStore(folder / "presets.json")
+    await store.open()
+    await store.put(Preset("a:latest", "base"))
+    (folder / "presets.json").unlink()
+    folder.rmdir()
+    folder.write_text("a file where the folder was")
+    with pytest.raises(PresetsNotSaved, match="could not be saved to"):
+        await store.put(Preset("b:latest", "base"))
+    with pytest.raises(PresetsNotSaved):
+        await store.delete("a")
+    assert [p.name for p in store.all()] == ["a:latest"]
+
+
 async def test_created_models_are_bounded_in_number_and_size(tmp_path, monkeypatch):
     """Anyone may create models where admin_keys is unset, each listed to every client and the file written again
     at each change: 1,500 made-up names took a create from 3 to 44 ms."""
