@@ -31,6 +31,7 @@ from .base import Next, Stage
 
 log = logging.getLogger("velo.fit")
 _ANSWER_SHARE = 4  # a trimmed chat leaves at least 1/4 of the window (or max_tokens, if less) for the answer
+_MIN_CTX = 4  # the smallest window Ollama loads a model with
 
 
 def _unseen(m: Message) -> Message:
@@ -111,7 +112,7 @@ class Fit(Stage):
         if tokens >= limit:
             if not (RULES[job.dialect].trims_context if req.truncate is None else req.truncate):
                 raise ContextOverflow(tokens, limit, _field(req))
-            if req.options.num_ctx is not None and tokens < _granted(info, req.options.num_ctx):
+            if (asked := _num_ctx(req)) is not None and tokens < _granted(info, asked):
                 # Ollama would load the model with that num_ctx and answer whole; a trim here dropped the file
                 # Aider sized num_ctx to hold, and Aider wrote the model's guess over it
                 raise ContextOverflow(tokens, limit, _field(req), f", which num_ctx {req.options.num_ctx} would hold "
@@ -124,7 +125,14 @@ def _window(info: ModelInfo | None, req: Request) -> int | None:
     """The window the request gets where Velo knows the model's: a client's num_ctx narrows it, never widens it."""
     if info is None or not info.context_length:
         return None
-    return min(info.context_length, req.options.num_ctx or info.context_length)
+    return min(info.context_length, _num_ctx(req) or info.context_length)
+
+
+def _num_ctx(req: Request) -> int | None:
+    """The client's num_ctx as Ollama loads a model with it: at least 4 (server/sched.go), where 1-3 left a window
+    too small to keep any room for the answer, and a negative one was "a window of -1 tokens"."""
+    asked = req.options.num_ctx
+    return max(asked, _MIN_CTX) if asked else None
 
 
 def _granted(info: ModelInfo, num_ctx: int) -> int:

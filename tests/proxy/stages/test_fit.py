@@ -349,3 +349,18 @@ async def test_a_tool_results_image_reaches_a_model_that_sees(velo):
     resp = await c.post("/v1/messages", json={"model": "tiny", **READ_A_PICTURE})
     result = backend.requests[0].messages[-1]
     assert resp.status == 200 and (result.role, result.content, result.images) == ("tool", "cat.png", [PNG])
+
+
+async def test_a_num_ctx_under_4_is_read_as_ollama_loads_it(velo):
+    """Ollama loads a model with a window of at least 4 (server/sched.go). A prompt that filled a num_ctx of 3 was
+    "trimmed" by nothing ("3 -> 3 tokens") and sent with no room for its answer; -1 was "a window of -1 tokens"."""
+    c, backend = await velo()
+
+    async def ask(num_ctx: int, text: str):
+        return await c.post("/api/chat", json={"model": "tiny", "stream": False, "options": {"num_ctx": num_ctx},
+                                               "messages": [{"role": "user", "content": text}]})
+    full = await ask(3, "one two")  # 3 tokens by the scripted count
+    assert full.status == 200 and "X-Velo-Context-Trimmed" not in full.headers
+    negative = await ask(-1, "one two three four five")
+    assert negative.status == 200, await negative.text()
+    assert negative.headers["X-Velo-Context-Trimmed"].endswith("(6 -> 3 tokens)")
