@@ -30,6 +30,7 @@ from yarl import URL
 
 from .base import BackendConfig
 from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
+from .bursts import Burst
 from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
                      ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
 
@@ -342,7 +343,7 @@ class Upstream:
         loop = asyncio.get_running_loop()
         deadline = None if total is None else loop.time() + total
         wait, what = first_wait, "sent no first data"
-        content = resp.content
+        content, burst = resp.content, Burst()
         while True:
             limit = wait if deadline is None else min(wait, deadline - loop.time())
             late = limit < wait  # the whole answer's time runs out first
@@ -360,6 +361,7 @@ class Upstream:
             if not data:
                 return
             yield data
+            await burst.pause()  # what arrived together is read without waiting (adapters/bursts.py)
             if started is None or started.begun:
                 wait, what = self.config.idle_timeout, "sent no data between chunks"
             else:

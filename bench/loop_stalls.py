@@ -3,8 +3,8 @@ way it was before, in the same run:
 
 - a full garbage collection in a serving process (the engine and the semantic tier loaded: ~500k objects alive),
   with what the start left alive frozen out of the collector's sight (`velo serve` does it) and without;
-- the replay of a 60,000-piece cached answer, writing in bursts of at most 5 ms (proxy/http_io.py `_BURST_S`) and
-  in one burst, as before; the figure is the longest another task waited.
+- the replay of a 60,000-piece cached answer, in bursts of at most 5 ms (adapters/bursts.py `BURST_S`) and in one
+  burst, as before; the figure is the longest another task waited.
 
     python bench/loop_stalls.py [--rounds 3]
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
-from proxy import http_io  # noqa: E402
+from adapters import bursts  # noqa: E402
 from proxy.app import make_app  # noqa: E402
 from proxy.config import Config, parse_config  # noqa: E402
 from tests.loop_watch import loop_gaps  # noqa: E402
@@ -45,7 +45,7 @@ def full_collection_ms(frozen: bool) -> float:
 
 async def replay_held_ms(client: TestClient, burst_s: float) -> float:
     """The longest another task waited while the cached answer was replayed."""
-    http_io._BURST_S = burst_s
+    bursts.BURST_S = burst_s
 
     async def replayed() -> None:
         resp = await client.post("/v1/chat/completions", json=CHAT)
@@ -65,7 +65,7 @@ async def main(rounds: int) -> None:
             collections.append((full_collection_ms(True), full_collection_ms(False)))
             print(f"round {r}: a full collection {collections[-1][0]:.1f} ms frozen, {collections[-1][1]:.1f} ms "
                   "not", flush=True)
-    burst = http_io._BURST_S
+    burst = bursts.BURST_S
     backend = ScriptedBackend(script=Script(pieces=["w "] * PIECES))
     async with TestClient(TestServer(make_app(Config(), {"s": backend}))) as client:
         await (await client.post("/v1/chat/completions", json=CHAT)).read()  # cached
@@ -74,11 +74,11 @@ async def main(rounds: int) -> None:
             replays.append((await replay_held_ms(client, burst), await replay_held_ms(client, float("inf"))))
             print(f"round {r}: a {PIECES:,}-piece replay held the loop {replays[-1][0]:.1f} ms in bursts, "
                   f"{replays[-1][1]:.1f} ms in one", flush=True)
-    http_io._BURST_S = burst
+    bursts.BURST_S = burst
     frozen, thawed = (statistics.median(c[i] for c in collections) for i in range(2))
-    bursts, whole = (statistics.median(c[i] for c in replays) for i in range(2))
-    print(f"median: a full collection {frozen:.1f} ms frozen against {thawed:.1f} ms ({frozen / thawed:.3f}x); "
-          f"a {PIECES:,}-piece replay held the loop {bursts:.1f} ms against {whole:.1f} ms ({bursts / whole:.2f}x)")
+    in_bursts, whole = (statistics.median(c[i] for c in replays) for i in range(2))
+    print(f"median: a full collection {frozen:.1f} ms frozen against {thawed:.1f} ms ({frozen / thawed:.3f}x); a "
+          f"{PIECES:,}-piece replay held the loop {in_bursts:.1f} ms against {whole:.1f} ms ({in_bursts / whole:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -121,9 +121,6 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
     return out.resp  # type: ignore[return-value]
 
 
-_BURST_S = 0.005  # the longest a stream writes without letting others run: ~5,000 pieces of a cached answer
-
-
 @dataclass
 class _Out:
     """One stream's response, written by the stream and by the heartbeats' timer. A write's bytes join the response's
@@ -135,7 +132,6 @@ class _Out:
     resp: web.StreamResponse | None = None  # once its head is out
     opening: asyncio.Lock = field(default_factory=asyncio.Lock)
     last: float = field(default_factory=time.monotonic)  # when something was last written (or the stream began)
-    let_others: float = field(default_factory=time.monotonic)  # when its writes last let other tasks run
 
     async def open(self) -> web.StreamResponse:
         """The response, its head sent once, by whichever comes first: the stream's first item or a heartbeat."""
@@ -147,14 +143,8 @@ class _Out:
         return self.resp
 
     async def write(self, data: bytes) -> None:
-        """A write waits for nothing while the socket takes it, and a cache hit's chunks or an upstream's buffered
-        ones wait for nothing either: a 60,000-piece answer held the loop for 62 ms. Past _BURST_S, the other tasks
-        get a turn."""
-        self.last = now = time.monotonic()
+        self.last = time.monotonic()
         await self.resp.write(data)  # type: ignore[union-attr]
-        if now - self.let_others > _BURST_S:
-            self.let_others = now
-            await asyncio.sleep(0)
 
     async def beat(self, encode: Callable[[Any], bytes], heartbeat: Any, every: float) -> None:
         """`heartbeat` written whenever `every` seconds passed without a write, until cancelled or the client left."""

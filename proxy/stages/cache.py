@@ -9,6 +9,7 @@ from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from adapters.bursts import Burst
 from adapters.protocol import Chunk, ModelInfo, Usage
 
 from ..cache import CacheLayer
@@ -84,7 +85,7 @@ async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
     """The cached answer with the replay's own timings (the lookup as prompt evaluation, the replay as decoding,
     no load) and the original token counts, and tool calls with ids of their own, as a fresh answer's (an agent
     pairs results with calls by id); cached chunks are shared, so the ones changed are copied."""
-    found = time.perf_counter_ns()
+    found, burst = time.perf_counter_ns(), Burst()
     for chunk in chunks:
         if chunk.tool_calls:
             chunk = replace(chunk, tool_calls=[replace(call, id=new_call_id()) for call in chunk.tool_calls])
@@ -94,6 +95,7 @@ async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
                                                chunk.usage.cached_tokens, total_ns=now - started_ns,
                                                prompt_eval_ns=found - started_ns, eval_ns=now - found))
         yield chunk
+        await burst.pause()  # a long answer replayed whole held the event loop (adapters/bursts.py)
 
 
 def _keyed(job: Job, info: ModelInfo | None) -> Request:
