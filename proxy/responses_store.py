@@ -11,7 +11,7 @@ import orjson
 
 from adapters.schema import setting
 
-from .cache.memory import MemoryLRU, held_bytes
+from .cache.memory import MemoryLRU
 
 
 @dataclass
@@ -73,7 +73,7 @@ class ResponseStore:
             await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode())
 
     async def _put(self, key: str, value: Any, payload: bytes) -> None:
-        self.memory.put(key, value, held_bytes(key, len(payload)), self.cfg.ttl_s)
+        self.memory.put_encoded(key, value, len(payload), self.cfg.ttl_s)
         for tier in self.tiers:
             await tier.put(key, payload, self.memory.clock() + self.cfg.ttl_s)
 
@@ -95,7 +95,7 @@ class ResponseStore:
             if (row := await tier.get(key)) is not None:
                 payload, expires_at = row
                 value = decode(payload)
-                self.memory.put(key, value, held_bytes(key, len(payload)), expires_at - self.memory.clock())
+                self.memory.put_encoded(key, value, len(payload), expires_at - self.memory.clock())
                 return value
         return None
 

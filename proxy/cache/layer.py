@@ -15,7 +15,7 @@ from adapters.protocol import Chunk
 from .codec import decode_chunks, encode_chunks
 from .config import CacheConfig
 from .keys import Request, digest, exact_key, semantic_query
-from .memory import MemoryLRU, held_bytes
+from .memory import MemoryLRU
 from .policy import Policy, complete_stream
 from .semantic import Embedded, Embedder, Entry, ScopeIndex
 from .stats import CacheStats
@@ -150,7 +150,7 @@ class CacheLayer:
             if found is not None:
                 payload, expires_at = found
                 chunks = decode_chunks(payload)
-                self.memory.put(key, chunks, held_bytes(key, len(payload)), expires_at - self.clock())
+                self.memory.put_encoded(key, chunks, len(payload), expires_at - self.clock())
                 return chunks
         return None
 
@@ -212,7 +212,7 @@ class CacheLayer:
             return False
         key, payload = asked.key, encode_chunks(chunks)
         expires_at = self.clock() + policy.ttl_s
-        self.memory.put(key, decode_chunks(payload), held_bytes(key, len(payload)), policy.ttl_s)
+        self.memory.put_encoded(key, decode_chunks(payload), len(payload), policy.ttl_s)
         await asyncio.gather(*(self._put(store, key, payload, expires_at, label) for store in self.stores))
         if policy.semantic and self.embedder is not None:
             await self._store_semantic(asked, payload, expires_at)
