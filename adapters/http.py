@@ -29,10 +29,10 @@ import orjson
 from yarl import URL
 
 from .base import BackendConfig
-from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
 from .bursts import Burst
 from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
                      ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
+from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
 
 T = TypeVar("T")
 R = TypeVar("R", ChatRequest, CompletionRequest)

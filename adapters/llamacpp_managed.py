@@ -150,11 +150,12 @@ class ManagedLlamaCpp(LlamaCppBackend):
         self._following = asyncio.get_running_loop().create_task(self._follow(self.process))
         deadline = started + self.config.first_token_timeout
         while not await self.healthy_now():
-            if self.process.returncode is not None or time.monotonic() > deadline:
-                if self.process.returncode is not None:  # its last words may not have been read yet
+            exited = self.process.returncode is not None
+            if exited or time.monotonic() > deadline:
+                if exited:  # its last words may not have been read yet
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(asyncio.shield(self._following), _LAST_WORDS_S)
-                why = f"exited with {self.process.returncode}" if self.process.returncode is not None \
+                why = f"exited with {self.process.returncode}" if exited \
                     else f"was not ready within {self.config.first_token_timeout:g}s"
                 raise BackendUnavailable(f"backend {self.name!r}: llama-server {why}: {' | '.join(self._output)}")
             await asyncio.sleep(_HEALTH_POLL_S)

@@ -140,10 +140,11 @@ class PresetStore:
             await self._save({**self._presets, preset.name: preset})
 
     async def delete(self, name: str) -> bool:
+        name = full_name(name)
         async with self._lock:
-            if full_name(name) not in self._presets:
+            if name not in self._presets:
                 return False
-            await self._save({k: p for k, p in self._presets.items() if k != full_name(name)})
+            await self._save({k: p for k, p in self._presets.items() if k != name})
             return True
 
     async def _save(self, presets: dict[str, Preset]) -> None:
