@@ -43,9 +43,17 @@ class Generation:
     @classmethod
     def build(cls, number: int, config: Config, keep: Keep, given: dict[str, Backend] | None = None) -> "Generation":
         """Backends come from the keep when their table is unchanged, else are made (or taken from `given`, tests'
-        ready-made backends)."""
-        from adapters.registry import make_backend  # only configured kinds import their adapters
+        ready-made backends). A build that fails gives back what it took."""
         lease = keep.lease()
+        try:
+            return cls._made(number, config, lease, given)
+        except BaseException:
+            lease.let_go()
+            raise
+
+    @classmethod
+    def _made(cls, number: int, config: Config, lease: Lease, given: dict[str, Backend] | None) -> "Generation":
+        from adapters.registry import make_backend  # only configured kinds import their adapters
         swaps, _ = lease.hold("llamacpp:swaps", Swaps)  # llama-servers Velo runs, across generations
         made = given if given is not None else {b.name: b for b in config.backends}
         backends, fresh = {}, []

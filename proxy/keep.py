@@ -73,3 +73,14 @@ class Lease:
                         await held.close(held.value)
                     except Exception:  # noqa: BLE001 - one thing failing to close must not keep the rest open
                         log.exception("closing %s failed", key)
+
+    def let_go(self) -> None:
+        """A generation whose build failed gives back what it took. Building only makes things (opening them is
+        `Generation.start`'s job), so nothing is closed: what it made alone is forgotten, what others hold keeps
+        their count. Without this, a refused reload left its holds behind and a kept backend was never closed."""
+        while self.keys:
+            key = self.keys.pop()
+            held = self.keep._held[key]
+            held.users -= 1
+            if held.users == 0:
+                del self.keep._held[key]

@@ -131,6 +131,26 @@ async def test_a_bad_config_is_refused_with_its_error_logged_and_the_old_one_sta
         assert value(await scrape(c), "velo_config_reloads_total", outcome="refused") == 2
 
 
+async def test_a_config_refused_while_its_backends_are_made_holds_nothing_back(tmp_path, two_fakes):
+    """An engine option no schema checks until the backend is made (a Go duration): the refused build had kept its
+    hold on backend "a", so the reload that later dropped "a" never closed it."""
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        first = app[GENERATIONS].current
+        path.write_text(toml(a.url, b.url, "a") + '[[backends]]\nname = "e"\nkind = "engine"\n'
+                                                  '[backends.options]\nkeep_alive = "abc"\n')
+        assert not await app[RELOADER].reload()
+        assert app[RELOADER].last_error == 'time: invalid duration "abc"'
+        path.write_text(toml(b.url, b.url, "b").replace(f'name = "a"\nkind = "openai"\nurl = "{b.url}"\n\n'
+                                                        "[[backends]]\n", ""))
+        assert await app[RELOADER].reload()
+        await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
+        assert first.backends["a"].http._session is None
+
+
 async def test_keys_limits_and_cache_settings_change_live_and_the_cache_survives_other_edits(tmp_path, two_fakes):
     a, b = two_fakes
     path = tmp_path / "config.toml"
