@@ -58,8 +58,12 @@ def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
 def _as_llama_reads(knobs: dict[str, Any]) -> dict[str, Any]:
     """Knobs outside the engine's ranges as llama.cpp's sampler reads them (Ollama passes any value to it, and so
     does its dialect; the others' bounds are checked as their APIs check them): a temperature below 0, a top_p at or
-    below 0 or a min_p above 1 keeps only the likeliest token (greedy); a top_p above 1 or a min_p below 0 is off."""
-    t, p, m = knobs.get("temperature"), knobs.get("top_p"), knobs.get("min_p")
+    below 0 or a min_p above 1 keeps only the likeliest token (greedy); a top_p above 1 or a min_p below 0 is off.
+    A repeat penalty at or below 0 is off too: llama.cpp divides by it (a seen token's logit became +inf, and every
+    logprob NaN), and Ollama's own engine has no repeat penalty, so such a client meant "none"."""
+    t, p, m, r = knobs.get("temperature"), knobs.get("top_p"), knobs.get("min_p"), knobs.get("repetition_penalty")
+    if r is not None and r <= 0:
+        knobs["repetition_penalty"] = 1.0
     if (t is not None and t < 0) or (p is not None and p <= 0) or (m is not None and m > 1):
         knobs["temperature"] = 0.0
     if p is not None and not 0 < p <= 1:

@@ -34,7 +34,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to these tokens' logits, before penalties
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
+        if self.max_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1 \
+                or self.repetition_penalty <= 0:
             raise ValueError(f"invalid sampling parameters: {self}")
 
     @property

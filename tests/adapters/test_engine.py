@@ -334,6 +334,9 @@ async def test_num_ctx_narrows_what_is_embedded(backend):
     ({"min_p": 2.0, "temperature": 0.7}, {"temperature": 0.0, "min_p": 0.0}),
     ({"min_p": -0.5, "temperature": 0.7}, {"temperature": 0.7, "min_p": 0.0}),
     ({"top_p": 0.5, "min_p": 0.1, "temperature": 0.7}, {"temperature": 0.7, "top_p": 0.5, "min_p": 0.1}),
+    ({"repeat_penalty": 0.0}, {"repetition_penalty": 1.0}),
+    ({"repeat_penalty": -1.5}, {"repetition_penalty": 1.0}),
+    ({"repeat_penalty": 0.5}, {"repetition_penalty": 0.5}),
 ])
 def test_knobs_out_of_range_are_read_as_llama_cpp_reads_them(given, read):
     """Ollama passes any value to llama.cpp's sampler and its dialect does too; before, the engine answered a 400

@@ -95,3 +95,9 @@ def test_logit_bias_bans_and_forces_tokens_per_row_and_leaves_the_logits_alone()
     assert Sampler(seed=0)(logits, rows).token_ids == [1, 4, 0]  # id 99 is past the vocabulary: ignored
     assert torch.equal(logits, before)
     assert support(logit_bias={0: -100, 1: -100}) == {2, 3, 4}
+
+
+def test_a_repetition_penalty_at_or_below_zero_is_refused():
+    """Dividing a seen token's logit by 0 made it +inf and every logprob NaN; the adapter reads such a value as off."""
+    with pytest.raises(ValueError, match="invalid sampling parameters"):
+        SamplingParams(repetition_penalty=0.0)
