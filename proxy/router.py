@@ -55,13 +55,14 @@ class Router:
         self.listings = Listings(backends, listing_timeout, refresh_s, unknown_ttl_s, start_listing_s)
         # (backend, model) -> what the backend said, and when; least recently asked first
         self._info: OrderedDict[tuple[str, str], _Info] = OrderedDict()
+        self._asking: set[asyncio.Task] = set()  # the /api/show calls under way, an evicted entry's among them
 
     async def start(self) -> None:
         await self.listings.start()
 
     async def close(self) -> None:
         await self.listings.close()
-        pending = [e.task for e in self._info.values() if e.task is not None and not e.task.done()]
+        pending = list(self._asking)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -80,13 +81,19 @@ class Router:
             entry = self._info[key] = _Info(0.0, None)
             if len(self._info) > _INFO_ENTRIES:
                 self._info.popitem(last=False)
-            entry.task = asyncio.create_task(self._show(target, entry))
+            entry.task = self._ask(target, entry)
             await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
         elif time.monotonic() - entry.at > self.info_ttl_s and (entry.task is None or entry.task.done()):
-            entry.task = asyncio.create_task(self._show(target, entry))
+            entry.task = self._ask(target, entry)
         elif entry.at == 0.0 and entry.task is not None:
             await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
         return entry.info
+
+    def _ask(self, target: Target, entry: _Info) -> asyncio.Task:
+        task = asyncio.create_task(self._show(target, entry))
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+        return task
 
     async def _show(self, target: Target, entry: _Info) -> None:
         """A backend that cannot answer for a while keeps what it said last (the window and capabilities the fit

@@ -293,3 +293,30 @@ async def test_the_model_info_kept_is_bounded_by_the_names_asked_most_recently(m
         assert await router.model_info(Target(backend, f"made-up-{i}", "other")) is None
         await router.model_info(known)  # asked again: kept, as the most recent
     assert len(router._info) == 3 and ("b", "tiny:latest") in router._info
+
+
+async def test_closing_cancels_the_show_of_an_entry_the_bound_evicted(monkeypatch):
+    """An entry evicted while its refresh was still asked (a slow backend) left its task behind, which closing the
+    router did not cancel: it ran on against a closed backend."""
+    from proxy import router as router_module
+    monkeypatch.setattr(router_module, "_INFO_ENTRIES", 1)
+
+    class Slow(ScriptedBackend):
+        slow = False
+
+        async def show(self, model: str):
+            if self.slow and model == "first":
+                await asyncio.sleep(60)
+            return await super().show("tiny:latest")
+
+    backend = Slow("b", ("tiny:latest",))
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "http://u:1"}]}), {"b": backend},
+                    info_ttl_s=0, listing_timeout=30)
+    await router.model_info(Target(backend, "first", "b"))
+    backend.slow = True
+    await router.model_info(Target(backend, "first", "b"))  # its refresh runs behind the request's back
+    refresh = router._info[("b", "first")].task
+    await router.model_info(Target(backend, "second", "b"))  # evicts "first", still asking
+    assert ("b", "first") not in router._info and not refresh.done()
+    await router.close()
+    assert refresh.cancelled()
