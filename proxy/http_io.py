@@ -75,7 +75,8 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
                        on_error: Callable[[VeloError], bytes], content_type: str,
                        headers: Callable[[], dict[str, str]] = dict, trailer: bytes = b"",
                        finish: Callable[[], Awaitable[bytes]] | None = None,
-                       streamed_errors: tuple[type[VeloError], ...] = (), heartbeat: Any = None) -> web.StreamResponse:
+                       streamed_errors: tuple[type[VeloError], ...] = (), heartbeat: Any = None,
+                       ends: Callable[[Any], bool] | None = None) -> web.StreamResponse:
     """Streams `stream` item by item through `encode`; the first item is awaited before the headers (`headers()`,
     read then: the pipeline has decided the cache outcome by its first chunk) go out. A failure before that
     propagates (the error middleware answers in the dialect), unless it is one of `streamed_errors`, which the
@@ -83,7 +84,11 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
 
     `heartbeat`: the item `encode` makes the dialect's empty event of, written (the headers first) whenever the
     stream has sent nothing for `server.heartbeat_s`, by a timer beside the handler's task: the pipeline stays in
-    that task, whose cancelling is how a newer autocomplete and an admin's cancel stop it."""
+    that task, whose cancelling is how a newer autocomplete and an admin's cancel stop it.
+
+    `ends`: whether an item ends the answer. What the pipeline does after that item (the cache's store) writes
+    nothing: no heartbeat, and an error is logged, not sent. A client got heartbeats, or an error event that the
+    SDKs raise, after its answer had ended."""
     out = _Out(request, lambda: web.StreamResponse(headers={"Content-Type": content_type,
                                                             "Cache-Control": "no-cache", **headers()}))
     every = request[GENERATION].config.server.heartbeat_s if heartbeat is not None else 0
@@ -98,10 +103,25 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
             await out.open()
             if early is not None:
                 raise early
+            ended = False
+
+            async def put(item: Any) -> None:
+                nonlocal ended
+                if not ended:
+                    await out.write(encode(item))
+                    ended = ends is not None and ends(item)
+                    if ended and beating is not None:
+                        beating.cancel()
             if first is not None:
-                await out.write(encode(first))
-            async for item in rest:
-                await out.write(encode(item))
+                await put(first)
+            try:
+                async for item in rest:
+                    await put(item)
+            except Exception as e:
+                if not ended:
+                    raise
+                log.warning("%s failed after its answer ended: %s", request.path,
+                            e.logged(answers=False) if isinstance(e, VeloError) else repr(e))
         finally:
             if beating is not None:
                 beating.cancel()

@@ -42,7 +42,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async def finish() -> bytes:
         return writer.finish()
     return await write_stream(request, stream, writer.encode, anthropic.error_event, "text/event-stream", headers,
-                              finish=finish, heartbeat=Chunk(heartbeat=True))
+                              finish=finish, heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.done)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -131,7 +131,8 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
     if job.request.stream:
         return await write_stream(request, as_streamed(stream), lambda c: ndjson(shape(c)),
                                   lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
-                                  job.outcome.headers, heartbeat=Chunk(heartbeat=True))
+                                  job.outcome.headers, heartbeat=Chunk(heartbeat=True),
+                                  ends=lambda c: c.finish_reason is not None)
     whole = aggregate(await collect(stream))
     whole.finish_reason = whole.finish_reason or "stop"
     return json_response(shape(whole), headers=job.outcome.headers())

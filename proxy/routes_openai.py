@@ -125,9 +125,15 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
             return head or SSE_KEEPALIVE
         return head + sse(shape(index, chunk))
 
+    unfinished = len(streams)  # choices still answering
+
+    def ends(item: tuple[int, Chunk]) -> bool:
+        nonlocal unfinished
+        unfinished -= item[1].finish_reason is not None
+        return unfinished == 0
     return await write_stream(request, merge([as_streamed(s) for s in streams]), encode,
                               lambda e: sse(openai.error_object(e)), "text/event-stream", lambda: _headers(jobs),
-                              SSE_DONE, finish, heartbeat=(0, Chunk(heartbeat=True)))
+                              SSE_DONE, finish, heartbeat=(0, Chunk(heartbeat=True)), ends=ends)
 
 
 async def embeddings(request: web.Request) -> web.Response:

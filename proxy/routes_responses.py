@@ -14,8 +14,9 @@ turn as an invalid request (codex-rs core/src/api_bridge.rs)."""
 from __future__ import annotations
 
 import time
+from contextlib import aclosing
 from dataclasses import replace
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -54,13 +55,28 @@ async def create(request: web.Request) -> web.StreamResponse:
         return json_response(obj, headers=headers())
     writer = ResponseStream(resp_id, parsed, compacting=parsed.compact)
 
+    async def kept(events: bytes) -> bytes:
+        """The response's last events, once it is stored: a client that continued at once (`previous_response_id`)
+        found no response, `response.completed` having gone out before the pipeline's work after the answer."""
+        if writer.final is not None and writer.final["status"] != "failed":
+            await _keep(request, parsed, history, writer.final)
+        return events
+
+    async def stored_first(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk | bytes]:
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk if chunk.finish_reason is None else await kept(writer.encode(chunk))
+
     async def finish() -> bytes:
-        return writer.finish()
-    resp = await write_stream(request, stream, writer.encode, writer.fail, "text/event-stream", headers,
-                              finish=finish, streamed_errors=(ContextOverflow,), heartbeat=Chunk(heartbeat=True))
-    if writer.final is not None and writer.final["status"] != "failed":
-        await _keep(request, parsed, history, writer.final)
-    return resp
+        return await kept(writer.finish())
+    return await write_stream(request, stored_first(stream), _encoded_or(writer.encode), writer.fail,
+                              "text/event-stream", headers, finish=finish, streamed_errors=(ContextOverflow,),
+                              heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
+
+
+def _encoded_or(encode: Callable[[Chunk], bytes]) -> Callable[[Chunk | bytes], bytes]:
+    """The writer's events for a chunk, or a finishing chunk's already written out (`stored_first`)."""
+    return lambda item: item if isinstance(item, bytes) else encode(item)
 
 
 async def compact(request: web.Request) -> web.Response:

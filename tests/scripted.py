@@ -32,6 +32,8 @@ class Script:
     total_ns: int = 0  # the timings the finishing chunk reports (all of it decoding)
     empties: int = 0  # empty chunks before each piece, as a backend holding text back for a stop string sends
     cached_tokens: int = 0  # of the 5 prompt tokens, those the backend's prefix cache served
+    after_finish: float = 0.0  # the stream stays open this long past its finishing chunk (a stage's work after it)
+    fail_after_finish: bool = False  # then raises BackendError
 
 
 class ScriptedBackend(Backend):
@@ -93,6 +95,10 @@ class ScriptedBackend(Backend):
                         finish_reason=s.finish_reason,  # type: ignore[arg-type]
                         usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces), cached_tokens=s.cached_tokens,
                                     total_ns=s.total_ns, eval_ns=s.total_ns))
+            if s.after_finish:
+                await asyncio.sleep(s.after_finish)
+            if s.fail_after_finish:
+                raise BackendError("scripted backend broke after its answer")
             self.completed += 1
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled += 1

@@ -462,8 +462,10 @@ class MessageStream:
         return out + [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _end(self, reason: str, usage: Usage | None, stop: str | None = None) -> list[bytes]:
+        """An answer with no content at all ends with an empty text block, as the whole answer has one
+        (`message_object`)."""
         self.done = True
-        out = self._close()
+        out = (self._block("text", {"text": ""}) if self.index < 0 else []) + self._close()
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
                  "usage": usage_object(usage)}
         if self.context is not None:

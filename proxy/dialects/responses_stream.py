@@ -47,6 +47,8 @@ class ResponseStream:
     compaction_id: str = field(default_factory=lambda: new_id("cmp"))
 
     def encode(self, chunk: Chunk) -> bytes:
+        if self.final is not None:  # a heartbeat while the route stores the response (routes_responses.py)
+            return b""
         if chunk.heartbeat:
             # the API has no keepalive event, and Codex's idle timer counts events, not SSE comments: it dropped, and
             # sent again, a stream whose prompt a CPU read for minutes
@@ -176,7 +178,9 @@ class ResponseStream:
         return out
 
     def _end(self, status: str, usage: Usage | None, finish: FinishReason | None = None) -> list[bytes]:
-        out = self._close("incomplete" if status == "incomplete" else "completed")
+        """An answer with no output at all ends with an empty message, as the whole answer has one (`output_items`)."""
+        out = self._item("message") if not self.output and self.open is None else []
+        out += self._close("incomplete" if status == "incomplete" else "completed")
         self.final = response_object(self.resp_id, self.parsed, self.created_at, status, self.output, usage,
                                      finish=finish)
         return out + [self._event("response.completed", {"response": self.final})]

@@ -489,3 +489,14 @@ def test_context_management_defaults_and_claude_codes_keep_all():
                   "clear_tool_inputs": ["Bash"], "exclude_tools": ["Read"]}) == (context_edits.ClearToolUses(
         trigger_tokens=None, trigger_uses=5, exclude=frozenset({"Read"}), clear_inputs=frozenset({"Bash"})),)
     assert anthropic_dialect.parse_messages({"model": "tiny", "max_tokens": 8, "messages": USER}).edits is None
+
+
+async def test_an_empty_answer_streams_the_empty_text_block_the_whole_answer_has(base_url, scripted: ScriptedBackend):
+    """A model that says nothing: the whole answer has one empty text block (code reading `content[0].text`), and
+    the stream had none, so the SDK's streamed message had no content at all."""
+    scripted.script.pieces = []
+    whole = await _client(base_url).messages.create(model="tiny", max_tokens=64, messages=USER)
+    async with _client(base_url).messages.stream(model="tiny", max_tokens=64, messages=USER) as stream:
+        final = await stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content] == \
+        [{"type": "text", "text": "", "citations": None}]

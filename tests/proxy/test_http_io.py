@@ -20,6 +20,7 @@ from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
 from tests.loop_watch import loop_gaps
 from tests.proxy.test_metrics import scrape, value
+from tests.proxy.test_stream_faults import stream_error
 from tests.proxy.tools.test_http import BAD, CALL, MESSAGES, WEATHER, _cut
 from tests.scripted import Script, ScriptedBackend
 
@@ -61,6 +62,26 @@ async def test_a_backend_silent_before_its_first_token_gets_heartbeats_in_every_
     raw = await resp.read()
     before, _, after = raw.partition(b"Hel")
     assert resp.status == 200 and before.count(beat) >= 2 and b"lo" in after and b" world" in after
+
+
+# Each dialect's last event of an answer
+ENDS = {"/api/chat": b'"done":true', "/v1/chat/completions": b'"finish_reason":"stop"',
+        "/v1/messages": b"event: message_stop", "/v1/responses": b"event: response.completed"}
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(after_finish=0.3, fail_after_finish=True))])
+@pytest.mark.parametrize("path,body,beat", DIALECTS)
+async def test_nothing_but_the_dialects_end_follows_an_answers_last_event(client: TestClient, path: str, body: dict,
+                                                                          beat: bytes) -> None:
+    """What the pipeline does after the answer (the cache's store; here the backend's stream, open past its finishing
+    chunk, then failing) wrote heartbeats after `message_stop` or `response.completed`, and an error event, which
+    the SDKs raise, on an answer that had ended."""
+    resp = await client.post(path, json=body)
+    raw = await resp.read()
+    tail = raw.partition(ENDS[path])[2]
+    assert resp.status == 200 and beat not in tail and b'"error":{' not in tail and b'"error":"' not in tail
+    assert stream_error(path, raw) is None
+    assert tail.count(b"\n\n" if path.startswith("/v1/") else b"\n") == (2 if path == "/v1/chat/completions" else 1)
 
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(silence=0.3))])

@@ -399,3 +399,27 @@ async def test_input_tokens_counts_the_turn(base_url):
     counted = await _client(base_url).responses.input_tokens.count(model="tiny", input="two words",
                                                                     instructions="be brief")
     assert counted.input_tokens == 6 and counted.object == "response.input_tokens"  # a word each, one per turn
+
+
+async def test_an_empty_answer_streams_the_empty_message_the_whole_answer_has(base_url, scripted: ScriptedBackend):
+    scripted.script.pieces = []
+    whole = await _client(base_url).responses.create(model="tiny", input="hi")
+    async with _client(base_url).responses.stream(model="tiny", input="hi") as stream:
+        final = await stream.get_final_response()
+    assert final.output_text == whole.output_text == ""
+    assert [(i.type, [c.text for c in i.content]) for i in final.output] == \
+        [(i.type, [c.text for c in i.content]) for i in whole.output] == [("message", [""])]
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(after_finish=1.0))])
+async def test_a_streamed_response_is_stored_before_it_is_announced_completed(client: TestClient) -> None:
+    """The pipeline's work after the answer (the cache's store) came before the response was stored, and after
+    `response.completed`: a client continuing at once with `previous_response_id` found no response."""
+    resp = await client.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True})
+    async for line in resp.content:
+        if line.startswith(b'data: {"type":"response.completed"'):
+            resp_id = orjson.loads(line.removeprefix(b"data: "))["response"]["id"]
+            break
+    stored = await client.get(f"/v1/responses/{resp_id}")
+    assert stored.status == 200 and (await stored.json())["output"][0]["content"][0]["text"] == "Hello world"
+    assert not resp.content.at_eof()  # the answer's stream was still open
