@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 
+_GREEDY_BELOW = 1e-5
+# Penalties past these act as infinite ones already (logits are tens), and stay finite in float32: 1e39 became
+# inf there, and inf * 0 (an unseen token's count) NaN.
+_PENALTY_CAP = 1e4
+_REPETITION_RANGE = (1e-4, 1e4)
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 256
@@ -40,7 +47,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Below vLLM's 1e-5 (its _SAMPLING_EPS) a temperature is greedy: 1e-50 was 0 in float32, and 1e-40 made
+        `logits / T` infinite, so a row's probabilities were NaN (token 0 each step, or a failed batch)."""
+        return self.temperature < _GREEDY_BELOW
 
 
 @dataclass
@@ -108,8 +117,7 @@ class Sampler:
         """Draw from each row's filtered distribution. Rows with top-k/top-p/min-p work on their best
         candidates only (a top-k of 40 never sorts the whole vocabulary); which path a row takes depends
         on its own knobs alone, so a seeded row draws the same token whatever shares the batch."""
-        temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
-        logits = logits / temps
+        logits = logits / _temperatures(rows)
         tokens = torch.empty(len(rows), dtype=torch.long)
         filtered = [_filters(r.params) for r in rows]
         for use_filters in (False, True):
@@ -138,8 +146,12 @@ class Sampler:
 
 def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Each row's sampling distribution: temperature, then its top-k / top-p / min-p masks."""
-    temps = torch.tensor([r.params.temperature or 1.0 for r in rows])[:, None]
-    return torch.softmax(_mask_logits(logits / temps, rows), dim=-1)
+    return torch.softmax(_mask_logits(logits / _temperatures(rows), rows), dim=-1)
+
+
+def _temperatures(rows: list[SampleRow]) -> torch.Tensor:
+    """(rows, 1): each row's temperature, 1 for a greedy row (its argmax is taken apart)."""
+    return torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows])[:, None]
 
 
 def _plain_greedy(p: SamplingParams) -> bool:
@@ -191,9 +203,9 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
         for i, r in enumerate(rows):
             ids = [t for t in r.params.logit_bias if t < logits.shape[1]]
             logits[i, ids] += torch.tensor([r.params.logit_bias[t] for t in ids])
-    rep = torch.tensor([r.params.repetition_penalty for r in rows])
-    pres = torch.tensor([r.params.presence_penalty for r in rows])
-    freq = torch.tensor([r.params.frequency_penalty for r in rows])
+    rep = torch.tensor([r.params.repetition_penalty for r in rows]).clamp(*_REPETITION_RANGE)
+    pres = torch.tensor([r.params.presence_penalty for r in rows]).clamp(-_PENALTY_CAP, _PENALTY_CAP)
+    freq = torch.tensor([r.params.frequency_penalty for r in rows]).clamp(-_PENALTY_CAP, _PENALTY_CAP)
     if (rep != 1).any():
         seen = _counts(logits.shape, [_window(r) for r in rows]) > 0
         penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])

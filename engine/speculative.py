@@ -180,6 +180,9 @@ class Speculator:
 
 def eligible(params: SamplingParams) -> bool:
     """Speculation needs a per-position distribution that does not depend on the drafts themselves:
-    no history penalties and no grammar; logprobs are reported by the plain path only."""
+    no history penalties and no grammar; logprobs are reported by the plain path only, and so is a seeded random
+    row drawn: verifying draws from its generator otherwise than a plain step, and a busy batch turns speculation
+    off, so its tokens depended on what else ran."""
     return (params.repetition_penalty == 1 and not params.presence_penalty and not params.frequency_penalty
-            and not params.logprobs and not params.top_logprobs and params.grammar is None and not params.logit_bias)
+            and not params.logprobs and not params.top_logprobs and params.grammar is None and not params.logit_bias
+            and (params.greedy or params.seed is None))

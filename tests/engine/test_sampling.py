@@ -101,3 +101,24 @@ def test_a_repetition_penalty_at_or_below_zero_is_refused():
     """Dividing a seen token's logit by 0 made it +inf and every logprob NaN; the adapter reads such a value as off."""
     with pytest.raises(ValueError, match="invalid sampling parameters"):
         SamplingParams(repetition_penalty=0.0)
+
+
+@pytest.mark.parametrize("knobs", [{"temperature": 1e-50}, {"temperature": 1e-40}, {"temperature": 1e-6},
+                                   {"temperature": 1e-6, "top_k": 5, "logprobs": True}])
+def test_a_vanishing_temperature_is_greedy(knobs):
+    """1e-50 was 0 in float32 and 1e-40 made `logits / T` infinite: NaN probabilities, token 0 each step (and
+    `torch.multinomial` failed the whole batch where speculation verifies)."""
+    logits = torch.randn(4, 50)
+    result = Sampler(seed=3)(logits, [row(**knobs) for _ in range(4)])
+    assert result.token_ids == logits.argmax(-1).tolist()
+    assert all(map(torch.isfinite, map(torch.tensor, result.logprobs or [0.0])))
+
+
+@pytest.mark.parametrize("knobs", [{"presence_penalty": 1e39}, {"frequency_penalty": -1e39},
+                                   {"repetition_penalty": 1e-40}, {"repetition_penalty": 1e300}])
+def test_huge_penalties_stay_finite(knobs):
+    """1e39 is inf in float32, and inf times an unseen token's count of 0 is NaN: every logprob NaN, token 0."""
+    logits = torch.randn(1, 50)
+    logits[0, 0] = -10.0  # the argmax of NaNs: token 0
+    result = Sampler(seed=3)(logits, [row(prompt=[1, 2], output=[3], temperature=0, logprobs=True, **knobs)])
+    assert torch.isfinite(torch.tensor(result.logprobs)).all() and result.token_ids[0] != 0

@@ -228,6 +228,19 @@ def test_no_speculation_while_more_sequences_decode_than_max_batch(tiny_llama, e
     _assert_no_leaks(spec)
 
 
+def test_a_seeded_sampled_request_draws_the_same_tokens_alone_and_beside_another(tiny_llama, engine_factory):
+    """Verifying drafts draws from a row's generator otherwise than a plain step, and a busy batch turns speculation
+    off: the same seed gave other tokens from the 10th on beside one other request (max_batch 1)."""
+    spec = engine_factory(tiny_llama, block_size=4, speculative=SpeculativeConfig("ngram", 4, ngram_min=1, max_batch=1))
+    first, second = _prompts()[:2]
+    seeded = SamplingParams(max_tokens=30, temperature=0.7, seed=123, ignore_eos=True)
+    alone = tokens_of(generate(spec, first, seeded))
+    pair = [submit(spec, first, seeded)[1], submit(spec, second, SamplingParams(max_tokens=30, temperature=0.7,
+                                                                                 seed=5, ignore_eos=True))[1]]
+    assert [tokens_of(collect(q)) for q in pair][0] == alone
+    _assert_no_leaks(spec)
+
+
 @pytest.mark.parametrize("draft", [None, "tiny_draft"], ids=["ngram", "draft-model"])
 def test_mixed_batch_with_prefix_cache_and_tight_memory_matches_solo_runs(request, tiny_llama, engine_factory, draft):
     """Speculative and plain (penalised) requests decode together, the second round from cached
@@ -253,15 +266,16 @@ def test_mixed_batch_with_prefix_cache_and_tight_memory_matches_solo_runs(reques
 @pytest.mark.parametrize("draft, vocab", [(None, 0), ("tiny_draft", 0), ("tiny_draft", PART)],
                          ids=["ngram", "draft-model", "draft-model-part-vocab"])
 def test_sampled_engine_output_follows_the_target_distribution(request, tiny_llama, engine_factory, draft, vocab):
-    """Chi-square over the first three tokens (top-3 at temperature 1.5: 27 outcomes) of seeded
-    speculative requests against the target's exact probabilities, computed without any cache. With a part
-    vocabulary the draft's q is zero outside it: drafts come only from there, the target's residual from all."""
-    eng = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None, vocab)
+    """Chi-square over the first three tokens (top-3 at temperature 1.5: 27 outcomes) of speculative requests
+    (drawn from the engine's seeded generator: a request with a seed of its own is not speculated) against the
+    target's exact probabilities, computed without any cache. With a part vocabulary the draft's q is zero outside
+    it: drafts come only from there, the target's residual from all."""
+    eng = _spec_engine(engine_factory, tiny_llama, request.getfixturevalue(draft) if draft else None, vocab, seed=0)
     # prompt lookup needs the sampled token in the prompt: give it every byte once
     prompt = _prompts()[0] if draft else random.Random(1).sample(range(256), 256)
     params = dict(max_tokens=3, temperature=1.5, top_k=3, ignore_eos=True)
     n = 1500
-    queues = [submit(eng, prompt, SamplingParams(seed=i, **params))[1] for i in range(n)]
+    queues = [submit(eng, prompt, SamplingParams(**params))[1] for _ in range(n)]
     counts = collections.Counter(tuple(tokens_of(collect(q))) for q in queues)
     _assert_no_leaks(eng)
     assert eng.metrics()["spec_steps"] > 0 and (eng.metrics()["spec_accepted"] > 0 or draft is None)
