@@ -74,12 +74,49 @@ def flag_value(args: list[str], *names: str) -> str | None:
     return None
 
 
+# The client's options, beyond the table's, that are llama-server's sampler keys. Ollama's dialect passes on every
+# key it does not know (Ollama ignores them), and they went into the body whole: `grammar` constrained the answer,
+# `n_probs` added logprobs, `stream` overrode Velo's own.
+_EXTRAS = NATIVE_SAMPLERS | {"mirostat", "mirostat_tau", "mirostat_eta"}
+_INT32 = 2**31 - 1
+
+
+def llama_reads(o: SamplingOptions, window: int | None) -> SamplingOptions:
+    """The knobs as llama-server can take them. Its integers are 32-bit: a limit of 4294967299 tokens wrapped to 3,
+    and 10**12 was its 400 naming -727379968, so a larger limit is its largest and a larger top_k is off (both keep
+    every token). Its repeat_last_n has no -1 (Ollama's "the whole context"; a 400) and sizes a buffer (an int32's
+    worth of tokens is 8 GB): the slot's `window` bounds it, and with no window known, -1 is left to its default."""
+    changes: dict[str, Any] = {}
+    if o.max_tokens is not None and o.max_tokens > _INT32:
+        changes["max_tokens"] = _INT32
+    if o.top_k is not None and o.top_k > _INT32:
+        changes["top_k"] = 0
+    if o.repeat_last_n is not None and (o.repeat_last_n < 0 or (window and o.repeat_last_n > window)):
+        changes["repeat_last_n"] = window
+    return replace(o, **changes) if changes else o
+
+
 def native_sampling(o: SamplingOptions) -> dict[str, Any]:
-    """`extra` (Ollama option names such as mirostat pass as is; llama-server ignores unknown keys) first."""
-    out = {**_UNSET_IS_OFF, **o.extra, **options.write("llamacpp", o)}
+    """The llama-server sampler keys among the client's `extra` (Ollama option names such as mirostat) first."""
+    out = {**_UNSET_IS_OFF, **{k: v for k, v in o.extra.items() if k in _EXTRAS}, **options.write("llamacpp", o)}
     if o.logprobs:
         out["n_probs"] = o.top_logprobs or 1
     return out
+
+
+def _alternatives(stream: AsyncIterator[Chunk], o: SamplingOptions) -> AsyncIterator[Chunk]:
+    """Each token's alternatives cut to the `top_logprobs` asked for. llama-server gives 20 where a request names no
+    count, and no logprobs at all for a count of 0, so it is asked for at least one and the rest is cut here: OpenAI,
+    Ollama and the engine give none unless asked."""
+    return _cut_alternatives(stream, o.top_logprobs or 0) if o.logprobs else stream
+
+
+async def _cut_alternatives(stream: AsyncIterator[Chunk], n: int) -> AsyncIterator[Chunk]:
+    async with contextlib.aclosing(stream):
+        async for chunk in stream:
+            for lp in chunk.logprobs:
+                del lp.top[n:]
+            yield chunk
 
 
 def native_body(req: CompletionRequest) -> dict[str, Any]:
@@ -180,6 +217,10 @@ class LlamaCppBackend(OpenAIBackend):
             self._props = await self.http.call("GET", "/props", parse=json_object, wait=self.config.first_token_timeout)
         return self._props
 
+    def _window(self) -> int | None:
+        """Tokens per slot, as /props last said (None before it was asked)."""
+        return ((self._props or {}).get("default_generation_settings") or {}).get("n_ctx")
+
     async def _props_now(self) -> dict[str, Any]:
         """/props asked again, so a server restarted with another model or context is described as it is now (its
         window checked, its fill-in-the-middle asked again); before, the first answer held until Velo restarted."""
@@ -204,7 +245,8 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def context_length(self) -> int | None:
         """Tokens per slot (llama-server splits -c across its slots)."""
-        return ((await self.props()).get("default_generation_settings") or {}).get("n_ctx")
+        await self.props()
+        return self._window()
 
     async def can_infill(self) -> bool:
         """Whether the model has fill-in-the-middle tokens: llama-server answers 501 on /infill otherwise."""
@@ -342,21 +384,26 @@ class LlamaCppBackend(OpenAIBackend):
         """A prefilled chat (one ending in an assistant turn) is answered by llama-server with the whole assistant
         message, the prefill first (its parser reads the generation prompt with the text): only what the model
         added comes back, as from every other backend."""
-        stream = super().chat(req)
+        stream = _alternatives(super().chat(req), req.options)
         return _without_echo(req.prefill, stream) if req.prefill else stream
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         """The OpenAI body plus llama-server's own sampling keys (repeat_penalty, typical_p, mirostat, ...)."""
+        req = replace(req, options=llama_reads(req.options, self._window()))
         native = native_sampling(req.options)
         native.pop("n_predict", None)
         native.pop("n_probs", None)
-        return _with_progress({**native, **super().chat_body(req)})
+        body = {**native, **super().chat_body(req)}
+        if req.options.logprobs:
+            body["top_logprobs"] = req.options.top_logprobs or 1  # see _alternatives
+        return _with_progress(body)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.raw or (req.template is None and req.suffix is not None):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)
         else:
             stream = self._with_context(req)
+        stream = _alternatives(stream, req.options)
         return stream if req.stream else one_answer(stream)
 
     async def _with_context(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
@@ -387,7 +434,9 @@ class LlamaCppBackend(OpenAIBackend):
         """A stream from the server, whatever the client asked, unless `always_stream = false` (see
         adapters/http.py). `prompt_ids`: the prompt as token ids; each chunk's `context` then holds the tokens it
         adds."""
-        body, finished = _with_progress(native_body(asked_of(req, self.config))), False
+        asked = asked_of(req, self.config)
+        asked = replace(asked, options=llama_reads(asked.options, self._window()))
+        body, finished = _with_progress(native_body(asked)), False
         if prompt_ids is not None:
             body.update(prompt=prompt_ids, return_tokens=True)
         async with contextlib.aclosing(self.http.generation(path, body, model=req.model, parse=native_chunk,

@@ -88,13 +88,14 @@ def names(wire: str) -> set[str]:
 
 def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> SamplingOptions:
     """The knobs `raw` (a client's body or options object) sets, type-checked; a value outside the range the
-    wire's API documents is a 400 naming the field. `cut_fractions`: an integer knob takes any number (`_whole`)."""
+    wire's API documents is a 400 naming the field. `cut_fractions`: an integer knob takes any number (`_whole`).
+    An empty stop string stops nothing (the engine's reading): llama-server ended every answer at once on it."""
     opts = SamplingOptions()
     for knob in KNOBS:
         name = knob.name(wire)
         if name is None or name not in raw:
             continue
-        value = string_list(raw, name) if knob.kind is list else _biases(raw, name) if knob.kind is dict \
+        value = [s for s in string_list(raw, name) if s] if knob.kind is list else _biases(raw, name) if knob.kind is dict \
             else _whole(raw, name) if knob.kind is int and cut_fractions else get(raw, name, knob.kind)
         if wire in knob.bounds and value is not None:
             lo, hi = knob.bounds[wire]

@@ -304,3 +304,39 @@ async def test_the_steps_before_a_generation_wait_first_token_timeout_not_total(
             assert asyncio.get_running_loop().time() - started < 5
     finally:
         await b.close()
+
+
+@pytest.mark.parametrize("top", [None, 0, 3])
+async def test_logprobs_list_as_many_alternatives_as_asked(backend, top):
+    """llama-server gives 20 alternatives where a request names no count, and no logprobs at all for 0; OpenAI,
+    Ollama and the engine give none unless asked."""
+    opts = replace(GREEDY, logprobs=True, top_logprobs=top)
+    chat = aggregate(await collect(backend.chat(replace(hello(), options=opts))))
+    raw = aggregate(await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Once", raw=True,
+                                                                     options=opts))))
+    for out in (chat, raw):
+        assert out.logprobs and {len(p.top) for p in out.logprobs} == {top or 0}
+
+
+async def test_knobs_past_llama_servers_32_bit_integers_and_ollamas_minus_one_are_read_as_meant(backend):
+    """4294967299 tokens wrapped to 3 there (an answer cut at 3 tokens), repeat_last_n -1 (Ollama's whole context)
+    was its 400, and one past the window sized a buffer of that many tokens."""
+    await backend.context_length()  # /props asked, as a listing does
+    opts = replace(GREEDY, max_tokens=2**32 + 3, top_k=2**33, repeat_last_n=-1, repeat_penalty=1.1)
+    out = aggregate(await collect(backend.chat(replace(hello(), options=opts))))
+    assert out.finish_reason == "stop" and out.usage.completion_tokens > 3
+    body = backend.chat_body(replace(hello(), options=replace(opts, repeat_last_n=2**31 - 1)))
+    assert (body["max_tokens"], body["top_k"], body["repeat_last_n"]) == (2**31 - 1, 0, 512)
+
+
+async def test_only_llama_servers_own_sampler_keys_pass_from_a_clients_extra_options(backend):
+    """Ollama's dialect passes on every option it does not know: `grammar` constrained the answer, `stream`
+    overrode Velo's, `n_probs` added logprobs nobody asked for."""
+    extra = {"grammar": 'root ::= "yes yes yes"', "stream": False, "n_probs": 3, "mirostat": 0, "xtc_threshold": 0.5}
+    req = replace(hello(), options=replace(GREEDY, extra=extra))
+    body = backend.chat_body(req)
+    assert "grammar" not in body and "n_probs" not in body and body["stream"] is True
+    assert body["mirostat"] == 0 and body["xtc_threshold"] == 0.5
+    out = aggregate(await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Once", raw=True,
+                                                                     options=replace(GREEDY, extra=extra)))))
+    assert out.text != "yes yes yes" and not out.logprobs

@@ -158,3 +158,11 @@ def test_a_negative_seed_is_a_random_one(parse, body):
     req = parse({"model": "m", "messages": MESSAGES, **body})
     assert req.options.seed is None and not req.options.deterministic
     assert "seed" not in ollama_wire(req)["options"] and "seed" not in openai_wire(req)
+
+
+@pytest.mark.parametrize("wire", ["ollama", "openai", "anthropic"])
+def test_an_empty_stop_string_stops_nothing(wire):
+    """The engine read it so; llama-server ended every answer at its first token on it."""
+    name = options.BY_FIELD["stop"].name(wire)
+    assert options.read(wire, {name: ["", "END", ""]}).stop == ["END"]
+    assert options.read(wire, {name: ""}).stop == []
