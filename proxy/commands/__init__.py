@@ -6,6 +6,7 @@ that is down, an unknown model) is a `CommandError`: one line on stderr and exit
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -15,7 +16,8 @@ class CommandError(Exception):
 
 
 def guarded(name: str, run: Callable[..., int]) -> Callable[..., int]:
-    """`run` with `CommandError` turned into `velo NAME: message` and exit 1, and Ctrl-C into exit 130."""
+    """`run` with `CommandError` turned into `velo NAME: message` and exit 1, Ctrl-C into exit 130, and a closed
+    standard output into exit 1 without a traceback."""
     def wrapper(*args: object) -> int:
         try:
             return run(*args)
@@ -25,4 +27,7 @@ def guarded(name: str, run: Callable[..., int]) -> Callable[..., int]:
         except KeyboardInterrupt:
             print(f"\nvelo {name}: interrupted", file=sys.stderr)
             return 130
+        except BrokenPipeError:  # `velo chat | head`: the reader left, and nothing more can be said to it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit failed too
+            return 1
     return wrapper

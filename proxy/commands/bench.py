@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 import time
@@ -156,6 +157,18 @@ async def measure(opts: BenchOptions, bar: tqdm) -> BenchReport:
                        levels=levels, cache=CacheResult.of(probes[0], probes[1:]), gguf=gguf)
 
 
+def output_prefix(out: str | None, default: str) -> Path:
+    """PREFIX of PREFIX.json and PREFIX.png: `--out` less a .json or .png it ends with, and a folder (one that is
+    there, or a path ending in /) gets the default name inside it. `--out .` failed once the whole run was done,
+    `--out dir/` wrote dir.json beside the folder, `--out results.json` results.json.json."""
+    if out is None:
+        return Path(default)
+    path = Path(out)
+    if out.endswith(("/", os.sep)) or path.name in ("", "..") or path.is_dir():
+        return path / default
+    return path.with_suffix("") if path.suffix in (".json", ".png") else path
+
+
 def write_outputs(report: BenchReport, prefix: Path) -> list[str]:
     """PREFIX.json always; PREFIX.png when matplotlib is there. Returns lines to print."""
     json_path, png = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".png")
@@ -190,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=opts.total_requests(), unit="req", file=sys.stderr, disable=None) as bar:
         report = asyncio.run(measure(opts, bar))
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", report.model).strip("-")
-    prefix = Path(args.out or f"velo-bench-{slug}-{time.strftime('%Y%m%d-%H%M%S')}")
+    prefix = output_prefix(args.out, f"velo-bench-{slug}-{time.strftime('%Y%m%d-%H%M%S')}")
     print(summary(report))
     one = next((r.stream_tok_s_p50 for r in report.levels if r.concurrency == 1), None)
     if report.gguf and one:

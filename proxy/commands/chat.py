@@ -44,11 +44,16 @@ async def answer(session: aiohttp.ClientSession, chat: Conversation, user_text: 
     """Streams the reply to stdout; the turn joins the history only once the answer is complete."""
     pieces: list[str] = []
     stream = ollama_chat_stream if chat.ollama else chat_stream
-    async with stream(session, chat.base, chat.model, chat.messages(user_text)) as reply:
-        async for text in reply.texts():
-            pieces.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
+    try:
+        async with stream(session, chat.base, chat.model, chat.messages(user_text)) as reply:
+            async for text in reply.texts():
+                pieces.append(text)
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    except BaseException:  # the partial answer's line ends: an error was written at the end of its text
+        if pieces:
+            sys.stdout.write("\n")
+        raise
     sys.stdout.write("\n")
     chat.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": "".join(pieces)}]
 
@@ -107,7 +112,9 @@ def chat_loop(runner: asyncio.Runner, session: aiohttp.ClientSession, chat: Conv
                 raise
             print(f"velo chat: {e}", file=sys.stderr)
         except KeyboardInterrupt:  # Ctrl-C while streaming: the runner cancelled the answer
-            print("\n(stopped)")
+            if not interactive:  # a script's run ends there, with 130 (its output had "(stopped)" in it)
+                raise
+            print("(stopped)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             model = runner.run(check_model(session, base, args.model))
             ollama = runner.run(speaks_ollama(session, base))
-            chat_loop(runner, session, Conversation(base, model, args.system, ollama=ollama), interactive)
-        except KeyboardInterrupt:  # at the prompt: leave quietly
-            print()
+            try:
+                chat_loop(runner, session, Conversation(base, model, args.system, ollama=ollama), interactive)
+            except KeyboardInterrupt:  # at the prompt: leave quietly (before it, or piped, it is exit 130)
+                if not interactive:
+                    raise
+                print()
         finally:
             runner.run(session.close())
     return 0

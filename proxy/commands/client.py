@@ -49,11 +49,34 @@ def _server_url(text: str) -> str:
     return text.rstrip("/")
 
 
+# No total timeout: a bench stream or a long answer may take minutes. A server that says nothing for this long has
+# stopped (Velo's streams send a heartbeat every 15 s; Ollama is silent while it loads a model, a minute or two for
+# a large one from a slow disk): chat and bench waited forever on one that accepted and never answered.
+SILENCE_S = 300.0
+
+
 def open_session(api_key: str | None, connect_timeout: float = 5.0) -> aiohttp.ClientSession:
-    """No total timeout: a bench stream or a long answer may take minutes; a dead peer still fails to connect."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
-    return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+    """The session chat and bench talk through; retries (`_response`) know which connections were pooled ones."""
+    headers = {"Authorization": f"Bearer {_key(api_key)}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=SILENCE_S)
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_reuseconn.append(_reused)
+    return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                 trace_configs=[tracing])
+
+
+def _key(api_key: str) -> str:
+    """The key without the line end a file read with `$(cat key.txt)` keeps on Windows' CRLF; a control character
+    inside it can go in no header (aiohttp's ValueError was a traceback)."""
+    key = api_key.strip()
+    if not key.isprintable():
+        raise CommandError("the API key holds a control character: check --api-key or $VELO_API_KEY")
+    return key
+
+
+async def _reused(session: aiohttp.ClientSession, context: Any, params: Any) -> None:
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["reused"] = True
 
 
 def error_text(raw: bytes) -> str:
@@ -74,15 +97,19 @@ async def _response(session: aiohttp.ClientSession, method: str, url: str,
     """The response, on a new connection when the pooled one turns out closed. llama-server closes the
     connection after each streamed answer without saying so: every other request on a reused one failed
     ('Server disconnected', 'Can not write request body'), and a retry from the same pool could take another
-    such connection when several streams start at once. The request never reached the server: sending it
-    again is safe. Keep-alive stays for the servers that keep it: a Velo cache hit took 0.9 ms on a kept
-    connection, 1.3 ms with a new one each time."""
+    such connection when several streams start at once. Only a pooled connection's failure is sent again: the
+    server closed it before reading the request. On a new one the server may have read it (a backend that
+    crashed on it), and a generation was sent twice. Keep-alive stays for the servers that keep it: a Velo cache
+    hit took 0.9 ms on a kept connection, 1.3 ms with a new one each time."""
     async with AsyncExitStack() as stack:
+        asked: dict[str, bool] = {}
         try:
-            resp = await session.request(method, url, **kwargs)
+            resp = await session.request(method, url, trace_request_ctx=asked, **kwargs)
         except aiohttp.ClientConnectorError:
             raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if not asked.get("reused"):
+                raise
             fresh = await stack.enter_async_context(aiohttp.ClientSession(headers=session.headers,
                                                                           timeout=session.timeout))
             resp = await fresh.request(method, url, **kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import textwrap
 import time
@@ -141,6 +142,18 @@ def _ports(text: str) -> list[int]:
     return ports
 
 
+def _seconds(text: str) -> float:
+    """A probe's timeout: 0, a negative number or nan meant none to aiohttp (doctor waited forever on a port that
+    accepts and says nothing), and inf was its OverflowError."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("doctor", help="check this machine and its model servers; print a config.toml for them",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +162,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="where to look for model servers (default 127.0.0.1)")
     p.add_argument("--ports", type=_ports, help="ports to probe (default: " +
                    ",".join(map(str, USUAL_PORTS)) + ")")
-    p.add_argument("--timeout", type=float, default=1.5, help="seconds per probe (default 1.5)")
+    p.add_argument("--timeout", type=_seconds, default=1.5, help="seconds per probe (default 1.5)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="where to look for *.gguf files")
     p.set_defaults(func=guarded("doctor", run))

@@ -103,10 +103,15 @@ def identify(port: int, url: str, answers: dict[str, Answer]) -> Server | None:
 
 
 async def probe_port(session: aiohttp.ClientSession, host: str, port: int) -> Server | None:
-    url = f"http://{host}:{port}"
+    url = f"http://{_in_url(host)}:{port}"
     answers = dict(zip(PROBED_PATHS, await asyncio.gather(*(_get(session, url + path) for path in PROBED_PATHS))))
     answers["/props"] = Answer(0) if _imitates_ollama(answers["/"]) else await _get(session, url + "/props")
     return identify(port, url, answers)
+
+
+def _in_url(host: str) -> str:
+    """An IPv6 address in brackets, as a URL has it: `--host ::1` made no URL, and every port read as empty."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 async def find_servers(host: str = "127.0.0.1", ports: list[int] | None = None, timeout: float = 1.5) -> list[Server]:

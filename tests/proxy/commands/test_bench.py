@@ -7,7 +7,7 @@ import pytest
 from tqdm import tqdm
 
 from adapters.protocol import ModelInfo
-from proxy.commands.bench import BenchOptions, calibrated_words, measure
+from proxy.commands.bench import BenchOptions, calibrated_words, measure, output_prefix
 from proxy.commands.bench_roofline import roofline_line
 from proxy.commands.bench_stats import LevelResult, Sample, cache_line
 from tests.engine.tiny import write_tiny_spm_gguf
@@ -148,3 +148,13 @@ async def test_through_velo_to_the_real_llama_server(velo_over_llama):
         assert level.errors == 0 and 1 <= level.output_tokens_mean <= 8
         assert 32 <= level.prompt_tokens_mean <= 128  # calibrated to ~64 tokens of the model's own tokenizer
     assert report.cache.hit_cache == "exact" and report.cache.hit_p50_s < report.cache.miss_s
+
+
+def test_out_names_a_prefix_a_folder_or_a_json_file(tmp_path, monkeypatch):
+    """`--out .` failed once the whole run was done, `--out dir/` wrote dir.json beside the folder, and
+    `--out results.json` results.json.json."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    name = "velo-bench-m-1"
+    assert [output_prefix(out, name) for out in (None, ".", "..", "runs", "new/", "r.json", "r.png", "a/b")] == \
+        [tmp_path.__class__(p) for p in (name, name, f"../{name}", f"runs/{name}", f"new/{name}", "r", "r", "a/b")]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 import pytest
@@ -119,3 +120,26 @@ async def test_a_real_process_with_piped_stdin_through_velo_to_llama_server(velo
     assert proc.returncode == 0, err.decode()
     assert out.decode().strip()  # the real model's words (a 135M model: what it says is not asserted)
     assert out.decode().endswith("\n") and err == b""
+
+
+async def test_ctrl_c_in_a_piped_run_ends_it_with_130_and_leaves_its_output_clean(base_url, scripted):
+    """Piped, a Ctrl-C while an answer streamed wrote "(stopped)" into the output and went on to the next line,
+    then exited 0; before the first answer it was a blank line and exit 0."""
+    scripted.script.pieces, scripted.script.delay = ["one ", "two ", "three ", "four"], 0.5
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "chat", "--url", base_url, cwd=ROOT, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc.stdin.write(b"Hi\nAgain\n")
+    await proc.stdin.drain()
+    proc.stdin.close()
+    first = await asyncio.wait_for(proc.stdout.read(4), 60)
+    proc.send_signal(signal.SIGINT)
+    rest, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 130 and b"(stopped)" not in first + rest and b"Traceback" not in err
+    assert len(scripted.requests) == 1  # the next line was not sent
+
+
+async def test_a_failure_after_part_of_the_answer_ends_its_line_first(run_cli, base_url, scripted):
+    scripted.script.fail_after = 1
+    result = await run_cli("chat", "--url", base_url, stdin="Hi\n")
+    assert result.code == 1 and result.out == "Hel\n"

@@ -128,3 +128,13 @@ async def test_cli_json_and_write(run_cli, velo_port, tmp_path):
                         "Ollama settings for this machine"):
             assert f"\n{heading}" in "\n" + text.out
         assert "a Velo gateway: not configured as a backend of itself" in text.out
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_is_no_positive_number_is_a_usage_error(timeout, capsys):
+    """aiohttp reads 0 or less (and nan) as no timeout at all: doctor waited forever on a port that accepts and says
+    nothing; inf was its OverflowError."""
+    from proxy.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["doctor", "--timeout", timeout])
+    assert done.value.code == 2 and "expected a positive number of seconds" in capsys.readouterr().err

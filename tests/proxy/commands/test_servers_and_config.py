@@ -64,3 +64,20 @@ def test_two_servers_of_a_kind_get_distinct_names():
     velo = Server(8002, "http://127.0.0.1:8002", "velo", "Velo")
     cfg = parse_config(tomllib.loads(render_config([a, b, velo], [])))
     assert [b.name for b in cfg.backends] == ["openai-api", "openai-api-8001"]
+
+
+async def test_an_ipv6_host_is_probed():
+    """`--host ::1` made no URL (no brackets), and every port read as nothing there."""
+    async def tags(request: web.Request) -> web.Response:
+        return web.json_response({"models": []})
+    app = web.Application()
+    app.router.add_get("/api/tags", tags)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "::1", 0)
+    await site.start()
+    try:
+        (server,) = await find_servers(host="::1", ports=[runner.addresses[0][1]])
+    finally:
+        await runner.cleanup()
+    assert server.url.startswith("http://[::1]:")
