@@ -143,3 +143,17 @@ async def test_a_failure_after_part_of_the_answer_ends_its_line_first(run_cli, b
     scripted.script.fail_after = 1
     result = await run_cli("chat", "--url", base_url, stdin="Hi\n")
     assert result.code == 1 and result.out == "Hel\n"
+
+
+async def test_a_reader_that_leaves_early_ends_the_run_without_a_traceback(base_url, scripted):
+    """`velo chat | head -c 3`: the BrokenPipeError was a traceback."""
+    scripted.script.pieces, scripted.script.delay = ["one ", "two ", "three ", "four"], 0.2
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "chat", "--url", base_url, cwd=ROOT, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc.stdin.write(b"Hi\n")
+    proc.stdin.close()
+    await asyncio.wait_for(proc.stdout.read(3), 60)
+    proc._transport.get_pipe_transport(1).close()  # the reader leaves, as head does
+    err = await asyncio.wait_for(proc.stderr.read(), 30)
+    assert await proc.wait() == 1 and b"Traceback" not in err
