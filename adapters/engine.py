@@ -161,10 +161,16 @@ class ModelChoice:
 
 
 def engine_config(options: dict[str, Any], path: str = "options") -> tuple[ModelChoice, EngineConfig]:
-    """What a backend's options ask for, every key and type checked; SchemaError naming the key path otherwise."""
+    """What a backend's options ask for, every key and type checked, and the model file there (a missing one was a
+    traceback once Velo started loading it); SchemaError naming the key path otherwise."""
     ours = {f.name for f in dataclasses.fields(ModelChoice)}
-    return (build(ModelChoice, {k: v for k, v in options.items() if k in ours}, path),
-            build(EngineConfig, {k: v for k, v in options.items() if k not in ours}, path))
+    choice = build(ModelChoice, {k: v for k, v in options.items() if k in ours}, path)
+    config = build(EngineConfig, {k: v for k, v in options.items() if k not in ours}, path)
+    draft = config.speculative.draft_model if config.speculative else None
+    for key, file in (("model", choice.model), ("speculative.draft_model", draft)):
+        if file is not None and not os.path.exists(file):
+            raise SchemaError(f"{path}.{key}: no model file or folder at {file!r}")
+    return choice, config
 
 
 class EngineBackend(Backend):

@@ -99,7 +99,11 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hangup)
     try:
-        await runner.setup()
+        try:
+            await runner.setup()
+        except Exception as e:  # a backend, a cache tier or a model that cannot open: one line, as a config error
+            log.debug("start-up failed", exc_info=True)
+            raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)") from e
         await web.TCPSite(runner, config.server.host, config.server.port).start()
         _freeze_the_heap()
         log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))
@@ -205,8 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     if not config.server.keys and not is_loopback(config.server.host):
         log.warning("listening on %s without [server] api_keys: anyone who reaches this address can use every "
                     "backend", _address(config.server.host, config.server.port))
-    run_server(serve(config, config_path=path))
+    try:
+        run_server(serve(config, config_path=path))
+    except StartFailed as e:
+        parser.exit(1, f"velo: {e}\n")
     return 0
+
+
+class StartFailed(Exception):
+    """What the app's start-up raised, said in one line (it was a 40-line traceback)."""
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -110,4 +110,9 @@ def _keyed(job: Job, info: ModelInfo | None) -> Request:
 
 
 async def _close(opening: asyncio.Future) -> None:
-    await (await opening).close()
+    """A layer that never opened (its Redis down at start) has nothing to close: its error was the start's."""
+    try:
+        layer = await opening
+    except Exception:  # noqa: BLE001 - said already, by the start that awaited it
+        return
+    await layer.close()

@@ -100,3 +100,18 @@ def test_listening_beyond_this_machine_without_api_keys_is_warned_of(tmp_path, m
         main(["serve", "--config", str(path)])  # 127.0.0.1: this machine only
         assert "api_keys" not in caplog.text
     assert len(ran) == 2
+
+
+def test_a_start_that_fails_is_one_line_and_status_1(tmp_path, capsys, caplog, unused_tcp_port):
+    """A cache tier whose Redis is down: a 40-line traceback, and one more from closing the tier that never
+    opened."""
+    path = tmp_path / "config.toml"
+    path.write_text(f'[server]\nport = {unused_tcp_port}\n[cache]\nredis_url = "redis://127.0.0.1:1/0"\n'
+                    '[[backends]]\nname = "o"\nkind = "openai"\nurl = "http://127.0.0.1:9"\n')
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--config", str(path), "--log-level", "ERROR"])
+    err = capsys.readouterr().err
+    assert done.value.code == 1 and "Traceback" not in err
+    assert not [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+    assert err.endswith("velo: could not start: Error 111 connecting to 127.0.0.1:1. Connection refused. "
+                        "(--log-level DEBUG shows where)\n")

@@ -49,6 +49,11 @@ def test_minimal_backend_and_url_shorthand():
                     "options": {"speculative": {"method": "ngram", "draft_vocab": -1}}}]}, "backends[0].options.speculative"),
     ({"backends": [{"name": "e", "kind": "engine", "options": {"speculative": {"methd": "ngram"}}}]},
      "backends[0].options.speculative"),
+    # a traceback once `velo serve` started loading it
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"model": "/nonexistent/x.gguf"}}]},
+     "backends[0].options.model: no model file or folder at '/nonexistent/x.gguf'"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"speculative": {
+        "method": "draft", "draft_model": "/nonexistent/d.gguf"}}}]}, "backends[0].options.speculative.draft_model"),
     ({"cache": {"semantic_threshold": 1.5}}, "cache.semantic_threshold"),
     ({"models": {"m": {"options": {"temprature": 0.5}}}}, "models.m.options.temprature"),
     ({"models": {"m": {"options": {"top_k": 1.5}}}}, "models.m.options.top_k"),
