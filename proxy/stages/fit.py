@@ -54,11 +54,12 @@ class Fit(Stage):
                 yield chunk
 
     def _capped(self, req: Request, info: ModelInfo | None) -> Request:
-        """Velo's default output limit where the client set none. Ollama's -1 (until done) and -2 (fill the
-        context) run to the window's end, which bounds them, or where Velo knows no window to the backend's own
-        limit: n8n and Dify send -1, and the default ended their long answers at 4,096 tokens."""
+        """Velo's default output limit where the client set none. Ollama's -1 (until done), -2 (fill the context)
+        and 0 (no limit: its runners stop only at a limit above 0) run to the window's end, which bounds them, or
+        where Velo knows no window to the backend's own limit: n8n and Dify send -1, and the default ended their
+        long answers at 4,096 tokens; llama-server read 0 as no tokens at all."""
         asked, cap = req.options.max_tokens, self.services.config.server.default_max_tokens
-        if asked is not None and asked < 0:
+        if asked is not None and asked <= 0:
             return replace(req, options=replace(req.options, max_tokens=_window(info, req)))
         if asked is not None or cap == 0:
             return req

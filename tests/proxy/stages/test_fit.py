@@ -264,10 +264,11 @@ async def test_ollamas_until_done_and_fill_the_context_run_to_the_windows_end(ve
     """num_predict -1 and -2 (n8n's and Dify's "until done"): to the window's end (num_ctx's, where smaller), which
     bounds them; where Velo knows no window, to the backend's own limit. Before, the default cap stood in."""
     c, backend = await velo(Config(server=ServerConfig(default_max_tokens=30)))
-    for options in ({"num_predict": -1}, {"num_predict": -2}, {"num_predict": -1, "num_ctx": LIMIT // 2}):
+    for options in ({"num_predict": -1}, {"num_predict": -2}, {"num_predict": -1, "num_ctx": LIMIT // 2},
+                    {"num_predict": 0}):  # Ollama's runners stop only at a limit above 0; llama-server at once
         await c.post("/api/chat", json={"model": "tiny", "messages": chat(5, False), "stream": False,
                                         "options": options})
-    assert [r.options.max_tokens for r in backend.requests] == [LIMIT, LIMIT, LIMIT // 2]
+    assert [r.options.max_tokens for r in backend.requests] == [LIMIT, LIMIT, LIMIT // 2, LIMIT]
     c2, unknown = await velo(Config(server=ServerConfig(default_max_tokens=30)), context_length=None)
     await c2.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
                                          "options": {"num_predict": -1}})
