@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 log = logging.getLogger("velo.keep")
 T = TypeVar("T")
@@ -62,25 +62,26 @@ class Lease:
     async def give_back(self) -> None:
         """Last taken, first given back (stage state before the backends it was built on); what no generation holds
         any more is closed."""
-        while self.keys:
-            key = self.keys.pop()
-            held = self.keep._held[key]
-            held.users -= 1
-            if held.users == 0:
-                del self.keep._held[key]
-                if held.close is not None:
-                    try:
-                        await held.close(held.value)
-                    except Exception:  # noqa: BLE001 - one thing failing to close must not keep the rest open
-                        log.exception("closing %s failed", key)
+        for key, held in self._released():
+            if held.close is not None:
+                try:
+                    await held.close(held.value)
+                except Exception:  # noqa: BLE001 - one thing failing to close must not keep the rest open
+                    log.exception("closing %s failed", key)
 
     def let_go(self) -> None:
         """A generation whose build failed gives back what it took. Building only makes things (opening them is
         `Generation.start`'s job), so nothing is closed: what it made alone is forgotten, what others hold keeps
         their count. Without this, a refused reload left its holds behind and a kept backend was never closed."""
+        for _ in self._released():
+            pass
+
+    def _released(self) -> Iterator[tuple[str, _Held]]:
+        """Each key let go of, last taken first, with what no generation holds any more (no longer kept)."""
         while self.keys:
             key = self.keys.pop()
             held = self.keep._held[key]
             held.users -= 1
             if held.users == 0:
                 del self.keep._held[key]
+                yield key, held

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import socket
 import tomllib
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 from aiohttp import web
 
@@ -36,15 +38,8 @@ async def test_a_web_server_that_is_no_model_server():
         return web.Response(text="<html>my blog</html>")
     app = web.Application()
     app.router.add_get("/", blog)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with _serving(app, "127.0.0.1") as port:
         (server,) = await find_servers(ports=[port])
-    finally:
-        await runner.cleanup()
     assert server.kind == "unknown" and "none of the model-server APIs" in server.note
     assert "[[backends]]" in render_config([server], []) and 'kind = "engine"' in render_config([server], [])
 
@@ -72,12 +67,18 @@ async def test_an_ipv6_host_is_probed():
         return web.json_response({"models": []})
     app = web.Application()
     app.router.add_get("/api/tags", tags)
+    async with _serving(app, "::1") as port:
+        (server,) = await find_servers(host="::1", ports=[port])
+    assert server.url.startswith("http://[::1]:")
+
+
+@asynccontextmanager
+async def _serving(app: web.Application, host: str) -> AsyncIterator[int]:
+    """`app` on a free port of `host`: the port."""
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "::1", 0)
-    await site.start()
+    await web.TCPSite(runner, host, 0).start()
     try:
-        (server,) = await find_servers(host="::1", ports=[runner.addresses[0][1]])
+        yield runner.addresses[0][1]
     finally:
         await runner.cleanup()
-    assert server.url.startswith("http://[::1]:")
