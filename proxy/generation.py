@@ -66,7 +66,7 @@ class Generation:
             if new:
                 fresh.append(backend)
         path = config.presets.file()
-        presets, _ = lease.hold(f"presets:{path}", lambda: PresetStore(path))
+        presets, _ = lease.hold(f"presets:{path}", lambda: PresetStore(path), _close_presets)
         router = Router(config, backends, presets=presets)
         return cls(number, config, backends, router, Pipeline(config, router, lease), lease, fresh)
 
@@ -104,6 +104,10 @@ class Generation:
 
 async def _close_backend(backend: Backend) -> None:
     await backend.close()
+
+
+async def _close_presets(presets: PresetStore) -> None:
+    await presets.close()
 
 
 async def _healthy(backend: Backend) -> bool:

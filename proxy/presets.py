@@ -8,10 +8,16 @@ presets, changed by hand, needs no database, and a crash mid-write leaves the ol
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 import orjson
 
@@ -23,6 +29,7 @@ from adapters.schema import setting
 from .dialects.ollama import now_iso, parse_message, parse_options
 
 T = TypeVar("T")
+log = logging.getLogger("velo.presets")
 
 
 @dataclass
@@ -87,7 +94,7 @@ class Preset:
 
 def full_name(name: str) -> str:
     """Ollama names a model without a tag `name:latest`."""
-    return name if ":" in name else f"{name}:latest"
+    return name if _tagged(name) else f"{name}:latest"
 
 
 def spellings(model: str) -> tuple[str, ...]:
@@ -95,7 +102,12 @@ def spellings(model: str) -> tuple[str, ...]:
     name (LiteLLM users write `ollama_chat/foo:latest`) finds a model listed without its tag."""
     if model.endswith(":latest"):
         return model, model.removesuffix(":latest")
-    return (model,) if ":" in model else (model, f"{model}:latest")
+    return (model,) if _tagged(model) else (model, f"{model}:latest")
+
+
+def _tagged(name: str) -> bool:
+    """A tag is after the last "/": `host:11434/model` has none."""
+    return ":" in name.rpartition("/")[2]
 
 
 def by_spelling(table: Mapping[str, T], *names: str) -> T | None:
@@ -109,52 +121,88 @@ MAX_PRESET_BYTES = 1024 * 1024
 
 
 class PresetStore:
-    """The presets in memory, loaded once at start and saved on every change (file work on a thread)."""
+    """The presets in memory, read at start and kept in step with the file; each change is the file's, made under an
+    exclusive lock on it (file work on a thread). Two Velo processes share the default file: each wrote its own whole
+    set over the other's, through one temporary file that the other's rename took away (lost presets, 500s)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._presets: dict[str, Preset] = {}
+        self._presets: dict[str, Preset] = {}  # by `_key`
+        self._stamp: tuple[int, int] | None = None  # the file's (mtime_ns, size) when last read
         self._loaded = False
         self._lock = asyncio.Lock()
+        self._watch: asyncio.Task | None = None
 
     async def open(self) -> None:
         async with self._lock:
             if not self._loaded:
-                self._presets = await asyncio.to_thread(_read, self.path)
+                await self._read_if_changed()
                 self._loaded = True
+                self._watch = asyncio.create_task(self._follow())
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
 
     def get(self, name: str) -> Preset | None:
-        return self._presets.get(full_name(name)) if name else None
+        return self._presets.get(_key(name)) if name else None
 
     def all(self) -> list[Preset]:
         return list(self._presets.values())
 
     async def put(self, preset: Preset) -> None:
         """BadRequest past `MAX_PRESETS` or a preset over `MAX_PRESET_BYTES`: each is listed to every client and
-        the whole file is written again at each change (1,500 made-up names took it from 3 to 44 ms a create)."""
+        the whole file is written again at each change (1,500 made-up names took it from 3 to 44 ms a create). A
+        name that differs from a preset's only in case is that preset, as Ollama matches names (its spelling stays)."""
         if len(orjson.dumps(preset.settings())) > MAX_PRESET_BYTES:
             raise BadRequest(f"a model's system prompt, template and messages are at most {MAX_PRESET_BYTES} bytes")
-        async with self._lock:
-            if preset.name not in self._presets and len(self._presets) >= MAX_PRESETS:
+
+        def put(presets: dict[str, Preset]) -> bool:
+            key = _key(preset.name)
+            if key not in presets and len(presets) >= MAX_PRESETS:
                 raise BadRequest(f"there are {MAX_PRESETS} models created here already; delete one first")
-            await self._save({**self._presets, preset.name: preset})
+            presets[key] = replace(preset, name=presets[key].name) if key in presets else preset
+            return True
+        await self._change(put)
 
     async def delete(self, name: str) -> bool:
-        name = full_name(name)
-        async with self._lock:
-            if name not in self._presets:
-                return False
-            await self._save({k: p for k, p in self._presets.items() if k != name})
-            return True
+        return await self._change(lambda presets: presets.pop(_key(name), None) is not None)
 
-    async def _save(self, presets: dict[str, Preset]) -> None:
-        """The file first, then what is served: a write that failed (a full disk, a folder taken) left a preset served
-        that the next start would not have, or the other way round, and answered "internal error"."""
-        try:
-            await asyncio.to_thread(_write, self.path, list(presets.values()))
-        except OSError as e:
-            raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {e.strerror or e}") from e
-        self._presets = presets
+    async def _change(self, change: Callable[[dict[str, Preset]], bool]) -> bool:
+        """The file's presets, read under its lock, changed, and written back if `change` says so; then served.
+        The file first: a write that failed (a full disk, a folder taken) left a preset served that the next start
+        would not have, or the other way round, and answered "internal error"."""
+        async with self._lock:
+            try:
+                presets, stamp, changed = await asyncio.to_thread(_change, self.path, change)
+            except OSError as e:
+                raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {e.strerror or e}") from e
+            self._presets, self._stamp = presets, stamp
+            return changed
+
+    async def _follow(self) -> None:
+        """Another process's changes, within `_FOLLOW_S`."""
+        while True:
+            await asyncio.sleep(_FOLLOW_S)
+            try:
+                async with self._lock:
+                    await self._read_if_changed()
+            except (OSError, ValueError) as e:  # a file being fixed by hand: what was read last stays served
+                log.warning("presets file %s not read again: %s", self.path, e)
+
+    async def _read_if_changed(self) -> None:
+        stamp = await asyncio.to_thread(_stamp, self.path)
+        if stamp != self._stamp:
+            self._presets, self._stamp = await asyncio.to_thread(_read, self.path), stamp
+
+
+_FOLLOW_S = 2.0
+
+
+def _key(name: str) -> str:
+    """Ollama matches model names whatever their case (server/routes.go getExistingName)."""
+    return full_name(name).casefold()
 
 
 class PresetsNotSaved(VeloError):
@@ -167,15 +215,39 @@ class PresetsNotSaved(VeloError):
 def _read(path: Path) -> dict[str, Preset]:
     try:
         raw = orjson.loads(path.read_bytes())
-        return {p["name"]: Preset(**p) for p in raw["presets"]}
+        return {_key(p["name"]): Preset(**p) for p in raw["presets"]}
     except FileNotFoundError:
         return {}
     except (orjson.JSONDecodeError, KeyError, TypeError) as e:  # never start over it: the next save would erase it
         raise ValueError(f"{path} is not a presets file Velo wrote ({e!r}): fix or move it") from e
 
 
-def _write(path: Path, presets: list[Preset]) -> None:
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _change(path: Path, change: Callable[[dict[str, Preset]], bool]) -> tuple[dict[str, Preset], Any, bool]:
+    """(the presets after `change`, the file's stamp, whether it changed them), read and written under an exclusive
+    lock on a file beside it, so that processes sharing the file take turns."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = os.open(path.with_name(path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        if fcntl is not None:  # Windows has no flock: one process a file there
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        presets = _read(path)
+        changed = change(presets)
+        if changed:
+            _write(path, list(presets.values()))
+        return presets, _stamp(path), changed
+    finally:
+        os.close(lock)  # and the lock with it
+
+
+def _write(path: Path, presets: list[Preset]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:

@@ -173,10 +173,12 @@ class Router:
         for alias, target in self.config.aliases.items():
             base = seen.get(target.partition(":")[2] or target)
             seen.setdefault(alias, self._own(base, alias) if base else ModelInfo(name=alias))
-        for preset in self.presets.all():
+        for preset in self.presets.all():  # a preset is what its name serves (`resolve`), over a listed model too
             base = by_spelling(seen, preset.base) or ModelInfo(name=preset.base)
-            seen.setdefault(preset.name, replace(self._own(base, preset.name, preset.settings()),
-                                                 modified_at=preset.modified_at))
+            own = replace(self._own(base, preset.name, preset.settings()), modified_at=preset.modified_at)
+            for spelling in spellings(preset.name):
+                seen.pop(spelling, None)
+            seen[preset.name] = own
         return list(seen.values())
 
     def _own(self, base: ModelInfo, name: str, *settings: Any) -> ModelInfo:

@@ -8,6 +8,7 @@ from adapters.errors import ModelNotFound
 
 from .dialects import anthropic, dialect_of, openai
 from .http_io import json_response
+from .presets import by_spelling
 from .state import ROUTER
 
 
@@ -22,9 +23,9 @@ async def model(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     shape = anthropic.model_object if dialect_of(request.path, request.headers) == "anthropic" \
         else openai.model_object
-    for info in await request[ROUTER].list_models():
-        if info.name == name:
-            return json_response(shape(info))
+    info = by_spelling({m.name: m for m in await request[ROUTER].list_models()}, name)  # `m` is `m:latest`
+    if info is not None:
+        return json_response(shape(info))
     raise ModelNotFound(name, f"The model '{name}' does not exist")  # OpenAI's words, and its model_not_found
 
 

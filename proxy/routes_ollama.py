@@ -175,16 +175,20 @@ async def manage(request: web.Request) -> web.StreamResponse:
 
 
 async def pull_or_push(request: web.Request) -> web.StreamResponse:
-    """/api/pull and /api/push go to an Ollama backend. Without one, a model Velo already serves is "pulled" at once
-    (Codex's --oss pulls any model it does not see listed); anything else is a 400 saying where models come from."""
+    """/api/pull and /api/push go to an Ollama backend, unless Velo serves the model otherwise (a preset, another
+    backend's): such a model, as any Velo serves where no Ollama is configured, is "pulled" at once (Codex's --oss
+    pulls any model it does not see listed); anything else is a 400 saying where models come from."""
     body = body_object(await read_json(request))
     model = body.get("model") or body.get("name")
     router, verb = request[ROUTER], request.path.rsplit("/", 1)[-1]
-    if any(b.config.kind == "ollama" for b in router.backends.values()):
-        return await manage(request)
     # either spelling: Open Interpreter pulls `name:latest` of a model listed without a tag
-    if verb == "pull" and isinstance(model, str) and \
-            by_spelling({m.name: m for m in await router.list_models()}, model) is not None:
+    listed = by_spelling({m.name: m for m in await router.list_models()}, model) if isinstance(model, str) else None
+    ollama_has = listed is not None and router.presets.get(model) is None and listed.backend in router.backends and \
+        router.backends[listed.backend].config.kind == "ollama"
+    if any(b.config.kind == "ollama" for b in router.backends.values()) and \
+            (verb == "push" or listed is None or ollama_has):
+        return await manage(request)  # a preset, or another backend's model, is Velo's: Ollama's registry has others
+    if verb == "pull" and listed is not None:
         done = {"status": "success"}
         if body.get("stream", True) is False:
             return json_response(done)

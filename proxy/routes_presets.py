@@ -21,13 +21,18 @@ from adapters.protocol import ModelInfo
 
 from .dialects.ollama import now_iso, parse_message, parse_options
 from .http_io import json_response, ndjson, read_json
-from .presets import Preset, full_name
+from .presets import Preset, full_name, spellings
 from .router import Router
 from .routes_ollama import manage
 from .state import ROUTER
 
-# Ollama's model names (types/model/name.go): [host/][namespace/]model[:tag], letters, digits, "_", "-", ".".
-_VALID_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+){0,2}(:[\w][\w.-]{0,79})?")
+# Ollama's model names (types/model/name.go isValidPart): [[host/]namespace/]model[:tag], each part ASCII letters,
+# digits, "_", "-" and "." (no "." in a namespace, a ":port" in a host), first a letter, digit or "_"; a host up to
+# 350 characters, the others up to 80. `\w` let any letter in, and the model part ran to any length (a 2,000-character
+# name was listed, and no request could use it).
+_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"
+_VALID_NAME = re.compile(rf"(?:(?:[A-Za-z0-9_][A-Za-z0-9_.:-]{{0,349}}/)?[A-Za-z0-9_][A-Za-z0-9_-]{{0,79}}/)?"
+                         rf"{_PART}(?::{_PART})?")
 _OLLAMA_ONLY = ("files", "adapters", "quantize", "draft_files", "remote_host")
 # Ollama's last status lines of a create from a model whose layers all exist already.
 _CREATED = ({"status": "writing manifest"}, {"status": "success"})
@@ -76,7 +81,7 @@ async def copy(request: web.Request) -> web.StreamResponse:
 
 async def delete(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    name = _name(body, "model", "name")
+    name = _valid(_name(body, "model", "name"))
     router = request[ROUTER]
     if await router.presets.delete(name):
         return web.Response()
@@ -84,9 +89,19 @@ async def delete(request: web.Request) -> web.StreamResponse:
     if info is None:
         raise ModelNotFound(name)
     if _on_an_ollama_backend(router, info):
+        _refuse_a_presets_base(router, info.name)
         return await manage(request)
     raise BadRequest(f"model '{name}' comes from backend '{info.backend}', which Velo does not delete models from; "
                      "only presets (made with /api/create or /api/copy) can be deleted", param="model")
+
+
+def _refuse_a_presets_base(router: Router, name: str) -> None:
+    """A preset keeps only its base's name, where Ollama's created model keeps its own copy of the layers: deleting
+    the base left the preset listed, and each chat with it a 404 naming a model the client never asked for."""
+    over = sorted(p.name for p in router.presets.all() if p.base in spellings(name))
+    if over:
+        raise BadRequest(f"model '{name}' is the base of {', '.join(over)}: delete {'them' if len(over) > 1 else 'it'}"
+                         " first", param="model")
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

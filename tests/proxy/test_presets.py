@@ -40,7 +40,8 @@ async def test_a_change_that_cannot_be_saved_is_not_served_and_says_why(tmp_path
     store = PresetStore(folder / "presets.json")
     await store.open()
     await store.put(Preset("a:latest", "base"))
-    (folder / "presets.json").unlink()
+    for file in folder.iterdir():  # the presets and their lock file
+        file.unlink()
     folder.rmdir()
     folder.write_text("a file where the folder was")
     with pytest.raises(PresetsNotSaved, match="could not be saved to"):
@@ -64,3 +65,30 @@ async def test_created_models_are_bounded_in_number_and_size(tmp_path, monkeypat
     with pytest.raises(BadRequest, match="at most 1048576 bytes"):
         await store.put(Preset("m1:latest", "base", system="x" * (1024 * 1024)))
     assert len(store.all()) == 3 and store.get("m1").system is None
+
+
+async def test_two_processes_sharing_the_file_keep_each_others_presets(tmp_path, monkeypatch):
+    """Each wrote its own whole set over the other's, through one temporary file the other's rename took away:
+    presets lost, and 500s. Two stores on one file stand for two processes (flock locks an open file, not a
+    process)."""
+    import asyncio
+    monkeypatch.setattr("proxy.presets._FOLLOW_S", 0.05)
+    path = tmp_path / "presets.json"
+    one, two = PresetStore(path), PresetStore(path)
+    await one.open()
+    await two.open()
+    try:
+        await asyncio.gather(*(store.put(Preset(f"m{n}:latest", "base"))
+                               for n in range(40) for store in [(one, two)[n % 2]]))
+        fresh = PresetStore(path)
+        await fresh.open()
+        await fresh.close()
+        assert len(fresh.all()) == 40
+        await asyncio.sleep(0.3)
+        assert {p.name for p in one.all()} == {p.name for p in two.all()} == {f"m{n}:latest" for n in range(40)}
+        assert await two.delete("m0")
+        await asyncio.sleep(0.3)
+        assert one.get("m0") is None
+    finally:
+        await one.close()
+        await two.close()

@@ -85,9 +85,25 @@ async def test_copy_and_delete(oll, scripted: ScriptedBackend):
 
 
 async def test_names_as_ollama_writes_them(oll):
-    for name in ("library/mario:v1.2", "me/mario", "mario_2.5-x"):
+    for name in ("library/mario:v1.2", "me/mario", "mario_2.5-x", "localhost:11434/me/m" + "x" * 79):
         await oll.create(name, from_="tiny")
-    assert await names(oll) == {"tiny:latest", "library/mario:v1.2", "me/mario:latest", "mario_2.5-x:latest"}
+    assert await names(oll) == {"tiny:latest", "library/mario:v1.2", "me/mario:latest", "mario_2.5-x:latest",
+                                "localhost:11434/me/m" + "x" * 79 + ":latest"}
+
+
+async def test_a_name_in_another_case_is_the_same_model(oll, scripted: ScriptedBackend):
+    """Ollama matches names whatever their case (getExistingName): "P1" made a second model beside "p1"."""
+    await oll.create("p1", from_="tiny", system="first")
+    await oll.create("P1", from_="tiny", system="second")
+    assert await names(oll) == {"tiny:latest", "p1:latest"}
+    await oll.chat("P1", messages=USER)
+    assert scripted.requests[-1].messages[0].content == "second"
+
+
+async def test_openai_finds_a_preset_by_either_spelling(oll, base_url):
+    await oll.create("p1", from_="tiny")
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+    assert (await client.models.retrieve("p1")).id == (await client.models.retrieve("p1:latest")).id == "p1:latest"
 
 
 async def test_a_preset_from_a_preset_folds_into_one(oll, scripted: ScriptedBackend):
@@ -121,6 +137,11 @@ async def test_presets_are_kept_across_a_restart_in_a_private_file(oll, config: 
     (lambda c: c.delete("tiny"), 400, "only presets"),
     (lambda c: c.create("no spaces please", from_="tiny"), 400, "invalid model name"),
     (lambda c: c.copy("tiny", "a?b"), 400, "invalid model name"),
+    # Ollama's parts are ASCII and at most 80 characters: a 2,000-character name was listed and no request could use it
+    (lambda c: c.create("modèle", from_="tiny"), 400, "invalid model name"),
+    (lambda c: c.create("m" * 81, from_="tiny"), 400, "invalid model name"),
+    (lambda c: c.create("m:" + "t" * 81, from_="tiny"), 400, "invalid model name"),
+    (lambda c: c.delete("bad name!"), 400, "invalid model name"),
 ])
 async def test_errors_in_ollamas_shape(oll, call, status, words):
     with pytest.raises(ollama.ResponseError) as err:
@@ -210,3 +231,28 @@ async def test_with_admin_keys_only_those_manage_models(tmp_path):
         await c.post("/api/chat", json={"model": "tiny", "messages": USER, "stream": False}, headers=alice)
         assert scripted.requests[-1].messages[0].content == "Be brief."  # an admin's preset serves every key
         assert (await c.delete("/api/delete", json={"model": "tiny"}, headers=root)).status == 200
+
+
+async def test_with_an_ollama_backend_a_preset_is_velos_own(tmp_path):
+    """Over Ollama's own models (the protocol double, field for field): a preset named as one of them is what that
+    name serves, so it is what is listed (the real model's digest was); deleting a preset's base is refused (the
+    preset was left listed, each chat a 404 naming the base); a preset's pull is Velo's (Ollama's registry was asked
+    for it, and the double made a model of that name)."""
+    from adapters.base import BackendConfig
+    from tests.fakes import OllamaDouble
+    async with OllamaDouble(models=["llama3:latest", "all-minilm:latest"]) as up:
+        config = Config(backends=[BackendConfig(name="o", kind="ollama", urls=[up.url])], default_backend="o",
+                        presets=PresetsConfig(path=str(tmp_path / "presets.json")))
+        async with TestClient(TestServer(make_app(config))) as c:
+            oll = ollama.AsyncClient(host=str(c.make_url("")).rstrip("/"))
+            real = {m.model: m.digest for m in (await oll.list()).models}["all-minilm:latest"]
+            await oll.create("all-minilm", from_="llama3", system="SHADOW")
+            listed = [m for m in (await oll.list()).models if m.model.startswith("all-minilm")]
+            assert len(listed) == 1 and listed[0].digest != real
+            with pytest.raises(ollama.ResponseError) as refused:
+                await oll.delete("llama3")
+            assert refused.value.status_code == 400 and "base of all-minilm:latest" in refused.value.error
+            assert "llama3:latest" in up.models
+            before = set(up.models)
+            assert (await oll.pull("all-minilm")).status == "success"
+            assert set(up.models) == before and not [r for r in up.requests if r.path == "/api/pull"]
