@@ -11,6 +11,7 @@ from aiohttp import web
 from adapters.protocol import Chunk, aggregate
 
 from . import context_edits
+from .count_request import as_sent
 from .dialects import anthropic
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .state import PIPELINE, ROUTER
@@ -49,13 +50,11 @@ async def count_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer (engine, llama-server), else an estimate (token_count.py);
     `X-Velo-Token-Count` says which. With context editing, the count after it, and `original_input_tokens`."""
     parsed = anthropic.parse_messages(await read_json(request), count_only=True)
-    router = request[ROUTER]
-    target = await router.resolve(parsed.request.model)
-    info = await router.model_info(target)
-    tokens, exact = await prompt_tokens(target, info, parsed.request)
+    target, info, req = await as_sent(request[ROUTER], parsed.request, "anthropic")
+    tokens, exact = await prompt_tokens(target, info, req)
     out: dict[str, Any] = {"input_tokens": tokens}
     if parsed.edits is not None:
-        edited = await context_edits.apply(parsed.request, parsed.edits, counter(target, info), tokens)
+        edited = await context_edits.apply(req, parsed.edits, counter(target, info), tokens)
         out = {"input_tokens": tokens - sum(a.tokens for a in edited.applied),
                "context_management": {"original_input_tokens": tokens}}
     return json_response(out, headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})

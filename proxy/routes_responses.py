@@ -25,6 +25,7 @@ from adapters.fields import get
 from adapters.protocol import Chunk, aggregate
 
 from .auth import CALLER
+from .count_request import as_sent
 from .dialects import responses
 from .dialects.responses_stream import ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
@@ -49,8 +50,8 @@ async def create(request: web.Request) -> web.StreamResponse:
         created, whole = time.time(), aggregate(await collect(stream))
         output = [responses.compaction_item(whole.text)] if parsed.compact else \
             responses.output_items(whole, parsed.names)
-        obj = responses.response_object(resp_id, parsed, created, "completed" if parsed.compact else
-                                        responses.status_of(whole), output, whole.usage, finish=whole.finish_reason)
+        obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole), output, whole.usage,
+                                        finish=whole.finish_reason)
         await _keep(request, parsed, history, obj)
         return json_response(obj, headers=headers())
     writer = ResponseStream(resp_id, parsed, compacting=parsed.compact)
@@ -161,10 +162,8 @@ async def input_items(request: web.Request) -> web.Response:
 async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
     parsed = await _parsed(request, await read_json(request))
-    req = parsed.chat(await _history(request, parsed))
-    router = request[ROUTER]
-    target = await router.resolve(req.model)
-    tokens, exact = await prompt_tokens(target, await router.model_info(target), req)
+    target, info, req = await as_sent(request[ROUTER], parsed.chat(await _history(request, parsed)), "responses")
+    tokens, exact = await prompt_tokens(target, info, req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},
                          headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})
 

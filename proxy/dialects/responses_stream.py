@@ -91,7 +91,7 @@ class ResponseStream:
         out += [self._event("response.output_item.added", {"output_index": 0, "item": item}),
                 self._event("response.output_item.done", {"output_index": 0, "item": item})]
         self.output.append(item)
-        return b"".join(out + self._end("completed", chunk.usage))
+        return b"".join(out + self._end(status_of(chunk), chunk.usage, chunk.finish_reason))
 
     def finish(self) -> bytes:
         """A stream that ended without a finish reason (never, when the backend behaves) still completes."""

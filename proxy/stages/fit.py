@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from adapters import model_card
+from adapters.base import Backend
 from adapters.errors import ContextOverflow, ModelLacks
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ModelInfo
 
@@ -41,6 +42,19 @@ def _unseen(m: Message) -> Message:
     return replace(m, images=[], content=f"{m.content}\n{note}" if m.content else note)
 
 
+def as_seen(req: Request, info: ModelInfo, backend: Backend, dialect: str) -> Request:
+    """The request as a model that cannot see gets it: each image of a chat a note, or a 400 in the dialects whose
+    servers refuse images there (and for a raw prompt, which no note fits). The count endpoints read it so too."""
+    if "vision" in info.capabilities or not backend.knows_capabilities:
+        return req
+    images = req.images if isinstance(req, CompletionRequest) else [i for m in req.messages for i in m.images]
+    if not images:
+        return req
+    if RULES[dialect].refuses_images or isinstance(req, CompletionRequest):
+        raise ModelLacks(req.model, "vision")
+    return replace(req, messages=[_unseen(m) if m.images else m for m in req.messages])
+
+
 class Fit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
@@ -48,7 +62,8 @@ class Fit(Stage):
         req = self._capped(job.request, info)
         if info is not None:  # a model the backend cannot describe is left to the backend
             self._check_insert(req, info, job)
-            req = await self._in_window(self._thinking(self._images(req, info, job), info, job), info, job)
+            seen = as_seen(req, info, job.target.backend, job.dialect)
+            req = await self._in_window(self._thinking(seen, info, job), info, job)
         async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
             async for chunk in rest:
                 yield chunk
@@ -73,18 +88,6 @@ class Fit(Stage):
             return
         if isinstance(req, CompletionRequest) and req.suffix is not None and "insert" not in info.capabilities:
             raise ModelLacks(req.model, "insert")
-
-    @staticmethod
-    def _images(req: Request, info: ModelInfo, job: Job) -> Request:
-        assert job.target is not None
-        if "vision" in info.capabilities or not job.target.backend.knows_capabilities:
-            return req
-        images = req.images if isinstance(req, CompletionRequest) else [i for m in req.messages for i in m.images]
-        if not images:
-            return req
-        if RULES[job.dialect].refuses_images or isinstance(req, CompletionRequest):  # no note fits a raw prompt
-            raise ModelLacks(req.model, "vision")
-        return replace(req, messages=[_unseen(m) if m.images else m for m in req.messages])
 
     @staticmethod
     def _thinking(req: Request, info: ModelInfo, job: Job) -> Request:

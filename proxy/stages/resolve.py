@@ -31,7 +31,7 @@ class Resolve(Stage):
         assert job.target is not None
         req, opts = job.request, job.request.options
         if preset is not None:
-            req, opts = _with_prompt(req, preset), options.under(opts, preset.options)
+            req, opts = with_prompt(req, preset), options.under(opts, preset.options)
         names = (job.model, preset.base if preset else "", job.target.model)
         if (settings := by_spelling(self.services.config.models, *names)) is not None:
             opts = options.under(opts, settings.sampling())
@@ -40,7 +40,7 @@ class Resolve(Stage):
         return req if opts is req.options else replace(req, options=opts)
 
 
-def _with_prompt(req: Request, preset: Preset) -> Request:
+def with_prompt(req: Request, preset: Preset) -> Request:
     """The preset's system prompt where the request has none, its messages before the chat's, and its template for
     a prompt that is not raw, as Ollama applies a Modelfile's SYSTEM, MESSAGE and TEMPLATE."""
     if isinstance(req, ChatRequest):

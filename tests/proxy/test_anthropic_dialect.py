@@ -500,3 +500,25 @@ async def test_an_empty_answer_streams_the_empty_text_block_the_whole_answer_has
         final = await stream.get_final_message()
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content] == \
         [{"type": "text", "text": "", "citations": None}]
+
+
+async def test_count_tokens_counts_the_prompt_as_it_is_sent(tmp_path):
+    """A preset's system prompt goes in, and an image a model cannot see becomes its note: the count left both out
+    (the engine's was 13 tokens short of the request's own; llama-server's was a 400 "does not support vision")."""
+    from proxy.presets import PresetsConfig
+    blind = ScriptedBackend("s", capabilities=("completion",))
+    config = Config(presets=PresetsConfig(path=str(tmp_path / "presets.json")))
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}}
+    note = "[1 image left out: this model cannot see images]"
+    async with TestClient(TestServer(make_app(config, {"s": blind}))) as c:
+        await c.post("/api/create", json={"model": "mario", "from": "tiny", "system": "You are Mario."})
+
+        async def counted(body: dict) -> int:
+            resp = await c.post("/v1/messages/count_tokens", json=body)
+            assert resp.status == 200, await resp.text()
+            return (await resp.json())["input_tokens"]
+        seen = [{"role": "user", "content": [{"type": "text", "text": "What is it?"}, image]}]
+        said = [{"role": "user", "content": f"What is it?\n{note}"}]
+        assert await counted({"model": "tiny", "messages": seen}) == await counted({"model": "tiny", "messages": said})
+        assert await counted({"model": "mario", "messages": USER}) == \
+            await counted({"model": "tiny", "system": "You are Mario.", "messages": USER})

@@ -125,3 +125,14 @@ async def test_the_sdk_parses_a_compaction_stream(base_url):
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert [type(item).__name__ for item in done] == ["ResponseCompactionItem"]
     assert events[-1].type == "response.completed" and events[-1].response.output[0].type == "compaction"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_summary_cut_by_its_limit_says_so(client, scripted: ScriptedBackend, stream: bool):
+    """A cut summary was "completed", with nothing marking it cut, and the client put it in place of its history."""
+    scripted.script.finish_reason = "length"
+    resp = await client.post("/v1/responses", json={"model": "tiny", "input": TURNS + [TRIGGER], "stream": stream,
+                                                    "max_output_tokens": 16})
+    final = sse_events(await resp.text())[-1][1]["response"] if stream else await resp.json()
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert _summary(final["output"][0]) == "Hello world"

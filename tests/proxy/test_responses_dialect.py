@@ -423,3 +423,18 @@ async def test_a_streamed_response_is_stored_before_it_is_announced_completed(cl
     stored = await client.get(f"/v1/responses/{resp_id}")
     assert stored.status == 200 and (await stored.json())["output"][0]["content"][0]["text"] == "Hello world"
     assert not resp.content.at_eof()  # the answer's stream was still open
+
+
+async def test_input_tokens_counts_the_prompt_as_it_is_sent():
+    """An image a model cannot see is counted as the note it becomes (count_request.py)."""
+    blind = ScriptedBackend("s", capabilities=("completion",))
+    note = "[1 image left out: this model cannot see images]"
+    async with TestClient(TestServer(make_app(Config(), {"s": blind}))) as c:
+        async def counted(content: list) -> int:
+            resp = await c.post("/v1/responses/input_tokens", json={"model": "tiny", "input": [
+                {"role": "user", "content": content}]})
+            assert resp.status == 200, await resp.text()
+            return (await resp.json())["input_tokens"]
+        image = {"type": "input_image", "image_url": "data:image/png;base64,QUJD"}
+        assert await counted([{"type": "input_text", "text": "What is it?"}, image]) == \
+            await counted([{"type": "input_text", "text": f"What is it?\n{note}"}])
