@@ -361,9 +361,14 @@ class LlamaCppBackend(OpenAIBackend):
     async def file_listing(self, name: str, path: str, context: int | None) -> ModelInfo:
         """A model as its GGUF file tells it (template, stop words, fill-in-the-middle), for a server that cannot be
         asked without loading the model (a stopped managed server, a router's unloaded model)."""
+        bare = ModelInfo(name=name, backend=self.name, format="gguf", capabilities=["completion"])
         if not os.path.isfile(path):
-            return ModelInfo(name=name, backend=self.name, format="gguf", capabilities=["completion"])
-        file, facts = model_file(path), await self.gguf_facts(path)
+            return bare
+        try:
+            facts = await self.gguf_facts(path)
+        except Exception:  # noqa: BLE001 - no GGUF (a text file so named): listed bare, its server's start says why
+            return bare  # unlisted, its name went to the default backend, and another model answered for it
+        file = model_file(path)
         return ModelInfo(name=name, backend=self.name, format="gguf", modified_at=file.modified_at,
                          digest=file.digest, size=file.size, context_length=context, file=path,
                          family=str(facts.info.get("general.architecture", "")),

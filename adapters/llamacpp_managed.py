@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import socket
@@ -16,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
+from . import keep_alive
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendUnavailable
 from .llamacpp import LlamaCppBackend, flag_value, gguf_name
@@ -97,6 +99,8 @@ class ManagedLlamaCpp(LlamaCppBackend):
         self._output: deque[str] = deque(maxlen=20)
         self._following: asyncio.Task | None = None  # reads _output (held: the loop keeps only weak references)
         self.served_context: int | None = None  # the window its server gave a request when it last ran
+        # how long it stays up idle: the last request's keep_alive (Ollama's: 0 stops it at once), else ttl_s
+        self.keep_s = self._ttl()
 
     @property
     def max_loaded(self) -> int:
@@ -127,6 +131,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
         assert self._up is not None
         try:
             await self._run()
+            self.stats.last_error = ""  # a start that failed once (a file moved away) kept /ready false for good
         except BaseException as e:
             self.stats.last_error = str(e)
             self._up.set_exception(e if isinstance(e, Exception) else BackendUnavailable("start cancelled"))
@@ -171,6 +176,8 @@ class ManagedLlamaCpp(LlamaCppBackend):
         async for line in process.stdout:
             self._output.append(line.decode(errors="replace").rstrip())
         code = await process.wait()
+        while self.process is process and self.state == "starting":  # an exit its start's last /health did not see
+            await asyncio.sleep(_HEALTH_POLL_S)  # (another program answered on its port): it settles as "ready"
         if self.process is not process or self.state != "ready":  # Velo stopped it, or its start saw the exit
             return
         log.warning("backend %r: llama-server for %s exited with %s; the next request starts it again: %s",
@@ -183,11 +190,19 @@ class ManagedLlamaCpp(LlamaCppBackend):
         return await LlamaCppBackend.health(self)
 
     def idle(self) -> None:
-        """The last user left: stop now if another server waits for the room, else after ttl_s (0: never)."""
-        if self.draining:
+        """The last user left: stop now if another server waits for the room or the last request's keep_alive was
+        0, else after `keep_s` (infinite: never)."""
+        if self.draining or (self.keep_s == 0 and self.state == "ready"):
             self.stop_soon()
-        elif self.config.ttl_s > 0 and self.state == "ready":
-            self._timer = asyncio.get_running_loop().create_task(self._stop_after(self.config.ttl_s))
+        elif math.isfinite(self.keep_s) and self.state == "ready":
+            self._timer = asyncio.get_running_loop().create_task(self._stop_after(self.keep_s))
+
+    def _ttl(self) -> float:
+        return self.config.ttl_s or math.inf  # ttl_s 0: kept until another server needs the room
+
+    def _kept(self, keep: Any) -> None:
+        """A request's `keep_alive`, as Ollama reads it, decides how long the server stays up after it."""
+        self.keep_s = self._ttl() if keep is None else keep_alive.seconds(keep)
 
     async def _stop_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -277,21 +292,33 @@ class ManagedLlamaCpp(LlamaCppBackend):
         return await self.with_file(await Backend.show(self, model), self.config.model or "", "")
 
     async def running(self) -> list[RunningModel]:
-        """The running server's model as listed (size, digest, details), until `ttl_s` after its last request (a
-        server in use, from now); with ttl_s 0, kept: /api/ps said it never unloads whatever ttl_s was."""
+        """The running server's model as listed (size, digest, details), until `keep_s` after its last request (a
+        server in use, from now); kept for good, no expiry: /api/ps said it never unloads whatever ttl_s was."""
         if self.state != "ready":
             return []
-        ttl = self.config.ttl_s
         idle_for = time.monotonic() - self.last_used if not self.users and self.last_used else 0.0
-        kept = {"expires_at": rfc3339(time.time() + ttl - idle_for)} if ttl > 0 else {}
+        kept = {"expires_at": rfc3339(time.time() + self.keep_s - idle_for)} if math.isfinite(self.keep_s) else {}
         return [RunningModel(name=m.name, size=m.size, digest=m.digest, info=m, **kept)
                 for m in await self.list_models()]
 
+    async def load(self, model: str, keep: Any) -> int:
+        """Ollama's bare load request: the server started if it is not (a stopped one asked its dead port: a 503);
+        the nanoseconds that took."""
+        await self.show(model)  # an unknown model is a 404, as Ollama answers it
+        start = time.perf_counter_ns()
+        async with self.swaps.use(self):
+            self._kept(keep)
+        return time.perf_counter_ns() - start
+
+    async def unload(self, model: str) -> None:
+        """Ollama's `keep_alive: 0` with no prompt: the server stops (the answer said "unload", and it ran on)."""
+        await self.swaps.unload(self)
+
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        return self._held(lambda: LlamaCppBackend.chat(self, req))
+        return self._held(lambda: LlamaCppBackend.chat(self, req), req.keep_alive)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        return self._held(lambda: LlamaCppBackend.complete(self, req))
+        return self._held(lambda: LlamaCppBackend.complete(self, req), req.keep_alive)
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         return await self._once(lambda: LlamaCppBackend.embed(self, req))
@@ -302,12 +329,13 @@ class ManagedLlamaCpp(LlamaCppBackend):
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         return await self._once(lambda: LlamaCppBackend.count_tokens(self, req))
 
-    async def _held(self, call: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
-        """The server stays up, and is never swapped out, until the stream is over."""
+    async def _held(self, call: Callable[[], AsyncIterator[T]], keep: Any = None) -> AsyncIterator[T]:
+        """The server stays up, and is never swapped out, until the stream is over; then as long as `keep` says."""
         async with self.swaps.use(self):
             async with contextlib.aclosing(call()) as stream:  # type: ignore[type-var]
                 async for chunk in stream:
                     yield chunk
+            self._kept(keep)
 
     async def _once(self, call: Callable[[], Awaitable]) -> object:
         async with self.swaps.use(self):

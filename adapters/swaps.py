@@ -73,7 +73,8 @@ class Swaps:
                     return
                 if server.state == "stopped":
                     others = [s for s in self.servers if s is not server and s.state != "stopped"]
-                    if len(others) < server.max_loaded:
+                    # every running server's own limit too: one with max_loaded 1 ran beside a later one with 2
+                    if len(others) < min([server.max_loaded, *(s.max_loaded for s in others)]):
                         server.starting()
                         server.take()
                         server.launching = asyncio.get_running_loop().create_task(self._start(server))
@@ -107,6 +108,16 @@ class Swaps:
             if server.users == 0:  # everyone who asked left during the start: it idles from now on
                 server.idle()
             self._changed.notify_all()
+
+    async def unload(self, server: ManagedLlamaCpp) -> None:
+        """Ollama's `keep_alive: 0`: `server` stops now, or once its streams in flight are done (drained)."""
+        async with self._changed:
+            if server.state != "ready" or server.draining:
+                return
+            if server.users:
+                server.draining = True
+            else:
+                server.stop_soon()
 
     async def stopped(self, server: ManagedLlamaCpp) -> None:
         """Called by a server once its process is gone: room for the next."""

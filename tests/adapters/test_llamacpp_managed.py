@@ -126,3 +126,35 @@ async def test_a_server_that_exits_at_start_is_quoted_to_its_last_line(tmp_path,
     with pytest.raises(BackendUnavailable) as e:
         await backend.launch()
     assert e.value.message.endswith("exited with 4: loading | error: unknown argument: --bogus")
+
+
+async def test_a_file_that_is_no_gguf_is_still_listed_under_its_name(tmp_path):
+    """Unlisted, its name went to the default backend, and another model answered for it."""
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a model")
+    backend = ManagedLlamaCpp(BackendConfig(name="b", kind="llamacpp", model=str(bad), models=["mbad"]), Swaps())
+    assert [m.name for m in await backend.list_models()] == ["mbad"]
+
+
+async def test_a_server_that_exits_while_another_program_answers_its_port_is_not_left_ready(tmp_path, monkeypatch):
+    """Its start's last /health was answered by whatever held the port (a race between choosing the port and the
+    server binding it): the exit came while "starting", which the watcher passed over, and "ready" stayed with no
+    server behind it."""
+    import asyncio
+
+    async def answered(self):
+        await asyncio.sleep(0.2)  # the server exits meanwhile
+        return True
+    monkeypatch.setattr(ManagedLlamaCpp, "healthy_now", answered)
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, CHATML)
+    swaps = Swaps()
+    backend = ManagedLlamaCpp(BackendConfig(name="b", kind="llamacpp", model=path, command=[
+        "sh", "-c", "exit 1", "sh"]), swaps)
+    async with swaps.use(backend):
+        pass
+    for _ in range(300):
+        if backend.state == "stopped":
+            break
+        await asyncio.sleep(0.01)
+    assert backend.state == "stopped"
+    await backend.close()

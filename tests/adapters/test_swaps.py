@@ -8,8 +8,9 @@ import asyncio
 import pytest
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendTimeout
+from adapters.errors import BackendTimeout, BackendUnavailable
 from adapters.llamacpp_managed import ManagedLlamaCpp
+from adapters.protocol import ModelInfo
 from adapters.swaps import Swaps
 
 
@@ -17,14 +18,21 @@ class Scripted(ManagedLlamaCpp):
     """A managed server whose start takes `start_s` and runs no process."""
 
     def __init__(self, name: str, swaps: Swaps, start_s: float = 0.0, wait_s: float = 60.0,
-                 ttl_s: float = 0.0) -> None:
+                 ttl_s: float = 0.0, max_loaded: int = 1) -> None:
         super().__init__(BackendConfig(name=name, kind="llamacpp", model=f"/models/{name}.gguf", ttl_s=ttl_s,
-                                       first_token_timeout=wait_s), swaps)
+                                       first_token_timeout=wait_s, max_loaded=max_loaded), swaps)
         self.start_s = start_s
+        self.fails = 0  # starts still to fail
 
     async def _run(self) -> None:
         await asyncio.sleep(self.start_s)
+        if self.fails:
+            self.fails -= 1
+            raise BackendUnavailable(f"{self.name} could not start")
         self.stats.starts += 1
+
+    async def show(self, model: str):  # noqa: ANN201 - the file is made up: its model as named
+        return ModelInfo(name=model)
 
 
 async def hold(server: ManagedLlamaCpp, release: asyncio.Event) -> None:
@@ -109,4 +117,53 @@ async def test_a_slow_start_is_bounded_for_the_request_and_then_idles_to_its_ttl
     await until(lambda: server.state == "ready")
     await until(lambda: server.state == "stopped")
     assert server.stats.starts == 1
+    await server.close()
+
+
+async def test_a_server_that_runs_alone_is_stopped_for_one_that_would_run_beside_it():
+    """Only the starting server's max_loaded was read: one with 2 started beside a running one with 1."""
+    swaps, release = Swaps(), asyncio.Event()
+    alone, other = Scripted("alone", swaps, max_loaded=1), Scripted("other", swaps, max_loaded=2)
+    async with swaps.use(alone):
+        pass
+    async with swaps.use(other):
+        assert alone.state == "stopped" and other.state == "ready"
+    for s in (alone, other):
+        await s.close()
+
+
+async def test_keep_alive_0_stops_the_server_now_or_once_its_streams_are_done():
+    """Ollama's keep_alive 0 answered "unload" and the server ran on; a bare load of a stopped one asked its dead
+    port (a 503)."""
+    swaps, release = Swaps(), asyncio.Event()
+    server = Scripted("s", swaps)
+    assert await server.load("s", None) >= 0 and server.state == "ready"
+    await server.unload("s")
+    await until(lambda: server.state == "stopped")
+    await server.load("s", "10m")
+    assert (await server.running())[0].expires_at
+    streaming = asyncio.create_task(hold(server, release))
+    await until(lambda: server.users == 1)
+    await server.unload("s")
+    assert server.state == "ready" and server.draining  # its stream in flight is not cut
+    release.set()
+    await streaming
+    await until(lambda: server.state == "stopped")
+    await server.close()
+
+
+async def test_a_start_that_failed_once_leaves_the_server_healthy_once_one_succeeds():
+    """The last start's error stayed, and /ready said false for good."""
+    swaps = Swaps()
+    server = Scripted("s", swaps)
+    server.fails = 1
+    with pytest.raises(BackendUnavailable):
+        async with swaps.use(server):
+            pass
+    assert not await server.health()
+    async with swaps.use(server):
+        pass
+    await server.unload("s")  # stopped, it is healthy while it can be started
+    await until(lambda: server.state == "stopped")
+    assert await server.health()
     await server.close()
