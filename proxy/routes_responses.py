@@ -54,12 +54,15 @@ async def create(request: web.Request) -> web.StreamResponse:
                                         finish=whole.finish_reason)
         await _keep(request, parsed, history, obj)
         return json_response(obj, headers=headers())
-    writer = ResponseStream(resp_id, parsed, compacting=parsed.compact)
+    writer, stored = ResponseStream(resp_id, parsed, compacting=parsed.compact), False
 
     async def kept(events: bytes) -> bytes:
-        """The response's last events, once it is stored: a client that continued at once (`previous_response_id`)
-        found no response, `response.completed` having gone out before the pipeline's work after the answer."""
-        if writer.final is not None and writer.final["status"] != "failed":
+        """The response's last events, once it is stored (once): a client that continued at once
+        (`previous_response_id`) found no response, `response.completed` having gone out before the pipeline's work
+        after the answer."""
+        nonlocal stored
+        if not stored and writer.final is not None and writer.final["status"] != "failed":
+            stored = True
             await _keep(request, parsed, history, writer.final)
         return events
 

@@ -414,7 +414,15 @@ async def test_an_empty_answer_streams_the_empty_message_the_whole_answer_has(ba
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(after_finish=1.0))])
 async def test_a_streamed_response_is_stored_before_it_is_announced_completed(client: TestClient) -> None:
     """The pipeline's work after the answer (the cache's store) came before the response was stored, and after
-    `response.completed`: a client continuing at once with `previous_response_id` found no response."""
+    `response.completed`: a client continuing at once with `previous_response_id` found no response. Stored once."""
+    from proxy.state import RESPONSES
+    store, puts = client.server.app[RESPONSES], []
+    put = store.put
+
+    async def counted(*args):
+        puts.append(args)
+        await put(*args)
+    store.put = counted
     resp = await client.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True})
     async for line in resp.content:
         if line.startswith(b'data: {"type":"response.completed"'):
@@ -423,6 +431,8 @@ async def test_a_streamed_response_is_stored_before_it_is_announced_completed(cl
     stored = await client.get(f"/v1/responses/{resp_id}")
     assert stored.status == 200 and (await stored.json())["output"][0]["content"][0]["text"] == "Hello world"
     assert not resp.content.at_eof()  # the answer's stream was still open
+    await resp.read()
+    assert len(puts) == 1
 
 
 async def test_input_tokens_counts_the_prompt_as_it_is_sent():
