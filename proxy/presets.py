@@ -136,7 +136,8 @@ class PresetStore:
     async def open(self) -> None:
         async with self._lock:
             if not self._loaded:
-                await self._read_if_changed()
+                stamp = await asyncio.to_thread(_stamp, self.path)
+                self._presets, self._stamp = await asyncio.to_thread(_read, self.path), stamp
                 self._loaded = True
                 self._watch = asyncio.create_task(self._follow())
 
@@ -176,8 +177,9 @@ class PresetStore:
         async with self._lock:
             try:
                 presets, stamp, changed = await asyncio.to_thread(_change, self.path, change)
-            except OSError as e:
-                raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {e.strerror or e}") from e
+            except (OSError, ValueError) as e:  # ValueError: a file that is no presets file (`_read`)
+                why = e.strerror if isinstance(e, OSError) and e.strerror else e
+                raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {why}") from e
             self._presets, self._stamp = presets, stamp
             return changed
 
@@ -192,9 +194,11 @@ class PresetStore:
                 log.warning("presets file %s not read again: %s", self.path, e)
 
     async def _read_if_changed(self) -> None:
+        """A file that cannot be read is said once for each change of it, not at each look."""
         stamp = await asyncio.to_thread(_stamp, self.path)
         if stamp != self._stamp:
-            self._presets, self._stamp = await asyncio.to_thread(_read, self.path), stamp
+            self._stamp = stamp
+            self._presets = await asyncio.to_thread(_read, self.path)
 
 
 _FOLLOW_S = 2.0

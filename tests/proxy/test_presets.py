@@ -92,3 +92,26 @@ async def test_two_processes_sharing_the_file_keep_each_others_presets(tmp_path,
     finally:
         await one.close()
         await two.close()
+
+
+async def test_a_file_spoilt_under_a_running_velo_is_said_once_and_what_was_read_stays(tmp_path, monkeypatch, caplog):
+    """Another process (or a hand) spoilt the file: what was read stays served, a change is a 500 saying why, and
+    the log says so once per change of the file, not every 2 s."""
+    import asyncio
+    import logging
+
+    from proxy.presets import PresetsNotSaved
+    monkeypatch.setattr("proxy.presets._FOLLOW_S", 0.02)
+    path = tmp_path / "presets.json"
+    store = PresetStore(path)
+    await store.open()
+    try:
+        await store.put(Preset("a:latest", "base"))
+        with caplog.at_level(logging.WARNING, logger="velo.presets"):
+            path.write_text("{ not json")
+            await asyncio.sleep(0.3)
+        assert caplog.text.count("not read again") == 1 and store.get("a") is not None
+        with pytest.raises(PresetsNotSaved, match="is not a presets file Velo wrote"):
+            await store.put(Preset("b:latest", "base"))
+    finally:
+        await store.close()
