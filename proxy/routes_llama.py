@@ -29,7 +29,9 @@ async def native(request: web.Request) -> web.StreamResponse:
     """Under the key's limits like every generation (/completion, /infill and /rerank went around them); the GETs
     (/props, /slots) read state only."""
     body = await _body(request)
-    server = await _llama_server(request, request.query.get("model") if body is None else body.get("model"))
+    server, model = await _llama_server(request, request.query.get("model") if body is None else body.get("model"))
+    if body is not None and model is not None:
+        body = {**body, "model": model}  # the server's name for it: an alias or a preset's went on, unknown there
     stream = bool(body and body.get("stream"))
     limited = contextlib.nullcontext()
     if body is not None:  # its size, read already (a chunked body has no Content-Length), as its tokens' estimate
@@ -48,17 +50,17 @@ async def _body(request: web.Request) -> dict[str, Any] | None:
     return body_object(await read_json(request))
 
 
-async def _llama_server(request: web.Request, model: Any) -> LlamaCppBackend:
-    """The backend `model` names, else the one llama-server among the backends."""
+async def _llama_server(request: web.Request, model: Any) -> tuple[LlamaCppBackend, str | None]:
+    """The backend `model` names, with the model's name there; else the one llama-server among the backends."""
     router = request[ROUTER]
-    named = isinstance(model, str) and model
-    backends = [(await router.resolve(model)).backend] if named else list(router.backends.values())
+    target = await router.resolve(model) if isinstance(model, str) and model else None
+    backends = [target.backend] if target is not None else list(router.backends.values())
     servers = [b for b in backends if isinstance(b, LlamaCppBackend)]
     if len(servers) != 1:
-        why = (f"model {model!r} is served by none" if named else
+        why = (f"model {model!r} is served by none" if target is not None else
                "config.toml has none, or several (name one's model with `model`)")
         raise NotFound(f"{request.path} is llama-server's own route, passed to a llama-server backend: {why}")
-    return servers[0]
+    return servers[0], target.model if target is not None else None
 
 
 def add_routes(app: web.Application) -> None:

@@ -81,3 +81,13 @@ async def test_ollamas_bare_load_request_loads_a_routers_model(router):
         again = await oll.chat(model="alpha", messages=[])  # already loaded: answered after one look
         assert again.done_reason == "load" and again.load_duration < loaded.load_duration
 
+
+
+async def test_a_native_route_names_the_model_as_the_router_knows_it(router):
+    """llama-server's own routes went on with the client's name: an alias (or a preset) was unknown to the router."""
+    async with serve(config(BackendConfig(name="r", kind="llamacpp", urls=[router.url]),
+                            aliases={"fast": "r:alpha"})) as url:
+        async with aiohttp.ClientSession() as s, s.post(url + "/tokenize", json={"model": "fast",
+                                                                                "content": "hello"}) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["tokens"]
