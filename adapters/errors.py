@@ -110,6 +110,13 @@ class BackendError(VeloError):
 
     status = 502
     kind = "backend_error"
+    # The backend read the request, then dropped the connection or cut its answer: it may have run it, or crashed on
+    # it, so no other replica is asked (each one was, and a request that crashed one crashed them all).
+    taken = False
+
+    def taken_by_backend(self) -> "BackendError":
+        self.taken = True
+        return self
 
 
 class BackendUnavailable(BackendError):

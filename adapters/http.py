@@ -271,9 +271,9 @@ class Upstream:
             raise BackendUnavailable(f"backend {name!r} at {self.shown_url} is not reachable ({e.os_error})") from e
         except aiohttp.ServerDisconnectedError as e:
             raise BackendError(f"backend {name!r} closed the connection on {path} before answering (not sent "
-                               "again: it may have taken the request)") from e
+                               "again: it may have taken the request)").taken_by_backend() from e
         except aiohttp.ClientError as e:
-            raise BackendError(f"backend {name!r} failed on {path}: {self._described(e)}") from e
+            raise BackendError(f"backend {name!r} failed on {path}: {self._described(e)}").taken_by_backend() from e
 
     async def _send(self, method: str, path: str, body: Any) -> aiohttp.ClientResponse:
         """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
@@ -357,7 +357,8 @@ class Upstream:
                 why = f"did not send the whole answer within {total:g}s" if late else f"{what} within {limit:g}s"
                 raise BackendTimeout(f"backend {self.config.name!r} {why}") from e
             except aiohttp.ClientError as e:
-                raise BackendError(f"backend {self.config.name!r} broke the stream: {self._described(e)}") from e
+                raise BackendError(f"backend {self.config.name!r} broke the stream: "
+                                   f"{self._described(e)}").taken_by_backend() from e
             if not data:
                 return
             yield data

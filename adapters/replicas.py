@@ -3,7 +3,8 @@
 Each request goes to the healthy replica with the fewest outstanding requests, or, with prefix affinity, to the
 replica its conversation prefix hashes to (so the server's prompt cache is reused) unless that one is clearly
 busier than the rest. A replica that fails before sending its first chunk is skipped and the next one tried, so
-the client never sees the failure; once bytes went out the error is the client's. Repeated failures open the
+the client never sees the failure, unless it may have run the request (it read it, then dropped the connection or
+cut its answer: `BackendError.taken`); once bytes went out the error is the client's. Repeated failures open the
 replica's circuit for a cool-down (it gets no requests); after it, the next failure reopens it at once. A
 background probe keeps `healthy`; replicas failing it are tried only when no healthy one is left.
 
@@ -207,6 +208,8 @@ class ReplicaSet(Backend):
                 result = await fn(replica.backend)
             except _RETRYABLE as e:
                 self._failed(replica, e)
+                if getattr(e, "taken", False):
+                    raise
                 errors.append(e)
                 continue
             finally:
@@ -231,6 +234,8 @@ class ReplicaSet(Backend):
                     return
                 except _RETRYABLE as e:
                     self._failed(replica, e)
+                    if getattr(e, "taken", False):  # it may have run the request: not sent again (errors.py)
+                        raise
                     errors.append(e)
                     continue
                 yield first

@@ -264,3 +264,44 @@ async def test_every_replica_busy_says_the_soonest_retry_after():
     with pytest.raises(Overloaded) as info:
         await text(rs)
     assert info.value.status == 429 and info.value.retry_after == 1.0
+
+
+async def _taking_server(cut_body: bool) -> tuple[asyncio.Server, str, list[bytes]]:
+    """A replica that reads each POST whole, then drops the connection (crashing on it), or with `cut_body` sends
+    the head and part of a whole answer first (cut mid-generation)."""
+    posts: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        if head.startswith(b"POST"):
+            posts.append(head)
+            if cut_body:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+                             b'{"id":"x","choices":[{"ind')
+                await writer.drain()
+        writer.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", posts
+
+
+@pytest.mark.parametrize("cut_body, always_stream", [(False, True), (False, False), (True, False)])
+async def test_a_request_a_replica_may_have_run_is_not_sent_to_the_next(cut_body, always_stream):
+    """A replica that read the request and dropped the connection, or cut a whole answer (always_stream = false):
+    each replica was sent it in turn, so a request that crashed one crashed them all, and a cut generation ran
+    again."""
+    server, url, posts = await _taking_server(cut_body)
+    async with server, FakeOpenAI(models=["m"]) as whole:
+        cfg = BackendConfig(name="pool", kind="openai", urls=[url, whole.url], models=["m"],
+                            always_stream=always_stream, options={"affinity": "none"})
+        backend = make_backend(cfg)
+        try:
+            with pytest.raises(BackendError) as failed:
+                [c async for c in backend.chat(ChatRequest(model="m", messages=[Message("user", "hi")],
+                                                           stream=False))]
+        finally:
+            await backend.close()
+    assert failed.value.taken and len(posts) == 1
+    assert not [r for r in whole.requests if r.path == "/v1/chat/completions"]
