@@ -58,7 +58,7 @@ _LOADING = "Loading model"
 LOADING_POLL_S = 0.25
 
 
-class _Loading(BackendUnavailable):
+class Loading(BackendUnavailable):
     """The backend is loading its model: a request may wait for it (Upstream.request)."""
 
 
@@ -175,6 +175,7 @@ class Upstream:
 
     config: BackendConfig
     pooled: bool = True  # keep connections alive between requests (False: a new connection for each)
+    waits_for_loads: bool = True  # a replica does not: another one may be ready (adapters/replicas.py)
     _session: aiohttp.ClientSession | None = None
     _fresh: aiohttp.ClientSession | None = None  # never reuses a connection: for the one retry
 
@@ -240,8 +241,8 @@ class Upstream:
             while resp.status >= 300:
                 try:
                     await self._raise_for_status(resp, path, model)
-                except _Loading:
-                    if method != "POST" or loop.time() + LOADING_POLL_S > until:
+                except Loading:
+                    if not self.waits_for_loads or method != "POST" or loop.time() + LOADING_POLL_S > until:
                         raise
                 resp.release()
                 await asyncio.sleep(LOADING_POLL_S)
@@ -329,7 +330,7 @@ class Upstream:
         if resp.status == 501:
             raise Unsupported(f"{where} cannot do {path}: {message}")
         if resp.status == 503 and message == _LOADING:
-            raise _Loading(f"{where} is still loading its model")
+            raise Loading(f"{where} is still loading its model")
         if resp.status == 503:
             raise BackendUnavailable(f"{where} is unavailable: {message}")
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")

@@ -4,7 +4,9 @@ Each request goes to the healthy replica with the fewest outstanding requests, o
 replica its conversation prefix hashes to (so the server's prompt cache is reused) unless that one is clearly
 busier than the rest. A replica that fails before sending its first chunk is skipped and the next one tried, so
 the client never sees the failure, unless it may have run the request (it read it, then dropped the connection or
-cut its answer: `BackendError.taken`); once bytes went out the error is the client's. Repeated failures open the
+cut its answer: `BackendError.taken`); once bytes went out the error is the client's. A replica loading its model
+is passed over for a ready one; when all are loading, the request waits for one, as for a single backend. Repeated
+failures open the
 replica's circuit for a cool-down (it gets no requests); after it, the next failure reopens it at once. A
 background probe keeps `healthy`; replicas failing it are tried only when no healthy one is left.
 
@@ -24,7 +26,7 @@ import xxhash
 
 from .base import Backend, BackendConfig
 from .errors import BackendError, BackendTimeout, BackendUnavailable, Overloaded, VeloError
-from .http import asked_of, one_answer
+from .http import LOADING_POLL_S, Loading, Upstream, asked_of, one_answer
 from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 
@@ -97,6 +99,9 @@ class ReplicaSet(Backend):
         self.options = options or ReplicaOptions()
         self.replicas = [Replica(b) for b in replicas]
         self._prober: asyncio.Task | None = None
+        for member in replicas:  # one loading its model is passed over for a ready one, not waited for (300 s)
+            if isinstance(upstream := getattr(member, "http", None), Upstream):
+                upstream.waits_for_loads = False
 
     @classmethod
     def from_config(cls, config: BackendConfig, make: Callable[[BackendConfig], Backend]) -> "ReplicaSet":
@@ -201,56 +206,69 @@ class ReplicaSet(Backend):
 
     async def _call(self, fn: Callable[[Backend], Awaitable[T]]) -> T:
         """A plain call, tried on each replica in turn while the failure is one another replica might not have."""
-        errors: list[VeloError] = []
-        for replica in self.order():
-            replica.outstanding += 1
-            try:
-                result = await fn(replica.backend)
-            except _RETRYABLE as e:
-                self._failed(replica, e)
-                if getattr(e, "taken", False):
-                    raise
-                errors.append(e)
-                continue
-            finally:
-                replica.outstanding -= 1
-            replica.succeeded()
-            return result
-        raise self._every_failed(errors) from errors[-1]
+        until = time.monotonic() + self.config.first_token_timeout
+        while True:
+            errors: list[VeloError] = []
+            for replica in self.order():
+                replica.outstanding += 1
+                try:
+                    result = await fn(replica.backend)
+                except _RETRYABLE as e:
+                    self._tried(replica, e, errors)
+                    continue
+                finally:
+                    replica.outstanding -= 1
+                replica.succeeded()
+                return result
+            await self._after_all_failed(errors, until)
 
     async def _stream(self, open_stream: Callable[[Backend], AsyncIterator[Chunk]], key: str | None
                       ) -> AsyncIterator[Chunk]:
         """Fails over until a replica yields its first chunk; from then on, that replica's stream is the answer."""
-        errors: list[VeloError] = []
-        for replica in self.order(key):
-            replica.outstanding += 1
-            stream: AsyncIterator[Chunk] | None = None
-            try:
-                stream = open_stream(replica.backend)  # may raise at once (a client's bad template): counted down too
+        until = time.monotonic() + self.config.first_token_timeout
+        while True:
+            errors: list[VeloError] = []
+            for replica in self.order(key):
+                replica.outstanding += 1
+                stream: AsyncIterator[Chunk] | None = None
                 try:
-                    first = await stream.__anext__()
-                except StopAsyncIteration:
+                    stream = open_stream(replica.backend)  # may raise at once (a client's bad template): counted too
+                    try:
+                        first = await stream.__anext__()
+                    except StopAsyncIteration:
+                        replica.succeeded()
+                        return
+                    except _RETRYABLE as e:
+                        self._tried(replica, e, errors)
+                        continue
+                    yield first
+                    async for chunk in stream:
+                        yield chunk
                     replica.succeeded()
                     return
-                except _RETRYABLE as e:
+                except BackendError as e:  # mid-stream: too late to hide it
                     self._failed(replica, e)
-                    if getattr(e, "taken", False):  # it may have run the request: not sent again (errors.py)
-                        raise
-                    errors.append(e)
-                    continue
-                yield first
-                async for chunk in stream:
-                    yield chunk
-                replica.succeeded()
-                return
-            except BackendError as e:  # mid-stream: too late to hide it
-                self._failed(replica, e)
-                raise
-            finally:
-                replica.outstanding -= 1
-                if stream is not None:
-                    await stream.aclose()  # type: ignore[attr-defined]
-        raise self._every_failed(errors) from errors[-1]
+                    raise
+                finally:
+                    replica.outstanding -= 1
+                    if stream is not None:
+                        await stream.aclose()  # type: ignore[attr-defined]
+            await self._after_all_failed(errors, until)
+
+    def _tried(self, replica: Replica, error: VeloError, errors: list[VeloError]) -> None:
+        """A replica's failure before its answer: noted, and the next replica tried, unless this one may have run
+        the request (errors.py `taken`): then its error is the client's."""
+        self._failed(replica, error)
+        if getattr(error, "taken", False):
+            raise error
+        errors.append(error)
+
+    async def _after_all_failed(self, errors: list[VeloError], until: float) -> None:
+        """Every replica failed: when each is loading its model, a pause before they are asked again, as one backend
+        waits for its load (up to `first_token_timeout`); else what went wrong with them all."""
+        if not all(isinstance(e, Loading) for e in errors) or time.monotonic() + LOADING_POLL_S > until:
+            raise self._every_failed(errors) from errors[-1]
+        await asyncio.sleep(LOADING_POLL_S)
 
     def _every_failed(self, errors: list[VeloError]) -> VeloError:
         """What the client is told when each replica tried failed: a 504 when each timed out, a 429 (with the
@@ -265,7 +283,7 @@ class ReplicaSet(Backend):
 
     def _failed(self, replica: Replica, error: BaseException) -> None:
         log.warning("replica %s failed: %s", replica.backend.name, error)
-        if isinstance(error, BackendError):  # an overloaded replica is busy, not broken
+        if isinstance(error, BackendError) and not isinstance(error, Loading):  # busy or loading is not broken
             replica.failed(self.options)
 
 

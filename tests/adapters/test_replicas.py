@@ -305,3 +305,30 @@ async def test_a_request_a_replica_may_have_run_is_not_sent_to_the_next(cut_body
             await backend.close()
     assert failed.value.taken and len(posts) == 1
     assert not [r for r in whole.requests if r.path == "/v1/chat/completions"]
+
+
+async def test_a_replica_loading_its_model_is_passed_over_and_all_loading_are_waited_for():
+    """llama-server answers 503 "Loading model" while it loads: a set waited the load out (up to
+    first_token_timeout, 300 s by default) on that replica with another one ready; when every replica loads, the
+    request waits for the first ready, as with one backend."""
+    async with FakeOpenAI(models=["m"]) as loading, FakeOpenAI(models=["m"]) as ready:
+        loading.script.fail_status, loading.script.fail_message = 503, "Loading model"
+        cfg = BackendConfig(name="pool", kind="openai", urls=[loading.url, ready.url], first_token_timeout=30,
+                            options={"affinity": "none"})
+        backend = make_backend(cfg)
+        try:
+            req = ChatRequest(model="m", messages=[Message("user", "hi")])
+            started = asyncio.get_running_loop().time()
+            assert "".join([c.text async for c in backend.chat(req)])
+            assert asyncio.get_running_loop().time() - started < 2
+            assert len([r for r in loading.requests if r.path == "/v1/chat/completions"]) <= 1
+            assert [r.failures for r in backend.replicas] == [0, 0]  # loading is not broken
+            ready.script.fail_status, ready.script.fail_message = 503, "Loading model"
+
+            async def loaded() -> None:
+                await asyncio.sleep(0.6)
+                ready.script.fail_status = None
+            asyncio.create_task(loaded())
+            assert "".join([c.text async for c in backend.chat(req)])
+        finally:
+            await backend.close()
