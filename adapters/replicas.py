@@ -180,7 +180,17 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.embed(req))
 
     async def list_models(self) -> list[ModelInfo]:
-        return await self._call(lambda b: b.list_models())
+        return await self._call(self._listed)
+
+    async def _listed(self, member: Backend) -> list[ModelInfo]:
+        """One replica's listing. What it tells of the server (vLLM's or SGLang's `owned_by`) is true of all: only the
+        one that listed knew it, so a vLLM prefill was continued on one replica and answered as a new turn on the
+        next, and only one got each key's `cache_salt`."""
+        models = await member.list_models()
+        if hasattr(member, "server"):
+            for replica in self.replicas:
+                replica.backend.server = member.server  # type: ignore[attr-defined]
+        return models
 
     async def show(self, model: str) -> ModelInfo:
         return await self._call(lambda b: b.show(model))

@@ -332,3 +332,15 @@ async def test_a_replica_loading_its_model_is_passed_over_and_all_loading_are_wa
             assert "".join([c.text async for c in backend.chat(req)])
         finally:
             await backend.close()
+
+
+async def test_what_one_replica_lists_of_its_server_is_known_of_all():
+    """Only the replica that listed knew it was vLLM: a prefill was continued on it and answered as a new turn on
+    the other, and only it got each key's cache_salt."""
+    async with FakeOpenAI(models=["m"], owner="vllm") as a, FakeOpenAI(models=["m"], owner="vllm") as b:
+        backend = make_backend(BackendConfig(name="pool", kind="openai", urls=[a.url, b.url]))
+        try:
+            await backend.list_models()
+            assert [r.backend.server for r in backend.replicas] == ["vllm", "vllm"]
+        finally:
+            await backend.close()
