@@ -133,3 +133,7 @@ class Backend(ABC):
     def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Ollama model management (/api/pull, /api/create, ...): a stream of status objects."""
         raise Unsupported(f"{path} needs an Ollama backend; {self.name!r} is {self.config.kind}")
+
+    def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
+        """llama-server's own routes (proxy/routes_llama.py), its answer's bytes as they come."""
+        raise Unsupported(f"{path} needs a llama-server backend; {self.name!r} is {self.config.kind}")

@@ -201,6 +201,15 @@ class ReplicaSet(Backend):
     def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.order()[0].backend.manage(method, path, body)
 
+    def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
+        """llama-server's own routes (`/tokenize`, `/infill`, ...), of one replica, failed over as a generation is:
+        a set of llama-servers had none (a 404)."""
+        return self._stream(lambda b: b.native(method, path, body), None)
+
+    async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
+        """A replica's own count (the fit stage's window, Anthropic's count_tokens): the set's was an estimate."""
+        return await self._call(lambda b: b.count_tokens(req))
+
     def _affinity(self, req: ChatRequest | CompletionRequest) -> str | None:
         """The conversation's opening (everything up to the first user turn), or a prompt's first 512 chars."""
         if self.options.affinity != "prefix":

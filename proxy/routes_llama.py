@@ -13,7 +13,7 @@ from aiohttp import web
 
 from adapters.errors import NotFound
 from adapters.fields import body_object
-from adapters.llamacpp import LlamaCppBackend
+from adapters.base import Backend
 
 from .auth import CALLER
 from .dialects import LLAMA_SERVER_PATHS, openai
@@ -50,12 +50,13 @@ async def _body(request: web.Request) -> dict[str, Any] | None:
     return body_object(await read_json(request))
 
 
-async def _llama_server(request: web.Request, model: Any) -> tuple[LlamaCppBackend, str | None]:
-    """The backend `model` names, with the model's name there; else the one llama-server among the backends."""
+async def _llama_server(request: web.Request, model: Any) -> tuple[Backend, str | None]:
+    """The backend `model` names, with the model's name there; else the one llama-server (or set of them) among the
+    backends."""
     router = request[ROUTER]
     target = await router.resolve(model) if isinstance(model, str) and model else None
     backends = [target.backend] if target is not None else list(router.backends.values())
-    servers = [b for b in backends if isinstance(b, LlamaCppBackend)]
+    servers = [b for b in backends if b.config.kind == "llamacpp"]
     if len(servers) != 1:
         why = (f"model {model!r} is served by none" if target is not None else
                "config.toml has none, or several (name one's model with `model`)")

@@ -290,3 +290,17 @@ async def test_llama_servers_own_routes_and_embeddings_are_under_the_keys_limits
             assert resp.status == 403
         async with http.get(url + "/props") as resp:  # state only: not a request against the limits
             assert resp.status == 200
+
+
+async def test_a_set_of_llama_servers_passes_on_their_own_routes_and_counts_exactly(llama_chat):
+    """A backend with several urls had none of llama-server's own routes (a 404 "config.toml has none") and only
+    an estimate for Anthropic's count_tokens."""
+    cfg = config(BackendConfig(name="pool", kind="llamacpp", urls=[llama_chat.url, llama_chat.url],
+                               models=[CHAT_MODEL]))
+    async with serve(cfg) as url, aiohttp.ClientSession() as s:
+        async with s.post(url + "/tokenize", json={"content": "hello world"}) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["tokens"]
+        async with s.post(url + "/v1/messages/count_tokens", json={
+                "model": CHAT_MODEL, "messages": [{"role": "user", "content": "hello"}]}) as resp:
+            assert resp.status == 200 and resp.headers["X-Velo-Token-Count"] == "exact"
