@@ -198,8 +198,21 @@ class ReplicaSet(Backend):
     async def running(self) -> list[RunningModel]:
         return await self._call(lambda b: b.running())
 
-    def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self.order()[0].backend.manage(method, path, body)
+    async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Ollama's model management (/api/pull, /api/create, /api/delete, ...) on each replica in turn, its statuses
+        as they come: done on one, a model pulled there was a 404 on the other, which no failover covered."""
+        for replica in self.replicas:
+            async with contextlib.aclosing(replica.backend.manage(method, path, body)) as statuses:
+                async for status in statuses:
+                    yield status
+
+    async def load(self, model: str, keep: Any) -> int:
+        """Ollama's bare load request, on every replica (any may take the next request); the slowest's time."""
+        return max(await asyncio.gather(*(r.backend.load(model, keep) for r in self.replicas)))
+
+    async def unload(self, model: str) -> None:
+        """Ollama's `keep_alive: 0`, on every replica: the set's default reached none."""
+        await asyncio.gather(*(r.backend.unload(model) for r in self.replicas))
 
     def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
         """llama-server's own routes (`/tokenize`, `/infill`, ...), of one replica, failed over as a generation is:

@@ -344,3 +344,21 @@ async def test_what_one_replica_lists_of_its_server_is_known_of_all():
             assert [r.backend.server for r in backend.replicas] == ["vllm", "vllm"]
         finally:
             await backend.close()
+
+
+async def test_ollama_replicas_each_load_unload_and_pull():
+    """Against Ollama's protocol double: a set's bare load and keep_alive 0 reached no replica, and a pull only
+    one, so the model pulled there was a 404 on the other."""
+    from tests.fakes import OllamaDouble
+    async with OllamaDouble() as a, OllamaDouble() as b:
+        cfg = BackendConfig(name="pool", kind="ollama", urls=[a.url, b.url])
+        app = make_app(Config(default_backend="pool", backends=[cfg]), {"pool": make_backend(cfg)})
+        async with TestClient(TestServer(app)) as c:
+            for body in ({"model": "smollm2:135m"}, {"model": "smollm2:135m", "keep_alive": 0}):
+                assert (await c.post("/api/generate", json=body)).status == 200
+            pulled = await c.post("/api/pull", json={"model": "new:1b", "stream": False})
+            assert pulled.status == 200 and (await pulled.json())["status"] == "success"
+        for fake in (a, b):
+            assert [r.path for r in fake.requests if r.path in ("/api/generate", "/api/pull")] == \
+                ["/api/generate", "/api/generate", "/api/pull"]
+            assert "new:1b" in fake.models
