@@ -1,43 +1,59 @@
 """A model's thinking told apart from its answer in streamed text, for backends that hand Velo raw text (the
-engine): `<think>...</think>`, as Qwen3 and the DeepSeek-R1 distills write it. A tag split across pieces is held
-back until it is whole, so neither field ever shows half a tag."""
+engine, llama-server's /completion): `<think>...</think>`, as Qwen3 and the DeepSeek-R1 distills write it. A tag
+split across pieces is held back until it is whole, so neither field ever shows half a tag."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
+_START, _THINKING, _ANSWER = "start", "thinking", "answer"
+
+
 @dataclass
 class ThinkSplitter:
-    thinking: bool = False  # inside <think> (a template may open it in the prompt, as Qwen3's does)
-    held: str = ""  # what may be the start of a tag
-    skip_space: bool = False  # after </think>: the whitespace before the answer is layout
+    """As Ollama's thinking parser reads a model's text (thinking/parser.go): `<think>` opens the block only as the
+    answer's start (whitespace before it is layout; any other text first means no thinking at all); the first
+    `</think>` ends it, and everything after is the answer, a tag there included; whitespace right inside the block
+    and right after it is layout. Whitespace, or what may be a tag, is held until the next piece tells."""
+
+    opened: InitVar[bool] = False  # the prompt ends with <think> (Qwen3's template with thinking on)
+    state: str = field(init=False)
+    held: str = ""
+    skip_space: bool = field(init=False)  # whitespace here is layout
+
+    def __post_init__(self, opened: bool) -> None:
+        self.state, self.skip_space = (_THINKING, True) if opened else (_START, False)
 
     def feed(self, text: str) -> tuple[str, str]:
         """(thinking, answer) text that is safe to send now."""
         text, self.held = self.held + text, ""
-        thought, answer = [], []
-        while text:
-            tag = CLOSE if self.thinking else OPEN
-            at = text.find(tag)
-            end = at if at >= 0 else len(text) - _partial_tag(text, tag)
-            piece, self.held = text[:end], "" if at >= 0 else text[end:]
-            if self.thinking:
-                thought.append(piece)
-            elif at < 0 or piece.strip():  # whitespace before <think> is layout too
-                answer.append(self._answer(piece))
+        if self.state == _START:
+            lead = text.lstrip()
+            if not lead or (OPEN.startswith(lead) and lead != OPEN):  # whitespace, or a tag not yet whole
+                self.held = text
+                return "", ""
+            if not lead.startswith(OPEN):
+                self.state = _ANSWER
+                return "", text  # as it came: there was no block, so its whitespace is the answer's
+            self.state, self.skip_space, text = _THINKING, True, lead[len(OPEN):]
+        if self.state == _THINKING:
+            at = text.find(CLOSE)
             if at < 0:
-                break
-            text, self.thinking = text[at + len(tag):], not self.thinking
-            self.skip_space = not self.thinking
-        return "".join(thought), "".join(answer)
+                keep = _partial_tag(text, CLOSE)
+                self.held = text[len(text) - keep:]
+                return self._lead(text[:len(text) - keep]), ""
+            thought, text = self._lead(text[:at]), text[at + len(CLOSE):]
+            self.state, self.skip_space = _ANSWER, True
+            return thought, self._lead(text)
+        return "", self._lead(text)
 
     def flush(self) -> tuple[str, str]:
         held, self.held = self.held, ""
-        return (held, "") if self.thinking else ("", self._answer(held))
+        return (held, "") if self.state == _THINKING else ("", held if self.state == _START else self._lead(held))
 
-    def _answer(self, text: str) -> str:
+    def _lead(self, text: str) -> str:
         if self.skip_space:
             text = text.lstrip()
             self.skip_space = not text
@@ -53,9 +69,9 @@ def _partial_tag(text: str, tag: str) -> int:
 
 
 def opens_thinking(prompt: str) -> bool:
-    """The rendered prompt ends inside <think>: the model's first tokens are thinking."""
-    tail = prompt.rstrip()
-    return tail.rfind(OPEN) > tail.rfind(CLOSE)
+    """The rendered prompt ends with <think>: the model's first tokens are thinking (Ollama's test, server/
+    routes.go). A user's message that named the tag had the whole answer sent as thinking."""
+    return prompt.rstrip().endswith(OPEN)
 
 
 def template_thinks(template: str) -> bool:
