@@ -3,19 +3,22 @@ Go template the client sent, then sent raw.
 
 A subset of Go's text/template, the part Ollama's model templates use: fields (`{{ .Prompt }}`, `{{ .System }}`,
 `{{ .Suffix }}`, `{{ .Response }}`, `{{ $.System }}`), `if` / `else if` / `else` / `end` on a field, `not`, `eq` and
-`ne` against a string, `range .Messages` with `.Role` and `.Content`, and the `{{-` / `-}}` trim markers. Anything
-else is a 400 naming the action, rather than a prompt silently rendered wrong.
+`ne` between fields and string literals, `range .Messages` with `.Role` and `.Content`, comments and the `{{-` /
+`-}}` trim markers; a template without `.Messages` ends at `{{ .Response }}`, as Ollama cuts it. Anything else
+(variables, `printf`, `slice`, `continue`: about half of Ollama's own templates) is a 400 naming the action, rather
+than a prompt silently rendered wrong.
 """
 from __future__ import annotations
 
+import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import BadRequest
 
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.S)
+_SPACE = " \t\r\n"  # what Go's trim markers trim: ASCII white space only (a no-break space stays)
 
 
 @dataclass
@@ -32,12 +35,12 @@ def _lex(template: str) -> list[tuple[str, str]]:
     pos, trim_next = 0, False
     for m in _ACTION.finditer(template):
         text = template[pos:m.start()]
-        text = text.lstrip() if trim_next else text
-        pieces.append(("text", text.rstrip() if m.group(1) else text))
+        text = text.lstrip(_SPACE) if trim_next else text
+        pieces.append(("text", text.rstrip(_SPACE) if m.group(1) else text))
         pieces.append(("action", m.group(2)))
         pos, trim_next = m.end(), bool(m.group(3))
     tail = template[pos:]
-    pieces.append(("text", tail.lstrip() if trim_next else tail))
+    pieces.append(("text", tail.lstrip(_SPACE) if trim_next else tail))
     return pieces
 
 
@@ -51,7 +54,10 @@ def _parse(pieces: list[tuple[str, str]], i: int = 0, closers: tuple[str, ...] =
             if text:
                 nodes.append(_Node("text", text))
             continue
-        word = text.split(" ", 1)[0]
+        if text.startswith("/*") and text.endswith("*/"):  # a comment
+            continue
+        word = text.split(None, 1)[0] if text else ""
+        text = " ".join(text.split()) if word in ("if", "else", "range") else text  # `if` then a newline, a tab
         if word in ("end", "else") and word in closers:
             return nodes, i, text
         if word in ("if", "range"):
@@ -79,18 +85,38 @@ def _branch(kind: str, arg: str, pieces: list[tuple[str, str]], i: int) -> tuple
 
 
 def _value(expr: str, dot: dict[str, Any], root: dict[str, Any]) -> Any:
-    words = shlex.split(expr)
+    words = _WORD.findall(expr)
     if not words:
         raise BadRequest("template: empty condition", param="template")
     if words[0] == "not" and len(words) == 2:
-        return not _value(words[1], dot, root)
-    if words[0] in ("eq", "ne") and len(words) == 3:
-        same = str(_value(words[1], dot, root)) == words[2]
+        return not _term(words[1], dot, root)
+    if words[0] in ("eq", "ne") and len(words) == 3:  # each side a field or a literal: `user` and "a\n" too
+        same = _term(words[1], dot, root) == _term(words[2], dot, root)
         return same if words[0] == "eq" else not same
-    if len(words) == 1 and words[0].startswith((".", "$.")):
-        scope, name = (root, words[0][2:]) if words[0].startswith("$.") else (dot, words[0][1:])
-        return scope.get(name, "")
+    if len(words) == 1:
+        return _term(words[0], dot, root)
     raise BadRequest(f"template: unsupported expression {expr!r}", param="template")
+
+
+# A Go string literal ("..." with escapes, `...` raw), or any other run of non-space
+_WORD = re.compile(r'"(?:\\.|[^"\\])*"|`[^`]*`|\S+')
+
+
+def _term(word: str, dot: dict[str, Any], root: dict[str, Any]) -> Any:
+    """A field (`.Role`, `$.System`) or a string literal, as Go reads it."""
+    if word.startswith((".", "$.")):
+        scope, name = (root, word[2:]) if word.startswith("$.") else (dot, word[1:])
+        return scope.get(name, "")
+    if word.startswith("`") and word.endswith("`") and len(word) > 1:
+        return word[1:-1]
+    if word.startswith('"'):
+        try:
+            value = json.loads(word)  # Go's escapes are JSON's, for what templates write
+        except ValueError:
+            raise BadRequest(f"template: unterminated or bad string {word}", param="template") from None
+        if isinstance(value, str):
+            return value
+    raise BadRequest(f"template: unsupported term {word!r}", param="template")
 
 
 def _render(nodes: list[_Node], dot: dict[str, Any], root: dict[str, Any]) -> str:
@@ -104,15 +130,39 @@ def _render(nodes: list[_Node], dot: dict[str, Any], root: dict[str, Any]) -> st
             out.append(_render(n.body if _value(n.arg, dot, root) else n.orelse, dot, root))
         else:
             items = _value(n.arg, dot, root) or []
+            if not isinstance(items, list):  # a string: Go's "range can't iterate over" (an AttributeError, a 500)
+                raise BadRequest(f"template: range can't iterate over {n.arg}", param="template")
             out.append("".join(_render(n.body, item, root) for item in items) if items
                        else _render(n.orelse, dot, root))
     return "".join(out)
 
 
+def _before_response(nodes: list[_Node]) -> tuple[list[_Node], bool]:
+    """The nodes up to `{{ .Response }}` (whether it was met): Ollama deletes every node after it from a template
+    with no `.Messages` (template.go, Execute), so the prompt ends where the answer begins. Rendered whole, a
+    legacy ChatML template closed the assistant's turn before the model wrote it."""
+    kept: list[_Node] = []
+    for n in nodes:
+        if n.kind == "field" and n.arg in (".Response", "$.Response"):
+            return kept, True
+        if n.kind in ("if", "range"):
+            body, cut_body = _before_response(n.body)
+            orelse, cut_else = _before_response(n.orelse)
+            kept.append(_Node(n.kind, n.arg, body, orelse))
+            if cut_body or cut_else:
+                return kept, True
+        else:
+            kept.append(n)
+    return kept, False
+
+
 def render(template: str, prompt: str, system: str | None = None, suffix: str | None = None) -> str:
-    """The prompt Ollama would build from `template` for one /api/generate request."""
+    """The prompt Ollama would build from `template` for one /api/generate request. With a suffix, as Ollama
+    fills one in: the prompt and the suffix, no system prompt."""
     messages = ([{"Role": "system", "Content": system}] if system else []) + [{"Role": "user", "Content": prompt}]
-    values = {"Prompt": prompt, "System": system or "", "Suffix": suffix or "", "Response": "",
+    values = {"Prompt": prompt, "System": "" if suffix else system or "", "Suffix": suffix or "", "Response": "",
               "Messages": [] if suffix else messages}
     nodes, _, _ = _parse(_lex(template))
+    if not suffix and ".Messages" not in template:
+        nodes, _ = _before_response(nodes)
     return _render(nodes, values, values)

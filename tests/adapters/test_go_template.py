@@ -25,7 +25,37 @@ def test_messages_range_trim_markers_and_else_if():
 
 
 @pytest.mark.parametrize("template", ["{{ range $i, $m := .Messages }}{{ end }}", "{{ if .System }}never closed",
-                                      "{{ json .Prompt }}", "{{ end }}"])
+                                      "{{ json .Prompt }}", "{{ end }}",
+                                      # a ValueError and an AttributeError: 500s
+                                      '{{ if eq .Prompt "x }}X{{ end }}', "{{ range .Prompt }}{{ end }}"])
 def test_what_it_cannot_render_is_a_400(template):
     with pytest.raises(BadRequest, match="template"):
         go_template.render(template, "x")
+
+
+def test_a_legacy_template_ends_where_the_answer_begins():
+    """Ollama deletes what follows {{ .Response }} in a template without .Messages (template.go): rendered whole,
+    the assistant's turn was closed before the model wrote it."""
+    legacy = ("{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}{{ if .Prompt }}<|im_start|>user\n"
+              "{{ .Prompt }}<|im_end|>\n{{ end }}<|im_start|>assistant\n{{ .Response }}<|im_end|>\n")
+    assert go_template.render(legacy, "Hi", "Be brief") == \
+        "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ range .Messages }}{{ if eq .Role `user` }}U:{{ .Content }}{{ end }}{{ end }}", "U:a\nb"),  # a raw string
+    ('{{ if eq .Prompt "a\\nb" }}match{{ end }}', "match"),  # Go's escapes
+    ("{{/* a comment */}}{{ if\n.Prompt }}P{{ end }}", "P"),
+    ("A\u00a0{{- .Prompt }}", "A\u00a0a\nb"),  # Go trims ASCII white space only
+])
+def test_eq_compares_what_go_compares(template, expected):
+    """`eq` compared against its second word's text: a raw string, an escape or a field never matched."""
+    assert go_template.render(template, "a\nb", "sys") == expected
+    fields = "{{ range .Messages }}{{ if eq .Role $.Prompt }}same{{ else }}diff{{ end }}{{ end }}"
+    assert go_template.render(fields, "user", "sys") == "diffsame"
+
+
+def test_a_fill_in_the_middle_prompt_has_no_system_prompt():
+    """As Ollama fills one in (its suffix path passes no System)."""
+    assert go_template.render("{{ if .System }}SYS {{ end }}<PRE>{{ .Prompt }}<SUF>{{ .Suffix }}<MID>", "a", "sys",
+                              "b") == "<PRE>a<SUF>b<MID>"
