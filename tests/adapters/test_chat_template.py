@@ -71,3 +71,21 @@ def test_a_chat_ending_in_an_assistant_turn_is_continued():
     assert render(tokenizer(dropping), ChatRequest("m", asked)).endswith("<|im_end|>\n<|im_start|>assistant\n")
     calls = [asked[0], Message("assistant", "Reading", tool_calls=[ToolCall("read_file", {})])]
     assert render(tokenizer(CHATML), ChatRequest("m", calls)).endswith("<|im_start|>assistant\n")
+
+
+def test_an_earlier_turns_thinking_reaches_templates_that_read_it():
+    """Qwen3's template renders an assistant turn's `reasoning_content`, gpt-oss's its `thinking`: Velo passed
+    neither, so the reasoning a client sent back (Anthropic thinking blocks, Responses reasoning items) was dropped."""
+    reads = ("{% for m in messages %}[{{ m.role }}:{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+             "</think>{% endif %}{% if m.thinking %}({{ m.thinking }}){% endif %}{{ m.content }}]{% endfor %}")
+    req = ChatRequest(model="m", messages=[Message("user", "hi"), Message("assistant", "ok", thinking="they said hi"),
+                                           Message("user", "and?")])
+    assert render(tokenizer(reads), req) == "[user:hi][assistant:<think>they said hi</think>(they said hi)ok][user:and?]"
+
+
+def test_a_template_that_marks_the_assistants_text_for_training_renders():
+    """transformers' `{% generation %}` tag (LFM2's, Laguna's templates): a TemplateSyntaxError here."""
+    marked = ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}A:{{ m.content }}"
+              "{% endgeneration %}{% else %}U:{{ m.content }}{% endif %}{% endfor %}")
+    req = ChatRequest(model="m", messages=[Message("user", "hi"), Message("assistant", "yo"), Message("user", "x")])
+    assert render(tokenizer(marked), req) == "U:hiA:yoU:x"
