@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
 from .chat_template import renders_tools
-from .errors import BackendError, BackendTimeout, BadRequest, Unsupported
+from .errors import BackendError, BackendTimeout, BadRequest, ContextOverflow, Unsupported
 from .fields import wire_text
 from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
@@ -461,6 +461,11 @@ class LlamaCppBackend(OpenAIBackend):
         if not req.normalize:
             body["embd_normalize"] = -1
         try:
+            result = await self.embed_body(body, req.model)
+        except ContextOverflow as e:  # longer than a slot's context: cut to it, as Ollama cuts (it was a 400)
+            if not req.truncate:
+                raise BadRequest("the input length exceeds the context length") from e  # Ollama's words
+            body["input"] = [(await self.tokenize(text, req.model))[:e.limit] for text in req.inputs]
             result = await self.embed_body(body, req.model)
         except BackendError as e:
             if (batch := _batch_limit(e.message)) is None:

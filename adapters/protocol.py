@@ -239,6 +239,7 @@ class EmbedResult:
     prompt_tokens: int = 0
     total_ns: int = 0
     load_ns: int = 0
+    input_tokens: list[int] | None = None  # each input's, where the backend says (a batch's callers get their own)
 
 
 @dataclass

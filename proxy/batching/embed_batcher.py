@@ -119,15 +119,19 @@ def _batch_key(req: EmbedRequest) -> str:
 
 
 def _split(result: EmbedResult, requests: list[EmbedRequest]) -> list[EmbedResult]:
-    """One result per request. Prompt tokens are shared out by input length (the backend counts only the
-    batch); timings are the batch's, since every member waited for all of it."""
+    """One result per request: its inputs' own token counts where the backend says them (the engine), else the
+    batch's shared out by input length (an input cut to the window counts its characters, so a short request
+    beside it got 0); timings are the batch's, since every member waited for all of it."""
     total_chars = sum(len(s) for r in requests for s in r.inputs) or 1
     parts, start = [], 0
     for r in requests:
         end = start + len(r.inputs)
-        share = sum(len(s) for s in r.inputs) / total_chars
-        parts.append(EmbedResult(embeddings=result.embeddings[start:end],
-                                 prompt_tokens=round(result.prompt_tokens * share),
-                                 total_ns=result.total_ns, load_ns=result.load_ns))
+        if result.input_tokens is not None:
+            tokens = sum(result.input_tokens[start:end])
+        else:
+            tokens = round(result.prompt_tokens * sum(len(s) for s in r.inputs) / total_chars)
+        parts.append(EmbedResult(embeddings=result.embeddings[start:end], prompt_tokens=tokens,
+                                 total_ns=result.total_ns, load_ns=result.load_ns,
+                                 input_tokens=None if result.input_tokens is None else result.input_tokens[start:end]))
         start = end
     return parts

@@ -468,3 +468,25 @@ async def test_unloading_the_model_gives_its_memory_back_once_the_engine_is_gone
     monkeypatch.setattr("adapters.engine.heap.give_back", lambda: given_back.append(engine() is None))
     await b.close()
     assert given_back == [True]
+
+
+async def test_an_embedding_whose_client_left_stops_and_lets_generations_run(backend, monkeypatch):
+    """The inputs went to the engine thread as one call, which ran to its end whatever happened: 40 inputs held it
+    46 s after their client had gone, and every generation waited. Each input also says its own token count."""
+    from engine import LLMEngine
+    real, done = LLMEngine._embed, []
+
+    def slow(self, texts, normalize, window):
+        time.sleep(0.05)  # on the engine thread: a larger model's input
+        done.extend(texts)
+        return real(self, texts, normalize, window)
+    monkeypatch.setattr(LLMEngine, "_embed", slow)
+    counted = await backend.embed(EmbedRequest(model=NAME, inputs=["hello", "something else"]))
+    assert counted.input_tokens == [len(backend.engine.tokenizer.encode(t)) for t in ("hello", "something else")]
+    done.clear()
+    embedding = asyncio.create_task(backend.embed(EmbedRequest(model=NAME, inputs=[f"text {i}" for i in range(40)])))
+    await asyncio.sleep(0.3)
+    embedding.cancel()
+    await asyncio.gather(embedding, return_exceptions=True)
+    answer = await asyncio.wait_for(collect(backend.chat(chat(max_tokens=2, temperature=0))), 5)
+    assert answer and len(done) < 20

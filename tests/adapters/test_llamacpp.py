@@ -340,3 +340,24 @@ async def test_only_llama_servers_own_sampler_keys_pass_from_a_clients_extra_opt
     out = aggregate(await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Once", raw=True,
                                                                      options=replace(GREEDY, extra=extra)))))
     assert out.text != "yes yes yes" and not out.logprobs
+
+
+async def test_an_input_longer_than_a_slots_context_is_cut_unless_truncate_is_false():
+    """A server whose batch holds more than a slot's context (-ub as large as -c, as the README advises, over two
+    slots) refuses such an input as over the context: it was the client's 400 where Ollama cuts it."""
+    import asyncio
+
+    from tests.llama_server import LlamaServer
+    server = LlamaServer(["-c", "1024", "-np", "2", "-b", "1024", "-ub", "1024", "-t", "1", "-tb", "1",
+                          "--embeddings", "--pooling", "mean"])
+    await asyncio.to_thread(server.start)
+    emb = LlamaCppBackend(BackendConfig(name="emb", kind="llamacpp", urls=[server.url]))
+    try:
+        long = "word " * 700
+        cut = await emb.embed(EmbedRequest(model=MODEL, inputs=[long, "a cat"]))
+        assert len(cut.embeddings) == 2 and 512 <= cut.prompt_tokens < 700
+        with pytest.raises(BadRequest, match="the input length exceeds the context length"):
+            await emb.embed(EmbedRequest(model=MODEL, inputs=[long], truncate=False))
+    finally:
+        await emb.close()
+        server.stop()
