@@ -177,7 +177,7 @@ class ReplicaSet(Backend):
         return stream if asked is req else one_answer(stream)
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
-        return await self._call(lambda b: b.embed(req))
+        return await self._call(lambda b: b.embed(req), waits_for_loads=True)
 
     async def list_models(self) -> list[ModelInfo]:
         return await self._call(self._listed)
@@ -199,20 +199,31 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.running())
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Ollama's model management (/api/pull, /api/create, /api/delete, ...) on each replica in turn, its statuses
-        as they come: done on one, a model pulled there was a 404 on the other, which no failover covered."""
-        for replica in self.replicas:
+        """Ollama's model management (/api/pull, /api/create, /api/delete, ...) on each replica whose circuit is
+        closed, in turn, its statuses as they come: done on one, a model pulled there was a 404 on the other, which
+        no failover covered. A replica that fails ends the stream with its error, naming it."""
+        for replica in self.order():
             async with contextlib.aclosing(replica.backend.manage(method, path, body)) as statuses:
                 async for status in statuses:
                     yield status
 
     async def load(self, model: str, keep: Any) -> int:
-        """Ollama's bare load request, on every replica (any may take the next request); the slowest's time."""
-        return max(await asyncio.gather(*(r.backend.load(model, keep) for r in self.replicas)))
+        """Ollama's bare load request, on every replica whose circuit is closed (any may take the next request);
+        the slowest's time. One that is down does not fail the others' (only all failing is an error)."""
+        return max(await self._on_each(lambda b: b.load(model, keep)))
 
     async def unload(self, model: str) -> None:
-        """Ollama's `keep_alive: 0`, on every replica: the set's default reached none."""
-        await asyncio.gather(*(r.backend.unload(model) for r in self.replicas))
+        """Ollama's `keep_alive: 0`, on every replica whose circuit is closed: the set's default reached none."""
+        await self._on_each(lambda b: b.unload(model))
+
+    async def _on_each(self, fn: Callable[[Backend], Awaitable[T]]) -> list[T]:
+        """`fn` of every available replica at once, the results of those that answered; the first error when none
+        did."""
+        done = await asyncio.gather(*(fn(r.backend) for r in self.order()), return_exceptions=True)
+        answered = [r for r in done if not isinstance(r, BaseException)]
+        if not answered:
+            raise next(e for e in done if isinstance(e, BaseException))
+        return answered
 
     def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
         """llama-server's own routes (`/tokenize`, `/infill`, ...), of one replica, failed over as a generation is:
@@ -221,7 +232,7 @@ class ReplicaSet(Backend):
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A replica's own count (the fit stage's window, Anthropic's count_tokens): the set's was an estimate."""
-        return await self._call(lambda b: b.count_tokens(req))
+        return await self._call(lambda b: b.count_tokens(req), waits_for_loads=True)
 
     def _affinity(self, req: ChatRequest | CompletionRequest) -> str | None:
         """The conversation's opening (everything up to the first user turn), or a prompt's first 512 chars."""
@@ -236,9 +247,10 @@ class ReplicaSet(Backend):
                 break
         return f"{req.model}|" + "\n".join(opening)
 
-    async def _call(self, fn: Callable[[Backend], Awaitable[T]]) -> T:
-        """A plain call, tried on each replica in turn while the failure is one another replica might not have."""
-        until = time.monotonic() + self.config.first_token_timeout
+    async def _call(self, fn: Callable[[Backend], Awaitable[T]], waits_for_loads: bool = False) -> T:
+        """A plain call, tried on each replica in turn while the failure is one another replica might not have;
+        `waits_for_loads` where one backend would (its POSTs: embeddings, a count), not for a listing."""
+        until = time.monotonic() + (self.config.first_token_timeout if waits_for_loads else 0)
         while True:
             errors: list[VeloError] = []
             for replica in self.order():
@@ -274,13 +286,14 @@ class ReplicaSet(Backend):
                         self._tried(replica, e, errors)
                         continue
                     yield first
-                    async for chunk in stream:
-                        yield chunk
+                    try:
+                        async for chunk in stream:
+                            yield chunk
+                    except BackendError as e:  # mid-stream: too late to hide it
+                        self._failed(replica, e)
+                        raise
                     replica.succeeded()
                     return
-                except BackendError as e:  # mid-stream: too late to hide it
-                    self._failed(replica, e)
-                    raise
                 finally:
                     replica.outstanding -= 1
                     if stream is not None:

@@ -305,6 +305,7 @@ async def test_a_request_a_replica_may_have_run_is_not_sent_to_the_next(cut_body
             await backend.close()
     assert failed.value.taken and len(posts) == 1
     assert not [r for r in whole.requests if r.path == "/v1/chat/completions"]
+    assert [r.failures for r in backend.replicas] == [1, 0]  # once: it was counted twice, opening circuits early
 
 
 async def test_a_replica_loading_its_model_is_passed_over_and_all_loading_are_waited_for():
@@ -362,3 +363,17 @@ async def test_ollama_replicas_each_load_unload_and_pull():
             assert [r.path for r in fake.requests if r.path in ("/api/generate", "/api/pull")] == \
                 ["/api/generate", "/api/generate", "/api/pull"]
             assert "new:1b" in fake.models
+
+
+async def test_a_replica_down_does_not_fail_the_others_bare_load_or_unload():
+    """One unreachable replica made the set's bare load (and keep_alive 0) a 503, the others' loads left running."""
+    from tests.fakes import OllamaDouble
+    async with OllamaDouble() as up:
+        cfg = BackendConfig(name="pool", kind="ollama", urls=[up.url, free_port_url()])
+        backend = make_backend(cfg)
+        try:
+            assert await backend.load("smollm2:135m", None) >= 0
+            await backend.unload("smollm2:135m")
+        finally:
+            await backend.close()
+    assert [r.path for r in up.requests if r.path == "/api/generate"] == ["/api/generate"] * 2
