@@ -127,8 +127,9 @@ class PresetStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._presets: dict[str, Preset] = {}  # by `_key`
-        self._stamp: tuple[int, int] | None = None  # the file's (mtime_ns, size) when last read
+        self._presets: dict[str, Preset] = {}  # by name
+        self._folded: dict[str, str] = {}  # a name in any case -> the preset's name
+        self._stamp: tuple[int, int, int] | None = None  # the file's (inode, mtime_ns, size) when last read
         self._loaded = False
         self._lock = asyncio.Lock()
         self._watch: asyncio.Task | None = None
@@ -137,7 +138,7 @@ class PresetStore:
         async with self._lock:
             if not self._loaded:
                 stamp = await asyncio.to_thread(_stamp, self.path)
-                self._presets, self._stamp = await asyncio.to_thread(_read, self.path), stamp
+                self._serve(await asyncio.to_thread(_read, self.path), stamp)
                 self._loaded = True
                 self._watch = asyncio.create_task(self._follow())
 
@@ -147,7 +148,10 @@ class PresetStore:
             await asyncio.gather(self._watch, return_exceptions=True)
 
     def get(self, name: str) -> Preset | None:
-        return self._presets.get(_key(name)) if name else None
+        if not name:
+            return None
+        full = full_name(name)
+        return self._presets.get(full) or self._presets.get(self._folded.get(full.casefold(), ""))
 
     def all(self) -> list[Preset]:
         return list(self._presets.values())
@@ -160,15 +164,15 @@ class PresetStore:
             raise BadRequest(f"a model's system prompt, template and messages are at most {MAX_PRESET_BYTES} bytes")
 
         def put(presets: dict[str, Preset]) -> bool:
-            key = _key(preset.name)
-            if key not in presets and len(presets) >= MAX_PRESETS:
+            name = _named(presets, preset.name)
+            if name is None and len(presets) >= MAX_PRESETS:
                 raise BadRequest(f"there are {MAX_PRESETS} models created here already; delete one first")
-            presets[key] = replace(preset, name=presets[key].name) if key in presets else preset
+            presets[name or preset.name] = replace(preset, name=name) if name else preset
             return True
         await self._change(put)
 
     async def delete(self, name: str) -> bool:
-        return await self._change(lambda presets: presets.pop(_key(name), None) is not None)
+        return await self._change(lambda presets: presets.pop(_named(presets, name) or "", None) is not None)
 
     async def _change(self, change: Callable[[dict[str, Preset]], bool]) -> bool:
         """The file's presets, read under its lock, changed, and written back if `change` says so; then served.
@@ -180,7 +184,7 @@ class PresetStore:
             except (OSError, ValueError) as e:  # ValueError: a file that is no presets file (`_read`)
                 why = e.strerror if isinstance(e, OSError) and e.strerror else e
                 raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {why}") from e
-            self._presets, self._stamp = presets, stamp
+            self._serve(presets, stamp)
             return changed
 
     async def _follow(self) -> None:
@@ -198,15 +202,24 @@ class PresetStore:
         stamp = await asyncio.to_thread(_stamp, self.path)
         if stamp != self._stamp:
             self._stamp = stamp
-            self._presets = await asyncio.to_thread(_read, self.path)
+            self._serve(await asyncio.to_thread(_read, self.path), stamp)
+
+    def _serve(self, presets: dict[str, Preset], stamp: tuple[int, int, int] | None) -> None:
+        self._presets, self._stamp = presets, stamp
+        self._folded = {name.casefold(): name for name in presets}
 
 
 _FOLLOW_S = 2.0
 
 
-def _key(name: str) -> str:
-    """Ollama matches model names whatever their case (server/routes.go getExistingName)."""
-    return full_name(name).casefold()
+def _named(presets: dict[str, Preset], name: str) -> str | None:
+    """The preset `name` is, in these: its own spelling, else one that differs only in case, as Ollama matches names
+    (server/routes.go getExistingName). A file from before this kept both `Foo` and `foo`: both stay, each found by
+    its own spelling."""
+    full = full_name(name)
+    if full in presets:
+        return full
+    return next((n for n in presets if n.casefold() == full.casefold()), None)
 
 
 class PresetsNotSaved(VeloError):
@@ -219,19 +232,20 @@ class PresetsNotSaved(VeloError):
 def _read(path: Path) -> dict[str, Preset]:
     try:
         raw = orjson.loads(path.read_bytes())
-        return {_key(p["name"]): Preset(**p) for p in raw["presets"]}
+        return {p["name"]: Preset(**p) for p in raw["presets"]}
     except FileNotFoundError:
         return {}
     except (orjson.JSONDecodeError, KeyError, TypeError) as e:  # never start over it: the next save would erase it
         raise ValueError(f"{path} is not a presets file Velo wrote ({e!r}): fix or move it") from e
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """Each write is a rename, so a new inode: a same-size write within one coarse mtime tick is seen too."""
     try:
         st = path.stat()
     except FileNotFoundError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _change(path: Path, change: Callable[[dict[str, Preset]], bool]) -> tuple[dict[str, Preset], Any, bool]:

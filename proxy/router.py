@@ -173,11 +173,15 @@ class Router:
         for alias, target in self.config.aliases.items():
             base = seen.get(target.partition(":")[2] or target)
             seen.setdefault(alias, self._own(base, alias) if base else ModelInfo(name=alias))
+        folded: dict[str, list[str]] = {}  # presets match names whatever their case (proxy/presets.py)
+        for name in seen:
+            folded.setdefault(name.casefold(), []).append(name)
         for preset in self.presets.all():  # a preset is what its name serves (`resolve`), over a listed model too
             base = by_spelling(seen, preset.base) or ModelInfo(name=preset.base)
             own = replace(self._own(base, preset.name, preset.settings()), modified_at=preset.modified_at)
             for spelling in spellings(preset.name):
-                seen.pop(spelling, None)
+                for name in folded.get(spelling.casefold(), []):
+                    seen.pop(name, None)
             seen[preset.name] = own
         return list(seen.values())
 

@@ -84,11 +84,10 @@ async def test_two_processes_sharing_the_file_keep_each_others_presets(tmp_path,
         await fresh.open()
         await fresh.close()
         assert len(fresh.all()) == 40
-        await asyncio.sleep(0.3)
-        assert {p.name for p in one.all()} == {p.name for p in two.all()} == {f"m{n}:latest" for n in range(40)}
+        every = {f"m{n}:latest" for n in range(40)}
+        await _until(lambda: {p.name for p in one.all()} == {p.name for p in two.all()} == every)
         assert await two.delete("m0")
-        await asyncio.sleep(0.3)
-        assert one.get("m0") is None
+        await _until(lambda: one.get("m0") is None)
     finally:
         await one.close()
         await two.close()
@@ -108,10 +107,42 @@ async def test_a_file_spoilt_under_a_running_velo_is_said_once_and_what_was_read
     try:
         await store.put(Preset("a:latest", "base"))
         with caplog.at_level(logging.WARNING, logger="velo.presets"):
-            path.write_text("{ not json")
-            await asyncio.sleep(0.3)
+            spoilt = path.with_name("spoilt")
+            spoilt.write_text("{ not json")
+            spoilt.replace(path)  # at once: a truncate then a write could be seen as two changes
+            await _until(lambda: "not read again" in caplog.text)
+            await asyncio.sleep(0.2)  # ten more looks at the unchanged file
         assert caplog.text.count("not read again") == 1 and store.get("a") is not None
         with pytest.raises(PresetsNotSaved, match="is not a presets file Velo wrote"):
             await store.put(Preset("b:latest", "base"))
+    finally:
+        await store.close()
+
+
+
+async def _until(condition, seconds: float = 10.0) -> None:  # noqa: ANN001
+    import asyncio
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("never happened")
+
+
+async def test_a_file_that_holds_names_differing_in_case_keeps_them_both(tmp_path):
+    """Velo was case-sensitive before: its file may hold `Foo` and `foo`. Keyed by folded names, one was served
+    and the next change wrote the file without the other."""
+    import orjson
+    path = tmp_path / "presets.json"
+    path.write_bytes(orjson.dumps({"presets": [{"name": "Foo:latest", "base": "a"}, {"name": "foo:latest",
+                                                                                    "base": "b"}]}))
+    store = PresetStore(path)
+    await store.open()
+    try:
+        await store.put(Preset("other:latest", "base"))
+        assert sorted(p.name for p in store.all()) == ["Foo:latest", "foo:latest", "other:latest"]
+        assert (store.get("Foo").base, store.get("foo").base) == ("a", "b") and store.get("FOO") is not None
+        await store.put(Preset("OTHER:latest", "changed"))  # another case of one name: that preset
+        assert store.get("other").base == "changed" and len(store.all()) == 3
     finally:
         await store.close()

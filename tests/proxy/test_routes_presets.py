@@ -249,10 +249,26 @@ async def test_with_an_ollama_backend_a_preset_is_velos_own(tmp_path):
             await oll.create("all-minilm", from_="llama3", system="SHADOW")
             listed = [m for m in (await oll.list()).models if m.model.startswith("all-minilm")]
             assert len(listed) == 1 and listed[0].digest != real
+            await oll.delete("all-minilm")
+            await oll.create("ALL-MINILM", from_="llama3", system="SHADOW")  # names match whatever their case
+            listed = [m for m in (await oll.list()).models if m.model.casefold().startswith("all-minilm")]
+            assert [m.model for m in listed] == ["ALL-MINILM:latest"]
             with pytest.raises(ollama.ResponseError) as refused:
                 await oll.delete("llama3")
-            assert refused.value.status_code == 400 and "base of all-minilm:latest" in refused.value.error
+            assert refused.value.status_code == 400 and "base of ALL-MINILM:latest" in refused.value.error
             assert "llama3:latest" in up.models
             before = set(up.models)
             assert (await oll.pull("all-minilm")).status == "success"
             assert set(up.models) == before and not [r for r in up.requests if r.path == "/api/pull"]
+
+
+async def test_a_preset_an_earlier_velo_let_through_can_still_be_deleted(oll, config: Config):
+    """Names now follow Ollama's rules, but a preset made before (a non-ASCII name) was listed and could not go."""
+    import orjson
+    path = config.presets.file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps({"presets": [{"name": "café:latest", "base": "tiny"}]}))
+    backend = ScriptedBackend()
+    async with TestClient(TestServer(make_app(config, {"s": backend}))) as c:
+        assert (await c.delete("/api/delete", json={"model": "café"})).status == 200
+        assert "café:latest" not in {m["name"] for m in (await (await c.get("/api/tags")).json())["models"]}
