@@ -182,13 +182,13 @@ async def pull_or_push(request: web.Request) -> web.StreamResponse:
     model = body.get("model") or body.get("name")
     router, verb = request[ROUTER], request.path.rsplit("/", 1)[-1]
     # either spelling: Open Interpreter pulls `name:latest` of a model listed without a tag
-    listed = by_spelling({m.name: m for m in await router.list_models()}, model) if isinstance(model, str) else None
-    ollama_has = listed is not None and router.presets.get(model) is None and listed.backend in router.backends and \
-        router.backends[listed.backend].config.kind == "ollama"
-    if any(b.config.kind == "ollama" for b in router.backends.values()) and \
-            (verb == "push" or listed is None or ollama_has):
+    named = isinstance(model, str) and model
+    listed = by_spelling({m.name: m for m in await router.list_models()}, model) if named else None
+    velos = named and router.presets.get(model) is not None or listed is not None and (
+        listed.backend not in router.backends or router.backends[listed.backend].config.kind != "ollama")
+    if any(b.config.kind == "ollama" for b in router.backends.values()) and (verb == "push" or not velos):
         return await manage(request)  # a preset, or another backend's model, is Velo's: Ollama's registry has others
-    if verb == "pull" and listed is not None:
+    if verb == "pull" and (velos or listed is not None):
         done = {"status": "success"}
         if body.get("stream", True) is False:
             return json_response(done)
