@@ -79,20 +79,22 @@ def flag_value(args: list[str], *names: str) -> str | None:
 # `n_probs` added logprobs, `stream` overrode Velo's own.
 _EXTRAS = NATIVE_SAMPLERS | {"mirostat", "mirostat_tau", "mirostat_eta"}
 _INT32 = 2**31 - 1
+_LONGEST_WINDOW = 2**17  # tokens: the longest context of the models here (Qwen2.5's 128k), a 512 KB buffer
 
 
 def llama_reads(o: SamplingOptions, window: int | None) -> SamplingOptions:
     """The knobs as llama-server can take them. Its integers are 32-bit: a limit of 4294967299 tokens wrapped to 3,
     and 10**12 was its 400 naming -727379968, so a larger limit is its largest and a larger top_k is off (both keep
     every token). Its repeat_last_n has no -1 (Ollama's "the whole context"; a 400) and sizes a buffer (an int32's
-    worth of tokens is 8 GB): the slot's `window` bounds it, and with no window known, -1 is left to its default."""
+    worth of tokens is 8 GB): the slot's `window` bounds it, or before /props was asked, `_LONGEST_WINDOW`."""
     changes: dict[str, Any] = {}
     if o.max_tokens is not None and o.max_tokens > _INT32:
         changes["max_tokens"] = _INT32
     if o.top_k is not None and o.top_k > _INT32:
         changes["top_k"] = 0
-    if o.repeat_last_n is not None and (o.repeat_last_n < 0 or (window and o.repeat_last_n > window)):
-        changes["repeat_last_n"] = window
+    limit = window or _LONGEST_WINDOW
+    if o.repeat_last_n is not None and not 0 <= o.repeat_last_n <= limit:
+        changes["repeat_last_n"] = limit
     return replace(o, **changes) if changes else o
 
 

@@ -332,10 +332,12 @@ class ManagedLlamaCpp(LlamaCppBackend):
     async def _held(self, call: Callable[[], AsyncIterator[T]], keep: Any = None) -> AsyncIterator[T]:
         """The server stays up, and is never swapped out, until the stream is over; then as long as `keep` says."""
         async with self.swaps.use(self):
-            async with contextlib.aclosing(call()) as stream:  # type: ignore[type-var]
-                async for chunk in stream:
-                    yield chunk
-            self._kept(keep)
+            try:
+                async with contextlib.aclosing(call()) as stream:  # type: ignore[type-var]
+                    async for chunk in stream:
+                        yield chunk
+            finally:  # a request that failed or left says how long too, as Ollama reads it at each request's end
+                self._kept(keep)
 
     async def _once(self, call: Callable[[], Awaitable]) -> object:
         async with self.swaps.use(self):

@@ -94,6 +94,7 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
     every = request[GENERATION].config.server.heartbeat_s if heartbeat is not None else 0
     beating = asyncio.create_task(out.beat(encode, heartbeat, every)) if every > 0 else None
     early: VeloError | None = None
+    ended = False
     try:
         try:
             try:
@@ -103,7 +104,6 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
             await out.open()
             if early is not None:
                 raise early
-            ended = False
 
             async def put(item: Any) -> None:
                 nonlocal ended
@@ -120,8 +120,7 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
             except Exception as e:
                 if not ended:
                     raise
-                log.warning("%s failed after its answer ended: %s", request.path,
-                            e.logged(answers=False) if isinstance(e, VeloError) else repr(e))
+                _after_the_end(request, e)
         finally:
             if beating is not None:
                 beating.cancel()
@@ -134,11 +133,20 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
         err = _mid_stream(request, e) if out.resp is not None else None
         if err is None:
             raise
-        await _end_with(request, out.resp, on_error, err)  # type: ignore[arg-type]
+        if ended:  # an admin's cancel, a shutdown or `finish` failing after the answer's end: its end, no error
+            _after_the_end(request, err)
+            await out.resp.write(trailer)  # type: ignore[union-attr]
+        else:
+            await _end_with(request, out.resp, on_error, err)  # type: ignore[arg-type]
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     await out.resp.write_eof()  # type: ignore[union-attr]
     return out.resp  # type: ignore[return-value]
+
+
+def _after_the_end(request: web.Request, e: BaseException) -> None:
+    log.warning("%s failed after its answer ended: %s", request.path,
+                e.logged(answers=False) if isinstance(e, VeloError) else repr(e))
 
 
 @dataclass

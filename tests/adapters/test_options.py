@@ -166,3 +166,10 @@ def test_an_empty_stop_string_stops_nothing(wire):
     name = options.BY_FIELD["stop"].name(wire)
     assert options.read(wire, {name: ["", "END", ""]}).stop == ["END"]
     assert options.read(wire, {name: ""}).stop == []
+
+
+def test_a_repeat_window_past_any_context_is_bounded_before_the_server_said_its_own():
+    """Before /props was asked, an int32's worth went on: a buffer of that many tokens (8 GB) in llama-server."""
+    from adapters.llamacpp import llama_reads
+    assert llama_reads(SamplingOptions(repeat_last_n=2**31 - 1), None).repeat_last_n == 2**17
+    assert llama_reads(SamplingOptions(repeat_last_n=-1), 4096).repeat_last_n == 4096

@@ -167,3 +167,15 @@ async def test_a_start_that_failed_once_leaves_the_server_healthy_once_one_succe
     await until(lambda: server.state == "stopped")
     assert await server.health()
     await server.close()
+
+
+async def test_a_request_that_fails_still_says_how_long_its_server_stays():
+    """keep_alive was read only from a request that ended well: one that failed left the one before's in force."""
+    from adapters.errors import BackendError
+    from adapters.protocol import ChatRequest, Message
+    swaps = Swaps()
+    server = Scripted("s", swaps)
+    with pytest.raises(BackendError):  # a scripted server runs no llama-server: the call itself fails
+        [c async for c in server.chat(ChatRequest(model="s", messages=[Message("user", "hi")], keep_alive=0))]
+    await until(lambda: server.state == "stopped")
+    await server.close()
