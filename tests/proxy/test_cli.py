@@ -112,6 +112,7 @@ def test_a_start_that_fails_is_one_line_and_status_1(tmp_path, capsys, caplog, u
         main(["serve", "--config", str(path), "--log-level", "ERROR"])
     err = capsys.readouterr().err
     assert done.value.code == 1 and "Traceback" not in err
-    assert not [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if r.name.startswith("velo") and r.exc_info]  # another test's stray
+    # task, finished on this test's loop, may log its own
     assert err.endswith("velo: could not start: Error 111 connecting to 127.0.0.1:1. Connection refused. "
                         "(--log-level DEBUG shows where)\n")
