@@ -1,32 +1,43 @@
-"""Ollama's `template` override on /api/generate, for backends that are not Ollama: the prompt rendered from the
-Go template the client sent, then sent raw.
+"""Ollama's `template` on /api/generate (a client's override, or a preset's TEMPLATE), for backends that are not
+Ollama: the prompt rendered from the Go template, then sent raw.
 
-A subset of Go's text/template, the part Ollama's model templates use: fields (`{{ .Prompt }}`, `{{ .System }}`,
-`{{ .Suffix }}`, `{{ .Response }}`, `{{ $.System }}`), `if` / `else if` / `else` / `end` on a field, `not`, `eq` and
-`ne` between fields and string literals, `range .Messages` with `.Role` and `.Content`, comments and the `{{-` /
-`-}}` trim markers; a template without `.Messages` ends at `{{ .Response }}`, as Ollama cuts it. Anything else
-(variables, `printf`, `slice`, `continue`: about half of Ollama's own templates) is a 400 naming the action, rather
-than a prompt silently rendered wrong.
+The part of Go's text/template that Ollama's model templates use: output of pipelines; `if` / `else if` / `else`,
+`range` (with `$i, $v :=`, `else`, `break`, `continue`) and `with`, each to its `end`; variables (`$x := ...`,
+`$x = ...`, `$`, `$x.Field`); fields; string, number and boolean literals; parenthesised calls and `|` pipes; Go's
+truth (false, 0, "", empty lists are false); the functions `and or not eq ne lt le gt ge len index slice print
+printf json` (Ollama adds `json`); comments and the `{{-` / `-}}` trim markers (ASCII white space only). A template
+without `.Messages` ends at `{{ .Response }}`, as Ollama cuts it (template.go). Ollama's own shipped templates
+(alpaca, gemma3, llama2, mistral, command-r, ...) render as Ollama renders them; anything else is a 400 naming
+what it could not read, rather than a prompt silently rendered wrong.
 """
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .errors import BadRequest
 
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.S)
 _SPACE = " \t\r\n"  # what Go's trim markers trim: ASCII white space only (a no-break space stays)
+# A Go string ("..." with escapes, `...` raw), a parenthesis, a pipe, a declaration or assignment, or a word
+_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|`[^`]*`|[()|]|:=|=(?!=)|[^\s()|]+')
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def _fail(what: str) -> BadRequest:
+    return BadRequest(f"template: {what}", param="template")
 
 
 @dataclass
 class _Node:
-    kind: str  # "text" | "field" | "if" | "range"
-    arg: str = ""
+    kind: str  # "text" | "print" | "set" | "if" | "range" | "with" | "break" | "continue"
+    arg: Any = None  # the text, or the pipeline (a list of commands, each a list of terms)
     body: list["_Node"] = field(default_factory=list)
     orelse: list["_Node"] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # variables the node declares ($i, $v) or sets
+    declares: bool = True  # `:=` rather than `=`
 
 
 def _lex(template: str) -> list[tuple[str, str]]:
@@ -44,8 +55,10 @@ def _lex(template: str) -> list[tuple[str, str]]:
     return pieces
 
 
+# -- parsing -------------------------------------------------------------------------------------------------------
+
 def _parse(pieces: list[tuple[str, str]], i: int = 0, closers: tuple[str, ...] = ()) -> tuple[list[_Node], int, str]:
-    """Nodes up to one of `closers` ("end", "else"); the index after it and which closer it was."""
+    """Nodes up to one of `closers` ("end", "else"); the index after it and the closing action's text."""
     nodes: list[_Node] = []
     while i < len(pieces):
         kind, text = pieces[i]
@@ -56,85 +69,303 @@ def _parse(pieces: list[tuple[str, str]], i: int = 0, closers: tuple[str, ...] =
             continue
         if text.startswith("/*") and text.endswith("*/"):  # a comment
             continue
-        word = text.split(None, 1)[0] if text else ""
-        text = " ".join(text.split()) if word in ("if", "else", "range") else text  # `if` then a newline, a tab
+        word, rest = (text.split(None, 1) + [""])[:2]
         if word in ("end", "else") and word in closers:
-            return nodes, i, text
-        if word in ("if", "range"):
-            node, i = _branch(word, text[len(word):].strip(), pieces, i)
+            return nodes, i, " ".join(text.split())
+        if word in ("if", "range", "with"):
+            node, i = _branch(word, rest, pieces, i)
             nodes.append(node)
-        elif text.startswith((".", "$.")):
-            nodes.append(_Node("field", text))
+        elif word in ("break", "continue") and not rest:
+            nodes.append(_Node(word))
         else:
-            raise BadRequest(f"template: unsupported action {{{{ {text} }}}}", param="template")
+            nodes.append(_statement(text))
     if closers:
-        raise BadRequest("template: missing {{ end }}", param="template")
+        raise _fail("missing {{ end }}")
     return nodes, i, ""
 
 
 def _branch(kind: str, arg: str, pieces: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
-    """An `if` or `range` from its body to its `end`; `else if X` nests an `if X` that shares that `end`."""
-    node = _Node(kind, arg)
+    """An `if`, `range` or `with` from its body to its `end`; `else if X` nests an `if X` that shares that `end`."""
+    node = _statement(arg, kind)
     node.body, i, closed = _parse(pieces, i, ("end", "else"))
-    if closed.startswith("else if "):
-        inner, i = _branch("if", closed.removeprefix("else if ").strip(), pieces, i)
+    if closed.startswith("else if ") or closed.startswith("else with "):
+        word, rest = closed.removeprefix("else ").split(None, 1)
+        inner, i = _branch(word, rest, pieces, i)
         node.orelse = [inner]
     elif closed == "else":
         node.orelse, i, _ = _parse(pieces, i, ("end",))
+    elif closed != "end":
+        raise _fail(f"unsupported action {{{{ {closed} }}}}")
     return node, i
 
 
-def _value(expr: str, dot: dict[str, Any], root: dict[str, Any]) -> Any:
-    words = _WORD.findall(expr)
-    if not words:
-        raise BadRequest("template: empty condition", param="template")
-    if words[0] == "not" and len(words) == 2:
-        return not _term(words[1], dot, root)
-    if words[0] in ("eq", "ne") and len(words) == 3:  # each side a field or a literal: `user` and "a\n" too
-        same = _term(words[1], dot, root) == _term(words[2], dot, root)
-        return same if words[0] == "eq" else not same
-    if len(words) == 1:
-        return _term(words[0], dot, root)
-    raise BadRequest(f"template: unsupported expression {expr!r}", param="template")
+def _statement(text: str, kind: str = "print") -> _Node:
+    """A pipeline, maybe after `$x :=`, `$x =` or (in a range) `$i, $v :=`."""
+    tokens = _TOKEN.findall(text)
+    for op in (":=", "="):
+        if op in tokens:
+            at = tokens.index(op)
+            names = [t.rstrip(",") for t in tokens[:at] if t != ","]
+            if not names or not all(n.startswith("$") for n in names) or len(names) > (2 if kind == "range" else 1):
+                raise _fail(f"unsupported action {{{{ {text} }}}}")
+            node = _Node("set" if kind == "print" else kind, _pipeline(tokens[at + 1:], text), names=names,
+                         declares=op == ":=")
+            return node
+    return _Node(kind, _pipeline(tokens, text))
 
 
-# A Go string literal ("..." with escapes, `...` raw), or any other run of non-space
-_WORD = re.compile(r'"(?:\\.|[^"\\])*"|`[^`]*`|\S+')
+def _pipeline(tokens: list[str], text: str) -> list[list[Any]]:
+    """Commands separated by `|`, each a list of terms; a parenthesised pipeline is one term."""
+    if not tokens:
+        raise _fail(f"empty pipeline in {{{{ {text} }}}}")
+    commands: list[list[Any]] = [[]]
+    stack: list[list[list[Any]]] = []
+    for token in tokens:
+        if token == "(":
+            stack.append(commands)
+            commands = [[]]
+        elif token == ")":
+            if not stack:
+                raise _fail(f"unexpected ) in {{{{ {text} }}}}")
+            inner, commands = commands, stack.pop()
+            commands[-1].append(("pipe", inner))
+        elif token == "|":
+            commands.append([])
+        else:
+            commands[-1].append(_term(token, text))
+    if stack or not all(commands):
+        raise _fail(f"unbalanced {{{{ {text} }}}}")
+    return commands
 
 
-def _term(word: str, dot: dict[str, Any], root: dict[str, Any]) -> Any:
-    """A field (`.Role`, `$.System`) or a string literal, as Go reads it."""
-    if word.startswith((".", "$.")):
-        scope, name = (root, word[2:]) if word.startswith("$.") else (dot, word[1:])
-        return scope.get(name, "")
-    if word.startswith("`") and word.endswith("`") and len(word) > 1:
-        return word[1:-1]
-    if word.startswith('"'):
+def _term(token: str, text: str) -> tuple[str, Any]:
+    if token.startswith('"'):
         try:
-            value = json.loads(word)  # Go's escapes are JSON's, for what templates write
+            value = json.loads(token)  # Go's escapes are JSON's, for what templates write
         except ValueError:
-            raise BadRequest(f"template: unterminated or bad string {word}", param="template") from None
-        if isinstance(value, str):
-            return value
-    raise BadRequest(f"template: unsupported term {word!r}", param="template")
+            raise _fail(f"unterminated or bad string {token}") from None
+        return ("value", value)
+    if token.startswith("`"):
+        if len(token) < 2 or not token.endswith("`"):
+            raise _fail(f"unterminated string {token}")
+        return ("value", token[1:-1])
+    if token in ("true", "false"):
+        return ("value", token == "true")
+    if token == "nil":
+        return ("value", None)
+    if _NUMBER.fullmatch(token):
+        return ("value", float(token) if "." in token else int(token))
+    if token.startswith((".", "$")):
+        return ("field", token)
+    if token in _FUNCS:
+        return ("func", token)
+    raise _fail(f"unsupported {token!r} in {{{{ {text} }}}}")
 
 
-def _render(nodes: list[_Node], dot: dict[str, Any], root: dict[str, Any]) -> str:
-    out = []
+# -- evaluation ----------------------------------------------------------------------------------------------------
+
+class _Break(Exception):
+    pass
+
+
+class _Continue(Exception):
+    pass
+
+
+@dataclass
+class _Scope:
+    dot: Any
+    names: list[dict[str, Any]]  # variables, innermost last
+
+    def get(self, name: str) -> Any:
+        for frame in reversed(self.names):
+            if name in frame:
+                return frame[name]
+        raise _fail(f"undefined variable {name}")
+
+    def assign(self, name: str, value: Any) -> None:
+        for frame in reversed(self.names):
+            if name in frame:
+                frame[name] = value
+                return
+        raise _fail(f"undefined variable {name}")
+
+
+def _truth(value: Any) -> bool:
+    """Go's: false, 0, nil and empty strings, lists and maps are false."""
+    return bool(value) if isinstance(value, (bool, int, float, str, list, dict, tuple)) else value is not None
+
+
+def _field(path: str, scope: _Scope) -> Any:
+    """`.`, `.A.B`, `$`, `$x`, `$x.A`, `$.A`: missing keys are the zero value (Ollama's missingkey=zero)."""
+    if path.startswith("$"):
+        name, _, rest = path.partition(".")
+        value = scope.get(name)
+    else:
+        value, rest = scope.dot, path[1:]
+    for part in filter(None, rest.split(".")):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value printed as Go prints it."""
+    if value is None:
+        return "<no value>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + " ".join(_shown(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{_shown(v)}" for k, v in sorted(value.items())) + "]"
+    return str(value)
+
+
+def _printf(form: str, *args: Any) -> str:
+    """Go's printf for the verbs templates use: %s %v %d %q %%."""
+    values = iter(args)
+
+    def verb(m: re.Match) -> str:
+        if m.group(1) == "%":
+            return "%"
+        value = next(values, None)
+        return json.dumps(value) if m.group(1) == "q" else _shown(value)
+    return re.sub(r"%([svdq%])", verb, form)
+
+
+def _slice(value: Any, *bounds: int) -> Any:
+    if not isinstance(value, (list, str)):
+        raise _fail("slice of a value that is no list or string")
+    if len(bounds) > 2:
+        raise _fail("slice with a capacity")
+    return value[bounds[0]:bounds[1]] if len(bounds) == 2 else value[bounds[0]:] if bounds else value
+
+
+def _index(value: Any, *keys: Any) -> Any:
+    for key in keys:
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            raise _fail(f"index {key!r} out of range") from None
+    return value
+
+
+def _eq(first: Any, *others: Any) -> bool:
+    return any(first == other for other in others)
+
+
+def _compare(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+    def compare(a: Any, b: Any) -> bool:
+        try:
+            return op(a, b)
+        except TypeError:
+            raise _fail(f"incompatible types for comparison: {a!r}, {b!r}") from None
+    return compare
+
+
+def _length(value: Any) -> int:
+    if not isinstance(value, (list, str, dict)):
+        raise _fail("len of a value that has none")
+    return len(value)
+
+
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "and": lambda *v: next((x for x in v if not _truth(x)), v[-1]),
+    "or": lambda *v: next((x for x in v if _truth(x)), v[-1]),
+    "not": lambda v: not _truth(v),
+    "eq": _eq, "ne": lambda a, b: a != b,
+    "lt": _compare(lambda a, b: a < b), "le": _compare(lambda a, b: a <= b),
+    "gt": _compare(lambda a, b: a > b), "ge": _compare(lambda a, b: a >= b),
+    "len": _length, "index": _index, "slice": _slice,
+    "print": lambda *v: "".join(_shown(x) for x in v), "printf": _printf,
+    "json": lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False),
+}
+
+
+def _value(commands: list[list[Any]], scope: _Scope) -> Any:
+    """A pipeline's value: each command's result the last argument of the next."""
+    result: Any = _NONE
+    for command in commands:
+        kind, first = command[0]
+        args = [_operand(t, scope) for t in command[1:]] + ([] if result is _NONE else [result])
+        if kind == "func":
+            try:
+                result = _FUNCS[first](*args)
+            except (TypeError, IndexError, ValueError) as e:  # a count or a kind of argument it cannot take
+                raise _fail(f"{first}: {e}") from None
+        elif args:
+            raise _fail(f"{first} is not a function")
+        else:
+            result = _operand(command[0], scope)
+    return result
+
+
+_NONE = object()
+
+
+def _operand(term: tuple[str, Any], scope: _Scope) -> Any:
+    kind, value = term
+    if kind == "value":
+        return value
+    if kind == "field":
+        return _field(value, scope)
+    if kind == "pipe":
+        return _value(value, scope)
+    raise _fail(f"{value} needs its arguments in parentheses here")
+
+
+def _render(nodes: list[_Node], scope: _Scope, out: list[str]) -> None:
     for n in nodes:
         if n.kind == "text":
             out.append(n.arg)
-        elif n.kind == "field":
-            out.append(str(_value(n.arg, dot, root)))
+        elif n.kind == "print":
+            out.append(_shown(_value(n.arg, scope)))
+        elif n.kind == "set":
+            value = _value(n.arg, scope)
+            if n.declares:
+                scope.names[-1][n.names[0]] = value
+            else:
+                scope.assign(n.names[0], value)
+        elif n.kind in ("break", "continue"):
+            raise _Break() if n.kind == "break" else _Continue()
         elif n.kind == "if":
-            out.append(_render(n.body if _value(n.arg, dot, root) else n.orelse, dot, root))
+            _inner(n.body if _truth(_value(n.arg, scope)) else n.orelse, scope, scope.dot, out)
+        elif n.kind == "with":
+            value = _value(n.arg, scope)
+            if _truth(value):
+                _inner(n.body, scope, value, out)
+            else:
+                _inner(n.orelse, scope, scope.dot, out)
         else:
-            items = _value(n.arg, dot, root) or []
-            if not isinstance(items, list):  # a string: Go's "range can't iterate over" (an AttributeError, a 500)
-                raise BadRequest(f"template: range can't iterate over {n.arg}", param="template")
-            out.append("".join(_render(n.body, item, root) for item in items) if items
-                       else _render(n.orelse, dot, root))
-    return "".join(out)
+            _range(n, scope, out)
+
+
+def _inner(nodes: list[_Node], scope: _Scope, dot: Any, out: list[str], names: dict[str, Any] | None = None) -> None:
+    """A block: its own variables (Go's scoping), and `dot`."""
+    _render(nodes, _Scope(dot, [*scope.names, names or {}]), out)
+
+
+def _range(n: _Node, scope: _Scope, out: list[str]) -> None:
+    items = _value(n.arg, scope)
+    if isinstance(items, dict):
+        pairs = sorted(items.items())
+    elif isinstance(items, list):
+        pairs = list(enumerate(items))
+    elif items is None:
+        pairs = []
+    else:  # a string: Go's "range can't iterate over"
+        raise _fail(f"range can't iterate over {_shown(items)}")
+    if not pairs:
+        _inner(n.orelse, scope, scope.dot, out)
+        return
+    for key, item in pairs:
+        names = dict(zip(n.names[::-1], (item, key)))  # `$v :=` is the element; `$i, $v :=` the index too
+        try:
+            _inner(n.body, scope, item, out, names)
+        except _Continue:
+            continue
+        except _Break:
+            break
 
 
 def _before_response(nodes: list[_Node]) -> tuple[list[_Node], bool]:
@@ -143,12 +374,12 @@ def _before_response(nodes: list[_Node]) -> tuple[list[_Node], bool]:
     legacy ChatML template closed the assistant's turn before the model wrote it."""
     kept: list[_Node] = []
     for n in nodes:
-        if n.kind == "field" and n.arg in (".Response", "$.Response"):
+        if n.kind == "print" and n.arg == [[("field", ".Response")]]:
             return kept, True
-        if n.kind in ("if", "range"):
+        if n.kind in ("if", "range", "with"):
             body, cut_body = _before_response(n.body)
             orelse, cut_else = _before_response(n.orelse)
-            kept.append(_Node(n.kind, n.arg, body, orelse))
+            kept.append(_Node(n.kind, n.arg, body, orelse, n.names, n.declares))
             if cut_body or cut_else:
                 return kept, True
         else:
@@ -161,8 +392,13 @@ def render(template: str, prompt: str, system: str | None = None, suffix: str | 
     fills one in: the prompt and the suffix, no system prompt."""
     messages = ([{"Role": "system", "Content": system}] if system else []) + [{"Role": "user", "Content": prompt}]
     values = {"Prompt": prompt, "System": "" if suffix else system or "", "Suffix": suffix or "", "Response": "",
-              "Messages": [] if suffix else messages}
+              "Messages": [] if suffix else messages, "Tools": []}
     nodes, _, _ = _parse(_lex(template))
     if not suffix and ".Messages" not in template:
         nodes, _ = _before_response(nodes)
-    return _render(nodes, values, values)
+    out: list[str] = []
+    try:
+        _render(nodes, _Scope(values, [{"$": values}]), out)
+    except (_Break, _Continue):
+        raise _fail("break or continue outside a range") from None
+    return "".join(out)

@@ -24,8 +24,9 @@ def test_messages_range_trim_markers_and_else_if():
     assert go_template.render(gemma, "q") == "<start_of_turn>user\nq<end_of_turn>\n<start_of_turn>model\n"
 
 
-@pytest.mark.parametrize("template", ["{{ range $i, $m := .Messages }}{{ end }}", "{{ if .System }}never closed",
-                                      "{{ json .Prompt }}", "{{ end }}",
+@pytest.mark.parametrize("template", ["{{ template \"x\" }}", "{{ if .System }}never closed",
+                                      "{{ .Prompt | nosuchfunc }}", "{{ end }}", "{{ break }}", "{{ $undeclared }}",
+                                      "{{ len 3 }}",
                                       # a ValueError and an AttributeError: 500s
                                       '{{ if eq .Prompt "x }}X{{ end }}', "{{ range .Prompt }}{{ end }}"])
 def test_what_it_cannot_render_is_a_400(template):
@@ -59,3 +60,25 @@ def test_a_fill_in_the_middle_prompt_has_no_system_prompt():
     """As Ollama fills one in (its suffix path passes no System)."""
     assert go_template.render("{{ if .System }}SYS {{ end }}<PRE>{{ .Prompt }}<SUF>{{ .Suffix }}<MID>", "a", "sys",
                               "b") == "<PRE>a<SUF>b<MID>"
+
+
+def test_ollamas_own_templates_render_as_ollama_renders_them():
+    """Variables, printf, `range $i, $_ :=`, continue, slice and len, and/or, with, json: Ollama's shipped templates
+    (alpaca, llama2-chat, gemma3, falcon, mistral, command-r) use them, and each was a 400."""
+    alpaca_like = (
+        '{{- $system := "" }}{{- range .Messages }}{{- if eq .Role "system" }}'
+        '{{- if not $system }}{{ $system = .Content }}{{- else }}{{ $system = printf "%s\\n\\n%s" $system .Content }}'
+        '{{- end }}{{- else if eq .Role "user" }}{{- if $system }}{{ $system }}\n\n{{ $system = "" }}{{- end }}'
+        '### Instruction:\n{{ .Content }}\n\n{{ end }}{{- end }}### Response:\n')
+    assert go_template.render(alpaca_like, "Hi", "Be brief") == "Be brief\n\n### Instruction:\nHi\n\n### Response:\n"
+    gemma3_like = ('{{- range $i, $_ := .Messages }}{{- $last := eq (len (slice $.Messages $i)) 1 }}'
+                   '{{- if eq .Role "user" }}<u>{{ if and (eq $i 1) $.System }}{{ $.System }} {{ end }}{{ .Content }}'
+                   '{{ end }}{{- if $last }}<m>{{ end }}{{- end }}')
+    assert go_template.render(gemma3_like, "Hi", "Sys") == "<u>Sys Hi<m>"
+    assert go_template.render(gemma3_like, "Hi") == "<u>Hi<m>"
+    falcon_like = '{{- range .Messages }}{{- if eq .Role "system" }}S{{ continue }}{{ end }}[{{ .Content }}]{{ end }}'
+    assert go_template.render(falcon_like, "Hi", "Sys") == "S[Hi]"
+    assert go_template.render("{{ with .System }}<{{ . }}>{{ else }}none{{ end }}{{ .Prompt | json }}", "a\"b", "S") \
+        == '<S>"a\\"b"'
+    assert go_template.render("{{ range $i, $m := .Messages }}{{ if gt $i 0 }}{{ break }}{{ end }}{{ $m.Role }}"
+                              "{{ end }}{{ or .Suffix \"none\" }}", "x", "s") == "systemnone"
