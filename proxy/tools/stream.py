@@ -98,6 +98,7 @@ class HoldBack:
     sent_calls: bool = False
     search: EndSearch | None = None
     passthrough: bool = False
+    in_code: bool = False  # inside a fenced block of another language, let go as it came: its closer is still to come
 
     def cost(self, text: str, final: bool) -> int:
         """Characters the next `feed` may have to repair (what decides whether it leaves the event loop): a chunk
@@ -118,7 +119,7 @@ class HoldBack:
         calls: list[ToolCall] = []
         if self.passthrough:
             return [(held, False)], []
-        pos = scan = 0
+        pos, scan = 0, self._past_code(held) if self.in_code else 0
         try:
             while (i := next_start(held, scan)) >= 0:
                 check_budget()
@@ -128,6 +129,9 @@ class HoldBack:
                 region = region_at(held, i, final, search if i == 0 else None)
                 if region is None or (not region.complete and not could_be_call(region)):
                     scan = region.end if region is not None and region.kind == "code" else i + 1
+                    if region is not None and region.kind == "code" and not region.complete:
+                        self.in_code = True  # its closer may begin in backticks at the end: those are held
+                        scan = region.body_start + self._past_code(held[region.body_start:])
                     continue
                 if region.end - region.start > MAX_REPAIR_CHARS:  # too large to hold or repair: text it stays
                     self.repairer.report.skipped.append("size")
@@ -149,6 +153,16 @@ class HoldBack:
             self.repairer.report.skipped.append("budget")
         segments.append((held[pos:len(held) - len(self.held)], False))
         return segments, calls
+
+    def _past_code(self, text: str) -> int:
+        """Where the scan for calls starts in `text` when a code block an earlier chunk opened is still open: after
+        its closer, or at backticks at the end that may begin it (a ```python block's dict was read as a call once
+        the chunk holding its header had gone)."""
+        end = text.find("```")
+        if end >= 0:
+            self.in_code = False
+            return end + 3
+        return len(text.rstrip("`"))
 
     def release(self, segments: list[tuple[str, bool]]) -> str:
         """The text to send now: failed attempts wait in `doubt` until other non-blank text arrives."""

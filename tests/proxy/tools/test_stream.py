@@ -290,3 +290,17 @@ async def test_buffered_structured_output_keeps_every_tokens_logprobs() -> None:
     out = [c async for c in repair_stream(pieces(), _req(format="json")) if not c.empty]
     assert [c.text for c in out] == ['{"a": 1}']
     assert [lp.token for lp in out[0].logprobs] == ['{"a":', " 1}"]
+
+
+async def test_a_dict_in_a_fenced_block_of_code_stays_code_wherever_the_stream_is_cut() -> None:
+    """A ```python block's call-shaped dict became a real call once the chunk holding the fence's header had gone
+    (its next chunk was scanned afresh, outside the block); whole, it was always text. A call after the block is
+    still one."""
+    code = 'Here is how:\n```python\nclient.run({"name": "get_weather", "arguments": {"city": "Paris"}})\n```\nDone.'
+    for cut in range(1, len(code)):
+        out = await _run([code[:cut], code[cut:]], _req(tools=TOOLS))
+        assert not [c for c in out if c.tool_calls] and "".join(c.text for c in out) == code, cut
+    after = code + " " + CALL
+    for cut in range(1, len(after), 7):
+        out = await _run([after[:cut], after[cut:]], _req(tools=TOOLS))
+        assert [c.tool_calls[0].name for c in out if c.tool_calls] == ["get_weather"], cut
