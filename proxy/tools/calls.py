@@ -53,6 +53,11 @@ class RepairReport:
         parts += ["skipped=" + ",".join(dict.fromkeys(self.skipped))] if self.skipped else []
         return "; ".join(parts)
 
+    def failed(self, must_call: bool) -> bool:
+        """Whether the answer holds a failed call: text naming no offered tool is the model's JSON answer, a failure
+        only where the request demands a call (proxy/tools/stream.py)."""
+        return len(self.invalid) > self.unoffered or (must_call and bool(self.invalid))
+
     def error(self) -> ToolCallInvalid:
         return ToolCallInvalid("the model's tool call is invalid: " + " | ".join(self.invalid))
 

@@ -3,7 +3,10 @@
 With retries off the repaired stream flows through as it is made. With retries on, each attempt is read whole
 (a streamed answer cannot be taken back; the route's heartbeats keep a streaming client meanwhile), and an
 answer whose tool calls or JSON stay invalid after repair is asked again with the validation error appended to the
-conversation; the first valid answer is sent. When every attempt fails, the last usable answer is sent, or the
+conversation; the first valid answer is sent. A call to a tool that was not offered is asked again too (with the
+names of those that were), where without retries it goes out as the model's JSON text: retries are the client's
+choice to spend generations on a call, and a small model's made-up tool name is far more often a failed call than
+a JSON answer that happens to look like one. When every attempt fails, the last usable answer is sent, or the
 last error raised.
 """
 from __future__ import annotations

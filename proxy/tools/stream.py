@@ -180,8 +180,7 @@ class HoldBack:
         `cut` by its token limit (text naming no offered tool fails only a turn that `must_call`)."""
         self.sent_calls |= bool(last_calls)
         report = self.repairer.report
-        failed = len(report.invalid) > report.unoffered or (self.must_call and report.invalid)
-        if failed and not self.sent_text and not self.sent_calls and not cut:
+        if report.failed(self.must_call) and not self.sent_text and not self.sent_calls and not cut:
             raise report.error()
         doubt, self.doubt = self.doubt, ""
         return doubt if doubt.strip() else ""
