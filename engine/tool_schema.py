@@ -25,9 +25,14 @@ def tool_call_schema(tools: list[dict]) -> dict:
 
 def _hoisted(schema: dict, prefix: str) -> tuple[dict, dict[str, Any]]:
     """`schema` without its definitions, and those definitions named `prefix` + name, every local `$ref` to them
-    rewritten to the new name."""
+    rewritten to the new name. A schema whose refs point anywhere else in it (`#` itself: a recursive tree;
+    `#/properties/a`) moves whole into the definitions, its refs after it: inside the wrapper `#` was the call, so
+    a tree's children had to be calls, and `#/properties/a` named nothing (a 400)."""
     local = {name: d for key in _DEFS if isinstance(schema.get(key), dict) for name, d in schema[key].items()}
-    if not local:
+    whole = prefix.rstrip(".")
+    elsewhere = any(ref == "#" or (ref.startswith("#/") and not ref.startswith(tuple(f"#/{k}/" for k in _DEFS)))
+                    for ref in _refs(schema))
+    if not local and not elsewhere:
         return schema, {}
 
     def moved(node: Any) -> Any:
@@ -37,10 +42,23 @@ def _hoisted(schema: dict, prefix: str) -> tuple[dict, dict[str, Any]]:
             return node
         out = {k: moved(v) for k, v in node.items()}
         ref = out.get("$ref")
-        for key in _DEFS:
-            if isinstance(ref, str) and ref.startswith(f"#/{key}/"):
-                out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3:]}"
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            key = next((k for k in _DEFS if ref.startswith(f"#/{k}/")), None)
+            out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3:]}" if key else f"#/$defs/{whole}{ref[1:]}"
         return out
 
     body = moved({k: v for k, v in schema.items() if k not in _DEFS})
-    return body, {prefix + name: moved(d) for name, d in local.items()}
+    defs = {prefix + name: moved(d) for name, d in local.items()}
+    if elsewhere:
+        defs[whole], body = body, {"$ref": f"#/$defs/{whole}"}
+    return body, defs
+
+
+def _refs(node: Any) -> list[str]:
+    """Every `$ref` string in `node`."""
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+    return own + [r for v in node.values() for r in _refs(v)]

@@ -27,3 +27,19 @@ def test_a_tool_without_definitions_is_wrapped_as_it_is():
     schema = tool_call_schema([WEATHER, {"name": "bare"}])
     assert "$defs" not in schema and schema["anyOf"][0]["properties"]["arguments"] is WEATHER["parameters"]
     assert schema["anyOf"][1]["properties"]["arguments"] == {"type": "object"}
+
+
+def test_a_schema_whose_refs_point_into_itself_moves_whole_and_its_refs_follow():
+    """`#` (a recursive tree) meant the call inside the wrapper, so a tree's children had to be calls, and
+    `#/properties/a` named nothing there (a 400)."""
+    tree = {"type": "object", "properties": {"name": {"type": "string"}, "kids": {"type": "array", "items": {
+        "$ref": "#"}}}, "required": ["name"], "additionalProperties": False}
+    alias = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}
+    check = jsonschema.Draft202012Validator(tool_call_schema([{"name": "tree", "parameters": tree},
+                                                              {"name": "alias", "parameters": alias}]))
+    check.validate({"name": "tree", "arguments": {"name": "a", "kids": [{"name": "b", "kids": []}]}})
+    check.validate({"name": "alias", "arguments": {"a": 1, "b": 2}})
+    for bad in ({"name": "tree", "arguments": {"name": "a", "kids": [{"name": "tree", "arguments": {"name": "b"}}]}},
+                {"name": "alias", "arguments": {"a": 1, "b": "two"}}):
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate(bad)
