@@ -241,3 +241,12 @@ def test_a_broken_call_with_a_huge_number_is_repaired_not_a_crash() -> None:
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 1' + "0" * 30 + ', x: tru}}'
     _, calls, _ = repair_message(text + "</tool_call>", [], [Tool("get_weather", parameters={"type": "object"})])
     assert calls[0].arguments["days"] == 1e30
+
+
+def test_a_key_a_pattern_allows_is_kept_and_coerced_by_its_pattern() -> None:
+    """`patternProperties` beside `additionalProperties: false`: a key it allows was dropped from the call as not
+    in the schema, whenever another coercion made the arguments be walked."""
+    tool = Tool("paint", "Paint", {"type": "object", "properties": {"n": {"type": "integer"}},
+                                   "patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False})
+    _, calls, _ = repair_message("", [ToolCall("paint", {"n": "2", "x_coats": "3", "other": 1}, "x")], [tool])
+    assert calls[0].arguments == {"n": 2, "x_coats": 3}
