@@ -58,6 +58,9 @@ class Job:
     dialect: str = "openai"  # "ollama" | "openai" | "anthropic" | "responses": proxy/dialects RULES apply
     cache_bypass: bool = False
     context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
+    # of one request answered by several jobs (OpenAI's `n`, a completions batch): the key's limits admit the request
+    # once, with part 0 (one part each, a limit of one at once refused every `n = 2`, and a refusal charged the rest)
+    part: int = 0
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)
 

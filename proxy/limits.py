@@ -117,11 +117,15 @@ class KeyLimits:
 
     def done(self, key: str, tokens_more: int) -> None:
         """The request ended; `tokens_more` is what it used beyond its prompt estimate (negative: less)."""
+        self.keys[key].running -= 1
+        self.spent(key, tokens_more)
+
+    def spent(self, key: str, tokens: int) -> None:
+        """`tokens` more of the key's (a part of a request that was admitted whole, as one)."""
         entry = self.keys[key]
-        entry.running -= 1
         if entry.tokens is not None:
             entry.tokens.refill(self.clock())
-            entry.tokens.level -= tokens_more
+            entry.tokens.level -= tokens
 
     def state(self, key: str) -> State:
         entry = self.keys[key]

@@ -44,7 +44,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     reqs, echo = openai.parse_completions(body)
     req = reqs[0]
-    jobs = [job for r in reqs for job in _choices(request, r, body)]
+    jobs = [replace(job, part=i) for i, job in enumerate(job for r in reqs for job in _choices(request, r, body))]
     prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
@@ -91,7 +91,7 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
             return req if req.n == 1 else replace(req, n=1)
         seed = seed + i if seed + i < 2**64 else seed + i - 2**64  # JSON encoders stop at unsigned 64 bits
         return replace(req, n=1, options=replace(req.options, seed=seed))
-    return [job_for(request, nth(i), body) for i in range(req.n)]
+    return [replace(job_for(request, nth(i), body), part=i) for i in range(req.n)]
 
 
 def _headers(jobs: list[Job]) -> dict[str, str]:

@@ -28,7 +28,14 @@ async def collect_each(streams: list[AsyncIterator[T]]) -> list[list[T]]:
     proxy's ~550 a request at max req/s)."""
     if len(streams) == 1:
         return [await collect(streams[0])]
-    return list(await asyncio.gather(*(collect(s) for s in streams)))
+    tasks = [asyncio.ensure_future(collect(s)) for s in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:  # one failed (a 429) or the client left: the others' work stops too (it ran on, unawaited)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

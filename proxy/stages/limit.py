@@ -45,8 +45,10 @@ class Limit(Stage):
         return self._limited(job, next) if self.limits.active else next(job)
 
     async def _limited(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """The request admitted once, by its first part (Job.part); every part's tokens counted."""
         key, prompt = job.caller.tenant, estimate(job.request)
-        job.outcome.rate_limit = self._admit(key, job.dialect, prompt)
+        if job.part == 0:
+            job.outcome.rate_limit = self._admit(key, job.dialect, prompt)
         counted, pieces = 0, 0
         try:
             async with contextlib.aclosing(next(job)) as rest:
@@ -55,7 +57,10 @@ class Limit(Stage):
                     yield chunk
         finally:
             spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
-            self.limits.done(key, spent - prompt)
+            if job.part == 0:
+                self.limits.done(key, spent - prompt)
+            else:
+                self.limits.spent(key, spent)
 
     @contextlib.contextmanager
     def held(self, tenant: str, dialect: str, prompt: int) -> Iterator[None]:

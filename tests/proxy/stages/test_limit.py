@@ -101,3 +101,22 @@ def test_openai_reset_durations_are_written_as_openai_writes_them():
     out = headers("openai", State(requests=(60, 59, 0.012), tokens=(1000, 10, 361.0)))
     assert out["x-ratelimit-reset-requests"] == "12ms" and out["x-ratelimit-reset-tokens"] == "6m1s"
     assert headers("ollama", State(requests=(1, 0, 1.0))) == {}
+
+
+async def test_a_request_of_several_choices_is_admitted_once_and_refused_whole():
+    """Each of `n` choices was admitted as a request: with one request at once allowed, `n = 2` was refused every
+    time (its 429 saying to retry); with a burst of 2, `n = 3` was refused after 2 choices were charged, and a
+    refused non-streamed request's other choices ran on to their end, holding the key's slot."""
+    backend = ScriptedBackend("s", script=Script(delay=0.1))
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(concurrency=1, requests_per_minute=6,
+                                                                         request_burst=2))
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        for stream in (False, True):
+            ok = await c.post("/v1/chat/completions", json={**CHAT, "n": 3, "stream": stream}, headers=auth("k1"))
+            assert ok.status == 200, await ok.text()
+            await ok.read()
+        refused = await c.post("/v1/chat/completions", json={**CHAT, "n": 3}, headers=auth("k1"))
+        assert refused.status == 429
+        await asyncio.sleep(0.5)
+        assert backend.completed == 6  # the refused request's choices never ran
+        assert value(await scrape(c), "velo_key_in_flight", key="key1") in (None, 0.0)
