@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .errors import BadRequest
 
-_ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.S)
+_ACTION = re.compile(r"{{(-?)\s*(/\*.*?\*/|.*?)\s*(-?)}}", re.S)  # a comment may hold "}}"
 _SPACE = " \t\r\n"  # what Go's trim markers trim: ASCII white space only (a no-break space stays)
 # A Go string ("..." with escapes, `...` raw), a parenthesis, a pipe, a declaration or assignment, or a word
 _TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|`[^`]*`|[()|]|:=|=(?!=)|[^\s()|]+')
@@ -71,7 +71,7 @@ def _parse(pieces: list[tuple[str, str]], i: int = 0, closers: tuple[str, ...] =
             continue
         word, rest = (text.split(None, 1) + [""])[:2]
         if word in ("end", "else") and word in closers:
-            return nodes, i, " ".join(text.split())
+            return nodes, i, text
         if word in ("if", "range", "with"):
             node, i = _branch(word, rest, pieces, i)
             nodes.append(node)
@@ -88,13 +88,13 @@ def _branch(kind: str, arg: str, pieces: list[tuple[str, str]], i: int) -> tuple
     """An `if`, `range` or `with` from its body to its `end`; `else if X` nests an `if X` that shares that `end`."""
     node = _statement(arg, kind)
     node.body, i, closed = _parse(pieces, i, ("end", "else"))
-    if closed.startswith("else if ") or closed.startswith("else with "):
-        word, rest = closed.removeprefix("else ").split(None, 1)
-        inner, i = _branch(word, rest, pieces, i)
+    words = closed.split(None, 2)  # the rest as written: a literal's spaces are its own
+    if words[0] == "else" and len(words) == 3 and words[1] in ("if", "with"):
+        inner, i = _branch(words[1], words[2], pieces, i)
         node.orelse = [inner]
-    elif closed == "else":
+    elif words == ["else"]:
         node.orelse, i, _ = _parse(pieces, i, ("end",))
-    elif closed != "end":
+    elif words != ["end"]:
         raise _fail(f"unsupported action {{{{ {closed} }}}}")
     return node, i
 

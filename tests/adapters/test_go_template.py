@@ -82,3 +82,10 @@ def test_ollamas_own_templates_render_as_ollama_renders_them():
         == '<S>"a\\"b"'
     assert go_template.render("{{ range $i, $m := .Messages }}{{ if gt $i 0 }}{{ break }}{{ end }}{{ $m.Role }}"
                               "{{ end }}{{ or .Suffix \"none\" }}", "x", "s") == "systemnone"
+
+
+def test_a_literals_spaces_and_a_comments_braces_are_read_as_go_reads_them():
+    """`else if` was read with its spaces squeezed, inside literals too; a comment holding "}}" ended there."""
+    t = '{{ if eq .System "x" }}x{{ else if eq .System "a  b" }}yes{{ else }}no{{ end }}'
+    assert go_template.render(t, "p", "a  b") == "yes"
+    assert go_template.render("{{/* use {{ .Prompt }} */}}P={{ .Prompt }}", "p") == "P=p"
