@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
 from .chat_template import renders_tools
-from .errors import BackendError, BackendTimeout, BadRequest, ContextOverflow, Unsupported
+from .errors import BackendError, BackendTimeout, BadRequest, ContextOverflow, Unsupported, VeloError
 from .fields import wire_text
 from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
@@ -47,6 +47,25 @@ _TOO_LARGE = re.compile(r"is too large to process\. increase the physical batch 
 def _batch_limit(message: str) -> int | None:
     found = _TOO_LARGE.search(message)
     return int(found.group(1)) if found else None
+
+
+def _embedded_at_most(e: VeloError, truncate: bool) -> int:
+    """The tokens an embedding input is cut to after `e`, as Ollama cuts them (its EmbedHandler): a slot's context
+    less room for the BOS and EOS or SEP the server adds (an input of the whole context was refused by a last-token
+    pooled model), or the physical batch. `e` itself where it says neither; where `truncate` is false, Ollama's
+    words and status, and the way out."""
+    if isinstance(e, ContextOverflow):
+        limit = e.limit - 2
+    elif (batch := _batch_limit(e.message)) is not None:
+        limit = batch
+    else:
+        raise e
+    if not truncate:
+        why = "" if isinstance(e, ContextOverflow) else (
+            f" (this llama-server embeds at most {limit} tokens an input, its physical batch: start it with -ub and -b"
+            " as large as its context)")
+        raise BadRequest(f"the input length exceeds the context length{why}") from e
+    return limit
 
 
 def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
@@ -462,22 +481,15 @@ class LlamaCppBackend(OpenAIBackend):
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if not req.normalize:
             body["embd_normalize"] = -1
-        try:
-            result = await self.embed_body(body, req.model)
-        except ContextOverflow as e:  # longer than a slot's context: cut to it, as Ollama cuts (it was a 400)
-            if not req.truncate:
-                raise BadRequest("the input length exceeds the context length") from e  # Ollama's words
-            body["input"] = [(await self.tokenize(text, req.model))[:e.limit] for text in req.inputs]
-            result = await self.embed_body(body, req.model)
-        except BackendError as e:
-            if (batch := _batch_limit(e.message)) is None:
-                raise
-            if not req.truncate:  # Ollama's words and status for an input it may not cut, and the way out
-                raise BadRequest(f"the input length exceeds the context length (this llama-server embeds at most "
-                                 f"{batch} tokens an input, its physical batch: start it with -ub and -b as large "
-                                 "as its context)") from e
-            body["input"] = [(await self.tokenize(text, req.model))[:batch] for text in req.inputs]
-            result = await self.embed_body(body, req.model)
+        for tries in range(3):  # the whole, then cut to what the server said it takes (a slot's context, a batch)
+            try:
+                result = await self.embed_body(body, req.model)
+                break
+            except (BackendError, ContextOverflow) as e:
+                if tries == 2:
+                    raise
+                cut = _embedded_at_most(e, req.truncate)
+                body["input"] = [(await self.tokenize(text, req.model))[:cut] for text in req.inputs]
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
         return result
 
