@@ -25,12 +25,15 @@ _PROBE_TOOL = [{"type": "function", "function": {"name": "velo_probe_tool", "des
 
 
 def message_dict(m: Message) -> dict[str, Any]:
-    """A message as Hugging Face chat templates expect it. An earlier turn's thinking under both names templates
-    read it by (Qwen3's `reasoning_content`, gpt-oss's `thinking`): left out, the reasoning a client sent back
-    (Anthropic's thinking blocks, Responses' reasoning items) never reached the model."""
+    """A message as Hugging Face chat templates expect it. An earlier turn's thinking under the names templates read
+    it by (Qwen3's `reasoning_content`, gpt-oss's `thinking`): left out, the reasoning a client sent back
+    (Anthropic's thinking blocks, Responses' reasoning items) never reached the model. Not as `thinking` beside
+    both content and calls, which gpt-oss's template refuses (one or the other is its analysis)."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.thinking:
-        out["reasoning_content"] = out["thinking"] = m.thinking
+        out["reasoning_content"] = m.thinking
+        if not (m.content and m.tool_calls):
+            out["thinking"] = m.thinking
     if m.tool_calls:
         out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
                              for c in m.tool_calls]

@@ -89,3 +89,15 @@ def test_a_template_that_marks_the_assistants_text_for_training_renders():
               "{% endgeneration %}{% else %}U:{{ m.content }}{% endif %}{% endfor %}")
     req = ChatRequest(model="m", messages=[Message("user", "hi"), Message("assistant", "yo"), Message("user", "x")])
     assert render(tokenizer(marked), req) == "U:hiA:yoU:x"
+
+
+def test_thinking_beside_content_and_calls_is_not_given_as_gpt_oss_refuses_it():
+    """gpt-oss's template raises on an assistant turn with calls and both content and `thinking`: that chat was a
+    400 once thinking was passed on."""
+    gpt_oss_like = ("{% for m in messages %}{% if m.tool_calls and m.content and m.thinking %}"
+                    "{{ raise_exception('Cannot pass both content and thinking in an assistant message with tool calls!') }}"
+                    "{% endif %}[{{ m.role }}:{{ m.reasoning_content or '' }}]{% endfor %}")
+    call = ToolCall("read_file", {"path": "a"}, "c1")
+    req = ChatRequest(model="m", messages=[Message("user", "hi"),
+                                           Message("assistant", "Reading.", thinking="need a", tool_calls=[call])])
+    assert render(tokenizer(gpt_oss_like), req) == "[user:][assistant:need a]"
