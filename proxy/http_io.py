@@ -12,6 +12,7 @@ backend's work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -94,7 +95,7 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
     every = request[GENERATION].config.server.heartbeat_s if heartbeat is not None else 0
     beating = asyncio.create_task(out.beat(encode, heartbeat, every)) if every > 0 else None
     early: VeloError | None = None
-    ended = False
+    ended = finished = trailed = False
     try:
         try:
             try:
@@ -128,14 +129,19 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
         resp = await out.open()
         if finish is not None:
             await resp.write(await finish())
+        finished = True
         await resp.write(trailer)
+        trailed = True
     except BaseException as e:
-        err = _mid_stream(request, e) if out.resp is not None else None
+        err = _mid_stream(request, e) if out.resp is not None else None  # (which logs what failed)
         if err is None:
             raise
         if ended:  # an admin's cancel, a shutdown or `finish` failing after the answer's end: its end, no error
-            _after_the_end(request, err)
-            await out.resp.write(trailer)  # type: ignore[union-attr]
+            if finish is not None and not finished:
+                with contextlib.suppress(Exception):  # the usage chunk an OpenAI client asked for, if it can be had
+                    await out.resp.write(await finish())  # type: ignore[union-attr]
+            if not trailed:
+                await out.resp.write(trailer)  # type: ignore[union-attr]
         else:
             await _end_with(request, out.resp, on_error, err)  # type: ignore[arg-type]
     finally:

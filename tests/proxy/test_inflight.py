@@ -165,18 +165,27 @@ async def test_a_long_request_is_logged_once_with_its_id_and_tokens(caplog) -> N
     assert len(logged) == 1 and resp.headers["X-Velo-Request-Id"] in logged[0] and "tiny" in logged[0]
 
 
-@pytest.mark.parametrize("path,body", [("/api/chat", CHAT), ("/v1/chat/completions", {**CHAT, "stream": True}),
-                                       ("/v1/messages", {**CHAT, "max_tokens": 90, "stream": True}),
-                                       ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True})])
-async def test_a_cancel_after_the_answer_ended_ends_the_stream_without_an_error(path: str, body: dict) -> None:
+@pytest.mark.parametrize("path,body,end", [
+    ("/api/chat", CHAT, b'"done":true'),
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+     b'"finish_reason":"stop"'),
+    ("/v1/messages", {**CHAT, "max_tokens": 90, "stream": True}, b"event: message_stop"),
+    ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True}, b"event: response.completed")])
+async def test_a_cancel_after_the_answer_ended_ends_the_stream_without_an_error(path: str, body: dict,
+                                                                                end: bytes) -> None:
     """An admin's cancel while the pipeline still works after the answer (the cache's store; here the backend's
-    stream open past its finishing chunk) wrote its error event after the answer's end, which the SDKs raise."""
+    stream open past its finishing chunk) wrote its error event after the answer's end, which the SDKs raise. The
+    usage chunk an OpenAI client asked for still comes."""
     from tests.proxy.test_stream_faults import stream_error
     backend = ScriptedBackend("s", script=Script(after_finish=5.0))
     app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
     async with TestClient(TestServer(app, handler_cancellation=True)) as c:
         resp = await c.post(path, json=body)
-        await asyncio.sleep(0.3)  # the answer is out; its stream is still open
+        raw = b""
+        while end not in raw:  # the answer is out; its stream is still open
+            raw += await asyncio.wait_for(resp.content.readany(), 10)
         assert (await c.delete(f"/velo/requests/{resp.headers['X-Velo-Request-Id']}")).status == 200
-        raw = await asyncio.wait_for(resp.read(), 10)
+        raw += await asyncio.wait_for(resp.read(), 10)
     assert stream_error(path, raw) is None and b"cancelled by an administrator" not in raw
+    if "include_usage" in str(body):
+        assert b'"usage":{' in raw.partition(end)[2] and raw.endswith(b"data: [DONE]\n\n")
