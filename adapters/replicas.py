@@ -202,6 +202,9 @@ class ReplicaSet(Backend):
         """Ollama's model management (/api/pull, /api/create, /api/delete, ...) on each replica whose circuit is
         closed, in turn, its statuses as they come: done on one, a model pulled there was a 404 on the other, which
         no failover covered. A replica that fails ends the stream with its error, naming it."""
+        now = time.monotonic()
+        if skipped := [r.backend.name for r in self.replicas if not r.closed(now)]:
+            log.warning("%s %s not done on %s: its circuit is open", method, path, ", ".join(skipped))
         for replica in self.order():
             async with contextlib.aclosing(replica.backend.manage(method, path, body)) as statuses:
                 async for status in statuses:
@@ -219,7 +222,11 @@ class ReplicaSet(Backend):
     async def _on_each(self, fn: Callable[[Backend], Awaitable[T]]) -> list[T]:
         """`fn` of every available replica at once, the results of those that answered; the first error when none
         did."""
-        done = await asyncio.gather(*(fn(r.backend) for r in self.order()), return_exceptions=True)
+        replicas = self.order()
+        done = await asyncio.gather(*(fn(r.backend) for r in replicas), return_exceptions=True)
+        for replica, result in zip(replicas, done):
+            if isinstance(result, BaseException):
+                self._failed(replica, result)  # said, and counted toward its circuit
         answered = [r for r in done if not isinstance(r, BaseException)]
         if not answered:
             raise next(e for e in done if isinstance(e, BaseException))

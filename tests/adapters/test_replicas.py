@@ -374,6 +374,7 @@ async def test_a_replica_down_does_not_fail_the_others_bare_load_or_unload():
         try:
             assert await backend.load("smollm2:135m", None) >= 0
             await backend.unload("smollm2:135m")
+            assert [r.failures for r in backend.replicas] == [0, 2]  # said and counted, not dropped
         finally:
             await backend.close()
     assert [r.path for r in up.requests if r.path == "/api/generate"] == ["/api/generate"] * 2
