@@ -5,6 +5,7 @@ import pytest
 
 from adapters.errors import BadRequest
 from proxy.presets import Preset, PresetStore, full_name
+from tests.adapters.test_swaps import until
 
 
 def test_names_without_a_tag_are_latest():
@@ -85,9 +86,9 @@ async def test_two_processes_sharing_the_file_keep_each_others_presets(tmp_path,
         await fresh.close()
         assert len(fresh.all()) == 40
         every = {f"m{n}:latest" for n in range(40)}
-        await _until(lambda: {p.name for p in one.all()} == {p.name for p in two.all()} == every)
+        await until(lambda: {p.name for p in one.all()} == {p.name for p in two.all()} == every)
         assert await two.delete("m0")
-        await _until(lambda: one.get("m0") is None)
+        await until(lambda: one.get("m0") is None)
     finally:
         await one.close()
         await two.close()
@@ -110,7 +111,7 @@ async def test_a_file_spoilt_under_a_running_velo_is_said_once_and_what_was_read
             spoilt = path.with_name("spoilt")
             spoilt.write_text("{ not json")
             spoilt.replace(path)  # at once: a truncate then a write could be seen as two changes
-            await _until(lambda: "not read again" in caplog.text)
+            await until(lambda: "not read again" in caplog.text)
             await asyncio.sleep(0.2)  # ten more looks at the unchanged file
         assert caplog.text.count("not read again") == 1 and store.get("a") is not None
         with pytest.raises(PresetsNotSaved, match="is not a presets file Velo wrote"):
@@ -119,14 +120,6 @@ async def test_a_file_spoilt_under_a_running_velo_is_said_once_and_what_was_read
         await store.close()
 
 
-
-async def _until(condition, seconds: float = 10.0) -> None:  # noqa: ANN001
-    import asyncio
-    for _ in range(int(seconds / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("never happened")
 
 
 async def test_a_file_that_holds_names_differing_in_case_keeps_them_both(tmp_path):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -101,8 +103,7 @@ async def test_a_request_in_flight_finishes_on_the_old_configuration(tmp_path, t
         while not any(r.path == "/v1/chat/completions" for r in a.requests):
             await asyncio.sleep(0.01)
         # backend "a" leaves the config: its requests in flight still finish on it
-        path.write_text(toml(b.url, b.url, "b").replace(f'name = "a"\nkind = "openai"\nurl = "{b.url}"\n\n'
-                                                        "[[backends]]\n", ""))
+        path.write_text(without_a(b.url))
         assert await app[RELOADER].reload()
         assert list(app[GENERATIONS].current.backends) == ["b"]
         assert await answer(c) == "from b"  # new requests: the new configuration
@@ -113,11 +114,23 @@ async def test_a_request_in_flight_finishes_on_the_old_configuration(tmp_path, t
         assert "b" in app[GENERATIONS].current.backends and app[GENERATIONS].current.backends["b"].http._session
 
 
-async def test_a_bad_config_is_refused_with_its_error_logged_and_the_old_one_stays(tmp_path, two_fakes, caplog):
-    a, b = two_fakes
+@asynccontextmanager
+async def routed_to_a(tmp_path: Path, a: FakeOpenAI, b: FakeOpenAI) -> AsyncIterator[tuple[TestClient, Path]]:
+    """Velo over the two fakes, routing to "a", with the file it reloads."""
     path = tmp_path / "config.toml"
     path.write_text(toml(a.url, b.url, "a"))
     async with await reloaded_app(path) as c:
+        yield c, path
+
+
+def without_a(b: str) -> str:
+    """The config with backend "a" gone."""
+    return toml(b, b, "b").replace(f'name = "a"\nkind = "openai"\nurl = "{b}"\n\n[[backends]]\n', "")
+
+
+async def test_a_bad_config_is_refused_with_its_error_logged_and_the_old_one_stays(tmp_path, two_fakes, caplog):
+    a, b = two_fakes
+    async with routed_to_a(tmp_path, a, b) as (c, path):
         app = c.server.app
         first = app[GENERATIONS].current
         for bad in ("[[backends]\nname =", toml(a.url, b.url, "a") + '\n[[routes]]\nmatch = "x"\nbackend = "nope"\n'):
@@ -135,17 +148,14 @@ async def test_a_config_refused_while_its_backends_are_made_holds_nothing_back(t
     """An engine option no schema checks until the backend is made (a Go duration): the refused build had kept its
     hold on backend "a", so the reload that later dropped "a" never closed it."""
     a, b = two_fakes
-    path = tmp_path / "config.toml"
-    path.write_text(toml(a.url, b.url, "a"))
-    async with await reloaded_app(path) as c:
+    async with routed_to_a(tmp_path, a, b) as (c, path):
         app = c.server.app
         first = app[GENERATIONS].current
         path.write_text(toml(a.url, b.url, "a") + '[[backends]]\nname = "e"\nkind = "engine"\n'
                                                   '[backends.options]\nkeep_alive = "abc"\n')
         assert not await app[RELOADER].reload()
         assert app[RELOADER].last_error == 'time: invalid duration "abc"'
-        path.write_text(toml(b.url, b.url, "b").replace(f'name = "a"\nkind = "openai"\nurl = "{b.url}"\n\n'
-                                                        "[[backends]]\n", ""))
+        path.write_text(without_a(b.url))
         assert await app[RELOADER].reload()
         await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
         assert first.backends["a"].http._session is None
