@@ -19,11 +19,10 @@ from typing import Any, Callable
 
 from .errors import BadRequest
 
-_ACTION = re.compile(r"{{(-?)\s*(/\*.*?\*/|.*?)\s*(-?)}}", re.S)  # a comment may hold "}}"
 _SPACE = " \t\r\n"  # what Go's trim markers trim: ASCII white space only (a no-break space stays)
 # A Go string ("..." with escapes, `...` raw), a parenthesis, a pipe, a declaration or assignment, or a word
 _TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|`[^`]*`|[()|]|:=|=(?!=)|[^\s()|]+')
-_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+_NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
 
 
 def _fail(what: str) -> BadRequest:
@@ -41,15 +40,29 @@ class _Node:
 
 
 def _lex(template: str) -> list[tuple[str, str]]:
-    """("text", s) and ("action", s) pieces with the trim markers applied to the neighbouring text."""
+    """("text", s) and ("action", s) pieces with the trim markers applied to the neighbouring text. Each action's end
+    is looked for once, from its start (a regex over 40 KB of unclosed `{{` took 27 s, the event loop held)."""
     pieces: list[tuple[str, str]] = []
     pos, trim_next = 0, False
-    for m in _ACTION.finditer(template):
-        text = template[pos:m.start()]
+    while (start := template.find("{{", pos)) >= 0:
+        inner = start + 2
+        trim_before = template.startswith("-", inner) and template[inner + 1:inner + 2] in _SPACE
+        body = inner + 2 if trim_before else inner
+        lead = len(template[body:]) - len(template[body:].lstrip(_SPACE))
+        if template.startswith("/*", body + lead):  # a comment, which may hold "}}"
+            close = template.find("*/", body + lead + 2)
+            end = -1 if close < 0 else template.find("}}", close + 2)
+        else:
+            end = template.find("}}", body)
+        if end < 0:
+            raise _fail("unclosed action")
+        action = template[body:end]
+        trim_after = action.endswith("-") and action[-2:-1] in _SPACE
+        text = template[pos:start]
         text = text.lstrip(_SPACE) if trim_next else text
-        pieces.append(("text", text.rstrip(_SPACE) if m.group(1) else text))
-        pieces.append(("action", m.group(2)))
-        pos, trim_next = m.end(), bool(m.group(3))
+        pieces.append(("text", text.rstrip(_SPACE) if trim_before else text))
+        pieces.append(("action", (action[:-1] if trim_after else action).strip(_SPACE)))
+        pos, trim_next = end + 2, trim_after
     tail = template[pos:]
     pieces.append(("text", tail.lstrip(_SPACE) if trim_next else tail))
     return pieces
@@ -218,19 +231,34 @@ def _shown(value: Any) -> str:
         return "[" + " ".join(_shown(v) for v in value) + "]"
     if isinstance(value, dict):
         return "map[" + " ".join(f"{k}:{_shown(v)}" for k, v in sorted(value.items())) + "]"
+    if isinstance(value, float):
+        return f"{value:g}" if value == int(value) and abs(value) < 1e21 else repr(value)  # Go's 1.0 is "1"
     return str(value)
 
 
 def _printf(form: str, *args: Any) -> str:
-    """Go's printf for the verbs templates use: %s %v %d %q %%."""
+    """Go's printf for the verbs templates use: %s %v %d %q %%; any other (a width, %x, %.2f) is a 400, never text
+    rendered otherwise than Go would."""
     values = iter(args)
 
     def verb(m: re.Match) -> str:
         if m.group(1) == "%":
             return "%"
+        if m.group(1) is None:
+            raise _fail(f"printf verb {m.group()!r} is not one Velo renders (%s %v %d %q)")
         value = next(values, None)
-        return json.dumps(value) if m.group(1) == "q" else _shown(value)
-    return re.sub(r"%([svdq%])", verb, form)
+        return json.dumps(value, ensure_ascii=False) if m.group(1) == "q" else _shown(value)
+    return re.sub(r"%([svdq%])|%[^svdq%]?", verb, form)
+
+
+def _print(*values: Any) -> str:
+    """Go's fmt.Sprint: a space between two operands when neither is a string."""
+    out = []
+    for i, v in enumerate(values):
+        if i and not isinstance(v, str) and not isinstance(values[i - 1], str):
+            out.append(" ")
+        out.append(_shown(v))
+    return "".join(out)
 
 
 def _slice(value: Any, *bounds: int) -> Any:
@@ -243,6 +271,8 @@ def _slice(value: Any, *bounds: int) -> Any:
 
 def _index(value: Any, *keys: Any) -> Any:
     for key in keys:
+        if isinstance(key, int) and key < 0:
+            raise _fail(f"index {key} out of range")
         try:
             value = value[key]
         except (KeyError, IndexError, TypeError):
@@ -251,6 +281,8 @@ def _index(value: Any, *keys: Any) -> Any:
 
 
 def _eq(first: Any, *others: Any) -> bool:
+    if not others:
+        raise _fail("eq: wants at least two arguments")
     return any(first == other for other in others)
 
 
@@ -277,7 +309,7 @@ _FUNCS: dict[str, Callable[..., Any]] = {
     "lt": _compare(lambda a, b: a < b), "le": _compare(lambda a, b: a <= b),
     "gt": _compare(lambda a, b: a > b), "ge": _compare(lambda a, b: a >= b),
     "len": _length, "index": _index, "slice": _slice,
-    "print": lambda *v: "".join(_shown(x) for x in v), "printf": _printf,
+    "print": _print, "printf": _printf,
     "json": lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False),
 }
 
@@ -287,6 +319,9 @@ def _value(commands: list[list[Any]], scope: _Scope) -> Any:
     result: Any = _NONE
     for command in commands:
         kind, first = command[0]
+        if kind == "func" and first in ("and", "or") and result is _NONE:  # Go's short circuit: the rest unread
+            result = _and_or(first == "and", command[1:], scope)
+            continue
         args = [_operand(t, scope) for t in command[1:]] + ([] if result is _NONE else [result])
         if kind == "func":
             try:
@@ -294,13 +329,24 @@ def _value(commands: list[list[Any]], scope: _Scope) -> Any:
             except (TypeError, IndexError, ValueError) as e:  # a count or a kind of argument it cannot take
                 raise _fail(f"{first}: {e}") from None
         elif args:
-            raise _fail(f"{first} is not a function")
+            raise _fail("arguments given to what is not a function")
         else:
             result = _operand(command[0], scope)
     return result
 
 
 _NONE = object()
+
+
+def _and_or(is_and: bool, terms: list[Any], scope: _Scope) -> Any:
+    """`and` gives its first false operand, `or` its first true one, else the last, each read only when needed."""
+    if not terms:
+        raise _fail(f"{'and' if is_and else 'or'}: wants at least one argument")
+    for term in terms:
+        value = _operand(term, scope)
+        if _truth(value) != is_and:
+            return value
+    return value
 
 
 def _operand(term: tuple[str, Any], scope: _Scope) -> Any:
@@ -328,16 +374,25 @@ def _render(nodes: list[_Node], scope: _Scope, out: list[str]) -> None:
                 scope.assign(n.names[0], value)
         elif n.kind in ("break", "continue"):
             raise _Break() if n.kind == "break" else _Continue()
-        elif n.kind == "if":
-            _inner(n.body if _truth(_value(n.arg, scope)) else n.orelse, scope, scope.dot, out)
-        elif n.kind == "with":
+        elif n.kind in ("if", "with"):
             value = _value(n.arg, scope)
+            held = _held(n, value, scope)  # `if $x := ...`: $x is the branches' own
             if _truth(value):
-                _inner(n.body, scope, value, out)
+                _inner(n.body, scope, value if n.kind == "with" else scope.dot, out, held)
             else:
-                _inner(n.orelse, scope, scope.dot, out)
+                _inner(n.orelse, scope, scope.dot, out, held)
         else:
             _range(n, scope, out)
+
+
+def _held(n: _Node, value: Any, scope: _Scope) -> dict[str, Any]:
+    """The variable an `if` or `with` declares for its branches ({}), or assigns where it was declared."""
+    if not n.names:
+        return {}
+    if n.declares:
+        return {n.names[0]: value}
+    scope.assign(n.names[0], value)
+    return {}
 
 
 def _inner(nodes: list[_Node], scope: _Scope, dot: Any, out: list[str], names: dict[str, Any] | None = None) -> None:
@@ -390,15 +445,18 @@ def _before_response(nodes: list[_Node]) -> tuple[list[_Node], bool]:
 def render(template: str, prompt: str, system: str | None = None, suffix: str | None = None) -> str:
     """The prompt Ollama would build from `template` for one /api/generate request. With a suffix, as Ollama
     fills one in: the prompt and the suffix, no system prompt."""
-    messages = ([{"Role": "system", "Content": system}] if system else []) + [{"Role": "user", "Content": prompt}]
+    messages = [{"Role": role, "Content": text, "Thinking": "", "Images": [], "ToolCalls": []}  # Ollama's fields
+                for role, text in ([("system", system)] if system else []) + [("user", prompt)]]
     values = {"Prompt": prompt, "System": "" if suffix else system or "", "Suffix": suffix or "", "Response": "",
               "Messages": [] if suffix else messages, "Tools": []}
-    nodes, _, _ = _parse(_lex(template))
-    if not suffix and ".Messages" not in template:
-        nodes, _ = _before_response(nodes)
     out: list[str] = []
     try:
+        nodes, _, _ = _parse(_lex(template))
+        if not suffix and ".Messages" not in template:
+            nodes, _ = _before_response(nodes)
         _render(nodes, _Scope(values, [{"$": values}]), out)
     except (_Break, _Continue):
         raise _fail("break or continue outside a range") from None
+    except RecursionError:  # actions or parentheses nested a thousand deep
+        raise _fail("nested too deeply") from None
     return "".join(out)

@@ -89,3 +89,27 @@ def test_a_literals_spaces_and_a_comments_braces_are_read_as_go_reads_them():
     t = '{{ if eq .System "x" }}x{{ else if eq .System "a  b" }}yes{{ else }}no{{ end }}'
     assert go_template.render(t, "p", "a  b") == "yes"
     assert go_template.render("{{/* use {{ .Prompt }} */}}P={{ .Prompt }}", "p") == "P=p"
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ if $x := .Prompt }}[{{ $x }}]{{ end }}", "[p]"),  # a variable an if declares: "undefined" before
+    ("{{ with $x := .Prompt }}[{{ $x }}]{{ end }}", "[p]"),
+    ("{{ or .Prompt (index .Messages 5) }}", "p"),  # Go's short circuit: the out-of-range index is never read
+    ('{{ print 1 2 }}|{{ print "a" 1 2 "b" }}', "1 2|a1 2b"),  # Go's Sprint spacing
+    ("{{ 1.0 }} {{ .5 }}", "1 0.5"),  # numbers as Go prints them
+    ('{{ printf "%q" "é" }}', '"é"'),
+])
+def test_go_semantics_the_review_found_missing(template, expected):
+    assert go_template.render(template, "p") == expected
+
+
+@pytest.mark.parametrize("template", [
+    "{{" + "(" * 2000 + "1" + ")" * 2000 + "}}",  # a RecursionError: a 500
+    "{{ if .Prompt }}" * 2000 + "{{ end }}" * 2000,
+    '{{ printf "%.2f" 1.5 }}', '{{ printf "%x" 255 }}',  # verbs it would render otherwise than Go: its %.2f stayed
+    "{{ eq 1 }}", "{{ index .Messages -1 }}",
+    "{{ .Prompt " * 5000,  # unclosed: 40 KB of these took the lexer 27 s, the event loop held
+])
+def test_what_it_cannot_render_as_go_does_is_a_400(template):
+    with pytest.raises(BadRequest, match="template"):
+        go_template.render(template, "p")
