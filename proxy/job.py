@@ -2,6 +2,8 @@
 (written only by the pipeline's stages, read by the route once the answer starts and when it ends)."""
 from __future__ import annotations
 
+import asyncio
+
 from dataclasses import dataclass, field
 
 from adapters.protocol import ChatRequest, CompletionRequest
@@ -47,6 +49,33 @@ class Outcome:
         return out | self.rate_limit
 
 
+@dataclass(eq=False)
+class Parts:
+    """One request answered by several jobs (OpenAI's `n`, a completions batch), as the key's limits see it: one
+    request, admitted once for all its prompts by the first part to get there, the others waiting for that; held
+    until its last part ends. Each part admitted alone, a limit of one at once refused every `n = 2`, a refusal's
+    other parts ran (and were charged), and the slot was let go while parts still ran."""
+
+    count: int
+    prompt: int  # every part's prompt estimate
+    admission: asyncio.Future | None = None  # the first part's: its rate-limit headers, or its refusal
+    ended: int = 0
+
+    def first(self) -> bool:
+        """True for the part that admits the request (the first to ask)."""
+        if self.admission is not None:
+            return False
+        self.admission = asyncio.get_running_loop().create_future()
+        return True
+
+    def leave(self) -> bool:
+        """A part ended, or left before it began: True when it was the last and the request holds a slot to let
+        go (it was admitted)."""
+        self.ended += 1
+        done = self.admission is not None and self.admission.done() and not self.admission.cancelled()
+        return self.ended == self.count and done and self.admission.exception() is None  # type: ignore[union-attr]
+
+
 @dataclass
 class Job:
     """`request`, `caller` and `dialect` come from the edge; `cache_bypass` too (the client asked Velo itself not to
@@ -58,9 +87,7 @@ class Job:
     dialect: str = "openai"  # "ollama" | "openai" | "anthropic" | "responses": proxy/dialects RULES apply
     cache_bypass: bool = False
     context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
-    # of one request answered by several jobs (OpenAI's `n`, a completions batch): the key's limits admit the request
-    # once, with part 0 (one part each, a limit of one at once refused every `n = 2`, and a refusal charged the rest)
-    part: int = 0
+    parts: Parts | None = None  # the request this job is one part of, where several answer it (OpenAI's `n`)
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)
 

@@ -13,16 +13,17 @@ from adapters.protocol import Chunk, Usage, aggregate
 from .auth import CALLER
 from .dialects import SSE_KEEPALIVE, openai
 from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
-from .job import Job, Request
+from .job import Job, Parts, Request
 from .state import PIPELINE
 from .stream_ends import as_streamed
 from .streams import collect_each, merge
+from .token_count import estimate
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, functions = openai.parse_chat(body), openai.legacy_functions(body)
-    jobs = _choices(request, req, body)
+    jobs = _parts(_choices(request, req, body))
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("chatcmpl")
     if not req.stream:
@@ -44,7 +45,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     reqs, echo = openai.parse_completions(body)
     req = reqs[0]
-    jobs = [replace(job, part=i) for i, job in enumerate(job for r in reqs for job in _choices(request, r, body))]
+    jobs = _parts([job for r in reqs for job in _choices(request, r, body)])
     prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
@@ -82,6 +83,14 @@ async def _echoed(stream: AsyncIterator[Chunk], prompt: str) -> AsyncIterator[Ch
         await stream.aclose()  # type: ignore[attr-defined]
 
 
+def _parts(jobs: list[Job]) -> list[Job]:
+    """Several jobs that answer one request: its parts, one request to the key's limits (job.py `Parts`)."""
+    if len(jobs) == 1:
+        return jobs
+    parts = Parts(len(jobs), sum(estimate(j.request) for j in jobs))
+    return [replace(job, parts=parts) for job in jobs]
+
+
 def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[Job]:
     """One job per choice, each asking for one generation; a seeded request gets distinct but reproducible seeds
     per choice."""
@@ -91,7 +100,7 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
             return req if req.n == 1 else replace(req, n=1)
         seed = seed + i if seed + i < 2**64 else seed + i - 2**64  # JSON encoders stop at unsigned 64 bits
         return replace(req, n=1, options=replace(req.options, seed=seed))
-    return [replace(job_for(request, nth(i), body), part=i) for i in range(req.n)]
+    return [job_for(request, nth(i), body) for i in range(req.n)]
 
 
 def _headers(jobs: list[Job]) -> dict[str, str]:

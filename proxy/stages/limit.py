@@ -10,6 +10,7 @@ get only the 429 with Retry-After.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 from typing import AsyncIterator, Iterator
@@ -45,10 +46,15 @@ class Limit(Stage):
         return self._limited(job, next) if self.limits.active else next(job)
 
     async def _limited(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """The request admitted once, by its first part (Job.part); every part's tokens counted."""
-        key, prompt = job.caller.tenant, estimate(job.request)
-        if job.part == 0:
-            job.outcome.rate_limit = self._admit(key, job.dialect, prompt)
+        """A request of several parts (Job.parts) is admitted once, for all its prompts, and held until its last
+        part ends; every part's tokens are counted."""
+        key, prompt, parts = job.caller.tenant, estimate(job.request), job.parts
+        try:
+            admitted = await self._admitted(job, key, prompt)
+        except BaseException:  # refused, or the part left while its request was admitted: it ends here
+            if parts is not None and parts.leave():
+                self.limits.done(key, 0)
+            raise
         counted, pieces = 0, 0
         try:
             async with contextlib.aclosing(next(job)) as rest:
@@ -57,10 +63,29 @@ class Limit(Stage):
                     yield chunk
         finally:
             spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
-            if job.part == 0:
-                self.limits.done(key, spent - prompt)
+            if parts is None or parts.leave():
+                self.limits.done(key, spent - admitted)
             else:
-                self.limits.spent(key, spent)
+                self.limits.spent(key, spent - admitted)
+
+    async def _admitted(self, job: Job, key: str, prompt: int) -> int:
+        """The tokens charged for this job at admission: its prompt's, or its request's for the part that admits
+        it, 0 for a part that waited for that."""
+        parts = job.parts
+        if parts is None:
+            job.outcome.rate_limit = self._admit(key, job.dialect, prompt)
+            return prompt
+        if not parts.first():
+            job.outcome.rate_limit = await asyncio.shield(parts.admission)  # type: ignore[arg-type]
+            return 0
+        try:
+            job.outcome.rate_limit = self._admit(key, job.dialect, parts.prompt)
+        except RateLimited as e:
+            parts.admission.set_exception(e)  # type: ignore[union-attr]
+            parts.admission.exception()  # type: ignore[union-attr] - each waiting part raises it itself
+            raise
+        parts.admission.set_result(job.outcome.rate_limit)  # type: ignore[union-attr]
+        return parts.prompt
 
     @contextlib.contextmanager
     def held(self, tenant: str, dialect: str, prompt: int) -> Iterator[None]:

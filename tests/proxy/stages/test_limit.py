@@ -115,8 +115,23 @@ async def test_a_request_of_several_choices_is_admitted_once_and_refused_whole()
             ok = await c.post("/v1/chat/completions", json={**CHAT, "n": 3, "stream": stream}, headers=auth("k1"))
             assert ok.status == 200, await ok.text()
             await ok.read()
+        asked = len(backend.requests)
         refused = await c.post("/v1/chat/completions", json={**CHAT, "n": 3}, headers=auth("k1"))
         assert refused.status == 429
-        await asyncio.sleep(0.5)
-        assert backend.completed == 6  # the refused request's choices never ran
+        assert len(backend.requests) == asked  # none of its choices reached the backend (they were charged too)
         assert value(await scrape(c), "velo_key_in_flight", key="key1") in (None, 0.0)
+    # the slot is held until the request's last choice ends: let go at its first, another request got in beside it
+    class Uneven(ScriptedBackend):
+        """The first choice asked is answered at once, the second in 0.6 s."""
+
+        def chat(self, req):  # noqa: ANN001, ANN201
+            self.script = Script(pieces=["a"]) if not self.requests else Script(delay=0.1, pieces=["a"] * 6)
+            return super().chat(req)
+    uneven = Uneven("s")
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(concurrency=1))
+    async with TestClient(TestServer(make_app(cfg, {"s": uneven}))) as c:
+        running = asyncio.create_task(c.post("/v1/chat/completions", json={**CHAT, "n": 2}, headers=auth("k1")))
+        while uneven.completed < 1:  # one choice has ended, the other runs
+            await asyncio.sleep(0.01)
+        assert (await c.post("/v1/chat/completions", json=CHAT, headers=auth("k1"))).status == 429
+        assert (await running).status == 200
