@@ -55,7 +55,7 @@ def _embedded_at_most(e: VeloError, truncate: bool) -> int:
     pooled model), or the physical batch. `e` itself where it says neither; where `truncate` is false, Ollama's
     words and status, and the way out."""
     if isinstance(e, ContextOverflow):
-        limit = e.limit - 2
+        limit = max(e.limit - 2, 1)
     elif (batch := _batch_limit(e.message)) is not None:
         limit = batch
     else:

@@ -128,10 +128,11 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
                 await asyncio.wait([beating])
         resp = await out.open()
         if finish is not None:
-            await resp.write(await finish())
-        finished = True
-        await resp.write(trailer)
+            data = await finish()
+            finished = True  # a write's bytes are the response's before it awaits anything (`_Out`)
+            await resp.write(data)
         trailed = True
+        await resp.write(trailer)
     except BaseException as e:
         err = _mid_stream(request, e) if out.resp is not None else None  # (which logs what failed)
         if err is None:
@@ -139,7 +140,8 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
         if ended:  # an admin's cancel, a shutdown or `finish` failing after the answer's end: its end, no error
             if finish is not None and not finished:
                 with contextlib.suppress(Exception):  # the usage chunk an OpenAI client asked for, if it can be had
-                    await out.resp.write(await finish())  # type: ignore[union-attr]
+                    data, finished = await finish(), True
+                    await out.resp.write(data)  # type: ignore[union-attr]
             if not trailed:
                 await out.resp.write(trailer)  # type: ignore[union-attr]
         else:
