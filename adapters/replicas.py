@@ -39,9 +39,10 @@ _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyon
 @dataclass
 class ReplicaOptions:
     """A backend with `urls = [...]` sends each request to the healthy replica with the fewest requests
-    outstanding, fails over before the first byte, and opens a replica's circuit after repeated failures (when every
-    replica fails, the client gets a 504 if each timed out, a 429 if each was busy, else a 503); these keys of its
-    `options` tune that."""
+    outstanding, fails over before the first byte (not a request the replica may have run: it read it, then dropped
+    the connection), passes over a replica loading its model, and opens a replica's circuit after repeated failures
+    (when every replica fails, the client gets a 504 if each timed out, a 429 if each was busy, else a 503); these
+    keys of its `options` tune that."""
 
     affinity: Literal["none", "prefix"] = setting(
         "none", '"prefix" keeps a conversation on one replica (its prompt cache); "none" picks the least busy')
