@@ -135,3 +135,23 @@ async def test_a_request_of_several_choices_is_admitted_once_and_refused_whole()
             await asyncio.sleep(0.01)
         assert (await c.post("/v1/chat/completions", json=CHAT, headers=auth("k1"))).status == 429
         assert (await running).status == 200
+
+
+async def test_a_refused_request_leaves_its_models_residency_as_it_was():
+    """The keep-loaded stage ran before the limits: a request refused with a 429 still set how long its model
+    stays, and `keep_alive: 0` unloaded it from under the key's other requests."""
+    class Resident(ScriptedBackend):
+        idle_unload = True  # Velo unloads its model itself, as the engine's
+        unloads = 0
+
+        async def unload(self, model: str) -> None:
+            self.unloads += 1
+    backend = Resident("s")
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(requests_per_minute=6, request_burst=1))
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        assert (await c.post("/api/chat", json={**body, "keep_alive": "1h"}, headers=auth("k1"))).status == 200
+        refused = await c.post("/api/chat", json={**body, "keep_alive": 0}, headers=auth("k1"))
+        assert refused.status == 429
+        await asyncio.sleep(0.3)  # the unload timer's turn
+        assert backend.unloads == 0
