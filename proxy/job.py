@@ -88,6 +88,7 @@ class Job:
     cache_bypass: bool = False
     context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
     parts: Parts | None = None  # the request this job is one part of, where several answer it (OpenAI's `n`)
+    part: int = 0  # which of them
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)
 

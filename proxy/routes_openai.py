@@ -88,7 +88,7 @@ def _parts(jobs: list[Job]) -> list[Job]:
     if len(jobs) == 1:
         return jobs
     parts = Parts(len(jobs), sum(estimate(j.request) for j in jobs))
-    return [replace(job, parts=parts) for job in jobs]
+    return [replace(job, parts=parts, part=i) for i, job in enumerate(jobs)]
 
 
 def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[Job]:

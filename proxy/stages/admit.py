@@ -30,11 +30,12 @@ def priority(job: Job) -> int:
 
 
 def supersede_key(job: Job, config: Config) -> str | None:
-    """Autocomplete jobs of one client at one place replace each other (when `[batching] supersede_autocomplete`)."""
+    """Autocomplete jobs of one client at one place replace each other (when `[batching] supersede_autocomplete`),
+    each part of a request its like in the next (a request of `n` choices replaced its own, and was always a 499)."""
     req = job.request
     if priority(job) == LATENCY_CRITICAL and config.batching.supersede_autocomplete:
         assert isinstance(req, CompletionRequest) and req.suffix is not None
-        return f"{job.caller.tenant}:{job.caller.client}:autocomplete:{_place(req.prompt, req.suffix)}"
+        return f"{job.caller.tenant}:{job.caller.client}:autocomplete:{_place(req.prompt, req.suffix)}:{job.part}"
     return None
 
 

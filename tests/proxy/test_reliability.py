@@ -476,3 +476,15 @@ async def test_client_leaving_mid_stream_closes_the_upstream_connection():
             resp.close()
             await wait_for(lambda: up.disconnects == 1)
             await wait_for(lambda: app[GENERATIONS].current.pipeline.stage(Admit).controllers["up"].running == 0)
+
+
+@pytest.mark.parametrize("body", [{"prompt": "def f():\n  ret", "n": 2},
+                                  {"prompt": ["def f():\n  ret", "def f():\n  ret"]}])
+async def test_an_autocomplete_of_several_choices_keeps_them_all(body):
+    """Each choice of one fill-in-the-middle request (`n`, or a list of prompts at one place) replaced the one before
+    it, as a newer autocomplete of the client's would: the request was always a 499."""
+    backend = ScriptedBackend("s", script=Script(pieces=list("abcd"), delay=0.05))
+    async with velo(Config(cache=CacheConfig(enabled=False)), {"s": backend}) as c:
+        resp = await c.post("/v1/completions", json={"model": "tiny", "suffix": "\n", "temperature": 0.7, **body})
+        assert resp.status == 200, await resp.text()
+        assert [choice["text"] for choice in (await resp.json())["choices"]] == ["abcd", "abcd"]
