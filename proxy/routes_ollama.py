@@ -18,6 +18,7 @@ from .dialects import ollama
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
 from .presets import by_spelling, parameters_over
+from .stages.fit import lacks_completion
 from .state import PIPELINE, ROUTER
 from .stream_ends import as_streamed
 from .streams import collect
@@ -85,7 +86,8 @@ async def _safe_running(backend: Backend) -> list[RunningModel]:
         return []
 
 
-async def _load_or_unload(request: web.Request, model: str, keep: Any, think: Any = None) -> tuple[str, int]:
+async def _load_or_unload(request: web.Request, model: str, keep: Any, think: Any = None,
+                          generates: str | None = None) -> tuple[str, int]:
     """Ollama's bare request (no messages, no prompt): loads the model, or with `keep_alive: 0` unloads it. Asking
     a model that cannot think to think is Ollama's 400 already here: `ollama run --think` sends it with its load
     request "so we fail before getting to the chat prompt" (cmd/cmd.go)."""
@@ -94,8 +96,9 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
     if keep_alive.unloads(keep):
         await residency.unload(target)
         return "unload", 0
-    if think not in (None, False) and (info := await router.model_info(target)) is not None \
-            and "thinking" not in info.capabilities:
+    if (info := await router.model_info(target)) is not None and generates and target.backend.knows_capabilities:
+        lacks_completion(model, info, generates == "chat")  # an embedding model's chat "load" (Ollama: a 400)
+    if think not in (None, False) and info is not None and "thinking" not in info.capabilities:
         raise ModelLacks(model, "thinking")
     return "load", await residency.load(target, keep)
 
@@ -104,7 +107,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_chat(body), time.perf_counter_ns()
     if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
-        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think)
+        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "chat")
         return json_response(ollama.chat_load_object(req.model, reason, load_ns))
     calls_sent = 0
 
@@ -120,7 +123,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_generate(body), time.perf_counter_ns()
     if not req.prompt and not req.suffix and not req.images:
-        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think)
+        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "generate")
         return json_response(ollama.load_object(req.model, reason, load_ns))
     return await _answer(request, job_for(request, req, body),
                          lambda c: ollama.generate_object(req.model, c, started))

@@ -55,6 +55,13 @@ def as_seen(req: Request, info: ModelInfo, backend: Backend, dialect: str) -> Re
     return replace(req, messages=[_unseen(m) if m.images else m for m in req.messages])
 
 
+def lacks_completion(model: str, info: ModelInfo, chat: bool) -> None:
+    """Ollama's 400 for a model that only embeds: `"emb" does not support chat` (or `generate`), as its handlers
+    answer before loading it (server/routes.go)."""
+    if info.capabilities and "completion" not in info.capabilities:
+        raise ModelLacks(model, "chat" if chat else "generate")
+
+
 class Fit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
@@ -82,10 +89,12 @@ class Fit(Stage):
 
     @staticmethod
     def _check_insert(req: Request, info: ModelInfo, job: Job) -> None:
-        """Ollama's 400 for fill-in-the-middle on a model that cannot, where the backend's capabilities are facts."""
+        """Ollama's 400s for what the model cannot do, where the backend's capabilities are facts: fill in the
+        middle, or generate at all (an embedding model was sent chats)."""
         assert job.target is not None
         if not job.target.backend.knows_capabilities:
             return
+        lacks_completion(req.model, info, isinstance(req, ChatRequest))
         if isinstance(req, CompletionRequest) and req.suffix is not None and "insert" not in info.capabilities:
             raise ModelLacks(req.model, "insert")
 

@@ -308,3 +308,24 @@ def test_a_tool_call_id_of_null_is_no_id():
              {"id": 7, "function": {"name": "h", "arguments": {}}}]
     message = parse_message({"role": "assistant", "content": "", "tool_calls": calls})
     assert [c.id for c in message.tool_calls] == ["", "", "7"]
+
+
+async def test_a_model_that_only_embeds_is_refused_a_chat_or_a_generation_as_ollama_refuses_it():
+    """Its bare load answered "load", and a chat went to the backend: Ollama answers 400 `"emb" does not support
+    chat` (or `generate`) before loading it. Its embeddings' own bare load still loads."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from proxy.app import make_app
+    from proxy.config import Config
+    from tests.scripted import ScriptedBackend
+    emb = ScriptedBackend("e", models=("emb:latest",), capabilities=("embedding",))
+    async with TestClient(TestServer(make_app(Config(), {"e": emb}))) as c:
+        for path, body, word in (("/api/generate", {"model": "emb"}, "generate"),
+                                 ("/api/chat", {"model": "emb", "messages": []}, "chat"),
+                                 ("/api/chat", {"model": "emb", "stream": False,
+                                                "messages": [{"role": "user", "content": "hi"}]}, "chat"),
+                                 ("/api/generate", {"model": "emb", "prompt": "hi", "stream": False}, "generate")):
+            resp = await c.post(path, json=body)
+            assert resp.status == 400 and (await resp.json())["error"] == f'"emb" does not support {word}'
+        assert (await c.post("/api/embed", json={"model": "emb"})).status == 200
+    assert not [r for r in emb.requests if not hasattr(r, "inputs")]
