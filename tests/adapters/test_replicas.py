@@ -319,9 +319,8 @@ async def test_a_replica_loading_its_model_is_passed_over_and_all_loading_are_wa
         backend = make_backend(cfg)
         try:
             req = ChatRequest(model="m", messages=[Message("user", "hi")])
-            started = asyncio.get_running_loop().time()
             assert "".join([c.text async for c in backend.chat(req)])
-            assert asyncio.get_running_loop().time() - started < 2
+            # asked once, not every 0.25 s until its load was over
             assert len([r for r in loading.requests if r.path == "/v1/chat/completions"]) <= 1
             assert [r.failures for r in backend.replicas] == [0, 0]  # loading is not broken
             ready.script.fail_status, ready.script.fail_message = 503, "Loading model"
