@@ -95,7 +95,8 @@ def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> Samp
         name = knob.name(wire)
         if name is None or name not in raw:
             continue
-        value = [s for s in string_list(raw, name) if s] if knob.kind is list else _biases(raw, name) if knob.kind is dict \
+        value = [s for s in string_list(raw, name) if s] if knob.kind is list \
+            else _biases(raw, name) if knob.kind is dict \
             else _whole(raw, name) if knob.kind is int and cut_fractions else get(raw, name, knob.kind)
         if wire in knob.bounds and value is not None:
             lo, hi = knob.bounds[wire]

@@ -1,6 +1,6 @@
 """The sandbox chat templates render in, the way `transformers` renders them (trim_blocks, lstrip_blocks, `tojson`,
-`raise_exception`, `strftime_now`, `{% generation %}`). A module of its own, so that rendering a template (what a model's template can
-do, adapters/chat_template.py) loads neither `tokenizers` (2.4 s to import here) nor torch."""
+`raise_exception`, `strftime_now`, `{% generation %}`). A module of its own, so that rendering a template (what a
+model's template can do, adapters/chat_template.py) loads neither `tokenizers` (2.4 s to import here) nor torch."""
 from __future__ import annotations
 
 import json
