@@ -96,10 +96,13 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
     if keep_alive.unloads(keep):
         await residency.unload(target)
         return "unload", 0
-    if (info := await router.model_info(target)) is not None and generates and target.backend.knows_capabilities:
-        lacks_completion(model, info, generates == "chat")  # an embedding model's chat "load" (Ollama: a 400)
-    if think not in (None, False) and info is not None and "thinking" not in info.capabilities:
-        raise ModelLacks(model, "thinking")
+    completes = bool(generates) and target.backend.knows_capabilities
+    thinks = think not in (None, False)
+    if (completes or thinks) and (info := await router.model_info(target)) is not None:  # an embed load asks nothing
+        if completes:
+            lacks_completion(model, info, generates == "chat")  # an embedding model's chat "load" (Ollama: a 400)
+        if thinks and "thinking" not in info.capabilities:
+            raise ModelLacks(model, "thinking")
     return "load", await residency.load(target, keep)
 
 
