@@ -93,6 +93,9 @@ class CallRepairer:
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
+        # what a call with flattened arguments may begin with (extract.could_be_call)
+        self.arg_names = frozenset(k for t in self.tools if isinstance(props := t.parameters.get("properties"), dict)
+                                   for k in props)
 
     def structured(self, calls: list[ToolCall]) -> list[ToolCall]:
         """Validate calls the backend already returned as structured `tool_calls`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 from proxy.tools.repair import BRACKETS, MAX_REPAIR_CHARS, Unrepairable, parse_json, parse_json_values
 from proxy.tools.scan import Brackets, Closer, EndSearch, Pattern
@@ -163,9 +163,11 @@ def _json_region_to_stray_quote(text: str, i: int) -> Region:
     return Region(i, len(text), "json", text, i, len(text), True)
 
 
-def could_be_call(region: Region) -> bool:
+def could_be_call(region: Region, arg_names: Collection[str] = ()) -> bool:
     """Early release for streaming: False once an unfinished region's start rules out a call (only its first
-    `_HEADER_MAX` characters are looked at, so asking again as it grows costs nothing)."""
+    `_HEADER_MAX` characters are looked at, so asking again as it grows costs nothing). `arg_names`: the offered
+    tools' parameters, which a call with its arguments flattened may write before its name (`{"city": "Paris",
+    "name": "get_weather"}`): repaired whole that was a call, and streamed it went out as text."""
     if region.kind == "code":
         return False
     window = min(region.body_end, region.body_start + _HEADER_MAX)
@@ -179,8 +181,8 @@ def could_be_call(region: Region) -> bool:
         return region.text[region.body_start:window].strip() in ("", "[")
     key, after = m.group(3), m.group(4)
     if not after:  # key still being written
-        return any(k.startswith(key) for k in _CALL_KEYS)
-    return key in _CALL_KEYS
+        return any(k.startswith(key) for k in (*_CALL_KEYS, *arg_names))
+    return key in _CALL_KEYS or key in arg_names
 
 
 def raw_calls(region: Region) -> list[RawCall]:

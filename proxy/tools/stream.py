@@ -127,7 +127,7 @@ class HoldBack:
                     self.held = held[i:]
                     break
                 region = region_at(held, i, final, search if i == 0 else None)
-                if region is None or (not region.complete and not could_be_call(region)):
+                if region is None or (not region.complete and not could_be_call(region, self.repairer.arg_names)):
                     scan = region.end if region is not None and region.kind == "code" else i + 1
                     if region is not None and region.kind == "code" and not region.complete:
                         self.in_code = True  # its closer may begin in backticks at the end: those are held

@@ -66,6 +66,19 @@ async def test_stray_closers_after_a_bare_call_go_with_it_at_any_chunking(size: 
     assert "".join(c.text for c in out) == "Checking.  Back soon."
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+async def test_a_call_writing_its_flattened_arguments_before_its_name_is_a_call_at_any_chunking(size: int) -> None:
+    """Repaired whole it was a call; streamed, its first key named no call part and it went out as text."""
+    out = await _run(_cut('{"city": "Paris", "name": "get_weather"}', size), _req(tools=TOOLS))
+    assert [(c.name, c.arguments) for chunk in out for c in chunk.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert "".join(c.text for c in out) == ""
+
+
+async def test_json_whose_first_key_is_no_offered_parameter_still_streams() -> None:
+    stream = repair_stream(_source(['{"colour', '": "red", '], finish=None), _req(tools=TOOLS))
+    assert (await _next_sent(stream)).text == '{"colour'
+
+
 async def test_content_before_a_call_is_not_delayed() -> None:
     out = await _run(["Hello there, ", "<tool_", "call>{\"name\": "], _req(tools=TOOLS), finish=None)
     assert out[0].text == "Hello there, "
@@ -251,6 +264,7 @@ SAMPLES = [
     '<|python_tag|>{"name": "search", "parameters": {"query": "a"}}<|eom_id|>',
     "I'd say [1, 2, 3] < 4 and `code` <b>bold</b> [TOOL_ok] {not json",
     '<function=search>{"query": "tiles"}</function> done',
+    'Sure. {"city": "Paris", "name": "get_weather"} done',
 ]
 
 
