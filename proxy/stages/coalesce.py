@@ -1,7 +1,7 @@
-"""Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant, and
-streamed or not alike) rides on its backend call. Autocomplete that a newer request may replace does not: replacing
-the leader would fail every follower with it. A one-answer leader's backend stream is folded into one chunk below
-(adapters' one_answer), so a streamed request that joined it got its whole answer at the end."""
+"""Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant, streamed
+or not alike, the same `keep_alive`) rides on its backend call. Autocomplete that a newer request may replace does
+not: replacing the leader would fail every follower with it. A one-answer leader's backend stream is folded into one
+chunk below (adapters' one_answer), so a streamed request that joined it got its whole answer at the end."""
 from __future__ import annotations
 
 from typing import AsyncIterator, Iterator
@@ -26,7 +26,9 @@ class Coalesce(Stage):
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         config = self.services.config
         if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
-            key = exact_key(job.request, job.caller.tenant) + (":stream" if job.request.stream else "")
+            # `keep_alive` is no part of the answer (the cache's key leaves it out), but it goes to the backend with
+            # the leader's call: a follower's own would be lost
+            key = f"{exact_key(job.request, job.caller.tenant)}:{job.request.stream}:{job.request.keep_alive!r}"
             return self.coalescer.stream(key, lambda: next(job))
         return next(job)
 

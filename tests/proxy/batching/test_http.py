@@ -49,6 +49,17 @@ async def test_identical_greedy_requests_in_both_dialects_share_one_backend_call
         assert len(backend.requests) == 1 and backend.completed == 1
 
 
+async def test_requests_keeping_the_model_loaded_for_different_times_each_get_their_own_call():
+    """Only the leader's call reaches the backend, with the leader's `keep_alive`."""
+    backend = ScriptedBackend(script=Script(delay=0.1))
+    body = {"model": "tiny", "messages": MESSAGES, "stream": False, "options": {"temperature": 0}}
+    async with app_over(backend) as c:
+        answers = await asyncio.gather(*[c.post("/api/chat", json={**body, "keep_alive": k}) for k in ("1h", "5m")],
+                                       c.post("/api/chat", json={**body, "keep_alive": "1h"}))
+        assert [a.status for a in answers] == [200, 200, 200]
+    assert sorted(r.keep_alive for r in backend.requests) == ["1h", "5m"]
+
+
 async def test_sampled_requests_and_disabled_coalescing_each_get_their_own_call():
     backend = ScriptedBackend(script=Script(delay=0.05))
     async with app_over(backend) as c:
