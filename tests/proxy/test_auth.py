@@ -1,0 +1,42 @@
+"""The API key check: which keys pass, and that a guess learns nothing from how long the check took."""
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from adapters.errors import Unauthorized
+from proxy.auth import caller_for, is_one_of
+from proxy.config import ServerConfig
+
+
+class Watched(str):
+    """A configured key that notes each time it is compared as a string."""
+
+    compared: list[str] = []
+
+    def __eq__(self, other: object) -> bool:
+        Watched.compared.append(str(self))
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_a_key_is_one_of_the_configured_keys_only_when_it_is_one_whole():
+    keys = ("sk-alpha", "sk-beta")
+    assert is_one_of("sk-beta", keys) and is_one_of("sk-alpha", keys)
+    assert not is_one_of("sk-bet", keys) and not is_one_of("sk-betaa", keys) and not is_one_of("", keys)
+    assert not is_one_of(None, keys) and not is_one_of("sk-alpha", ())
+
+
+def test_no_key_is_compared_as_a_string():
+    """A string compare ends at the first byte that differs, which tells a guess how much of a key it got right."""
+    server = ServerConfig(api_keys=[Watched("sk-gamma"), Watched("sk-delta")])
+    Watched.compared = []
+    assert caller_for(_asked_with("sk-delta"), server).tenant != "anonymous"
+    with pytest.raises(Unauthorized):
+        caller_for(_asked_with("sk-deltx"), server)
+    assert Watched.compared == []
+
+
+def _asked_with(key: str):
+    return make_mocked_request("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"})
