@@ -75,6 +75,8 @@ def opens_thinking(prompt: str) -> bool:
 
 
 def template_thinks(template: str) -> bool:
-    """A chat template that has <think> blocks, or a switch for them (`enable_thinking`, Qwen3): Ollama's
-    "thinking" capability."""
-    return OPEN in template or "enable_thinking" in template
+    """A chat template that writes <think> blocks (Qwen3's, whose switch is `enable_thinking`; DeepSeek-R1's older
+    ones name only `</think>`): Ollama's "thinking" capability, which clients take to mean the thinking comes apart
+    from the answer. A switch alone is not enough: Command R7B's and Gemma's markers are others, which the splitter
+    cannot read, so their reasoning landed in an answer a client had been told would hold none."""
+    return OPEN in template or CLOSE in template

@@ -13,6 +13,9 @@ REFUSES = CHATML + "{% if tools %}{{ raise_exception('this model has no tools') 
 MENTIONS = "{# tools are not supported #}" + CHATML  # names tools, renders none
 QWEN3_LIKE = (CHATML + "{% if add_generation_prompt %}{% if enable_thinking is defined and not enable_thinking %}"
               "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
+# a switch for thinking with markers of its own, as Command R7B's template has
+OTHER_MARKERS = (CHATML + "{% if add_generation_prompt and enable_thinking %}<|START_THINKING|>{% endif %}")
+R1_LIKE = CHATML.replace("{{ m['content'] }}", "{{ m['content'].split('</think>')[-1] }}")  # names only its closer
 READ = Tool("read_file", "Read", {"type": "object"})
 
 
@@ -22,7 +25,8 @@ def tokenizer(template: str | None) -> Tokenizer:
 
 @pytest.mark.parametrize("template, caps", [
     (CHATML, ["completion"]), (TOOLS, ["completion", "tools"]), (REFUSES, ["completion"]),
-    (MENTIONS, ["completion"]), (QWEN3_LIKE, ["completion", "thinking"]), (None, ["completion"])])
+    (MENTIONS, ["completion"]), (QWEN3_LIKE, ["completion", "thinking"]), (OTHER_MARKERS, ["completion"]),
+    (R1_LIKE, ["completion", "thinking"]), (None, ["completion"])])
 def test_capabilities_come_from_rendering(template, caps):
     assert capabilities(tokenizer(template)) == caps
 
