@@ -6,7 +6,8 @@ post `/v1/rerank` (a llama-server started with `--reranking`). Errors come in Op
 llama-server's."""
 from __future__ import annotations
 
-import contextlib
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -33,14 +34,47 @@ async def native(request: web.Request) -> web.StreamResponse:
     if body is not None and model is not None:
         body = {**body, "model": model}  # the server's name for it: an alias or a preset's went on, unknown there
     stream = bool(body and body.get("stream"))
-    limited = contextlib.nullcontext()
-    if body is not None:  # its size, read already (a chunked body has no Content-Length), as its tokens' estimate
-        prompt = len(await request.read()) // CHARS_PER_TOKEN
-        limited = request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt)
-    with limited:
-        return await write_stream(request, server.native(request.method, request.path_qs, body), lambda piece: piece,
-                                  lambda e: sse(openai.error_object(e)) if stream else b"",
-                                  "text/event-stream" if stream else "application/json")
+    if body is None:
+        return await _passed_on(request, server, body, stream, Used(), {})
+    # its size, read already (a chunked body has no Content-Length), as its tokens' estimate until the answer counts
+    prompt = len(await request.read()) // CHARS_PER_TOKEN
+    with request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt) as charge:
+        try:
+            return await _passed_on(request, server, body, stream, used := Used(), charge.headers)
+        finally:
+            charge.tokens = used.total() if used.counts else charge.tokens
+
+
+async def _passed_on(request: web.Request, server: Backend, body: dict[str, Any] | None, stream: bool,
+                     used: Used, headers: dict[str, str]) -> web.StreamResponse:
+    """The answer with the key's state in OpenAI's headers (llama-server's errors are OpenAI's shape)."""
+    return await write_stream(request, server.native(request.method, request.path_qs, body), used.read,
+                              lambda e: sse(openai.error_object(e)) if stream else b"",
+                              "text/event-stream" if stream else "application/json", headers=lambda: headers)
+
+
+@dataclass
+class Used:
+    """The tokens an answer of /completion or /infill says it used: llama-server writes `tokens_evaluated` (the
+    prompt) and `tokens_predicted` into its whole answer and its stream's last event. Read from the bytes as they
+    pass: a JSON string holds no bare `"`, so no text of the answer can pass for them. The output went uncharged
+    (a key's tokens per minute held only the body's size)."""
+
+    counts: dict[bytes, int] = field(default_factory=dict)
+    tail: bytes = b""  # the end of the last piece, where a count may have begun
+
+    def read(self, piece: bytes) -> bytes:
+        window = self.tail + piece
+        self.counts.update((m.group(1), int(m.group(2))) for m in _COUNTS.finditer(window))
+        self.tail = window[-_COUNT_BYTES:]
+        return piece
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+_COUNTS = re.compile(rb'"(tokens_evaluated|tokens_predicted)"\s*:\s*(\d{1,12})')
+_COUNT_BYTES = 48  # longer than the longest match
 
 
 async def _body(request: web.Request) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,6 +25,15 @@ from ..job import Job
 from ..limits import KeyLimits, RateLimited, State
 from ..token_count import estimate
 from .base import Next, Services, Stage
+
+
+@dataclass
+class Charge:
+    """The tokens a request held under the limits is charged: its prompt's estimate, or what it used once known;
+    and the key's state in the dialect's headers, for its answer."""
+
+    tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Limit(Stage):
@@ -88,18 +98,19 @@ class Limit(Stage):
         return parts.prompt
 
     @contextlib.contextmanager
-    def held(self, tenant: str, dialect: str, prompt: int) -> Iterator[None]:
+    def held(self, tenant: str, dialect: str, prompt: int) -> Iterator[Charge]:
         """A request that is no answer stream (embeddings, llama-server's own routes: /completion, /infill, /rerank)
         under the same limits, which it went around: a 429 over them, one of the key's requests at once while it
-        runs, `prompt` (an estimate) its tokens."""
+        runs, `prompt` (an estimate) its tokens until the caller sets what it used."""
+        charge = Charge(prompt)
         if not self.limits.active:
-            yield
+            yield charge
             return
-        self._admit(tenant, dialect, prompt)
+        charge.headers = self._admit(tenant, dialect, prompt)
         try:
-            yield
+            yield charge
         finally:
-            self.limits.done(tenant, 0)
+            self.limits.done(tenant, charge.tokens - prompt)
 
     def _admit(self, key: str, dialect: str, prompt: int) -> dict[str, str]:
         """The key's share taken, and its state in the dialect's headers; or RateLimited, with them."""

@@ -292,6 +292,26 @@ async def test_llama_servers_own_routes_and_embeddings_are_under_the_keys_limits
             assert resp.status == 200
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_llama_servers_own_routes_are_charged_the_tokens_they_used(llama_chat, stream):
+    """A key's tokens per minute held only the body's size of /completion (~27 tokens here): 120 written cost
+    nothing."""
+    from proxy.limits import LimitsConfig
+    cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url], models=[CHAT_MODEL]),
+                 server=ServerConfig(api_keys=["k1"]), limits=LimitsConfig(tokens_per_minute=600))
+    body = {"prompt": "Once upon a time", "n_predict": 120, "ignore_eos": True, "temperature": 0, "stream": stream}
+    async with serve(cfg) as url, aiohttp.ClientSession(headers={"Authorization": "Bearer k1"}) as http:
+        async with http.post(url + "/completion", json=body) as resp:
+            assert resp.status == 200
+            before = int(resp.headers["x-ratelimit-remaining-tokens"])
+            await resp.read()
+        async with http.post(url + "/completion", json={**body, "n_predict": 1, "stream": False}) as resp:
+            after = int(resp.headers["x-ratelimit-remaining-tokens"])
+    # the first's 120 tokens and its prompt's, less its estimate, and the second's estimate: ~124; a refill of 10
+    # a second between the two admissions takes some back
+    assert before - after > 80
+
+
 async def test_a_set_of_llama_servers_passes_on_their_own_routes_and_counts_exactly(llama_chat):
     """A backend with several urls had none of llama-server's own routes (a 404 "config.toml has none") and only
     an estimate for Anthropic's count_tokens."""

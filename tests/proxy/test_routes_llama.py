@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.routes_llama import Used
+
 
 @pytest.mark.parametrize("path", ["/infill", "/completion"])
 async def test_no_llama_server_backend_is_a_404_naming_the_route(client, scripted, path):
@@ -29,3 +31,11 @@ async def test_the_other_routes_are_404s_in_llama_servers_shape_too(client, scri
 async def test_a_body_that_is_no_object_is_a_400(client):
     resp = await client.post("/infill", json=["input_prefix"])
     assert resp.status == 400 and "error" in await resp.json()
+
+
+def test_the_tokens_an_answer_used_are_read_across_pieces_and_never_from_its_text():
+    used = Used()
+    for piece in (b'{"content":"say \\"tokens_predicted\\":999","tokens_predicted":1', b'23,"tokens_evaluated"',
+                  b':4,"stop":true}'):
+        assert used.read(piece) == piece
+    assert used.counts == {b"tokens_predicted": 123, b"tokens_evaluated": 4} and used.total() == 127
