@@ -2,8 +2,8 @@
 
 Local backends serve a few requests at once (llama-server slots, OLLAMA_NUM_PARALLEL) and slow down or fail when
 oversubscribed. Velo holds the rest here, where it can order them: lower `priority` first (autocomplete/FIM is
-latency-critical), round-robin among clients at the same priority, and a newer autocomplete from the same client
-replaces the older one, as IDEs expect.
+latency-critical), then among clients at the same priority the one served least recently, and a newer autocomplete
+from the same client replaces the older one, as IDEs expect.
 """
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ from adapters.errors import Overloaded, VeloError
 LATENCY_CRITICAL = 0  # autocomplete / fill-in-the-middle
 NORMAL = 1
 BACKGROUND = 2  # indexing, titles
+
+# Clients whose last turn is remembered, per backend (~200 KB at 48-character names): one forgotten was served before
+# every one kept, so it ranks first as one never served does, where it belongs; only among those it is first come.
+_CLIENTS_KEPT = 1024
 
 
 class Superseded(VeloError):
@@ -50,7 +54,9 @@ class AdmissionController:
     limit: int
     max_queue: int
     running: int = 0
-    _queues: dict[int, OrderedDict[str, deque[_Ticket]]] = field(default_factory=dict)
+    _queues: dict[int, dict[str, deque[_Ticket]]] = field(default_factory=dict)  # priority -> client -> its line
+    _served: OrderedDict[str, int] = field(default_factory=OrderedDict)  # client -> its last turn, oldest first
+    _turns: int = 0
     _by_key: dict[str, _Ticket] = field(default_factory=dict)
     _queued: int = 0
     _mean_hold_s: float = 1.0  # moving average of slot hold times, for Retry-After
@@ -93,11 +99,11 @@ class AdmissionController:
     async def _acquire(self, ticket: _Ticket) -> None:
         if self.running < self.limit and self._queued == 0:
             self.running += 1
-            ticket.granted.set_result(None)
+            self._grant(ticket)
             return
         if self._queued >= self.max_queue:
             raise self._full()
-        self._queues.setdefault(ticket.priority, OrderedDict()).setdefault(ticket.client, deque()).append(ticket)
+        self._queues.setdefault(ticket.priority, {}).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
         try:
             await ticket.granted
@@ -114,7 +120,7 @@ class AdmissionController:
         self.limit = max(1, limit)
         while self.running < self.limit and (nxt := self._next()) is not None:
             self.running += 1
-            nxt.granted.set_result(None)
+            self._grant(nxt)
 
     def retry_after(self) -> float:
         """Seconds until the queue has probably drained by one request per slot, at least 1."""
@@ -167,7 +173,15 @@ class AdmissionController:
         if nxt is None:
             self.running -= 1
         else:
-            nxt.granted.set_result(None)
+            self._grant(nxt)
+
+    def _grant(self, ticket: _Ticket) -> None:
+        self._turns += 1
+        self._served[ticket.client] = self._turns
+        self._served.move_to_end(ticket.client)
+        if len(self._served) > _CLIENTS_KEPT:
+            self._served.popitem(last=False)
+        ticket.granted.set_result(None)
 
     def _next(self) -> _Ticket | None:
         while self._queues:
@@ -177,13 +191,17 @@ class AdmissionController:
         return None
 
     def _pop(self) -> _Ticket:
+        """The first ticket of the client served least recently (never: first), at the best priority; among equals
+        the line made first. Ordering lines by when each was made let a client just served, whose line had emptied
+        and that asked again first, go before one served long ago. A scan of at most `max_queue` lines (256)."""
         priority = min(self._queues)
         clients = self._queues[priority]
-        client, line = clients.popitem(last=False)
+        client = min(clients, key=lambda c: self._served.get(c, 0))
+        line = clients[client]
         ticket = line.popleft()
         self._queued -= 1
-        if line:
-            clients[client] = line  # back of the round-robin
+        if not line:
+            del clients[client]
         if not clients:
             del self._queues[priority]
         return ticket

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from adapters.errors import Overloaded
-from proxy.batching import LATENCY_CRITICAL, NORMAL, AdmissionController, Superseded
+from proxy.batching import LATENCY_CRITICAL, NORMAL, AdmissionController, Superseded, admission
 
 
 async def settle():
@@ -80,6 +80,36 @@ async def test_round_robin_between_clients_at_one_priority():
     h.release.set()
     await asyncio.gather(*tasks)
     assert started == ["busy", "a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+async def test_the_client_served_least_recently_goes_first():
+    """a was served, then b; b asks again a moment before a does: a, served longer ago, goes first. The queue
+    ordered clients by when each one's line was made, and b's, emptied as b was served, was made again before a's."""
+    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    a0, b1, b2, a1 = (Holder(ctl, started) for _ in range(4))
+    tasks = [asyncio.create_task(a0.run("a0", client="a"))]
+    await settle()
+    tasks.append(asyncio.create_task(b1.run("b1", client="b")))
+    await settle()
+    a0.release.set()  # b is served
+    await settle()
+    for holder, name in [(b2, "b2"), (a1, "a1")]:  # b asks again first
+        tasks.append(asyncio.create_task(holder.run(name, client=name[0])))
+        await settle()
+    for holder in (b1, b2, a1):
+        holder.release.set()
+    await asyncio.gather(*tasks)
+    assert started == ["a0", "b1", "a1", "b2"]
+
+
+async def test_clients_remembered_are_bounded(monkeypatch):
+    """Clients are names a request chooses (X-Velo-Client): each new one must not be kept for good."""
+    monkeypatch.setattr(admission, "_CLIENTS_KEPT", 2)
+    ctl = AdmissionController(limit=1, max_queue=10)
+    for client in ["a", "b", "c"]:
+        async with ctl.slot(client=client):
+            pass
+    assert list(ctl._served) == ["b", "c"]
 
 
 async def test_full_queue_is_overloaded_with_retry_after():
