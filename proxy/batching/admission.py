@@ -3,7 +3,8 @@
 Local backends serve a few requests at once (llama-server slots, OLLAMA_NUM_PARALLEL) and slow down or fail when
 oversubscribed. Velo holds the rest here, where it can order them: lower `priority` first (autocomplete/FIM is
 latency-critical), then among clients at the same priority the one served least recently, and a newer autocomplete
-from the same client replaces the older one, as IDEs expect.
+from the same client replaces the older one, as IDEs expect. A request waits at most `queue_timeout_s` for its slot:
+the backend's own timeouts start only once it runs, and a queue behind hung slots held its requests until they freed.
 """
 from __future__ import annotations
 
@@ -47,12 +48,14 @@ class _Ticket:
 class AdmissionController:
     """`async with controller.slot(priority, client, supersede_key):` runs the body holding one of `limit` slots.
 
-    Raises `Overloaded` (with `retry_after`) when `max_queue` requests already wait, and `Superseded` in a
-    request that a newer one with the same `supersede_key` replaced, whether it was queued or running.
+    Raises `Overloaded` (with `retry_after`) when `max_queue` requests already wait or a slot did not come within
+    `queue_timeout_s`, and `Superseded` in a request that a newer one with the same `supersede_key` replaced, whether
+    it was queued or running.
     """
 
     limit: int
     max_queue: int
+    queue_timeout_s: float
     running: int = 0
     _queues: dict[int, dict[str, deque[_Ticket]]] = field(default_factory=dict)  # priority -> client -> its line
     _served: OrderedDict[str, int] = field(default_factory=OrderedDict)  # client -> its last turn, oldest first
@@ -62,7 +65,7 @@ class AdmissionController:
     _mean_hold_s: float = 1.0  # moving average of slot hold times, for Retry-After
 
     def __post_init__(self) -> None:
-        assert self.limit >= 1 and self.max_queue >= 0
+        assert self.limit >= 1 and self.max_queue >= 0 and self.queue_timeout_s > 0
 
     @property
     def queued(self) -> int:
@@ -106,12 +109,16 @@ class AdmissionController:
         self._queues.setdefault(ticket.priority, {}).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
         try:
-            await ticket.granted
-        except BaseException:
+            async with asyncio.timeout(self.queue_timeout_s):
+                await ticket.granted
+        except BaseException as e:
             if ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
-                self._release()  # the slot was handed over just as we were cancelled: pass it on
+                self._release()  # the slot was handed over just as we were cancelled or timed out: pass it on
             else:
                 self._dequeue(ticket)
+            if isinstance(e, TimeoutError):
+                raise Overloaded(f"no slot of the backend came free within {self.queue_timeout_s:g} s "
+                                 "([batching] queue_timeout_s)", retry_after=self.retry_after()) from None
             raise
 
     def resize(self, limit: int) -> None:

@@ -18,6 +18,12 @@ class BatchingConfig:
     embed_max_inputs: int = setting(64, "a batch is sent as soon as it holds this many inputs", min=1)
     max_queue: int = setting(256, "requests that may wait per backend beyond its max_concurrency; more get 429 "
                              "with Retry-After", min=0)
+    # 300 s: as long as a running request may wait for its first token (first_token_timeout's default), so a client
+    # has its first token or an error within 600 s, the openai and anthropic SDKs' own timeout, after which they ask
+    # again; less would turn away requests that a slow backend (a CPU, 4 slots) serves in turn, to queue again last.
+    queue_timeout_s: float = setting(300.0, "seconds a request may wait for a backend slot (the backend's timeouts "
+                                     "start once it runs); then 429 with Retry-After, as for a full queue",
+                                     min=0.001)
     supersede_autocomplete: bool = setting(True, "a newer fill-in-the-middle request from the same client "
                                            "(X-Velo-Client header, else its API key or address) at the same place "
                                            "(the lines around the cursor's) cancels the older one, queued or running")

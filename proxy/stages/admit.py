@@ -15,6 +15,7 @@ from adapters.base import Backend
 from adapters.protocol import Chunk, CompletionRequest
 
 from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController
+from ..batching.config import BatchingConfig
 from ..config import Config
 from ..job import Job
 from ..keep import fingerprint
@@ -61,10 +62,11 @@ class Admit(Stage):
     async def start(self) -> None:
         """Sizes each backend's queue from what it reports (e.g. llama-server slots). A server the previous
         configuration named too keeps its queue, whatever else of its settings changed, so requests of both
-        configurations share its slots; the queue takes its new size."""
-        max_queue = self.services.config.batching.max_queue
+        configurations share its slots; the queue takes its new size, and its new wait limit for requests that queue
+        from then on."""
+        batching = self.services.config.batching
         backends = list(self.services.router.backends.values())
-        held = [self._queue(b, max_queue) for b in backends]
+        held = [self._queue(b, batching) for b in backends]
         queues = await asyncio.gather(*(opening for opening, _ in held))
         kept = [(b, q) for b, q, (_, fresh) in zip(backends, queues, held) if not fresh]
         for (backend, queue), slots in zip(kept, await asyncio.gather(*(_slots(b) for b, _ in kept))):
@@ -76,13 +78,15 @@ class Admit(Stage):
             elif asking is not None:  # still down, and it never said (a queue of 4 for good): this one is asked
                 queue.asks = asyncio.create_task(_ask_again(backend, queue.controller), name=f"slots:{backend.name}")
         for backend, queue in zip(backends, queues):
-            queue.controller.max_queue = max_queue
+            queue.controller.max_queue = batching.max_queue
+            queue.controller.queue_timeout_s = batching.queue_timeout_s
             self.controllers[backend.name] = queue.controller
 
-    def _queue(self, backend: Backend, max_queue: int) -> tuple[asyncio.Future, bool]:
+    def _queue(self, backend: Backend, batching: BatchingConfig) -> tuple[asyncio.Future, bool]:
         async def opened() -> _Queue:
             slots = await _slots(backend)
-            controller = AdmissionController(limit=slots or backend.config.max_concurrency or 4, max_queue=max_queue)
+            controller = AdmissionController(limit=slots or backend.config.max_concurrency or 4,
+                                             max_queue=batching.max_queue, queue_timeout_s=batching.queue_timeout_s)
             asks = None if slots else asyncio.create_task(_ask_again(backend, controller), name=f"slots:{backend.name}")
             return _Queue(controller, asks)
         cfg = backend.config  # the server, not how it is asked: a new timeout gave it a second queue beside the first

@@ -26,7 +26,7 @@ class Holder:
 
 
 async def test_concurrency_limit_and_fifo_queue():
-    ctl, started = AdmissionController(limit=2, max_queue=10), []
+    ctl, started = AdmissionController(limit=2, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     tasks = [asyncio.create_task(h.run(str(i))) for i in range(5)]
     await settle()
@@ -37,7 +37,7 @@ async def test_concurrency_limit_and_fifo_queue():
 
 
 async def test_a_resized_limit_admits_waiters_at_once_and_shrinks_as_requests_end():
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     holders = [Holder(ctl, started) for _ in range(5)]
     tasks = [asyncio.create_task(h.run(str(i))) for i, h in enumerate(holders)]
     await settle()
@@ -56,7 +56,7 @@ async def test_a_resized_limit_admits_waiters_at_once_and_shrinks_as_requests_en
 
 
 async def test_latency_critical_requests_jump_the_queue():
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     tasks = [asyncio.create_task(h.run("busy"))]
     await settle()
@@ -70,7 +70,7 @@ async def test_latency_critical_requests_jump_the_queue():
 
 
 async def test_round_robin_between_clients_at_one_priority():
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     tasks = [asyncio.create_task(h.run("busy"))]
     await settle()
@@ -85,7 +85,7 @@ async def test_round_robin_between_clients_at_one_priority():
 async def test_the_client_served_least_recently_goes_first():
     """a was served, then b; b asks again a moment before a does: a, served longer ago, goes first. The queue
     ordered clients by when each one's line was made, and b's, emptied as b was served, was made again before a's."""
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     a0, b1, b2, a1 = (Holder(ctl, started) for _ in range(4))
     tasks = [asyncio.create_task(a0.run("a0", client="a"))]
     await settle()
@@ -105,7 +105,7 @@ async def test_the_client_served_least_recently_goes_first():
 async def test_clients_remembered_are_bounded(monkeypatch):
     """Clients are names a request chooses (X-Velo-Client): each new one must not be kept for good."""
     monkeypatch.setattr(admission, "_CLIENTS_KEPT", 2)
-    ctl = AdmissionController(limit=1, max_queue=10)
+    ctl = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60)
     for client in ["a", "b", "c"]:
         async with ctl.slot(client=client):
             pass
@@ -113,7 +113,7 @@ async def test_clients_remembered_are_bounded(monkeypatch):
 
 
 async def test_full_queue_is_overloaded_with_retry_after():
-    ctl, started = AdmissionController(limit=1, max_queue=2), []
+    ctl, started = AdmissionController(limit=1, max_queue=2, queue_timeout_s=60), []
     h = Holder(ctl, started)
     tasks = [asyncio.create_task(h.run(str(i))) for i in range(3)]
     await settle()
@@ -125,8 +125,25 @@ async def test_full_queue_is_overloaded_with_retry_after():
     await asyncio.gather(*tasks)
 
 
+async def test_a_request_waits_at_most_queue_timeout_s_and_leaves_no_trace():
+    """Behind a slot that does not free (the backend's timeouts start only once a request runs), a queued request
+    waited until it freed: now it leaves with the full queue's error, its place, its key and no slot held."""
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=0.05), []
+    h = Holder(ctl, started)
+    stuck = asyncio.create_task(h.run("stuck"))
+    await settle()
+    with pytest.raises(Overloaded) as info:
+        await asyncio.wait_for(h.run("late", LATENCY_CRITICAL, "ide", "ide:fim"), 10)  # the bound only on failure
+    assert info.value.status == 429 and info.value.retry_after >= 1 and "queue_timeout_s" in info.value.message
+    assert ctl.queued == 0 and ctl.running == 1 and ctl._by_key == {} and not stuck.done()
+    h.release.set()
+    await stuck
+    assert await h.run("next") == "next"  # at once: the slot came back
+    assert started == ["stuck", "next"] and ctl.running == 0
+
+
 async def test_cancelled_waiter_leaves_the_queue_without_leaking_a_slot():
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     busy = asyncio.create_task(h.run("busy"))
     await settle()
@@ -141,7 +158,7 @@ async def test_cancelled_waiter_leaves_the_queue_without_leaking_a_slot():
 
 
 async def test_waiter_cancelled_just_after_being_granted_passes_the_slot_on():
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     busy = ctl.slot()
     await busy.__aenter__()
@@ -156,7 +173,8 @@ async def test_waiter_cancelled_just_after_being_granted_passes_the_slot_on():
 
 
 async def test_newer_request_supersedes_a_queued_one():
-    ctl, started = AdmissionController(limit=1, max_queue=1), []  # the older one gives its place in line up
+    # the older one gives its place in line up
+    ctl, started = AdmissionController(limit=1, max_queue=1, queue_timeout_s=60), []
     h = Holder(ctl, started)
     busy = asyncio.create_task(h.run("busy"))
     await settle()
@@ -173,7 +191,7 @@ async def test_newer_request_supersedes_a_queued_one():
 
 
 async def test_newer_request_supersedes_a_running_one():
-    ctl, started = AdmissionController(limit=2, max_queue=10), []
+    ctl, started = AdmissionController(limit=2, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     old = asyncio.create_task(h.run("old", LATENCY_CRITICAL, "ide", "ide:fim"))
     await settle()
@@ -190,7 +208,7 @@ async def test_newer_request_supersedes_a_running_one():
 
 async def test_a_newer_request_refused_for_a_full_queue_leaves_the_older_one_running():
     """It cancelled the older one first, then found the queue full: the user got no completion at all."""
-    ctl, started = AdmissionController(limit=1, max_queue=1), []
+    ctl, started = AdmissionController(limit=1, max_queue=1, queue_timeout_s=60), []
     h = Holder(ctl, started)
     old = asyncio.create_task(h.run("old", LATENCY_CRITICAL, "ide", "ide:fim"))
     await settle()
@@ -205,7 +223,7 @@ async def test_a_newer_request_refused_for_a_full_queue_leaves_the_older_one_run
 
 
 async def test_supersede_keys_are_per_key():
-    ctl, started = AdmissionController(limit=4, max_queue=10), []
+    ctl, started = AdmissionController(limit=4, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     tasks = [asyncio.create_task(h.run(n, LATENCY_CRITICAL, n, f"{n}:fim")) for n in ["a", "b"]]
     await settle()
@@ -214,7 +232,7 @@ async def test_supersede_keys_are_per_key():
 
 
 async def test_external_cancel_of_running_request_is_not_superseded():
-    ctl, started = AdmissionController(limit=1, max_queue=10), []
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
     task = asyncio.create_task(h.run("x", key="k"))
     await settle()

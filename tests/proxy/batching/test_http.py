@@ -246,6 +246,43 @@ async def test_clients_with_different_api_keys_take_turns_in_the_queue():
     assert order == ["busy", "a1", "b1", "a2", "a3"]
 
 
+class Stuck(ScriptedBackend):
+    """Holds every stream until `go` is set: a backend whose slots do not free."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running, self.go = asyncio.Event(), asyncio.Event()
+
+    async def _run(self, logprobs: bool = False):  # type: ignore[override]
+        self.running.set()
+        await self.go.wait()
+        async for chunk in super()._run(logprobs):
+            yield chunk
+
+
+async def test_a_request_queued_past_queue_timeout_s_gets_429_in_its_dialect():
+    """Behind a slot that did not free, a queued request waited as long as the slot was held (its backend's timeouts
+    start only once it runs); now each dialect's client gets a full queue's 429 with Retry-After, which the SDKs
+    retry, in its own error shape."""
+    backend = Stuck()
+    backend.config.max_concurrency = 1
+    async with app_over(backend, queue_timeout_s=0.05) as c:
+        held = asyncio.create_task(ollama_text(c, {}))
+        await backend.running.wait()
+        chat = {"model": "tiny", "messages": MESSAGES}
+        asked = [c.post(path, json=body) for path, body in [
+            ("/api/chat", chat), ("/v1/chat/completions", chat), ("/v1/messages", {**chat, "max_tokens": 16})]]
+        ollama, openai, anthropic = await asyncio.wait_for(asyncio.gather(*asked), 10)  # the bound only on failure
+        assert [r.status for r in (ollama, openai, anthropic)] == [429] * 3
+        assert all(int(r.headers["Retry-After"]) >= 1 for r in (ollama, openai, anthropic))
+        assert "queue_timeout_s" in (await ollama.json())["error"]
+        assert (await openai.json())["error"]["type"] == "rate_limit_error"
+        assert (await anthropic.json())["error"]["type"] == "rate_limit_error"
+        backend.go.set()
+        assert await held == "Hello world"
+    assert len(backend.requests) == 1
+
+
 async def test_fill_in_the_middle_jumps_the_queue_in_both_dialects():
     backend = ScriptedBackend(script=Script(delay=0.1))
     backend.config.max_concurrency = 1
