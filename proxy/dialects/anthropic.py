@@ -125,6 +125,8 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
     elif kind in ("tool_use", "server_tool_use"):  # a server tool's call stays in the history, as Ollama keeps it
         call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),
                         get(block, "id", str, required=True))
+        if call.id in names:  # Anthropic's 400: which call a result answers, and which results an edit clears, is
+            raise BadRequest(f"{where}: `tool_use` ids must be unique", param="messages")  # by the id
         names[call.id] = call.name
         turn.tool_calls.append(call)
     elif kind == "tool_result":

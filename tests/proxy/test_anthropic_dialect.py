@@ -286,6 +286,13 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
       "output_config": {"effort": "bogus"}}, "effort"),  # it went on to the backend as sent
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "document"),
+    ({"model": "tiny", "max_tokens": 8, "messages": [  # Anthropic's own 400; a context edit cleared both results
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "b"}]}]},
+     "messages.3.content.0: `tool_use` ids must be unique"),
 ])
 async def test_bad_requests_are_400_in_anthropics_shape(client, body, field):
     resp = await client.post("/v1/messages", json=body)
