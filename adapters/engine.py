@@ -80,6 +80,16 @@ def _embed_window(context: int, opts: dict[str, Any]) -> int:
     return min(context, int(n)) if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 1 else context
 
 
+def _embed_lengths(engine: LLMEngine, req: EmbedRequest) -> list[int]:
+    """Each input's tokens (off the event loop: tokenizing, or reading millions of ids); a 400 for ids the model does
+    not have, which would index past its embedding table."""
+    if not req.tokenized:
+        return [len(engine.tokenizer.encode(t)) for t in req.inputs]
+    if max(map(max, req.inputs)) >= engine.tokenizer.vocab_size or min(map(min, req.inputs)) < 0:
+        raise BadRequest("input holds token ids this model does not have", param="input")
+    return [len(ids) for ids in req.inputs]
+
+
 def _seen(load: asyncio.Future) -> None:
     """A failed load whose requests all left is still read (its error reached whoever waited), so asyncio does not
     log it as never retrieved."""
@@ -416,7 +426,7 @@ class EngineBackend(Backend):
         start = time.perf_counter_ns()
         engine, load_ns = await self._waited(req.model)
         window = _embed_window(engine.model_info["context_length"], req.options)
-        lengths = await asyncio.to_thread(lambda: [len(engine.tokenizer.encode(t)) for t in req.inputs])
+        lengths = await asyncio.to_thread(_embed_lengths, engine, req)
         if not req.truncate and max(lengths, default=0) > window:  # else each input is cut to the window
             raise BadRequest("the input length exceeds the context length")  # Ollama's words and status
         vectors = []

@@ -477,7 +477,8 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         """llama-server cannot shorten vectors (`dimensions` is done here, as Ollama does it); `embd_normalize: -1`
-        gives the raw vector that legacy /api/embeddings answers."""
+        gives the raw vector that legacy /api/embeddings answers. Token ids go as they are: it embeds them without
+        a BOS or EOS of its own (tokenize_input_subprompt), and refuses ids past its vocabulary with a 400."""
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if not req.normalize:
             body["embd_normalize"] = -1
@@ -489,7 +490,8 @@ class LlamaCppBackend(OpenAIBackend):
                 if tries == 2:
                     raise
                 cut = _embedded_at_most(e, req.truncate)
-                body["input"] = [(await self.tokenize(text, req.model))[:cut] for text in req.inputs]
+                body["input"] = [(given if req.tokenized else await self.tokenize(given, req.model))[:cut]
+                                 for given in req.inputs]
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
         return result
 

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 
 from . import model_card, options
 from .base import Backend, BackendConfig
-from .errors import BackendError
+from .errors import BackendError, Unsupported
 from .fields import count, nests_deeper, wire_text
 from .http import Upstream, asked_of, json_object, one_answer
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
@@ -232,6 +232,11 @@ class OllamaBackend(Backend):
             raise BackendError(f"backend {self.name!r} ended the {path} stream before it was done")
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
+        # Ollama's /api/embed, and its /v1/embeddings that hands `input` on to it, take strings only: any other is
+        # its 400 "invalid input type" (server/routes.go EmbedHandler, middleware/openai.go EmbeddingsMiddleware)
+        if req.tokenized:
+            raise Unsupported(f"backend {self.name!r} (ollama) cannot embed token ids: Ollama takes the input as text "
+                              "only; send it as a string or an array of strings", param="input")
         if not req.normalize:  # the legacy route, which Ollama answers with the raw vector
             return await self._legacy_embed(req)
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "truncate": req.truncate}

@@ -159,12 +159,17 @@ class CompletionRequest:
 @dataclass
 class EmbedRequest:
     model: str
-    inputs: list[str]
+    inputs: list[str] | list[list[int]]  # texts, or each input's token ids (OpenAI's and llama-server's token input)
     truncate: bool = True
     dimensions: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive: Any = None
     normalize: bool = True  # False: the model's raw vector (Ollama's legacy /api/embeddings)
+
+    @property
+    def tokenized(self) -> bool:
+        """The inputs are token ids, not texts (a request holds one kind, as OpenAI's `input` does)."""
+        return bool(self.inputs) and not isinstance(self.inputs[0], str)
 
 
 @dataclass

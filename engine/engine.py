@@ -140,9 +140,11 @@ class LLMEngine:
             if not done:
                 self.abort(request_id)
 
-    def embed(self, texts: list[str], normalize: bool = True, window: int | None = None) -> list[list[float]]:
-        """One vector per text: the mean of the final (normed) hidden states over its first `window` tokens (at
-        most the context), L2-normalised unless `normalize` is False.
+    def embed(self, texts: list[str] | list[list[int]], normalize: bool = True,
+              window: int | None = None) -> list[list[float]]:
+        """One vector per text, or per list of token ids (embedded as they are): the mean of the final (normed)
+        hidden states over its first `window` tokens (at most the context), L2-normalised unless `normalize` is
+        False.
         A causal LM's pooled states make usable but not state-of-the-art embeddings. Runs between steps on the
         engine thread (engine/threads.py says why), so the caller blocks until then."""
         done: Future = Future()
@@ -155,10 +157,10 @@ class LLMEngine:
                 if not self.alive:
                     raise RuntimeError("engine shut down") from None
 
-    def _embed(self, texts: list[str], normalize: bool, window: int) -> list[list[float]]:
+    def _embed(self, texts: list[str] | list[list[int]], normalize: bool, window: int) -> list[list[float]]:
         vectors = []
         for text in texts:
-            ids = self.tokenizer.encode(text)[:window] or [0]
+            ids = (text if isinstance(text, list) else self.tokenizer.encode(text))[:window] or [0]
             hidden = self.runner.hidden_states(ids).float().mean(dim=0)
             vectors.append((torch.nn.functional.normalize(hidden, dim=0) if normalize else hidden).tolist())
         return vectors

@@ -43,7 +43,8 @@ class Embeddings:
     async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
         target = await self.services.router.resolve(req.model)
         batcher = self.batchers.get(target.backend.name)
-        prompt = sum(len(text) for text in req.inputs) // CHARS_PER_TOKEN
+        size = sum(map(len, req.inputs))  # characters, or token ids: then the count itself
+        prompt = size if req.tokenized else size // CHARS_PER_TOKEN
         with self.metrics.observe(caller.path, target.label, target.backend.name) as seen:
             self.services.inflight.watch(caller.request_id, req.model, target.backend.name, seen)
             with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt):

@@ -526,9 +526,10 @@ class FakeOpenAI(FakeServer):
         body = await request.json()
         if (missing := self._unknown(body)) is not None:
             return missing
-        inputs = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        given = body["input"]  # a string, strings, one input's token ids, or inputs' ids (vLLM's four shapes)
+        inputs = [given] if isinstance(given, str) or isinstance(given[0], int) else given
         dims = body.get("dimensions") or 8
+        counted = sum(len(t) if isinstance(t, list) else len(tokens(t)) for t in inputs)  # ids: a token each
         return web.json_response({"object": "list", "model": body["model"], "data": [
-            {"object": "embedding", "index": i, "embedding": fake_embedding(t, dims)} for i, t in enumerate(inputs)],
-            "usage": {"prompt_tokens": sum(len(tokens(t)) for t in inputs),
-                      "total_tokens": sum(len(tokens(t)) for t in inputs)}})
+            {"object": "embedding", "index": i, "embedding": fake_embedding(str(t), dims)}
+            for i, t in enumerate(inputs)], "usage": {"prompt_tokens": counted, "total_tokens": counted}})

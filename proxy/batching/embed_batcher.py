@@ -113,9 +113,10 @@ class EmbedBatcher:
 
 def _batch_key(req: EmbedRequest) -> str:
     """Requests merge only when everything but the inputs is equal (read from the dataclass: a field added to
-    EmbedRequest and written out here by hand could be forgotten, and requests differing in it merged)."""
-    return json.dumps({f.name: getattr(req, f.name) for f in fields(req) if f.name != "inputs"}, sort_keys=True,
-                      default=str)
+    EmbedRequest and written out here by hand could be forgotten, and requests differing in it merged), and their
+    inputs are of one kind: vLLM takes texts or token ids in a request, never both."""
+    key = {f.name: getattr(req, f.name) for f in fields(req) if f.name != "inputs"} | {"tokenized": req.tokenized}
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 def _split(result: EmbedResult, requests: list[EmbedRequest]) -> list[EmbedResult]:

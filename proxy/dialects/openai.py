@@ -19,7 +19,7 @@ from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, VeloErro
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
 
-from adapters.fields import body_object, get, get_model, string_list
+from adapters.fields import body_object, get, get_model
 from adapters.llamacpp import NATIVE_SAMPLERS
 from . import ollama, tool_choice
 from .ollama import parse_tools, parse_top_logprobs
@@ -350,14 +350,9 @@ def _prompts(prompt: Any) -> list[str]:
 
 def parse_embeddings(body: Any) -> tuple[EmbedRequest, str]:
     body = body_object(body)
-    if isinstance(body.get("input"), list) and body["input"] and not isinstance(body["input"][0], str):
-        raise BadRequest("input must be a string or an array of strings (token arrays are not supported)",
-                         param="input")
-    inputs = string_list(body, "input")
-    if not inputs:
-        raise BadRequest("input is required", param="input")
-    if len(inputs) > _MAX_EMBED_INPUTS or "" in inputs:  # OpenAI's bounds: Ollama's dialect embeds "" as nothing
-        raise BadRequest(f"input must be 1 to {_MAX_EMBED_INPUTS} strings, none of them empty", param="input")
+    inputs = _embed_inputs(body.get("input"))
+    if len(inputs) > _MAX_EMBED_INPUTS or not all(inputs):  # OpenAI's bounds: Ollama's dialect embeds "" as nothing
+        raise BadRequest(f"input must be 1 to {_MAX_EMBED_INPUTS} inputs, none of them empty", param="input")
     encoding = get(body, "encoding_format", str, "float")
     if encoding not in ("float", "base64"):
         raise BadRequest("encoding_format must be 'float' or 'base64'", param="encoding_format")
@@ -368,6 +363,31 @@ def parse_embeddings(body: Any) -> tuple[EmbedRequest, str]:
 
 
 _MAX_EMBED_INPUTS = 2048  # OpenAI's bound on one request's inputs
+# Token ids fit llama.cpp's llama_token (int32): llama-server read 2**32 + 5 as token 5 and embedded that
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+def _embed_inputs(value: Any) -> list[str] | list[list[int]]:
+    """OpenAI's four shapes of `input`: a string, strings, one input's token ids, or inputs' token ids (the openai
+    client sends ids itself, as tiktoken chunks a long text). A float, a bool or a mixed array is refused here:
+    llama-server answered those with a 500."""
+    if value is None or value == []:
+        raise BadRequest("input is required", param="input")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    inputs = [value] if isinstance(value, list) and not isinstance(value[0], list) else value
+    if not isinstance(inputs, list) or not all(isinstance(ids, list) and _token_ids(ids) for ids in inputs):
+        raise BadRequest("input must be a string, an array of strings, an array of token ids (integers from 0 to "
+                         f"{_MAX_TOKEN_ID}) or an array of such arrays", param="input")
+    return inputs
+
+
+def _token_ids(ids: list[Any]) -> bool:
+    """Integers (not bools, not floats) within 0 to _MAX_TOKEN_ID; [] passes, for the caller's "empty" check. Types
+    first, by set: a 32 MiB body holds millions of ids."""
+    return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) <= _MAX_TOKEN_ID)
 
 
 def stream_options_usage(body: dict[str, Any]) -> bool:

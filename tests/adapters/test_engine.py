@@ -306,6 +306,19 @@ async def test_embeddings_are_normalised_and_per_text(backend):
     assert two.embeddings[0] != pytest.approx(two.embeddings[1], abs=1e-3)
 
 
+async def test_token_ids_embed_as_their_text_does(backend):
+    """OpenAI's token input: the engine embeds the ids as they are (its tokenizer gave them for the text); ids the
+    model does not have are the client's 400, not an index past the embedding table."""
+    ids = backend.engine.tokenizer.encode("hello there")
+    text = await backend.embed(EmbedRequest(model=NAME, inputs=["hello there"]))
+    given = await backend.embed(EmbedRequest(model=NAME, inputs=[ids, ids[:1]]))
+    assert given.embeddings[0] == pytest.approx(text.embeddings[0], abs=1e-5)
+    assert given.input_tokens == [len(ids), 1] and given.prompt_tokens == len(ids) + 1
+    with pytest.raises(BadRequest, match="token ids this model does not have") as e:
+        await backend.embed(EmbedRequest(model=NAME, inputs=[[1, backend.engine.tokenizer.vocab_size]]))
+    assert e.value.param == "input"
+
+
 async def test_an_input_longer_than_the_context_is_cut_unless_truncate_is_false(backend):
     """Ollama's /api/embed: `truncate` (default true) cuts each input to the context; false is its 400."""
     long = "word " * 600  # the tiny model's context is 512 tokens

@@ -160,6 +160,21 @@ async def test_ignore_eos_writes_to_max_tokens(velo_llama):
     assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == longer
 
 
+async def test_token_ids_embed_as_their_text_does(velo_llama):
+    """OpenAI's and llama-server's token input (the openai client sends ids itself where tiktoken chunks a long
+    text); Velo refused it. llama-server embeds ids with no BOS of its own, and counts each id a token."""
+    oai, _ = clients(velo_llama)
+    async with aiohttp.ClientSession() as http:  # llama-server's own /tokenize, through Velo
+        async with http.post(velo_llama + "/tokenize", json={"model": EMBED_MODEL, "content": "a cat"}) as resp:
+            ids = (await resp.json())["tokens"]
+    text = await oai.embeddings.create(model=EMBED_MODEL, input="a cat")
+    given = await oai.embeddings.create(model=EMBED_MODEL, input=[ids, ids[:1]])
+    assert len(given.data) == 2 and given.usage.prompt_tokens == len(ids) + 1
+    assert given.data[0].embedding == pytest.approx(text.data[0].embedding, abs=1e-5)
+    with pytest.raises(openai.BadRequestError, match="invalid tokens"):  # past SmolLM2's 49,152: llama-server's 400
+        await oai.embeddings.create(model=EMBED_MODEL, input=[49152])
+
+
 async def test_embeddings_from_a_chat_only_server_are_the_clients_400(velo_llama):
     """A missing model feature is never a 5xx, which the SDKs retry: LiteLLM and the OpenAI SDK sent the 501 of a
     llama-server started without --embeddings three times."""

@@ -1,6 +1,6 @@
 """The two newest dialects over each HTTP backend kind: the official `anthropic` and `openai` (responses)
 clients -> Velo -> the Ollama protocol double and the OpenAI-compatible fake (tests/fakes.py), streamed and not,
-with tool calls and thinking, and Codex's compaction."""
+with tool calls and thinking, and Codex's compaction; and token ids to /v1/embeddings, which only one kind takes."""
 from __future__ import annotations
 
 import aiohttp
@@ -161,6 +161,28 @@ async def test_anthropic_stop_sequence_where_the_backend_names_it(velo, stream):
                                                                                      "the cap")
     else:
         assert (msg.stop_reason, msg.stop_sequence) == ("end_turn", None)
+
+
+@pytest.mark.parametrize("velo", ["openai"], indirect=True)
+async def test_token_ids_reach_an_openai_compatible_server_as_they_are(velo):
+    """OpenAI's token input, which vLLM takes as OpenAI does; Velo refused it."""
+    url, kind, fake = velo
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    answer = await oai.embeddings.create(model=MODELS[kind], input=[[1, 2, 3], [4]])
+    assert fake.last("/v1/embeddings")["input"] == [[1, 2, 3], [4]]
+    assert len(answer.data) == 2 and answer.usage.prompt_tokens == 4  # the server's count: the ids themselves
+
+
+@pytest.mark.parametrize("velo", ["ollama"], indirect=True)
+async def test_token_ids_for_ollama_are_the_clients_400_in_openais_shape(velo):
+    """Ollama embeds text only (EmbedHandler answers anything else 400 "invalid input type"): Velo says so, as a
+    400 naming `input`, without asking Ollama."""
+    url, kind, fake = velo
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        await oai.embeddings.create(model=MODELS[kind], input=[1, 2, 3])
+    assert (e.value.param, e.value.code, e.value.type) == ("input", None, "invalid_request_error")
+    assert "cannot embed token ids" in e.value.message and "/api/embed" not in [r.path for r in fake.requests]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -249,6 +249,29 @@ async def test_embeddings_outside_openais_bounds_are_a_400(client, scripted, bod
     assert resp.status == 400 and (await resp.json())["error"]["param"] == param and scripted.requests == []
 
 
+async def test_embeddings_take_token_ids_as_openai_does(base_url, scripted):
+    """OpenAI's `input` may be one input's token ids or several inputs' (the openai client sends them itself where
+    tiktoken chunks a long text); Velo refused every token array."""
+    c = _client(base_url)
+    one = await c.embeddings.create(model="tiny", input=[9, 8, 7])
+    many = await c.embeddings.create(model="tiny", input=[[1, 2], [3], [0, 5, 2**31 - 1]])
+    assert [r.inputs for r in scripted.requests] == [[[9, 8, 7]], [[1, 2], [3], [0, 5, 2**31 - 1]]]
+    assert len(one.data) == 1 and [d.embedding[0] for d in many.data] == [2.0, 1.0, 3.0]
+
+
+@pytest.mark.parametrize("given", [
+    [], [[]], [[1], []], [-1], [[2**31]], [2**32 + 5], [True], [[1, False]], [1.5], [1.0], ["a", 1], [1, "a"],
+    [[1], "a"], [1, [2]], [[[1]]], 5, {"ids": [1]}, [[1]] * 2049])
+async def test_token_ids_outside_bounds_or_mixed_are_a_400_in_openais_shape(client, scripted, given):
+    """Ids are ints within llama.cpp's int32 token (llama-server read 2**32 + 5 as token 5, and answered a float or a
+    bool with a 500); at most 2048 inputs, none empty; one kind of input a request."""
+    resp = await client.post("/v1/embeddings", json={"model": "tiny", "input": given})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and scripted.requests == []
+    assert error.keys() == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "input", None)
+
+
 WEATHER_FN = {"name": "get_weather", "description": "Weather in a city",
               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 

@@ -47,6 +47,17 @@ async def test_different_models_or_options_are_never_merged():
     assert sorted(len(c.inputs) for c in call.calls) == [1, 1, 2]
 
 
+async def test_token_ids_and_texts_are_never_merged():
+    """vLLM takes texts or token ids in a request, never both (its `input` is one of OpenAI's four shapes)."""
+    call = Recorder()
+    batcher = EmbedBatcher(call, window_ms=20)
+    ids = [EmbedRequest(model="e", inputs=[[1, 2]]), EmbedRequest(model="e", inputs=[[3]])]
+    a, b, *_ = await asyncio.gather(*map(batcher.embed, [req("a"), req("bb"), *ids]))
+    assert [c.inputs for c in call.calls if isinstance(c.inputs[0], str)] == [["a", "bb"]]
+    assert [c.inputs for c in call.calls if isinstance(c.inputs[0], list)] == [[[1, 2], [3]]]
+    assert a.embeddings == [[1.0]] and b.embeddings == [[2.0]]
+
+
 async def test_a_full_batch_goes_at_once_without_waiting_for_the_window():
     call = Recorder()
     batcher = EmbedBatcher(call, window_ms=10_000, max_inputs=3)
