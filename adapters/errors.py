@@ -119,6 +119,14 @@ class BackendError(VeloError):
         return self
 
 
+class NonFiniteEmbedding(BackendError):
+    """An embedding with NaN or an infinity in it (or null, as llama-server's JSON writer, nlohmann::json, writes
+    those): the backend's fault, refused as Ollama refuses it (server/routes.go, normalize). The same input embeds
+    the same way, so the client is told not to retry."""
+
+    repeats = True
+
+
 class BackendUnavailable(BackendError):
     status = 503
     kind = "service_unavailable"

@@ -4,11 +4,13 @@ limit and admit stages' state."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily
 
+from adapters.errors import NonFiniteEmbedding
 from adapters.protocol import EmbedRequest, EmbedResult
 
 from .batching import NORMAL, AdmissionController, EmbedBatcher
@@ -50,7 +52,8 @@ class Embeddings:
             with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt):
                 req = replace(req, model=target.model)
                 with self.residency.use(target, req.keep_alive):
-                    return await (batcher.embed(req) if batcher else target.backend.embed(req))
+                    result = await (batcher.embed(req) if batcher else target.backend.embed(req))
+                    return _finite(result, target.backend.name)  # inside: the metrics count its 502
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",
@@ -58,6 +61,21 @@ class Embeddings:
         for name, batcher in self.batchers.items():
             batches.add_metric([name], batcher.batches)
         yield batches
+
+
+def _finite(result: EmbedResult, backend: str) -> EmbedResult:
+    """A vector that is not all finite numbers is refused (NonFiniteEmbedding): passed on, it was `null`s in the
+    client's vector store, or a 500 in base64. Checked per caller after a batch is split, so only the caller whose
+    input it was hears of it. A literal NaN or Infinity is invalid JSON, which the adapters refuse already."""
+    for i, vector in enumerate(result.embeddings):
+        try:
+            finite = all(map(math.isfinite, vector))
+        except TypeError:  # null, or not a number at all
+            finite = False
+        if not finite:
+            raise NonFiniteEmbedding(f"backend {backend!r} sent embedding {i} with a value that is not a finite "
+                                     "number (NaN, infinity or null)")
+    return result
 
 
 async def _admitted(controller: AdmissionController | None, embed: EmbedCall, req: EmbedRequest) -> EmbedResult:

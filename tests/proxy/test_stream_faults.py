@@ -92,3 +92,29 @@ async def test_an_answer_of_the_wrong_shape_is_a_502_naming_the_backend(kind: st
         body = await resp.json()
         message = body["error"] if path.startswith("/api/") else body["error"]["message"]
         assert resp.status == 502 and "backend 'up'" in message and "unexpected shape" in message, body
+
+
+# How a server writes a vector that is not all finite numbers, and what Velo's 502 then says
+NON_FINITE = {"null": ([0.5, None], "not a finite number"),  # llama-server's nlohmann::json writes NaN and Inf so
+              "NaN": ([0.5, float("nan")], "invalid JSON")}  # Python's json.dumps: a literal NaN
+
+
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed", "/api/embeddings"])
+@pytest.mark.parametrize("written", list(NON_FINITE))
+async def test_a_vector_not_all_finite_numbers_is_the_backends_502_in_every_dialect(kind: str, path: str,
+                                                                                    written: str) -> None:
+    """Ollama refuses such a vector itself (server/routes.go, normalize); Velo passed the nulls on (and answered
+    base64, which the openai client asks for by default, with a 500)."""
+    vector, said = NON_FINITE[written]
+    async with upstream(kind) as up, velo(kind, up.url) as c:
+        up.script.answer = {"object": "list", "data": [{"index": 0, "embedding": vector}]} if kind == "openai" \
+            else {"model": "m", "embeddings": [vector], "embedding": vector}  # /api/embed's, legacy /api/embeddings'
+        for encoding in ("float", "base64"):
+            asked = {"prompt": "hello"} if path == "/api/embeddings" else {"input": "hello"}
+            resp = await c.post(path, json={"model": "m", "encoding_format": encoding, **asked})
+            body = await resp.json()
+            message = body["error"] if path.startswith("/api/") else body["error"]["message"]
+            assert resp.status == 502 and "backend 'up'" in message and said in message, body
+            assert written != "null" or resp.headers["x-should-retry"] == "false"  # the same input embeds the same
+

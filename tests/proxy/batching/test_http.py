@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
@@ -99,6 +100,26 @@ async def test_concurrent_embeds_in_both_dialects_become_one_backend_call():
         assert [[e[0] for e in r] for r in results] == [[1.0, 2.0], [3.0], [4.0], [5.0]]  # each its own inputs
         assert len(backend.requests) == 1 and sorted(backend.requests[0].inputs) == ["a", "bb", "ccc", "dddd",
                                                                                      "eeeee"]
+
+
+async def test_a_vector_not_all_finite_fails_only_its_own_caller_of_a_batch():
+    """The engine's NaN went out as nulls; now it is the backend's 502, not to be retried (the same input embeds the
+    same), and the callers it shared a batch with get their vectors."""
+    class NaNs(ScriptedBackend):
+        async def embed(self, req):
+            result = await super().embed(req)
+            result.embeddings = [[math.nan] * 3 if t == "nan" else v for t, v in zip(req.inputs, result.embeddings)]
+            return result
+
+    backend = NaNs()
+    async with app_over(backend, embed_window_ms=100) as c:
+        ok, bad, also = await asyncio.gather(c.post("/api/embed", json={"model": "tiny", "input": ["a", "bb"]}),
+                                             c.post("/v1/embeddings", json={"model": "tiny", "input": "nan"}),
+                                             c.post("/v1/embeddings", json={"model": "tiny", "input": "ccc"}))
+        assert len(backend.requests) == 1 and (ok.status, bad.status, also.status) == (200, 502, 200)
+        assert (await ok.json())["embeddings"] == [[1.0, 1.0, 0.0], [2.0, 1.0, 0.0]]
+        error = (await bad.json())["error"]
+        assert "not a finite number" in error["message"] and bad.headers["x-should-retry"] == "false"
 
 
 async def test_embeddings_take_the_backends_slots_as_generations_do():
