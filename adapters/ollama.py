@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 
 from . import model_card, options
 from .base import Backend, BackendConfig
-from .errors import BackendError, Unsupported
+from .errors import BackendError, BadRequest, NonFiniteEmbedding, Unsupported
 from .fields import count, nests_deeper, wire_text
 from .http import Upstream, asked_of, json_object, one_answer
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
@@ -148,6 +148,10 @@ class _StreamState:
         return chunk
 
 
+# Ollama's own refusal of a vector with NaN or Inf in it, which it answers 400 (server/routes.go, normalize)
+_NON_FINITE = "embedding contains NaN or Inf values"
+
+
 def _embeddings(obj: dict[str, Any]) -> EmbedResult:
     if not isinstance(obj["embeddings"], list) or not all(isinstance(e, list) for e in obj["embeddings"]):
         raise TypeError("embeddings is not an array of arrays of numbers")
@@ -245,7 +249,13 @@ class OllamaBackend(Backend):
         for key, value in (("dimensions", req.dimensions), ("keep_alive", req.keep_alive)):
             if value is not None:
                 body[key] = value
-        return await self.http.call("POST", "/api/embed", body, model=req.model, parse=_embeddings)
+        try:
+            return await self.http.call("POST", "/api/embed", body, model=req.model, parse=_embeddings)
+        except BadRequest as e:  # the model's fault, not the client's: as a vector from any other backend
+            if _NON_FINITE not in e.message:
+                raise
+            raise NonFiniteEmbedding(f"backend {self.name!r} embedded an input to NaN or infinite values (Ollama: "
+                                     f"{_NON_FINITE})") from e
 
     async def _legacy_embed(self, req: EmbedRequest) -> EmbedResult:
         vectors = []

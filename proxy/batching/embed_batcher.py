@@ -2,9 +2,9 @@
 
 Codebase indexing (Continue, Open WebUI) fires many small embed calls at once; a backend embeds a batch of N
 inputs far faster than N separate calls. Requests wait at most `window_ms` for company, or less once the batch
-holds `max_inputs` inputs; only requests that agree on every option are merged. A batch the backend refuses as a
-client's mistake (a 4xx: one input past the context, say) is asked again caller by caller, so that no caller hears
-of another's input.
+holds `max_inputs` inputs; only requests that agree on every option are merged. A batch the backend refuses for
+one input (a 4xx: an input past the context, say; or an error the same input meets again, such as Ollama's refusal
+of a NaN vector) is asked again caller by caller, so that no caller hears of another's input.
 """
 from __future__ import annotations
 
@@ -98,8 +98,8 @@ class EmbedBatcher:
                 batch.futures[i].cancel()
             raise
         except Exception as e:
-            if isinstance(e, VeloError) and 400 <= e.status < 500 and len(live) > 1:
-                # one caller's mistake (an input too long): each caller is asked alone, so only that one hears of it
+            if isinstance(e, VeloError) and (400 <= e.status < 500 or e.repeats) and len(live) > 1:
+                # one caller's input (too long, or embedded to NaN): each caller is asked alone, so only it hears of it
                 await asyncio.gather(*(self._run(_Batch([batch.requests[i]], [batch.futures[i]])) for i in live))
                 return
             for i in live:

@@ -118,3 +118,16 @@ async def test_a_vector_not_all_finite_numbers_is_the_backends_502_in_every_dial
             assert resp.status == 502 and "backend 'up'" in message and said in message, body
             assert written != "null" or resp.headers["x-should-retry"] == "false"  # the same input embeds the same
 
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
+async def test_ollamas_own_refusal_of_a_nan_vector_is_the_backends_502(path: str) -> None:
+    """Ollama answers such a vector with a 400 (server/routes.go, normalize), which Velo passed on as the client's
+    mistake; it is the model's, as from every other backend."""
+    async with upstream("ollama") as up, velo("ollama", up.url) as c:
+        up.script.fail_status, up.script.fail_message = 400, "embedding contains NaN or Inf values"
+        resp = await c.post(path, json={"model": "m", "input": "hello"})
+        body = await resp.json()
+        message = body["error"] if path.startswith("/api/") else body["error"]["message"]
+        assert resp.status == 502 and "backend 'up'" in message and "NaN" in message, body
+        assert resp.headers["x-should-retry"] == "false"
+

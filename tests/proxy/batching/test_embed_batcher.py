@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from adapters.errors import BackendError, BadRequest
+from adapters.errors import BackendError, BadRequest, NonFiniteEmbedding
 from adapters.protocol import EmbedRequest, EmbedResult, Usage
 from proxy.batching import EmbedBatcher
 
@@ -86,6 +86,19 @@ async def test_one_callers_bad_input_fails_only_that_caller():
                                             batcher.embed(req("ccc")), return_exceptions=True)
     assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and isinstance(bad, BadRequest)
     assert batcher.batches == 4  # the shared call, then each caller alone
+
+
+async def test_an_input_embedded_to_nan_fails_only_its_caller():
+    """Ollama refuses a batch with one vector of NaN in it (server/routes.go, normalize): the callers who shared the
+    batch are asked again alone, and get their vectors, where each was told the backend failed and not to retry."""
+    async def ollama(r: EmbedRequest) -> EmbedResult:
+        if "nan" in r.inputs:
+            raise NonFiniteEmbedding("backend 'o' embedded an input to NaN or infinite values")
+        return EmbedResult(embeddings=[[float(len(s))] for s in r.inputs], prompt_tokens=len(r.inputs))
+    batcher = EmbedBatcher(ollama, window_ms=20)
+    good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("nan")),
+                                            batcher.embed(req("ccc")), return_exceptions=True)
+    assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and isinstance(bad, NonFiniteEmbedding)
 
 
 async def test_a_caller_that_leaves_before_the_flush_is_left_out():
