@@ -42,18 +42,20 @@ class Embeddings:
         for batcher in self.batchers.values():
             await batcher.close()
 
-    async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
+    async def embed(self, req: EmbedRequest, caller: Caller) -> tuple[EmbedResult, dict[str, str]]:
+        """The vectors, and the key's state under its limits in the dialect's headers (OpenAI's `x-ratelimit-*`)."""
         target = await self.services.router.resolve(req.model)
         batcher = self.batchers.get(target.backend.name)
         size = sum(map(len, req.inputs))  # characters, or token ids: then the count itself
         prompt = size if req.tokenized else size // CHARS_PER_TOKEN
         with self.metrics.observe(caller.path, target.label, target.backend.name) as seen:
             self.services.inflight.watch(caller.request_id, req.model, target.backend.name, seen)
-            with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt):
+            with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt) as charge:
                 req = replace(req, model=target.model)
                 with self.residency.use(target, req.keep_alive):
                     result = await (batcher.embed(req) if batcher else target.backend.embed(req))
-                    return _finite(result, target.backend.name)  # inside: the metrics count its 502
+                charge.tokens = result.prompt_tokens or charge.tokens  # the backend's count, where it gives one
+                return _finite(result, target.backend.name), charge.headers  # inside: the metrics count its 502
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",

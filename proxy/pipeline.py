@@ -83,7 +83,7 @@ class Pipeline:
         """The answer's stream itself, not a wrapper around it, so closing it cancels the backend's work at once."""
         return self._chain(job)
 
-    async def embed(self, req: EmbedRequest, caller: Caller) -> EmbedResult:
+    async def embed(self, req: EmbedRequest, caller: Caller) -> tuple[EmbedResult, dict[str, str]]:
         return await self.embeddings.embed(req, caller)
 
 

@@ -149,7 +149,7 @@ async def embed(request: web.Request) -> web.Response:
     if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and embeds nothing (EmbedHandler)
         _, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
         return json_response(ollama.embed_object(req.model, EmbedResult([], load_ns=load_ns)))
-    result = await request[PIPELINE].embed(req, request[CALLER])
+    result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
     return json_response(ollama.embed_object(req.model, result))
 
 
@@ -158,7 +158,7 @@ async def embeddings(request: web.Request) -> web.Response:
     if not req.inputs[0]:  # Ollama answers an empty prompt with an empty vector
         await request[ROUTER].resolve(req.model)
         return json_response({"embedding": []})
-    result = await request[PIPELINE].embed(req, request[CALLER])
+    result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
     return json_response({"embedding": result.embeddings[0] if result.embeddings else []})
 
 

@@ -147,8 +147,8 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
 async def embeddings(request: web.Request) -> web.Response:
     req, encoding = openai.parse_embeddings(await read_json(request))
-    result = await request[PIPELINE].embed(req, request[CALLER])
-    return json_response(openai.embeddings_object(req.model, result, encoding))
+    result, headers = await request[PIPELINE].embed(req, request[CALLER])
+    return json_response(openai.embeddings_object(req.model, result, encoding), headers=headers)
 
 
 def add_routes(app: web.Application) -> None:

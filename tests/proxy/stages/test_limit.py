@@ -69,6 +69,20 @@ async def test_concurrency_per_key_and_tokens_not_charged_for_cache_hits():
         assert 0 < spent and int(after.headers["x-ratelimit-remaining-tokens"]) >= 1000 - 2 * spent - 10
 
 
+async def test_embeddings_carry_the_keys_headers_and_are_charged_the_backends_count():
+    """/v1/embeddings had no x-ratelimit headers, and was charged its size's estimate (~100 tokens an input here)
+    where the backend counted 1."""
+    body = {"model": "tiny", "input": ["a" * 400, "b" * 400]}
+    async with app(tokens_per_minute=1000) as c:
+        first = await c.post("/v1/embeddings", json=body, headers=auth("k1"))
+        second = await c.post("/v1/embeddings", json=body, headers=auth("k1"))
+        ollama = await c.post("/api/embed", json=body, headers=auth("k1"))
+    assert first.status == second.status == ollama.status == 200
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) == 800  # the estimate, taken up front
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) >= 1000 - 2 - 200  # the first trued up to 2
+    assert not any(h.startswith("x-ratelimit") for h in ollama.headers)  # Ollama's API has none
+
+
 async def test_keys_nobody_configured_share_one_label_on_metrics():
     """Without `api_keys` any client may send made-up keys, each its own scope; on /metrics they are `other`
     (before: one label each, without bound, as the made-up model names of issue 20)."""
