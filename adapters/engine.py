@@ -320,7 +320,8 @@ class EngineBackend(Backend):
         problem = _unsupported([i for m in req.messages for i in m.images])
         calls = [{"name": t.name, "parameters": t.parameters} for t in req.tools]
         return self._generate(req.model, lambda engine: chat_template.render(engine.tokenizer, req), req.options,
-                              problem, req.format, calls, req.tool_choice, splits_thinking=True, scope=req.prefix_scope)
+                              problem, req.format, calls, req.tool_choice, splits_thinking=req.splits_thinking,
+                              scope=req.prefix_scope)
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         if isinstance(req, CompletionRequest) and not req.raw and not req.suffix:
@@ -353,7 +354,7 @@ class EngineBackend(Backend):
                 return go_template.render(req.template, req.prompt, req.system, req.suffix)
             return chat_template.render(engine.tokenizer, as_chat(req))
         return self._generate(req.model, render, req.options, _unsupported(req.images), req.format,
-                              splits_thinking=True, context=req.context or [], scope=req.prefix_scope)
+                              splits_thinking=req.splits_thinking, context=req.context or [], scope=req.prefix_scope)
 
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
@@ -361,10 +362,10 @@ class EngineBackend(Backend):
                         context: list[int] | None = None, fills_middle: bool = False,
                         scope: str = "") -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
-        has its <think> text sent as thinking, not content. With `context` (token ids of an earlier answer, Ollama's
-        /api/generate), the prompt follows it and the last chunk carries the whole conversation's ids (`_said`). A
-        middle (fills_middle) ends at the model's FIM end tokens too. Its prompt reuses, and leaves, cached
-        prefixes only within `scope` (the request's prefix_scope)."""
+        has its <think> text sent as thinking, not content, where `splits_thinking`. With `context` (token ids of an
+        earlier answer, Ollama's /api/generate), the prompt follows it and the last chunk carries the whole
+        conversation's ids (`_said`). A middle (fills_middle) ends at the model's FIM end tokens too. Its prompt
+        reuses, and leaves, cached prefixes only within `scope` (the request's prefix_scope)."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)  # a bad schema is a 400 before any model loads

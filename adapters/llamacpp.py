@@ -422,6 +422,8 @@ class LlamaCppBackend(OpenAIBackend):
         body = {**native, **super().chat_body(req)}
         if req.options.logprobs:
             body["top_logprobs"] = req.options.top_logprobs or 1  # see _alternatives
+        if not req.splits_thinking:  # this request's parser leaves a <think> block in the content (server-common.cpp)
+            body["reasoning_format"] = "none"
         return _with_progress(body)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
@@ -435,7 +437,8 @@ class LlamaCppBackend(OpenAIBackend):
     async def _with_context(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Ollama's non-raw /api/generate: the prompt rendered (by the client's Go `template`, else the server's own
         chat template), its tokens after an earlier answer's `context`, sent to /completion; the last chunk carries
-        the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here."""
+        the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here, where
+        the request `splits_thinking`."""
         if req.template is not None:
             prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
         else:
@@ -443,7 +446,7 @@ class LlamaCppBackend(OpenAIBackend):
                                            model=req.model, wait=self.config.first_token_timeout))["prompt"]
         ids = (req.context or []) + await self.tokenize(prompt, req.model)
         said, jinja = list(ids), (await self.props()).get("chat_template", "")
-        thinking = ThinkSplitter(opens_thinking(prompt)) if template_thinks(jinja) else None
+        thinking = ThinkSplitter(opens_thinking(prompt)) if req.splits_thinking and template_thinks(jinja) else None
         async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
             async for chunk in stream:
                 said += chunk.context or []

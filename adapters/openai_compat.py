@@ -23,8 +23,8 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
     messages = [Message(role="system", content=req.system)] if req.system else []
     messages.append(Message(role="user", content=req.prompt, images=req.images))
     return ChatRequest(model=req.model, messages=messages, options=req.options, format=req.format,
-                       stream=req.stream, keep_alive=req.keep_alive, think=req.think, n=req.n,
-                       prefix_scope=req.prefix_scope)
+                       stream=req.stream, keep_alive=req.keep_alive, think=req.think,
+                       splits_thinking=req.splits_thinking, n=req.n, prefix_scope=req.prefix_scope)
 
 
 _ASSUMED = ("completion", "tools", "thinking")

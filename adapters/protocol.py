@@ -100,6 +100,9 @@ class ChatRequest:
     stream: bool = True
     keep_alive: Any = None
     think: bool | str | None = None
+    # False: a <think> block the model writes stays in the answer's text, as Ollama leaves it for `think: false`
+    # (server/routes.go ChatHandler and GenerateHandler make their thinking parser only when think is on).
+    splits_thinking: bool = True
     n: int = 1
     parallel_tool_calls: bool = True  # False: at most one call comes back (proxy/stages/one_call.py)
     # A prompt past the context window: True drops the oldest turns, False is a 400, None does what the dialect
@@ -149,6 +152,7 @@ class CompletionRequest:
     stream: bool = True
     keep_alive: Any = None
     think: bool | str | None = None
+    splits_thinking: bool = True  # as ChatRequest's
     context: list[int] | None = None
     n: int = 1
     truncate: bool | None = None  # as ChatRequest's, where True trims the prompt's start

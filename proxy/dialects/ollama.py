@@ -145,10 +145,13 @@ def parse_keep_alive(body: dict[str, Any]) -> Any:
 
 
 def _shared(body: dict[str, Any]) -> dict[str, Any]:
-    """The generation fields /api/chat and /api/generate share (api/types.go's ChatRequest and GenerateRequest)."""
+    """The generation fields /api/chat and /api/generate share (api/types.go's ChatRequest and GenerateRequest).
+    Only `think: false` leaves a <think> block in the text: unset is on for a model that thinks (server/routes.go)."""
+    think = parse_think(body)
     return {"options": _with_logprobs(parse_options(body), body), "format": parse_format(body),
             "stream": get(body, "stream", bool, True), "keep_alive": parse_keep_alive(body),
-            "think": parse_think(body), "truncate": get(body, "truncate", bool), "shift": get(body, "shift", bool)}
+            "think": think, "splits_thinking": think is not False, "truncate": get(body, "truncate", bool),
+            "shift": get(body, "shift", bool)}
 
 
 def parse_chat(body: Any) -> ChatRequest:

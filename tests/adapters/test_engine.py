@@ -153,6 +153,21 @@ async def test_generates_context_is_the_prompt_then_the_answers_ids(backend):
     assert ended.text == "" and ended.context == full.context[:prompt]
 
 
+async def test_a_think_block_is_split_off_unless_the_request_keeps_it(backend, monkeypatch):
+    """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
+    think is on); it was split off into thinking whatever the request said."""
+    async def thinks(ids, params, scope):
+        for i, text in enumerate(["<think>", "Hmm.</think>", "\n\nHi"]):
+            yield RequestOutput(0, text, [i + 1], finished=i == 2, finish_reason="stop" if i == 2 else None)
+    monkeypatch.setattr(backend, "capabilities", [*backend.capabilities, "thinking"])
+    monkeypatch.setattr(backend.engine, "generate", thinks)
+    for answer, req in ((backend.chat, chat()), (backend.complete, CompletionRequest(model=NAME, prompt="x"))):
+        split = aggregate(await collect(answer(req)))
+        kept = aggregate(await collect(answer(dataclasses.replace(req, splits_thinking=False))))
+        assert (split.thinking, split.text) == ("Hmm.", "Hi")
+        assert (kept.thinking, kept.text) == ("", "<think>Hmm.</think>\n\nHi")
+
+
 async def test_seed_reproduces_and_differs_across_seeds(backend):
     texts = [aggregate(await collect(backend.chat(chat(max_tokens=16, temperature=1.0, seed=s)))).text
              for s in (1, 1, 2, 3)]

@@ -3,6 +3,7 @@
 Greedy decoding keeps answers reproducible; short `max_tokens` keep the whole file to a few seconds of CPU."""
 import asyncio
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import orjson
@@ -89,6 +90,42 @@ async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
     streamed = aggregate(await collect(backend.chat(req)))
     whole = aggregate(await collect(backend.chat(replace(req, stream=False))))
     assert streamed.text == whole.text and streamed.text.startswith(" ") and "Hello," not in streamed.text
+
+
+async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_server, backend):
+    """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
+    think is on): a generation's /completion text is not split, and a chat asks llama-server's parser not to."""
+    async def completion(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in ({"content": "<think>", "tokens": [4]}, {"content": "Hmm.</think>", "tokens": [5]},
+                      {"content": "\n\nHi", "tokens": [6], "stop": True, "stop_type": "eos"}):
+            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+        return resp
+
+    def answer(obj: dict) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            return web.json_response(obj)
+        return handler
+
+    app = web.Application()
+    app.router.add_get("/props", answer({"chat_template": "{{ '<think>' }}", "total_slots": 1}))
+    app.router.add_post("/apply-template", answer({"prompt": "x"}))
+    app.router.add_post("/tokenize", answer({"tokens": [1, 2, 3]}))
+    app.router.add_post("/completion", completion)
+    server = await aiohttp_server(app)
+    fake = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))]))
+    try:
+        req = CompletionRequest(model=MODEL, prompt="x")
+        split = aggregate(await collect(fake.complete(req)))
+        kept = aggregate(await collect(fake.complete(replace(req, splits_thinking=False))))
+    finally:
+        await fake.close()
+    assert (split.thinking, split.text) == ("Hmm.", "Hi")
+    assert (kept.thinking, kept.text) == ("", "<think>Hmm.</think>\n\nHi")
+    assert "reasoning_format" not in backend.chat_body(hello())
+    assert backend.chat_body(hello(splits_thinking=False))["reasoning_format"] == "none"
+    assert aggregate(await collect(backend.chat(hello(splits_thinking=False)))).text  # the real server takes it
 
 
 async def test_tool_call_round_trip(backend):

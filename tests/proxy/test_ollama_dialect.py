@@ -289,6 +289,17 @@ async def test_think_max_is_asked_as_high(client, scripted):
     assert resp.status == 200 and scripted.requests[-1].think == "high"
 
 
+@pytest.mark.parametrize("think, splits", [(None, True), (True, True), ("low", True), (False, False)])
+async def test_only_think_false_leaves_a_think_block_in_the_text(client, scripted, think, splits):
+    """As Ollama's ChatHandler and GenerateHandler (server/routes.go): their thinking parser runs when think is on,
+    and unset is on for a model that thinks; `think: false` left the block in Ollama's text and not in Velo's."""
+    asked = {} if think is None else {"think": think}
+    chat, generate = {"messages": [{"role": "user", "content": "hi"}]}, {"prompt": "hi"}
+    for path, body in (("/api/chat", chat), ("/api/generate", generate)):
+        resp = await client.post(path, json={"model": "tiny", "stream": False, **asked, **body})
+        assert resp.status == 200 and scripted.requests[-1].splits_thinking is splits
+
+
 def test_show_carries_the_files_license():
     """`ollama show --license` and `/show license` print it; a GGUF names it in `general.license`."""
     assert show_object(ModelInfo(name="m", model_info={"general.license": "apache-2.0"}))["license"] == "apache-2.0"
