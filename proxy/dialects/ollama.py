@@ -194,10 +194,13 @@ def now_iso() -> str:
 
 
 def _timings(usage: Usage | None, started_ns: int) -> dict[str, Any]:
+    """Ollama's Metrics, each `omitempty` (api/types.go): a count or duration the backend did not report (0) is left
+    out, never sent as 0. The total is always known: the backend's, else Velo's own clock."""
     u = usage or Usage()
-    return {"total_duration": u.total_ns or time.perf_counter_ns() - started_ns, "load_duration": u.load_ns,
-            "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": u.prompt_eval_ns,
-            "eval_count": u.completion_tokens, "eval_duration": u.eval_ns}
+    known = {"total_duration": u.total_ns or time.perf_counter_ns() - started_ns, "load_duration": u.load_ns,
+             "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": u.prompt_eval_ns,
+             "eval_count": u.completion_tokens, "eval_duration": u.eval_ns}
+    return {name: value for name, value in known.items() if value}
 
 
 def _done_reason(chunk: Chunk) -> str:

@@ -77,7 +77,7 @@ async def test_engine_keep_alive_zero_unloads_and_the_next_request_loads(velo_en
     url, engine = velo_engine
     _, c = clients(url)
     first = await c.generate(model=TINY, prompt="hi", options={"num_predict": 2})
-    assert first.load_duration == 0  # loaded at start-up: this request waited for nothing
+    assert first.load_duration is None  # loaded at start-up: this request waited for nothing, and says none
     [running] = (await c.ps()).models
     assert running.context_length == 512 and running.expires_at.year < 2300  # last request's default 5 minutes
     assert (await c.generate(model=TINY, prompt="", keep_alive=0)).done_reason == "unload"
@@ -106,7 +106,7 @@ async def test_a_name_the_engine_does_not_serve_never_unloads_it(velo_engine):
         assert e.value.status_code == 404
     await asyncio.sleep(1.5)  # past the first request's stay
     assert engine.engine is not None
-    assert (await c.generate(model=TINY, prompt="hi", options={"num_predict": 2})).load_duration == 0
+    assert (await c.generate(model=TINY, prompt="hi", options={"num_predict": 2})).load_duration is None
 
 
 async def test_engine_generate_context_and_template(velo_engine):

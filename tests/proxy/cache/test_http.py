@@ -118,7 +118,7 @@ async def test_a_replay_reports_its_own_timings_and_the_original_counts(velo):
     assert replay.headers["X-Velo-Cache"] == "exact" and "X-Velo-Cache-Reason" not in replay.headers
     assert (again["eval_count"], again["prompt_eval_count"]) == (first["eval_count"], first["prompt_eval_count"])
     assert first["total_duration"] == 9_900_000_000 and again["total_duration"] < 1_000_000_000
-    assert again["load_duration"] == 0
+    assert "load_duration" not in again  # none: Ollama leaves a 0 out (api/types.go Metrics, omitempty)
     assert again["eval_duration"] + again["prompt_eval_duration"] <= again["total_duration"]
 
 
