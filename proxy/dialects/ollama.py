@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from adapters import keep_alive, options
-from adapters.errors import BadRequest
+from adapters.errors import BadRequest, ModelNotFound
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, RunningModel, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage)
 
@@ -160,16 +160,26 @@ def parse_chat(body: Any) -> ChatRequest:
                        **_shared(body), tools=parse_tools(body))
 
 
+def _generated_model(body: dict[str, Any]) -> str:
+    """GenerateHandler answers a missing or blank model as a model it cannot find (server/routes.go: 404 `model ''
+    not found`), where ChatHandler says 400 "model is required"."""
+    model = get(body, "model", str, "")
+    if not model.strip():
+        raise ModelNotFound(model)
+    return get_model(body)
+
+
 def parse_generate(body: Any) -> CompletionRequest:
     body = body_object(body)
     context = get(body, "context", list)
     if context is not None and not all(isinstance(t, int) for t in context):
         raise BadRequest("context must be an array of integers", param="context")
+    model = _generated_model(body)  # before the raw check, as Ollama looks for the model first
     if get(body, "raw", bool, False) and (body.get("template") or body.get("system") or context):
         raise BadRequest("raw mode does not support template, system, or context", param="raw")  # Ollama's words
     return CompletionRequest(
         # "" is no suffix, system or template, as Ollama reads them: its CLI sends all three empty with every prompt
-        model=get_model(body), prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str) or None,
+        model=model, prompt=get(body, "prompt", str, ""), suffix=get(body, "suffix", str) or None,
         system=get(body, "system", str) or None, template=get(body, "template", str) or None,
         raw=get(body, "raw", bool, False),
         images=_images(body, "images"), context=context, **_shared(body))

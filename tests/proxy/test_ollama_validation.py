@@ -29,6 +29,22 @@ async def test_refused_as_ollama_refuses(client, scripted: ScriptedBackend, path
     assert scripted.requests == []
 
 
+@pytest.mark.parametrize("path, body, status, error", [
+    ("/api/generate", {"prompt": "hi"}, 404, "model '' not found"),
+    ("/api/generate", {"model": " ", "prompt": "hi"}, 404, "model ' ' not found"),
+    ("/api/generate", {}, 404, "model '' not found"),  # a bare load of no model
+    ("/api/generate", {"prompt": "x", "raw": True, "system": "s"}, 404, "model '' not found"),  # the model first
+    ("/api/chat", {"messages": CHAT}, 400, "model is required"),
+    ("/api/chat", {"model": " ", "messages": []}, 400, "model is required"),
+])
+async def test_a_missing_model_is_refused_as_each_handler_refuses_it(client, scripted, path, body, status, error):
+    """server/routes.go: GenerateHandler answers it as a model it cannot find (Velo said 400 "model is required"),
+    ChatHandler as a bad request."""
+    resp = await client.post(path, json=body)
+    assert (resp.status, await resp.json()) == (status, {"error": error})
+    assert scripted.requests == []
+
+
 async def test_what_the_model_lacks_is_a_400_with_ollamas_words(base_url, scripted: ScriptedBackend):
     scripted.capabilities = ["completion"]
     c = ollama.AsyncClient(host=base_url)
