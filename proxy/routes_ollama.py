@@ -1,9 +1,10 @@
 """Ollama native API handlers: parse -> pipeline -> write, nothing more."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from aiohttp import web
 
@@ -14,7 +15,7 @@ from adapters.fields import body_object, get
 from adapters.protocol import Chunk, EmbedResult, ModelInfo, RunningModel, aggregate, epoch
 
 from .auth import CALLER
-from .dialects import ollama
+from .dialects import ollama, ollama_names
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
 from .presets import by_spelling, parameters_over
@@ -106,12 +107,22 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
     return "load", await residency.load(target, keep)
 
 
+@contextlib.contextmanager
+def _named_in_ollamas_grammar(model: str) -> Iterator[None]:
+    """A name outside Ollama's grammar is its 400 "invalid model name", before any look-up (server/routes.go
+    ChatHandler, GenerateHandler). Velo serves any name it routes (a llama-server's file path, an alias), so only a
+    name it serves no model by gets that 400, in place of its 404."""
+    try:
+        yield
+    except ModelNotFound:
+        if ollama_names.valid(model):
+            raise
+        raise BadRequest("invalid model name", param="model") from None
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_chat(body), time.perf_counter_ns()
-    if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
-        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "chat")
-        return json_response(ollama.chat_load_object(req.model, reason, load_ns))
     calls_sent = 0
 
     def shape(chunk: Chunk) -> dict:
@@ -119,17 +130,22 @@ async def chat(request: web.Request) -> web.StreamResponse:
         line = ollama.chat_object(req.model, chunk, started, calls_sent)
         calls_sent += len(chunk.tool_calls)
         return line
-    return await _answer(request, job_for(request, req, body), shape)
+    with _named_in_ollamas_grammar(req.model):
+        if not req.messages:  # Ollama loads (or unloads) the model and answers done at once
+            reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "chat")
+            return json_response(ollama.chat_load_object(req.model, reason, load_ns))
+        return await _answer(request, job_for(request, req, body), shape)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_generate(body), time.perf_counter_ns()
-    if not req.prompt and not req.suffix and not req.images:
-        reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "generate")
-        return json_response(ollama.load_object(req.model, reason, load_ns))
-    return await _answer(request, job_for(request, req, body),
-                         lambda c: ollama.generate_object(req.model, c, started))
+    with _named_in_ollamas_grammar(req.model):
+        if not req.prompt and not req.suffix and not req.images:
+            reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "generate")
+            return json_response(ollama.load_object(req.model, reason, load_ns))
+        return await _answer(request, job_for(request, req, body),
+                             lambda c: ollama.generate_object(req.model, c, started))
 
 
 async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]) -> web.StreamResponse:

@@ -2,6 +2,7 @@
 import ollama
 import pytest
 
+from proxy.dialects import ollama_names
 from tests.scripted import ScriptedBackend
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -43,6 +44,37 @@ async def test_a_missing_model_is_refused_as_each_handler_refuses_it(client, scr
     resp = await client.post(path, json=body)
     assert (resp.status, await resp.json()) == (status, {"error": error})
     assert scripted.requests == []
+
+
+async def test_a_name_outside_ollamas_grammar_that_velo_does_not_serve_is_ollamas_400():
+    """Ollama refuses it before any look-up (server/routes.go ChatHandler, GenerateHandler: types/model/name.go); it
+    was a 404 here. A name Velo serves stays served, whatever Ollama would make of it (a namespace with a dot)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from proxy.app import make_app
+    from proxy.config import Config
+    backends = {"a": ScriptedBackend("a"), "b": ScriptedBackend("b", models=("qwen2.5/coder:latest",))}
+    async with TestClient(TestServer(make_app(Config(), backends))) as c:
+        for name, status, error in (("bad name!", 400, "invalid model name"), ("a:b:c", 400, "invalid model name"),
+                                    ("nope:1b", 404, "model 'nope:1b' not found")):
+            for path, body in (("/api/chat", {"messages": CHAT}), ("/api/chat", {"messages": []}),
+                               ("/api/generate", {"prompt": "hi"}), ("/api/generate", {})):
+                resp = await c.post(path, json={"model": name, "stream": False, **body})
+                assert (resp.status, await resp.json()) == (status, {"error": error})
+        for path, body in (("/api/chat", {"messages": CHAT}), ("/api/generate", {"prompt": "hi"})):
+            assert (await c.post(path, json={"model": "qwen2.5/coder", "stream": False, **body})).status == 200
+    assert [len(b.requests) for b in backends.values()] == [0, 2]
+
+
+@pytest.mark.parametrize("name, valid", [
+    ("qwen2.5-coder:1.5b", True), ("hf.co/bartowski/Qwen-GGUF:Q4_K_M", True), ("localhost:5000/ns/m:t", True),
+    ("https://h/ns/m", True), ("gpt-oss:20b:cloud", True), ("llama3:8b-cloud", True), ("m" * 80, True),
+    ("m" * 81, False), ("qwen2.5/coder", False), ("a/b/c/d", False), ("/ns/m", False), ("m:", False),
+    ("modèle", False), (".m", False), ("/m/qwen.gguf", False), ("m@sha256:abc", False)])
+def test_ollamas_name_grammar(name, valid):
+    """types/model/name.go: parts of letters, digits, "_", "-" (and "." but in a namespace; ":" in a host), up to 80
+    characters (a host 350); internal/modelref takes off a :cloud, :local or -cloud source first."""
+    assert ollama_names.valid(name) is valid
 
 
 async def test_what_the_model_lacks_is_a_400_with_ollamas_words(base_url, scripted: ScriptedBackend):

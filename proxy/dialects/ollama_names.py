@@ -1,0 +1,40 @@
+"""Ollama's grammar of model names (types/model/name.go ParseName and IsValid, after internal/modelref's source
+suffix): a name outside it is what Ollama's /api/chat and /api/generate refuse, 400 "invalid model name", before they
+look for the model."""
+from __future__ import annotations
+
+import re
+
+# Each part starts with a letter, a digit or "_"; a host may hold "." and ":" (a port), a namespace neither.
+_PARTS = {"host": re.compile(r"\w[\w.:-]{0,349}", re.ASCII), "namespace": re.compile(r"\w[\w-]{0,79}", re.ASCII),
+          "model": re.compile(r"\w[\w.-]{0,79}", re.ASCII), "tag": re.compile(r"\w[\w.-]{0,79}", re.ASCII)}
+_SOURCES = ("cloud", "local")
+
+
+def valid(name: str) -> bool:
+    """`[[scheme://]host/][namespace/]model[:tag]`, each part as _PARTS says; a part a separator promises must be
+    there, one left out is Ollama's default (registry.ollama.ai, library, latest)."""
+    parts: dict[str, str] = {}
+    rest = _without_source(name.strip())
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, _, parts["tag"] = rest.rpartition(":")
+    rest, slash, parts["model"] = rest.rpartition("/")
+    if slash:
+        rest, slash, parts["namespace"] = rest.rpartition("/")
+        if slash and not rest:
+            return False
+        if host := rest.split("://", 1)[-1]:
+            parts["host"] = host
+    return all(_PARTS[kind].fullmatch(part) for kind, part in parts.items())
+
+
+def _without_source(name: str) -> str:
+    """internal/modelref parseSourceSuffix: a `:cloud` or `:local` suffix, or a tag's `-cloud`, says where the model
+    runs and is no part of its name."""
+    at = name.rfind(":")
+    suffix = name[at + 1:].strip() if at >= 0 else ""
+    if suffix.lower() in _SOURCES:
+        return name[:at]
+    if at >= 0 and "/" not in suffix and suffix.lower().endswith("-cloud"):
+        return name[:at + 1] + suffix[:-len("-cloud")]
+    return name
