@@ -161,12 +161,12 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 
 async def embed(request: web.Request) -> web.Response:
-    req = ollama.parse_embed(await read_json(request))
+    req, started = ollama.parse_embed(await read_json(request)), time.perf_counter_ns()
     if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and embeds nothing (EmbedHandler)
         _, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
-        return json_response(ollama.embed_object(req.model, EmbedResult([], load_ns=load_ns)))
+        return json_response(ollama.embed_object(req.model, EmbedResult([], load_ns=load_ns), started))
     result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
-    return json_response(ollama.embed_object(req.model, result))
+    return json_response(ollama.embed_object(req.model, result, started))
 
 
 async def embeddings(request: web.Request) -> web.Response:

@@ -40,6 +40,12 @@ async def test_timings_the_backend_did_not_report_are_left_out(client, scripted:
                                "prompt_eval_count": 5}
 
 
+async def test_an_embeddings_figures_the_backend_did_not_report_are_left_out(client):
+    """Ollama's EmbedResponse figures are `omitempty` too (api/types.go); its total it times itself."""
+    body = await (await client.post("/api/embed", json={"model": "tiny", "input": ["a", "b"]})).json()
+    assert body["prompt_eval_count"] == 2 and body["total_duration"] > 0 and "load_duration" not in body
+
+
 async def test_real_ollama_client_chat_stream_and_tools(base_url, scripted: ScriptedBackend):
     scripted.script.tool_calls = [ToolCall(name="get_weather", arguments={"city": "Paris"}, id="call_p4r1s000")]
     c = ollama.AsyncClient(host=base_url)  # the package has no field for a call's id: it must still parse the line
