@@ -55,21 +55,30 @@ def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
     messages = [message_dict(m) for m in req.messages]
     try:
         if req.prefill and (cut := _continued(tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=False, **switches), req.prefill)):
+                _tagged(messages), tools=tools, add_generation_prompt=False, **switches))):
             return cut
         return tokenizer.apply_chat_template(messages, tools=tools, **switches)
     except Exception as exc:  # jinja errors, raise_exception() in the template
         raise BadRequest(f"chat template: {exc}") from exc
 
 
-def _continued(rendered: str, prefilled: str) -> str:
-    """The prompt cut right after the prefilled text, as Hugging Face's `continue_final_message` cuts it (templates
-    that trim messages, Llama 3.1's, get the trimmed text looked for); "" when the template dropped it."""
-    for text in (prefilled, prefilled.strip()):
-        end = rendered.rfind(text) if text else -1
-        if end >= 0:
-            return rendered[:end + len(text)]
-    return ""
+# What Hugging Face's `continue_final_message` appends to the last message and cuts the rendered prompt at. Looking
+# for the prefilled text itself found whitespace anywhere: a prefill of "\n" matched the closed turn's last newline.
+_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tagged(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + _TAG}]
+
+
+def _continued(rendered: str) -> str:
+    """The prompt cut where the prefilled text ends, as `continue_final_message` cuts it: at the tag, or, where the
+    template trimmed the message (Llama 3.1's), before the trailing space it took; "" when the template dropped the
+    text."""
+    at = rendered.rfind(_TAG.strip())
+    if at < 0:
+        return ""
+    return rendered[:at] if rendered.startswith(_TAG, at) else rendered[:at].rstrip()
 
 
 def capabilities(tokenizer: Tokenizer) -> list[str]:

@@ -77,6 +77,23 @@ def test_a_chat_ending_in_an_assistant_turn_is_continued():
     assert render(tokenizer(CHATML), ChatRequest("m", calls)).endswith("<|im_start|>assistant\n")
 
 
+LLAMA31_LIKE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+                "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", [CHATML, LLAMA31_LIKE], ids=["chatml", "trims"])
+@pytest.mark.parametrize("prefill", ["Hello,", "Hello, ", "\n", "  ", " x ", '{"a": '])
+def test_a_prefill_is_continued_as_transformers_continues_it(template, prefill):
+    """As `continue_final_message` cuts the prompt: the prefilled text was looked for in the rendered prompt, and
+    "\n" was found at the closed turn's end, so the model was asked to write after `<|im_end|>`."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+    asked = [Message("user", "Say  hello"), Message("assistant", prefill)]
+    [expected], _ = render_jinja_template([[{"role": m.role, "content": m.content} for m in asked]],
+                                          chat_template=template, continue_final_message=True)
+    assert render(tokenizer(template), ChatRequest("m", asked)) == expected
+
+
 def test_an_earlier_turns_thinking_reaches_templates_that_read_it():
     """Qwen3's template renders an assistant turn's `reasoning_content`, gpt-oss's its `thinking`: Velo passed
     neither, so the reasoning a client sent back (Anthropic thinking blocks, Responses reasoning items) was dropped."""
