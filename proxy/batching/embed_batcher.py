@@ -98,7 +98,7 @@ class EmbedBatcher:
                 batch.futures[i].cancel()
             raise
         except Exception as e:
-            if isinstance(e, VeloError) and (400 <= e.status < 500 or e.repeats) and len(live) > 1:
+            if isinstance(e, VeloError) and (e.status in _THE_INPUTS or e.repeats) and len(live) > 1:
                 # one caller's input (too long, or embedded to NaN): each caller is asked alone, so only it hears of it
                 await asyncio.gather(*(self._run(_Batch([batch.requests[i]], [batch.futures[i]])) for i in live))
                 return
@@ -109,6 +109,11 @@ class EmbedBatcher:
         for i, part in zip(live, parts):
             if not batch.futures[i].done():
                 batch.futures[i].set_result(part)
+
+
+# What one caller's input can make a backend refuse; not a full queue's or a wait's 429, on which each caller asked
+# alone queued again for as long (twice `queue_timeout_s` before the 429)
+_THE_INPUTS = (400, 413, 422)
 
 
 def _batch_key(req: EmbedRequest) -> str:

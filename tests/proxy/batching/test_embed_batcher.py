@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from adapters.errors import BackendError, BadRequest, NonFiniteEmbedding
+from adapters.errors import BackendError, BadRequest, NonFiniteEmbedding, Overloaded
 from adapters.protocol import EmbedRequest, EmbedResult, Usage
 from proxy.batching import EmbedBatcher
 
@@ -99,6 +99,19 @@ async def test_an_input_embedded_to_nan_fails_only_its_caller():
     good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("nan")),
                                             batcher.embed(req("ccc")), return_exceptions=True)
     assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and isinstance(bad, NonFiniteEmbedding)
+
+
+async def test_a_batch_that_found_no_slot_is_not_asked_again_caller_by_caller():
+    """A 429 for the batch's wait (queue_timeout_s) is no caller's input: each caller asked alone waited as long
+    again before its own 429."""
+    calls = []
+
+    async def busy(r: EmbedRequest) -> EmbedResult:
+        calls.append(r)
+        raise Overloaded("no slot of the backend came free within 300 s", retry_after=1)
+    batcher = EmbedBatcher(busy, window_ms=20)
+    results = await asyncio.gather(batcher.embed(req("a")), batcher.embed(req("b")), return_exceptions=True)
+    assert all(isinstance(r, Overloaded) for r in results) and len(calls) == 1
 
 
 async def test_a_caller_that_leaves_before_the_flush_is_left_out():
