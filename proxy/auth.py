@@ -70,13 +70,13 @@ def is_one_of(key: str | None, keys: tuple[str, ...]) -> bool:
     compare stops at the first byte that differs. Each key is compared as its SHA-256, all of them, in constant time."""
     if key is None:
         return False
-    guess = hashlib.sha256(key.encode()).digest()
+    guess = hashlib.sha256(_as_sent(key)).digest()
     return sum(hmac.compare_digest(guess, digest) for digest in _digests(keys)) > 0
 
 
 @functools.lru_cache(maxsize=8)
 def _digests(keys: tuple[str, ...]) -> tuple[bytes, ...]:
-    return tuple(hashlib.sha256(key.encode()).digest() for key in keys)
+    return tuple(hashlib.sha256(_as_sent(key)).digest() for key in keys)
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,7 +92,7 @@ def key_labels(keys: tuple[str, ...]) -> dict[str, str]:
 
 def tenant_of(key: str | None) -> str:
     """A key's scope: its hash (the key itself is never kept), or the anonymous scope."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16] if key else ANONYMOUS
+    return hashlib.sha256(_as_sent(key)).hexdigest()[:16] if key else ANONYMOUS
 
 
 def authenticate(server: Callable[[web.Request], ServerConfig]) -> Callable:
@@ -110,3 +110,9 @@ def authenticate(server: Callable[[web.Request], ServerConfig]) -> Callable:
                 raise
         return await handler(request)
     return middleware
+
+
+def _as_sent(key: str) -> bytes:
+    """The key's bytes as the client sent them: aiohttp reads a header's bytes that are not UTF-8 as lone surrogates
+    (surrogateescape), which a plain encode() refused with a 500."""
+    return key.encode("utf-8", "surrogateescape")

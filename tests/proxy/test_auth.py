@@ -1,12 +1,14 @@
 """The API key check: which keys pass, and that a guess learns nothing from how long the check took."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from adapters.errors import Unauthorized
 from proxy.auth import caller_for, is_one_of
-from proxy.config import ServerConfig
+from proxy.config import Config, ServerConfig
 
 
 class Watched(str):
@@ -40,3 +42,15 @@ def test_no_key_is_compared_as_a_string():
 
 def _asked_with(key: str):
     return make_mocked_request("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"})
+
+
+@pytest.mark.parametrize("config, status", [(Config(server=ServerConfig(api_keys=["sk-alpha"])), b"401"),
+                                            (Config(), b"200")])
+async def test_a_key_that_is_not_utf8_is_refused_or_scoped_not_a_500(client, status):
+    """aiohttp reads a header's bytes that are not UTF-8 as lone surrogates, which the key's hash could not encode."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sk-\xff\xfe\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 " + status)
