@@ -69,8 +69,11 @@ def _embedded_at_most(e: VeloError, truncate: bool) -> int:
 
 
 def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
-    """Ollama's capability names for a llama-server model: its template's (tools, thinking) and /infill's."""
-    return (["completion"] + (["tools"] if tools else []) + (["thinking"] if template_thinks(jinja) else [])
+    """Ollama's capability names for a llama-server model: its template's (tools, thinking) and /infill's. A chat
+    splits thinking in llama-server's own parsers, which read more markers than <think> (Command R7B's, Gemma 4's),
+    so a template with a thinking switch thinks there."""
+    thinks = template_thinks(jinja) or "enable_thinking" in jinja
+    return (["completion"] + (["tools"] if tools else []) + (["thinking"] if thinks else [])
             + (["insert"] if infill else []))
 
 

@@ -76,7 +76,8 @@ def opens_thinking(prompt: str) -> bool:
 
 def template_thinks(template: str) -> bool:
     """A chat template that writes <think> blocks (Qwen3's, whose switch is `enable_thinking`; DeepSeek-R1's older
-    ones name only `</think>`): Ollama's "thinking" capability, which clients take to mean the thinking comes apart
-    from the answer. A switch alone is not enough: Command R7B's and Gemma's markers are others, which the splitter
-    cannot read, so their reasoning landed in an answer a client had been told would hold none."""
+    ones name only `</think>`): where Velo splits the text itself (the engine, llama-server's /completion), Ollama's
+    "thinking" capability, which clients take to mean the thinking comes apart from the answer. A switch alone is
+    not enough there: Command R7B's and Gemma's markers are others, which the splitter cannot read, so their
+    reasoning landed in an answer a client had been told would hold none."""
     return OPEN in template or CLOSE in template

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, Unsupported
-from adapters.llamacpp import LlamaCppBackend, parameter_size
+from adapters.llamacpp import LlamaCppBackend, capabilities, parameter_size
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
@@ -397,3 +397,11 @@ async def test_an_input_longer_than_a_slots_context_is_cut_unless_truncate_is_fa
     finally:
         await emb.close()
         server.stop()
+
+
+@pytest.mark.parametrize("jinja, thinks", [
+    ("{% if enable_thinking %}<|START_THINKING|>{% endif %}", True),  # Command R7B's: llama-server's parser reads it
+    ("{{ '<think>' }}", True), ("{{ m.content.split('</think>')[-1] }}", True), ("{{ m.content }}", False)])
+def test_a_llama_server_model_thinks_where_the_servers_parsers_split_it(jinja, thinks):
+    """llama-server splits more markers than Velo's own splitter reads: Command R7B's lost its thinking switch."""
+    assert ("thinking" in capabilities(jinja, tools=False, infill=False)) == thinks
