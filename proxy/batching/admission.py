@@ -22,8 +22,8 @@ LATENCY_CRITICAL = 0  # autocomplete / fill-in-the-middle
 NORMAL = 1
 BACKGROUND = 2  # indexing, titles
 
-# Clients whose last turn is remembered, per backend (~200 KB at 48-character names): one forgotten was served before
-# every one kept, so it ranks first as one never served does, where it belongs; only among those it is first come.
+# Clients whose last turn is remembered, per backend (~200 KB at 48-character names): one forgotten was served (or
+# queued) before every one kept, so it ranks first, where it belongs; only among those it is first come.
 _CLIENTS_KEPT = 1024
 
 
@@ -58,7 +58,9 @@ class AdmissionController:
     queue_timeout_s: float
     running: int = 0
     _queues: dict[int, dict[str, deque[_Ticket]]] = field(default_factory=dict)  # priority -> client -> its line
-    _served: OrderedDict[str, int] = field(default_factory=OrderedDict)  # client -> its last turn, oldest first
+    # client -> its last turn, oldest first; for one never served, the turn when its line was made, so that a client
+    # naming itself anew with each request joins the back (ranked first, new names starved everyone else)
+    _served: OrderedDict[str, int] = field(default_factory=OrderedDict)
     _turns: int = 0
     _by_key: dict[str, _Ticket] = field(default_factory=dict)
     _queued: int = 0
@@ -106,6 +108,8 @@ class AdmissionController:
             return
         if self._queued >= self.max_queue:
             raise self._full()
+        if ticket.client not in self._served:
+            self._mark(ticket.client)
         self._queues.setdefault(ticket.priority, {}).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
         try:
@@ -184,11 +188,14 @@ class AdmissionController:
 
     def _grant(self, ticket: _Ticket) -> None:
         self._turns += 1
-        self._served[ticket.client] = self._turns
-        self._served.move_to_end(ticket.client)
+        self._mark(ticket.client)
+        ticket.granted.set_result(None)
+
+    def _mark(self, client: str) -> None:
+        self._served[client] = self._turns
+        self._served.move_to_end(client)
         if len(self._served) > _CLIENTS_KEPT:
             self._served.popitem(last=False)
-        ticket.granted.set_result(None)
 
     def _next(self) -> _Ticket | None:
         while self._queues:
@@ -198,9 +205,10 @@ class AdmissionController:
         return None
 
     def _pop(self) -> _Ticket:
-        """The first ticket of the client served least recently (never: first), at the best priority; among equals
-        the line made first. Ordering lines by when each was made let a client just served, whose line had emptied
-        and that asked again first, go before one served long ago. A scan of at most `max_queue` lines (256)."""
+        """The first ticket of the client served least recently (never: as of when its line was made; forgotten:
+        first), at the best priority; among equals the line made first. Ordering lines by when each was made let a
+        client just served, whose line had emptied and that asked again first, go before one served long ago. A scan
+        of at most `max_queue` lines (256)."""
         priority = min(self._queues)
         clients = self._queues[priority]
         client = min(clients, key=lambda c: self._served.get(c, 0))

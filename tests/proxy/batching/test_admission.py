@@ -102,6 +102,25 @@ async def test_the_client_served_least_recently_goes_first():
     assert started == ["a0", "b1", "a1", "b2"]
 
 
+async def test_a_client_naming_itself_anew_each_time_joins_the_back():
+    """A client never served ranked before every client served once, so one that sent a new X-Velo-Client with
+    each request went first every time: v's second turn came after all 20 of them."""
+    ctl, started = AdmissionController(limit=1, max_queue=30, queue_timeout_s=60), []
+    h = Holder(ctl, started)
+    async with ctl.slot(client="v"):
+        pass
+    tasks = [asyncio.create_task(h.run("busy", client="busy"))]
+    await settle()
+    tasks.append(asyncio.create_task(h.run("v", client="v")))
+    await settle()
+    for n in range(20):
+        tasks.append(asyncio.create_task(h.run(f"x{n}", client=f"x{n}")))
+        await settle()
+    h.release.set()
+    await asyncio.gather(*tasks)
+    assert started[:2] == ["busy", "v"]
+
+
 async def test_clients_remembered_are_bounded(monkeypatch):
     """Clients are names a request chooses (X-Velo-Client): each new one must not be kept for good."""
     monkeypatch.setattr(admission, "_CLIENTS_KEPT", 2)
