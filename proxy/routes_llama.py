@@ -6,10 +6,10 @@ post `/v1/rerank` (a llama-server started with `--reranking`). Errors come in Op
 llama-server's."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+import orjson
 from aiohttp import web
 
 from adapters.errors import NotFound
@@ -35,46 +35,68 @@ async def native(request: web.Request) -> web.StreamResponse:
         body = {**body, "model": model}  # the server's name for it: an alias or a preset's went on, unknown there
     stream = bool(body and body.get("stream"))
     if body is None:
-        return await _passed_on(request, server, body, stream, Used(), {})
+        return await _passed_on(request, server, body, stream, _as_is, {})
     # its size, read already (a chunked body has no Content-Length), as its tokens' estimate until the answer counts
     prompt = len(await request.read()) // CHARS_PER_TOKEN
     with request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt) as charge:
         try:
-            return await _passed_on(request, server, body, stream, used := Used(), charge.headers)
+            return await _passed_on(request, server, body, stream, (used := Used(stream)).read, charge.headers)
         finally:
-            charge.tokens = used.total() if used.counts else charge.tokens
+            charge.tokens = used.total() or charge.tokens
 
 
 async def _passed_on(request: web.Request, server: Backend, body: dict[str, Any] | None, stream: bool,
-                     used: Used, headers: dict[str, str]) -> web.StreamResponse:
+                     read: Callable[[bytes], bytes], headers: dict[str, str]) -> web.StreamResponse:
     """The answer with the key's state in OpenAI's headers (llama-server's errors are OpenAI's shape)."""
-    return await write_stream(request, server.native(request.method, request.path_qs, body), used.read,
+    return await write_stream(request, server.native(request.method, request.path_qs, body), read,
                               lambda e: sse(openai.error_object(e)) if stream else b"",
                               "text/event-stream" if stream else "application/json", headers=lambda: headers)
+
+
+def _as_is(piece: bytes) -> bytes:
+    return piece
 
 
 @dataclass
 class Used:
     """The tokens an answer of /completion or /infill says it used: llama-server writes `tokens_evaluated` (the
-    prompt) and `tokens_predicted` into its whole answer and its stream's last event. Read from the bytes as they
-    pass: a JSON string holds no bare `"`, so no text of the answer can pass for them. The output went uncharged
-    (a key's tokens per minute held only the body's size)."""
+    prompt) and `tokens_predicted` into each result of its whole answer (an array of them for an array of prompts)
+    and into each result's last stream event (their `index` tells them apart). The output went uncharged (a key's
+    tokens per minute held only the body's size)."""
 
-    counts: dict[bytes, int] = field(default_factory=dict)
-    tail: bytes = b""  # the end of the last piece, where a count may have begun
+    stream: bool
+    results: dict[int, int] = field(default_factory=dict)  # a result's index -> its tokens, prompt and output
+    held: list[bytes] = field(default_factory=list)  # an event's start; or, not streamed, the answer so far (in
+    # pieces: joined at every read, a large one cost the square of its size)
 
     def read(self, piece: bytes) -> bytes:
-        window = self.tail + piece
-        self.counts.update((m.group(1), int(m.group(2))) for m in _COUNTS.finditer(window))
-        self.tail = window[-_COUNT_BYTES:]
+        if not self.stream or b"\n" not in piece:
+            self.held.append(piece)
+            return piece
+        first, *events, rest = piece.split(b"\n")
+        for event in (b"".join([*self.held, first]), *events):
+            if b'"tokens_predicted"' in event:  # a result's last event: the others are not parsed
+                self._count(event.partition(b":")[2])  # after "data:"
+        self.held = [rest]
         return piece
 
     def total(self) -> int:
-        return sum(self.counts.values())
+        """The tokens of every result, 0 when the answer said none."""
+        if not self.stream:
+            self._count(b"".join(self.held))
+            self.held = []
+        return sum(self.results.values())
 
-
-_COUNTS = re.compile(rb'"(tokens_evaluated|tokens_predicted)"\s*:\s*(\d{1,12})')
-_COUNT_BYTES = 48  # longer than the longest match
+    def _count(self, payload: bytes) -> None:
+        try:
+            answer = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        for result in answer if isinstance(answer, list) else [answer]:
+            if isinstance(result, dict) and isinstance(predicted := result.get("tokens_predicted"), int):
+                evaluated, index = result.get("tokens_evaluated"), result.get("index")
+                self.results[index if isinstance(index, int) else 0] = predicted + (
+                    evaluated if isinstance(evaluated, int) else 0)
 
 
 async def _body(request: web.Request) -> dict[str, Any] | None:

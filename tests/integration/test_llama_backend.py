@@ -308,13 +308,15 @@ async def test_llama_servers_own_routes_and_embeddings_are_under_the_keys_limits
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_llama_servers_own_routes_are_charged_the_tokens_they_used(llama_chat, stream):
+@pytest.mark.parametrize("prompts", [["Once upon a time"], ["Once upon a time", "The cat sat"]], ids=["one", "two"])
+async def test_llama_servers_own_routes_are_charged_the_tokens_they_used(llama_chat, stream, prompts):
     """A key's tokens per minute held only the body's size of /completion (~27 tokens here): 120 written cost
-    nothing."""
+    nothing; then, of an array of prompts, only the last result's tokens were charged."""
     from proxy.limits import LimitsConfig
     cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url], models=[CHAT_MODEL]),
                  server=ServerConfig(api_keys=["k1"]), limits=LimitsConfig(tokens_per_minute=600))
-    body = {"prompt": "Once upon a time", "n_predict": 120, "ignore_eos": True, "temperature": 0, "stream": stream}
+    body = {"prompt": prompts if len(prompts) > 1 else prompts[0], "n_predict": 120, "ignore_eos": True,
+            "temperature": 0, "stream": stream}
     async with serve(cfg) as url, aiohttp.ClientSession(headers={"Authorization": "Bearer k1"}) as http:
         async with http.post(url + "/completion", json=body) as resp:
             assert resp.status == 200
@@ -322,9 +324,9 @@ async def test_llama_servers_own_routes_are_charged_the_tokens_they_used(llama_c
             await resp.read()
         async with http.post(url + "/completion", json={**body, "n_predict": 1, "stream": False}) as resp:
             after = int(resp.headers["x-ratelimit-remaining-tokens"])
-    # the first's 120 tokens and its prompt's, less its estimate, and the second's estimate: ~124; a refill of 10
-    # a second between the two admissions takes some back
-    assert before - after > 80
+    # each prompt's 120 tokens and its own, less the first's estimate, and the second's estimate: ~124 a prompt; a
+    # refill of 10 a second between the two admissions takes some back (2 s for two prompts)
+    assert before - after > 124 * len(prompts) - 40
 
 
 async def test_a_set_of_llama_servers_passes_on_their_own_routes_and_counts_exactly(llama_chat):

@@ -3,6 +3,7 @@ shape, which llama.vscode shows. The pass-through itself runs against the real l
 tests/integration/test_llama_backend.py."""
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from proxy.routes_llama import Used
@@ -34,8 +35,23 @@ async def test_a_body_that_is_no_object_is_a_400(client):
 
 
 def test_the_tokens_an_answer_used_are_read_across_pieces_and_never_from_its_text():
-    used = Used()
-    for piece in (b'{"content":"say \\"tokens_predicted\\":999","tokens_predicted":1', b'23,"tokens_evaluated"',
-                  b':4,"stop":true}'):
+    used = Used(stream=True)
+    for piece in (b'data: {"index":0,"content":"say \\"tokens_predicted\\":999","stop":false}\n\ndata: {"ind',
+                  b'ex":0,"content":"","tokens_predicted":1', b'23,"tokens_evaluated":4,"stop":true}\n\n'):
         assert used.read(piece) == piece
-    assert used.counts == {b"tokens_predicted": 123, b"tokens_evaluated": 4} and used.total() == 127
+    assert used.total() == 127
+
+
+def test_each_prompts_result_counts_whole_or_streamed():
+    """An array of prompts gets a result each, told apart by `index`: only the last result's counts were charged,
+    so 4 prompts cost a key one."""
+    results = [{"index": i, "content": "x", "tokens_predicted": 40, "tokens_evaluated": 4} for i in range(4)]
+    whole = Used(stream=False)
+    body = orjson.dumps(results)
+    whole.read(body[:10]), whole.read(body[10:])
+    streamed = Used(stream=True)
+    for result in results:
+        streamed.read(b"data: " + orjson.dumps({"index": result["index"], "content": "x", "stop": False}) + b"\n\n")
+    for result in results:
+        streamed.read(b"data: " + orjson.dumps(result) + b"\n\n")
+    assert whole.total() == streamed.total() == 4 * 44
