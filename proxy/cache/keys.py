@@ -102,6 +102,13 @@ def exact_key(req: Request, scope: str) -> str:
     return digest([scope, canonical(req)])
 
 
+def backend_only(req: Request) -> list[Any]:
+    """What reaches the backend with a request but does not change its answer, which the key leaves out:
+    `keep_alive` and Ollama's performance options. Requests sharing one backend call (coalescing) must agree on
+    it: only the leader's goes."""
+    return [req.keep_alive, {k: v for k, v in sorted(req.options.extra.items()) if k in _PERFORMANCE_KNOBS}]
+
+
 def semantic_query(req: Request) -> tuple[str, list[Any]] | None:
     """Split a request into (text to embed, exact context) or None when semantic matching would be unsafe.
 

@@ -1,7 +1,8 @@
 """Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant, streamed
-or not alike, the same `keep_alive`) rides on its backend call. Autocomplete that a newer request may replace does
-not: replacing the leader would fail every follower with it. A one-answer leader's backend stream is folded into one
-chunk below (adapters' one_answer), so a streamed request that joined it got its whole answer at the end."""
+or not alike, the same `keep_alive` and performance options) rides on its backend call. Autocomplete that a newer
+request may replace does not: replacing the leader would fail every follower with it. A one-answer leader's backend
+stream is folded into one chunk below (adapters' one_answer), so a streamed request that joined it got its whole
+answer at the end."""
 from __future__ import annotations
 
 from typing import AsyncIterator, Iterator
@@ -11,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from adapters.protocol import Chunk
 
 from ..batching import Coalescer
-from ..cache.keys import exact_key
+from ..cache.keys import backend_only, digest, exact_key
 from ..job import Job
 from .admit import supersede_key
 from .base import Next, Services, Stage
@@ -26,9 +27,8 @@ class Coalesce(Stage):
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         config = self.services.config
         if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
-            # `keep_alive` is no part of the answer (the cache's key leaves it out), but it goes to the backend with
-            # the leader's call: a follower's own would be lost
-            key = f"{exact_key(job.request, job.caller.tenant)}:{job.request.stream}:{job.request.keep_alive!r}"
+            req = job.request  # what goes with the leader's call only must be the same: a follower's would be lost
+            key = f"{exact_key(req, job.caller.tenant)}:{req.stream}:{digest(backend_only(req))}"
             return self.coalescer.stream(key, lambda: next(job))
         return next(job)
 

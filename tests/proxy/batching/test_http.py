@@ -61,6 +61,17 @@ async def test_requests_keeping_the_model_loaded_for_different_times_each_get_th
     assert sorted(r.keep_alive for r in backend.requests) == ["1h", "5m"]
 
 
+async def test_requests_with_different_performance_options_each_get_their_own_call():
+    """`num_gpu` and the like change no answer (the cache's key leaves them out) but go with the call."""
+    backend = ScriptedBackend(script=Script(delay=0.1))
+    body = {"model": "tiny", "messages": MESSAGES, "stream": False}
+    async with app_over(backend) as c:
+        answers = await asyncio.gather(*[c.post("/api/chat", json={**body, "options": {"temperature": 0, **o}})
+                                         for o in ({"num_gpu": 0}, {"num_gpu": 99}, {"num_gpu": 0})])
+        assert [a.status for a in answers] == [200, 200, 200]
+    assert sorted(r.options.extra["num_gpu"] for r in backend.requests) == [0, 99]
+
+
 async def test_sampled_requests_and_disabled_coalescing_each_get_their_own_call():
     backend = ScriptedBackend(script=Script(delay=0.05))
     async with app_over(backend) as c:
