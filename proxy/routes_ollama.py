@@ -109,15 +109,16 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
 
 @contextlib.contextmanager
 def _named_in_ollamas_grammar(model: str) -> Iterator[None]:
-    """A name outside Ollama's grammar is its 400 "invalid model name", before any look-up (server/routes.go
-    ChatHandler, GenerateHandler). Velo serves any name it routes (a llama-server's file path, an alias), so only a
-    name it serves no model by gets that 400, in place of its 404."""
+    """A name outside Ollama's grammar is its 400 "invalid model name" (or one with both source suffixes, its 400
+    saying so), before any look-up (server/routes.go ChatHandler, GenerateHandler). Velo serves any name it routes
+    (a llama-server's file path, an alias), so only a name it serves no model by gets that 400, in place of its
+    404."""
     try:
         yield
     except ModelNotFound:
-        if ollama_names.valid(model):
+        if (why := ollama_names.refusal(model)) is None:
             raise
-        raise BadRequest("invalid model name", param="model") from None
+        raise BadRequest(why, param="model") from None
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

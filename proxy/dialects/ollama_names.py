@@ -3,6 +3,7 @@ suffix): a name outside it is what Ollama's /api/chat and /api/generate refuse, 
 look for the model."""
 from __future__ import annotations
 
+import json
 import re
 
 # Each part starts with a letter, a digit or "_"; a host may hold "." and ":" (a port), a namespace neither.
@@ -11,11 +12,20 @@ _PARTS = {"host": re.compile(r"\w[\w.:-]{0,349}", re.ASCII), "namespace": re.com
 _SOURCES = ("cloud", "local")
 
 
+def refusal(name: str) -> str | None:
+    """Ollama's 400 for a name it would not look a model up by, or None: both source suffixes at once (internal/
+    modelref ParseRef), or a name outside the grammar."""
+    base, explicit = _source_cut(name.strip())
+    if explicit and _source_cut(base)[1]:
+        return f"use either :local or :cloud, not both: {json.dumps(name.strip())}"  # Go's %q
+    return None if valid(name) else "invalid model name"
+
+
 def valid(name: str) -> bool:
     """`[[scheme://]host/][namespace/]model[:tag]`, each part as _PARTS says; a part a separator promises must be
     there, one left out is Ollama's default (registry.ollama.ai, library, latest)."""
     parts: dict[str, str] = {}
-    rest = _without_source(name.strip())
+    rest = _source_cut(name.strip())[0]
     if rest.rfind(":") > rest.rfind("/"):
         rest, _, parts["tag"] = rest.rpartition(":")
     rest, slash, parts["model"] = rest.rpartition("/")
@@ -28,13 +38,13 @@ def valid(name: str) -> bool:
     return all(_PARTS[kind].fullmatch(part) for kind, part in parts.items())
 
 
-def _without_source(name: str) -> str:
+def _source_cut(name: str) -> tuple[str, bool]:
     """internal/modelref parseSourceSuffix: a `:cloud` or `:local` suffix, or a tag's `-cloud`, says where the model
-    runs and is no part of its name."""
+    runs and is no part of its name; (the name without it, whether there was one)."""
     at = name.rfind(":")
     suffix = name[at + 1:].strip() if at >= 0 else ""
     if suffix.lower() in _SOURCES:
-        return name[:at]
+        return name[:at], True
     if at >= 0 and "/" not in suffix and suffix.lower().endswith("-cloud"):
-        return name[:at + 1] + suffix[:-len("-cloud")]
-    return name
+        return name[:at + 1] + suffix[:-len("-cloud")], True
+    return name, False

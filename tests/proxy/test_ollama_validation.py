@@ -75,6 +75,13 @@ def test_ollamas_name_grammar(name, valid):
     """types/model/name.go: parts of letters, digits, "_", "-" (and "." but in a namespace; ":" in a host), up to 80
     characters (a host 350); internal/modelref takes off a :cloud, :local or -cloud source first."""
     assert ollama_names.valid(name) is valid
+    assert ollama_names.refusal(name) == (None if valid else "invalid model name")
+
+
+@pytest.mark.parametrize("name", ["m:cloud:local", "m:7b-cloud:local", "m:local:cloud"])
+def test_a_name_with_two_sources_is_ollamas_400_saying_so(name):
+    """internal/modelref ParseRef: a source suffix on a name that already has one."""
+    assert ollama_names.refusal(name) == f'use either :local or :cloud, not both: "{name}"'
 
 
 async def test_what_the_model_lacks_is_a_400_with_ollamas_words(base_url, scripted: ScriptedBackend):
