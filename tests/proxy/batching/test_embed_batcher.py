@@ -74,31 +74,24 @@ async def test_backend_error_and_wrong_counts_reach_every_caller():
     assert all(isinstance(r, BackendError) and "2 inputs" in str(r) for r in results)
 
 
-async def test_one_callers_bad_input_fails_only_that_caller():
-    """A client's mistake in a shared batch (Ollama's truncate: false on an input past the context) is a 400 for
-    that client alone: the batch is asked again one caller at a time."""
-    async def strict(r: EmbedRequest) -> EmbedResult:
-        if any(len(s) > 3 for s in r.inputs):
-            raise BadRequest("the input length exceeds the context length")
+@pytest.mark.parametrize("bad_input, error", [
+    # a client's mistake (Ollama's truncate: false on an input past the context): a 400 for that client alone
+    (lambda s: len(s) > 3, BadRequest("the input length exceeds the context length")),
+    # Ollama refuses a batch with one vector of NaN in it (server/routes.go, normalize): each caller was told the
+    # backend failed and not to retry
+    (lambda s: s == "nnnn", NonFiniteEmbedding("backend 'o' embedded an input to NaN or infinite values"))],
+    ids=["400", "nan"])
+async def test_one_callers_input_fails_only_that_caller(bad_input, error):
+    """The batch is asked again one caller at a time, and the callers who shared it get their vectors."""
+    async def embed(r: EmbedRequest) -> EmbedResult:
+        if any(map(bad_input, r.inputs)):
+            raise error
         return EmbedResult(embeddings=[[float(len(s))] for s in r.inputs], prompt_tokens=len(r.inputs))
-    batcher = EmbedBatcher(strict, window_ms=20)
-    good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("toolong")),
+    batcher = EmbedBatcher(embed, window_ms=20)
+    good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("nnnn")),
                                             batcher.embed(req("ccc")), return_exceptions=True)
-    assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and isinstance(bad, BadRequest)
+    assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and bad is error
     assert batcher.batches == 4  # the shared call, then each caller alone
-
-
-async def test_an_input_embedded_to_nan_fails_only_its_caller():
-    """Ollama refuses a batch with one vector of NaN in it (server/routes.go, normalize): the callers who shared the
-    batch are asked again alone, and get their vectors, where each was told the backend failed and not to retry."""
-    async def ollama(r: EmbedRequest) -> EmbedResult:
-        if "nan" in r.inputs:
-            raise NonFiniteEmbedding("backend 'o' embedded an input to NaN or infinite values")
-        return EmbedResult(embeddings=[[float(len(s))] for s in r.inputs], prompt_tokens=len(r.inputs))
-    batcher = EmbedBatcher(ollama, window_ms=20)
-    good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("nan")),
-                                            batcher.embed(req("ccc")), return_exceptions=True)
-    assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and isinstance(bad, NonFiniteEmbedding)
 
 
 async def test_a_batch_that_found_no_slot_is_not_asked_again_caller_by_caller():
