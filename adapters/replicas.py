@@ -2,8 +2,8 @@
 
 Each request goes to the healthy replica with the fewest outstanding requests, or, with prefix affinity, to the
 replica its conversation prefix hashes to (so the server's prompt cache is reused) unless that one is clearly
-busier than the rest. A replica that fails before sending its first chunk is skipped and the next one tried, so
-the client never sees the failure, unless it may have run the request (it read it, then dropped the connection or
+busier than the rest. A replica that fails before sending its first chunk, or lacks the model (a pull missed it),
+is skipped and the next one tried, so the client never sees the failure, unless it may have run the request (it read it, then dropped the connection or
 cut its answer: `BackendError.taken`); once bytes went out the error is the client's. A replica loading its model
 is passed over for a ready one; when all are loading, the request waits for one, as for a single backend. Repeated
 failures open the
@@ -25,14 +25,16 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Literal, TypeVar
 import xxhash
 
 from .base import Backend, BackendConfig
-from .errors import BackendError, BackendTimeout, BackendUnavailable, Overloaded, VeloError
+from .errors import BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded, VeloError
 from .http import LOADING_POLL_S, Loading, Upstream, asked_of, one_answer
 from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 
 log = logging.getLogger("velo.replicas")
 T = TypeVar("T")
-_RETRYABLE = (BackendError, Overloaded)  # worth another replica; a 4xx would fail the same everywhere
+# Worth another replica: a replica lacks a model the others have when a pull or delete missed it (its circuit was
+# open, or it was down); any other 4xx would fail the same everywhere
+_RETRYABLE = (BackendError, Overloaded, ModelNotFound)
 _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyond the least busy one
 
 
@@ -324,9 +326,12 @@ class ReplicaSet(Backend):
         await asyncio.sleep(LOADING_POLL_S)
 
     def _every_failed(self, errors: list[VeloError]) -> VeloError:
-        """What the client is told when each replica tried failed: a 504 when each timed out, a 429 (with the
-        soonest `Retry-After`) when each was busy, else a 503; one status for all hid a hung set behind "down"."""
+        """What the client is told when each replica tried failed: a 404 when none has the model, a 504 when each
+        timed out, a 429 (with the soonest `Retry-After`) when each was busy, else a 503; one status for all hid a
+        hung set behind "down"."""
         what = f"every replica of backend {self.name!r} failed: {errors[-1]}"
+        if all(isinstance(e, ModelNotFound) for e in errors):
+            return errors[-1]
         if all(isinstance(e, BackendTimeout) for e in errors):
             return BackendTimeout(what)
         if all(isinstance(e, Overloaded) for e in errors):

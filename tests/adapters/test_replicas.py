@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BackendUnavailable, BadRequest, Overloaded
+from adapters.errors import BackendError, BackendUnavailable, BadRequest, ModelNotFound, Overloaded
 from adapters.protocol import ChatRequest, Message
 from adapters.registry import make_backend
 from adapters.replicas import ReplicaOptions, ReplicaSet
@@ -72,6 +72,22 @@ async def test_client_errors_are_not_retried_elsewhere():
     members[0].chat = reject  # type: ignore[method-assign]
     members[1].chat = reject  # type: ignore[method-assign]
     with pytest.raises(BadRequest):
+        await text(rs)
+
+
+async def test_a_replica_without_the_model_passes_the_request_on_and_none_with_it_is_a_404():
+    """A pull that missed a replica (its circuit open, or down) left it without the model: its 404 went to the client,
+    whichever replica the request chanced on, though the others had the model."""
+    rs, members = replica_set(Script(), Script())
+
+    async def lacks(req):  # noqa: ANN001 - as Ollama answers a model it does not have
+        raise ModelNotFound(req.model)
+        yield  # pragma: no cover - makes this an async generator
+    members[0].chat = lacks  # type: ignore[method-assign]
+    assert [await text(rs) for _ in range(4)] == ["Hello world"] * 4
+    assert len(members[1].requests) == 4 and rs.replicas[0].failures == 0  # a missing model is no broken replica
+    members[1].chat = lacks  # type: ignore[method-assign]
+    with pytest.raises(ModelNotFound):
         await text(rs)
 
 
