@@ -3,12 +3,12 @@
 Each request goes to the healthy replica with the fewest outstanding requests, or, with prefix affinity, to the
 replica its conversation prefix hashes to (so the server's prompt cache is reused) unless that one is clearly
 busier than the rest. A replica that fails before sending its first chunk, or lacks the model (a pull missed it),
-is skipped and the next one tried, so the client never sees the failure, unless it may have run the request (it read it, then dropped the connection or
-cut its answer: `BackendError.taken`); once bytes went out the error is the client's. A replica loading its model
-is passed over for a ready one; when all are loading, the request waits for one, as for a single backend. Repeated
-failures open the
-replica's circuit for a cool-down (it gets no requests); after it, the next failure reopens it at once. A
-background probe keeps `healthy`; replicas failing it are tried only when no healthy one is left.
+is skipped and the next one tried, so the client never sees the failure, unless it may have run the request (it
+read it, then dropped the connection or cut its answer: `BackendError.taken`); once bytes went out the error is the
+client's. A replica loading its model is passed over for a ready one; when all are loading, the request waits for
+one, as for a single backend. Repeated failures open the replica's circuit for a cool-down (it gets no requests);
+after it, the next failure reopens it at once. A background probe keeps `healthy`; replicas failing it are tried
+only when no healthy one is left.
 
 Replica settings live in the backend's `options`: `affinity` ("prefix" or "none"), `health_interval_s`,
 `breaker_failures`, `breaker_cooldown_s`; they are stripped before the options reach the replicas' adapters.
