@@ -134,6 +134,8 @@ class ManagedLlamaCpp(LlamaCppBackend):
             self.stats.last_error = ""  # a start that failed once (a file moved away) kept /ready false for good
         except BaseException as e:
             self.stats.last_error = str(e)
+            if isinstance(e, Exception):  # the request waiting for it says only its own 503 or 504
+                log.warning("%s", e)
             self._up.set_exception(e if isinstance(e, Exception) else BackendUnavailable("start cancelled"))
             self._up.exception()  # retrieved: the requests waiting on it raise it themselves
             await self._kill()

@@ -105,6 +105,21 @@ async def test_a_missing_model_file_or_program_is_said_at_start(tmp_path, caplog
     assert "gone.gguf not found" in caplog.text and "'no-such-llama-server' is not a program on PATH" in caplog.text
 
 
+async def test_a_start_that_fails_is_logged_with_its_cause(tmp_path, caplog):
+    """A start that timed out was seen only as the request's 504 in the request log."""
+    import pytest
+
+    from adapters.errors import BackendUnavailable
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, CHATML)
+    backend = ManagedLlamaCpp(BackendConfig(name="b", kind="llamacpp", model=path, first_token_timeout=0.3,
+                                            command=["sh", "-c", "echo loading; sleep 30", "sh"]), Swaps())
+    backend.starting()
+    with caplog.at_level("WARNING", logger="velo.adapters.llamacpp_managed"), pytest.raises(BackendUnavailable):
+        await backend.launch()
+    await backend._following  # its output's reader ends with the killed process
+    assert "llama-server was not ready within 0.3s: loading" in caplog.text
+
+
 async def test_a_server_that_exits_at_start_is_quoted_to_its_last_line(tmp_path, monkeypatch):
     """A server that printed its error and exited at once: the 503 could come before its output was read (the reader
     made slow here), and said only "exited with 4: "."""
