@@ -32,6 +32,9 @@ class LayerKV:
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v (T, kv_heads, head_dim) at slots (T,)."""
         kv = torch.stack([k, v])
+        if kv.dtype == torch.float16:  # the one compute dtype whose range a model's activations pass: an inf or NaN
+            # kept here reached other requests, through the padded and stale slots their attention masks, as 0 * inf
+            torch.nan_to_num_(kv, nan=0.0, posinf=0.0, neginf=0.0)
         if self.scale is None:
             self.kv.index_copy_(1, slots, kv)
             return

@@ -41,6 +41,20 @@ def test_a_layer_reads_back_what_it_wrote():
     assert (kv[0] == 0).all() and (kv[1, :, [0, 2, 3, 5, 7]] == 0).all()  # other layers and slots untouched
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_float16_keys_and_values_that_overflowed_are_kept_as_zeros(int8):
+    """An inf in one request's K/V reached another request in its decode batch: padded key positions point at block
+    0 and stale slots, which attention masks, but 0 * inf is NaN, and that request's answer became token 0."""
+    kv, scales = allocate(CFG, 4, torch.float16, int8, torch.device("cpu"))
+    layer = LayerKV(kv[0], scales[0] if int8 else None)
+    k = torch.full((2, 2, 64), float("inf"), dtype=torch.float16)
+    v = torch.full((2, 2, 64), float("nan"), dtype=torch.float16)
+    layer.write(torch.tensor([0, 1]), k, -k)
+    layer.write(torch.tensor([2, 3]), v, k)
+    got_k, got_v = layer.read(torch.arange(4), torch.float16)
+    assert torch.isfinite(got_k).all() and torch.isfinite(got_v).all()
+
+
 def test_an_engine_with_int8_kv_generates_like_one_with_exact_kv(tiny_llama, engine_factory):
     exact = engine_factory(tiny_llama, block_size=4)
     int8 = engine_factory(tiny_llama, block_size=4, kv_dtype="int8")
