@@ -15,7 +15,8 @@ from typing import Any, AsyncIterator
 from . import embed_shape, go_template, model_card, options
 from .base import BackendConfig
 from .chat_template import renders_tools
-from .errors import BackendError, BackendTimeout, BadRequest, ContextOverflow, Unsupported, VeloError
+from .errors import (BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, Unsupported,
+                     VeloError)
 from .fields import wire_text
 from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
@@ -441,14 +442,18 @@ class LlamaCppBackend(OpenAIBackend):
         """Ollama's non-raw /api/generate: the prompt rendered (by the client's Go `template`, else the server's own
         chat template), its tokens after an earlier answer's `context`, sent to /completion; the last chunk carries
         the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here, where
-        the request `splits_thinking`."""
+        the request `splits_thinking`; one whose thinking only llama-server's chat parsers split (Command R7B's
+        markers) cannot think here, and asked to is Ollama's 400, not its reasoning inside the answer."""
+        jinja = (await self.props()).get("chat_template", "")
+        if req.think not in (None, False) and not template_thinks(jinja):
+            raise ModelLacks(req.model, "thinking")
         if req.template is not None:
             prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
         else:
             prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
                                            model=req.model, wait=self.config.first_token_timeout))["prompt"]
         ids = (req.context or []) + await self.tokenize(prompt, req.model)
-        said, jinja = list(ids), (await self.props()).get("chat_template", "")
+        said = list(ids)
         thinking = ThinkSplitter(opens_thinking(prompt)) if req.splits_thinking and template_thinks(jinja) else None
         async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
             async for chunk in stream:

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from adapters.base import BackendConfig
-from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, Unsupported
+from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelLacks, Unsupported
 from adapters.llamacpp import LlamaCppBackend, capabilities, parameter_size
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
@@ -92,15 +92,14 @@ async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
     assert streamed.text == whole.text and streamed.text.startswith(" ") and "Hello," not in streamed.text
 
 
-async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_server, backend):
-    """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
-    think is on): a generation's /completion text is not split, and a chat asks llama-server's parser not to."""
+async def _generating(aiohttp_server, template: str, pieces: list[str]) -> LlamaCppBackend:
+    """A llama-server double for Ollama's non-raw /api/generate: its template, and /completion streaming `pieces`."""
     async def completion(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for event in ({"content": "<think>", "tokens": [4]}, {"content": "Hmm.</think>", "tokens": [5]},
-                      {"content": "\n\nHi", "tokens": [6], "stop": True, "stop_type": "eos"}):
-            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+        for i, piece in enumerate(pieces):
+            last = {"stop": True, "stop_type": "eos"} if i == len(pieces) - 1 else {}
+            await resp.write(b"data: " + orjson.dumps({"content": piece, "tokens": [4 + i], **last}) + b"\n\n")
         return resp
 
     def answer(obj: dict) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -109,12 +108,18 @@ async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_se
         return handler
 
     app = web.Application()
-    app.router.add_get("/props", answer({"chat_template": "{{ '<think>' }}", "total_slots": 1}))
+    app.router.add_get("/props", answer({"chat_template": template, "total_slots": 1}))
     app.router.add_post("/apply-template", answer({"prompt": "x"}))
     app.router.add_post("/tokenize", answer({"tokens": [1, 2, 3]}))
     app.router.add_post("/completion", completion)
     server = await aiohttp_server(app)
-    fake = LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))]))
+    return LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))]))
+
+
+async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_server, backend):
+    """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
+    think is on): a generation's /completion text is not split, and a chat asks llama-server's parser not to."""
+    fake = await _generating(aiohttp_server, "{{ '<think>' }}", ["<think>", "Hmm.</think>", "\n\nHi"])
     try:
         req = CompletionRequest(model=MODEL, prompt="x")
         split = aggregate(await collect(fake.complete(req)))
@@ -397,6 +402,20 @@ async def test_an_input_longer_than_a_slots_context_is_cut_unless_truncate_is_fa
     finally:
         await emb.close()
         server.stop()
+
+
+async def test_a_generation_cannot_think_where_only_llama_servers_chat_parsers_split_the_thinking(aiohttp_server):
+    """Command R7B's markers: its chat thinks (llama-server splits them), but Ollama's /api/generate goes to
+    /completion, where Velo splits only <think> blocks; asked to think, its reasoning came inside the answer."""
+    r7b = "{% if enable_thinking %}<|START_THINKING|>{% endif %}{{ messages[0]['content'] }}"
+    fake = await _generating(aiohttp_server, r7b, ["<|START_THINKING|>Hmm.<|END_THINKING|>", "Hi"])
+    try:
+        with pytest.raises(ModelLacks):
+            await collect(fake.complete(CompletionRequest(model=MODEL, prompt="x", think=True)))
+        plain = aggregate(await collect(fake.complete(CompletionRequest(model=MODEL, prompt="x"))))
+    finally:
+        await fake.close()
+    assert plain.text == "<|START_THINKING|>Hmm.<|END_THINKING|>Hi"  # not asked to think: the text as it came
 
 
 @pytest.mark.parametrize("jinja, thinks", [
