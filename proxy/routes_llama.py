@@ -39,10 +39,11 @@ async def native(request: web.Request) -> web.StreamResponse:
     # its size, read already (a chunked body has no Content-Length), as its tokens' estimate until the answer counts
     prompt = len(await request.read()) // CHARS_PER_TOKEN
     with request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt) as charge:
+        used = Used(stream) if request.path in _GENERATIONS else None  # only these answers say what they used
         try:
-            return await _passed_on(request, server, body, stream, (used := Used(stream)).read, charge.headers)
+            return await _passed_on(request, server, body, stream, used.read if used else _as_is, charge.headers)
         finally:
-            charge.tokens = used.total() or charge.tokens
+            charge.tokens = (used.total() if used else 0) or charge.tokens
 
 
 async def _passed_on(request: web.Request, server: Backend, body: dict[str, Any] | None, stream: bool,
@@ -57,6 +58,12 @@ def _as_is(piece: bytes) -> bytes:
     return piece
 
 
+_GENERATIONS = ("/completion", "/infill")
+# Of a whole answer, at most this much is kept to read its counts from, on the event loop: a /completion's is ~50 KB
+# for 4,000 tokens; one larger (every token's alternatives, `n_probs`) is charged its estimate
+_WHOLE_MAX = 1024 * 1024
+
+
 @dataclass
 class Used:
     """The tokens an answer of /completion or /infill says it used: llama-server writes `tokens_evaluated` (the
@@ -68,9 +75,17 @@ class Used:
     results: dict[int, int] = field(default_factory=dict)  # a result's index -> its tokens, prompt and output
     held: list[bytes] = field(default_factory=list)  # an event's start; or, not streamed, the answer so far (in
     # pieces: joined at every read, a large one cost the square of its size)
+    size: int = 0  # of a whole answer, read so far
 
     def read(self, piece: bytes) -> bytes:
-        if not self.stream or b"\n" not in piece:
+        if not self.stream:
+            self.size += len(piece)
+            if self.size <= _WHOLE_MAX:
+                self.held.append(piece)
+            else:
+                self.held.clear()
+            return piece
+        if b"\n" not in piece:
             self.held.append(piece)
             return piece
         first, *events, rest = piece.split(b"\n")

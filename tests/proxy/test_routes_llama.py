@@ -55,3 +55,11 @@ def test_each_prompts_result_counts_whole_or_streamed():
     for result in results:
         streamed.read(b"data: " + orjson.dumps(result) + b"\n\n")
     assert whole.total() == streamed.total() == 4 * 44
+
+
+def test_a_whole_answer_too_large_to_read_on_the_loop_keeps_its_estimate():
+    """Every piece was kept and parsed at the end, on the event loop: 1.5 s for a 107 MB answer."""
+    used = Used(stream=False)
+    for _ in range(20):
+        used.read(b"x" * 64 * 1024)
+    assert used.held == [] and used.total() == 0
