@@ -12,7 +12,7 @@ from adapters import keep_alive
 from adapters.base import Backend
 from adapters.errors import BadRequest, ModelLacks, ModelNotFound, Unsupported, VeloError
 from adapters.fields import body_object, get
-from adapters.protocol import Chunk, EmbedResult, ModelInfo, RunningModel, aggregate, epoch
+from adapters.protocol import Chunk, ModelInfo, RunningModel, aggregate, epoch
 
 from .auth import CALLER
 from .dialects import ollama, ollama_names
@@ -163,9 +163,9 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 async def embed(request: web.Request) -> web.Response:
     req, started = ollama.parse_embed(await read_json(request)), time.perf_counter_ns()
-    if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and embeds nothing (EmbedHandler)
-        _, load_ns = await _load_or_unload(request, req.model, req.keep_alive)
-        return json_response(ollama.embed_object(req.model, EmbedResult([], load_ns=load_ns), started))
+    if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers with no figures
+        await _load_or_unload(request, req.model, req.keep_alive)  # (EmbedHandler)
+        return json_response({"model": req.model, "embeddings": []})
     result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
     return json_response(ollama.embed_object(req.model, result, started))
 

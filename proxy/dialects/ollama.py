@@ -285,7 +285,8 @@ def chat_load_object(model: str, reason: str, load_ns: int = 0) -> dict[str, Any
 
 def embed_object(model: str, result: EmbedResult, started_ns: int) -> dict[str, Any]:
     """Ollama's EmbedResponse, whose figures are `omitempty` (api/types.go): one the backend did not report is left
-    out, never sent as 0; the total is always known, as Ollama times it itself (server/routes.go EmbedHandler)."""
+    out, never sent as 0; the total of an embedding is always known, as Ollama times it itself (server/routes.go
+    EmbedHandler)."""
     figures = {"total_duration": result.total_ns or time.perf_counter_ns() - started_ns,
                "load_duration": result.load_ns, "prompt_eval_count": result.prompt_tokens}
     return {"model": model, "embeddings": result.embeddings, **{k: v for k, v in figures.items() if v}}
