@@ -444,16 +444,15 @@ class LlamaCppBackend(OpenAIBackend):
         the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here, where
         the request `splits_thinking`; one whose thinking only llama-server's chat parsers split (Command R7B's
         markers) cannot think here, and asked to is Ollama's 400, not its reasoning inside the answer."""
-        jinja = (await self.props()).get("chat_template", "")
-        if req.think not in (None, False) and not template_thinks(jinja):
-            raise ModelLacks(req.model, "thinking")
         if req.template is not None:
             prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
         else:
             prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
                                            model=req.model, wait=self.config.first_token_timeout))["prompt"]
         ids = (req.context or []) + await self.tokenize(prompt, req.model)
-        said = list(ids)
+        said, jinja = list(ids), (await self.props()).get("chat_template", "")  # after a POST: a load is over
+        if req.think not in (None, False) and not template_thinks(jinja):
+            raise ModelLacks(req.model, "thinking")
         thinking = ThinkSplitter(opens_thinking(prompt)) if req.splits_thinking and template_thinks(jinja) else None
         async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
             async for chunk in stream:
