@@ -32,6 +32,7 @@ from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, Embed
 
 log = logging.getLogger("velo.replicas")
 T = TypeVar("T")
+M = TypeVar("M", ModelInfo, RunningModel)
 # Worth another replica: a replica lacks a model the others have when a pull or delete missed it (its circuit was
 # open, or it was down); any other 4xx would fail the same everywhere
 _RETRYABLE = (BackendError, Overloaded, ModelNotFound)
@@ -183,7 +184,9 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.embed(req), waits_for_loads=True)
 
     async def list_models(self) -> list[ModelInfo]:
-        return await self._call(self._listed)
+        """What any available replica lists: the set's listing was one replica's, so a model a pull had missed on
+        it (its circuit open, or down) was a 404 though the others had it (a request fails over to one that has)."""
+        return _union(await self._on_each(self._listed))
 
     async def _listed(self, member: Backend) -> list[ModelInfo]:
         """One replica's listing. What it tells of the server (vLLM's or SGLang's `owned_by`) is true of all: only the
@@ -199,7 +202,8 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.show(model))
 
     async def running(self) -> list[RunningModel]:
-        return await self._call(lambda b: b.running())
+        """The models loaded on any available replica (Ollama's /api/ps), not one replica's."""
+        return _union(await self._on_each(lambda b: b.running()))
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Ollama's model management (/api/pull, /api/create, /api/delete, ...) on each replica whose circuit is
@@ -343,6 +347,15 @@ class ReplicaSet(Backend):
         log.warning("replica %s failed: %s", replica.backend.name, error)
         if isinstance(error, BackendError) and not isinstance(error, Loading):  # busy or loading is not broken
             replica.failed(self.options)
+
+
+def _union(listings: list[list[M]]) -> list[M]:
+    """Each name once, as the first listing that has it says."""
+    seen: dict[str, M] = {}
+    for listing in listings:
+        for model in listing:
+            seen.setdefault(model.name, model)
+    return list(seen.values())
 
 
 async def _probe(backend: Backend, timeout: float) -> bool:

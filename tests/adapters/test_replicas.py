@@ -91,6 +91,18 @@ async def test_a_replica_without_the_model_passes_the_request_on_and_none_with_i
         await text(rs)
 
 
+async def test_the_set_lists_what_any_replica_has():
+    """The set's listing was one replica's: a model a pull missed on it was unknown to the router, a 404."""
+    rs, members = replica_set(Script(), Script())
+    members[0].models, members[1].models = ["tiny:latest"], ["tiny:latest", "new:1b"]
+    assert sorted(m.name for m in await rs.list_models()) == ["new:1b", "tiny:latest"]
+
+    async def down() -> list:
+        raise BackendUnavailable("r0 is down")
+    members[0].list_models = down  # type: ignore[method-assign]
+    assert sorted(m.name for m in await rs.list_models()) == ["new:1b", "tiny:latest"]  # one down fails none
+
+
 async def test_a_stream_refused_before_it_opens_counts_its_replica_down_again():
     """A backend whose `chat` raises at once (the openai adapter on a client's bad Go template) left its replica's
     count of outstanding requests one higher for good, which skewed least-busy and affinity choices."""
