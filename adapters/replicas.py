@@ -323,9 +323,12 @@ class ReplicaSet(Backend):
         errors.append(error)
 
     async def _after_all_failed(self, errors: list[VeloError], until: float) -> None:
-        """Every replica failed: when each is loading its model, a pause before they are asked again, as one backend
-        waits for its load (up to `first_token_timeout`); else what went wrong with them all."""
-        if not all(isinstance(e, Loading) for e in errors) or time.monotonic() + LOADING_POLL_S > until:
+        """Every replica failed: when each is loading its model (or lacks it, beside one loading it), a pause before
+        they are asked again, as one backend waits for its load (up to `first_token_timeout`); else what went wrong
+        with them all."""
+        loading = any(isinstance(e, Loading) for e in errors)
+        if not loading or not all(isinstance(e, (Loading, ModelNotFound)) for e in errors) or \
+                time.monotonic() + LOADING_POLL_S > until:
             raise self._every_failed(errors) from errors[-1]
         await asyncio.sleep(LOADING_POLL_S)
 

@@ -11,7 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendUnavailable, BadRequest, ModelNotFound, Overloaded
-from adapters.protocol import ChatRequest, Message
+from adapters.http import Loading
+from adapters.protocol import ChatRequest, Chunk, Message
 from adapters.registry import make_backend
 from adapters.replicas import ReplicaOptions, ReplicaSet
 from proxy.app import make_app
@@ -89,6 +90,24 @@ async def test_a_replica_without_the_model_passes_the_request_on_and_none_with_i
     members[1].chat = lacks  # type: ignore[method-assign]
     with pytest.raises(ModelNotFound):
         await text(rs)
+
+
+async def test_a_replica_without_the_model_beside_one_loading_it_waits_for_the_load():
+    """Only replicas all loading were waited for: one lacking the model made it an immediate 503."""
+    rs, members = replica_set(Script(), Script())
+    asked = []
+
+    async def lacks(req):  # noqa: ANN001
+        raise ModelNotFound(req.model)
+        yield  # pragma: no cover - makes this an async generator
+
+    async def loading_then_ready(req):  # noqa: ANN001
+        asked.append(req)
+        if len(asked) == 1:
+            raise Loading("backend 'r1' is still loading its model")
+        yield Chunk(text="Hello", finish_reason="stop")
+    members[0].chat, members[1].chat = lacks, loading_then_ready  # type: ignore[method-assign]
+    assert await text(rs) == "Hello" and len(asked) == 2
 
 
 async def test_the_set_lists_what_any_replica_has():
