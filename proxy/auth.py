@@ -57,6 +57,8 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     # logged; a name the client gives itself comes after it, where it could pass for another key ("key:key2") and
     # share that key's place in a backend's queue
     named = request.headers.get("X-Velo-Client")
+    if named:  # its bytes that are not UTF-8 as U+FFFD: as lone surrogates, the requests in flight could not be listed
+        named = _as_sent(named).decode("utf-8", "replace")
     if key:
         who = key_labels(tuple(server.keys)).get(tenant, tenant)  # a key nobody configured is no secret of the config
         client = f"key:{who}/{named}" if named else f"key:{who}"

@@ -9,6 +9,7 @@ from aiohttp.test_utils import make_mocked_request
 from adapters.errors import Unauthorized
 from proxy.auth import caller_for, is_one_of
 from proxy.config import Config, ServerConfig
+from tests.scripted import Script
 
 
 class Watched(str):
@@ -54,3 +55,21 @@ async def test_a_key_that_is_not_utf8_is_refused_or_scoped_not_a_500(client, sta
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     writer.close()
     assert head.startswith(b"HTTP/1.1 " + status)
+
+
+async def test_a_client_name_that_is_not_utf8_is_listed_with_the_requests_in_flight(client, scripted):
+    """The name went into the list of requests in flight as lone surrogates, which made listing them a 500."""
+    scripted.script = Script(delay=1.0)
+    body = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}],"stream":false}'
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"X-Velo-Client: ed\xff\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    for _ in range(50):
+        listed = await client.get("/velo/requests")
+        assert listed.status == 200
+        if clients := [r["client"] for r in (await listed.json())["requests"]]:
+            break
+        await asyncio.sleep(0.02)
+    writer.close()
+    assert clients == ["ed\ufffd"]
