@@ -49,11 +49,12 @@ async def show(request: web.Request) -> web.Response:
     if not isinstance(name, str) or not name:
         raise BadRequest("model is required", param="model")
     router = request[ROUTER]
-    target = await router.resolve(name)
-    try:
-        info = await target.backend.show(target.model)
-    except ModelNotFound as e:
-        raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
+    with _named_in_ollamas_grammar(name):
+        target = await router.resolve(name)
+        try:
+            info = await target.backend.show(target.model)
+        except ModelNotFound as e:
+            raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
     info = replace(info, name=name)  # a copy: a backend may hand out its own card (the engine's, once unloaded)
     preset = router.presets.get(name)
     shown = ollama.show_object(_as_asked(preset.shown(info) if preset else info, body))
@@ -110,9 +111,9 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
 @contextlib.contextmanager
 def _named_in_ollamas_grammar(model: str) -> Iterator[None]:
     """A name outside Ollama's grammar is its 400 "invalid model name" (or one with both source suffixes, its 400
-    saying so), before any look-up (server/routes.go ChatHandler, GenerateHandler). Velo serves any name it routes
-    (a llama-server's file path, an alias), so only a name it serves no model by gets that 400, in place of its
-    404."""
+    saying so), before any look-up (server/routes.go: the chat, generate, show and both embedding handlers). Velo
+    serves any name it routes (a llama-server's file path, an alias), so only a name it serves no model by gets
+    that 400, in place of its 404."""
     try:
         yield
     except ModelNotFound:
@@ -163,19 +164,21 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 async def embed(request: web.Request) -> web.Response:
     req, started = ollama.parse_embed(await read_json(request)), time.perf_counter_ns()
-    if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers with no figures
-        await _load_or_unload(request, req.model, req.keep_alive)  # (EmbedHandler)
-        return json_response({"model": req.model, "embeddings": []})
-    result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
+    with _named_in_ollamas_grammar(req.model):
+        if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers with no figures
+            await _load_or_unload(request, req.model, req.keep_alive)  # (EmbedHandler)
+            return json_response({"model": req.model, "embeddings": []})
+        result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
     return json_response(ollama.embed_object(req.model, result, started))
 
 
 async def embeddings(request: web.Request) -> web.Response:
     req = ollama.parse_legacy_embeddings(await read_json(request))
-    if not req.inputs[0]:  # Ollama answers an empty prompt with an empty vector
-        await request[ROUTER].resolve(req.model)
-        return json_response({"embedding": []})
-    result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
+    with _named_in_ollamas_grammar(req.model):
+        if not req.inputs[0]:  # Ollama answers an empty prompt with an empty vector
+            await request[ROUTER].resolve(req.model)
+            return json_response({"embedding": []})
+        result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
     return json_response({"embedding": result.embeddings[0] if result.embeddings else []})
 
 

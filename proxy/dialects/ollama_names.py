@@ -17,7 +17,7 @@ def refusal(name: str) -> str | None:
     modelref ParseRef), or a name outside the grammar."""
     base, explicit = _source_cut(name.strip())
     if explicit and _source_cut(base)[1]:
-        return f"use either :local or :cloud, not both: {json.dumps(name.strip())}"  # Go's %q
+        return f"use either :local or :cloud, not both: {json.dumps(name.strip(), ensure_ascii=False)}"  # Go's %q
     return None if valid(name) else "invalid model name"
 
 

@@ -47,8 +47,9 @@ async def test_a_missing_model_is_refused_as_each_handler_refuses_it(client, scr
 
 
 async def test_a_name_outside_ollamas_grammar_that_velo_does_not_serve_is_ollamas_400():
-    """Ollama refuses it before any look-up (server/routes.go ChatHandler, GenerateHandler: types/model/name.go); it
-    was a 404 here. A name Velo serves stays served, whatever Ollama would make of it (a namespace with a dot)."""
+    """Ollama refuses it before any look-up (server/routes.go: its chat, generate, show and embedding handlers;
+    types/model/name.go, internal/modelref); it was a 404 here. A name Velo serves stays served, whatever Ollama
+    would make of it (a namespace with a dot)."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from proxy.app import make_app
@@ -56,9 +57,12 @@ async def test_a_name_outside_ollamas_grammar_that_velo_does_not_serve_is_ollama
     backends = {"a": ScriptedBackend("a"), "b": ScriptedBackend("b", models=("qwen2.5/coder:latest",))}
     async with TestClient(TestServer(make_app(Config(), backends))) as c:
         for name, status, error in (("bad name!", 400, "invalid model name"), ("a:b:c", 400, "invalid model name"),
+                                    ("m:cloud:local", 400, 'use either :local or :cloud, not both: "m:cloud:local"'),
                                     ("nope:1b", 404, "model 'nope:1b' not found")):
             for path, body in (("/api/chat", {"messages": CHAT}), ("/api/chat", {"messages": []}),
-                               ("/api/generate", {"prompt": "hi"}), ("/api/generate", {})):
+                               ("/api/generate", {"prompt": "hi"}), ("/api/generate", {}), ("/api/show", {}),
+                               ("/api/embed", {"input": "hi"}), ("/api/embed", {}),
+                               ("/api/embeddings", {"prompt": "hi"})):
                 resp = await c.post(path, json={"model": name, "stream": False, **body})
                 assert (resp.status, await resp.json()) == (status, {"error": error})
         for path, body in (("/api/chat", {"messages": CHAT}), ("/api/generate", {"prompt": "hi"})):
