@@ -22,8 +22,9 @@ LATENCY_CRITICAL = 0  # autocomplete / fill-in-the-middle
 NORMAL = 1
 BACKGROUND = 2  # indexing, titles
 
-# Clients whose last turn is remembered, per backend (~200 KB at 48-character names): one forgotten was served (or
-# queued) before every one kept, so it ranks first, where it belongs; only among those it is first come.
+# Clients whose last turn is remembered, per backend (~200 KB at 48-character names): one forgotten while its line
+# waits was served (or queued) before every one kept, so it ranks first, where it belongs; one that asks again
+# after it was forgotten ranks as a new one, as of then.
 _CLIENTS_KEPT = 1024
 
 
@@ -205,10 +206,10 @@ class AdmissionController:
         return None
 
     def _pop(self) -> _Ticket:
-        """The first ticket of the client served least recently (never: as of when its line was made; forgotten:
-        first), at the best priority; among equals the line made first. Ordering lines by when each was made let a
-        client just served, whose line had emptied and that asked again first, go before one served long ago. A scan
-        of at most `max_queue` lines (256)."""
+        """The first ticket of the client served least recently (never: as of when its line was made; forgotten
+        while it waits: first), at the best priority; among equals the line made first. Ordering lines by when each
+        was made let a client just served, whose line had emptied and that asked again first, go before one served
+        long ago. A scan of at most `max_queue` lines (256)."""
         priority = min(self._queues)
         clients = self._queues[priority]
         client = min(clients, key=lambda c: self._served.get(c, 0))

@@ -3,8 +3,8 @@
 Codebase indexing (Continue, Open WebUI) fires many small embed calls at once; a backend embeds a batch of N
 inputs far faster than N separate calls. Requests wait at most `window_ms` for company, or less once the batch
 holds `max_inputs` inputs; only requests that agree on every option are merged. A batch the backend refuses for
-one input (a 4xx: an input past the context, say; or an error the same input meets again, such as Ollama's refusal
-of a NaN vector) is asked again caller by caller, so that no caller hears of another's input.
+one input (a 400, 413 or 422: an input past the context, say; or an error the same input meets again, such as
+Ollama's refusal of a NaN vector) is asked again caller by caller, so that no caller hears of another's input.
 """
 from __future__ import annotations
 
