@@ -450,7 +450,7 @@ class LlamaCppBackend(OpenAIBackend):
             prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
                                            model=req.model, wait=self.config.first_token_timeout))["prompt"]
         ids = (req.context or []) + await self.tokenize(prompt, req.model)
-        said, jinja = list(ids), (await self.props()).get("chat_template", "")  # after a POST: a load is over
+        said, jinja = list(ids), await self._template(req.model)  # after a POST: a load is over
         if req.think not in (None, False) and not template_thinks(jinja):
             raise ModelLacks(req.model, "thinking")
         thinking = ThinkSplitter(opens_thinking(prompt)) if req.splits_thinking and template_thinks(jinja) else None
@@ -464,6 +464,18 @@ class LlamaCppBackend(OpenAIBackend):
                         held = thinking.flush()
                         chunk.thinking, chunk.text = chunk.thinking + held[0], chunk.text + held[1]
                 yield chunk
+
+    async def _template(self, model: str) -> str:
+        """The chat template `model` runs with: the server's; a router's model's own, from its file (the router's
+        /props has none, so every model of it was refused `think` here, and had its thinking left in the text)."""
+        props = await self.props()
+        if not _is_router(props):
+            return props.get("chat_template", "")
+        path = (await self.show(model)).file
+        try:
+            return (await self.gguf_facts(path)).jinja if os.path.isfile(path) else ""
+        except Exception:  # noqa: BLE001 - no GGUF there: a model whose template is unknown
+            return ""
 
     async def _native(self, path: str, req: CompletionRequest,
                       prompt_ids: list[int] | None = None) -> AsyncIterator[Chunk]:

@@ -92,8 +92,9 @@ async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
     assert streamed.text == whole.text and streamed.text.startswith(" ") and "Hello," not in streamed.text
 
 
-async def _generating(aiohttp_server, template: str, pieces: list[str]) -> LlamaCppBackend:
-    """A llama-server double for Ollama's non-raw /api/generate: its template, and /completion streaming `pieces`."""
+async def _generating(aiohttp_server, template: str, pieces: list[str], routed: str = "") -> LlamaCppBackend:
+    """A llama-server double for Ollama's non-raw /api/generate: its template, and /completion streaming `pieces`;
+    with `routed` (a model file), a router (server-models.cpp), whose /props has no template, serving that file."""
     async def completion(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -108,7 +109,10 @@ async def _generating(aiohttp_server, template: str, pieces: list[str]) -> Llama
         return handler
 
     app = web.Application()
-    app.router.add_get("/props", answer({"chat_template": template, "total_slots": 1}))
+    router = {"role": "router", "model_path": "none", "default_generation_settings": {"n_ctx": 0}}
+    app.router.add_get("/props", answer(router if routed else {"chat_template": template, "total_slots": 1}))
+    app.router.add_get("/v1/models", answer({"data": [{"id": MODEL, "status": {"value": "loaded",
+                                                                                "args": ["-m", routed]}}]}))
     app.router.add_post("/apply-template", answer({"prompt": "x"}))
     app.router.add_post("/tokenize", answer({"tokens": [1, 2, 3]}))
     app.router.add_post("/completion", completion)
@@ -416,6 +420,19 @@ async def test_a_generation_cannot_think_where_only_llama_servers_chat_parsers_s
     finally:
         await fake.close()
     assert plain.text == "<|START_THINKING|>Hmm.<|END_THINKING|>Hi"  # not asked to think: the text as it came
+
+
+async def test_a_routers_model_thinks_with_its_own_files_template(aiohttp_server, tmp_path):
+    """A router's /props has no template: every model of it was refused `think` on /api/generate, and before that
+    had its thinking left in the text."""
+    from tests.adapters.test_model_card import gguf_file
+    path = gguf_file(str(tmp_path / "qwen3.gguf"), ["a", "b"], "{{ '<think>' }}")
+    fake = await _generating(aiohttp_server, "", ["<think>", "Hmm.</think>", "\n\nHi"], routed=path)
+    try:
+        split = aggregate(await collect(fake.complete(CompletionRequest(model=MODEL, prompt="x", think=True))))
+    finally:
+        await fake.close()
+    assert (split.thinking, split.text) == ("Hmm.", "Hi")
 
 
 @pytest.mark.parametrize("jinja, thinks", [
