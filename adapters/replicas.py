@@ -36,6 +36,9 @@ M = TypeVar("M", ModelInfo, RunningModel)
 # Worth another replica: a replica lacks a model the others have when a pull or delete missed it (its circuit was
 # open, or it was down); any other 4xx would fail the same everywhere
 _RETRYABLE = (BackendError, Overloaded, ModelNotFound)
+# After the first replica's listing, how long the others' are waited for: they answer together (a listing takes a
+# few ms), and the router gives the whole set 3 s
+_LISTING_GRACE_S = 0.5
 _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyond the least busy one
 
 
@@ -184,9 +187,9 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.embed(req), waits_for_loads=True)
 
     async def list_models(self) -> list[ModelInfo]:
-        """What any available replica lists: the set's listing was one replica's, so a model a pull had missed on
-        it (its circuit open, or down) was a 404 though the others had it (a request fails over to one that has)."""
-        return _union(await self._on_each(self._listed))
+        """What the replicas list: the set's listing was one replica's, so a model a pull had missed on it (its
+        circuit open, or down) was a 404 though the others had it (a request fails over to one that has)."""
+        return await self._union_of(self._listed)
 
     async def _listed(self, member: Backend) -> list[ModelInfo]:
         """One replica's listing. What it tells of the server (vLLM's or SGLang's `owned_by`) is true of all: only the
@@ -202,8 +205,40 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.show(model))
 
     async def running(self) -> list[RunningModel]:
-        """The models loaded on any available replica (Ollama's /api/ps), not one replica's."""
-        return _union(await self._on_each(lambda b: b.running()))
+        """The models loaded on the replicas (Ollama's /api/ps), not one replica's."""
+        return await self._union_of(lambda b: b.running())
+
+    async def _union_of(self, listing: Callable[[Backend], Awaitable[list[M]]]) -> list[M]:
+        """Each model once, of the replicas' listings: the healthy replicas' (those failing probes only when none is
+        healthy), each answer or failure counted as a request's. A replica still silent `_LISTING_GRACE_S` after
+        the first answered is left out: waited for, one that hung held the set's whole listing past the router's
+        3 s, and the set went unlisted."""
+        replicas = self.order()
+        asked = {asyncio.ensure_future(listing(r.backend)): r for r in [r for r in replicas if r.healthy] or replicas}
+        loop, pending, until, listings = asyncio.get_running_loop(), set(asked), None, []
+        try:
+            while pending:
+                wait = None if until is None else max(0.0, until - loop.time())
+                done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for task in done:
+                    if (error := task.exception()) is not None:
+                        self._failed(asked[task], error)
+                        continue
+                    asked[task].succeeded()
+                    listings.append(task.result())
+                    until = until or loop.time() + _LISTING_GRACE_S
+        finally:
+            for task in pending:
+                task.cancel()
+        if not listings:
+            raise next(t.exception() for t in asked if t.done() and not t.cancelled())  # type: ignore[misc]
+        seen: dict[str, M] = {}
+        for models in listings:
+            for model in models:
+                seen.setdefault(model.name, model)  # as the first listing that has it says
+        return list(seen.values())
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Ollama's model management (/api/pull, /api/create, /api/delete, ...) on each replica whose circuit is
@@ -350,15 +385,6 @@ class ReplicaSet(Backend):
         log.warning("replica %s failed: %s", replica.backend.name, error)
         if isinstance(error, BackendError) and not isinstance(error, Loading):  # busy or loading is not broken
             replica.failed(self.options)
-
-
-def _union(listings: list[list[M]]) -> list[M]:
-    """Each name once, as the first listing that has it says."""
-    seen: dict[str, M] = {}
-    for listing in listings:
-        for model in listing:
-            seen.setdefault(model.name, model)
-    return list(seen.values())
 
 
 async def _probe(backend: Backend, timeout: float) -> bool:

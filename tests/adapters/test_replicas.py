@@ -122,6 +122,36 @@ async def test_the_set_lists_what_any_replica_has():
     assert sorted(m.name for m in await rs.list_models()) == ["new:1b", "tiny:latest"]  # one down fails none
 
 
+async def test_a_replica_that_does_not_answer_its_listing_leaves_the_others_listed():
+    """Every replica's listing was waited for: one that hung held the set's past the router's 3 s, and the set went
+    unlisted (/api/tags empty, /api/ps hung for total_timeout)."""
+    rs, members = replica_set(Script(), Script())
+    members[1].models = ["new:1b"]
+
+    async def hangs() -> list:
+        await asyncio.Event().wait()
+        return []
+    members[1].list_models = members[1].running = hangs  # type: ignore[method-assign]
+    listed = await asyncio.wait_for(rs.list_models(), 2)
+    assert [m.name for m in listed] == ["tiny:latest"] and await asyncio.wait_for(rs.running(), 2) is not None
+
+
+async def test_a_replica_failing_its_probes_is_not_asked_for_listings_while_another_answers():
+    """It was asked every listing round, and each failure counted toward its circuit."""
+    rs, members = replica_set(Script(), Script())
+    asked = []
+
+    async def down() -> list:
+        asked.append(1)
+        raise BackendUnavailable("r1 is down")
+    members[1].list_models = down  # type: ignore[method-assign]
+    rs.replicas[1].healthy = False
+    rs.replicas[0].failures = 2
+    for _ in range(3):
+        assert [m.name for m in await rs.list_models()] == ["tiny:latest"]
+    assert asked == [] and [r.failures for r in rs.replicas] == [0, 0]  # an answer resets a replica's count
+
+
 async def test_a_stream_refused_before_it_opens_counts_its_replica_down_again():
     """A backend whose `chat` raises at once (the openai adapter on a client's bad Go template) left its replica's
     count of outstanding requests one higher for good, which skewed least-busy and affinity choices."""
