@@ -1,6 +1,7 @@
 """Ollama native API handlers: parse -> pipeline -> write, nothing more."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from .stream_ends import as_streamed
 from .streams import collect
 
 OLLAMA_VERSION = "0.14.0"  # the Ollama API level Velo speaks (/v1/messages: 0.14.0); clients gate features on it
+_RUNNING_S = 3.0  # a backend's answer to "what runs": the router's wait for a listing
 
 
 async def root(request: web.Request) -> web.Response:
@@ -72,9 +74,10 @@ def _as_asked(info: ModelInfo, body: dict[str, Any]) -> ModelInfo:
 
 async def ps(request: web.Request) -> web.Response:
     router, residency = request[ROUTER], request[PIPELINE].residency
+    backends = list(router.backends.values())
     running = []
-    for backend in router.backends.values():
-        for model in await _safe_running(backend):
+    for backend, models in zip(backends, await asyncio.gather(*(_safe_running(b) for b in backends))):
+        for model in models:
             if backend.idle_unload:  # Velo unloads it: when, it knows (an Ollama backend says for itself)
                 model.expires_at = residency.expires_at(backend.name, model.name) or model.expires_at
             running.append(model)
@@ -82,9 +85,11 @@ async def ps(request: web.Request) -> web.Response:
 
 
 async def _safe_running(backend: Backend) -> list[RunningModel]:
+    """A backend that fails or is slow to say shows nothing running: one that hung held /api/ps, backend after
+    backend, for its total_timeout (1,800 s)."""
     try:
-        return await backend.running()
-    except VeloError:
+        return await asyncio.wait_for(backend.running(), _RUNNING_S)
+    except (VeloError, asyncio.TimeoutError):
         return []
 
 

@@ -1,6 +1,7 @@
 """The Ollama native API as Continue and Open WebUI use it, driven by the real `ollama` client package."""
 from __future__ import annotations
 
+import asyncio
 import ollama
 import orjson
 import pytest
@@ -360,3 +361,22 @@ async def test_a_model_that_only_embeds_is_refused_a_chat_or_a_generation_as_oll
             assert resp.status == 400 and (await resp.json())["error"] == f'"emb" does not support {word}'
         assert (await c.post("/api/embed", json={"model": "emb"})).status == 200
     assert not [r for r in emb.requests if not hasattr(r, "inputs")]
+
+
+async def test_ps_shows_the_others_when_a_backend_does_not_answer(monkeypatch):
+    """Each backend was asked in turn with no limit: one that hung held /api/ps for its total_timeout."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from proxy import routes_ollama
+    from proxy.app import make_app
+    from proxy.config import Config
+    monkeypatch.setattr(routes_ollama, "_RUNNING_S", 0.2)
+    hung, fine = ScriptedBackend("hung"), ScriptedBackend("fine", models=("other:latest",))
+
+    async def hangs() -> list:
+        await asyncio.Event().wait()
+        return []
+    hung.running = hangs  # type: ignore[method-assign]
+    async with TestClient(TestServer(make_app(Config(), {"hung": hung, "fine": fine}))) as c:
+        shown = await asyncio.wait_for(c.get("/api/ps"), 5)
+        assert shown.status == 200 and isinstance((await shown.json())["models"], list)
