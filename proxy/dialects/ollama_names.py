@@ -3,7 +3,6 @@ suffix): a name outside it is what Ollama's /api/chat and /api/generate refuse, 
 look for the model."""
 from __future__ import annotations
 
-import json
 import re
 
 # Each part starts with a letter, a digit or "_"; a host may hold "." and ":" (a port), a namespace neither.
@@ -17,7 +16,7 @@ def refusal(name: str) -> str | None:
     modelref ParseRef), or a name outside the grammar."""
     base, explicit = _source_cut(name.strip())
     if explicit and _source_cut(base)[1]:
-        return f"use either :local or :cloud, not both: {json.dumps(name.strip(), ensure_ascii=False)}"  # Go's %q
+        return f"use either :local or :cloud, not both: {_go_quoted(name.strip())}"
     return None if valid(name) else "invalid model name"
 
 
@@ -48,3 +47,20 @@ def _source_cut(name: str) -> tuple[str, bool]:
     if at >= 0 and "/" not in suffix and suffix.lower().endswith("-cloud"):
         return name[:at + 1] + suffix[:-len("-cloud")], True
     return name, False
+
+
+_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
+            '"': '\\"', "\\": "\\\\"}
+
+
+def _go_quoted(text: str) -> str:
+    """Go's %q (strconv.Quote), with which Ollama quotes a name in its errors: printable letters as they are (Python's
+    and Go's "printable" agree: no control, format or separator characters but the ASCII space), the rest escaped."""
+    def one(ch: str) -> str:
+        if ch in _ESCAPES:
+            return _ESCAPES[ch]
+        if ch.isprintable():
+            return ch
+        code = ord(ch)
+        return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return '"' + "".join(map(one, text)) + '"'

@@ -82,6 +82,15 @@ def test_ollamas_name_grammar(name, valid):
     assert ollama_names.refusal(name) == (None if valid else "invalid model name")
 
 
+@pytest.mark.parametrize("name, quoted", [("modèle:cloud:local", '"modèle:cloud:local"'),
+                                          ("m\u200b:cloud:local", '"m\\u200b:cloud:local"'),
+                                          ("m\x7f:cloud:local", '"m\\x7f:cloud:local"'),
+                                          ('m"\\:cloud:local', '"m\\"\\\\:cloud:local"')])
+def test_a_name_in_ollamas_refusal_is_quoted_as_gos_q_quotes_it(name, quoted):
+    """strconv.Quote: printable letters as they are, a zero-width space or a DEL escaped."""
+    assert ollama_names.refusal(name) == f"use either :local or :cloud, not both: {quoted}"
+
+
 @pytest.mark.parametrize("name", ["m:cloud:local", "m:7b-cloud:local", "m:local:cloud"])
 def test_a_name_with_two_sources_is_ollamas_400_saying_so(name):
     """internal/modelref ParseRef: a source suffix on a name that already has one."""
