@@ -8,7 +8,7 @@ read it, then dropped the connection or cut its answer: `BackendError.taken`); o
 client's. A replica loading its model is passed over for a ready one; when all are loading, the request waits for
 one, as for a single backend. Repeated failures open the replica's circuit for a cool-down (it gets no requests);
 after it, the next failure reopens it at once. A background probe keeps `healthy`; replicas failing it are tried
-only when no healthy one is left.
+only when no healthy one is left. The set lists what its healthy replicas list, together.
 
 Replica settings live in the backend's `options`: `affinity` ("prefix" or "none"), `health_interval_s`,
 `breaker_failures`, `breaker_cooldown_s`; they are stripped before the options reach the replicas' adapters.
