@@ -59,8 +59,9 @@ def _as_is(piece: bytes) -> bytes:
 
 
 _GENERATIONS = ("/completion", "/infill")
-# Of a whole answer, at most this much is kept to read its counts from, on the event loop: a /completion's is ~50 KB
-# for 4,000 tokens; one larger (every token's alternatives, `n_probs`) is charged its estimate
+# Of a whole answer, or a stream's event, at most this much is kept to read its counts from, on the event loop: a
+# /completion's whole answer is ~50 KB for 4,000 tokens; one larger (every token's alternatives, `n_probs`) is
+# charged its estimate
 _WHOLE_MAX = 1024 * 1024
 
 
@@ -75,25 +76,27 @@ class Used:
     results: dict[int, int] = field(default_factory=dict)  # a result's index -> its tokens, prompt and output
     held: list[bytes] = field(default_factory=list)  # an event's start; or, not streamed, the answer so far (in
     # pieces: joined at every read, a large one cost the square of its size)
-    size: int = 0  # of a whole answer, read so far
+    size: int = 0  # of what `held` holds, or would hold past _WHOLE_MAX
 
     def read(self, piece: bytes) -> bytes:
-        if not self.stream:
-            self.size += len(piece)
-            if self.size <= _WHOLE_MAX:
-                self.held.append(piece)
-            else:
-                self.held.clear()
-            return piece
-        if b"\n" not in piece:
-            self.held.append(piece)
+        if not self.stream or b"\n" not in piece:
+            self._hold(piece)
             return piece
         first, *events, rest = piece.split(b"\n")
-        for event in (b"".join([*self.held, first]), *events):
+        held = [b"".join([*self.held, first])] if self.size + len(first) <= _WHOLE_MAX else []  # else passed over
+        for event in (*held, *events):
             if b'"tokens_predicted"' in event:  # a result's last event: the others are not parsed
                 self._count(event.partition(b":")[2])  # after "data:"
-        self.held = [rest]
+        self.held, self.size = [rest], len(rest)
         return piece
+
+    def _hold(self, piece: bytes) -> None:
+        """Kept until its event (or the whole answer) is complete, up to _WHOLE_MAX: one longer is let go."""
+        self.size += len(piece)
+        if self.size <= _WHOLE_MAX:
+            self.held.append(piece)
+        else:
+            self.held.clear()
 
     def total(self) -> int:
         """The tokens of every result, 0 when the answer said none."""

@@ -63,3 +63,14 @@ def test_a_whole_answer_too_large_to_read_on_the_loop_keeps_its_estimate():
     for _ in range(20):
         used.read(b"x" * 64 * 1024)
     assert used.held == [] and used.total() == 0
+
+
+def test_a_stream_event_too_long_to_read_is_passed_over_and_the_next_counted():
+    """An event was held whole until its newline, however long."""
+    used = Used(stream=True)
+    used.read(b"data: {\"content\":\"")
+    for _ in range(20):
+        used.read(b"x" * 64 * 1024)
+    assert used.held == []
+    used.read(b'"}\n\ndata: {"content":"","tokens_predicted":3,"tokens_evaluated":2,"stop":true}\n\n')
+    assert used.total() == 5
