@@ -89,6 +89,11 @@ def _status(entry: dict[str, Any]) -> dict[str, Any]:
     return entry.get("status") or {}
 
 
+def _model_file(entry: dict[str, Any]) -> str:
+    """The model file a router's entry runs, from its command line."""
+    return flag_value(_status(entry).get("args") or [], "-m", "--model") or ""
+
+
 def flag_value(args: list[str], *names: str) -> str | None:
     """The value after the first of `names` in a command line."""
     for flag, value in zip(args, args[1:]):
@@ -320,9 +325,8 @@ class LlamaCppBackend(OpenAIBackend):
         names: asking the router for a model's /props would load it."""
         out = []
         for entry in entries:
-            args = _status(entry).get("args") or []
-            context = flag_value(args, "-c", "--ctx-size") or ""
-            out.append(await self.file_listing(str(entry["id"]), flag_value(args, "-m", "--model") or "",
+            context = flag_value(_status(entry).get("args") or [], "-c", "--ctx-size") or ""
+            out.append(await self.file_listing(str(entry["id"]), _model_file(entry),
                                                int(context) or None if context.isdigit() else None))
         return out
 
@@ -471,7 +475,8 @@ class LlamaCppBackend(OpenAIBackend):
         props = await self.props()
         if not _is_router(props):
             return props.get("chat_template", "")
-        path = (await self.show(model)).file
+        # its entry alone (one GET), not a whole listing, which asks /props again and reads every model's file
+        path = next((_model_file(e) for e in await self._entries() if e.get("id") == model), "")
         try:
             return (await self.gguf_facts(path)).jinja if os.path.isfile(path) else ""
         except Exception:  # noqa: BLE001 - no GGUF there: a model whose template is unknown
