@@ -204,13 +204,18 @@ def now_iso() -> str:
 
 
 def _timings(usage: Usage | None, started_ns: int) -> dict[str, Any]:
-    """Ollama's Metrics, each `omitempty` (api/types.go): a count or duration the backend did not report (0) is left
-    out, never sent as 0. The total is always known: the backend's, else Velo's own clock."""
+    """Ollama's Metrics of a chat or generation."""
     u = usage or Usage()
-    known = {"total_duration": u.total_ns or time.perf_counter_ns() - started_ns, "load_duration": u.load_ns,
-             "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": u.prompt_eval_ns,
-             "eval_count": u.completion_tokens, "eval_duration": u.eval_ns}
-    return {name: value for name, value in known.items() if value}
+    return _figures(u.total_ns, started_ns, load_duration=u.load_ns, prompt_eval_count=u.prompt_tokens,
+                    prompt_eval_duration=u.prompt_eval_ns, eval_count=u.completion_tokens, eval_duration=u.eval_ns)
+
+
+def _figures(total_ns: int, started_ns: int, **figures: int) -> dict[str, int]:
+    """Ollama's figures, each `omitempty` (api/types.go Metrics, EmbedResponse): one the backend did not report (0)
+    is left out, never sent as 0. The total is always known, as Ollama times it itself: the backend's, else Velo's
+    own clock."""
+    measured = {"total_duration": total_ns or time.perf_counter_ns() - started_ns, **figures}
+    return {name: value for name, value in measured.items() if value}
 
 
 def _done_reason(chunk: Chunk) -> str:
@@ -284,12 +289,10 @@ def chat_load_object(model: str, reason: str, load_ns: int = 0) -> dict[str, Any
 
 
 def embed_object(model: str, result: EmbedResult, started_ns: int) -> dict[str, Any]:
-    """Ollama's EmbedResponse, whose figures are `omitempty` (api/types.go): one the backend did not report is left
-    out, never sent as 0; the total of an embedding is always known, as Ollama times it itself (server/routes.go
-    EmbedHandler)."""
-    figures = {"total_duration": result.total_ns or time.perf_counter_ns() - started_ns,
-               "load_duration": result.load_ns, "prompt_eval_count": result.prompt_tokens}
-    return {"model": model, "embeddings": result.embeddings, **{k: v for k, v in figures.items() if v}}
+    """Ollama's EmbedResponse (server/routes.go EmbedHandler)."""
+    return {"model": model, "embeddings": result.embeddings,
+            **_figures(result.total_ns, started_ns, load_duration=result.load_ns,
+                       prompt_eval_count=result.prompt_tokens)}
 
 
 def _details(info: ModelInfo) -> dict[str, Any]:
