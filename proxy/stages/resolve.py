@@ -22,8 +22,8 @@ class Resolve(Stage):
         router = self.services.router
         preset = router.presets.get(job.model)
         job.target = await router.resolve(job.model)
-        settled = replace(job, request=self._settled(job, preset))
-        async with contextlib.aclosing(next(settled)) as rest:
+        settled = self._settled(job, preset)
+        async with contextlib.aclosing(next(job if settled is job.request else replace(job, request=settled))) as rest:
             async for chunk in rest:
                 yield chunk
 
