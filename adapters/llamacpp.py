@@ -432,6 +432,8 @@ class LlamaCppBackend(OpenAIBackend):
             body["top_logprobs"] = req.options.top_logprobs or 1  # see _alternatives
         if not req.splits_thinking:  # this request's parser leaves a <think> block in the content (server-common.cpp)
             body["reasoning_format"] = "none"
+        if req.options.stop:  # which one ended the answer (Anthropic's stop_sequence): only a debug field says it
+            body |= {"verbose": True, "response_fields": ["stopping_word"]}
         return _with_progress(body)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:

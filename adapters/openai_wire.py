@@ -201,9 +201,17 @@ def as_stream_event(answer: dict[str, Any]) -> dict[str, Any]:
 
 def _matched_stop(choice: dict[str, Any]) -> str | None:
     """The stop string that ended a choice, where the server says: vLLM's `stop_reason`, SGLang's `matched_stop`
-    (each an integer for a stop token). llama-server's OpenAI routes and Ollama's do not say."""
+    (each an integer for a stop token). llama-server says it in its debug field (`_stopping_word`); Ollama does not."""
     matched = choice.get("stop_reason", choice.get("matched_stop"))
     return matched if isinstance(matched, str) else None
+
+
+def _stopping_word(event: dict[str, Any]) -> str | None:
+    """llama-server's `__verbose.stopping_word`, asked for with `verbose` (adapters/llamacpp.py): on the final
+    answer, or on the first event of a stream's last result, which need not be the one with its finish_reason."""
+    verbose = event.get("__verbose")
+    word = verbose.get("stopping_word") if isinstance(verbose, dict) else None
+    return word if isinstance(word, str) and word else None
 
 
 def _first_choice(choices: list[dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -229,6 +237,8 @@ class ChatStream:
         12-event answer's way through the adapter (read, parse, fold) went from 46 to 39 us."""
         if "usage" in event or "timings" in event:
             self.usage = usage_from_wire(event.get("usage"), event.get("timings")) or self.usage
+        if "__verbose" in event:
+            self.stop_sequence = _stopping_word(event) or self.stop_sequence
         choice = _first_choice(event.get("choices"))
         if choice is None:
             return None
@@ -239,7 +249,7 @@ class ChatStream:
             if reason in _FAILED:
                 raise BackendError(f"the backend ended the answer with finish_reason {reason!r}")
             self.finish = _FINISH.get(reason, "stop")
-            self.stop_sequence = _matched_stop(choice)
+            self.stop_sequence = _matched_stop(choice) or self.stop_sequence
         text = wire_text(delta.get("content")) or wire_text(choice.get("text"))
         # DeepSeek's name, llama-server's; vLLM's since 0.16 is `reasoning` (its 0.9-0.15 sent both)
         thinking = wire_text(delta.get("reasoning_content")) or wire_text(delta.get("reasoning"))

@@ -165,3 +165,20 @@ async def test_a_chat_ending_in_an_assistant_turn_is_continued(velo, backend):
     native = await oll.chat(model=MODELS[backend], messages=said, options={"temperature": 0, "num_predict": 8})
     text = msg.content[0].text
     assert text and not text.lstrip().startswith("Hello") and native.message.content == text, text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("backend", ["engine", "llama"])
+async def test_anthropic_names_the_stop_sequence_that_ended_the_answer(velo, backend, stream):
+    """`stop_reason: "stop_sequence"` and which one: llama-server's OpenAI routes say it only in their debug field,
+    and every such answer on it ended as `end_turn`."""
+    _, _, ant = sdks(velo, NO_CACHE)
+    args = dict(model=MODELS[backend], max_tokens=40, stop_sequences=[",", ".", "\n"], extra_body={"temperature": 0},
+                messages=[{"role": "user", "content": "Count: one, two, three, four"}])
+    if stream:
+        async with ant.messages.stream(**args) as s:
+            msg = await s.get_final_message()
+    else:
+        msg = await ant.messages.create(**args)
+    assert (msg.stop_reason, msg.stop_sequence in args["stop_sequences"]) == ("stop_sequence", True), msg
+    assert msg.content and not any(stop in msg.content[0].text for stop in args["stop_sequences"])
