@@ -180,8 +180,7 @@ def native_chunk(obj: dict[str, Any]) -> Chunk:
                             completion_tokens=obj.get("tokens_predicted", 0),
                             cached_tokens=timings.get("cache_n", 0),
                             prompt_eval_ns=int(timings.get("prompt_ms", 0) * 1e6),
-                            eval_ns=int(timings.get("predicted_ms", 0) * 1e6))
-        chunk.usage.total_ns = chunk.usage.prompt_eval_ns + chunk.usage.eval_ns
+                            eval_ns=int(timings.get("predicted_ms", 0) * 1e6))  # no total: usage_from_wire
     return chunk
 
 

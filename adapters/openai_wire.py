@@ -121,7 +121,8 @@ def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
 
 def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage | None:
     """OpenAI `usage` (with `prompt_tokens_details.cached_tokens`, as vLLM and llama-server send it), plus
-    llama-server's `timings` (milliseconds) as nanoseconds when present."""
+    llama-server's `timings` (milliseconds) as nanoseconds when present. They time the prompt and the answer only,
+    not a wait for a free slot, so no total is made of them: Velo times it, as Ollama does, from arrival."""
     if usage is None and timings is None:
         return None
     usage, timings = usage or {}, timings or {}
@@ -131,7 +132,6 @@ def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None
                 cached_tokens=count(details, "cached_tokens") or count(timings, "cache_n"),
                 prompt_eval_ns=int(reported(timings, "prompt_ms") * 1e6),
                 eval_ns=int(reported(timings, "predicted_ms") * 1e6))
-    out.total_ns = out.prompt_eval_ns + out.eval_ns
     return out
 
 

@@ -1,6 +1,9 @@
 """Real clients (`openai`, `ollama`) -> Velo -> the real llama-server with SmolLM2-135M, in both dialects.
 
 Greedy decoding (temperature 0) makes both dialects see the same tokens, so their answers are compared."""
+import asyncio
+import time
+
 import aiohttp
 import ollama
 import openai
@@ -341,3 +344,20 @@ async def test_a_set_of_llama_servers_passes_on_their_own_routes_and_counts_exac
         async with s.post(url + "/v1/messages/count_tokens", json={
                 "model": CHAT_MODEL, "messages": [{"role": "user", "content": "hello"}]}) as resp:
             assert resp.status == 200 and resp.headers["X-Velo-Token-Count"] == "exact"
+
+
+async def test_ollama_total_duration_counts_the_wait_for_a_slot(velo_llama):
+    """`total_duration` is Ollama's from arrival to the end (server/routes.go), queueing included: llama-server's
+    timings cover the prompt and the answer only, and a request that waited for one of its 4 slots said it took
+    its compute time alone."""
+    _, oll = clients(velo_llama)
+
+    async def timed(i: int) -> tuple[float, float]:  # each its own question: equal ones share one generation
+        started = time.perf_counter()
+        answer = await oll.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": f"Tell story number {i}"}],
+                                options={"num_predict": 64, "temperature": 0})
+        return time.perf_counter() - started, answer.total_duration / 1e9
+
+    walls, totals = zip(*await asyncio.gather(*(timed(i) for i in range(8))))
+    assert max(walls) > 1.5 * min(walls), walls  # some waited for a slot
+    assert all(0 <= wall - total < 0.25 for wall, total in zip(walls, totals)), (walls, totals)

@@ -181,6 +181,6 @@ def test_a_servers_odd_counts_are_read_as_none_reported():
         0, 0, total_ns=7)
     assert openai_wire.usage_from_wire({"prompt_tokens": None, "completion_tokens": 3}, None) == Usage(0, 3)
     assert openai_wire.usage_from_wire(None, {"prompt_n": "x", "prompt_ms": None, "predicted_ms": 2.5}) == Usage(
-        0, 0, total_ns=2_500_000, eval_ns=2_500_000)
+        0, 0, eval_ns=2_500_000)
     assert openai_wire.embeddings_from_wire({"data": [{"embedding": [1.0]}], "usage": {"prompt_tokens": None}}) \
         == EmbedResult(embeddings=[[1.0]], prompt_tokens=0)
