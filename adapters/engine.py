@@ -152,7 +152,7 @@ def _usage(out: RequestOutput, start: int, first: int, load_ns: int) -> Usage:
     """Counts and Ollama's timings (nanoseconds) for the last chunk; `start`: the request, `first`: its first token."""
     now = time.perf_counter_ns()
     return Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                 cached_tokens=out.num_cached_tokens, total_ns=now - start + load_ns, load_ns=load_ns,
+                 cached_tokens=out.num_cached_tokens, load_ns=load_ns,
                  prompt_eval_ns=first - start, eval_ns=now - first)
 
 
@@ -424,7 +424,6 @@ class EngineBackend(Backend):
                 wait, what = cfg.idle_timeout, f"sent no token for {cfg.idle_timeout:g}s"
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
-        start = time.perf_counter_ns()
         engine, load_ns = await self._waited(req.model)
         window = _embed_window(engine.model_info["context_length"], req.options)
         lengths = await asyncio.to_thread(_embed_lengths, engine, req)
@@ -436,7 +435,7 @@ class EngineBackend(Backend):
             vectors += await asyncio.to_thread(engine.embed, [text], req.normalize, window)
         counted = [min(n, window) for n in lengths]
         return EmbedResult(embed_shape.shorten(vectors, req.dimensions), prompt_tokens=sum(counted),
-                           total_ns=time.perf_counter_ns() - start, load_ns=load_ns, input_tokens=counted)
+                           load_ns=load_ns, input_tokens=counted)
 
     # -- health ------------------------------------------------------------------------------
 

@@ -78,8 +78,8 @@ def generate_to_wire(req: CompletionRequest) -> dict[str, Any]:
 
 def usage_from_wire(obj: dict[str, Any]) -> Usage:
     return Usage(prompt_tokens=count(obj, "prompt_eval_count"), completion_tokens=count(obj, "eval_count"),
-                 total_ns=count(obj, "total_duration"), load_ns=count(obj, "load_duration"),
-                 prompt_eval_ns=count(obj, "prompt_eval_duration"), eval_ns=count(obj, "eval_duration"))
+                 load_ns=count(obj, "load_duration"), prompt_eval_ns=count(obj, "prompt_eval_duration"),
+                 eval_ns=count(obj, "eval_duration"))
 
 
 def logprobs_from_wire(items: list[dict[str, Any]] | None) -> list[TokenLogprob]:
@@ -156,7 +156,7 @@ def _embeddings(obj: dict[str, Any]) -> EmbedResult:
     if not isinstance(obj["embeddings"], list) or not all(isinstance(e, list) for e in obj["embeddings"]):
         raise TypeError("embeddings is not an array of arrays of numbers")
     return EmbedResult(embeddings=obj["embeddings"], prompt_tokens=count(obj, "prompt_eval_count"),
-                       total_ns=count(obj, "total_duration"), load_ns=count(obj, "load_duration"))
+                       load_ns=count(obj, "load_duration"))
 
 
 def _embedding(obj: dict[str, Any]) -> list[float]:

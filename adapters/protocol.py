@@ -178,12 +178,13 @@ class EmbedRequest:
 
 @dataclass
 class Usage:
-    """Token counts and timings (nanoseconds, as Ollama reports them)."""
+    """Token counts and timings (nanoseconds, as Ollama reports them). No total: Velo times the whole request itself,
+    from its arrival, as Ollama does; a backend's own total leaves out the wait in Velo's queue (and llama-server's
+    the wait for a slot)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, those a prefix cache served (not evaluated again)
-    total_ns: int = 0
     load_ns: int = 0
     prompt_eval_ns: int = 0
     eval_ns: int = 0
@@ -246,7 +247,6 @@ class Chunk:
 class EmbedResult:
     embeddings: list[list[float]]
     prompt_tokens: int = 0
-    total_ns: int = 0
     load_ns: int = 0
     input_tokens: list[int] | None = None  # each input's, where the backend says (a batch's callers get their own)
 

@@ -29,7 +29,7 @@ class Script:
     delay: float = 0.0
     silence: float = 0.0  # before anything, as Ollama sends nothing while it reads a long prompt
     last_in_finish: bool = False  # the last piece comes in the finishing chunk, as the engine and llama-server send it
-    total_ns: int = 0  # the timings the finishing chunk reports (all of it decoding)
+    eval_ns: int = 0  # the decoding time the finishing chunk reports
     empties: int = 0  # empty chunks before each piece, as a backend holding text back for a stop string sends
     cached_tokens: int = 0  # of the 5 prompt tokens, those the backend's prefix cache served
     after_finish: float = 0.0  # the stream stays open this long past its finishing chunk (a stage's work after it)
@@ -94,7 +94,7 @@ class ScriptedBackend(Backend):
             yield Chunk(text=s.pieces[-1] if s.last_in_finish and s.pieces else "", tool_calls=list(s.tool_calls),
                         finish_reason=s.finish_reason,  # type: ignore[arg-type]
                         usage=Usage(prompt_tokens=5, completion_tokens=len(s.pieces), cached_tokens=s.cached_tokens,
-                                    total_ns=s.total_ns, eval_ns=s.total_ns))
+                                    eval_ns=s.eval_ns))
             if s.after_finish:
                 await asyncio.sleep(s.after_finish)
             if s.fail_after_finish:

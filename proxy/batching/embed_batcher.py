@@ -137,7 +137,7 @@ def _split(result: EmbedResult, requests: list[EmbedRequest]) -> list[EmbedResul
         else:
             tokens = round(result.prompt_tokens * sum(len(s) for s in r.inputs) / total_chars)
         parts.append(EmbedResult(embeddings=result.embeddings[start:end], prompt_tokens=tokens,
-                                 total_ns=result.total_ns, load_ns=result.load_ns,
+                                 load_ns=result.load_ns,
                                  input_tokens=None if result.input_tokens is None else result.input_tokens[start:end]))
         start = end
     return parts

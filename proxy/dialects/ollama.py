@@ -206,15 +206,15 @@ def now_iso() -> str:
 def _timings(usage: Usage | None, started_ns: int) -> dict[str, Any]:
     """Ollama's Metrics of a chat or generation."""
     u = usage or Usage()
-    return _figures(u.total_ns, started_ns, load_duration=u.load_ns, prompt_eval_count=u.prompt_tokens,
+    return _figures(started_ns, load_duration=u.load_ns, prompt_eval_count=u.prompt_tokens,
                     prompt_eval_duration=u.prompt_eval_ns, eval_count=u.completion_tokens, eval_duration=u.eval_ns)
 
 
-def _figures(total_ns: int, started_ns: int, **figures: int) -> dict[str, int]:
+def _figures(started_ns: int, **figures: int) -> dict[str, int]:
     """Ollama's figures, each `omitempty` (api/types.go Metrics, EmbedResponse): one the backend did not report (0)
-    is left out, never sent as 0. The total is always known, as Ollama times it itself: the backend's, else Velo's
-    own clock."""
-    measured = {"total_duration": total_ns or time.perf_counter_ns() - started_ns, **figures}
+    is left out, never sent as 0. The total is Velo's clock from the request's arrival, as Ollama's is from its
+    handler's start (server/routes.go), queueing and loading included."""
+    measured = {"total_duration": time.perf_counter_ns() - started_ns, **figures}
     return {name: value for name, value in measured.items() if value}
 
 
@@ -291,7 +291,7 @@ def chat_load_object(model: str, reason: str, load_ns: int = 0) -> dict[str, Any
 def embed_object(model: str, result: EmbedResult, started_ns: int) -> dict[str, Any]:
     """Ollama's EmbedResponse (server/routes.go EmbedHandler)."""
     return {"model": model, "embeddings": result.embeddings,
-            **_figures(result.total_ns, started_ns, load_duration=result.load_ns,
+            **_figures(started_ns, load_duration=result.load_ns,
                        prompt_eval_count=result.prompt_tokens)}
 
 

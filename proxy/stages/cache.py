@@ -92,8 +92,8 @@ async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
         if chunk.usage is not None:
             now = time.perf_counter_ns()
             chunk = replace(chunk, usage=Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens,
-                                               chunk.usage.cached_tokens, total_ns=now - started_ns,
-                                               prompt_eval_ns=found - started_ns, eval_ns=now - found))
+                                               chunk.usage.cached_tokens, prompt_eval_ns=found - started_ns,
+                                               eval_ns=now - found))
         yield chunk
         await burst.pause()  # a long answer replayed whole held the event loop (adapters/bursts.py)
 

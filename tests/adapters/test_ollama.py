@@ -36,7 +36,7 @@ async def test_chat_stream_yields_tokens_then_a_final_chunk_with_usage(backend, 
     final = chunks[-1]
     assert final.finish_reason == "stop"
     assert final.usage.completion_tokens == 3 and final.usage.prompt_tokens == 2
-    assert final.usage.total_ns > 0 and final.usage.eval_ns > 0
+    assert final.usage.eval_ns > 0
     assert ollama_double.last("/api/chat")["stream"] is True
 
 
@@ -152,7 +152,7 @@ async def test_embed(backend, ollama_double):
     result = await backend.embed(EmbedRequest(model=MODEL, inputs=["a b", "c"], dimensions=4, keep_alive=0))
     assert len(result.embeddings) == 2 and len(result.embeddings[0]) == 4
     assert result.embeddings[0] != result.embeddings[1]
-    assert result.prompt_tokens == 3 and result.total_ns > 0
+    assert result.prompt_tokens == 3
     assert ollama_double.last("/api/embed") == {"model": MODEL, "input": ["a b", "c"], "truncate": True,
                                                  "dimensions": 4, "keep_alive": 0}
 

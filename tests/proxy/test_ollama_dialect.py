@@ -30,15 +30,15 @@ async def test_chat_streams_ndjson_with_final_timings(client, scripted: Scripted
 async def test_timings_the_backend_did_not_report_are_left_out(client, scripted: ScriptedBackend):
     """Ollama's Metrics are `omitempty` (api/types.go), streamed or whole: the done line said load_duration and
     prompt_eval_duration 0 where the backend reported none, as if that work had taken no time."""
-    scripted.script.total_ns = 2_000_000  # its eval_duration too; no load or prompt reading reported
+    scripted.script.eval_ns = 2_000_000  # no load or prompt reading reported
     chat, generate = {"messages": [{"role": "user", "content": "hi"}]}, {"prompt": "hi"}
     for path, body in (("/api/chat", chat), ("/api/generate", generate)):
         for stream in (True, False):
             resp = await client.post(path, json={"model": "tiny", "stream": stream, **body})
             done = orjson.loads((await resp.read()).splitlines()[-1])
             timings = {k: v for k, v in done.items() if k.endswith(("_duration", "_count"))}
-            assert timings == {"total_duration": 2_000_000, "eval_duration": 2_000_000, "eval_count": 3,
-                               "prompt_eval_count": 5}
+            assert timings.pop("total_duration") > 0  # Velo's clock, from the request's arrival
+            assert timings == {"eval_duration": 2_000_000, "eval_count": 3, "prompt_eval_count": 5}
 
 
 async def test_an_embeddings_figures_the_backend_did_not_report_are_left_out(client):
