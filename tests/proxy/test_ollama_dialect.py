@@ -380,3 +380,30 @@ async def test_ps_shows_the_others_when_a_backend_does_not_answer(monkeypatch):
     async with TestClient(TestServer(make_app(Config(), {"hung": hung, "fine": fine}))) as c:
         shown = await asyncio.wait_for(c.get("/api/ps"), 5)
         assert shown.status == 200 and isinstance((await shown.json())["models"], list)
+
+
+async def test_total_duration_counts_the_wait_in_velos_queue():
+    """Ollama's total is from its handler's start (server/routes.go); an Ollama behind Velo times only its own part,
+    and a request that waited in Velo's queue (max_concurrency) said it took no longer than one that did not."""
+    from aiohttp.test_utils import TestServer
+
+    from adapters.base import BackendConfig
+    from proxy.app import make_app
+    from proxy.cache.config import CacheConfig
+    from proxy.config import Config
+    from tests.fakes import OllamaDouble
+
+    async with OllamaDouble() as fake:
+        fake.script.token_delay = 0.1
+        cfg = Config(backends=[BackendConfig(name="up", kind="ollama", urls=[fake.url], max_concurrency=1)],
+                     cache=CacheConfig(enabled=False))
+        server = TestServer(make_app(cfg), host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            oll = ollama.AsyncClient(host=str(server.make_url("")).rstrip("/"))
+            answers = await asyncio.gather(*(oll.chat(model="smollm2:135m", options={"num_predict": 3}, messages=[
+                {"role": "user", "content": f"question {i}"}]) for i in range(2)))
+        finally:
+            await server.close()
+    first, second = sorted(a.total_duration for a in answers)
+    assert second > 1.7 * first, (first, second)  # the second waited for the first's whole answer
