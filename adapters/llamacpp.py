@@ -21,8 +21,8 @@ from .fields import wire_text
 from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
-from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, SamplingOptions,
-                       RunningModel, TokenLogprob, Usage)
+from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
+                       RunningModel, SamplingOptions, TokenLogprob, Usage)
 from .think import ThinkSplitter, opens_thinking, template_thinks
 
 log = logging.getLogger("velo.adapters.llamacpp")
@@ -207,6 +207,16 @@ async def _without_echo(prefix: str, chunks: AsyncIterator[Chunk]) -> AsyncItera
                     continue  # it may still be the echo
                 chunk, prefix = replace(chunk, text=held.removeprefix(prefix)), ""
             yield chunk
+
+
+def _no_empty_prefill(messages: list[Message]) -> list[Message]:
+    """The chat without an empty assistant turn at its end, which prefills nothing (Anthropic's API allows one and
+    answers as without it): llama-server cut the prompt before that turn, its generation prompt too, and the model
+    wrote the turn's header ("assistant") at the start of its answer."""
+    last = messages[-1] if messages else None
+    if last is None or last.role != "assistant" or last.content or last.thinking or last.tool_calls or last.images:
+        return messages
+    return messages[:-1]
 
 
 def gguf_name(model_id: str) -> str:
@@ -422,7 +432,7 @@ class LlamaCppBackend(OpenAIBackend):
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         """The OpenAI body plus llama-server's own sampling keys (repeat_penalty, typical_p, mirostat, ...)."""
-        req = replace(req, options=llama_reads(req.options, self._window()))
+        req = replace(req, options=llama_reads(req.options, self._window()), messages=_no_empty_prefill(req.messages))
         native = native_sampling(req.options)
         native.pop("n_predict", None)
         native.pop("n_probs", None)

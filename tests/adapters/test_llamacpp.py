@@ -92,6 +92,17 @@ async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
     assert streamed.text == whole.text and streamed.text.startswith(" ") and "Hello," not in streamed.text
 
 
+async def test_an_empty_last_assistant_turn_prefills_nothing(backend):
+    """Anthropic's API allows an empty last assistant turn and answers as without it. llama-server took it for a
+    prefill of nothing and cut the prompt before the turn, generation prompt and all: the model wrote the turn's
+    header into its answer ("assistant\\nHello there")."""
+    plain = hello(stream=False)
+    ended = replace(plain, messages=[*plain.messages, Message(role="assistant")])
+    asked, answered = [aggregate(await collect(backend.chat(r))) for r in (plain, ended)]
+    assert answered.usage.prompt_tokens == asked.usage.prompt_tokens and not answered.text.startswith("assistant")
+    assert await backend.count_tokens(ended) == await backend.count_tokens(plain)
+
+
 async def _generating(aiohttp_server, template: str, pieces: list[str], routed: str = "") -> LlamaCppBackend:
     """A llama-server double for Ollama's non-raw /api/generate: its template, and /completion streaming `pieces`;
     with `routed` (a model file), a router (server-models.cpp), whose /props has no template, serving that file."""
