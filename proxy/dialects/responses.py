@@ -387,10 +387,14 @@ def _format(fmt: Any) -> Any:
 
 
 def _think(reasoning: dict[str, Any]) -> bool | str | None:
+    """`reasoning.effort` as OpenAI chat's `reasoning_effort` reads it (EFFORTS); another value is OpenAI's 400, where
+    a list was a 500 and an unknown level reached the backend as sent."""
     effort = reasoning.get("effort")
     if effort is None:
         return None
-    return EFFORTS.get(effort, effort)
+    if not isinstance(effort, str) or effort not in EFFORTS:
+        raise BadRequest(f"reasoning.effort: must be one of {', '.join(EFFORTS)}", param="reasoning")
+    return EFFORTS[effort]
 
 
 # -- answers -------------------------------------------------------------------------------------------------------

@@ -379,6 +379,8 @@ async def test_failure_mid_stream_fails_the_response():
     ({"model": "tiny", "input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": 5}]},
                                  {"role": "user", "content": "hi"}]}, "text"),
     ({"model": "tiny", "input": [{"type": "reasoning", "content": 7}, {"role": "user", "content": "hi"}]}, "input"),
+    ({"model": "tiny", "input": "hi", "reasoning": {"effort": ["high"]}}, "reasoning"),  # was a 500
+    ({"model": "tiny", "input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning"),  # reached the backend
 ])
 async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     resp = await client.post("/v1/responses", json=body)
