@@ -307,7 +307,8 @@ def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     kind = thinking.get("type") if thinking else None
     if kind == "enabled":
         effort = config.get("effort")
-        if effort is not None and effort not in EFFORTS:  # it reached the backend as sent, where OpenAI's is a 400
+        # another level reached the backend as sent, where OpenAI's is a 400; a list was a 500 (unhashable)
+        if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
             raise BadRequest(f"output_config.effort: must be one of {', '.join(EFFORTS)}", param="output_config")
         return True if effort is None else EFFORTS[effort]
     if kind == "disabled":

@@ -284,6 +284,8 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": [1]}}, "tool_choice"),  # was a 500
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": 1024},
       "output_config": {"effort": "bogus"}}, "effort"),  # it went on to the backend as sent
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": 1024},
+      "output_config": {"effort": ["high"]}}, "effort"),  # was a 500
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "document"),
     ({"model": "tiny", "max_tokens": 8, "messages": [  # Anthropic's own 400; a context edit cleared both results
