@@ -354,10 +354,10 @@ def _tools(raw: list[Any]) -> tuple[list[Tool], dict[str, ToolName], list[str]]:
 
 def _freeform_description(tool: dict[str, Any]) -> str:
     """A custom tool takes free text; its grammar (if any) is what the text must follow."""
-    fmt = tool.get("format") or {}
+    fmt = get(tool, "format", dict, {})  # a string there, or a description that is no string, was a 500
     grammar = f"\nThe input must follow this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}" \
         if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str) else ""
-    return (tool.get("description") or "") + grammar
+    return get(tool, "description", str, "") + grammar
 
 
 def _tool_choice(raw: Any, tools: list[Tool]) -> tuple[list[Tool], Any]:

@@ -381,6 +381,8 @@ async def test_failure_mid_stream_fails_the_response():
     ({"model": "tiny", "input": [{"type": "reasoning", "content": 7}, {"role": "user", "content": "hi"}]}, "input"),
     ({"model": "tiny", "input": "hi", "reasoning": {"effort": ["high"]}}, "reasoning"),  # was a 500
     ({"model": "tiny", "input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning"),  # reached the backend
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "custom", "name": "c", "format": "lark"}]}, "format"),  # 500s
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "custom", "name": "c", "description": 5}]}, "description"),
 ])
 async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     resp = await client.post("/v1/responses", json=body)
