@@ -383,6 +383,8 @@ async def test_failure_mid_stream_fails_the_response():
     ({"model": "tiny", "input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning"),  # reached the backend
     ({"model": "tiny", "input": "hi", "tools": [{"type": "custom", "name": "c", "format": "lark"}]}, "format"),  # 500s
     ({"model": "tiny", "input": "hi", "tools": [{"type": "custom", "name": "c", "description": 5}]}, "description"),
+    ({"model": "tiny", "input": "hi", "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [
+        {"type": "function", "name": ["f"]}]}}, "name"),  # was a 500
 ])
 async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     resp = await client.post("/v1/responses", json=body)
