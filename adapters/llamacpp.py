@@ -446,12 +446,24 @@ class LlamaCppBackend(OpenAIBackend):
         return _with_progress(body)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if req.raw or (req.template is None and req.suffix is not None):
+        if req.raw and not req.prompt and req.suffix is None:
+            stream = self._new_document(req)
+        elif req.raw or (req.template is None and req.suffix is not None):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)
         else:
             stream = self._with_context(req)
         stream = _alternatives(stream, req.options)
         return stream if req.stream else one_answer(stream)
+
+    async def _new_document(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        """An empty raw prompt starts a new document, as OpenAI's completions take one and the engine answers it: from
+        the model's BOS, else its end-of-text token (llama-server reads their text as the special token). Sent as it
+        was, llama-server evaluated nothing and answered nothing, which Velo passed on as an empty `stop`."""
+        props = await self.props()
+        start = props.get("bos_token") or props.get("eos_token") or ""
+        async with contextlib.aclosing(self._native("/completion", replace(req, prompt=start))) as stream:
+            async for chunk in stream:
+                yield chunk
 
     async def _with_context(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Ollama's non-raw /api/generate: the prompt rendered (by the client's Go `template`, else the server's own

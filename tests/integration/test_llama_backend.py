@@ -163,6 +163,21 @@ async def test_ignore_eos_writes_to_max_tokens(velo_llama):
     assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == longer
 
 
+async def test_an_empty_completions_prompt_starts_a_new_document(velo_llama):
+    """OpenAI's completions take an empty prompt "as if from the beginning of a new document" (the engine starts it
+    from the model's BOS); llama-server evaluated nothing and answered nothing, passed on as an empty `stop`."""
+    oai, _ = clients(velo_llama)
+    for stream in (False, True):
+        out = await oai.completions.create(model=CHAT_MODEL, prompt="", max_tokens=4, temperature=0, stream=stream,
+                                           **({"stream_options": {"include_usage": True}} if stream else {}))
+        if stream:
+            chunks = [c async for c in out]
+            text, usage = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+        else:
+            text, usage = out.choices[0].text, out.usage
+        assert text and (usage.prompt_tokens, usage.completion_tokens) == (1, 4)
+
+
 async def test_token_ids_embed_as_their_text_does(velo_llama):
     """OpenAI's and llama-server's token input (the openai client sends ids itself where tiktoken chunks a long
     text); Velo refused it. llama-server embeds ids with no BOS of its own, and counts each id a token."""
