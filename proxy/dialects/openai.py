@@ -142,17 +142,27 @@ def _content_text(content: Any) -> tuple[str, list[str]]:
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            texts.append(str(part.get("text", "")))
+            texts.append(_part_text(part, "text"))
         elif kind == "image_url":
             image = part.get("image_url")
             if not isinstance(image, dict):
                 raise BadRequest("image_url must be an object {url: ...}", param="messages")
             images.append(data_url_image(image.get("url"), "image_url.url", "messages"))
         elif kind == "refusal":  # an assistant's refusal, echoed back in the history: what it said
-            texts.append(str(part.get("refusal", "")))
+            texts.append(_part_text(part, "refusal"))
         else:
             raise BadRequest(f"unsupported content part type {kind!r}", param="messages")
     return "".join(texts), images
+
+
+def _part_text(part: dict[str, Any], key: str) -> str:
+    """A text (or refusal) part's string, else OpenAI's 400: `str()` put a null into the prompt as the word "None"
+    and a number as its digits."""
+    text = part.get(key)
+    if not isinstance(text, str):
+        got = "null" if text is None else type(text).__name__
+        raise BadRequest(f"a {part['type']} part's {key} must be a string, got {got}", param="messages")
+    return text
 
 
 def data_url_image(url: Any, where: str, param: str) -> str:

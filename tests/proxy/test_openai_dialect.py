@@ -351,6 +351,13 @@ async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client
      "'g' is not among the tools", "tool_choice"),
     ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
         "url": "https://example.com/cat.png"}}]}]}, "only base64 data URLs", "messages"),
+    # a null or a number as a part's text reached the model as the word "None" or the number's digits
+    ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+     "text part's text must be a string, got null", "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]},
+     "text part's text must be a string, got int", "messages"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "content": [{"type": "refusal", "refusal": None}]}]},
+     "refusal part's refusal must be a string", "messages"),
 ])
 async def test_bad_input_gets_openai_error(client, scripted, body, fragment, param):
     resp = await client.post("/v1/chat/completions", json=body)
