@@ -111,11 +111,13 @@ def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> Samp
     return opts
 
 
-def _whole(raw: dict[str, Any], name: str) -> int:
+def _whole(raw: dict[str, Any], name: str) -> int | None:
     """An integer knob as Ollama's API reads one (api/types.go Options.FromMap): any JSON number, a fraction cut
-    off, so `num_ctx: 2048.0` is 2048 (clients that keep options as floats send it so). Config files stay strict,
-    as a Modelfile's PARAMETER is."""
+    off, so `num_ctx: 2048.0` is 2048 (clients that keep options as floats send it so), and null unset, as FromMap
+    skips it (it was a 500). Config files stay strict, as a Modelfile's PARAMETER is."""
     value = raw[name]
+    if value is None:
+        return None
     whole = int(value) if isinstance(value, float) and math.isfinite(value) else get(raw, name, int)
     if not -2**63 <= whole < 2**63:  # 1e300 went on as an integer no JSON writer here takes: a 500
         raise BadRequest(f"{name}: {value:g} is out of range", param=name)

@@ -30,6 +30,15 @@ async def test_refused_as_ollama_refuses(client, scripted: ScriptedBackend, path
     assert scripted.requests == []
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+@pytest.mark.parametrize("name", ["num_predict", "num_ctx", "seed", "top_k"])
+async def test_a_whole_number_option_of_null_is_unset_as_ollama_skips_it(client, scripted, path, name):
+    """Ollama's Options.FromMap passes over a null value; an integer option of null was a 500."""
+    resp = await client.post(path, json={"model": "tiny", "stream": False, "messages": CHAT, "prompt": "x",
+                                         "options": {name: None}})
+    assert resp.status == 200 and len(scripted.requests) == 1, await resp.text()
+
+
 @pytest.mark.parametrize("path, body, status, error", [
     ("/api/generate", {"prompt": "hi"}, 404, "model '' not found"),
     ("/api/generate", {"model": " ", "prompt": "hi"}, 404, "model ' ' not found"),
