@@ -474,8 +474,9 @@ class LlamaCppBackend(OpenAIBackend):
         if req.template is not None:
             prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
         else:
-            prompt = (await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)),
-                                           model=req.model, wait=self.config.first_token_timeout))["prompt"]
+            prompt = await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)), model=req.model,
+                                          parse=lambda obj: wire_text(obj["prompt"]),
+                                          wait=self.config.first_token_timeout)
         ids = (req.context or []) + await self.tokenize(prompt, req.model)
         said, jinja = list(ids), await self._template(req.model)  # after a POST: a load is over
         if req.think not in (None, False) and not template_thinks(jinja):

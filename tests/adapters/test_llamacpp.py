@@ -363,6 +363,23 @@ async def test_the_steps_before_a_generation_wait_first_token_timeout_not_total(
         await b.close()
 
 
+@pytest.mark.parametrize("rendered", [{"error": "no template"}, {"prompt": 5}, [1]])
+async def test_a_rendered_prompt_of_the_wrong_shape_is_the_backends_502(aiohttp_server, rendered):
+    """Ollama's non-raw /api/generate reads /apply-template's `prompt`: an answer without one was a KeyError, a 500."""
+    async def apply_template(request: web.Request) -> web.Response:
+        return web.json_response(rendered)
+
+    app = web.Application()
+    app.router.add_post("/apply-template", apply_template)
+    server = await aiohttp_server(app)
+    b = LlamaCppBackend(BackendConfig(name="llama", kind="llamacpp", urls=[str(server.make_url(""))]))
+    try:
+        with pytest.raises(BackendError, match="apply-template"):
+            await collect(b.complete(CompletionRequest(model=MODEL, prompt="hi")))
+    finally:
+        await b.close()
+
+
 @pytest.mark.parametrize("top", [None, 0, 3])
 async def test_logprobs_list_as_many_alternatives_as_asked(backend, top):
     """llama-server gives 20 alternatives where a request names no count, and no logprobs at all for 0; OpenAI,
