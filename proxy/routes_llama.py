@@ -118,8 +118,9 @@ class Used:
 
 
 async def _body(request: web.Request) -> dict[str, Any] | None:
-    """A GET has none, nor has a slot's erase (`POST /slots/0?action=erase`); every other route takes an object."""
-    if request.method == "GET" or ("id_slot" in request.match_info and not request.can_read_body):
+    """A GET (or HEAD, aiohttp's with every GET: a 400 asking for a body) has none, nor has a slot's erase
+    (`POST /slots/0?action=erase`); every other route takes an object."""
+    if request.method in ("GET", "HEAD") or ("id_slot" in request.match_info and not request.can_read_body):
         return None
     return body_object(await read_json(request))
 

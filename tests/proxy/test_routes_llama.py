@@ -29,6 +29,11 @@ async def test_the_other_routes_are_404s_in_llama_servers_shape_too(client, scri
     assert set(err) == {"message", "type", "param", "code"} and scripted.requests == []
 
 
+async def test_a_head_is_answered_as_its_get(client):
+    """aiohttp answers HEAD on every GET route: on /props it asked for a JSON body, a 400."""
+    assert (await client.head("/props")).status == (await client.get("/props")).status == 404
+
+
 async def test_a_body_that_is_no_object_is_a_400(client):
     resp = await client.post("/infill", json=["input_prefix"])
     assert resp.status == 400 and "error" in await resp.json()
