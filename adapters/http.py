@@ -139,6 +139,10 @@ _TOTAL = re.compile(r"total of (?:at least )?(\d+)|you requested (\d+) tokens")
 # hint: ... mmproj"), which SDKs retry three times; it is the request's to fix: Ollama's 400 "does not support vision"
 _NO_MEDIA = re.compile(r"(image|audio|video) input is not supported")
 _MEDIA_FEATURE = {"image": "vision", "audio": "audio", "video": "video"}
+# llama-server answers a field of the wrong type or a missing one in the body it reads (nlohmann::json's exceptions:
+# /tokenize's `content: null`, /infill without `input_suffix`) with a 500 too; those bodies are its own routes'
+# clients', passed on as they are (proxy/routes_llama.py)
+_BODY_UNREAD = "[json.exception."
 
 
 def _overflow(body: bytes) -> ContextOverflow | None:
@@ -319,7 +323,7 @@ class Upstream:
         if (media := _NO_MEDIA.match(message)) is not None:
             feature = _MEDIA_FEATURE[media.group(1)]
             raise ModelLacks(model, feature) if model else BadRequest(f"{where} cannot take {feature} input: {message}")
-        if resp.status in (400, 422):
+        if resp.status in (400, 422) or (resp.status == 500 and message.startswith(_BODY_UNREAD)):
             raise BadRequest(f"{where} rejected the request: {message}")
         if resp.status == 413:  # the body Velo passed on was the client's, and too large for a proxy in front
             raise PayloadTooLarge(f"{where} refused the request as too large: {message}")

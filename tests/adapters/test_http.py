@@ -211,10 +211,13 @@ async def test_a_redirect_is_a_clear_502_never_followed(aiohttp_server):
 
 async def test_llama_servers_500_for_an_image_is_the_requests_400(aiohttp_server):
     """llama-server without a projector answers an image with a 500, which every SDK retried three times as Velo's
-    502; it is Ollama's 400 "does not support vision". Other 500s stay the backend's."""
+    502; it is Ollama's 400 "does not support vision". So is a body it cannot read (a field of the wrong type, or
+    missing), which its own routes' clients send through Velo as they are. Other 500s stay the backend's."""
     async def refuse(request: web.Request) -> web.Response:
         message = {"/v1/chat/completions": "image input is not supported - hint: if this is unexpected, you may "
-                                           "need to provide the mmproj"}.get(request.path, "out of memory")
+                                           "need to provide the mmproj",
+                   "/tokenize": "[json.exception.type_error.302] type must be string, but is null"}.get(
+                       request.path, "out of memory")
         return web.json_response({"error": {"code": 500, "message": message, "type": "server_error"}}, status=500)
 
     app = web.Application()
@@ -225,6 +228,9 @@ async def test_llama_servers_500_for_an_image_is_the_requests_400(aiohttp_server
         with pytest.raises(BadRequest) as lacks:
             await up.call("POST", "/v1/chat/completions", {}, model="smollm2")
         assert lacks.value.status == 400 and lacks.value.message == '"smollm2" does not support vision'
+        with pytest.raises(BadRequest) as unread:
+            await up.call("POST", "/tokenize", {"content": None})
+        assert unread.value.status == 400 and "type must be string, but is null" in unread.value.message
         with pytest.raises(BackendError) as failed:
             await up.call("POST", "/completion", {}, model="smollm2")
         assert failed.value.status == 502
