@@ -12,7 +12,7 @@ import orjson
 
 from adapters.errors import BackendError
 from adapters.protocol import Tool, ToolCall
-from proxy.tools.coerce import check_arguments
+from proxy.tools.coerce import check_arguments, usable
 from proxy.tools.extract import RawCall, Region, raw_calls
 from proxy.tools.repair import decode_arguments
 
@@ -37,7 +37,7 @@ class RepairReport:
     invalid: list[str] = field(default_factory=list)
     unoffered: int = 0  # of `invalid`: calls in the text to a tool that was not offered (the model's JSON answer)
     deduped: int = 0
-    skipped: list[str] = field(default_factory=list)  # why some text was passed through unrepaired: "size", "budget"
+    skipped: list[str] = field(default_factory=list)  # why something passed unrepaired: "size", "budget", "schema"
 
     @property
     def changed(self) -> bool:
@@ -173,7 +173,11 @@ class CallRepairer:
         if args is None:
             args, fixes = {}, fixes + ["null_arguments"]
         changes: list[str] = []
-        args, errors = check_arguments(args, self.by_name[name].parameters, changes)
+        schema = self.by_name[name].parameters
+        if not usable(schema):
+            self.report.skipped.append("schema")
+            schema = {}
+        args, errors = check_arguments(args, schema, changes)
         if not isinstance(args, dict):
             errors = errors or ["arguments are not a JSON object"]
         if errors:

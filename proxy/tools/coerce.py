@@ -33,6 +33,17 @@ def check_arguments(args: Any, schema: dict, changes: list[str]) -> tuple[Any, l
     return args, validation_errors(args, schema)
 
 
+def usable(schema: dict) -> bool:
+    """Whether `schema` can be checked against at all: a client's dangling or remote `$ref`, or `"type": 5`, cannot.
+    What the model writes for one passes as written (`skipped=schema`), as Ollama, which checks no schema, passes it:
+    reported as the model's error, every call to such a tool was a 502, which SDKs retried."""
+    try:
+        _validator(schema)
+    except jsonschema_rs.ValidationError:
+        return False
+    return True
+
+
 def validation_errors(value: Any, schema: dict) -> list[str]:
     try:
         validator = _validator(schema)

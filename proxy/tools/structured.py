@@ -9,7 +9,7 @@ import orjson
 from adapters.errors import BackendError
 from adapters.fields import nests_deeper
 from proxy.tools.calls import RepairReport
-from proxy.tools.coerce import coerce, validation_errors
+from proxy.tools.coerce import coerce, usable, validation_errors
 from proxy.tools.repair import MAX_REPAIR_CHARS, Unrepairable, parse_json
 
 
@@ -35,7 +35,9 @@ def repair_structured(text: str, fmt: str | dict, report: RepairReport) -> str:
         report.skipped.append("size")
         return text
     schema = schema_of(fmt)
-    if schema:
+    if schema and not usable(schema):
+        report.skipped.append("schema")
+    elif schema:
         value = _conform(value, schema, report)
     if len(report.repaired) + len(report.coerced) == changes:
         return text

@@ -232,3 +232,32 @@ async def test_only_a_repeatable_failure_tells_the_client_not_to_retry(client: T
     resp = await client.post(path, json={"model": "tiny", "messages": MESSAGES, **body})
     assert resp.status >= 500
     assert resp.headers.get("x-should-retry") == retried
+
+
+UNUSABLE = [{"$ref": "#/definitions/Missing"}, {"type": 5}, {"$ref": "https://example.com/city.json"}]
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=[CALL]))])
+@pytest.mark.parametrize("city", UNUSABLE)
+async def test_a_tool_whose_schema_cannot_be_used_has_its_calls_passed_on_as_written(client: TestClient, city) -> None:
+    """A client's dangling or remote `$ref`, or a type of 5: nothing to check a call against, so it goes out as
+    the model wrote it (repaired JSON), as Ollama passes it; every call to such a tool was a 502, which SDKs retry."""
+    tool = {"type": "function", "function": {**WEATHER["function"], "parameters": {
+        "type": "object", "properties": {"city": city, "days": {"type": "integer"}}}}}
+    for path, body in (("/v1/chat/completions", {}), ("/api/chat", {"stream": False})):
+        resp = await client.post(path, json={"model": "tiny", "messages": MESSAGES, "tools": [tool], **body})
+        assert resp.status == 200, await resp.text()
+        answer = await resp.json()
+        calls = answer["choices"][0]["message"]["tool_calls"] if path.startswith("/v1") else \
+            answer["message"]["tool_calls"]
+        assert calls[0]["function"]["name"] == "get_weather" and "skipped=schema" in resp.headers["X-Velo-Repair"]
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=['{"city": "Paris",}']))])
+async def test_a_format_whose_schema_cannot_be_used_is_answered_as_json_unchecked(client: TestClient) -> None:
+    schema = {"type": "object", "properties": {"city": UNUSABLE[0]}}
+    resp = await client.post("/api/chat", json={"model": "tiny", "messages": MESSAGES, "format": schema,
+                                                "stream": False})
+    assert resp.status == 200, await resp.text()
+    assert orjson.loads((await resp.json())["message"]["content"]) == {"city": "Paris"}
+    assert "skipped=schema" in resp.headers["X-Velo-Repair"]
