@@ -5,6 +5,7 @@ import pytest
 
 from adapters.protocol import Tool, ToolCall
 from proxy.tools.calls import ToolCallInvalid
+from proxy.tools.coerce import usable
 from proxy.tools.stream import repair_message
 
 WEATHER = Tool("get_weather", "Current weather", {
@@ -214,10 +215,13 @@ def test_a_call_marker_without_a_parsable_call_is_an_invalid_attempt(text: str) 
         repair_message(text, [], TOOLS)
 
 
-def test_a_schema_with_a_remote_ref_is_refused_without_fetching_it() -> None:
+def test_a_schema_with_a_remote_ref_is_never_fetched_and_its_calls_go_out_unchecked() -> None:
+    """Nothing to check against (a fetch would let a client's schema make Velo open connections): the call goes out as
+    the model wrote it, as through Ollama."""
     remote = Tool("fetchy", "", {"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/a.json"}}})
-    with pytest.raises(ToolCallInvalid, match="schema cannot be used: .*is not fetched"):
-        repair_message('{"name": "fetchy", "arguments": {"a": 1}}', [], [remote])
+    assert not usable(remote.parameters)
+    _, calls, report = repair_message('{"name": "fetchy", "arguments": {"a": 1}}', [], [remote])
+    assert [(c.name, c.arguments) for c in calls] == [("fetchy", {"a": 1})] and report.skipped == ["schema"]
 
 
 def test_a_tool_definition_echoed_in_a_fence_is_text_not_a_failed_call() -> None:
