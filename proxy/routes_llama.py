@@ -50,7 +50,7 @@ async def _passed_on(request: web.Request, server: Backend, body: dict[str, Any]
                      read: Callable[[bytes], bytes], headers: dict[str, str]) -> web.StreamResponse:
     """The answer with the key's state in OpenAI's headers (llama-server's errors are OpenAI's shape)."""
     return await write_stream(request, server.native(request.method, request.path_qs, body), read,
-                              lambda e: sse(openai.error_object(e)) if stream else b"",
+                              lambda e: sse(openai.error_object(e)) if stream else None,
                               "text/event-stream" if stream else "application/json", headers=lambda: headers)
 
 

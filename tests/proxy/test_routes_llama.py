@@ -79,3 +79,37 @@ def test_a_stream_event_too_long_to_read_is_passed_over_and_the_next_counted():
     assert used.held == []
     used.read(b'"}\n\ndata: {"content":"","tokens_predicted":3,"tokens_evaluated":2,"stop":true}\n\n')
     assert used.total() == 5
+
+
+async def test_a_whole_answer_cut_by_its_server_is_cut_for_the_client_too():
+    """A non-streamed answer has no words for a failure half-way: the connection closes before the body's end, so
+    the client's read fails; ended as usual, the cut JSON came as a 200 that looked whole."""
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from adapters.base import BackendConfig
+    from proxy.app import make_app
+    from proxy.cache.config import CacheConfig
+    from proxy.config import Config
+
+    async def completion(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"content": "Hello, wor')
+        request.transport.close()  # llama-server killed mid-answer
+        return resp
+
+    llama = web.Application()
+    llama.router.add_get("/props", lambda r: web.json_response({"default_generation_settings": {"n_ctx": 2048}}))
+    llama.router.add_get("/v1/models", lambda r: web.json_response({"data": [{"id": "m"}]}))
+    llama.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    llama.router.add_post("/completion", completion)
+    async with TestServer(llama, host="127.0.0.1", port=0) as upstream:
+        cfg = Config(backends=[BackendConfig(name="llama", kind="llamacpp", urls=[str(upstream.make_url(""))],
+                                             models=["m"])], cache=CacheConfig(enabled=False))
+        async with TestServer(make_app(cfg), host="127.0.0.1", port=0) as velo, aiohttp.ClientSession() as http:
+            async with http.post(velo.make_url("/completion"), json={"prompt": "Say", "n_predict": 8}) as resp:
+                assert resp.status == 200
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await resp.read()
