@@ -104,8 +104,8 @@ def _unsupported(images: list[str]) -> str | None:
 def _grammar(fmt: Any, tools: list[dict] | None = None, tool_choice: Any = None) -> str | None:
     try:
         return grammar_for(fmt, tools, tool_choice)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param="format") from exc
+    except ValueError as exc:  # named for what the client wrote wrong: a tool's schema where no format was asked
+        raise BadRequest(str(exc), param="format" if fmt is not None or not tools else "tools") from exc
 
 
 def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:

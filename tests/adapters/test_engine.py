@@ -269,8 +269,14 @@ async def test_raw_completion_and_unsupported_requests(backend):
     assert "insert" not in (await backend.show(NAME)).capabilities
     with pytest.raises(BadRequest):
         await collect(backend.chat(chat("x" * 600)))
-    with pytest.raises(BadRequest, match="invalid output grammar"):
+    with pytest.raises(BadRequest, match="invalid output grammar") as bad:
         await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], format={"type": 5})))
+    assert bad.value.param == "format"
+    with pytest.raises(BadRequest, match="invalid output grammar") as bad:  # the tool's schema is what is wrong
+        broken = Tool("f", "", {"type": "object", "properties": {"a": {"type": 5}}})
+        await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], tool_choice="required",
+                                               tools=[broken])))
+    assert bad.value.param == "tools"
 
 
 async def test_a_suffix_asks_a_fim_model_for_the_middle(tmp_path):
