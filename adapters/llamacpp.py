@@ -213,10 +213,7 @@ def _no_empty_prefill(messages: list[Message]) -> list[Message]:
     """The chat without an empty assistant turn at its end, which prefills nothing (Anthropic's API allows one and
     answers as without it): llama-server cut the prompt before that turn, its generation prompt too, and the model
     wrote the turn's header ("assistant") at the start of its answer."""
-    last = messages[-1] if messages else None
-    if last is None or last.role != "assistant" or last.content or last.thinking or last.tool_calls or last.images:
-        return messages
-    return messages[:-1]
+    return messages[:-1] if messages and messages[-1].empty_assistant else messages
 
 
 def gguf_name(model_id: str) -> str:

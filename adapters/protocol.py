@@ -58,6 +58,12 @@ class Message:
     tool_name: str = ""  # Ollama: which tool a "tool" message comes from
     thinking: str = ""
 
+    @property
+    def empty_assistant(self) -> bool:
+        """An assistant turn with nothing in it: last in a chat, it prefills nothing, and Anthropic's API answers as
+        without it."""
+        return self.role == "assistant" and not (self.content or self.thinking or self.tool_calls or self.images)
+
 
 @dataclass
 class SamplingOptions:

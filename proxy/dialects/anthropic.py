@@ -64,6 +64,8 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool results that answer them
     for i, raw in enumerate(raw_messages):
         messages += _message(raw, f"messages.{i}", names)
+    if messages[-1].empty_assistant:  # allowed last, and answered as without it; passed on, vLLM's template wrote
+        messages.pop()  # it as a closed empty turn before the model's own
     tools, ignored = _tools(body)
     config = get(body, "output_config", dict, {})
     choice, parallel = _tool_choice(body.get("tool_choice"))

@@ -212,3 +212,16 @@ async def test_an_anthropic_prefill_is_continued_by_vllm(stream):
     assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
     assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
     assert "{" + msg.content[0].text.replace(" ", "") == '{"city":"Paris"}'
+
+
+@pytest.mark.parametrize("empty", ["", []])
+async def test_anthropic_empty_last_assistant_turn_is_left_out(velo, empty):
+    """Anthropic's API allows an empty last assistant turn and answers as without it: passed on, vLLM's template
+    wrote it as a closed empty turn before the model's own."""
+    url, kind, fake = velo
+    fake.script.tool_calls = []
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
+    await client.messages.create(model=MODELS[kind], max_tokens=16, messages=[
+        {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": empty}])
+    sent = fake.last("/api/chat" if kind == "ollama" else "/v1/chat/completions")["messages"]
+    assert [m["role"] for m in sent] == ["user"]
