@@ -21,6 +21,10 @@ from .semantic import Embedded, Embedder, Entry, ScopeIndex
 from .stats import CacheStats
 
 log = logging.getLogger(__name__)
+# A slower tier answers in about a millisecond; one that hangs (a table locked by a migration, a server stopped behind
+# an open socket) held every cacheable request before its backend call and after its answer: 5 s each way on Redis
+# (its client's socket timeout), without end on PostgreSQL. Past this it costs a miss, or an entry it does not keep.
+TIER_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -141,7 +145,7 @@ class CacheLayer:
         """Try the slower tiers in order; a hit is copied into memory with the expiry it was stored with."""
         for store in self.stores:
             try:
-                found = await store.get(key)
+                found = await asyncio.wait_for(store.get(key), TIER_TIMEOUT_S)
             except Exception:  # a shared tier that is down costs a miss, never the request
                 log.exception("cache tier %s failed on get", store.name)
                 self.counters.count(store.name, label, "error")
@@ -195,7 +199,8 @@ class CacheLayer:
 
     async def _lookup_pg(self, sid: str, query: Embedded, label: str) -> CacheHit | None:
         try:
-            payload = await self.pg.search(sid, query, self.cfg.semantic_threshold, self.embedder.verify)
+            payload = await asyncio.wait_for(self.pg.search(sid, query, self.cfg.semantic_threshold,
+                                                            self.embedder.verify), TIER_TIMEOUT_S)
         except Exception:
             log.exception("cache tier pgvector failed on search")
             self.counters.count("pgvector", label, "error")
@@ -221,7 +226,7 @@ class CacheLayer:
 
     async def _put(self, store: Any, key: str, payload: bytes, expires_at: float, label: str) -> None:
         try:
-            await store.put(key, payload, expires_at)
+            await asyncio.wait_for(store.put(key, payload, expires_at), TIER_TIMEOUT_S)
         except Exception:
             log.exception("cache tier %s failed on put", store.name)
             self.counters.count(store.name, label, "error")
@@ -248,7 +253,7 @@ class CacheLayer:
         self._evict_scopes()
         if self.pg is not None:
             try:
-                await self.pg.add(sid, embedded.vector, text, payload, expires_at)
+                await asyncio.wait_for(self.pg.add(sid, embedded.vector, text, payload, expires_at), TIER_TIMEOUT_S)
             except Exception:
                 log.exception("cache tier pgvector failed on add")
                 self.counters.count("pgvector", label, "error")

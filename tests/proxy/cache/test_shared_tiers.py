@@ -1,10 +1,15 @@
 """The shared tiers against the real servers: Redis for exact answers, PostgreSQL+pgvector for semantic ones."""
 from __future__ import annotations
 
+import asyncio
 import uuid
+
+import redis.asyncio as aioredis
+from psycopg import AsyncConnection
 
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions
 from proxy.cache import CacheConfig, CacheLayer
+from proxy.cache.redis_store import RedisStore
 from proxy.cache.semantic import Embedder
 
 ANSWER = [Chunk("cached"), Chunk(finish_reason="stop")]
@@ -60,3 +65,40 @@ async def test_pgvector_never_compares_vectors_of_different_encoders(pg_dsn: str
     for layer in (a, same, different):
         await layer.close()
     await other.close()
+
+
+async def test_a_redis_that_hangs_costs_a_miss_not_the_requests_time():
+    """A server that takes the connection and never answers (a stopped process behind its open socket): lookup and
+    store each waited out the client's 5-s socket timeout, before the backend call and after the answer."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(-1)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    layer = await CacheLayer.create(CacheConfig())
+    layer.stores.append(RedisStore(aioredis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0")))
+    asked = layer.asked(_ask(f"hi {uuid.uuid4()}"), "t")
+    assert await asyncio.wait_for(layer.lookup(asked), 3) is None
+    assert await asyncio.wait_for(layer.store(asked, ANSWER), 3)
+    assert layer.stats()["events"]["redis"]["tiny"] == {"error": 2}
+    await layer.close()
+    server.close()
+
+
+async def test_a_locked_pgvector_table_costs_a_miss_not_the_requests_time(pg_dsn: str, embedder: Embedder):
+    """A lock on the table (a migration, VACUUM FULL) held every semantic lookup for as long as it lasted; once it
+    is gone the tier serves again."""
+    cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
+    a = await CacheLayer.create(cfg, embedder=embedder)
+    b = await CacheLayer.create(cfg, embedder=embedder)
+    tenant = str(uuid.uuid4())
+    locker = await AsyncConnection.connect(pg_dsn)
+    await locker.execute("LOCK TABLE velo_semantic IN ACCESS EXCLUSIVE MODE")
+    assert await asyncio.wait_for(b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant)), 3) is None
+    assert b.stats()["events"]["pgvector"]["tiny"] == {"error": 1}
+    await locker.rollback()
+    await locker.close()
+    await a.store(a.asked(_ask("How do I learn Python quickly?"), tenant), ANSWER)
+    assert (await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
+    await a.close()
+    await b.close()
