@@ -18,6 +18,9 @@ MUST_MISS = [
     ("What does `list.sort()` return?", "What does `sorted(list)` return?"),
     ("Fix this: ```x = foo(1)```", "Fix this: ```x = foo(2)```"),
     ("What does os.path.join do?", "What does os.path.split do?"),
+    ("What is 7-3?", "What is 3-7?"),  # the same numbers in another expression
+    ("What is 3/4 as a decimal?", "What is 4/3 as a decimal?"),
+    ("What is 2 + 3?", "What is 2 * 3?"),
 ]
 
 MAY_HIT = [

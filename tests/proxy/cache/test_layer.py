@@ -93,6 +93,18 @@ async def test_semantic_hit_on_a_paraphrase_but_not_across_scopes_or_guarded_cha
     await layer.close()
 
 
+
+async def test_no_semantic_hit_for_the_same_numbers_in_another_expression(embedder: Embedder):
+    """The guard compared numbers sorted, and the verifier does not read operators: "4/3 as a decimal" was served
+    the answer to "3/4 as a decimal" (cosine 0.99), "3-7" the one to "7-3" (0.97)."""
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    for stored, asked in (("What is 3/4 as a decimal?", "What is 4/3 as a decimal?"), ("What is 7-3?", "What is 3-7?"),
+                          ("What is 100 / 4?", "What is 4 / 100?")):
+        await layer.store(layer.asked(_ask(stored), "t"), ANSWER)
+        assert await layer.lookup(layer.asked(_ask(asked), "t")) is None, asked
+    assert (await layer.lookup(layer.asked(_ask("what is 100/4"), "t"))).kind == "semantic"
+    await layer.close()
+
 async def test_a_miss_works_out_its_key_and_semantic_query_once(embedder: Embedder, monkeypatch):
     """A miss's lookup, skip reason and store used to compute the canonical form and its hash again each (108 µs a
     time for an agent's 13-turn chat, bench/cache_keys.py), the semantic tier's query twice more."""
