@@ -35,7 +35,7 @@ those there here what which who whom whose why how when where whether than then 
 each every all both either one ones get got getting make made really actually much many such own other another
 s t way ways thing things someone something anyone anything people person best good more less most least""".split())
 _NEGATION = frozenset("not no never none nobody nothing neither nor nowhere without cannot".split())
-_DIRECTIONAL = frozenset("to into onto from than toward towards over before after above below under versus "
+_DIRECTIONAL = frozenset("to in into onto from than toward towards over before after above below under versus "
                          "beats beat vs".split()) - {"vs", "versus"}
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())

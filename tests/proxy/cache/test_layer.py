@@ -105,6 +105,16 @@ async def test_no_semantic_hit_for_the_same_numbers_in_another_expression(embedd
     assert (await layer.lookup(layer.asked(_ask("what is 100/4"), "t"))).kind == "semantic"
     await layer.close()
 
+
+async def test_no_semantic_hit_for_a_conversion_the_other_way(embedder: Embedder):
+    """"20 EUR in USD" was served the answer to "20 USD in EUR" (cosine 0.98): "in" was no direction to the
+    verifier, as "to" is."""
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    await layer.store(layer.asked(_ask("How much is 20 USD in EUR?"), "t"), ANSWER)
+    assert await layer.lookup(layer.asked(_ask("How much is 20 EUR in USD?"), "t")) is None
+    assert (await layer.lookup(layer.asked(_ask("How much are 20 USD in EUR?"), "t"))).kind == "semantic"
+    await layer.close()
+
 async def test_a_miss_works_out_its_key_and_semantic_query_once(embedder: Embedder, monkeypatch):
     """A miss's lookup, skip reason and store used to compute the canonical form and its hash again each (108 µs a
     time for an agent's 13-turn chat, bench/cache_keys.py), the semantic tier's query twice more."""

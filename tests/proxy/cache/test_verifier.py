@@ -22,6 +22,7 @@ MUST_MISS = {
     "swapped": [
         ("How do I convert rows to columns in Excel?", "How do I convert columns to rows in Excel?"),
         ("Does a dog chase a cat?", "Does a cat chase a dog?"),
+        ("How much is 20 USD in EUR?", "How much is 20 EUR in USD?"),  # a conversion's direction
         ("How do I translate English to French?", "How do I translate French to English?"),
         ("Is Python faster than Java?", "Is Java faster than Python?"),
         ("Why are Apple products more expensive than Dell products?",
