@@ -12,6 +12,7 @@ config class would have to become its model class, engine's included; this is ~1
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -104,6 +105,8 @@ def _scalar(value: Any, kind: type, path: str) -> Any:
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and ok and math.isnan(value):  # TOML's `nan` passed every bound: a nan timeout 500ed each request
+        raise SchemaError(f"{path}: must be a number, got nan")
     if not ok:
         raise SchemaError(f"{path}: must be {_SCALARS[kind]}, got {type(value).__name__} {value!r}")
     return value

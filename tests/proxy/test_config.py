@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,16 @@ def test_an_alias_may_name_a_model_as_clients_send_it():
     cfg = parse_config({"backends": [{"name": "oll", "kind": "ollama", "url": "http://h:1"}],
                         "aliases": {"gpt-4o-mini": "smollm2:135m", "fast": "oll:smollm2:135m"}})
     assert cfg.aliases == {"gpt-4o-mini": "smollm2:135m", "fast": "oll:smollm2:135m"}
+
+
+@pytest.mark.parametrize("raw, path", [
+    ({"server": {"body_timeout_s": float("nan")}}, "server.body_timeout_s"),
+    ({"backends": [{"name": "x", "kind": "openai", "url": "http://h:1", "first_token_timeout": float("nan")}]},
+     "backends[0].first_token_timeout"),
+    ({"cache": {"ttl_s": float("nan")}}, "cache.ttl_s"),
+])
+def test_nan_is_no_number_a_setting_takes(raw, path):
+    """TOML's `nan` compares false with every bound: a `body_timeout_s = nan` was taken, and every request read with
+    it was a 500 (uvloop cannot schedule a timer at nan)."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: must be a number, got nan"):
+        parse_config(raw)
