@@ -169,6 +169,13 @@ class ModelChoice:
                               'Go duration (Ollama\'s OLLAMA_KEEP_ALIVE): "30m", "-1m" for good; unloaded, the next '
                               "request loads it again")
 
+    def __post_init__(self) -> None:
+        """A keep_alive Go cannot read is the config's error, naming its key (it was a traceback at start-up)."""
+        try:
+            keep_alive.seconds(self.keep_alive)
+        except BadRequest as e:
+            raise ValueError(f"keep_alive: {e.message}") from e
+
 
 def engine_config(options: dict[str, Any], path: str = "options") -> tuple[ModelChoice, EngineConfig]:
     """What a backend's options ask for, every key and type checked, and the model file there (a missing one was a
@@ -194,7 +201,6 @@ class EngineBackend(Backend):
         except SchemaError as e:
             raise BadRequest(str(e)) from e
         self.default_keep_alive = choice.keep_alive
-        keep_alive.seconds(choice.keep_alive)  # a 400-style error naming Go's problem, at start-up
         self.model_path: str | None = choice.model or default_model_path()
         self.model_name: str = choice.name or self._default_name()
         self.engine: LLMEngine | None = None

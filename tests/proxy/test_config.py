@@ -61,6 +61,9 @@ def test_minimal_backend_and_url_shorthand():
     ({"models": {"m": {"options": {"stop": "x"}}}}, "models.m.options.stop"),
     ({"models": {"m": {"system": "hi"}}}, "models.m.system"),
     ({"presets": {"path": 3}}, "presets.path"),
+    # a traceback from `velo serve` once it built the engine
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"keep_alive": "forever"}}]},
+     'backends[0].options.keep_alive: time: invalid duration "forever"'),
 ])
 def test_errors_name_the_key_path(raw, path):
     with pytest.raises(ConfigError, match=path.replace("[", r"\[").replace("]", r"\]")):

@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
+from adapters.errors import BadRequest
 from proxy.app import make_app
 from proxy.config import load_config
 from proxy.state import GENERATIONS, RELOADER
@@ -144,17 +145,21 @@ async def test_a_bad_config_is_refused_with_its_error_logged_and_the_old_one_sta
         assert value(await scrape(c), "velo_config_reloads_total", outcome="refused") == 2
 
 
-async def test_a_config_refused_while_its_backends_are_made_holds_nothing_back(tmp_path, two_fakes):
-    """An engine option no schema checks until the backend is made (a Go duration): the refused build had kept its
-    hold on backend "a", so the reload that later dropped "a" never closed it."""
+async def test_a_config_refused_while_its_backends_are_made_holds_nothing_back(tmp_path, two_fakes, monkeypatch):
+    """A new backend whose adapter refuses to be made: the refused build had kept its hold on backend "a", so the
+    reload that later dropped "a" never closed it."""
+    def refused(cfg: BackendConfig, swaps: object = None) -> None:
+        raise BadRequest(f"backend {cfg.name!r} cannot be made")
+
     a, b = two_fakes
     async with routed_to_a(tmp_path, a, b) as (c, path):
         app = c.server.app
         first = app[GENERATIONS].current
-        path.write_text(toml(a.url, b.url, "a") + '[[backends]]\nname = "e"\nkind = "engine"\n'
-                                                  '[backends.options]\nkeep_alive = "abc"\n')
+        monkeypatch.setattr("adapters.registry.make_backend", refused)
+        path.write_text(toml(a.url, b.url, "a") + '[[backends]]\nname = "e"\nkind = "openai"\nurl = "http://h:1"\n')
         assert not await app[RELOADER].reload()
-        assert app[RELOADER].last_error == 'time: invalid duration "abc"'
+        assert app[RELOADER].last_error == "backend 'e' cannot be made"
+        monkeypatch.undo()
         path.write_text(without_a(b.url))
         assert await app[RELOADER].reload()
         await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
