@@ -12,49 +12,20 @@ import socket
 from pathlib import Path
 from typing import Any, Coroutine
 
-import aiohttp
 from aiohttp import web
-
-from adapters.base import BackendConfig
 
 from .app import make_app
 from .browser_guard import is_loopback
 from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
+from .default_backend import default_config
 from .inflight import InFlight, ShuttingDown
 from .request_bounds import server_options
 from .reload import Reloader
 from .state import GENERATIONS, RELOADER
 
 log = logging.getLogger("velo")
-OLLAMA_DEFAULT_URL = "http://127.0.0.1:11434"
 _AFTER_ENDING_S = 2.0  # for ended requests to write their error events, and for aiohttp's own shutdown
-
-
-async def ollama_running(url: str = OLLAMA_DEFAULT_URL, timeout: float = 0.5) -> bool:
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
-            async with s.get(f"{url}/api/version") as r:
-                return r.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return False
-
-
-async def default_config(config: Config | None = None) -> Config:
-    """`config` (none: the defaults) with the default backend where it names none: a local Ollama if one answers,
-    else Velo's engine with the model shipped on PyPI. A file that set only `port` served nothing (every model
-    a 404, /ready "ready")."""
-    config = config or Config()
-    if config.backends:
-        return config
-    if await ollama_running():
-        log.info("no backends configured: using the Ollama at %s", OLLAMA_DEFAULT_URL)
-        backend = BackendConfig(name="ollama", kind="ollama", urls=[OLLAMA_DEFAULT_URL])
-    else:
-        log.info("no backends configured and no Ollama: starting the embedded engine with the shipped SmolLM2-135M")
-        backend = BackendConfig(name="engine", kind="engine")
-    config.backends, config.default_backend = [backend], backend.name
-    return config
 
 
 def find_config(explicit: str | None) -> Path | None:

@@ -18,7 +18,10 @@ from typing import AsyncIterator, Iterator
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from adapters.base import BackendConfig
+
 from .config import Config, load_config
+from .default_backend import default_config
 from .generation import Generation, Generations
 from .keep import Keep, fingerprint
 
@@ -37,9 +40,10 @@ class Reloader:
         # what the file says of the restart-only keys: a change is one of the file's, not of `velo serve --port`
         read = generations.current.config if self._mtime is None else load_config(self.path)
         self._restart_only = _restart_only(read)
-        # a file that names no backends is served by the default (proxy/cli.py), which its edits keep
+        # a file that names no backends is served by the default (proxy/default_backend.py), which its edits keep
         in_force = generations.current.config
-        self._default = None if read.backends else (in_force.backends, in_force.default_backend)
+        self._default: tuple[list[BackendConfig], str | None] | None = \
+            None if read.backends else (in_force.backends, in_force.default_backend)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._waiting = False  # a reload is asked for and has not read the file yet
@@ -62,7 +66,10 @@ class Reloader:
             old = self.generations.current
             try:
                 read = await asyncio.to_thread(load_config, self.path)
-                if not read.backends and self._default is not None:
+                if not read.backends:  # as a start with this file: an edit that dropped them served no model
+                    if self._default is None:
+                        made = await default_config()
+                        self._default = made.backends, made.default_backend
                     read.backends, read.default_backend = self._default
                 config, self._restart_only = _keep_restart_only(old.config, read, self._restart_only)
                 new = Generation.build(old.number + 1, config, self.keep)

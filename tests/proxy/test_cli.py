@@ -76,7 +76,7 @@ def test_a_sighup_while_starting_reloads_once_serving_and_one_without_a_file_is_
 async def test_a_config_file_that_names_no_backend_gets_the_default_one(tmp_path, monkeypatch):
     async def ollama_answers(*_: object) -> bool:
         return True
-    monkeypatch.setattr("proxy.cli.ollama_running", ollama_answers)
+    monkeypatch.setattr("proxy.default_backend.ollama_running", ollama_answers)
     path = tmp_path / "config.toml"
     path.write_text("[server]\nport = 9000\n")
     config = await default_config(load_config(path))

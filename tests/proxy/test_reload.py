@@ -368,6 +368,22 @@ async def test_a_file_that_names_no_backend_keeps_the_default_through_its_edits(
         assert await answer(c, {**CHAT, "model": "fake-gpt"}) == "from a"
 
 
+async def test_an_edit_that_drops_every_backend_is_served_by_the_default_as_a_start_with_it_is(tmp_path, two_fakes,
+                                                                                                monkeypatch):
+    """A file edited to name no backend is what `velo serve` starts on the default backend with: the reload built a
+    configuration of no backends, every model a 404, until a restart."""
+    async def ollama_answers(*_: object) -> bool:
+        return True
+    monkeypatch.setattr("proxy.default_backend.ollama_running", ollama_answers)
+    a, b = two_fakes
+    async with routed_to_a(tmp_path, a, b) as (c, path):
+        path.write_text("[server]\nlong_request_s = 5\n")
+        assert await c.server.app[RELOADER].reload()
+        current = c.server.app[GENERATIONS].current.config
+        assert [(b.name, b.kind) for b in current.backends] == [("ollama", "ollama")]
+        assert current.default_backend == "ollama"
+
+
 async def test_the_cache_counters_outlive_a_change_of_its_settings(tmp_path, two_fakes):
     a, b = two_fakes
     path = tmp_path / "config.toml"
