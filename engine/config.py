@@ -50,16 +50,16 @@ class EngineConfig:
                                     '/ AMX), else float32; or "bfloat16", "float16", "float32"')
     kv_memory: int | float = _doc(512 * 2**20, "KV cache size: bytes if > 1, else a fraction of the memory free at "
                                   "start")
-    block_size: int = _doc(16, "tokens per KV cache block")
-    max_num_seqs: int = _doc(32, "sequences decoded together at most (continuous batching)")
-    max_step_tokens: int = _doc(2048, "tokens per forward step (decodes + prefill chunks)")
-    prefill_chunk: int = _doc(512, "longest piece of one prompt per step (chunked prefill)")
+    block_size: int = _doc(16, "tokens per KV cache block", min=1)
+    max_num_seqs: int = _doc(32, "sequences decoded together at most (continuous batching)", min=1)
+    max_step_tokens: int = _doc(2048, "tokens per forward step (decodes + prefill chunks)", min=1)
+    prefill_chunk: int = _doc(512, "longest piece of one prompt per step (chunked prefill)", min=1)
     enable_prefix_cache: bool = _doc(True, "reuse the KV of prompt prefixes seen before (radix cache)")
     seed: int | None = _doc(None, "seed for requests without their own", default_doc="random")
     progress: bool = _doc(True, "progress bar while loading")
     num_threads: int | None = _doc(None, "the most CPU threads a step uses; each step uses no more than the cores "
                                    "other processes leave free (an IDE, a browser), since a thread that loses its "
-                                   "core stalls the rest", default_doc="all cores")
+                                   "core stalls the rest", default_doc="all cores", min=1)
     int4_weights: bool = _doc(True, "on CPU, Q4_0/Q4_1/Q4_K layer matrices of a GGUF stay 4-bit for decode steps "
                               "on few rows (torch's int4 kernel): 1.6-2.3x decode tok/s measured. Q5/Q6_K/Q8_0 ones "
                               "become per-row int8, and the LM head is quantized too (a Q8_0 head exactly, as two "
@@ -78,6 +78,8 @@ class EngineConfig:
                                                  default_doc="off")
 
     def __post_init__(self) -> None:
+        if self.kv_memory <= 0:  # -5 served a context window of 17 tokens
+            raise ValueError(f"kv_memory: must be above 0 (bytes, or a fraction of free memory), got {self.kv_memory}")
         if self.kv_dtype not in ("auto", "int8"):
             raise ValueError(f"kv_dtype must be 'auto' or 'int8', not {self.kv_dtype!r}")
 

@@ -61,6 +61,20 @@ def test_minimal_backend_and_url_shorthand():
     ({"models": {"m": {"options": {"stop": "x"}}}}, "models.m.options.stop"),
     ({"models": {"m": {"system": "hi"}}}, "models.m.system"),
     ({"presets": {"path": 3}}, "presets.path"),
+    # the engine's thread died at its first step, and every request waited for first_token_timeout
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"num_threads": 0}}]},
+     "backends[0].options.num_threads: must be >= 1, got 0"),
+    # "could not start: " with no more words, or a division by zero
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"max_num_seqs": 0}}]},
+     "backends[0].options.max_num_seqs: must be >= 1"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"block_size": 0}}]},
+     "backends[0].options.block_size: must be >= 1"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"prefill_chunk": 0}}]},
+     "backends[0].options.prefill_chunk: must be >= 1"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"max_step_tokens": 0}}]},
+     "backends[0].options.max_step_tokens: must be >= 1"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"kv_memory": -5}}]},
+     "backends[0].options.kv_memory: must be above 0"),
     # a traceback from `velo serve` once it built the engine
     ({"backends": [{"name": "e", "kind": "engine", "options": {"keep_alive": "forever"}}]},
      'backends[0].options.keep_alive: time: invalid duration "forever"'),
