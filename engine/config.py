@@ -41,6 +41,9 @@ class SpeculativeConfig:
             raise ValueError("speculative method 'draft' needs draft_model")
 
 
+_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 @dataclass
 class EngineConfig:
     """How the engine runs (the rest of an engine backend's options)."""
@@ -82,6 +85,13 @@ class EngineConfig:
             raise ValueError(f"kv_memory: must be above 0 (bytes, or a fraction of free memory), got {self.kv_memory}")
         if self.kv_dtype not in ("auto", "int8"):
             raise ValueError(f"kv_dtype must be 'auto' or 'int8', not {self.kv_dtype!r}")
+        # each was "could not start: module 'torch' has no attribute 'bogus'" (or torch's list of its device types)
+        if isinstance(self.dtype, str) and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(map(repr, _DTYPES))}, got {self.dtype!r}")
+        try:
+            torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f'device: not a torch device ("cpu", "cuda", "cuda:1", ...), got {self.device!r}') from e
 
     @property
     def kv_int8(self) -> bool:

@@ -75,6 +75,8 @@ def test_minimal_backend_and_url_shorthand():
      "backends[0].options.max_step_tokens: must be >= 1"),
     ({"backends": [{"name": "e", "kind": "engine", "options": {"kv_memory": -5}}]},
      "backends[0].options.kv_memory: must be above 0"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"dtype": "int8"}}]}, "backends[0].options.dtype"),
+    ({"backends": [{"name": "e", "kind": "engine", "options": {"device": "tpu"}}]}, "backends[0].options.device"),
     # a traceback from `velo serve` once it built the engine
     ({"backends": [{"name": "e", "kind": "engine", "options": {"keep_alive": "forever"}}]},
      'backends[0].options.keep_alive: time: invalid duration "forever"'),
