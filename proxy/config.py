@@ -81,6 +81,15 @@ class ServerConfig:
                                     "client and tokens so far (`GET /velo/requests` lists every one, `DELETE "
                                     "/velo/requests/{id}` cancels one). 0: never logged", min=0)
 
+    def __post_init__(self) -> None:
+        """A key no header can carry (empty, spaces at an end, which HTTP strips, or a control character) locked
+        every client out without a word; the key itself is never said (the error is logged)."""
+        for name in ("api_keys", "admin_keys"):
+            for i, key in enumerate(getattr(self, name)):
+                if not key or key != key.strip() or not key.isprintable():
+                    raise ValueError(f"{name}: key {i + 1} is empty, or has a space at an end or a control character "
+                                     "inside, which no client's header can carry")
+
     @property
     def keys(self) -> list[str]:
         """Every key that may call Velo: the API keys and the admin keys (each an API key too)."""

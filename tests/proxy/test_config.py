@@ -123,3 +123,12 @@ def test_nan_is_no_number_a_setting_takes(raw, path):
     it was a 500 (uvloop cannot schedule a timer at nan)."""
     with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: must be a number, got nan"):
         parse_config(raw)
+
+
+@pytest.mark.parametrize("keys", [[""], ["team-a "], ["ok", "tab\tinside"]])
+def test_an_api_key_no_header_can_carry_is_refused_without_saying_it(keys):
+    """HTTP strips the spaces around a header's value, and no client sends an empty key: every API client got 401."""
+    for name in ("api_keys", "admin_keys"):
+        with pytest.raises(ConfigError, match=rf"^server.{name}: key {len(keys)} is empty, or has a space") as refused:
+            parse_config({"server": {name: keys}})
+        assert "team-a" not in str(refused.value)
