@@ -195,10 +195,10 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _port(text: str) -> int:
-    port = int(text)
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a port (1-65535)")
-    return port
+    """A port number; anything else is argparse's one line naming --port (`--port abc` said "invalid _port value")."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
 
 
 def run_server(main: Coroutine[Any, Any, None]) -> None:

@@ -116,3 +116,11 @@ def test_a_start_that_fails_is_one_line_and_status_1(tmp_path, capsys, caplog, u
     # task, finished on this test's loop, may log its own
     assert err.endswith("velo: could not start: Error 111 connecting to 127.0.0.1:1. Connection refused. "
                         "(--log-level DEBUG shows where)\n")
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "65536", "-1"])
+def test_a_port_that_is_no_port_is_said_in_words(port, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["serve", "--port", port])
+    assert ended.value.code == 2
+    assert f"argument --port: {port!r} is not a port (1-65535)" in capsys.readouterr().err
