@@ -23,6 +23,10 @@ _SPACE = " \t\r\n"  # what Go's trim markers trim: ASCII white space only (a no-
 # A Go string ("..." with escapes, `...` raw), a parenthesis, a pipe, a declaration or assignment, or a word
 _TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|`[^`]*`|[()|]|:=|=(?!=)|[^\s()|]+')
 _NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
+# What one render may do: a template's actions and function calls (Ollama's shipped templates run a few hundred over a
+# system prompt and a prompt), and the characters it writes or hands to functions, beyond its inputs' own
+_MAX_STEPS = 10_000
+_SPARE_CHARS = 1024 * 1024
 
 
 def _fail(what: str) -> BadRequest:
@@ -186,9 +190,36 @@ class _Continue(Exception):
 
 
 @dataclass
+class _Output:
+    """What a render writes, and what it may still do. Nested ranges multiply: thirty `range $.Messages` over a
+    system prompt and a prompt are 2**30 passes from a 0.9 KB body, and a variable printed into itself doubles at
+    each; rendered on the event loop (for llama-server and OpenAI-compatible servers), one such request held every
+    other for hours and took the machine's memory."""
+
+    chars_left: int
+    steps_left: int = _MAX_STEPS
+    parts: list[str] = field(default_factory=list)
+
+    def write(self, text: str) -> None:
+        self.charge(len(text))
+        self.parts.append(text)
+
+    def charge(self, chars: int) -> None:
+        self.chars_left -= chars
+        if self.chars_left < 0:
+            raise _fail("renders too much text (a range or a function over its own output?)")
+
+    def step(self, steps: int = 1) -> None:
+        self.steps_left -= steps
+        if self.steps_left < 0:
+            raise _fail(f"runs more than {_MAX_STEPS} actions and calls (ranges nested over each other?)")
+
+
+@dataclass
 class _Scope:
     dot: Any
     names: list[dict[str, Any]]  # variables, innermost last
+    out: _Output
 
     def get(self, name: str) -> Any:
         for frame in reversed(self.names):
@@ -301,6 +332,7 @@ def _length(value: Any) -> int:
     return len(value)
 
 
+_WRITERS = ("print", "printf", "json")
 _FUNCS: dict[str, Callable[..., Any]] = {
     "and": lambda *v: next((x for x in v if not _truth(x)), v[-1]),
     "or": lambda *v: next((x for x in v if _truth(x)), v[-1]),
@@ -323,7 +355,10 @@ def _value(commands: list[list[Any]], scope: _Scope) -> Any:
             result = _and_or(first == "and", command[1:], scope)
             continue
         args = [_operand(t, scope) for t in command[1:]] + ([] if result is _NONE else [result])
+        scope.out.step(1 + len(args))
         if kind == "func":
+            for arg in args:  # a string a function copies or compares, or a value it prints
+                scope.out.charge(len(arg) if isinstance(arg, str) else len(_shown(arg)) if first in _WRITERS else 0)
             try:
                 result = _FUNCS[first](*args)
             except (TypeError, IndexError, ValueError) as e:  # a count or a kind of argument it cannot take
@@ -360,12 +395,13 @@ def _operand(term: tuple[str, Any], scope: _Scope) -> Any:
     raise _fail(f"{value} needs its arguments in parentheses here")
 
 
-def _render(nodes: list[_Node], scope: _Scope, out: list[str]) -> None:
+def _render(nodes: list[_Node], scope: _Scope) -> None:
     for n in nodes:
+        scope.out.step()
         if n.kind == "text":
-            out.append(n.arg)
+            scope.out.write(n.arg)
         elif n.kind == "print":
-            out.append(_shown(_value(n.arg, scope)))
+            scope.out.write(_shown(_value(n.arg, scope)))
         elif n.kind == "set":
             value = _value(n.arg, scope)
             if n.declares:
@@ -378,11 +414,11 @@ def _render(nodes: list[_Node], scope: _Scope, out: list[str]) -> None:
             value = _value(n.arg, scope)
             held = _held(n, value, scope)  # `if $x := ...`: $x is the branches' own
             if _truth(value):
-                _inner(n.body, scope, value if n.kind == "with" else scope.dot, out, held)
+                _inner(n.body, scope, value if n.kind == "with" else scope.dot, held)
             else:
-                _inner(n.orelse, scope, scope.dot, out, held)
+                _inner(n.orelse, scope, scope.dot, held)
         else:
-            _range(n, scope, out)
+            _range(n, scope)
 
 
 def _held(n: _Node, value: Any, scope: _Scope) -> dict[str, Any]:
@@ -395,12 +431,12 @@ def _held(n: _Node, value: Any, scope: _Scope) -> dict[str, Any]:
     return {}
 
 
-def _inner(nodes: list[_Node], scope: _Scope, dot: Any, out: list[str], names: dict[str, Any] | None = None) -> None:
+def _inner(nodes: list[_Node], scope: _Scope, dot: Any, names: dict[str, Any] | None = None) -> None:
     """A block: its own variables (Go's scoping), and `dot`."""
-    _render(nodes, _Scope(dot, [*scope.names, names or {}]), out)
+    _render(nodes, _Scope(dot, [*scope.names, names or {}], scope.out))
 
 
-def _range(n: _Node, scope: _Scope, out: list[str]) -> None:
+def _range(n: _Node, scope: _Scope) -> None:
     items = _value(n.arg, scope)
     if isinstance(items, dict):
         pairs = sorted(items.items())
@@ -411,12 +447,12 @@ def _range(n: _Node, scope: _Scope, out: list[str]) -> None:
     else:  # a string: Go's "range can't iterate over"
         raise _fail(f"range can't iterate over {_shown(items)}")
     if not pairs:
-        _inner(n.orelse, scope, scope.dot, out)
+        _inner(n.orelse, scope, scope.dot)
         return
     for key, item in pairs:
         names = dict(zip(n.names[::-1], (item, key)))  # `$v :=` is the element; `$i, $v :=` the index too
         try:
-            _inner(n.body, scope, item, out, names)
+            _inner(n.body, scope, item, names)
         except _Continue:
             continue
         except _Break:
@@ -449,14 +485,14 @@ def render(template: str, prompt: str, system: str | None = None, suffix: str | 
                 for role, text in ([("system", system)] if system else []) + [("user", prompt)]]
     values = {"Prompt": prompt, "System": "" if suffix else system or "", "Suffix": suffix or "", "Response": "",
               "Messages": [] if suffix else messages, "Tools": []}
-    out: list[str] = []
+    out = _Output(len(template) + 16 * sum(map(len, (prompt, system or "", suffix or ""))) + _SPARE_CHARS)
     try:
         nodes, _, _ = _parse(_lex(template))
         if not suffix and ".Messages" not in template:
             nodes, _ = _before_response(nodes)
-        _render(nodes, _Scope(values, [{"$": values}]), out)
+        _render(nodes, _Scope(values, [{"$": values}], out))
     except (_Break, _Continue):
         raise _fail("break or continue outside a range") from None
     except RecursionError:  # actions or parentheses nested a thousand deep
         raise _fail("nested too deeply") from None
-    return "".join(out)
+    return "".join(out.parts)

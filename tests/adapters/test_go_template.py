@@ -1,4 +1,6 @@
 """The Go template subset Ollama's model templates use, rendered for /api/generate's `template` override."""
+import time
+
 import pytest
 
 from adapters import go_template, model_card
@@ -113,3 +115,25 @@ def test_go_semantics_the_review_found_missing(template, expected):
 def test_what_it_cannot_render_as_go_does_is_a_400(template):
     with pytest.raises(BadRequest, match="template"):
         go_template.render(template, "p")
+
+
+@pytest.mark.parametrize("template", [
+    "{{ range $.Messages }}" * 30 + "{{ .Content }}" + "{{ end }}" * 30,  # 2**30 passes over a system and a prompt
+    "{{ range $.Messages }}" * 60 + "{{ end }}" * 60,  # as many, writing nothing
+    "{{ $x := .Prompt }}" + "{{ range $.Messages }}" * 40 + "{{ $x = print $x $x }}" + "{{ end }}" * 40,  # doubling
+    "{{ .Prompt }}" * 20_000,  # a 220 KB template writing a 100 KB prompt 20,000 times: 2 GB
+    "{{ print" + " $.Messages" * 20_000 + " }}",
+])
+def test_a_render_that_would_not_end_or_not_fit_in_memory_is_a_400_at_once(template):
+    """Each was rendered to its end, on the event loop for llama-server and OpenAI-compatible servers: the first, a
+    0.9 KB /api/generate body, held every other request for hours and took the machine's memory."""
+    started = time.monotonic()
+    with pytest.raises(BadRequest, match="template: (renders too much text|runs more than)"):
+        go_template.render(template, "p" * 100_000, "sys")
+    assert time.monotonic() - started < 2
+
+
+def test_a_long_prompt_through_a_real_template_renders_whole():
+    chatml = model_card.go_template("<|im_start|>", model_card.FIM_STYLES[0])
+    prompt = "word " * 2_000_000
+    assert prompt in go_template.render(chatml, prompt, "sys " * 100_000)
