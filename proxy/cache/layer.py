@@ -8,7 +8,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal
 
 from adapters.protocol import Chunk
 
@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 # an open socket) held every cacheable request before its backend call and after its answer: 5 s each way on Redis
 # (its client's socket timeout), without end on PostgreSQL. Past this it costs a miss, or an entry it does not keep.
 TIER_TIMEOUT_S = 1.0
+# ... and a tier that failed is not asked again for this long: a hung one cost every cacheable request that second
+# twice (lookup and store) and logged a traceback each time
+TIER_RETRY_S = 5.0
+_FAILED = object()  # what a slower tier's call gives that failed or was not made
 
 
 @dataclass
@@ -77,6 +81,7 @@ class CacheLayer:
     building: set[asyncio.Task] = field(default_factory=set)
     semantic_entries: int = 0
     counters: CacheStats = field(default_factory=CacheStats)
+    resting: dict[str, float] = field(default_factory=dict)  # a slower tier that failed -> when it is asked again
 
     @classmethod
     async def create(cls, cfg: CacheConfig, clock: Callable[[], float] = time.time,
@@ -144,11 +149,8 @@ class CacheLayer:
     async def _load(self, key: str, label: str) -> list[Chunk] | None:
         """Try the slower tiers in order; a hit is copied into memory with the expiry it was stored with."""
         for store in self.stores:
-            try:
-                found = await asyncio.wait_for(store.get(key), TIER_TIMEOUT_S)
-            except Exception:  # a shared tier that is down costs a miss, never the request
-                log.exception("cache tier %s failed on get", store.name)
-                self.counters.count(store.name, label, "error")
+            found = await self._tier(store.name, "get", label, lambda store=store: store.get(key))
+            if found is _FAILED:
                 continue
             self.counters.count(store.name, label, "miss" if found is None else "hit")
             if found is not None:
@@ -198,12 +200,9 @@ class CacheLayer:
         return embedded
 
     async def _lookup_pg(self, sid: str, query: Embedded, label: str) -> CacheHit | None:
-        try:
-            payload = await asyncio.wait_for(self.pg.search(sid, query, self.cfg.semantic_threshold,
-                                                            self.embedder.verify), TIER_TIMEOUT_S)
-        except Exception:
-            log.exception("cache tier pgvector failed on search")
-            self.counters.count("pgvector", label, "error")
+        payload = await self._tier("pgvector", "search", label, lambda: self.pg.search(
+            sid, query, self.cfg.semantic_threshold, self.embedder.verify))
+        if payload is _FAILED:
             return None
         self.counters.count("pgvector", label, "miss" if payload is None else "hit")
         return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
@@ -225,11 +224,21 @@ class CacheLayer:
         return True
 
     async def _put(self, store: Any, key: str, payload: bytes, expires_at: float, label: str) -> None:
+        await self._tier(store.name, "put", label, lambda: store.put(key, payload, expires_at))
+
+    async def _tier(self, name: str, what: str, label: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One call to a slower tier, within TIER_TIMEOUT_S: a tier that is down or hung costs a miss (or an entry
+        not kept), never the request; after a failure it is left alone for TIER_RETRY_S."""
+        if time.monotonic() < self.resting.get(name, 0.0):
+            self.counters.count(name, label, "error")
+            return _FAILED
         try:
-            await asyncio.wait_for(store.put(key, payload, expires_at), TIER_TIMEOUT_S)
+            return await asyncio.wait_for(call(), TIER_TIMEOUT_S)
         except Exception:
-            log.exception("cache tier %s failed on put", store.name)
-            self.counters.count(store.name, label, "error")
+            log.exception("cache tier %s failed on %s; not asked again for %gs", name, what, TIER_RETRY_S)
+            self.resting[name] = time.monotonic() + TIER_RETRY_S
+            self.counters.count(name, label, "error")
+            return _FAILED
 
     async def _store_semantic(self, asked: Asked, payload: bytes, expires_at: float) -> None:
         if asked.semantic is None:
@@ -252,11 +261,8 @@ class CacheLayer:
             task.add_done_callback(self.building.discard)
         self._evict_scopes()
         if self.pg is not None:
-            try:
-                await asyncio.wait_for(self.pg.add(sid, embedded.vector, text, payload, expires_at), TIER_TIMEOUT_S)
-            except Exception:
-                log.exception("cache tier pgvector failed on add")
-                self.counters.count("pgvector", label, "error")
+            await self._tier("pgvector", "add", label, lambda: self.pg.add(sid, embedded.vector, text, payload,
+                                                                             expires_at))
 
     @staticmethod
     async def _build_graph(index: ScopeIndex, graphs: ThreadPoolExecutor) -> None:

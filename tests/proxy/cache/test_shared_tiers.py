@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import redis.asyncio as aioredis
@@ -9,6 +10,7 @@ from psycopg import AsyncConnection
 
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions
 from proxy.cache import CacheConfig, CacheLayer
+from proxy.cache import layer as layer_module
 from proxy.cache.redis_store import RedisStore
 from proxy.cache.semantic import Embedder
 
@@ -79,15 +81,45 @@ async def test_a_redis_that_hangs_costs_a_miss_not_the_requests_time():
     layer.stores.append(RedisStore(aioredis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0")))
     asked = layer.asked(_ask(f"hi {uuid.uuid4()}"), "t")
     assert await asyncio.wait_for(layer.lookup(asked), 3) is None
-    assert await asyncio.wait_for(layer.store(asked, ANSWER), 3)
-    assert layer.stats()["events"]["redis"]["tiny"] == {"error": 2}
+    started = time.monotonic()  # then left alone for a while: each request waited out the timeout twice
+    assert await layer.store(asked, ANSWER) and await layer.lookup(layer.asked(_ask("other"), "t")) is None
+    assert time.monotonic() - started < 0.5
+    assert layer.stats()["events"]["redis"]["tiny"] == {"error": 3}
     await layer.close()
     server.close()
 
 
-async def test_a_locked_pgvector_table_costs_a_miss_not_the_requests_time(pg_dsn: str, embedder: Embedder):
+async def test_a_tier_that_failed_is_asked_again_after_its_rest(monkeypatch):
+    monkeypatch.setattr(layer_module, "TIER_RETRY_S", 0.2)
+    calls = []
+
+    class Flaky:
+        name = "flaky"
+
+        async def get(self, key: str) -> None:
+            calls.append(key)
+            if len(calls) == 1:
+                raise ConnectionError("down")
+
+        async def close(self) -> None:
+            pass
+
+    layer = await CacheLayer.create(CacheConfig())
+    layer.stores.append(Flaky())
+    asked = layer.asked(_ask("hi"), "t")
+    for _ in range(3):
+        assert await layer.lookup(asked) is None
+    assert len(calls) == 1  # resting
+    await asyncio.sleep(0.25)
+    assert await layer.lookup(asked) is None and len(calls) == 2
+    await layer.close()
+
+
+async def test_a_locked_pgvector_table_costs_a_miss_not_the_requests_time(pg_dsn: str, embedder: Embedder,
+                                                                          monkeypatch):
     """A lock on the table (a migration, VACUUM FULL) held every semantic lookup for as long as it lasted; once it
-    is gone the tier serves again."""
+    is gone (and the tier's rest is over) the tier serves again."""
+    monkeypatch.setattr(layer_module, "TIER_RETRY_S", 0)
     cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
     a = await CacheLayer.create(cfg, embedder=embedder)
     b = await CacheLayer.create(cfg, embedder=embedder)
