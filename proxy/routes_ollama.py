@@ -26,7 +26,6 @@ from .stream_ends import as_streamed
 from .streams import collect
 
 OLLAMA_VERSION = "0.14.0"  # the Ollama API level Velo speaks (/v1/messages: 0.14.0); clients gate features on it
-_RUNNING_S = 3.0  # a backend's answer to "what runs": the router's wait for a listing
 
 
 async def root(request: web.Request) -> web.Response:
@@ -76,7 +75,8 @@ async def ps(request: web.Request) -> web.Response:
     router, residency = request[ROUTER], request[PIPELINE].residency
     backends = list(router.backends.values())
     running = []
-    for backend, models in zip(backends, await asyncio.gather(*(_safe_running(b) for b in backends))):
+    answers = await asyncio.gather(*(_safe_running(b, router.listing_timeout) for b in backends))
+    for backend, models in zip(backends, answers):
         for model in models:
             if backend.idle_unload:  # Velo unloads it: when, it knows (an Ollama backend says for itself)
                 model.expires_at = residency.expires_at(backend.name, model.name) or model.expires_at
@@ -84,11 +84,11 @@ async def ps(request: web.Request) -> web.Response:
     return json_response({"models": [ollama.ps_object(m) for m in running]})
 
 
-async def _safe_running(backend: Backend) -> list[RunningModel]:
-    """A backend that fails or is slow to say shows nothing running: one that hung held /api/ps, backend after
-    backend, for its total_timeout (1,800 s)."""
+async def _safe_running(backend: Backend, wait: float) -> list[RunningModel]:
+    """A backend that fails or is slower to say than the router waits for a listing shows nothing running: one that
+    hung held /api/ps, backend after backend, for its total_timeout (1,800 s)."""
     try:
-        return await asyncio.wait_for(backend.running(), _RUNNING_S)
+        return await asyncio.wait_for(backend.running(), wait)
     except (VeloError, asyncio.TimeoutError):
         return []
 

@@ -363,14 +363,14 @@ async def test_a_model_that_only_embeds_is_refused_a_chat_or_a_generation_as_oll
     assert not [r for r in emb.requests if not hasattr(r, "inputs")]
 
 
-async def test_ps_shows_the_others_when_a_backend_does_not_answer(monkeypatch):
-    """Each backend was asked in turn with no limit: one that hung held /api/ps for its total_timeout."""
+async def test_ps_shows_the_others_when_a_backend_does_not_answer():
+    """Each backend was asked in turn with no limit: one that hung held /api/ps for its total_timeout. It is waited
+    for as long as the router waits for a listing."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from proxy import routes_ollama
     from proxy.app import make_app
     from proxy.config import Config
-    monkeypatch.setattr(routes_ollama, "_RUNNING_S", 0.2)
+    from proxy.state import GENERATIONS
     hung, fine = ScriptedBackend("hung"), ScriptedBackend("fine", models=("other:latest",))
 
     async def hangs() -> list:
@@ -378,6 +378,7 @@ async def test_ps_shows_the_others_when_a_backend_does_not_answer(monkeypatch):
         return []
     hung.running = hangs  # type: ignore[method-assign]
     async with TestClient(TestServer(make_app(Config(), {"hung": hung, "fine": fine}))) as c:
+        c.server.app[GENERATIONS].current.router.listing_timeout = 0.2
         shown = await asyncio.wait_for(c.get("/api/ps"), 5)
         assert shown.status == 200 and isinstance((await shown.json())["models"], list)
 
