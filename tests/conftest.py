@@ -1,4 +1,6 @@
 """Shared fixtures: the fake upstreams of tests/fakes.py and the real llama-server of tests/llama_server.py."""
+import socket
+
 import pytest
 
 from tests.fakes import FakeOpenAI, OllamaDouble
@@ -9,6 +11,15 @@ from tests.llama_server import LlamaServer, LlamaServerMissing, chat_server, emb
 def _presets_in_tmp(tmp_path_factory, monkeypatch):
     """Presets (proxy/presets.py) default to the user's data folder: each test keeps its own in a fresh one."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.fixture
+def dead_port():
+    """A port nothing answers on, held bound (never listening) for the whole test: pytest's `unused_tcp_port` is
+    released at once, and a server the test starts later on port 0 may be handed it (a CI run was)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 @pytest.fixture

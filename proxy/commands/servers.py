@@ -115,8 +115,9 @@ def _in_url(host: str) -> str:
 
 
 async def find_servers(host: str = "127.0.0.1", ports: list[int] | None = None, timeout: float = 1.5) -> list[Server]:
-    """The servers answering on `ports` (default: the usual ones), in the order of `ports`."""
-    ports = ports or list(USUAL_PORTS)
+    """The servers answering on `ports` (default: the usual ones), in the order of `ports`, each port once: a port
+    named twice would give two backends of one name, a config.toml Velo refuses."""
+    ports = list(dict.fromkeys(ports or USUAL_PORTS))
     client_timeout = aiohttp.ClientTimeout(total=timeout)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         found = await asyncio.gather(*(probe_port(session, host, p) for p in ports))

@@ -66,8 +66,8 @@ async def test_cli_prints_the_table_and_writes_json_and_png(run_cli, base_url, t
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-async def test_cli_errors_are_one_line(run_cli, base_url, unused_tcp_port, tmp_path):
-    down = await run_cli("bench", "--url", f"http://127.0.0.1:{unused_tcp_port}", "--out", str(tmp_path / "x"))
+async def test_cli_errors_are_one_line(run_cli, base_url, dead_port, tmp_path):
+    down = await run_cli("bench", "--url", f"http://127.0.0.1:{dead_port}", "--out", str(tmp_path / "x"))
     assert down.code == 1 and down.err.startswith("velo bench: cannot reach") and down.err.count("\n") == 1
     unknown = await run_cli("bench", "nope:1b", "--url", base_url, "--out", str(tmp_path / "x"))
     assert unknown.code == 1 and unknown.err.startswith("velo bench: model 'nope:1b' is not served by")

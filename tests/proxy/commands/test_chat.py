@@ -73,10 +73,10 @@ async def test_switching_to_an_unknown_model_with_piped_input_stops(run_cli, bas
     assert scripted.requests == []
 
 
-async def test_unreachable_server_is_one_line(run_cli, unused_tcp_port):
-    result = await run_cli("chat", "--url", f"http://127.0.0.1:{unused_tcp_port}", stdin="Hi\n")
+async def test_unreachable_server_is_one_line(run_cli, dead_port):
+    result = await run_cli("chat", "--url", f"http://127.0.0.1:{dead_port}", stdin="Hi\n")
     assert result.code == 1 and "Traceback" not in result.err
-    assert result.err == (f"velo chat: cannot reach http://127.0.0.1:{unused_tcp_port} (connection refused): "
+    assert result.err == (f"velo chat: cannot reach http://127.0.0.1:{dead_port} (connection refused): "
                           "is `velo serve` running there? (--url picks another address)\n")
 
 

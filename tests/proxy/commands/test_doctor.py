@@ -34,9 +34,9 @@ def _loads(text: str, tmp_path) -> Config:
     return load_config(path)
 
 
-async def test_finds_each_kind_and_configures_all_but_velo(velo_port, unused_tcp_port, tmp_path):
+async def test_finds_each_kind_and_configures_all_but_velo(velo_port, dead_port, tmp_path):
     async with OllamaDouble() as ollama, FakeOpenAI(models=["qwen-7b"]) as vllm, FakeOpenAI(api_key="k") as locked:
-        ports = [_port(ollama.url), _port(vllm.url), _port(locked.url), velo_port, unused_tcp_port]
+        ports = [_port(ollama.url), _port(vllm.url), _port(locked.url), velo_port, dead_port]
         found = await survey(ports=ports, timeout=2.0, models_dir=tmp_path / "none")
     servers = {s.port: s for s in found.servers}
     assert sorted(servers) == sorted(ports[:4])  # the unused port is not a server
@@ -56,11 +56,19 @@ async def test_finds_each_kind_and_configures_all_but_velo(velo_port, unused_tcp
     assert '# api_key = "..."  # this server answered 401 without one' in found.config_toml
 
 
-async def test_nothing_answering_gives_the_embedded_engine(unused_tcp_port, tmp_path):
+async def test_a_port_named_twice_is_one_backend(openai_fake, tmp_path):
+    """`--ports 8000,8000` once printed two backends of one name, a config.toml `velo serve` refuses."""
+    port = _port(openai_fake.url)
+    found = await survey(ports=[port, port], timeout=2.0, models_dir=tmp_path / "none")
+    assert [s.port for s in found.servers] == [port]
+    assert [b.urls for b in _loads(found.config_toml, tmp_path).backends] == [[openai_fake.url]]
+
+
+async def test_nothing_answering_gives_the_embedded_engine(dead_port, tmp_path):
     models = tmp_path / "models"
     models.mkdir()
     (models / "extra.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 0))
-    found = await survey(ports=[unused_tcp_port], timeout=1.0, models_dir=models)
+    found = await survey(ports=[dead_port], timeout=1.0, models_dir=models)
     assert found.servers == []
     cfg = _loads(found.config_toml, tmp_path)
     assert [(b.name, b.kind, b.options) for b in cfg.backends] == [("engine", "engine", {})]
