@@ -1,6 +1,5 @@
 """Backends that are down, slow, failing or cut mid-stream, as the real `openai` and `ollama` clients see them
 through Velo: the right HTTP status and a message naming the backend, or an error event inside the stream."""
-import socket
 
 import ollama
 import openai
@@ -14,15 +13,9 @@ MODEL = "fake-gpt"
 MSG = [{"role": "user", "content": "hi"}]
 
 
-def refused_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return "http://127.0.0.1:%d" % s.getsockname()[1]  # bound, never listening: connections are refused
-
-
 @pytest.mark.parametrize("kind", ["llamacpp", "openai", "ollama"])
-async def test_backend_down_is_503_in_both_dialects(kind):
-    url = refused_url()
+async def test_backend_down_is_503_in_both_dialects(kind, dead_port):
+    url = f"http://127.0.0.1:{dead_port}"
     async with serve(config(BackendConfig(name="down", kind=kind, urls=[url], models=[MODEL]))) as velo:
         oai, oll = clients(velo)
         for stream in (False, True):
