@@ -27,7 +27,8 @@ from adapters.protocol import Chunk, aggregate
 from .auth import CALLER
 from .count_request import as_sent
 from .dialects import responses
-from .dialects.responses_stream import ResponseStream
+from .dialects.paging import query_int
+from .dialects.responses_stream import Events, ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .responses_store import StoredResponse
 from .state import PIPELINE, RESPONSES, ROUTER
@@ -139,7 +140,21 @@ async def _stored(request: web.Request) -> StoredResponse:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    return json_response((await _stored(request)).response)
+    """`?stream=true` streams a background response again from its start, or from after the event numbered
+    `starting_after`, as OpenAI resumes a dropped stream; Velo has finished a response before storing it, so the
+    whole stream goes out at once. OpenAI streams only background responses again."""
+    stream = request.query.get("stream", "false")
+    if stream not in ("true", "false"):
+        raise BadRequest("stream: must be true or false", param="stream")
+    found = (await _stored(request)).response
+    if stream == "false":
+        return json_response(found)
+    if not found.get("background"):
+        raise BadRequest("Only responses created with background: true can be streamed again.", param="stream")
+    events = Events().replay(found)
+    after = query_int(request.query, "starting_after", -1, -1, len(events) - 1)
+    return web.Response(body=b"".join(events[after + 1:]), content_type="text/event-stream",
+                        headers={"Cache-Control": "no-cache"})
 
 
 async def cancel(request: web.Request) -> web.Response:

@@ -10,6 +10,9 @@
 A compaction's stream (`compacting`): response.compaction.compacting while the summary is written, then its one
 output item, the compaction item with the whole summary (output_item.added and .done).
 
+A stored response is streamed again (`replay`, for `GET /v1/responses/{id}?stream=true`) as these same events,
+each item's text in one delta.
+
 A client that reads its output only from `response.output_item.done` (Codex does) gets every item there, and
 `response.completed` ends every stream that did not fail: OpenAI sends `response.incomplete` instead when the
 output limit ran out, but Codex retries a stream without `response.completed` and the SDK's stream helper
@@ -31,13 +34,78 @@ from .responses import (Parsed, call_item, compaction_item, message_item, new_id
                         status_of)
 
 
+@dataclass(kw_only=True)
+class Events:
+    """The numbering of a response's events, and the output items they have sent."""
+    sequence: int = 0
+    output: list[dict[str, Any]] = field(default_factory=list)  # finished items
+
+    def _event(self, kind: str, body: dict[str, Any]) -> bytes:
+        obj = {"type": kind, "sequence_number": self.sequence, **body}
+        self.sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+    def _call(self, item: dict[str, Any]) -> list[bytes]:
+        at = {"item_id": item["id"], "output_index": len(self.output)}
+        custom = item["type"] == "custom_tool_call"
+        field_, kind = ("input", "custom_tool_call_input") if custom else ("arguments", "function_call_arguments")
+        added = {**item, field_: "", "status": "in_progress"}
+        out = [self._event("response.output_item.added", {"output_index": at["output_index"], "item": added}),
+               self._event(f"response.{kind}.delta", {**at, "delta": item[field_]}),
+               self._event(f"response.{kind}.done", {**at, field_: item[field_], "name": item["name"]}),
+               self._event("response.output_item.done", {"output_index": at["output_index"], "item": item})]
+        self.output.append(item)
+        return out
+
+    def replay(self, response: dict[str, Any]) -> list[bytes]:
+        """A finished response's stream, event by event (the list's index is the event's `sequence_number`): its
+        start, each output item with its ids as stored, and its end."""
+        shell = {**response, "status": "in_progress", "output": [], "usage": None, "error": None,
+                 "incomplete_details": None, "completed_at": None}
+        out = [self._event("response.created", {"response": shell}),
+               self._event("response.in_progress", {"response": shell})]
+        for item in response["output"]:
+            out += self._replayed(item)
+        end = "response.failed" if response["status"] == "failed" else "response.completed"
+        return out + [self._event(end, {"response": response})]
+
+    def _replayed(self, item: dict[str, Any]) -> list[bytes]:
+        if item["type"] in ("function_call", "custom_tool_call"):
+            return self._call(item)
+        at = {"item_id": item["id"], "output_index": len(self.output)}
+        if item["type"] == "message":
+            part, at_part = item["content"][0], {**at, "content_index": 0}
+            text, logprobs = part.get("text", ""), part.get("logprobs", [])
+            out = [self._added(message_item(item["id"], "", "in_progress")),
+                   self._event("response.content_part.added", {**at_part, "part": {
+                       "type": "output_text", "text": "", "annotations": []}}),
+                   self._event("response.output_text.delta", {**at_part, "delta": text, "logprobs": logprobs}),
+                   self._event("response.output_text.done", {**at_part, "text": text, "logprobs": logprobs}),
+                   self._event("response.content_part.done", {**at_part, "part": part})]
+        elif item["type"] == "reasoning":
+            text, at_part = item["summary"][0]["text"], {**at, "summary_index": 0}
+            out = [self._added({"id": item["id"], "type": "reasoning", "summary": []}),
+                   self._event("response.reasoning_summary_part.added", {**at_part, "part": {
+                       "type": "summary_text", "text": ""}}),
+                   self._event("response.reasoning_summary_text.delta", {**at_part, "delta": text}),
+                   self._event("response.reasoning_summary_text.done", {**at_part, "text": text}),
+                   self._event("response.reasoning_summary_part.done", {**at_part, "part": {
+                       "type": "summary_text", "text": text}})]
+        else:  # a compaction: added and done, whole, as it first went out
+            out = [self._added(item)]
+        out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
+        self.output.append(item)
+        return out
+
+    def _added(self, shell: dict[str, Any]) -> bytes:
+        return self._event("response.output_item.added", {"output_index": len(self.output), "item": shell})
+
+
 @dataclass
-class ResponseStream:
+class ResponseStream(Events):
     resp_id: str
     parsed: Parsed
     created_at: float = field(default_factory=time.time)
-    sequence: int = 0
-    output: list[dict[str, Any]] = field(default_factory=list)  # finished items
     open: dict[str, Any] | None = None  # the reasoning or message item being filled
     # of the open item, in the pieces it came in: `+=` on an attribute copies the whole text at every chunk
     pieces: list[str] = field(default_factory=list)
@@ -110,11 +178,6 @@ class ResponseStream:
         return b"".join(out + [self._event("error", {**said, "error": error}),
                                self._event("response.failed", {"response": self.final})])
 
-    def _event(self, kind: str, body: dict[str, Any]) -> bytes:
-        obj = {"type": kind, "sequence_number": self.sequence, **body}
-        self.sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
-
     def _at(self) -> dict[str, Any]:
         assert self.open is not None
         return {"item_id": self.open["id"], "output_index": len(self.output)}
@@ -163,18 +226,6 @@ class ResponseStream:
         out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
         self.output.append(item)
         self.open, self.pieces, self.logprobs = None, [], []
-        return out
-
-    def _call(self, item: dict[str, Any]) -> list[bytes]:
-        at = {"item_id": item["id"], "output_index": len(self.output)}
-        custom = item["type"] == "custom_tool_call"
-        field_, kind = ("input", "custom_tool_call_input") if custom else ("arguments", "function_call_arguments")
-        added = {**item, field_: "", "status": "in_progress"}
-        out = [self._event("response.output_item.added", {"output_index": at["output_index"], "item": added}),
-               self._event(f"response.{kind}.delta", {**at, "delta": item[field_]}),
-               self._event(f"response.{kind}.done", {**at, field_: item[field_], "name": item["name"]}),
-               self._event("response.output_item.done", {"output_index": at["output_index"], "item": item})]
-        self.output.append(item)
         return out
 
     def _end(self, status: str, usage: Usage | None, finish: FinishReason | None = None) -> list[bytes]:
