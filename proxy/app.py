@@ -25,8 +25,9 @@ from .keep import Keep
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, new_registry, render
 from .reload import Reloader
 from .request_bounds import refuse_oversized
+from .background import BackgroundRuns
 from .responses_store import ResponseStore
-from .state import GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
+from .state import BACKGROUND, GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
 
 APP_METRICS = web.AppKey("app_metrics", CollectorRegistry)  # what outlives generations (config reloads)
 
@@ -92,8 +93,11 @@ async def _request_id(request: web.Request, response: web.StreamResponse) -> Non
 
 
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The stored responses, and the background ones being written, which end (stored as cancelled) first."""
     app[RESPONSES] = await ResponseStore.open(app[GENERATIONS].current.config.responses)
+    app[BACKGROUND] = BackgroundRuns()
     yield
+    await app[BACKGROUND].close()
     await app[RESPONSES].close()
 
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
@@ -127,9 +128,16 @@ class InFlight:
         caller = request[CALLER]
         entry = Running(request_id(request), request.method, request.path, caller.client, task)
         request[RUNNING], request[CALLER] = entry, replace(caller, request_id=entry.id)
+        with self.listed(entry):
+            return await handler(request)
+
+    @contextmanager
+    def listed(self, entry: Running) -> Iterator[None]:
+        """`entry` is in the list while the block runs: a request's handler, or work that outlives it (a background
+        response, proxy/background.py), which is then cancelled, drained at shutdown and shown as a request is."""
         self.running[entry.id] = entry
         try:
-            return await handler(request)
+            yield
         finally:
             del self.running[entry.id]
 

@@ -33,6 +33,7 @@ class StoredResponse:
     response: dict[str, Any]  # the response object as the client got it
     input: list[dict[str, Any]]  # the input items of its request
     history: list[dict[str, Any]]  # the conversation before them (earlier responses' inputs and outputs)
+    events: list[str] | None = None  # a background response's stream, event by event, sent again on request
 
     def conversation(self) -> list[dict[str, Any]]:
         """What a response continuing this one follows: everything before, this input, this output."""
@@ -64,18 +65,18 @@ class ResponseStore:
         for tier in self.tiers:
             await tier.close()
 
-    async def put(self, tenant: str, record: StoredResponse) -> None:
+    async def put(self, tenant: str, record: StoredResponse, ttl_s: float | None = None) -> None:
         """The response, and for each of its items the response's id (the AI SDK sends earlier turns back as
-        `item_reference`s to their ids, `store` being on by default)."""
-        resp_id = record.response["id"]
-        await self._put(_key(tenant, resp_id), record, orjson.dumps(record.__dict__))
+        `item_reference`s to their ids, `store` being on by default); for `ttl_s`, or `[responses] ttl_s`."""
+        resp_id, ttl_s = record.response["id"], self.cfg.ttl_s if ttl_s is None else min(ttl_s, self.cfg.ttl_s)
+        await self._put(_key(tenant, resp_id), record, orjson.dumps(record.__dict__), ttl_s)
         for item in record.items():
-            await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode())
+            await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode(), ttl_s)
 
-    async def _put(self, key: str, value: Any, payload: bytes) -> None:
-        self.memory.put_encoded(key, value, len(payload), self.cfg.ttl_s)
+    async def _put(self, key: str, value: Any, payload: bytes, ttl_s: float) -> None:
+        self.memory.put_encoded(key, value, len(payload), ttl_s)
         for tier in self.tiers:
-            await tier.put(key, payload, self.memory.clock() + self.cfg.ttl_s)
+            await tier.put(key, payload, self.memory.clock() + ttl_s)
 
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
         if ":" in resp_id:  # never one of Velo's ids; "item:<id>" would read an item's entry as a response (a 500)

@@ -13,6 +13,7 @@ A streamed turn whose prompt does not fit fails inside its stream (`response.fai
 turn as an invalid request (codex-rs core/src/api_bridge.rs)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import aclosing
 from dataclasses import replace
@@ -25,13 +26,16 @@ from adapters.fields import get
 from adapters.protocol import Chunk, aggregate
 
 from .auth import CALLER
+from .background import POLL_KEEP_S, Run
 from .count_request import as_sent
 from .dialects import responses
 from .dialects.paging import query_int
-from .dialects.responses_stream import Events, ResponseStream
+from .dialects.responses_stream import ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
+from .inflight import Cancelled
+from .job import Job
 from .responses_store import StoredResponse
-from .state import PIPELINE, RESPONSES, ROUTER
+from .state import BACKGROUND, GENERATION, PIPELINE, RESPONSES, ROUTER
 from .streams import collect
 from .token_count import prompt_tokens
 
@@ -41,12 +45,15 @@ async def create(request: web.Request) -> web.StreamResponse:
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
     job = job_for(request, parsed.summary(history) if parsed.compact else parsed.chat(history), body)
-    stream = request[PIPELINE].generate(job)
     resp_id = responses.new_id("resp")
 
     def headers() -> dict[str, str]:
         return {**job.outcome.headers(), **ignored_tools_header(parsed.ignored_tools)}
 
+    if parsed.echo.get("background"):
+        job = replace(job, caller=replace(job.caller, request_id=resp_id))  # listed under the response's id
+        return await _in_background(request, parsed, history, job, headers)
+    stream = request[PIPELINE].generate(job)
     if not parsed.stream:
         created, whole = time.time(), aggregate(await collect(stream))
         output = [responses.compaction_item(whole.text)] if parsed.compact else \
@@ -77,6 +84,31 @@ async def create(request: web.Request) -> web.StreamResponse:
     return await write_stream(request, stored_first(stream), _encoded_or(writer.encode), writer.fail,
                               "text/event-stream", headers, finish=finish, streamed_errors=(ContextOverflow,),
                               heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
+
+
+async def _in_background(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]], job: Job,
+                         headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
+    """The answer is written by a task of its own (proxy/background.py): the request returns the response queued, or
+    follows its stream, which goes on if the client leaves. An unknown model is still this request's 404."""
+    await request[ROUTER].resolve(parsed.model)
+    writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
+    run = Run(writer, StoredResponse({}, [responses.stored_item(i) for i in parsed.items], history))
+    store, tenant = request.app[RESPONSES], request[CALLER].tenant
+
+    async def keep(record: StoredResponse) -> None:
+        await store.put(tenant, record, None if parsed.store else POLL_KEEP_S)
+    request.app[BACKGROUND].start(tenant, request[CALLER].client, run, request[PIPELINE].generate(job), keep,
+                                  request[PIPELINE].inflight, request[GENERATION])
+    if not parsed.stream:
+        return json_response(writer.snapshot(), headers=ignored_tools_header(parsed.ignored_tools))
+    return await _follow(request, run, -1, headers)
+
+
+async def _follow(request: web.Request, run: Run, after: int,
+                  headers: Callable[[], dict[str, str]] = dict) -> web.StreamResponse:
+    """A background response's events after number `after`; the client leaving ends only this request."""
+    return await write_stream(request, run.follow(after, request[GENERATION].config.server.heartbeat_s),
+                              lambda events: events, lambda _: None, "text/event-stream", headers)
 
 
 def _encoded_or(encode: Callable[[Chunk], bytes]) -> Callable[[Chunk | bytes], bytes]:
@@ -132,43 +164,66 @@ async def _keep(request: web.Request, parsed: responses.Parsed, history: list[di
 
 
 async def _stored(request: web.Request) -> StoredResponse:
-    resp_id = request.match_info["id"]
-    found = await request.app[RESPONSES].get(request[CALLER].tenant, resp_id)
+    """The response as stored, or as it stands while written in the background."""
+    resp_id, tenant = request.match_info["id"], request[CALLER].tenant
+    if (run := request.app[BACKGROUND].get(tenant, resp_id)) is not None:
+        return run.snapshot()
+    found = await request.app[RESPONSES].get(tenant, resp_id)
     if found is None:
         raise NotFound(f"Response with id '{resp_id}' not found.")
     return found
 
 
-async def retrieve(request: web.Request) -> web.Response:
-    """`?stream=true` streams a background response again from its start, or from after the event numbered
-    `starting_after`, as OpenAI resumes a dropped stream; Velo has finished a response before storing it, so the
-    whole stream goes out at once. OpenAI streams only background responses again."""
+async def retrieve(request: web.Request) -> web.StreamResponse:
+    """`?stream=true` follows a background response's stream from its start, or from after the event numbered
+    `starting_after`, as OpenAI resumes a dropped stream: live while it is written, from the stored events once it
+    is done. OpenAI streams only background responses."""
     stream = request.query.get("stream", "false")
     if stream not in ("true", "false"):
         raise BadRequest("stream: must be true or false", param="stream")
-    found = (await _stored(request)).response
+    found = await _stored(request)
     if stream == "false":
-        return json_response(found)
-    if not found.get("background"):
-        raise BadRequest("Only responses created with background: true can be streamed again.", param="stream")
-    events = Events().replay(found)
-    after = query_int(request.query, "starting_after", -1, -1, len(events) - 1)
-    return web.Response(body=b"".join(events[after + 1:]), content_type="text/event-stream",
+        return json_response(found.response)
+    run = request.app[BACKGROUND].get(request[CALLER].tenant, request.match_info["id"])
+    events = run.writer.log if run is not None else found.events
+    if events is None:
+        raise BadRequest("Only responses created with background: true can be streamed.", param="stream")
+    after = query_int(request.query, "starting_after", -1, -1, max(len(events) - 1, -1))
+    if run is not None:
+        return await _follow(request, run, after)
+    return web.Response(body="".join(events[after + 1:]).encode(), content_type="text/event-stream",
                         headers={"Cache-Control": "no-cache"})
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """Velo answers a `background` request before returning it, so its response is finished: cancelling changes
-    nothing and returns it, as OpenAI returns a cancelled one; a response that was not in the background is a 400."""
+    """Ends a background response being written, which is then stored as "cancelled" (with the output it had);
+    cancelling it again returns it as it is. A finished response cannot be cancelled, nor one that was not in the
+    background (400s, as OpenAI's)."""
+    resp_id, tenant = request.match_info["id"], request[CALLER].tenant
+    if (run := request.app[BACKGROUND].get(tenant, resp_id)) is not None:
+        await _ended(request, run)
+        return json_response((await _stored(request)).response)
     found = (await _stored(request)).response
     if not found.get("background"):
         raise BadRequest("Only responses created with background: true can be cancelled.")
+    if found["status"] != "cancelled":
+        raise BadRequest(f"Cannot cancel a {found['status']} response.")
     return json_response(found)
 
 
+async def _ended(request: web.Request, run: Run) -> None:
+    """Cancels `run` and waits until its response is stored (the cancel is its client's: "cancelled")."""
+    request[PIPELINE].inflight.cancel(run.writer.resp_id, Cancelled("cancelled by its client"))
+    assert run.task is not None
+    await asyncio.wait([run.task])
+
+
 async def delete(request: web.Request) -> web.Response:
-    resp_id = request.match_info["id"]
-    if not await request.app[RESPONSES].delete(request[CALLER].tenant, resp_id):
+    """A background response being written is cancelled first."""
+    resp_id, tenant = request.match_info["id"], request[CALLER].tenant
+    if (run := request.app[BACKGROUND].get(tenant, resp_id)) is not None:
+        await _ended(request, run)
+    if not await request.app[RESPONSES].delete(tenant, resp_id):
         raise NotFound(f"Response with id '{resp_id}' not found.")
     return json_response({"id": resp_id, "object": "response", "deleted": True})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .background import BackgroundRuns
 from .generation import Generation, Generations
 from .pipeline import Pipeline
 from .reload import Reloader
@@ -16,6 +17,7 @@ from .router import Router
 GENERATIONS = web.AppKey("generations", Generations)
 RELOADER = web.AppKey("reloader", Reloader)
 RESPONSES = web.AppKey("responses", ResponseStore)
+BACKGROUND = web.AppKey("background", BackgroundRuns)
 GENERATION = web.RequestKey("generation", Generation)
 PIPELINE = web.RequestKey("pipeline", Pipeline)
 ROUTER = web.RequestKey("router", Router)

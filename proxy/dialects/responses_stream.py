@@ -10,8 +10,8 @@
 A compaction's stream (`compacting`): response.compaction.compacting while the summary is written, then its one
 output item, the compaction item with the whole summary (output_item.added and .done).
 
-A stored response is streamed again (`replay`, for `GET /v1/responses/{id}?stream=true`) as these same events,
-each item's text in one delta.
+A background response's events are kept (`log`), so that its stream can be followed from any event on, while it is
+written and once it is stored (proxy/background.py).
 
 A client that reads its output only from `response.output_item.done` (Codex does) gets every item there, and
 `response.completed` ends every stream that did not fail: OpenAI sends `response.incomplete` instead when the
@@ -34,78 +34,13 @@ from .responses import (Parsed, call_item, compaction_item, message_item, new_id
                         status_of)
 
 
-@dataclass(kw_only=True)
-class Events:
-    """The numbering of a response's events, and the output items they have sent."""
-    sequence: int = 0
-    output: list[dict[str, Any]] = field(default_factory=list)  # finished items
-
-    def _event(self, kind: str, body: dict[str, Any]) -> bytes:
-        obj = {"type": kind, "sequence_number": self.sequence, **body}
-        self.sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
-
-    def _call(self, item: dict[str, Any]) -> list[bytes]:
-        at = {"item_id": item["id"], "output_index": len(self.output)}
-        custom = item["type"] == "custom_tool_call"
-        field_, kind = ("input", "custom_tool_call_input") if custom else ("arguments", "function_call_arguments")
-        added = {**item, field_: "", "status": "in_progress"}
-        out = [self._event("response.output_item.added", {"output_index": at["output_index"], "item": added}),
-               self._event(f"response.{kind}.delta", {**at, "delta": item[field_]}),
-               self._event(f"response.{kind}.done", {**at, field_: item[field_], "name": item["name"]}),
-               self._event("response.output_item.done", {"output_index": at["output_index"], "item": item})]
-        self.output.append(item)
-        return out
-
-    def replay(self, response: dict[str, Any]) -> list[bytes]:
-        """A finished response's stream, event by event (the list's index is the event's `sequence_number`): its
-        start, each output item with its ids as stored, and its end."""
-        shell = {**response, "status": "in_progress", "output": [], "usage": None, "error": None,
-                 "incomplete_details": None, "completed_at": None}
-        out = [self._event("response.created", {"response": shell}),
-               self._event("response.in_progress", {"response": shell})]
-        for item in response["output"]:
-            out += self._replayed(item)
-        end = "response.failed" if response["status"] == "failed" else "response.completed"
-        return out + [self._event(end, {"response": response})]
-
-    def _replayed(self, item: dict[str, Any]) -> list[bytes]:
-        if item["type"] in ("function_call", "custom_tool_call"):
-            return self._call(item)
-        at = {"item_id": item["id"], "output_index": len(self.output)}
-        if item["type"] == "message":
-            part, at_part = item["content"][0], {**at, "content_index": 0}
-            text, logprobs = part.get("text", ""), part.get("logprobs", [])
-            out = [self._added(message_item(item["id"], "", "in_progress")),
-                   self._event("response.content_part.added", {**at_part, "part": {
-                       "type": "output_text", "text": "", "annotations": []}}),
-                   self._event("response.output_text.delta", {**at_part, "delta": text, "logprobs": logprobs}),
-                   self._event("response.output_text.done", {**at_part, "text": text, "logprobs": logprobs}),
-                   self._event("response.content_part.done", {**at_part, "part": part})]
-        elif item["type"] == "reasoning":
-            text, at_part = item["summary"][0]["text"], {**at, "summary_index": 0}
-            out = [self._added({"id": item["id"], "type": "reasoning", "summary": []}),
-                   self._event("response.reasoning_summary_part.added", {**at_part, "part": {
-                       "type": "summary_text", "text": ""}}),
-                   self._event("response.reasoning_summary_text.delta", {**at_part, "delta": text}),
-                   self._event("response.reasoning_summary_text.done", {**at_part, "text": text}),
-                   self._event("response.reasoning_summary_part.done", {**at_part, "part": {
-                       "type": "summary_text", "text": text}})]
-        else:  # a compaction: added and done, whole, as it first went out
-            out = [self._added(item)]
-        out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
-        self.output.append(item)
-        return out
-
-    def _added(self, shell: dict[str, Any]) -> bytes:
-        return self._event("response.output_item.added", {"output_index": len(self.output), "item": shell})
-
-
 @dataclass
-class ResponseStream(Events):
+class ResponseStream:
     resp_id: str
     parsed: Parsed
     created_at: float = field(default_factory=time.time)
+    sequence: int = 0
+    output: list[dict[str, Any]] = field(default_factory=list)  # finished items
     open: dict[str, Any] | None = None  # the reasoning or message item being filled
     # of the open item, in the pieces it came in: `+=` on an attribute copies the whole text at every chunk
     pieces: list[str] = field(default_factory=list)
@@ -113,6 +48,9 @@ class ResponseStream(Events):
     final: dict[str, Any] | None = None  # the response object once the stream ended
     compacting: bool = False  # the text is a summary, sent as one compaction item
     compaction_id: str = field(default_factory=lambda: new_id("cmp"))
+    # every event written, one entry each (the index is its sequence_number), when kept: a background response's
+    # stream is sent again from any event on (proxy/background.py)
+    log: list[bytes] | None = None
 
     def encode(self, chunk: Chunk) -> bytes:
         if self.final is not None:  # a heartbeat while the route stores the response (routes_responses.py)
@@ -178,6 +116,27 @@ class ResponseStream(Events):
         return b"".join(out + [self._event("error", {**said, "error": error}),
                                self._event("response.failed", {"response": self.final})])
 
+    def cancel(self, reason: VeloError | None) -> None:
+        """A background response ended before its answer: "cancelled" when its client or an admin asked
+        (`reason` None or a 499), else "failed" with the reason (Velo shutting down). No event: its stream ends."""
+        self._close("incomplete")
+        cancelled = reason is None or reason.status == 499
+        self.final = response_object(self.resp_id, self.parsed, self.created_at, "cancelled" if cancelled else "failed",
+                                     self.output, error=None if cancelled else reason)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The response while it is written: queued until its first event, then in progress, with the items done."""
+        return self.final or response_object(self.resp_id, self.parsed, self.created_at,
+                                             "in_progress" if self.sequence else "queued", list(self.output))
+
+    def _event(self, kind: str, body: dict[str, Any]) -> bytes:
+        obj = {"type": kind, "sequence_number": self.sequence, **body}
+        self.sequence += 1
+        event = b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        if self.log is not None:
+            self.log.append(event)
+        return event
+
     def _at(self) -> dict[str, Any]:
         assert self.open is not None
         return {"item_id": self.open["id"], "output_index": len(self.output)}
@@ -226,6 +185,18 @@ class ResponseStream(Events):
         out.append(self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
         self.output.append(item)
         self.open, self.pieces, self.logprobs = None, [], []
+        return out
+
+    def _call(self, item: dict[str, Any]) -> list[bytes]:
+        at = {"item_id": item["id"], "output_index": len(self.output)}
+        custom = item["type"] == "custom_tool_call"
+        field_, kind = ("input", "custom_tool_call_input") if custom else ("arguments", "function_call_arguments")
+        added = {**item, field_: "", "status": "in_progress"}
+        out = [self._event("response.output_item.added", {"output_index": at["output_index"], "item": added}),
+               self._event(f"response.{kind}.delta", {**at, "delta": item[field_]}),
+               self._event(f"response.{kind}.done", {**at, field_: item[field_], "name": item["name"]}),
+               self._event("response.output_item.done", {"output_index": at["output_index"], "item": item})]
+        self.output.append(item)
         return out
 
     def _end(self, status: str, usage: Usage | None, finish: FinishReason | None = None) -> list[bytes]:

@@ -1,0 +1,129 @@
+"""Background responses (`background: true`) with the official `openai` package: the request returns at once and
+the answer goes on without it; polled, followed again from any event after a dropped stream, cancelled, listed as a
+request in flight."""
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import orjson
+import pytest
+
+from adapters.protocol import ToolCall
+from tests.scripted import ScriptedBackend
+
+KEY = {"Authorization": "Bearer sk-test"}  # the SDK's: a response is its caller's
+
+
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in filter(None, text.split("\n\n")):
+        name, data = block.split("\n", 1)
+        out.append((name.removeprefix("event: "), orjson.loads(data.removeprefix("data: "))))
+    return out
+
+
+async def _until(sdk: openai.AsyncOpenAI, resp_id: str, *statuses: str):
+    for _ in range(500):
+        found = await sdk.responses.retrieve(resp_id)
+        if found.status in statuses:
+            return found
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{resp_id} never reached {statuses}: {found.status}")
+
+
+async def test_a_background_response_returns_queued_and_is_polled_to_its_answer(base_url, scripted: ScriptedBackend):
+    """It returned only once the whole answer was written, so a client's request timeout still cut a long one."""
+    scripted.script.pieces, scripted.script.delay = ["a"] * 40, 0.05
+    sdk = _client(base_url)
+    queued = await sdk.responses.create(model="tiny", input="hi", background=True)
+    assert (queued.status, queued.output, queued.background) == ("queued", [], True)
+    assert (await sdk.responses.retrieve(queued.id)).status in ("queued", "in_progress")
+    done = await _until(sdk, queued.id, "completed")
+    assert done.output_text == "a" * 40 and done.usage.output_tokens == 40
+    with pytest.raises(openai.BadRequestError) as e:  # as OpenAI: "Cannot cancel a completed response."
+        await sdk.responses.cancel(queued.id)
+    assert "completed" in e.value.message
+    unstored = await sdk.responses.create(model="tiny", input="hi", background=True, store=False)
+    assert (await _until(sdk, unstored.id, "completed")).output_text == "a" * 40  # kept for polling
+
+
+async def test_cancelling_ends_the_backends_work_and_keeps_what_was_written(base_url, scripted: ScriptedBackend):
+    scripted.script.pieces, scripted.script.delay = ["a"] * 200, 0.02
+    sdk = _client(base_url)
+    running = await sdk.responses.create(model="tiny", input="hi", background=True)
+    await _until(sdk, running.id, "in_progress")
+    cancelled = await sdk.responses.cancel(running.id)
+    assert (cancelled.id, cancelled.status) == (running.id, "cancelled")
+    assert scripted.cancelled == 1 and scripted.completed == 0
+    assert (await sdk.responses.retrieve(running.id)).status == "cancelled"
+    assert (await sdk.responses.cancel(running.id)).status == "cancelled"  # again: as it is
+    plain = await sdk.responses.create(model="tiny", input="hi", max_output_tokens=16)
+    with pytest.raises(openai.BadRequestError):
+        await sdk.responses.cancel(plain.id)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.cancel("resp_missing")
+
+
+async def test_a_dropped_stream_goes_on_and_is_followed_again_from_where_it_broke(client, base_url,
+                                                                                  scripted: ScriptedBackend):
+    """Dropping a background stream cancelled the answer, and the response was never stored: the resume that
+    background mode is for found nothing. The events followed again are the very ones the first stream would
+    have sent, numbers included, live and once stored."""
+    scripted.script.thinking = "Think."
+    scripted.script.tool_calls = [ToolCall("exec_command", {"cmd": "ls"}, "call_1")]
+    scripted.script.pieces, scripted.script.delay = [f"w{i} " for i in range(20)], 0.03
+    body = {"model": "tiny", "input": "hi", "stream": True, "background": True, "tools": [
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {
+            "cmd": {"type": "string"}}}}]}
+    first = await client.post("/v1/responses", headers=KEY, json=body)
+    seen = b""
+    while seen.count(b"\n\n") < 8:
+        seen += await first.content.readany()
+    first.close()  # the client leaves
+    head = sse_events(seen.decode()[:seen.decode().rindex("\n\n") + 2])
+    resp_id, last = head[0][1]["response"]["id"], head[-1][1]["sequence_number"]
+    again = await client.get(f"/v1/responses/{resp_id}", headers=KEY,
+                             params={"stream": "true", "starting_after": str(last)})
+    rest = sse_events(await again.text())
+    assert [d["sequence_number"] for _, d in head + rest] == list(range(len(head) + len(rest)))
+    final = rest[-1][1]["response"]
+    assert rest[-1][0] == "response.completed" and final["status"] == "completed"
+    assert "".join(d["delta"] for e, d in head + rest if e == "response.output_text.delta") == \
+        "".join(scripted.script.pieces)
+
+    stored = await client.get(f"/v1/responses/{resp_id}", headers=KEY, params={"stream": "true"})
+    assert stored.content_type == "text/event-stream" and sse_events(await stored.text()) == head + rest
+    sdk = _client(base_url)
+    async with sdk.responses.stream(response_id=resp_id) as stream:
+        names = [e.type async for e in stream]
+        whole = await stream.get_final_response()
+    assert names == [n for n, _ in head + rest] and whole.output_text == "".join(scripted.script.pieces)
+    tail = [e async for e in await sdk.responses.retrieve(resp_id, stream=True, starting_after=5)]
+    assert [e.sequence_number for e in tail] == list(range(6, len(head) + len(rest)))
+
+    for wrong in ({"stream": "yes"}, {"stream": "true", "starting_after": str(len(head) + len(rest))},
+                  {"stream": "true", "starting_after": "x"}):
+        bad = await client.get(f"/v1/responses/{resp_id}", headers=KEY, params=wrong)
+        assert bad.status == 400 and (await bad.json())["error"]["param"] == next(reversed(wrong))
+    plain = await sdk.responses.create(model="tiny", input="hi")
+    with pytest.raises(openai.BadRequestError) as e:  # OpenAI streams only background responses
+        await sdk.responses.retrieve(plain.id, stream=True)
+    assert "background" in e.value.message
+
+
+async def test_a_background_response_is_a_request_in_flight_an_admin_can_end(client, base_url,
+                                                                             scripted: ScriptedBackend):
+    scripted.script.pieces, scripted.script.delay = ["a"] * 200, 0.02
+    sdk = _client(base_url)
+    running = await sdk.responses.create(model="tiny", input="hi", background=True)
+    await _until(sdk, running.id, "in_progress")
+    listed = (await (await client.get("/velo/requests")).json())["requests"]
+    assert [(r["id"], r["path"], r["models"]) for r in listed] == [(running.id, "/v1/responses", ["tiny"])]
+    assert (await client.delete(f"/velo/requests/{running.id}")).status == 200
+    assert (await _until(sdk, running.id, "cancelled")).status == "cancelled"
+    assert scripted.cancelled == 1
