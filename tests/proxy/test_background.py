@@ -8,9 +8,13 @@ import asyncio
 import openai
 import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.protocol import ToolCall
-from tests.scripted import ScriptedBackend
+from proxy.app import make_app
+from proxy.config import Config
+from proxy.responses_store import ResponsesConfig
+from tests.scripted import Script, ScriptedBackend
 
 KEY = {"Authorization": "Bearer sk-test"}  # the SDK's: a response is its caller's
 
@@ -127,3 +131,20 @@ async def test_a_background_response_is_a_request_in_flight_an_admin_can_end(cli
     assert (await client.delete(f"/velo/requests/{running.id}")).status == 200
     assert (await _until(sdk, running.id, "cancelled")).status == "cancelled"
     assert scripted.cancelled == 1
+
+
+async def test_a_response_still_written_when_velo_stops_is_stored_as_cancelled(tmp_path):
+    """Closing the app ends the work and keeps what was written: after a restart, the response is there, with its
+    events, rather than queued for ever or gone."""
+    cfg = Config(responses=ResponsesConfig(sqlite_path=str(tmp_path / "responses.db")))
+    slow = ScriptedBackend("s", script=Script(pieces=["a"] * 500, delay=0.02))
+    async with TestClient(TestServer(make_app(cfg, {"s": slow}))) as c:
+        made = await (await c.post("/v1/responses", json={"model": "tiny", "input": "hi", "background": True})).json()
+        while slow.requests == []:
+            await asyncio.sleep(0.01)
+    assert slow.cancelled == 1
+    async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:  # a restart
+        found = await (await c.get(f"/v1/responses/{made['id']}")).json()
+        events = sse_events(await (await c.get(f"/v1/responses/{made['id']}", params={"stream": "true"})).text())
+    assert found["status"] == "cancelled" and found["background"] is True
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
