@@ -59,6 +59,7 @@ class Running:
     jobs: list[tuple[str, str, Observation]] = field(default_factory=list)  # (model, backend, observation)
     reason: VeloError | None = None  # why Velo itself ended it
     logged: bool = False
+    observed_apart: bool = False  # its generation is observed in work of its own (a background response's)
 
     def view(self, now: float) -> dict[str, Any]:
         return {"id": self.id, "method": self.method, "path": self.path, "client": self.client,

@@ -32,7 +32,7 @@ from .dialects import responses
 from .dialects.paging import query_int
 from .dialects.responses_stream import ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
-from .inflight import Cancelled
+from .inflight import RUNNING, Cancelled
 from .job import Job
 from .responses_store import StoredResponse
 from .state import BACKGROUND, GENERATION, PIPELINE, RESPONSES, ROUTER
@@ -99,6 +99,7 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
         await store.put(tenant, record, None if parsed.store else POLL_KEEP_S)
     request.app[BACKGROUND].start(tenant, request[CALLER].client, run, request[PIPELINE].generate(job), keep,
                                   request[PIPELINE].inflight, request[GENERATION])
+    request[RUNNING].observed_apart = True  # velo_requests counts the work once, by its model and backend
     if not parsed.stream:
         return json_response(writer.snapshot(), headers=ignored_tools_header(parsed.ignored_tools))
     return await _follow(request, run, -1, headers)

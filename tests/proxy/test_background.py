@@ -14,6 +14,7 @@ from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.config import Config
 from proxy.responses_store import ResponsesConfig
+from tests.proxy.test_metrics import samples
 from tests.scripted import Script, ScriptedBackend
 
 KEY = {"Authorization": "Bearer sk-test"}  # the SDK's: a response is its caller's
@@ -148,3 +149,14 @@ async def test_a_response_still_written_when_velo_stops_is_stored_as_cancelled(t
         events = sse_events(await (await c.get(f"/v1/responses/{made['id']}", params={"stream": "true"})).text())
     assert found["status"] == "cancelled" and found["background"] is True
     assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+
+
+async def test_a_background_response_is_counted_once_by_its_model(client, base_url):
+    """The request that starts it was counted too, under its route and no model: two requests for one."""
+    sdk = _client(base_url)
+    made = await sdk.responses.create(model="tiny", input="hi", background=True)
+    await _until(sdk, made.id, "completed")
+    found = samples(await (await client.get("/metrics")).text())
+    counted = {labels: n for (name, labels), n in found.items() if name == "velo_requests_total"
+               and ("endpoint", "/v1/responses") in labels}
+    assert list(counted.values()) == [1.0] and ("model", "tiny") in next(iter(counted))
