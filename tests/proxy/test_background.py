@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import openai
-import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -15,6 +14,7 @@ from proxy.app import make_app
 from proxy.config import Config
 from proxy.responses_store import ResponsesConfig
 from tests.proxy.test_metrics import samples
+from tests.proxy.test_responses_dialect import sse_events
 from tests.scripted import Script, ScriptedBackend
 
 KEY = {"Authorization": "Bearer sk-test"}  # the SDK's: a response is its caller's
@@ -22,14 +22,6 @@ KEY = {"Authorization": "Bearer sk-test"}  # the SDK's: a response is its caller
 
 def _client(base_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
-
-
-def sse_events(text: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in filter(None, text.split("\n\n")):
-        name, data = block.split("\n", 1)
-        out.append((name.removeprefix("event: "), orjson.loads(data.removeprefix("data: "))))
-    return out
 
 
 async def _until(sdk: openai.AsyncOpenAI, resp_id: str, *statuses: str):
