@@ -27,6 +27,7 @@ from adapters.protocol import Message, ModelInfo, SamplingOptions
 from adapters.schema import setting
 
 from .dialects.ollama import now_iso, parse_message, parse_options
+from .dialects.ollama_names import full_name, tagged
 
 T = TypeVar("T")
 log = logging.getLogger("velo.presets")
@@ -92,22 +93,12 @@ class Preset:
                        parameters=older.parameters | self.parameters, messages=self.messages or older.messages)
 
 
-def full_name(name: str) -> str:
-    """Ollama names a model without a tag `name:latest`."""
-    return name if _tagged(name) else f"{name}:latest"
-
-
 def spellings(model: str) -> tuple[str, ...]:
     """Ollama treats `name` and `name:latest` as the same model, either way round: a client that copied a tagged
     name (LiteLLM users write `ollama_chat/foo:latest`) finds a model listed without its tag."""
     if model.endswith(":latest"):
         return model, model.removesuffix(":latest")
-    return (model,) if _tagged(model) else (model, f"{model}:latest")
-
-
-def _tagged(name: str) -> bool:
-    """A tag is after the last "/": `host:11434/model` has none."""
-    return ":" in name.rpartition("/")[2]
+    return (model,) if tagged(model) else (model, f"{model}:latest")
 
 
 def by_spelling(table: Mapping[str, T], *names: str) -> T | None:

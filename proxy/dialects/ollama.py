@@ -19,6 +19,8 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
 
 from adapters.fields import body_object, get, get_model, string_list
 
+from .ollama_names import full_name
+
 _MAX_TOP_LOGPROBS = 20  # server/routes.go
 # Ollama's options outside the sampling table (api/types.go Options and Runner, and mirostat, tfs_z and
 # penalize_newline of older versions, which llama-server still honours): passed on in `extra`.
@@ -314,7 +316,10 @@ def _digest(name: str, digest: str) -> str:
 
 
 def tag_object(info: ModelInfo) -> dict[str, Any]:
-    return {"name": info.name, "model": info.name, "modified_at": info.modified_at, "size": info.size,
+    """Named with its tag, as Ollama lists every model: Open WebUI adds `:latest` to a name without one before it
+    looks the name up in this listing, and found no model a llama-server or an OpenAI-compatible server named."""
+    name = full_name(info.name)
+    return {"name": name, "model": name, "modified_at": info.modified_at, "size": info.size,
             "digest": _digest(info.name, info.digest), "details": _details(info),
             "capabilities": shown_capabilities(info.capabilities)}
 
@@ -355,8 +360,8 @@ def show_object(info: ModelInfo) -> dict[str, Any]:
 
 
 def ps_object(model: RunningModel) -> dict[str, Any]:
-    info = model.info or ModelInfo(name=model.name)
-    return {"name": model.name, "model": model.name, "size": model.size,
+    info, name = model.info or ModelInfo(name=model.name), full_name(model.name)  # as /api/tags names it
+    return {"name": name, "model": name, "size": model.size,
             "digest": _digest(model.name, model.digest),
             "details": _details(info), "expires_at": model.expires_at, "size_vram": model.size_vram,
             "context_length": model.context_length or info.context_length or 0}

@@ -37,6 +37,16 @@ def valid(name: str) -> bool:
     return all(_PARTS[kind].fullmatch(part) for kind, part in parts.items())
 
 
+def full_name(name: str) -> str:
+    """Ollama names a model without a tag `name:latest`, and lists every model so (DisplayShortest)."""
+    return name if tagged(name) else f"{name}:latest"
+
+
+def tagged(name: str) -> bool:
+    """A tag is after the last "/": `host:11434/model` has none."""
+    return ":" in name.rpartition("/")[2]
+
+
 def _source_cut(name: str) -> tuple[str, bool]:
     """internal/modelref parseSourceSuffix: a `:cloud` or `:local` suffix, or a tag's `-cloud`, says where the model
     runs and is no part of its name; (the name without it, whether there was one)."""

@@ -39,7 +39,7 @@ async def test_ollama_chat_and_generate(velo, backend):
 async def test_ollama_models_and_embeddings(velo):
     oll, _ = clients(velo)
     listed = {m.model for m in (await oll.list()).models}
-    assert {CHAT_MODELS["engine"], CHAT_MODELS["llamacpp"], CHAT_MODELS["ollama"]} <= listed
+    assert {CHAT_MODELS["engine"], f'{CHAT_MODELS["llamacpp"]}:latest', CHAT_MODELS["ollama"]} <= listed  # as Ollama
     assert (await oll.ps()).models
     for backend, model in EMBED_MODELS.items():
         assert len((await oll.embed(model=model, input=["red", "green"])).embeddings) == 2, backend

@@ -120,7 +120,8 @@ async def test_embeddings_both_dialects_agree(velo_llama):
 
 async def test_model_listing_and_show(velo_llama):
     oai, oll = clients(velo_llama)
-    assert sorted(m.model for m in (await oll.list()).models) == sorted([CHAT_MODEL, EMBED_MODEL])
+    # Ollama lists every name with its tag
+    assert sorted(m.model for m in (await oll.list()).models) == sorted([CHAT_MODEL, f"{EMBED_MODEL}:latest"])
     assert sorted(m.id for m in (await oai.models.list()).data) == sorted([CHAT_MODEL, EMBED_MODEL])
     shown = await oll.show(CHAT_MODEL)
     assert {"completion", "tools", "insert"} <= set(shown.capabilities)
@@ -376,3 +377,22 @@ async def test_ollama_total_duration_counts_the_wait_for_a_slot(velo_llama):
     walls, totals = zip(*await asyncio.gather(*(timed(i) for i in range(8))))
     assert max(walls) > 1.5 * min(walls), walls  # some waited for a slot
     assert all(0 <= wall - total < 0.25 for wall, total in zip(walls, totals)), (walls, totals)
+
+
+async def test_open_webui_finds_and_chats_with_a_model_llama_server_names_without_a_tag(llama_chat):
+    """Open WebUI keys its model table by /api/tags' `model`, and adds `:latest` to a name without a tag before it
+    looks a chat's model up there (routers/ollama.py generate_chat_completion, get_ollama_url), as Ollama lists every
+    name with its tag (types/model/name.go DisplayShortest). llama-server names its model by its file, with no tag:
+    each chat with it was Open WebUI's own 400 "model not found", before any request reached Velo."""
+    cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url]))
+    async with serve(cfg) as url, aiohttp.ClientSession() as http:
+        async with http.get(url + "/api/tags") as resp:
+            table = {m["model"]: m for m in (await resp.json())["models"]}
+        [listed] = table
+        asked = listed if ":" in listed else f"{listed}:latest"  # Open WebUI's own step
+        assert asked in table and table[asked]["name"] == asked
+        body = {"model": asked, "messages": HELLO, "stream": False, "options": {"num_predict": 4}}
+        async with http.post(url + "/api/chat", json=body) as resp:
+            assert resp.status == 200 and (await resp.json())["message"]["content"]
+        async with http.get(url + "/api/ps") as resp:  # its expiry joined to /api/tags by name
+            assert [m["name"] for m in (await resp.json())["models"]] == [asked]

@@ -39,7 +39,7 @@ async def test_a_router_lists_and_shows_its_models_without_loading_them(router):
     """Listing and showing read each model's file (asking the router for a model's /props would load it)."""
     async with serve(config(BackendConfig(name="r", kind="llamacpp", urls=[router.url]))) as url:
         _, oll = clients(url)
-        assert sorted(m.model for m in (await oll.list()).models) == list(NAMES)
+        assert sorted(m.model for m in (await oll.list()).models) == [f"{n}:latest" for n in NAMES]  # Ollama's way
         shown = await oll.show("beta")
         assert shown.capabilities == ["completion", "tools"]  # SmolLM2's vocabulary has no FIM tokens
         assert "<|im_start|>" in shown.template and "num_ctx" in shown.parameters and "1024" in shown.parameters
@@ -62,7 +62,7 @@ async def test_a_router_answers_each_dialect_and_unloads_on_keep_alive_0(router)
         completion = await oai.completions.create(model="beta", prompt="Once upon a time", max_tokens=4)
         assert completion.choices[0].text and completion.usage.completion_tokens == 4
         assert await states(router) == {"alpha": "unloaded", "beta": "loaded"}
-        assert [m.model for m in (await oll.ps()).models] == ["beta"]
+        assert [m.model for m in (await oll.ps()).models] == ["beta:latest"]
         await oll.generate(model="beta", keep_alive=0)
         for _ in range(100):  # the router stops the model's server after it answered
             if (await states(router))["beta"] == "unloaded":

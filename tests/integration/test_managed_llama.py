@@ -43,7 +43,7 @@ async def test_a_swap_waits_for_the_stream_in_flight_and_never_cuts_it(tmp_path)
     async with client(managed(tmp_path, ttl_s=0)) as c:
         first, second = (c.server.app[GENERATIONS].current.backends[n] for n in ("first", "second"))
         tags = await (await c.get("/api/tags")).json()
-        assert sorted(m["name"] for m in tags["models"]) == ["first", "second"]
+        assert sorted(m["name"] for m in tags["models"]) == ["first:latest", "second:latest"]
         assert first.process is None and second.process is None  # listing starts nothing
         stream = await c.post("/api/chat", json={"model": "first", "messages": COUNT, "stream": True,
                                                  "options": {"temperature": 0, "num_predict": 120}})
@@ -72,7 +72,7 @@ async def test_a_swap_waits_for_the_stream_in_flight_and_never_cuts_it(tmp_path)
         assert value(found, "velo_managed_starts_total", backend="second") == 1
         assert value(found, "velo_managed_wait_seconds_total", backend="second") > 0
         ps = await (await c.get("/api/ps")).json()
-        assert [m["name"] for m in ps["models"]] == ["second"]
+        assert [m["name"] for m in ps["models"]] == ["second:latest"]
 
 
 async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp_path):

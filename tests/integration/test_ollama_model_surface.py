@@ -82,7 +82,7 @@ async def test_engine_keep_alive_zero_unloads_and_the_next_request_loads(velo_en
     assert running.context_length == 512 and running.expires_at.year < 2300  # last request's default 5 minutes
     assert (await c.generate(model=TINY, prompt="", keep_alive=0)).done_reason == "unload"
     assert engine.engine is None and (await c.ps()).models == []
-    assert [m.model for m in (await c.list()).models] == [TINY]  # listing does not load it again
+    assert [m.model for m in (await c.list()).models] == [f"{TINY}:latest"]  # listing does not load it again
     again = await c.generate(model=TINY, prompt="hi", options={"num_predict": 2}, keep_alive="1h")
     assert engine.engine is not None and 0 < again.load_duration <= again.total_duration
     [running] = (await c.ps()).models
