@@ -149,6 +149,12 @@ async def _cut_alternatives(stream: AsyncIterator[Chunk], n: int) -> AsyncIterat
             yield chunk
 
 
+def _sent_as_is(req: CompletionRequest) -> bool:
+    """Whether the prompt goes to /completion or /infill as written (raw, or a fill-in-the-middle without a template
+    of the client's) rather than in the chat template: how it is sent is how its tokens are counted."""
+    return req.raw or (req.template is None and req.suffix is not None)
+
+
 def native_body(req: CompletionRequest) -> dict[str, Any]:
     """A /completion or /infill body; `model` picks a router's model (a single-model server ignores it)."""
     body = {"model": req.model, "stream": req.stream, "cache_prompt": True, **native_sampling(req.options)}
@@ -445,7 +451,7 @@ class LlamaCppBackend(OpenAIBackend):
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.raw and not req.prompt and req.suffix is None:
             stream = self._new_document(req)
-        elif req.raw or (req.template is None and req.suffix is not None):
+        elif _sent_as_is(req):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)
         else:
             stream = self._with_context(req)
@@ -544,8 +550,9 @@ class LlamaCppBackend(OpenAIBackend):
         return result
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
-        """A chat rendered by the server's own template (`/apply-template`), then tokenized; a raw prompt as is."""
-        if isinstance(req, CompletionRequest) and not req.raw:
+        """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
+        (raw, or a fill-in-the-middle's prefix and suffix), as it is."""
+        if isinstance(req, CompletionRequest) and not _sent_as_is(req):
             req = as_chat(req)
         if isinstance(req, CompletionRequest):
             return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))

@@ -396,3 +396,15 @@ async def test_open_webui_finds_and_chats_with_a_model_llama_server_names_withou
             assert resp.status == 200 and (await resp.json())["message"]["content"]
         async with http.get(url + "/api/ps") as resp:  # its expiry joined to /api/tags by name
             assert [m["name"] for m in (await resp.json())["models"]] == [asked]
+
+
+async def test_continues_fill_in_the_middle_over_the_window_keeps_the_suffix_and_fits(velo_llama):
+    """Continue's autocomplete sends prefix and suffix without `raw` (Ollama.ts _getGenerateOptions), which goes to
+    /infill with both; the prompt was counted as a chat of the prefix alone, trimmed to fit without the suffix, and
+    llama-server refused the rest: every completion near a long file's end was a 400 "the prompt is 724 tokens, more
+    than the context window of 512 tokens". Ollama trims such a prompt's start and answers."""
+    _, oll = clients(velo_llama)
+    prefix, suffix = "".join(f"x{i} = {i}\n" for i in range(200)), "\nprint(x1)\n" * 40
+    out = await oll.generate(model=CHAT_MODEL, prompt=prefix, suffix=suffix, keep_alive=1800,
+                             options={"num_predict": 4, "temperature": 0, "num_ctx": 512, "stop": ["\n\n"]})
+    assert out.done and out.prompt_eval_count <= 512
