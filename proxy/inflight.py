@@ -158,7 +158,7 @@ class InFlight:
             return False
         entry.reason = reason
         entry.task.cancel()
-        log.warning("request %s (%s %s) ended by Velo: %s", entry.id, entry.method, entry.path, reason.message)
+        log.warning("request %s (%s %s) ended: %s", entry.id, entry.method, entry.path, reason.message)
         return True
 
     def cancel_all(self, reason: VeloError) -> int:
