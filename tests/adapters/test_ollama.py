@@ -1,7 +1,6 @@
 """The ollama adapter against `OllamaDouble`, the protocol double of Ollama's documented API (docs/api.md of
 ollama/ollama; see tests/fakes.py for which section each shape comes from). Ollama itself cannot run here."""
 import asyncio
-import socket
 
 import pytest
 
@@ -227,10 +226,8 @@ async def test_idle_gap_between_chunks_times_out(ollama_double):
     assert len(got) == 1 and "between chunks" in e.value.message
 
 
-async def test_connection_refused_is_backend_unavailable():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = "http://127.0.0.1:%d" % s.getsockname()[1]  # bound but not listening: refuses connections
+async def test_connection_refused_is_backend_unavailable(dead_port):
+    url = f"http://127.0.0.1:{dead_port}"
     b = OllamaBackend(BackendConfig(name="down", kind="ollama", urls=[url]))
     with pytest.raises(BackendUnavailable) as e:
         await b.list_models()

@@ -1,7 +1,6 @@
 """The openai adapter against `FakeOpenAI` (tests/fakes.py): wire shapes, streamed tool-call assembly, API key,
 and every failure mode mapped to its domain error (down, slow, failing, cut mid-stream, closed early)."""
 import asyncio
-import socket
 
 import orjson
 import pytest
@@ -169,10 +168,8 @@ async def test_slow_first_token_and_idle_gap_time_out(openai_fake):
         await b.close()
 
 
-async def test_down_backend_is_unavailable():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        url = "http://127.0.0.1:%d" % s.getsockname()[1]
+async def test_down_backend_is_unavailable(dead_port):
+    url = f"http://127.0.0.1:{dead_port}"
     b = OpenAIBackend(config(url))
     with pytest.raises(BackendUnavailable) as e:
         await collect(b.chat(chat()))

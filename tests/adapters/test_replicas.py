@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -36,12 +35,6 @@ def replica_set(*scripts: Script, **options: object) -> tuple[ReplicaSet, list[S
 
 async def text(rs: ReplicaSet, req: ChatRequest | None = None) -> str:
     return "".join([c.text async for c in rs.chat(req or chat())])
-
-
-def free_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens here once closed
 
 
 async def test_least_outstanding_requests_spreads_concurrent_streams():
@@ -230,10 +223,10 @@ async def test_closing_a_stream_early_releases_the_replica():
     assert rs.replicas[0].outstanding == 0 and members[0].cancelled == 1
 
 
-async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server():
+async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server(dead_port):
     async with FakeOpenAI(models=["m"]) as live, FakeOpenAI(models=["m"]) as failing:
         failing.script.fail_status = 503
-        cfg = BackendConfig(name="pool", kind="openai", urls=[free_port_url(), failing.url, live.url],
+        cfg = BackendConfig(name="pool", kind="openai", urls=[f"http://127.0.0.1:{dead_port}", failing.url, live.url],
                             max_concurrency=2, options={"affinity": "none", "breaker_failures": 1})
         backend = make_backend(cfg)
         assert isinstance(backend, ReplicaSet) and await backend.concurrency() == 6
@@ -441,11 +434,11 @@ async def test_ollama_replicas_each_load_unload_and_pull():
             assert "new:1b" in fake.models
 
 
-async def test_a_replica_down_does_not_fail_the_others_bare_load_or_unload():
+async def test_a_replica_down_does_not_fail_the_others_bare_load_or_unload(dead_port):
     """One unreachable replica made the set's bare load (and keep_alive 0) a 503, the others' loads left running."""
     from tests.fakes import OllamaDouble
     async with OllamaDouble() as up:
-        cfg = BackendConfig(name="pool", kind="ollama", urls=[up.url, free_port_url()])
+        cfg = BackendConfig(name="pool", kind="ollama", urls=[up.url, f"http://127.0.0.1:{dead_port}"])
         backend = make_backend(cfg)
         try:
             assert await backend.load("smollm2:135m", None) >= 0
