@@ -117,7 +117,9 @@ def test_no_leak_after_random_requests_with_aborts(tiny_llama, engine_factory):
             eng.abort(rng.choice(live)[0])
     reasons = [collect(q)[-1].finish_reason for _, q in live]
     assert {"length", "abort"} <= set(reasons)
-    time.sleep(0.2)
+    deadline = time.time() + 10  # the snapshot follows the step after the last output, on the engine's thread
+    while eng.metrics()["running"] and time.time() < deadline:
+        time.sleep(0.01)
     assert eng.metrics()["preemptions"] > 0 and eng.metrics()["running"] == 0
     eng.shutdown()  # the loop thread is gone: safe to inspect its bookkeeping
     eng.blocks.check_integrity()
