@@ -97,7 +97,7 @@ class BackgroundRuns:
         task = asyncio.current_task()
         assert task is not None
         entry = Running(writer.resp_id, "POST", "/v1/responses", client, task)
-        with inflight.listed(entry):
+        with inflight.listed(entry):  # while it is written: what ends a request ends it
             try:
                 async with aclosing(chunks):
                     async for chunk in chunks:
@@ -113,17 +113,19 @@ class BackgroundRuns:
             except Exception as e:  # a fault of Velo's own: the response fails rather than staying queued forever
                 log.exception("background response %s failed", writer.resp_id)
                 writer.fail(BackendError(f"the response failed inside Velo: {type(e).__name__}"))
-            assert writer.final is not None and writer.log is not None
-            try:
-                await store(StoredResponse(writer.final, run.record.input, run.record.history,
-                                           [e.decode() for e in writer.log]))
-            finally:
-                run.done = True
-                run.release()
+        assert writer.final is not None and writer.log is not None
+        try:  # not listed, so no cancel cuts it: a store cut halfway lost a finished answer from SQLite or Redis
+            await store(StoredResponse(writer.final, run.record.input, run.record.history,
+                                       [e.decode() for e in writer.log]))
+        finally:
+            run.done = True
+            run.release()
 
     async def close(self) -> None:
-        """With the app: whatever still runs is cancelled (and stored as such)."""
+        """With the app: whatever is still written is cancelled (and stored as such); what is being stored is
+        waited for."""
         tasks = [run.task for run in self.runs.values() if run.task is not None]
-        for task in tasks:
-            task.cancel()
+        for run in self.runs.values():
+            if run.writer.final is None and run.task is not None:
+                run.task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,7 +12,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.config import Config
+from proxy.inflight import Cancelled
 from proxy.responses_store import ResponsesConfig
+from proxy.state import BACKGROUND, GENERATIONS, RESPONSES
 from tests.proxy.test_metrics import samples
 from tests.proxy.test_responses_dialect import sse_events
 from tests.scripted import Script, ScriptedBackend
@@ -152,3 +154,25 @@ async def test_a_background_response_is_counted_once_by_its_model(client, base_u
     counted = {labels: n for (name, labels), n in found.items() if name == "velo_requests_total"
                and ("endpoint", "/v1/responses") in labels}
     assert list(counted.values()) == [1.0] and ("model", "tiny") in next(iter(counted))
+
+
+async def test_a_cancel_while_the_answer_is_stored_does_not_cut_the_store(tmp_path):
+    """A cancel (the client's, an admin's, a shutdown's) that came while the finished answer was written to SQLite cut
+    that write: after a restart the response was 404, though its client had been told it completed."""
+    cfg = Config(responses=ResponsesConfig(sqlite_path=str(tmp_path / "responses.db")))
+    app = make_app(cfg, {"s": ScriptedBackend("s")})
+    async with TestClient(TestServer(app)) as c:
+        made = await (await c.post("/v1/responses", headers=KEY, json={"model": "tiny", "input": "hi",
+                                                                     "background": True})).json()
+        (tenant, _), run = next(iter(app[BACKGROUND].runs.items()))
+        for _ in range(10000):  # in memory first, then on its way to SQLite
+            if app[RESPONSES].memory.get(f"{tenant}:{made['id']}") is not None:
+                break
+            await asyncio.sleep(0)
+        assert not run.done
+        app[GENERATIONS].current.pipeline.inflight.cancel(made["id"], Cancelled("cancelled by its client"))
+        await asyncio.wait([run.task], timeout=5)
+        assert (await (await c.get(f"/v1/responses/{made['id']}", headers=KEY)).json())["status"] == "completed"
+    async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:  # a restart
+        found = await c.get(f"/v1/responses/{made['id']}", headers=KEY)
+        assert found.status == 200 and (await found.json())["status"] == "completed"
