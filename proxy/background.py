@@ -117,6 +117,8 @@ class BackgroundRuns:
         try:  # not listed, so no cancel cuts it: a store cut halfway lost a finished answer from SQLite or Redis
             await store(StoredResponse(writer.final, run.record.input, run.record.history,
                                        [e.decode() for e in writer.log]))
+        except Exception:  # a shared tier down: no one awaits this task, and this process still has it in memory
+            log.exception("background response %s could not be stored", writer.resp_id)
         finally:
             run.done = True
             run.release()

@@ -7,10 +7,12 @@ import asyncio
 
 import openai
 import pytest
+import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.protocol import ToolCall
 from proxy.app import make_app
+from proxy.cache.redis_store import RedisStore
 from proxy.config import Config
 from proxy.inflight import Cancelled
 from proxy.responses_store import ResponsesConfig
@@ -176,3 +178,21 @@ async def test_a_cancel_while_the_answer_is_stored_does_not_cut_the_store(tmp_pa
     async with TestClient(TestServer(make_app(cfg, {"s": ScriptedBackend("s")}))) as c:  # a restart
         found = await c.get(f"/v1/responses/{made['id']}", headers=KEY)
         assert found.status == 200 and (await found.json())["status"] == "completed"
+
+
+async def test_a_store_that_fails_is_logged_and_the_answer_still_polled(client, base_url, scripted: ScriptedBackend,
+                                                                        caplog):
+    """With its Redis down, the store's error was left in the task no one awaits: asyncio's 'Task exception was never
+    retrieved', and nothing of Velo's own in the log."""
+    app, scripted.script.silence = client.server.app, 0.5  # still running when the POST is answered
+    down = RedisStore(aioredis.from_url("redis://127.0.0.1:1/0"), prefix="velo:responses:")
+    app[RESPONSES].tiers.append(down)
+    sdk = _client(base_url)
+    made = await sdk.responses.create(model="tiny", input="hi", background=True)
+    task = next(iter(app[BACKGROUND].runs.values())).task
+    await asyncio.wait([task], timeout=5)
+    assert task.done() and task.exception() is None
+    assert f"background response {made.id} could not be stored" in caplog.text
+    assert (await _until(sdk, made.id, "completed")).output_text == "Hello world"  # from this process's memory
+    app[RESPONSES].tiers.remove(down)
+    await down.close()
