@@ -118,11 +118,14 @@ class ResponseStream:
 
     def cancel(self, reason: VeloError | None) -> None:
         """A background response ended before its answer: "cancelled" when its client or an admin asked
-        (`reason` None or a 499), else "failed" with the reason (Velo shutting down). No event: its stream ends."""
+        (`reason` None or a 499), with no event: its stream ends. Else it fails with the reason (Velo shutting
+        down), in its stream too, as any failed response's: its followers read why, where the SDK's stream helper
+        saw the stream end with no error."""
+        if reason is not None and reason.status != 499:
+            self.fail(reason)
+            return
         self._close("incomplete")
-        cancelled = reason is None or reason.status == 499
-        self.final = response_object(self.resp_id, self.parsed, self.created_at, "cancelled" if cancelled else "failed",
-                                     self.output, error=None if cancelled else reason)
+        self.final = response_object(self.resp_id, self.parsed, self.created_at, "cancelled", self.output)
 
     def snapshot(self) -> dict[str, Any]:
         """The response while it is written: queued until its first event, then in progress, with the items done."""

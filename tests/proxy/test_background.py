@@ -14,7 +14,7 @@ from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.cache.redis_store import RedisStore
 from proxy.config import Config
-from proxy.inflight import Cancelled
+from proxy.inflight import Cancelled, ShuttingDown
 from proxy.responses_store import ResponsesConfig
 from proxy.state import BACKGROUND, GENERATIONS, RESPONSES
 from tests.proxy.test_metrics import samples
@@ -196,3 +196,24 @@ async def test_a_store_that_fails_is_logged_and_the_answer_still_polled(client, 
     assert (await _until(sdk, made.id, "completed")).output_text == "Hello world"  # from this process's memory
     app[RESPONSES].tiers.remove(down)
     await down.close()
+
+
+async def test_a_response_ended_by_a_shutdown_fails_in_its_stream_too(client, base_url, scripted: ScriptedBackend):
+    """Stored as failed, with the shutdown's error, its events ended with no `response.failed`: a client following
+    it again after the restart read an answer cut short, and the SDK's stream helper ended with no error (its
+    `get_final_response()` then raised "Didn't receive a `response.completed` event")."""
+    scripted.script.pieces, scripted.script.delay = ["a"] * 200, 0.02
+    sdk = _client(base_url)
+    running = await sdk.responses.create(model="tiny", input="hi", background=True)
+    await _until(sdk, running.id, "in_progress")
+    client.server.app[GENERATIONS].current.pipeline.inflight.cancel_all(ShuttingDown("Velo is shutting down"))
+    failed = await _until(sdk, running.id, "failed")
+    assert failed.error.message == "Velo is shutting down" and scripted.cancelled == 1
+    with pytest.raises(openai.APIError, match="Velo is shutting down"):
+        async with sdk.responses.stream(response_id=running.id) as stream:
+            async for _ in stream:
+                pass
+    events = sse_events(await (await client.get(f"/v1/responses/{running.id}", headers=KEY,
+                                                params={"stream": "true"})).text())
+    assert [e for e, _ in events[-2:]] == ["error", "response.failed"]
+    assert events[-1][1]["response"]["error"]["message"] == "Velo is shutting down"
