@@ -43,7 +43,9 @@ class Run:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def snapshot(self) -> StoredResponse:
-        return StoredResponse(self.writer.snapshot(), self.record.input, self.record.history)
+        """In progress until it is stored, as its last events: a client that polled it completed and continued at
+        once (`previous_response_id`) found nothing."""
+        return StoredResponse(self.writer.snapshot(ended=self.done), self.record.input, self.record.history)
 
     def release(self) -> None:
         assert self.writer.log is not None

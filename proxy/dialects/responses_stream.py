@@ -127,10 +127,13 @@ class ResponseStream:
         self._close("incomplete")
         self.final = response_object(self.resp_id, self.parsed, self.created_at, "cancelled", self.output)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The response while it is written: queued until its first event, then in progress, with the items done."""
-        return self.final or response_object(self.resp_id, self.parsed, self.created_at,
-                                             "in_progress" if self.sequence else "queued", list(self.output))
+    def snapshot(self, ended: bool = True) -> dict[str, Any]:
+        """The response while it is written: queued until its first event, then in progress, with the items done;
+        its end once `ended`."""
+        if self.final is not None and ended:
+            return self.final
+        return response_object(self.resp_id, self.parsed, self.created_at, "in_progress" if self.sequence else "queued",
+                               list(self.output))
 
     def _event(self, kind: str, body: dict[str, Any]) -> bytes:
         obj = {"type": kind, "sequence_number": self.sequence, **body}

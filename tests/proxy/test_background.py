@@ -217,3 +217,15 @@ async def test_a_response_ended_by_a_shutdown_fails_in_its_stream_too(client, ba
                                                 params={"stream": "true"})).text())
     assert [e for e, _ in events[-2:]] == ["error", "response.failed"]
     assert events[-1][1]["response"]["error"]["message"] == "Velo is shutting down"
+
+
+async def test_a_response_polled_completed_is_found_by_the_next_turn(base_url, scripted: ScriptedBackend):
+    """GET said completed as soon as the answer's last chunk came, before the pipeline's work after it and the store:
+    the next turn, sent at once with `previous_response_id`, was a 400 "Previous response ... not found"."""
+    scripted.script.after_finish = 0.5  # a stage's work after the answer
+    sdk = _client(base_url)
+    made = await sdk.responses.create(model="tiny", input="hi", background=True)
+    polled = await _until(sdk, made.id, "completed", "failed", "cancelled")
+    assert polled.status == "completed"
+    nxt = await sdk.responses.create(model="tiny", input="and?", previous_response_id=made.id)
+    assert nxt.status == "completed"
