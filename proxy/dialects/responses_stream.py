@@ -120,7 +120,10 @@ class ResponseStream:
         """A background response ended before its answer: "cancelled" when its client or an admin asked
         (`reason` None or a 499), with no event: its stream ends. Else it fails with the reason (Velo shutting
         down), in its stream too, as any failed response's: its followers read why, where the SDK's stream helper
-        saw the stream end with no error."""
+        saw the stream end with no error. One whose answer had ended (the pipeline's work after it was cut) keeps
+        that end, which its events already say."""
+        if self.final is not None:
+            return
         if reason is not None and reason.status != 499:
             self.fail(reason)
             return

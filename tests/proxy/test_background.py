@@ -229,3 +229,21 @@ async def test_a_response_polled_completed_is_found_by_the_next_turn(base_url, s
     assert polled.status == "completed"
     nxt = await sdk.responses.create(model="tiny", input="and?", previous_response_id=made.id)
     assert nxt.status == "completed"
+
+
+async def test_a_cancel_after_the_answer_ended_keeps_it_completed(client, base_url, scripted: ScriptedBackend):
+    """A cancel during the pipeline's work after the answer stored it as cancelled, while its events, stored with it
+    and already written, ended with `response.completed`: the stream and GET disagreed."""
+    scripted.script.after_finish = 5.0  # a stage's work after the answer
+    sdk = _client(base_url)
+    made = await sdk.responses.create(model="tiny", input="hi", background=True)
+    run = next(iter(client.server.app[BACKGROUND].runs.values()))
+    for _ in range(500):
+        if run.writer.final is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert (await sdk.responses.cancel(made.id)).status == "completed"
+    found = await sdk.responses.retrieve(made.id)
+    events = [e async for e in await sdk.responses.retrieve(made.id, stream=True)]
+    assert (found.status, found.output_text) == ("completed", "Hello world")
+    assert (events[-1].type, events[-1].response.status) == ("response.completed", "completed")
