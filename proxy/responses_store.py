@@ -39,6 +39,11 @@ class StoredResponse:
         """What a response continuing this one follows: everything before, this input, this output."""
         return self.history + self.input + self.response["output"]
 
+    def kept(self) -> bool:
+        """Whether it was stored (`store: true`), not kept for polling only (a background response with `store:
+        false`): only then does a later request continue it or name its items."""
+        return self.response.get("store") is not False
+
     def items(self) -> list[dict[str, Any]]:
         """The items this response made or was sent, each with its id, which an `item_reference` names."""
         return self.input + self.response["output"]
@@ -70,7 +75,7 @@ class ResponseStore:
         `item_reference`s to their ids, `store` being on by default); for `ttl_s`, or `[responses] ttl_s`."""
         resp_id, ttl_s = record.response["id"], self.cfg.ttl_s if ttl_s is None else min(ttl_s, self.cfg.ttl_s)
         await self._put(_key(tenant, resp_id), record, orjson.dumps(record.__dict__), ttl_s)
-        for item in record.items():
+        for item in record.items() if record.kept() else []:
             await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode(), ttl_s)
 
     async def _put(self, key: str, value: Any, payload: bytes, ttl_s: float) -> None:

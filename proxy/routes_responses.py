@@ -152,7 +152,7 @@ async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[
     if parsed.previous_response_id is None:
         return []
     previous = await request.app[RESPONSES].get(request[CALLER].tenant, parsed.previous_response_id)
-    if previous is None:
+    if previous is None or not previous.kept():
         raise responses.PreviousResponseNotFound(parsed.previous_response_id)
     return previous.conversation()
 

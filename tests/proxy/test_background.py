@@ -247,3 +247,18 @@ async def test_a_cancel_after_the_answer_ended_keeps_it_completed(client, base_u
     events = [e async for e in await sdk.responses.retrieve(made.id, stream=True)]
     assert (found.status, found.output_text) == ("completed", "Hello world")
     assert (events[-1].type, events[-1].response.status) == ("response.completed", "completed")
+
+
+async def test_a_background_response_with_store_false_is_kept_for_polling_only(client, base_url):
+    """Kept 10 minutes for polling, it was continued by `previous_response_id` and its items named by
+    `item_reference`, as a stored response is, though its client had asked that nothing be stored."""
+    sdk = _client(base_url)
+    made = await sdk.responses.create(model="tiny", input="hi", background=True, store=False)
+    done = await _until(sdk, made.id, "completed")
+    assert (done.output_text, done.store) == ("Hello world", False)
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.responses.create(model="tiny", input="and?", previous_response_id=made.id)
+    assert e.value.code == "previous_response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.create(model="tiny", input=[{"type": "item_reference", "id": done.output[0].id}])
+    assert (await sdk.responses.retrieve(made.id)).status == "completed"
