@@ -102,6 +102,10 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
     request[RUNNING].observed_apart = True  # velo_requests counts the work once, by its model and backend
     if not parsed.stream:
         return json_response(writer.snapshot(), headers=ignored_tools_header(parsed.ignored_tools))
+    # its id at once (response.created): a client that left before the first token, which a long prompt or a busy
+    # backend puts minutes away, had nothing to follow again or cancel
+    writer.encode(Chunk(heartbeat=True))
+    run.release()
     return await _follow(request, run, -1, headers)
 
 

@@ -262,3 +262,22 @@ async def test_a_background_response_with_store_false_is_kept_for_polling_only(c
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.create(model="tiny", input=[{"type": "item_reference", "id": done.output[0].id}])
     assert (await sdk.responses.retrieve(made.id)).status == "completed"
+
+
+async def test_a_streamed_background_response_names_itself_before_its_first_token(client, base_url,
+                                                                                 scripted: ScriptedBackend):
+    """Its stream sent nothing, headers included, until the backend's first chunk (or the heartbeat, 15 s by
+    default): a client that left before then, while a long prompt was read, never learnt the id it could follow
+    again or cancel."""
+    scripted.script.silence = 30.0  # a backend still reading the prompt
+    resp = await asyncio.wait_for(client.post("/v1/responses", headers=KEY, json={
+        "model": "tiny", "input": "hi", "background": True, "stream": True}), 5)
+    head = b""
+    while head.count(b"\n\n") < 1:
+        head += await asyncio.wait_for(resp.content.readany(), 5)
+    resp.close()
+    name, first = sse_events(head.decode()[:head.decode().index("\n\n") + 2])[0]
+    assert (name, first["sequence_number"]) == ("response.created", 0)
+    sdk = _client(base_url)
+    assert (await sdk.responses.cancel(first["response"]["id"])).status == "cancelled"
+    assert scripted.cancelled == 1
