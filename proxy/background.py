@@ -11,7 +11,9 @@ with `store: false` is kept for polling only, for `POLL_KEEP_S`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import zlib
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
@@ -27,6 +29,20 @@ from .responses_store import StoredResponse
 log = logging.getLogger("velo.background")
 POLL_KEEP_S = 600.0  # a background response with store: false: OpenAI keeps it "about 10 minutes" for polling
 Store = Callable[[StoredResponse], Awaitable[None]]
+
+
+def pack_events(log: list[bytes]) -> str:
+    """A stream's events as stored: zlib (level 1, off the event loop), then base64 for the JSON of the store's
+    tiers. Each event repeats its type, ids and indexes around a token or two: the 4.7 MB of a 20,000-piece answer's
+    events pack into 0.31 MB (15x smaller; the last four events each repeat the whole text). Kept as they were, a
+    background response stored 41x the bytes of the same one without background; packed, 4.2x
+    (bench/background.py)."""
+    return base64.b64encode(zlib.compress(b"".join(log), 1)).decode()
+
+
+def unpack_events(packed: str) -> list[bytes]:
+    """The events, one entry each: an event ends with a blank line, and its JSON (orjson's) holds no line break."""
+    return [event + b"\n\n" for event in zlib.decompress(base64.b64decode(packed)).split(b"\n\n")[:-1]]
 
 
 @dataclass
@@ -118,7 +134,7 @@ class BackgroundRuns:
         assert writer.final is not None and writer.log is not None
         try:  # not listed, so no cancel cuts it: a store cut halfway lost a finished answer from SQLite or Redis
             await store(StoredResponse(writer.final, run.record.input, run.record.history,
-                                       [e.decode() for e in writer.log]))
+                                       await asyncio.to_thread(pack_events, writer.log)))
         except Exception:  # a shared tier down: no one awaits this task, and this process still has it in memory
             log.exception("background response %s could not be stored", writer.resp_id)
         finally:

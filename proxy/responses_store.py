@@ -33,7 +33,7 @@ class StoredResponse:
     response: dict[str, Any]  # the response object as the client got it
     input: list[dict[str, Any]]  # the input items of its request
     history: list[dict[str, Any]]  # the conversation before them (earlier responses' inputs and outputs)
-    events: list[str] | None = None  # a background response's stream, event by event, sent again on request
+    events: str | None = None  # a background response's stream, packed (proxy/background.py), sent again on request
 
     def conversation(self) -> list[dict[str, Any]]:
         """What a response continuing this one follows: everything before, this input, this output."""

@@ -26,7 +26,7 @@ from adapters.fields import get
 from adapters.protocol import Chunk, aggregate
 
 from .auth import CALLER
-from .background import POLL_KEEP_S, Run
+from .background import POLL_KEEP_S, Run, unpack_events
 from .count_request import as_sent
 from .dialects import responses
 from .dialects.paging import query_int
@@ -190,13 +190,14 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     if stream == "false":
         return json_response(found.response)
     run = request.app[BACKGROUND].get(request[CALLER].tenant, request.match_info["id"])
-    events = run.writer.log if run is not None else found.events
-    if events is None:
+    if run is None and found.events is None:
         raise BadRequest("Only responses created with background: true can be streamed.", param="stream")
+    events = run.writer.log if run is not None else await asyncio.to_thread(unpack_events, found.events or "")
+    assert events is not None
     after = query_int(request.query, "starting_after", -1, -1, max(len(events) - 1, -1))
     if run is not None:
         return await _follow(request, run, after)
-    return web.Response(body="".join(events[after + 1:]).encode(), content_type="text/event-stream",
+    return web.Response(body=b"".join(events[after + 1:]), content_type="text/event-stream",
                         headers={"Cache-Control": "no-cache"})
 
 
