@@ -130,6 +130,11 @@ class Backend(ABC):
     async def health(self) -> bool:
         return True
 
+    def figures(self) -> dict[str, float]:
+        """The backend's own figures for /metrics, by name (Velo's engine: its batch, KV cache and tokens); none
+        where Velo sees only the wire."""
+        return {}
+
     def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Ollama model management (/api/pull, /api/create, ...): a stream of status objects."""
         raise Unsupported(f"{path} needs an Ollama backend; {self.name!r} is {self.config.kind}")

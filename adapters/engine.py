@@ -452,3 +452,7 @@ class EngineBackend(Backend):
     async def concurrency(self) -> int:
         return self.config.max_concurrency or self.engine_config.max_num_seqs
 
+    def figures(self) -> dict[str, float]:
+        """The engine's snapshot after its last step (engine.metrics()); none while it is unloaded."""
+        return self.engine.metrics() if self.engine is not None else {}
+

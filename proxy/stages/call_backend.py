@@ -15,6 +15,26 @@ from ..job import Job
 from .base import Next, Services, Stage
 
 
+# The figures a backend gives of itself (Backend.figures: Velo's engine, engine/engine.py metrics()), as /metrics
+# names them: (metric, gauge or counter, help, the backend's name for it).
+FIGURES = (
+    ("velo_engine_running", "gauge", "Sequences the engine is decoding", "running"),
+    ("velo_engine_waiting", "gauge", "Sequences waiting for room in the engine's batch or KV cache", "waiting"),
+    ("velo_engine_kv_blocks", "gauge", "Blocks of the engine's KV cache", "kv_blocks_total"),
+    ("velo_engine_kv_blocks_free", "gauge", "Blocks of the engine's KV cache that no sequence nor cached prefix holds",
+     "kv_blocks_free"),
+    ("velo_engine_kv_usage", "gauge", "Share of the engine's KV cache in use, 0 to 1", "kv_usage"),
+    ("velo_engine_steps", "counter", "Steps (batched forward passes) the engine ran", "steps"),
+    ("velo_engine_prompt_tokens", "counter", "Prompt tokens the engine took", "prompt_tokens"),
+    ("velo_engine_cached_prompt_tokens", "counter", "Prompt tokens the engine's prefix cache served",
+     "cached_prompt_tokens"),
+    ("velo_engine_generated_tokens", "counter", "Tokens the engine generated", "generated_tokens"),
+    ("velo_engine_preemptions", "counter", "Sequences the engine set back for KV room (recomputed later)",
+     "preemptions"),
+    ("velo_engine_draft_proposed", "counter", "Draft tokens speculative decoding proposed", "spec_proposed"),
+    ("velo_engine_draft_accepted", "counter", "Draft tokens the target model accepted", "spec_accepted"))
+
+
 class CallBackend(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
@@ -42,6 +62,18 @@ class CallBackend(Stage):
         yield outstanding
         yield up
         yield from self._managed()
+        yield from self._figures()
+
+    def _figures(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """What each backend says of itself (FIGURES), where it says it."""
+        families = [(GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=["backend"])
+                    for name, kind, doc, _ in FIGURES]
+        for backend in self.services.router.backends.values():
+            figures = backend.figures()
+            for family, (*_, key) in zip(families, FIGURES):
+                if key in figures:
+                    family.add_metric([backend.name], figures[key])
+        yield from families
 
     def _managed(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Llama-servers Velo runs itself (adapters/llamacpp_managed.py): state, requests waiting for a start or a
