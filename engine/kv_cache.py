@@ -59,7 +59,8 @@ class BlockManager:
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.cache = RadixCache(block_size) if enable_prefix_cache else None
         self._seqs: dict[int, Sequence] = {}      # sequences holding blocks, by seq_id
-        self._locks: dict[int, Node] = {}         # seq_id -> radix node locked at admission
+        self._locks: dict[int, Node] = {}         # seq_id -> radix node it holds locked: its prefix in the cache
+        self._handed: dict[int, int] = {}         # seq_id -> tokens of its own KV handed to the cache while it runs
 
     @property
     def num_blocks(self) -> int:
@@ -147,11 +148,33 @@ class BlockManager:
         if node is not None:
             self.cache.lock(node)
             self._locks[child.seq_id] = node
+        if parent.seq_id in self._handed:
+            self._handed[child.seq_id] = self._handed[parent.seq_id]
+
+    def cache_computed(self, seq: Sequence) -> None:
+        """Hand seq's full computed blocks to the radix cache while it still runs (SGLang's cache_unfinished_req),
+        locked for it: a request with the same prefix admitted from the next step on shares them. Only a finished
+        sequence's blocks were cached, so requests sharing a long system prompt each computed it while the first
+        was still answering."""
+        if self.cache is None:
+            return
+        n = self._cacheable_blocks(seq)
+        if n * self.block_size <= self._in_cache(seq):
+            return
+        present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
+        for b in seq.block_table[present // self.block_size:n]:
+            self.allocator.incref(b)  # the cache's own reference
+        _, node = self.cache.match_prefix(seq.all_ids[:n * self.block_size], seq.cache_scope)
+        self.cache.lock(node)
+        if (held := self._locks.get(seq.seq_id)) is not None:
+            self.cache.unlock(held)
+        self._locks[seq.seq_id], self._handed[seq.seq_id] = node, n * self.block_size
 
     def free(self, seq: Sequence, cache: bool = True) -> None:
         """Release seq's blocks; with cache, first hand its full computed blocks to the radix cache."""
         assert self._seqs.pop(seq.seq_id, None) is seq, "free of a sequence without blocks"
         node = self._locks.pop(seq.seq_id, None)
+        self._handed.pop(seq.seq_id, None)
         if cache and self.cache is not None:
             n = self._cacheable_blocks(seq)
             present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
@@ -229,11 +252,15 @@ class BlockManager:
         grow = max(0, cdiv(end, self.block_size) - len(seq.block_table))
         return grow + len(self._shared_in_range(seq, end))
 
+    def _in_cache(self, seq: Sequence) -> int:
+        """Tokens of seq's prefix the cache holds for it: matched at admission, or handed over since."""
+        return self._handed.get(seq.seq_id, seq.num_cached_prefix)
+
     def _cacheable_blocks(self, seq: Sequence) -> int:
         """Full computed blocks the cache may take: stop at the first block another sequence still
         shares (a fork's), so every unlocked cached block stays freeable by eviction."""
         full = seq.num_computed // self.block_size
-        start = seq.num_cached_prefix // self.block_size  # the locked prefix is the cache's already
+        start = self._in_cache(seq) // self.block_size  # the locked prefix is the cache's already
         for i in range(start, full):
             if self.allocator.refcount(seq.block_table[i]) > 1:
                 return i

@@ -149,6 +149,7 @@ class Scheduler:
             seq.num_computed = item.end
             if not item.samples:
                 assert seq.seq_id not in sampled, "sampled a token mid-prompt"
+                self.blocks.cache_computed(seq)
                 continue
             tokens = sampled[seq.seq_id]
             tokens = tokens if isinstance(tokens, list) else [tokens]
@@ -162,6 +163,8 @@ class Scheduler:
                 finished.append(seq)
             elif item.draft:
                 self.blocks.release_rejected_blocks(seq)
+            elif item.start < seq.num_prompt_tokens:  # its prompt's last chunk
+                self.blocks.cache_computed(seq)
         return finished
 
     # -- internals ---------------------------------------------------------------------------

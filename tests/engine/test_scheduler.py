@@ -141,6 +141,37 @@ def test_shared_prefix_is_served_from_the_cache():
     assert [(i.start, i.num_tokens) for i in plan.items] == [(32, 4)]
 
 
+def test_a_running_sequences_prompt_is_shared_chunk_by_chunk_before_it_finishes():
+    """A prompt's computed blocks are cached as its chunks are done, not only once it finishes: a request sharing
+    a long system prompt with one still answering computed the whole prompt again."""
+    sched = make(prefill_chunk=16)
+    system = list(range(100, 140))  # 40 tokens: 10 blocks
+    first = Sequence(1, system + [1, 2], max_tokens=50)
+    sched.add(first)
+    step(sched)  # its first chunk: 16 tokens
+    early = Sequence(2, system + [5], max_tokens=3)
+    sched.add(early)
+    step(sched)
+    assert early.num_cached_prefix == 16  # the first chunk's 4 blocks, while `first` still reads its prompt
+    while first.is_prefilling:
+        step(sched)
+    late = Sequence(3, system + [7, 8, 9], max_tokens=3)
+    sched.add(late)
+    plan, _ = step(sched)
+    assert late.num_cached_prefix == 40 and first.status is SequenceStatus.RUNNING
+    assert [(i.start, i.num_tokens) for i in plan.items if i.seq is late] == [(40, 3)]
+    run_all(sched)
+    assert (first.output_ids, late.output_ids) == (_alone(system + [1, 2], 50), _alone(system + [7, 8, 9], 3))
+
+
+def _alone(prompt: list[int], max_tokens: int) -> list[int]:
+    sched = Scheduler(BlockManager(64, BS, enable_prefix_cache=False))
+    seq = Sequence(9, prompt, max_tokens=max_tokens)
+    sched.add(seq)
+    run_all(sched)
+    return seq.output_ids
+
+
 def test_fork_yields_copy_on_write_pairs():
     sched = make()
     parent = Sequence(1, list(range(6)), max_tokens=5)
