@@ -20,8 +20,8 @@ function fill(tableId, rows, empty) {
   body.replaceChildren(...(rows.length ? rows : [row([el("td", empty, "muted")])]));
 }
 
-function fmt(x, digits = 2) {
-  return x === null || x === undefined ? "–" : Number(x).toFixed(digits).replace(/\.?0+$/, "") || "0";
+function fmt(x, digits = 2) {  // rounded, without trailing zeros after the point (a whole 10 stays "10")
+  return x === null || x === undefined ? "–" : String(Number(Number(x).toFixed(digits)));
 }
 
 function health(b) {

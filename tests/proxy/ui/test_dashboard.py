@@ -79,3 +79,15 @@ async def test_prompts_kept_before_log_prompts_was_turned_off_leave_the_page():
         c.server.app[GENERATIONS].current.config.server.log_prompts = False  # as a reload that turns it off
         after = await (await c.get("/ui/state", headers=basic("me", KEY))).json()
     assert before["recent"][0]["prompt"] == "What is a token bucket?" and after["recent"][0]["prompt"] == ""
+
+
+async def test_counts_ending_in_zero_show_whole():
+    """The page's number format stripped trailing zeros from whole numbers too: 10 requests showed as "1"."""
+    async with app() as c, chromium() as browser:
+        context = await browser.new_context(http_credentials={"username": "me", "password": KEY})
+        page = await context.new_page()
+        for _ in range(10):
+            await (await c.post("/api/chat", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})).read()
+        await page.goto(str(c.make_url("/ui")))
+        await page.wait_for_selector("#recent tbody tr:nth-child(10)")
+        assert await page.inner_text("#total") == "10"
