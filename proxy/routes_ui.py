@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp import web
 
 from adapters.base import Backend
+from adapters.errors import NotFound
 
 from .dashboard import BackendView, samples, snapshot
 from .http_io import json_response
@@ -16,11 +17,22 @@ from .stages.observe import Observe
 from .state import GENERATION
 
 UI_DIR = Path(__file__).parent / "ui"
+_ASSETS = ("app.js", "style.css")
+# revalidated (an ETag round trip): without it a browser kept app.js fresh for a tenth of its age since Last-Modified,
+# days of an old script against a new /ui/state after an upgrade
+_FILE_HEADERS = {"Cache-Control": "no-cache"}
 _PROBE_S = 2.0  # a backend slow to list its loaded models shows none rather than stalling the page
 
 
 async def page(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(UI_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+    return web.FileResponse(UI_DIR / "index.html", headers=_FILE_HEADERS)
+
+
+async def asset(request: web.Request) -> web.FileResponse:
+    name = request.match_info["name"]
+    if name not in _ASSETS:
+        raise NotFound(f"the dashboard has no file {name!r}")
+    return web.FileResponse(UI_DIR / name, headers=_FILE_HEADERS)
 
 
 async def state(request: web.Request) -> web.Response:
@@ -48,4 +60,4 @@ async def _loaded(backend: Backend) -> list[str]:
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/ui", page)
     app.router.add_get("/ui/state", state)
-    app.router.add_static("/ui/static", UI_DIR)
+    app.router.add_get("/ui/static/{name}", asset)

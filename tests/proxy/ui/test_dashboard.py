@@ -91,3 +91,14 @@ async def test_counts_ending_in_zero_show_whole():
         await page.goto(str(c.make_url("/ui")))
         await page.wait_for_selector("#recent tbody tr:nth-child(10)")
         assert await page.inner_text("#total") == "10"
+
+
+async def test_the_page_s_script_and_style_are_revalidated_and_only_they_are_served():
+    """Without Cache-Control, a browser keeps app.js fresh for a tenth of its age since Last-Modified (a wheel's
+    build time): days of the old script against a new /ui/state after an upgrade."""
+    async with app() as c:
+        for name in ("app.js", "style.css"):
+            resp = await c.get(f"/ui/static/{name}", headers=basic("me", KEY))
+            assert resp.status == 200 and resp.headers["Cache-Control"] == "no-cache"
+        missing = await c.get("/ui/static/nope.js", headers=basic("me", KEY))
+        assert missing.status == 404 and "nope.js" in (await missing.json())["error"]  # an empty octet-stream 404 was
