@@ -18,9 +18,13 @@ from .state import GENERATION
 
 UI_DIR = Path(__file__).parent / "ui"
 _ASSETS = ("app.js", "style.css")
+# The page shows strings any client or backend sets (model names, prompts) to a browser that holds an admin key: only
+# its own files run, and no other site frames it
+_SAFE = {"X-Content-Type-Options": "nosniff",
+         "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"}
 # revalidated (an ETag round trip): without it a browser kept app.js fresh for a tenth of its age since Last-Modified,
 # days of an old script against a new /ui/state after an upgrade
-_FILE_HEADERS = {"Cache-Control": "no-cache"}
+_FILE_HEADERS = {**_SAFE, "Cache-Control": "no-cache"}
 _PROBE_S = 2.0  # a backend slow to list its loaded models shows none rather than stalling the page
 
 
@@ -46,7 +50,7 @@ async def state(request: web.Request) -> web.Response:
     found = samples([generation.pipeline.registry, request.app[APP_METRICS]])
     recent = metrics.recent.last(prompts=generation.config.server.log_prompts)
     return json_response(snapshot(found, views, generation.number, recent, metrics.recent.series()),
-                         headers={"Cache-Control": "no-store"})
+                         headers={**_SAFE, "Cache-Control": "no-store"})
 
 
 async def _loaded(backend: Backend) -> list[str]:

@@ -102,3 +102,14 @@ async def test_the_page_s_script_and_style_are_revalidated_and_only_they_are_ser
             assert resp.status == 200 and resp.headers["Cache-Control"] == "no-cache"
         missing = await c.get("/ui/static/nope.js", headers=basic("me", KEY))
         assert missing.status == 404 and "nope.js" in (await missing.json())["error"]  # an empty octet-stream 404 was
+
+
+async def test_the_page_runs_only_its_own_script_and_no_site_frames_it():
+    """It shows strings any client or backend sets (model names, prompts) to a browser holding an admin key: a
+    script that slipped in would run with that key, and any site could frame the page."""
+    async with app() as c:
+        for path in ("/ui", "/ui/static/app.js", "/ui/static/style.css", "/ui/state"):
+            resp = await c.get(path, headers=basic("me", KEY))
+            assert resp.status == 200 and resp.headers["X-Content-Type-Options"] == "nosniff"
+        policy = (await c.get("/ui", headers=basic("me", KEY))).headers["Content-Security-Policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
