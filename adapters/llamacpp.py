@@ -51,9 +51,9 @@ def _batch_limit(message: str) -> int | None:
 
 
 def _embedded_at_most(e: VeloError, truncate: bool) -> int:
-    """The tokens an embedding input is cut to after `e`, as Ollama cuts them (its EmbedHandler): a slot's context
-    less room for the BOS and EOS or SEP the server adds (an input of the whole context was refused by a last-token
-    pooled model), or the physical batch. `e` itself where it says neither; where `truncate` is false, Ollama's
+    """The tokens an embedding input is cut to after `e`, its BOS and EOS or SEP included, as Ollama cuts them (its
+    EmbedHandler): a slot's context less two (an input of the whole context was refused by a last-token pooled
+    model), or the physical batch. `e` itself where it says neither; where `truncate` is false, Ollama's
     words and status, and the way out."""
     if isinstance(e, ContextOverflow):
         limit = max(e.limit - 2, 1)
@@ -544,10 +544,24 @@ class LlamaCppBackend(OpenAIBackend):
                 if tries == 2:
                     raise
                 cut = _embedded_at_most(e, req.truncate)
-                body["input"] = [(given if req.tokenized else await self.tokenize(given, req.model))[:cut]
+                body["input"] = [given[:cut] if req.tokenized else await self._cut(given, req.model, cut)
                                  for given in req.inputs]
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
         return result
+
+    async def _cut(self, text: str, model: str, most: int) -> list[int]:
+        """`text`'s ids as the server embeds the text, with the BOS and EOS or SEP it adds (a BERT's CLS and SEP),
+        its own tokens cut so that all fit in `most`. Ids are embedded as they are: without these, every input of a
+        batch holding one long input (another caller's, in a micro-batch) came out other than alone (cosine 0.87)."""
+        whole = await self.tokenize(text, model, special=True)
+        if len(whole) <= most:
+            return whole
+        own = await self.tokenize(text, model)
+        added = len(whole) - len(own)
+        head = next((k for k in range(added + 1) if whole[k:k + len(own)] == own), None)
+        if head is None:  # the specials changed the text's own tokens: cut the whole
+            return whole[:most]
+        return whole[:head] + own[:max(most - added, 1)] + whole[head + len(own):]
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
@@ -561,8 +575,8 @@ class LlamaCppBackend(OpenAIBackend):
                                         wait=self.config.first_token_timeout)
         return len(await self.tokenize(rendered, req.model))
 
-    async def tokenize(self, text: str, model: str) -> list[int]:
+    async def tokenize(self, text: str, model: str, special: bool = False) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything. `model` picks a
-        router's model (a single-model server ignores it)."""
-        return await self.http.call("POST", "/tokenize", {"content": text, "model": model},
+        router's model (a single-model server ignores it); `special` adds the BOS and EOS the model's text gets."""
+        return await self.http.call("POST", "/tokenize", {"content": text, "model": model, "add_special": special},
                                     parse=lambda obj: list(obj["tokens"]), wait=self.config.first_token_timeout)

@@ -235,6 +235,32 @@ async def test_an_input_longer_than_the_servers_batch_is_cut_unless_truncate_is_
         await emb.close()
 
 
+async def test_inputs_cut_to_the_batch_keep_the_bos_and_eos_the_model_adds():
+    """Most embedding models add tokens of their own to a text (a BERT's CLS and SEP, a Llama's BOS): cut inputs go
+    as ids, which llama-server embeds as they are, so they went without them, and so did every short input beside
+    the long one (another caller's, in a micro-batch): "a cat" came out at cosine 0.87 to itself alone. SmolLM2
+    made to add BOS and EOS stands in for such a model."""
+    from tests.llama_server import LlamaServer
+    server = LlamaServer(["-c", "512", "-np", "1", "-t", "1", "-tb", "1", "--embeddings", "--pooling", "mean",
+                          "--override-kv", "tokenizer.ggml.add_bos_token=bool:true",
+                          "--override-kv", "tokenizer.ggml.add_eos_token=bool:true"])
+    await asyncio.to_thread(server.start)
+    emb = LlamaCppBackend(BackendConfig(name="emb", kind="llamacpp", urls=[server.url]))
+    try:
+        long = "word " * 600
+        cut = await emb.embed(EmbedRequest(model=MODEL, inputs=[long, "a cat"]))
+        alone = await emb.embed(EmbedRequest(model=MODEL, inputs=["a cat"]))
+        assert alone.prompt_tokens == 4  # BOS a cat EOS
+        assert cut.embeddings[1] == pytest.approx(alone.embeddings[0], abs=1e-4)
+        ids = await emb.tokenize(long, MODEL, special=True)
+        assert cut.prompt_tokens == 512 + 4 and (ids[0], ids[-1]) == (1, 2)
+        [head] = (await emb.embed(EmbedRequest(model=MODEL, inputs=[ids[:511] + [ids[-1]]]))).embeddings
+        assert cut.embeddings[0] == pytest.approx(head, abs=1e-4)  # cut between its BOS and EOS, as Ollama cuts
+    finally:
+        await emb.close()
+        server.stop()
+
+
 async def test_embeddings_need_the_embedding_instance(backend, llama_embed):
     emb = LlamaCppBackend(BackendConfig(name="emb", kind="llamacpp", urls=[llama_embed.url]))
     result = await emb.embed(EmbedRequest(model=MODEL, inputs=["a cat", "stock prices", "a cat"]))
