@@ -180,8 +180,8 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     req = ollama.parse_legacy_embeddings(await read_json(request))
     with _named_in_ollamas_grammar(req.model):
-        if not req.inputs[0]:  # Ollama answers an empty prompt with an empty vector
-            await request[ROUTER].resolve(req.model)
+        if not req.inputs[0]:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers an empty vector
+            await _load_or_unload(request, req.model, req.keep_alive)  # (EmbeddingsHandler)
             return json_response({"embedding": []})
         result, _ = await request[PIPELINE].embed(req, request[CALLER])  # Ollama's API has no limit headers
     return json_response({"embedding": result.embeddings[0] if result.embeddings else []})

@@ -193,6 +193,18 @@ async def test_ollama_backend_passes_show_unload_and_pull_through(ollama_double)
         assert progress[1].total == 2142590208
 
 
+async def test_legacy_embeddings_with_no_prompt_loads_or_unloads_as_ollama_does(ollama_double):
+    """EmbeddingsHandler loads the model for an empty prompt ("an empty request loads the model"), under its
+    keep_alive, so 0 unloads it; Velo only looked the name up, so the model stayed loaded, or was not loaded."""
+    async with serve(config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))) as url:
+        _, c = clients(url)
+        assert list((await c.embeddings(model="smollm2:135m", prompt="", keep_alive=0)).embedding) == []
+        assert ollama_double.last("/api/generate") == {"model": "smollm2:135m", "keep_alive": 0}
+        assert list((await c.embeddings(model="smollm2:135m", prompt="", keep_alive="10m")).embedding) == []
+        assert ollama_double.last("/api/generate") == {"model": "smollm2:135m", "keep_alive": "10m"}
+        assert not [r for r in ollama_double.requests if r.path.startswith("/api/embed")]
+
+
 async def test_openai_backend_show_says_what_it_can(openai_fake):
     async with serve(config(BackendConfig(name="oai", kind="openai", urls=[openai_fake.url]))) as url:
         _, c = clients(url)
