@@ -10,7 +10,7 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily
 
-from adapters.errors import NonFiniteEmbedding
+from adapters.errors import BackendError, NonFiniteEmbedding
 from adapters.protocol import EmbedRequest, EmbedResult
 
 from .batching import NORMAL, AdmissionController, EmbedBatcher
@@ -55,7 +55,8 @@ class Embeddings:
                 with self.residency.use(target, req.keep_alive):
                     result = await (batcher.embed(req) if batcher else target.backend.embed(req))
                 charge.tokens = result.prompt_tokens or charge.tokens  # the backend's count, where it gives one
-                return _finite(result, target.backend.name), charge.headers  # inside: the metrics count its 502
+                checked = _finite(_whole(result, len(req.inputs), target.backend.name), target.backend.name)
+                return checked, charge.headers  # inside: the metrics count its 502
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",
@@ -63,6 +64,14 @@ class Embeddings:
         for name, batcher in self.batchers.items():
             batches.add_metric([name], batcher.batches)
         yield batches
+
+
+def _whole(result: EmbedResult, inputs: int, backend: str) -> EmbedResult:
+    """One vector an input. A batch checks its answer before sharing it out, but a request of `embed_max_inputs`
+    inputs or more goes to the backend alone: 69 vectors for 70 inputs went out as a 200, the last input's missing."""
+    if len(result.embeddings) != inputs:
+        raise BackendError(f"backend {backend!r} returned {len(result.embeddings)} embeddings for {inputs} inputs")
+    return result
 
 
 def _finite(result: EmbedResult, backend: str) -> EmbedResult:

@@ -119,6 +119,22 @@ async def test_a_vector_not_all_finite_numbers_is_the_backends_502_in_every_dial
             assert written != "null" or resp.headers["x-should-retry"] == "false"  # the same input embeds the same
 
 
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
+async def test_fewer_vectors_than_inputs_is_the_backends_502_in_a_request_too_large_to_batch(kind: str,
+                                                                                            path: str) -> None:
+    """A request of `embed_max_inputs` (64) inputs or more goes to the backend alone, past the batch's check that
+    each input has its vector: 69 vectors for 70 inputs went out as a 200, the last input without one."""
+    async with upstream(kind) as up, velo(kind, up.url) as c:
+        vectors = [[0.6, 0.8]] * 69
+        up.script.answer = {"object": "list", "data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)]} \
+            if kind == "openai" else {"model": "m", "embeddings": vectors}
+        resp = await c.post(path, json={"model": "m", "input": [f"chunk {i}" for i in range(70)]})
+        body = await resp.json()
+        message = body["error"] if path.startswith("/api/") else body["error"]["message"]
+        assert resp.status == 502 and message == "backend 'up' returned 69 embeddings for 70 inputs", body
+
+
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
 async def test_ollamas_own_refusal_of_a_nan_vector_is_the_backends_502(path: str) -> None:
     """Ollama answers such a vector with a 400 (server/routes.go, normalize), which Velo passed on as the client's
