@@ -174,12 +174,12 @@ class BlockManager:
         """Release seq's blocks; with cache, first hand its full computed blocks to the radix cache."""
         assert self._seqs.pop(seq.seq_id, None) is seq, "free of a sequence without blocks"
         node = self._locks.pop(seq.seq_id, None)
-        self._handed.pop(seq.seq_id, None)
         if cache and self.cache is not None:
             n = self._cacheable_blocks(seq)
             present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
             for b in seq.block_table[present // self.block_size:n]:
                 self.allocator.incref(b)  # the cache's own reference
+        self._handed.pop(seq.seq_id, None)
         if node is not None:
             self.cache.unlock(node)
         for b in seq.block_table:

@@ -162,6 +162,10 @@ def test_a_running_sequences_prompt_is_shared_chunk_by_chunk_before_it_finishes(
     assert [(i.start, i.num_tokens) for i in plan.items if i.seq is late] == [(40, 3)]
     run_all(sched)
     assert (first.output_ids, late.output_ids) == (_alone(system + [1, 2], 50), _alone(system + [7, 8, 9], 3))
+    follow_up = Sequence(4, first.all_ids + [3], max_tokens=1)  # its whole computed conversation stayed cached
+    sched.add(follow_up)
+    step(sched)
+    assert follow_up.num_cached_prefix == (len(first.all_ids) - 1) // BS * BS
 
 
 def _alone(prompt: list[int], max_tokens: int) -> list[int]:
