@@ -5,7 +5,8 @@
 A long system prompt is followed by different short questions. With the cache on, the first request
 (not timed) leaves the prefix's KV blocks cached and later ones prefill only their own tail: once it has
 finished, and (the second part) while it is still answering, `--answer` tokens long, the others sent at once,
-as an agent's parallel requests share their system prompt.
+as an agent's parallel requests share their system prompt; and (the third) all sent at once to an idle engine,
+where one computes the prefix and the others wait for its pages.
 """
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ def system_prompt(engine: LLMEngine, tokens: int) -> str:
     return text
 
 
-def run(path: str, cache: bool, args, while_answering: bool) -> float:
+def run(path: str, cache: bool, args, while_answering: bool | None) -> float:
+    """`while_answering`: False, the others after the first has finished; True, sent at once while it answers;
+    None, all sent at once to an idle engine."""
     engine = LLMEngine.from_pretrained(path, EngineConfig(enable_prefix_cache=cache, num_threads=args.threads,
                                                           progress=False))
     try:
@@ -71,15 +74,18 @@ def run(path: str, cache: bool, args, while_answering: bool) -> float:
                                                      {"role": "user", "content": f"Question {i}: what is rule {i}?"}]))
                    for i in range(args.requests + 1)]
         answering: queue.Queue = queue.Queue()
-        if while_answering:  # the first goes on answering while the others come: its first token, then on
+        if while_answering is None:
+            prompts = prompts[1:]  # no first one: all at once, from an idle engine
+        elif while_answering:  # the first goes on answering while the others come: its first token, then on
             engine.add_request(prompts[0], SamplingParams(max_tokens=args.answer, temperature=0, ignore_eos=True),
                                answering.put)
             first_token(answering)
         else:
             ttft(engine, prompts[0])  # warm-up; with the cache on it also fills the cache
-        answers = ttfts_at_once(engine, prompts[1:]) if while_answering else [ttft(engine, p) for p in prompts[1:]]
-        how = ", sent at once, the first still answering" if while_answering else ""
-        for p, (seconds, cached) in zip(prompts[1:], answers):
+        answers = [ttft(engine, p) for p in prompts[1:]] if while_answering is False else \
+            ttfts_at_once(engine, prompts[1:] if while_answering else prompts)
+        how = {False: "", True: ", sent at once, the first still answering", None: ", all sent at once"}[while_answering]
+        for p, (seconds, cached) in zip(prompts[-len(answers):], answers):
             print(f"cache {'on ' if cache else 'off'}{how}: {len(p)} prompt tokens, {cached} from cache, "
                   f"TTFT {seconds * 1000:.0f} ms", flush=True)
         times = [seconds for seconds, _ in answers]
@@ -98,10 +104,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--answer", type=int, default=1000)
     args = ap.parse_args()
-    for while_answering in (False, True):
+    for while_answering, part in ((False, ""), (True, " while the first answers"), (None, " all sent at once")):
         on, off = run(args.model, True, args, while_answering), run(args.model, False, args, while_answering)
-        print(f"mean TTFT{' while the first answers' if while_answering else ''}: cache on {on * 1000:.0f} ms, "
-              f"cache off {off * 1000:.0f} ms, speed-up {off / on:.1f}x", flush=True)
+        print(f"mean TTFT{part}: cache on {on * 1000:.0f} ms, cache off {off * 1000:.0f} ms, "
+              f"speed-up {off / on:.1f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -125,14 +125,19 @@ class Scheduler:
             if budget and seq.is_prefilling:
                 budget -= self._schedule_chunk(seq, plan, budget)
         admit = not plan.preempted or not plan.items  # no admissions while memory is thrashing
+        deferred: list[Sequence] = []
         while admit and budget and self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self._follows(seq):
+                deferred.append(self.waiting.popleft())
+                continue
             if not self.blocks.allocate_prompt(seq):
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._schedule_chunk(seq, plan, budget)
+        self.waiting.extendleft(reversed(deferred))
         return plan
 
     def postprocess(self, plan: StepPlan, sampled: dict[int, int | list[int]]) -> list[Sequence]:
@@ -168,6 +173,20 @@ class Scheduler:
         return finished
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _follows(self, seq: Sequence) -> bool:
+        """Whether a running sequence is still computing a prompt page that seq would reuse: seq waits for it, as
+        the radix cache gets each chunk once it is done (BlockManager.cache_computed), rather than computing the
+        same prefix beside it. Four requests sharing a 2,000-token system prompt sent at once each computed it."""
+        if self.blocks.cache is None:  # nothing to reuse: waiting would only serialize their prompts
+            return False
+        bs = self.blocks.block_size
+        for other in self.running:
+            if other.is_prefilling and other.cache_scope == seq.cache_scope:
+                reused = other.num_computed // bs * bs + bs  # through the next page `other` computes
+                if reused < seq.num_tokens and seq.all_ids[:reused] == other.all_ids[:reused]:
+                    return True
+        return False
 
     def _schedule_decode(self, seq: Sequence, plan: StepPlan, draft: list[int], budget: int) -> int:
         """Schedule seq's pending token, preempting newest sequences for memory, and its draft tokens if

@@ -149,7 +149,7 @@ def test_a_running_sequences_prompt_is_shared_chunk_by_chunk_before_it_finishes(
     first = Sequence(1, system + [1, 2], max_tokens=50)
     sched.add(first)
     step(sched)  # its first chunk: 16 tokens
-    early = Sequence(2, system + [5], max_tokens=3)
+    early = Sequence(2, system[:16] + [5] * 9, max_tokens=3)  # shares only what is done: no cause to wait
     sched.add(early)
     step(sched)
     assert early.num_cached_prefix == 16  # the first chunk's 4 blocks, while `first` still reads its prompt
@@ -166,6 +166,29 @@ def test_a_running_sequences_prompt_is_shared_chunk_by_chunk_before_it_finishes(
     sched.add(follow_up)
     step(sched)
     assert follow_up.num_cached_prefix == (len(first.all_ids) - 1) // BS * BS
+
+
+def test_requests_sent_at_once_with_one_prompt_prefix_compute_it_once():
+    """The first computes the shared prefix; the others wait for each page of it rather than computing the same
+    pages beside it in the same steps (four agents' requests with one system prompt each computed it)."""
+    sched = make(prefill_chunk=16)
+    system = list(range(100, 140))
+    seqs = [Sequence(i, system + [i, i + 1], max_tokens=4) for i in range(1, 4)]
+    other = Sequence(9, [7] * 30, max_tokens=4)  # shares nothing: never held back
+    for seq in [*seqs, other]:
+        sched.add(seq)
+    plan, _ = step(sched)
+    assert [i.seq for i in plan.items] == [seqs[0], other]
+    computed = 0
+    while sched.has_work:
+        plan, _ = step(sched)
+        computed += sum(i.num_tokens for i in plan.items if i.seq in seqs[1:] and i.start < i.seq.num_prompt_tokens)
+    assert [s.num_cached_prefix for s in seqs[1:]] == [40, 40] and computed == 2 * 2
+    assert [s.output_ids for s in seqs] == [_alone(s.prompt_ids, 4) for s in seqs]
+    uncached = Scheduler(BlockManager(64, BS, enable_prefix_cache=False), prefill_chunk=16)
+    for seq in [Sequence(i, system + [i, i + 1], max_tokens=4) for i in range(1, 4)]:
+        uncached.add(seq)
+    assert len(step(uncached)[0].items) == 3  # with no cache to reuse, none waits
 
 
 def _alone(prompt: list[int], max_tokens: int) -> list[int]:
