@@ -94,6 +94,17 @@ class KeyLimits:
     def admit(self, key: str, prompt_tokens: int, label: str | None = None) -> State:
         """Takes a request's share for `key` or raises RateLimited (taking nothing); a refusal is counted under
         `label` (what /metrics may show; `key` by default)."""
+        entry = self.check(key, prompt_tokens, label)
+        if entry.tokens is not None:
+            entry.tokens.level -= prompt_tokens
+        if entry.requests is not None:
+            entry.requests.level -= 1
+        entry.running += 1
+        return self.state(key)
+
+    def check(self, key: str, prompt_tokens: int, label: str | None = None) -> _Key:
+        """RateLimited where `admit` would refuse the request now, taking nothing either way: work that is admitted
+        later, in a task of its own (a background response), is refused while its client still waits."""
         entry, now, label = self._entry(key), self.clock(), label or key
         for bucket in (entry.requests, entry.tokens):
             if bucket is not None:
@@ -109,11 +120,7 @@ class KeyLimits:
             if entry.tokens.level < wanted or entry.tokens.level <= 0:
                 self._refuse(label, "tokens", f"token limit of {self.cfg.tokens_per_minute} per minute reached",
                              entry.tokens.wait_for(max(wanted, 1)))
-            entry.tokens.level -= prompt_tokens
-        if entry.requests is not None:
-            entry.requests.level -= 1
-        entry.running += 1
-        return self.state(key)
+        return entry
 
     def done(self, key: str, tokens_more: int) -> None:
         """The request ended; `tokens_more` is what it used beyond its prompt estimate (negative: less)."""

@@ -112,6 +112,19 @@ class Limit(Stage):
         finally:
             self.limits.done(tenant, charge.tokens - prompt)
 
+    def check(self, job: Job) -> None:
+        """RateLimited, with the key's state in the dialect's headers, where the job would be refused now (taking
+        nothing): a background response is admitted in its own task, after its request has answered `queued`,
+        where OpenAI answers the request itself with a 429 and Retry-After, which the SDKs wait out."""
+        if not self.limits.active:
+            return
+        key = job.caller.tenant
+        try:
+            self.limits.check(key, estimate(job.request), self.label(key))
+        except RateLimited as e:
+            e.headers = headers(job.dialect, self.limits.state(key))
+            raise
+
     def _admit(self, key: str, dialect: str, prompt: int) -> dict[str, str]:
         """The key's share taken, and its state in the dialect's headers; or RateLimited, with them."""
         try:

@@ -14,6 +14,7 @@ from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.cache.redis_store import RedisStore
 from proxy.config import Config
+from proxy.limits import LimitsConfig
 from proxy.inflight import Cancelled, ShuttingDown
 from proxy.responses_store import ResponsesConfig
 from proxy.state import BACKGROUND, GENERATIONS, RESPONSES
@@ -281,3 +282,20 @@ async def test_a_streamed_background_response_names_itself_before_its_first_toke
     sdk = _client(base_url)
     assert (await sdk.responses.cancel(first["response"]["id"])).status == "cancelled"
     assert scripted.cancelled == 1
+
+
+async def test_a_key_over_its_limits_is_refused_by_the_request_that_would_start_it():
+    """The limits applied inside the background task: the request answered `queued` and the response then failed
+    with rate_limit_exceeded, where OpenAI answers the request itself with a 429 and Retry-After (SDKs wait it out
+    and retry)."""
+    cfg = Config(limits=LimitsConfig(requests_per_minute=1, request_burst=1))
+    backend = ScriptedBackend("s")
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        first = await sdk.responses.create(model="tiny", input="hi", background=True)
+        assert (await _until(sdk, first.id, "completed")).output_text == "Hello world"
+        for stream in (False, True):
+            with pytest.raises(openai.RateLimitError) as e:
+                await sdk.responses.create(model="tiny", input="hi", background=True, stream=stream)
+            assert int(e.value.response.headers["Retry-After"]) > 0
+    assert len(backend.requests) == 1
