@@ -95,7 +95,7 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
     await request[ROUTER].resolve(parsed.model)
     request[PIPELINE].stage(Limit).check(job)  # a 429 for this request, not a failed response after `queued`
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
-    run = Run(writer, StoredResponse({}, [responses.stored_item(i) for i in parsed.items], history))
+    run = Run(writer, [responses.stored_item(i) for i in parsed.items], history)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant
 
     async def keep(record: StoredResponse) -> None:
