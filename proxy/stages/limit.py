@@ -116,19 +116,21 @@ class Limit(Stage):
         """RateLimited, with the key's state in the dialect's headers, where the job would be refused now (taking
         nothing): a background response is admitted in its own task, after its request has answered `queued`,
         where OpenAI answers the request itself with a 429 and Retry-After, which the SDKs wait out."""
-        if not self.limits.active:
-            return
-        key = job.caller.tenant
-        try:
-            self.limits.check(key, estimate(job.request), self.label(key))
-        except RateLimited as e:
-            e.headers = headers(job.dialect, self.limits.state(key))
-            raise
+        if self.limits.active:
+            key = job.caller.tenant
+            with self._stated(key, job.dialect):
+                self.limits.check(key, estimate(job.request), self.label(key))
 
     def _admit(self, key: str, dialect: str, prompt: int) -> dict[str, str]:
         """The key's share taken, and its state in the dialect's headers; or RateLimited, with them."""
-        try:
+        with self._stated(key, dialect):
             return headers(dialect, self.limits.admit(key, prompt, self.label(key)))
+
+    @contextlib.contextmanager
+    def _stated(self, key: str, dialect: str) -> Iterator[None]:
+        """A refusal inside carries the key's state in the dialect's headers."""
+        try:
+            yield
         except RateLimited as e:
             e.headers = headers(dialect, self.limits.state(key))
             raise
