@@ -60,7 +60,6 @@ class BlockManager:
         self.cache = RadixCache(block_size) if enable_prefix_cache else None
         self._seqs: dict[int, Sequence] = {}      # sequences holding blocks, by seq_id
         self._locks: dict[int, Node] = {}         # seq_id -> radix node it holds locked: its prefix in the cache
-        self._handed: dict[int, int] = {}         # seq_id -> tokens of its own KV handed to the cache while it runs
 
     @property
     def num_blocks(self) -> int:
@@ -148,8 +147,6 @@ class BlockManager:
         if node is not None:
             self.cache.lock(node)
             self._locks[child.seq_id] = node
-        if parent.seq_id in self._handed:
-            self._handed[child.seq_id] = self._handed[parent.seq_id]
 
     def cache_computed(self, seq: Sequence) -> None:
         """Hand seq's full computed blocks to the radix cache while it still runs (SGLang's cache_unfinished_req),
@@ -161,25 +158,19 @@ class BlockManager:
         n = self._cacheable_blocks(seq)
         if n * self.block_size <= self._in_cache(seq):
             return
-        present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
-        for b in seq.block_table[present // self.block_size:n]:
-            self.allocator.incref(b)  # the cache's own reference
+        self._hand_over(seq, n)
         _, node = self.cache.match_prefix(seq.all_ids[:n * self.block_size], seq.cache_scope)
         self.cache.lock(node)
         if (held := self._locks.get(seq.seq_id)) is not None:
             self.cache.unlock(held)
-        self._locks[seq.seq_id], self._handed[seq.seq_id] = node, n * self.block_size
+        self._locks[seq.seq_id] = node
 
     def free(self, seq: Sequence, cache: bool = True) -> None:
         """Release seq's blocks; with cache, first hand its full computed blocks to the radix cache."""
         assert self._seqs.pop(seq.seq_id, None) is seq, "free of a sequence without blocks"
-        node = self._locks.pop(seq.seq_id, None)
         if cache and self.cache is not None:
-            n = self._cacheable_blocks(seq)
-            present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
-            for b in seq.block_table[present // self.block_size:n]:
-                self.allocator.incref(b)  # the cache's own reference
-        self._handed.pop(seq.seq_id, None)
+            self._hand_over(seq, self._cacheable_blocks(seq))
+        node = self._locks.pop(seq.seq_id, None)  # after: the locked node says how much the cache holds already
         if node is not None:
             self.cache.unlock(node)
         for b in seq.block_table:
@@ -252,9 +243,17 @@ class BlockManager:
         grow = max(0, cdiv(end, self.block_size) - len(seq.block_table))
         return grow + len(self._shared_in_range(seq, end))
 
+    def _hand_over(self, seq: Sequence, n: int) -> None:
+        """The radix cache takes seq's first n blocks, with a reference of its own to each it did not hold."""
+        present = self.cache.insert(seq.all_ids, seq.block_table[:n], seq.cache_scope)
+        for b in seq.block_table[present // self.block_size:n]:
+            self.allocator.incref(b)
+
     def _in_cache(self, seq: Sequence) -> int:
-        """Tokens of seq's prefix the cache holds for it: matched at admission, or handed over since."""
-        return self._handed.get(seq.seq_id, seq.num_cached_prefix)
+        """Tokens of seq's prefix the cache holds for it (matched at admission, or handed over since): the depth of
+        the node it holds locked."""
+        node = self._locks.get(seq.seq_id)
+        return 0 if node is None else self.cache.depth(node)
 
     def _cacheable_blocks(self, seq: Sequence) -> int:
         """Full computed blocks the cache may take: stop at the first block another sequence still

@@ -69,6 +69,14 @@ class RadixCache:
             self.evictable_blocks += len(leaf.blocks)
         return present
 
+    def depth(self, node: Node) -> int:
+        """Tokens from the root to the end of node's edge (a split keeps it: the upper part takes the lower's place)."""
+        tokens = 0
+        while node is not self.root:
+            tokens += len(node.key)
+            node = node.parent
+        return tokens
+
     def lock(self, node: Node) -> None:
         """Protect node and its ancestors from eviction while a sequence reads their blocks."""
         while node is not self.root:
