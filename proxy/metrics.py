@@ -44,6 +44,7 @@ class Observation:
     chunks: int = 0
     cache: str = ""  # the cache outcome, for the dashboard's list of recent requests
     prompt: str = ""  # the last user turn, kept only with `[server] log_prompts`
+    tenant: str = ""  # the key's scope the prompt belongs to
     status: str = ""  # the HTTP status it ended with (499: the client left), once it has ended
 
     def chunk(self, chunk: Chunk) -> None:
@@ -112,7 +113,7 @@ class RequestMetrics:
         rate = (obs.tokens - 1) / (now - obs.first) if decoded else None
         self.recent.add(Finished(time.time(), endpoint, model, backend, status, round(now - obs.started, 4),
                                  None if ttft is None else round(ttft, 4), obs.tokens,
-                                 None if rate is None else round(rate, 1), obs.cache, obs.prompt))
+                                 None if rate is None else round(rate, 1), obs.cache, obs.prompt, obs.tenant))
         self.requests.labels(endpoint, model, backend, status).inc()
         latency, first_token, tokens, token_rate = self._series(endpoint, model, backend)
         latency.observe(now - obs.started)

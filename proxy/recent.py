@@ -24,6 +24,7 @@ class Finished:
     tok_s: float | None  # decode speed after the first token
     cache: str = ""
     prompt: str = ""  # only with log_prompts
+    tenant: str = ""  # whose prompt it is: shown to that key (or an admin), never on the page itself
 
 
 @dataclass
@@ -52,13 +53,17 @@ class Recent:
             current.ttft_sum += done.ttft_s
             current.ttft_n += 1
 
-    def last(self, n: int = 50, prompts: bool = True) -> list[dict]:
+    def last(self, n: int = 50, prompts: bool = True, viewer: str | None = None) -> list[dict]:
         """The newest first; their prompts only while `prompts` (log_prompts as it is now: turned off by a reload,
-        the prompts kept from before stayed on the page)."""
-        out = [asdict(r) for r in list(self.requests)[-n:]][::-1]
-        if not prompts:
-            for r in out:
-                r["prompt"] = ""
+        the prompts kept from before stayed on the page), and only the `viewer` tenant's own (None: every one, for
+        an admin): any key may open the dashboard where no admin_keys are set, and must not read another's prompts."""
+        out = []
+        for r in reversed(list(self.requests)[-n:]):
+            row = asdict(r)
+            owner = row.pop("tenant")
+            if not prompts or (viewer is not None and owner != viewer):
+                row["prompt"] = ""
+            out.append(row)
         return out
 
     def series(self, now: float | None = None) -> dict[str, list]:

@@ -33,7 +33,7 @@ class Observe(Stage):
             with self.metrics.observe(job.caller.path, job.target.label, backend) as seen:
                 self.services.inflight.watch(job.caller.request_id, job.model, backend, seen)
                 if prompt is not None:
-                    seen.prompt = prompt[:_PROMPT_CHARS]
+                    seen.prompt, seen.tenant = prompt[:_PROMPT_CHARS], job.caller.tenant
                 try:
                     async with contextlib.aclosing(next(job)) as rest:
                         async for chunk in rest:

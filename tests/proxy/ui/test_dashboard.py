@@ -81,6 +81,31 @@ async def test_prompts_kept_before_log_prompts_was_turned_off_leave_the_page():
     assert before["recent"][0]["prompt"] == "What is a token bucket?" and after["recent"][0]["prompt"] == ""
 
 
+async def test_a_key_reads_only_its_own_prompts_and_an_admin_reads_all():
+    """Any key may open the dashboard where no admin_keys are set: with log_prompts on, each key's holder read every
+    other key's prompts there."""
+    other = "other-key"
+    backend = ScriptedBackend("llama", script=Script(pieces=["ok"]))
+    for admins in ([], ["admin-key"]):
+        cfg = Config(server=ServerConfig(api_keys=[KEY, other], admin_keys=admins, log_prompts=True))
+        async with TestClient(TestServer(make_app(cfg, {"llama": backend}))) as c:
+            for key, text in ((KEY, "mine"), (other, "theirs")):
+                chat = {**CHAT, "messages": [{"role": "user", "content": text}]}
+                assert (await c.post("/api/chat", json=chat, headers={"Authorization": f"Bearer {key}"})).status == 200
+            if admins:
+                refused = await c.get("/ui/state", headers=basic("me", KEY))
+                assert refused.status == 401  # a browser asks again, for an admin key
+                seen = {"admin": await (await c.get("/ui/state", headers=basic("me", "admin-key"))).json()}
+            else:
+                seen = {k: await (await c.get("/ui/state", headers=basic("me", k))).json() for k in (KEY, other)}
+        prompts = {who: [r["prompt"] for r in state["recent"]] for who, state in seen.items()}
+        if admins:
+            assert prompts == {"admin": ["theirs", "mine"]}
+        else:
+            assert prompts == {KEY: ["", "mine"], other: ["theirs", ""]}
+        assert all("tenant" not in r for state in seen.values() for r in state["recent"])
+
+
 async def test_counts_ending_in_zero_show_whole():
     """The page's number format stripped trailing zeros from whole numbers too: 10 requests showed as "1"."""
     async with app() as c, chromium() as browser:
