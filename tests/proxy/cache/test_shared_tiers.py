@@ -134,3 +134,21 @@ async def test_a_locked_pgvector_table_costs_a_miss_not_the_requests_time(pg_dsn
     assert (await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
     await a.close()
     await b.close()
+
+
+async def test_pgvector_serves_again_once_its_connection_was_lost(pg_dsn: str, embedder: Embedder, monkeypatch):
+    """PostgreSQL restarted (here: the connection ended by the server, as a restart ends it): psycopg does not
+    reconnect, so every semantic lookup and store after it failed until Velo itself was restarted."""
+    monkeypatch.setattr(layer_module, "TIER_RETRY_S", 0)
+    cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
+    a = await CacheLayer.create(cfg, embedder=embedder)
+    b = await CacheLayer.create(cfg, embedder=embedder)
+    tenant = str(uuid.uuid4())
+    await a.store(a.asked(_ask("How do I learn Python quickly?"), tenant), ANSWER)
+    async with await AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (b.pg.conn.info.backend_pid,))
+    assert await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant)) is None  # found the loss
+    assert (await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
+    assert b.stats()["events"]["pgvector"]["tiny"] == {"error": 1, "hit": 1}
+    await a.close()
+    await b.close()
