@@ -3,15 +3,30 @@ true`, OpenAI's default): in memory, bounded by bytes and expiring after `[respo
 when configured (the cache's own tier classes). Scoped per API key: another key gets 404, never the response."""
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
 
 import orjson
 
+from adapters.errors import VeloError
 from adapters.schema import setting
 
+from .cache.layer import TIER_RETRY_S, TIER_TIMEOUT_S
 from .cache.memory import MemoryLRU
+
+log = logging.getLogger("velo.responses")
+_FAILED = object()  # what a tier's call gives that failed or was not made
+
+
+class StoreUnavailable(VeloError):
+    """A tier of the store (Redis) is down and this process holds no copy: whether the response exists is not
+    known, so not a 404; worth retrying once the tier is back."""
+
+    status = 503
+    kind = "service_unavailable"
 
 
 @dataclass
@@ -54,6 +69,7 @@ class ResponseStore:
     cfg: ResponsesConfig
     memory: MemoryLRU
     tiers: list[Any]  # SqliteStore / RedisStore, nearest first
+    resting: dict[str, float] = field(default_factory=dict)  # a tier that failed -> when it is asked again
 
     @classmethod
     async def open(cls, cfg: ResponsesConfig, clock: Callable[[], float] = time.time) -> "ResponseStore":
@@ -79,9 +95,10 @@ class ResponseStore:
             await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode(), ttl_s)
 
     async def _put(self, key: str, value: Any, payload: bytes, ttl_s: float) -> None:
+        """A tier that fails leaves the response in this process only: its answer was already made."""
         self.memory.put_encoded(key, value, len(payload), ttl_s)
         for tier in self.tiers:
-            await tier.put(key, payload, self.memory.clock() + ttl_s)
+            await self._tier(tier, "put", lambda tier=tier: tier.put(key, payload, self.memory.clock() + ttl_s))
 
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
         if ":" in resp_id:  # never one of Velo's ids; "item:<id>" would read an item's entry as a response (a 500)
@@ -97,12 +114,18 @@ class ResponseStore:
     async def _get(self, key: str, decode: Callable[[bytes], Any]) -> Any | None:
         if (found := self.memory.get(key)) is not None:
             return found
+        failed = []
         for tier in self.tiers:
-            if (row := await tier.get(key)) is not None:
+            row = await self._tier(tier, "get", lambda tier=tier: tier.get(key))
+            if row is _FAILED:
+                failed.append(tier.name)
+            elif row is not None:
                 payload, expires_at = row
                 value = decode(payload)
                 self.memory.put_encoded(key, value, len(payload), expires_at - self.memory.clock())
                 return value
+        if failed:
+            raise StoreUnavailable(f"stored responses cannot be read: {', '.join(failed)} is unavailable")
         return None
 
     async def delete(self, tenant: str, resp_id: str) -> bool:
@@ -112,10 +135,25 @@ class ResponseStore:
         keys = [_key(tenant, resp_id)] + [_item_key(tenant, i["id"]) for i in record.items()]
         deleted = False
         for key in keys:
-            deleted = self.memory.delete(key) or deleted
             for tier in self.tiers:
-                deleted = await tier.delete(key) or deleted
+                if (gone := await self._tier(tier, "delete", lambda tier=tier: tier.delete(key))) is _FAILED:
+                    raise StoreUnavailable(f"the response could not be deleted: {tier.name} is unavailable")
+                deleted = gone or deleted
+            deleted = self.memory.delete(key) or deleted
         return deleted
+
+    async def _tier(self, tier: Any, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One call to a tier, within TIER_TIMEOUT_S, as the cache's (cache/layer.py): with Redis down, a request
+        storing its response failed with a 500 once its answer was made, and with Redis hung each read and write
+        waited out the client's 5-s socket timeout. After a failure the tier is left alone for TIER_RETRY_S."""
+        if time.monotonic() < self.resting.get(tier.name, 0.0):
+            return _FAILED
+        try:
+            return await asyncio.wait_for(call(), TIER_TIMEOUT_S)
+        except Exception:
+            log.exception("stored responses: %s failed on %s; not asked again for %gs", tier.name, what, TIER_RETRY_S)
+            self.resting[tier.name] = time.monotonic() + TIER_RETRY_S
+            return _FAILED
 
 
 def _key(tenant: str, resp_id: str) -> str:

@@ -1,7 +1,16 @@
-"""The Responses API's store on its own: what its memory tier counts against `[responses] max_bytes`."""
+"""The Responses API's store: what its memory tier counts against `[responses] max_bytes`; a shared tier down."""
 from __future__ import annotations
 
+import asyncio
+import time
+
+import openai
+import pytest
+import redis.asyncio as aioredis
+
+from proxy.cache.redis_store import RedisStore
 from proxy.responses_store import ResponsesConfig, ResponseStore, StoredResponse
+from proxy.state import RESPONSES
 
 
 async def test_a_response_read_back_from_sqlite_counts_as_much_memory_as_one_written_here(tmp_path):
@@ -17,3 +26,33 @@ async def test_a_response_read_back_from_sqlite_counts_as_much_memory_as_one_wri
     assert elsewhere.memory.bytes_used == here.memory.bytes_used
     await here.close()
     await elsewhere.close()
+
+
+@pytest.mark.parametrize("hung", [False, True])
+async def test_a_redis_down_or_hung_costs_no_answer_and_reads_say_so(client, base_url, hung: bool, caplog):
+    """Redis down: a request whose answer was made failed with a 500 storing it, and a read of a response this
+    process did not hold was a 500; Redis hung (a stopped process behind its open socket): each waited out the
+    client's 5-s socket timeout first. The answer is kept here; a read that only Redis could answer is a 503."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(-1)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1] if hung else 1
+    down = RedisStore(aioredis.from_url(f"redis://127.0.0.1:{port}/0"), prefix="velo:responses:")
+    client.server.app[RESPONSES].tiers.append(down)
+    sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+    started = time.monotonic()
+    made = await sdk.responses.create(model="tiny", input="hi")
+    assert made.output_text == "Hello world" and (await sdk.responses.retrieve(made.id)).id == made.id
+    assert (await sdk.responses.create(model="tiny", input="more", previous_response_id=made.id)).output_text
+    for read in (lambda: sdk.responses.retrieve("resp_elsewhere"), lambda: sdk.responses.delete(made.id),
+                 lambda: sdk.responses.create(model="tiny", input="x", previous_response_id="resp_elsewhere")):
+        with pytest.raises(openai.InternalServerError) as e:
+            await read()
+        assert e.value.status_code == 503 and "redis is unavailable" in e.value.message
+    assert time.monotonic() - started < 3
+    assert "stored responses: redis failed on put" in caplog.text
+    client.server.app[RESPONSES].tiers.remove(down)
+    await down.close()
+    server.close()
