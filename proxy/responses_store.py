@@ -112,10 +112,12 @@ class ResponseStore:
         return None if record is None else next((i for i in record.items() if i["id"] == item_id), None)
 
     async def _get(self, key: str, decode: Callable[[bytes], Any]) -> Any | None:
-        if (found := self.memory.get(key)) is not None:
-            return found
+        """This process's copy while a shared tier (Redis) still holds the key: another process may have deleted the
+        response, which the copy here kept serving. Otherwise the shared tier first, whose miss is final."""
+        if (here := self.memory.get(key)) is not None:
+            return here if await self._still_shared(key) else None
         failed = []
-        for tier in self.tiers:
+        for tier in sorted(self.tiers, key=lambda tier: not tier.shared):
             row = await self._tier(tier, "get", lambda tier=tier: tier.get(key))
             if row is _FAILED:
                 failed.append(tier.name)
@@ -124,9 +126,22 @@ class ResponseStore:
                 value = decode(payload)
                 self.memory.put_encoded(key, value, len(payload), expires_at - self.memory.clock())
                 return value
+            elif tier.shared:  # deleted, or expired, by whichever process
+                return None
         if failed:
             raise StoreUnavailable(f"stored responses cannot be read: {', '.join(failed)} is unavailable")
         return None
+
+    async def _still_shared(self, key: str) -> bool:
+        """Whether no shared tier says it lost `key` (deleted or expired by another process); one that is down says
+        nothing. Whether the key is there is enough, entries never being changed: reading each whole decoded a long
+        conversation again for each of its items that an `item_reference` named (44 ms for 100 items, 0.4 from
+        memory)."""
+        for tier in self.tiers:
+            if tier.shared and await self._tier(tier, "get", lambda tier=tier: tier.holds(key)) is False:
+                self.memory.delete(key)
+                return False
+        return True
 
     async def delete(self, tenant: str, resp_id: str) -> bool:
         """The response, and the references to its items."""

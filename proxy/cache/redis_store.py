@@ -15,6 +15,7 @@ class RedisStore:
     client: aioredis.Redis
     name: str = "redis"
     prefix: str = "velo:cache:"  # keys of each user of the Redis (the cache, stored responses) apart
+    shared = True  # other processes write and delete its entries
 
     @classmethod
     async def open(cls, url: str, prefix: str = "velo:cache:") -> "RedisStore":
@@ -28,6 +29,9 @@ class RedisStore:
             return None
         (expires_at,) = _EXPIRY.unpack_from(raw)
         return raw[_EXPIRY.size:], expires_at
+
+    async def holds(self, key: str) -> bool:
+        return bool(await self.client.exists(self.prefix + key))
 
     async def put(self, key: str, payload: bytes, expires_at: float) -> None:
         ttl_ms = int((expires_at - time.time()) * 1000)

@@ -22,6 +22,7 @@ class SqliteStore:
     max_bytes: int
     clock: Callable[[], float] = time.time
     name: str = "sqlite"
+    shared = False  # one host's file: stored responses read this process's memory before it
     _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "velo-cache-sqlite"))
     bytes_used: int = 0  # payload bytes, exact after open and each prune, an upper bound between prunes
     _db: sqlite3.Connection | None = None

@@ -1,5 +1,12 @@
-"""A Velo app over an in-process scripted backend, served on a real loopback port so real clients can call it."""
+"""A Velo app over an in-process scripted backend, served on a real loopback port so real clients can call it; the
+real Redis and PostgreSQL+pgvector of the shared tiers (from scripts/services.sh, started here when the test command
+did not)."""
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -7,6 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.app import make_app
 from proxy.config import Config, ServerConfig
 from tests.scripted import ScriptedBackend
+
+SERVICES = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
 
 
 @pytest.fixture
@@ -29,3 +38,28 @@ async def client(scripted: ScriptedBackend, config: Config):
 @pytest.fixture
 def base_url(client: TestClient) -> str:
     return str(client.make_url("")).rstrip("/")
+
+
+@pytest.fixture(scope="session")
+def services() -> dict[str, str]:
+    """VELO_TEST_REDIS_URL / VELO_TEST_PG_DSN as the test command exports them, else started for this run."""
+    names = ("VELO_TEST_REDIS_URL", "VELO_TEST_PG_DSN")
+    if all(os.environ.get(n) for n in names):
+        yield {n: os.environ[n] for n in names}
+        return
+    out = subprocess.run([str(SERVICES), "start"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(f"scripts/services.sh start failed: {out.stderr}", pytrace=False)
+    started = dict(re.findall(r"(\w+)=(\S+)", out.stdout))
+    yield started
+    subprocess.run([str(SERVICES), "stop"], env={**os.environ, **started}, capture_output=True)
+
+
+@pytest.fixture
+def redis_url(services: dict[str, str]) -> str:
+    return services["VELO_TEST_REDIS_URL"]
+
+
+@pytest.fixture
+def pg_dsn(services: dict[str, str]) -> str:
+    return services["VELO_TEST_PG_DSN"]

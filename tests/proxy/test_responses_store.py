@@ -7,10 +7,14 @@ import time
 import openai
 import pytest
 import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient, TestServer
 
+from proxy.app import make_app
 from proxy.cache.redis_store import RedisStore
+from proxy.config import Config
 from proxy.responses_store import ResponsesConfig, ResponseStore, StoredResponse
 from proxy.state import RESPONSES
+from tests.scripted import ScriptedBackend
 
 
 async def test_a_response_read_back_from_sqlite_counts_as_much_memory_as_one_written_here(tmp_path):
@@ -56,3 +60,30 @@ async def test_a_redis_down_or_hung_costs_no_answer_and_reads_say_so(client, bas
     client.server.app[RESPONSES].tiers.remove(down)
     await down.close()
     server.close()
+
+
+async def test_two_processes_on_one_redis_share_responses_and_their_deletion(redis_url: str):
+    """A response deleted through one process was still read and continued through the other, which held a copy in
+    memory from the request that stored it."""
+    cfg = Config(responses=ResponsesConfig(redis_url=redis_url))
+    cfg.server.api_keys = ["sk-a", "sk-b"]
+    apps = [TestClient(TestServer(make_app(cfg, {"scripted": ScriptedBackend()}))) for _ in range(2)]
+    for app in apps:
+        await app.start_server()
+    a, b, other = [openai.AsyncOpenAI(base_url=str(app.make_url("/v1")), api_key=key, max_retries=0)
+                   for app, key in ((apps[0], "sk-a"), (apps[1], "sk-a"), (apps[1], "sk-b"))]
+    made = await a.responses.create(model="tiny", input="hi")
+    assert (await b.responses.retrieve(made.id)).output_text == "Hello world"
+    assert [i.content[0].text for i in (await b.responses.input_items.list(made.id)).data] == ["hi"]
+    assert (await b.responses.create(model="tiny", input="more", previous_response_id=made.id)).output_text
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.retrieve(made.id)
+    await b.responses.delete(made.id)
+    for read in (lambda: a.responses.retrieve(made.id), lambda: a.responses.delete(made.id),
+                 lambda: a.responses.create(model="tiny", input=[{"type": "item_reference", "id": made.output[0].id}])):
+        with pytest.raises(openai.NotFoundError):
+            await read()
+    with pytest.raises(openai.BadRequestError, match="previous_response_not_found|not found"):
+        await a.responses.create(model="tiny", input="x", previous_response_id=made.id)
+    for app in apps:
+        await app.close()

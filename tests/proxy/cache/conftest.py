@@ -1,11 +1,8 @@
-"""Cache fixtures: one loaded embedding model for the session, the real Redis and PostgreSQL+pgvector (from
-scripts/services.sh, started here when the test command did not), and Velo apps over a scripted backend."""
+"""Cache fixtures: one loaded embedding model for the session and Velo apps over a scripted backend (the real Redis
+and PostgreSQL+pgvector: tests/proxy/conftest.py)."""
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -17,8 +14,6 @@ from proxy.cache.encoders import default_model_path, load_encoder
 from proxy.cache.semantic import Embedder
 from proxy.config import Config, ModelConfig
 from tests.scripted import ScriptedBackend
-
-SERVICES = Path(__file__).resolve().parents[3] / "scripts" / "services.sh"
 
 
 class SessionEmbedder(Embedder):
@@ -33,31 +28,6 @@ def embedder() -> Embedder:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = load_encoder(default_model_path())
     return SessionEmbedder(model, model.dim)
-
-
-@pytest.fixture(scope="session")
-def services() -> dict[str, str]:
-    """VELO_TEST_REDIS_URL / VELO_TEST_PG_DSN as the test command exports them, else started for this run."""
-    names = ("VELO_TEST_REDIS_URL", "VELO_TEST_PG_DSN")
-    if all(os.environ.get(n) for n in names):
-        yield {n: os.environ[n] for n in names}
-        return
-    out = subprocess.run([str(SERVICES), "start"], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.fail(f"scripts/services.sh start failed: {out.stderr}", pytrace=False)
-    started = dict(re.findall(r"(\w+)=(\S+)", out.stdout))
-    yield started
-    subprocess.run([str(SERVICES), "stop"], env={**os.environ, **started}, capture_output=True)
-
-
-@pytest.fixture
-def redis_url(services: dict[str, str]) -> str:
-    return services["VELO_TEST_REDIS_URL"]
-
-
-@pytest.fixture
-def pg_dsn(services: dict[str, str]) -> str:
-    return services["VELO_TEST_PG_DSN"]
 
 
 @pytest.fixture
