@@ -14,7 +14,7 @@ import orjson
 from adapters.errors import VeloError
 from adapters.schema import setting
 
-from .cache.layer import TIER_RETRY_S, TIER_TIMEOUT_S
+from .cache.layer import TIER_RETRY_S, within_tier_timeout
 from .cache.memory import MemoryLRU
 
 log = logging.getLogger("velo.responses")
@@ -70,6 +70,7 @@ class ResponseStore:
     memory: MemoryLRU
     tiers: list[Any]  # SqliteStore / RedisStore, nearest first
     resting: dict[str, float] = field(default_factory=dict)  # a tier that failed -> when it is asked again
+    unwinding: set[asyncio.Task] = field(default_factory=set)  # calls past TIER_TIMEOUT_S, being cancelled
 
     @classmethod
     async def open(cls, cfg: ResponsesConfig, clock: Callable[[], float] = time.time) -> "ResponseStore":
@@ -164,7 +165,7 @@ class ResponseStore:
         if time.monotonic() < self.resting.get(tier.name, 0.0):
             return _FAILED
         try:
-            return await asyncio.wait_for(call(), TIER_TIMEOUT_S)
+            return await within_tier_timeout(call(), self.unwinding)
         except Exception:
             log.exception("stored responses: %s failed on %s; not asked again for %gs", tier.name, what, TIER_RETRY_S)
             self.resting[tier.name] = time.monotonic() + TIER_RETRY_S

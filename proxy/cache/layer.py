@@ -31,6 +31,23 @@ TIER_RETRY_S = 5.0
 _FAILED = object()  # what a slower tier's call gives that failed or was not made
 
 
+async def within_tier_timeout(call: Awaitable[Any], unwinding: set[asyncio.Task]) -> Any:
+    """`call`'s result, or TimeoutError once TIER_TIMEOUT_S has passed, without waiting for it to unwind: psycopg,
+    cancelled, waits up to 5 s for the server to end the query, which a hung server never does, so a lookup took
+    6.0 s, not 1. The call is cancelled in the background, held in `unwinding` until it ends, its error heard."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait([task], timeout=TIER_TIMEOUT_S)
+    finally:
+        if not task.done():
+            task.cancel()
+            unwinding.add(task)
+            task.add_done_callback(lambda task: (unwinding.discard(task), task.cancelled() or task.exception()))
+    if not done:
+        raise TimeoutError(f"no answer within {TIER_TIMEOUT_S:g}s")
+    return task.result()
+
+
 @dataclass
 class CacheHit:
     kind: Literal["exact", "semantic"]
@@ -82,6 +99,7 @@ class CacheLayer:
     semantic_entries: int = 0
     counters: CacheStats = field(default_factory=CacheStats)
     resting: dict[str, float] = field(default_factory=dict)  # a slower tier that failed -> when it is asked again
+    unwinding: set[asyncio.Task] = field(default_factory=set)  # calls past TIER_TIMEOUT_S, being cancelled
 
     @classmethod
     async def create(cls, cfg: CacheConfig, clock: Callable[[], float] = time.time,
@@ -233,7 +251,7 @@ class CacheLayer:
             self.counters.count(name, label, "error")
             return _FAILED
         try:
-            return await asyncio.wait_for(call(), TIER_TIMEOUT_S)
+            return await within_tier_timeout(call(), self.unwinding)
         except Exception:
             log.exception("cache tier %s failed on %s; not asked again for %gs", name, what, TIER_RETRY_S)
             self.resting[name] = time.monotonic() + TIER_RETRY_S

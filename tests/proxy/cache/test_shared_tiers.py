@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 
@@ -150,5 +152,30 @@ async def test_pgvector_serves_again_once_its_connection_was_lost(pg_dsn: str, e
     assert await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant)) is None  # found the loss
     assert (await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
     assert b.stats()["events"]["pgvector"]["tiny"] == {"error": 1, "hit": 1}
+    await a.close()
+    await b.close()
+
+
+async def test_a_postgresql_that_hangs_costs_the_tier_timeout_not_six_seconds(pg_dsn: str, embedder: Embedder,
+                                                                               monkeypatch):
+    """Its server process stopped (a hung host): psycopg, its query cancelled at TIER_TIMEOUT_S, waits 5 s more for
+    the server to end it, so the lookup took 6.0 s. Then the tier serves again on a connection of its own."""
+    monkeypatch.setattr(layer_module, "TIER_RETRY_S", 0)
+    cfg = CacheConfig(semantic=True, pg_dsn=pg_dsn)
+    a = await CacheLayer.create(cfg, embedder=embedder)
+    b = await CacheLayer.create(cfg, embedder=embedder)
+    tenant = str(uuid.uuid4())
+    await a.store(a.asked(_ask("How do I learn Python quickly?"), tenant), ANSWER)
+    hung = b.pg.conn.info.backend_pid
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant)) is None
+        assert time.monotonic() - started < layer_module.TIER_TIMEOUT_S + 0.5
+        while b.unwinding:  # psycopg gives the connection up
+            await asyncio.sleep(0.1)
+        assert (await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
+    finally:
+        os.kill(hung, signal.SIGCONT)
     await a.close()
     await b.close()
