@@ -70,6 +70,7 @@ class ResponseStore:
     memory: MemoryLRU
     tiers: list[Any]  # SqliteStore / RedisStore, nearest first
     resting: dict[str, float] = field(default_factory=dict)  # a tier that failed -> when it is asked again
+    only_here: set[str] = field(default_factory=set)  # keys a shared tier failed to take: this process's copy is all
     unwinding: set[asyncio.Task] = field(default_factory=set)  # calls past TIER_TIMEOUT_S, being cancelled
 
     @classmethod
@@ -99,7 +100,9 @@ class ResponseStore:
         """A tier that fails leaves the response in this process only: its answer was already made."""
         self.memory.put_encoded(key, value, len(payload), ttl_s)
         for tier in self.tiers:
-            await self._tier(tier, "put", lambda tier=tier: tier.put(key, payload, self.memory.clock() + ttl_s))
+            put = await self._tier(tier, "put", lambda tier=tier: tier.put(key, payload, self.memory.clock() + ttl_s))
+            if put is _FAILED and tier.shared:
+                self.only_here.add(key)
 
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
         if ":" in resp_id:  # never one of Velo's ids; "item:<id>" would read an item's entry as a response (a 500)
@@ -116,7 +119,8 @@ class ResponseStore:
         """This process's copy while a shared tier (Redis) still holds the key: another process may have deleted the
         response, which the copy here kept serving. Otherwise the shared tier first, whose miss is final."""
         if (here := self.memory.get(key)) is not None:
-            return here if await self._still_shared(key) else None
+            return here if key in self.only_here or await self._still_shared(key) else None
+        self.only_here.discard(key)  # evicted here, or expired
         failed = []
         for tier in sorted(self.tiers, key=lambda tier: not tier.shared):
             row = await self._tier(tier, "get", lambda tier=tier: tier.get(key))
@@ -156,6 +160,7 @@ class ResponseStore:
                     raise StoreUnavailable(f"the response could not be deleted: {tier.name} is unavailable")
                 deleted = gone or deleted
             deleted = self.memory.delete(key) or deleted
+            self.only_here.discard(key)
         return deleted
 
     async def _tier(self, tier: Any, what: str, call: Callable[[], Awaitable[Any]]) -> Any:

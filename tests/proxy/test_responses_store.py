@@ -87,3 +87,46 @@ async def test_two_processes_on_one_redis_share_responses_and_their_deletion(red
         await a.responses.create(model="tiny", input="x", previous_response_id=made.id)
     for app in apps:
         await app.close()
+
+
+class RedisBack:
+    """A shared tier that refused a write, then answers again without that key, as a Redis restarted does."""
+
+    name, shared = "redis", True
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[bytes, float]] = {}
+        self.down = True
+
+    async def put(self, key: str, payload: bytes, expires_at: float) -> None:
+        if self.down:
+            raise ConnectionError("redis is down")
+        self.rows[key] = payload, expires_at
+
+    async def get(self, key: str) -> tuple[bytes, float] | None:
+        return self.rows.get(key)
+
+    async def holds(self, key: str) -> bool:
+        return key in self.rows
+
+    async def delete(self, key: str) -> bool:
+        return self.rows.pop(key, None) is not None
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_response_whose_shared_write_failed_is_still_read_here_once_the_tier_is_back():
+    """A copy here serves only while Redis holds its key (another process may have deleted it); a response Redis
+    never took was then dropped as deleted the moment Redis answered again: stored, then a 404."""
+    store = await ResponseStore.open(ResponsesConfig())
+    store.tiers.append(tier := RedisBack())
+    record = StoredResponse({"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "content": "x"}]}, [], [])
+    await store.put("t", record)
+    tier.down = False
+    store.resting.clear()  # the tier's rest after its failure is over
+    assert await store.get("t", "resp_1") == record and (await store.item("t", "msg_1"))["id"] == "msg_1"
+    await store.put("t", StoredResponse({**record.response, "id": "resp_2"}, [], []))
+    assert await store.delete("t", "resp_2") and await store.get("t", "resp_2") is None
+    assert await store.delete("t", "resp_1") and await store.get("t", "resp_1") is None
+    await store.close()
