@@ -76,12 +76,27 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
                   _edits(body.get("context_management")))
 
 
+# Claude Code (2.1.36 and later) sends this as its first system block, with a `cch=` hash of the body (and a
+# `cc_version` suffix) that changes on every request: kept, it made each turn's prompt differ from the one before at
+# its 38th token, and the engine read a 2,300-token Claude Code-like prompt anew each turn (32 tokens cached).
+_BILLING = "x-anthropic-billing-header:"
+
+
 def _system(system: Any) -> list[Message]:
-    if system is None or system == "":
+    """The system prompt; Claude Code's billing block is left out: it means nothing to the model, and it changes on
+    every turn ahead of everything else, so no backend's prefix cache (the engine's, llama-server's) could reuse any
+    of the turn before (llama-server's own /v1/messages blanks its `cch=` for the same reason)."""
+    if isinstance(system, list):
+        system = [b for b in system if not _billing(b)]
+    if system is None or system in ("", []):
         return []
     if isinstance(system, str):
         return [Message("system", system)]
     return [Message("system", _text_of(system, "system"))]
+
+
+def _billing(block: Any) -> bool:
+    return isinstance(block, dict) and isinstance(block.get("text"), str) and block["text"].startswith(_BILLING)
 
 
 def _text_of(blocks: Any, where: str) -> str:

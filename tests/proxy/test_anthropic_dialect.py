@@ -90,6 +90,22 @@ async def test_streaming_helper_accumulates_the_same_message(base_url, scripted:
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
 
 
+async def test_claude_codes_billing_block_is_left_out_so_each_turn_extends_the_last(client, scripted: ScriptedBackend):
+    """Claude Code's first system block carries a hash that changes every request; left in, each turn's prompt
+    differed from the last at its 38th token and no prefix cache reused the rest (32 of 2,300 tokens cached)."""
+    async def turn(cch: str) -> None:
+        system = [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli; "
+                                           f"cch={cch};"},
+                  {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+        resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "system": system,
+                                                       "messages": USER})
+        assert resp.status == 200, await resp.text()
+    await turn("fa690")
+    await turn("65abc")
+    assert [[(m.role, m.content) for m in r.messages] for r in scripted.requests] == \
+        [[("system", "You are Claude Code."), ("user", "hi")]] * 2
+
+
 async def test_a_claude_code_turn_converts_to_the_internal_conversation(client, scripted: ScriptedBackend):
     """System blocks with cache_control, a system message inside messages, a tool round trip with string and block
     results, an error result, thinking echoed back, an image, adaptive thinking: as Claude Code sends them."""
