@@ -7,12 +7,17 @@ template uses and that small instruction-tuned models follow, so nothing the cli
 - tool results become user turns wrapped in `<tool_response>...</tool_response>`.
 
 The model's answer is plain text then; the proxy's tool-call extraction (proxy/tools/) reads the calls back.
+
+Written byte for byte as Qwen2.5's template writes them (JSON as its `tojson`; a run of tool results one user turn):
+what the model wrote is then what it reads back next turn, and a turn whose call is forced (the tools in the prompt)
+reads the same prompt as one with the tools rendered natively, so neither loses the turn before from a prefix cache.
 """
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import replace
-
-import orjson
+from typing import Any
 
 from engine.tool_schema import tool_call_schema
 
@@ -40,14 +45,21 @@ def call_schema(tools: list[Tool]) -> dict:
     return tool_call_schema([{"name": t.name, "parameters": t.parameters} for t in tools])
 
 
+def _json(value: Any) -> str:
+    """JSON as chat templates' `tojson` writes it (transformers', llama.cpp's): `", "` and `": "` between items, the
+    way models tuned on those templates write their own calls. Compact JSON made a SmolLM2 call the engine had just
+    generated (`{"name": "list_dir", ...`) differ from its rendering in the next turn's prompt at its second token."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def tools_block(tools: list[Tool]) -> str:
-    signatures = "\n".join(orjson.dumps({"type": "function", "function": {
-        "name": t.name, "description": t.description, "parameters": t.parameters}}).decode() for t in tools)
+    signatures = "\n".join(_json({"type": "function", "function": {
+        "name": t.name, "description": t.description, "parameters": t.parameters}}) for t in tools)
     return _INSTRUCTIONS.format(tools=signatures)
 
 
 def call_text(call: ToolCall) -> str:
-    return f"{CALL_OPEN}\n{orjson.dumps({'name': call.name, 'arguments': call.arguments}).decode()}\n{CALL_CLOSE}"
+    return f"{CALL_OPEN}\n{_json({'name': call.name, 'arguments': call.arguments})}\n{CALL_CLOSE}"
 
 
 def in_prompt(req: ChatRequest) -> ChatRequest:
@@ -58,12 +70,22 @@ def in_prompt(req: ChatRequest) -> ChatRequest:
         messages[0] = replace(messages[0], content=f"{messages[0].content}\n\n{block}")
     else:
         messages.insert(0, Message("system", block))
-    return replace(req, messages=[_plain(m) for m in messages], tools=[], tool_choice=None, tools_in_prompt=False)
+    return replace(req, messages=_plain_turns(messages), tools=[], tool_choice=None, tools_in_prompt=False)
+
+
+def _plain_turns(messages: list[Message]) -> list[Message]:
+    """Calls as text in their assistant turns; each run of tool results one user turn, a `<tool_response>` each, as
+    Qwen2.5's template groups them."""
+    out: list[Message] = []
+    for results, run in itertools.groupby(messages, key=lambda m: m.role == "tool"):
+        if results:
+            out.append(Message("user", "\n".join(f"<tool_response>\n{m.content}\n</tool_response>" for m in run)))
+        else:
+            out += [_plain(m) for m in run]
+    return out
 
 
 def _plain(m: Message) -> Message:
-    if m.role == "tool":
-        return Message("user", f"<tool_response>\n{m.content}\n</tool_response>")
     if m.tool_calls:
         calls = "\n".join(call_text(c) for c in m.tool_calls)
         return replace(m, content=f"{m.content}\n{calls}" if m.content else calls, tool_calls=[])

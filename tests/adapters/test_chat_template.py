@@ -41,7 +41,7 @@ def test_tools_render_natively_or_in_the_prompt():
     req = ChatRequest("m", [Message("user", "hi")], tools=[READ])
     assert "<tools>read_file</tools>" in render(tokenizer(TOOLS), req)
     prompted = render(tokenizer(CHATML), ChatRequest("m", req.messages, tools=[READ], tools_in_prompt=True))
-    assert prompted.startswith("<|im_start|>system\n# Tools") and '"name":"read_file"' in prompted
+    assert prompted.startswith("<|im_start|>system\n# Tools") and '"name": "read_file"' in prompted
 
 
 def test_the_thinking_switch_reaches_the_template():
