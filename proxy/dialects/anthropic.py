@@ -9,6 +9,7 @@ blocks in a user turn, and become internal "tool" messages ahead of that turn's 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -78,16 +79,19 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
 
 # Claude Code (2.1.36 and later) sends this as its first system block, with a `cch=` hash of the body (and a
 # `cc_version` suffix) that changes on every request: kept, it made each turn's prompt differ from the one before at
-# its 38th token, and the engine read a 2,300-token Claude Code-like prompt anew each turn (32 tokens cached).
-_BILLING = "x-anthropic-billing-header:"
+# its 38th token, and the engine read a 2,300-token Claude Code-like prompt anew each turn (32 tokens cached). Its
+# `key=value;` fields only: text after them in the same block (a client that joined the blocks) is kept.
+_BILLING = re.compile(r"x-anthropic-billing-header:(?:[ \t]*[\w.-]+=[^;\n]*;)*[ \t]*\n?")
 
 
 def _system(system: Any) -> list[Message]:
-    """The system prompt; Claude Code's billing block is left out: it means nothing to the model, and it changes on
+    """The system prompt; Claude Code's billing header is left out: it means nothing to the model, and it changes on
     every turn ahead of everything else, so no backend's prefix cache (the engine's, llama-server's) could reuse any
     of the turn before (llama-server's own /v1/messages blanks its `cch=` for the same reason)."""
-    if isinstance(system, list):
-        system = [b for b in system if not _billing(b)]
+    if isinstance(system, str):
+        system = _unbilled(system)
+    elif isinstance(system, list):
+        system = [b for b in map(_unbilled_block, system) if b is not None]
     if system is None or system in ("", []):
         return []
     if isinstance(system, str):
@@ -95,8 +99,16 @@ def _system(system: Any) -> list[Message]:
     return [Message("system", _text_of(system, "system"))]
 
 
-def _billing(block: Any) -> bool:
-    return isinstance(block, dict) and isinstance(block.get("text"), str) and block["text"].startswith(_BILLING)
+def _unbilled(text: str) -> str:
+    return _BILLING.sub("", text, count=1) if text.startswith("x-anthropic-billing-header:") else text
+
+
+def _unbilled_block(block: Any) -> Any:
+    """The block without a billing header; None where that header was all it held."""
+    text = block.get("text") if isinstance(block, dict) else None
+    if not isinstance(text, str) or (rest := _unbilled(text)) == text:
+        return block
+    return {**block, "text": rest} if rest else None
 
 
 def _text_of(blocks: Any, where: str) -> str:

@@ -106,6 +106,18 @@ async def test_claude_codes_billing_block_is_left_out_so_each_turn_extends_the_l
         [[("system", "You are Claude Code."), ("user", "hi")]] * 2
 
 
+def test_a_billing_header_joined_to_the_prompt_leaves_the_prompt():
+    """A client that joins the system blocks, or sends the system as one string, keeps the text after the header's
+    fields (llama.cpp's example of the header is such a joined block)."""
+    header = "x-anthropic-billing-header: cc_version=2.1.101.e51; cc_entrypoint=cli; cch=a5145;"
+    for system in (header + "You are Claude Code.", [{"type": "text", "text": header + "\nYou are Claude Code."}]):
+        parsed = anthropic_dialect.parse_messages({"model": "m", "max_tokens": 8, "system": system, "messages": USER})
+        assert [(m.role, m.content) for m in parsed.request.messages][0] == ("system", "You are Claude Code.")
+    kept = "Quote this: x-anthropic-billing-header: a=b;"
+    parsed = anthropic_dialect.parse_messages({"model": "m", "max_tokens": 8, "system": kept, "messages": USER})
+    assert parsed.request.messages[0].content == kept
+
+
 async def test_a_claude_code_turn_converts_to_the_internal_conversation(client, scripted: ScriptedBackend):
     """System blocks with cache_control, a system message inside messages, a tool round trip with string and block
     results, an error result, thinking echoed back, an image, adaptive thinking: as Claude Code sends them."""
