@@ -69,6 +69,10 @@ class Pipeline:
         return self.services.inflight
 
     async def start(self) -> None:
+        """Every stage opens before any starts: a reload whose cache tier did not open was refused after the limit
+        stage had put its limits (and the list its long_request_s) in force for the configuration that stayed."""
+        for stage in self.stages:
+            await stage.open()
         await self.inflight.start(self.services.config.server.long_request_s)
         for stage in self.stages:
             await stage.start()

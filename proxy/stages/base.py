@@ -51,8 +51,13 @@ class Stage:
     def __init__(self, services: Services) -> None:
         self.services = services
 
+    async def open(self) -> None:
+        """Called once the backends are open, for what may fail (the cache's tiers): it refuses a reload, so it must
+        leave what this configuration shares with the one in force as it is."""
+
     async def start(self) -> None:
-        """Called once the backends are open (a stage may ask them things)."""
+        """Called once every stage opened (a stage may ask the backends things); what can no longer fail, such as
+        applying new settings to what the configuration in force shares (a key's limits, a backend's queue)."""
 
     async def close(self) -> None:
         """Called before the backends close."""

@@ -23,10 +23,10 @@ from .base import Next, Services, Stage
 class Cache(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
-        self.layer: CacheLayer | None = None  # opened by start(): the semantic tier loads a model
+        self.layer: CacheLayer | None = None  # opened by open(): the semantic tier loads a model
         services.registry.register(self)
 
-    async def start(self) -> None:
+    async def open(self) -> None:
         """The layer of the previous configuration when the cache settings did not change: its entries stay. Its
         counters stay whatever changed (a new layer started them again, and /metrics lost velo_cache_events)."""
         cfg = self.services.config.cache

@@ -398,3 +398,21 @@ async def test_the_cache_counters_outlive_a_change_of_its_settings(tmp_path, two
         scraped = await scrape(c)
         assert value(scraped, "velo_cache_events_total", tier="all", model="m", outcome="hit") == 1
         assert value(scraped, "velo_cache_events_total", tier="all", model="m", outcome="miss") == 2
+
+
+async def test_a_config_refused_when_its_cache_does_not_open_leaves_the_limits_in_force(tmp_path, two_fakes):
+    """The limit stage started before the cache, and put the refused file's limits on the keys: a request limit of
+    1 a minute answered 429 to a key the configuration in force allows 100."""
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a", extra="[limits]\nrequests_per_minute = 100\nrequest_burst = 100"))
+    async with await reloaded_app(path) as c:
+        app = c.server.app
+        refused = ('[server]\nlong_request_s = 7\n[limits]\nrequests_per_minute = 1\n'
+                   f'[cache]\nsqlite_path = "{tmp_path}"')
+        path.write_text(toml(a.url, b.url, "a", extra=refused))
+        assert not await app[RELOADER].reload()
+        assert "Is a directory" in app[RELOADER].last_error
+        for temperature in (0.1, 0.2, 0.3):
+            assert await answer(c, {**CHAT, "options": {"temperature": temperature}}) == "from a"
+        assert app[GENERATIONS].current.pipeline.inflight.long_request_s == 300
