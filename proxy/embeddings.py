@@ -17,6 +17,7 @@ from .batching import NORMAL, AdmissionController, EmbedBatcher
 from .batching.embed_batcher import EmbedCall
 from .dialects import dialect_of
 from .job import Caller
+from .keep import Tally
 from .metrics import RequestMetrics
 from .residency import Residency
 from .stages.admit import Admit
@@ -30,13 +31,15 @@ class Embeddings:
                  admit: Admit) -> None:
         self.services, self.metrics, self.residency, self.limit, self.admit = services, metrics, residency, limit, admit
         self.batchers: dict[str, EmbedBatcher] = {}
+        self.calls: dict[str, Tally] = services.lease.hold("metrics:embed_calls", dict)[0]  # by backend
         services.registry.register(self)
 
     async def start(self) -> None:
         batching = self.services.config.batching
         for backend in self.services.router.backends.values():
             call = functools.partial(_admitted, self.admit.controllers.get(backend.name), backend.embed)
-            self.batchers[backend.name] = EmbedBatcher(call, batching.embed_window_ms, batching.embed_max_inputs)
+            self.batchers[backend.name] = EmbedBatcher(call, batching.embed_window_ms, batching.embed_max_inputs,
+                                                       self.calls.setdefault(backend.name, Tally()))
 
     async def close(self) -> None:
         for batcher in self.batchers.values():
@@ -61,8 +64,8 @@ class Embeddings:
     def collect(self) -> Iterator[CounterMetricFamily]:
         batches = CounterMetricFamily("velo_embed_backend_calls", "Embedding calls sent after batching",
                                       labels=["backend"])
-        for name, batcher in self.batchers.items():
-            batches.add_metric([name], batcher.batches)
+        for name, calls in self.calls.items():
+            batches.add_metric([name], calls.n)
         yield batches
 
 

@@ -25,6 +25,14 @@ def fingerprint(settings: Any) -> str:
     return hashlib.blake2b(json.dumps(plain, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
 
+@dataclass
+class Tally:
+    """A count kept through config reloads by what each configuration makes anew (a coalescer, an embedding
+    batcher): a counter of its own started again at 0 at every reload, and lost what the old one counted after."""
+
+    n: int = 0
+
+
 @dataclass(eq=False)
 class _Held:
     value: Any

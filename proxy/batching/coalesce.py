@@ -14,6 +14,8 @@ from typing import AsyncIterator, Callable
 from adapters.errors import BackendError
 from adapters.protocol import Chunk
 
+from ..keep import Tally
+
 ChunkFactory = Callable[[], AsyncIterator[Chunk]]
 
 
@@ -36,10 +38,14 @@ class _Flight:
 @dataclass
 class Coalescer:
     """`stream(key, factory)` runs `factory()` once per key in flight and fans its chunks out to every caller;
-    `coalesced` counts the requests that joined a flight."""
+    `coalesced` counts the requests that joined a flight, in `joined` (which may outlive it)."""
 
-    coalesced: int = 0
+    joined: Tally = field(default_factory=Tally)
     _flights: dict[str, _Flight] = field(default_factory=dict)
+
+    @property
+    def coalesced(self) -> int:
+        return self.joined.n
 
     @property
     def in_flight(self) -> int:
@@ -72,7 +78,7 @@ class Coalescer:
     def _join(self, key: str, factory: ChunkFactory) -> _Flight:
         flight = self._flights.get(key)
         if flight is not None:
-            self.coalesced += 1
+            self.joined.n += 1
             return flight
         flight = _Flight()
         self._flights[key] = flight

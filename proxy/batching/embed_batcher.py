@@ -16,6 +16,8 @@ from typing import Awaitable, Callable
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import EmbedRequest, EmbedResult
 
+from ..keep import Tally
+
 EmbedCall = Callable[[EmbedRequest], Awaitable[EmbedResult]]
 
 
@@ -33,13 +35,13 @@ class EmbedBatcher:
     call: EmbedCall
     window_ms: float = 5
     max_inputs: int = 64
-    batches: int = 0  # backend calls made, for tests and metrics
+    calls: Tally = field(default_factory=Tally)  # backend calls made, for /metrics (kept through reloads)
     _open: dict[str, _Batch] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         if not req.inputs or len(req.inputs) >= self.max_inputs:  # nothing to gain from waiting
-            self.batches += 1
+            self.calls.n += 1
             return await self.call(req)
         key = _batch_key(req)
         batch = self._open.get(key)
@@ -86,7 +88,7 @@ class EmbedBatcher:
             return
         first = batch.requests[live[0]]
         merged = replace(first, inputs=[s for i in live for s in batch.requests[i].inputs])  # the rest is equal
-        self.batches += 1
+        self.calls.n += 1
         try:
             result = await self.call(merged)
             if len(result.embeddings) != len(merged.inputs):

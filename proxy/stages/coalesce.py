@@ -14,6 +14,7 @@ from adapters.protocol import Chunk
 from ..batching import Coalescer
 from ..cache.keys import backend_only, digest, exact_key
 from ..job import Job
+from ..keep import Tally
 from .admit import supersede_key
 from .base import Next, Services, Stage
 
@@ -21,7 +22,7 @@ from .base import Next, Services, Stage
 class Coalesce(Stage):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
-        self.coalescer = Coalescer()
+        self.coalescer = Coalescer(services.lease.hold("metrics:coalesced", Tally)[0])
         services.registry.register(self)
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:

@@ -416,3 +416,19 @@ async def test_a_config_refused_when_its_cache_does_not_open_leaves_the_limits_i
         for temperature in (0.1, 0.2, 0.3):
             assert await answer(c, {**CHAT, "options": {"temperature": temperature}}) == "from a"
         assert app[GENERATIONS].current.pipeline.inflight.long_request_s == 300
+
+
+async def test_the_coalescing_and_embedding_counters_outlive_a_reload(tmp_path, two_fakes):
+    """Each configuration counted in counters of its own: every reload set velo_coalesced_total (the dashboard's
+    "coalesced") and velo_embed_backend_calls_total back to 0, and what the old configuration's requests still
+    did after the swap was never shown."""
+    a, b = two_fakes
+    a.script.token_delay = 0.2
+    async with routed_to_a(tmp_path, a, b) as (c, path):
+        await asyncio.gather(answer(c), answer(c))
+        assert (await c.post("/api/embed", json={"model": "m", "input": "x"})).status == 200
+        path.write_text(toml(a.url, b.url, "b"))
+        assert await c.server.app[RELOADER].reload()
+        scraped = await scrape(c)
+        assert value(scraped, "velo_coalesced_total") == 1
+        assert value(scraped, "velo_embed_backend_calls_total", backend="a") == 1

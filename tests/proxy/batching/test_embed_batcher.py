@@ -91,7 +91,7 @@ async def test_one_callers_input_fails_only_that_caller(bad_input, error):
     good, bad, other = await asyncio.gather(batcher.embed(req("a", "bb")), batcher.embed(req("nnnn")),
                                             batcher.embed(req("ccc")), return_exceptions=True)
     assert good.embeddings == [[1.0], [2.0]] and other.embeddings == [[3.0]] and bad is error
-    assert batcher.batches == 4  # the shared call, then each caller alone
+    assert batcher.calls.n == 4  # the shared call, then each caller alone
 
 
 async def test_a_batch_that_found_no_slot_is_not_asked_again_caller_by_caller():
