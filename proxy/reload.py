@@ -1,7 +1,7 @@
 """config.toml read again without a restart: on SIGHUP (`velo serve` wires it) or when the file's modification time
-changes (polled, like llama-swap's `--watch-config`). A config that loads and whose new backends open becomes the
-current generation (proxy/generation.py); one that does not is refused, its error in the log, and the one in force
-stays. Requests in flight finish on the generation they started on.
+or size changes (polled, like llama-swap's `--watch-config`), once it has stopped changing. A config that loads and
+whose new backends open becomes the current generation (proxy/generation.py); one that does not is refused, its
+error in the log, and the one in force stays. Requests in flight finish on the generation they started on.
 
 What a generation cannot change (the listening address, the body limit, the header timeout, the browser origins,
 the shutdown grace, the responses store) is logged as needing a restart.
@@ -31,14 +31,22 @@ RESTART_ONLY = ("server.host", "server.port", "server.max_body_bytes", "server.h
                 "server.shutdown_grace_s", "responses")
 
 
+# An edited file is read once it has not changed for this long: an editor that truncates the file and then writes
+# it (VS Code, vim with backupcopy=yes) leaves it empty or cut for a moment, and a poll that fell there read that:
+# an empty file switched every request to the default backend, a cut one was refused, until the next poll.
+SETTLE_S = 0.3
+
+
 class Reloader:
-    def __init__(self, path: str | Path, generations: Generations, keep: Keep, interval_s: float = 1.0) -> None:
-        self.path, self.generations, self.keep, self.interval_s = Path(path), generations, keep, interval_s
+    def __init__(self, path: str | Path, generations: Generations, keep: Keep, interval_s: float = 1.0,
+                 settle_s: float = SETTLE_S) -> None:
+        self.path, self.generations, self.keep = Path(path), generations, keep
+        self.interval_s, self.settle_s = interval_s, settle_s
         self.applied = self.refused = 0
         self.last_error = ""
-        self._mtime = _mtime(self.path)  # the file the config in force was read from (read before serving)
+        self._version = _version(self.path)  # the file the config in force was read from (read before serving)
         # what the file says of the restart-only keys: a change is one of the file's, not of `velo serve --port`
-        read = generations.current.config if self._mtime is None else load_config(self.path)
+        read = generations.current.config if self._version is None else load_config(self.path)
         self._restart_only = _restart_only(read)
         # a file that names no backends is served by the default (proxy/default_backend.py), which its edits keep
         in_force = generations.current.config
@@ -62,7 +70,7 @@ class Reloader:
         """True when the file's config is now in force; False (and the old one stays) when it was refused."""
         async with self._lock:
             self._waiting = False  # what the file says from here on, this reload reads
-            self._mtime = await asyncio.to_thread(_mtime, self.path)
+            self._version = await asyncio.to_thread(_version, self.path)
             old = self.generations.current
             try:
                 read = await asyncio.to_thread(load_config, self.path)
@@ -89,8 +97,16 @@ class Reloader:
     async def watch(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            if await asyncio.to_thread(_mtime, self.path) != self._mtime:
-                await self.reload()
+            seen = await asyncio.to_thread(_version, self.path)
+            if seen == self._version:
+                continue
+            while True:  # until the file stays as it is for settle_s
+                await asyncio.sleep(self.settle_s)
+                now = await asyncio.to_thread(_version, self.path)
+                if now == seen:
+                    break
+                seen = now
+            await self.reload()
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
         """`cleanup_ctx`: watches the file while the app runs."""
@@ -110,11 +126,13 @@ class Reloader:
                                 value=self.generations.current.number)
 
 
-def _mtime(path: Path) -> int | None:
+def _version(path: Path) -> tuple[int, int] | None:
+    """The file's modification time and size: a write within the clock's tick (a coarse one) still changes its size."""
     try:
-        return os.stat(path).st_mtime_ns
+        found = os.stat(path)
     except OSError:
         return None
+    return found.st_mtime_ns, found.st_size
 
 
 def _restart_only(config: Config) -> dict[str, object]:

@@ -92,6 +92,28 @@ async def test_an_edit_of_the_file_reroutes_and_keeps_unchanged_backends_open(tm
         assert value(await scrape(c), "velo_config_reloads_total", outcome="applied") == 1
 
 
+async def test_a_file_being_written_is_read_once_it_settles(tmp_path, two_fakes):
+    """An editor that truncates the file and then writes it leaves it cut for a moment; a poll that fell there read
+    it: a cut file was refused (an empty one switched every request to the default backend) until the next poll."""
+    a, b = two_fakes
+    path = tmp_path / "config.toml"
+    path.write_text(toml(a.url, b.url, "a"))
+    async with await reloaded_app(path) as c:
+        reloader = c.server.app[RELOADER]
+        reloader.interval_s, reloader.settle_s = 0.02, 1.0
+        await asyncio.sleep(1.1)  # the watcher's first wait, begun at the default interval, is over
+        whole = toml(a.url, b.url, "b", extra='default_backend = "b"')
+        path.write_text(whole[:whole.index('url = "') + 10])  # an unterminated string: not TOML
+        await asyncio.sleep(0.2)
+        path.write_text(whole)
+        for _ in range(200):
+            if reloader.applied or reloader.refused:
+                break
+            await asyncio.sleep(0.05)
+        assert (reloader.applied, reloader.refused) == (1, 0), reloader.last_error
+        assert await answer(c) == "from b"
+
+
 async def test_a_request_in_flight_finishes_on_the_old_configuration(tmp_path, two_fakes):
     a, b = two_fakes
     a.script.reply, a.script.token_delay = "one two three four five six", 0.4
