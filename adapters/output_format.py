@@ -1,15 +1,16 @@
 """A structured-output schema checked before any backend gets it, as Velo's engine compiles it (engine/grammar.py,
 llguidance): a schema no output can match (`minLength` 5 with `maxLength` 2) is the client's 400 on every backend.
 llama-server took one and grew by 0.5 GB a second building its grammar while the client waited for a 504, which the
-SDKs retry. What llguidance only cannot compile (a look-around `pattern`, a remote `$ref`) is left to the backend,
-which may."""
+SDKs retry. A tool's parameters are checked alike: llama-server builds the grammar of a call from them (a forced call,
+or its lazy grammar for tool calls), and one no call can match killed it. What llguidance only cannot compile (a
+look-around `pattern`, a remote `$ref`) is left to the backend, which may."""
 from __future__ import annotations
 
 from engine.grammar import grammar_for
 
 from .errors import BadRequest
 from .per_schema import PerSchema
-from .protocol import OutputFormat
+from .protocol import OutputFormat, Tool
 
 _UNSATISFIABLE = "Unsatisfiable schema"  # llguidance's words for a schema no value matches
 
@@ -19,6 +20,13 @@ async def check_format(fmt: OutputFormat) -> None:
     event loop (PerSchema.off_loop)."""
     if isinstance(fmt, dict) and (why := await _unsatisfiable.off_loop(fmt)):
         raise BadRequest(why, param="format")
+
+
+async def check_tools(tools: list[Tool]) -> None:
+    """BadRequest (param `tools`) naming the first tool whose parameters are a JSON Schema no call can match."""
+    for tool in tools:
+        if why := await _unsatisfiable.off_loop(tool.parameters):
+            raise BadRequest(f"tool {tool.name!r}: {why}", param="tools")
 
 
 def _verdict(schema: dict) -> str | None:

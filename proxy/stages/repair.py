@@ -8,13 +8,14 @@ from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily
 
-from adapters.output_format import check_format
-from adapters.protocol import Chunk
+from adapters.output_format import check_format, check_tools
+from adapters.protocol import Chunk, Tool
 
 from ..job import Job, Request
 from ..tools.budget import Budget, repair_threads
 from ..tools.metrics import ToolMetrics
 from ..tools.retry import with_retry
+from ..tools.stream import offered_tools
 from .base import Next, Services, Stage
 
 
@@ -30,14 +31,16 @@ class Repair(Stage):
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is. A
-        schema no answer can match is a 400 here, whatever the backend (adapters/output_format.py), before the
-        request waits for a backend's slot."""
-        if isinstance(job.request.format, dict):
-            return self._checked(job, next)
+        schema no answer or call can match (a format's, an offered tool's parameters) is a 400 here, whatever the
+        backend (adapters/output_format.py), before the request waits for a backend's slot."""
+        tools = offered_tools(job.request)
+        if isinstance(job.request.format, dict) or tools:
+            return self._checked(job, next, tools)
         return self._repaired(job, next)
 
-    async def _checked(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    async def _checked(self, job: Job, next: Next, tools: list[Tool]) -> AsyncIterator[Chunk]:
         await check_format(job.request.format)
+        await check_tools(tools)
         async with contextlib.aclosing(self._repaired(job, next)) as rest:
             async for chunk in rest:
                 yield chunk

@@ -124,6 +124,10 @@ async def test_response_format_json_schema(client, scripted: ScriptedBackend):
     assert nameless.status == 400 and "json_schema.schema must be an object" in await nameless.text()
 
 
+_NO_CALL = {"type": "object", "properties": {"code": {"type": "string", "minLength": 5, "maxLength": 2}},
+            "required": ["code"]}
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
         "type": "object", "properties": {"code": {"type": "string", "minLength": 5, "maxLength": 2}},
@@ -131,10 +135,20 @@ async def test_response_format_json_schema(client, scripted: ScriptedBackend):
     ("/api/chat", {"format": {"type": "string", "minLength": 5, "maxLength": 2}, "stream": False}),
     ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "s", "schema": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 1}}, "required": ["n"]}}}}),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}],
+                              "tool_choice": "required"}),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}]}),
+    ("/api/chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}],
+                   "stream": False}),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "parameters": _NO_CALL, "strict": True}],
+                       "tool_choice": "required"}),
+    ("/v1/messages", {"max_tokens": 10, "tools": [{"name": "f", "input_schema": _NO_CALL}],
+                      "tool_choice": {"type": "tool", "name": "f"}}),
 ])
 async def test_a_schema_no_output_can_match_is_a_400_before_any_backend_gets_it(client, scripted, path, body):
     """Velo's engine said 400; llama-server grew by 0.5 GB a second building a grammar for it while the client
-    waited for a 504, which the SDKs retried."""
+    waited for a 504, which the SDKs retried. A tool's parameters alike: llama-server builds a call's grammar from
+    them, and a forced call of one no arguments can match killed it (the 502 of a closed connection, then 503s)."""
     messages = {"input": "x"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "x"}]}
     resp = await client.post(path, json={"model": "tiny", **messages, **body})
     assert resp.status == 400 and "Unsatisfiable schema" in await resp.text() and scripted.requests == []
