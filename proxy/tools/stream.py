@@ -264,7 +264,10 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
                              metrics: ModelCounts | None, report: RepairReport,
                              budget: Budget | None) -> AsyncIterator[Chunk]:
     """JSON can only be checked whole: hold all text and its logprobs (those of the tokens the model wrote, repaired
-    or not), pass everything else, send the repaired text last (or, past the repair budget, the text as it came)."""
+    or not), pass everything else, send the repaired text last (or, past the repair budget, the text as it came).
+    An answer cut by max_tokens, or by a stop string of the client's, is sent as it came, as _check_structured sends
+    it: a 502 ("does not match the requested schema") there was retried by the SDKs into the same cut, where
+    OpenAI's finish reason `length` makes them raise LengthFinishReasonError."""
     parts: list[str] = []
     logprobs: list[TokenLogprob] = []
     last = Chunk(finish_reason="stop")
@@ -278,11 +281,12 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
             if not (held := replace(chunk, text="", logprobs=[])).empty:
                 yield held  # its thinking, say
     text = "".join(parts)
-    try:
-        text = await _run(budget, repair_structured, text, req.format, report, size=len(text))
-    except OverBudget:
-        report.skipped.append("budget")
-    finally:
-        if metrics is not None:
-            metrics.record(report)
+    if last.finish_reason == "stop" and last.stop_sequence is None:
+        try:
+            text = await _run(budget, repair_structured, text, req.format, report, size=len(text))
+        except OverBudget:
+            report.skipped.append("budget")
+        finally:
+            if metrics is not None:
+                metrics.record(report)
     yield replace(last, text=text, logprobs=logprobs)

@@ -8,6 +8,7 @@ import ollama
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
+from pydantic import BaseModel
 
 from adapters.base import BackendConfig
 from proxy.app import make_app
@@ -75,3 +76,30 @@ async def test_an_answer_the_server_gave_up_on_is_a_failure_not_an_answer(velo):
         with pytest.raises(openai.InternalServerError, match="finish_reason 'abort'"):
             await oa.chat.completions.create(model="m", messages=HI, temperature=0)
     assert _chats(fake) == 2
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_cut_structured_answer_raises_the_sdks_finish_reason_errors(velo, stream):
+    """The server does not enforce the format, so Velo repairs and checks its answer; a cut one went through that
+    check too and was a 502 ('"age" is a required property'), which the SDK retried into the same cut."""
+    url, fake = velo
+    fake.script.reply = '{"name": "Ada Lovelace", "age": 36}'
+    oa = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+
+    async def parse(**args) -> None:
+        if not stream:
+            await oa.chat.completions.parse(model="m", messages=HI, response_format=Person, **args)
+            return
+        async with oa.chat.completions.stream(model="m", messages=HI, response_format=Person, **args) as events:
+            await events.get_final_completion()
+    with pytest.raises(openai.LengthFinishReasonError):
+        await parse(max_tokens=3)
+    fake.script.finish_reason = "content_filter"
+    fake.script.reply = '{"name": "Ada'
+    with pytest.raises(openai.ContentFilterFinishReasonError):
+        await parse()

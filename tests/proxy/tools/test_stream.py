@@ -213,6 +213,21 @@ async def test_structured_output_off_schema_is_an_error() -> None:
         await _run(['{"m": 1}'], _req(format=schema))
 
 
+async def test_buffered_structured_output_cut_by_its_limit_or_a_stop_string_is_sent_as_it_came() -> None:
+    """From a backend that does not enforce the format (an OpenAI-compatible server): the cut `{"n": ` was repaired
+    into `{}` and failed the schema, a 502 the SDKs retried into the same cut, where finish reason `length` makes
+    them raise LengthFinishReasonError."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    cut = await _run(['{"n": '], _req(format=schema), finish="length")
+    assert [(c.text, c.finish_reason) for c in cut] == [('{"n": ', "length")]
+
+    async def stopped() -> AsyncIterator[Chunk]:
+        yield Chunk(text='{"')
+        yield Chunk(finish_reason="stop", stop_sequence="n")
+    out = [c async for c in repair_stream(stopped(), _req(format=schema))]
+    assert [(c.text, c.stop_sequence) for c in out] == [('{"', "n")]
+
+
 async def test_grammar_constrained_structured_output_streams_token_by_token() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     pieces = ['{"n"', ': ', '3}']
