@@ -3,12 +3,14 @@ and a backend's forced call (adapters/tool_prompt.py) constrain output to. Torch
 
 Each tool's `$defs` (or `definitions`) move to the root under a name of the tool's own, and its `$ref`s follow:
 inside the wrapper, `#/$defs/Unit` pointed at a root that no longer held it, and every tool built from pydantic
-with a nested model or an Enum (instructor's response models, pydantic-ai's tools) was a 400."""
+with a nested model or an Enum (instructor's response models, pydantic-ai's tools) was a 400. What moves loses its
+`$id`: a subschema with an `$id` is the base its refs resolve against, so `#/$defs/t0.C` inside it named nothing."""
 from __future__ import annotations
 
 from typing import Any
 
 _DEFS = ("$defs", "definitions")
+_BASE = "$id"  # a subschema's own base URI: its `#/...` refs resolve against it, not against the wrapper's root
 
 
 def tool_call_schema(tools: list[dict]) -> dict:
@@ -47,11 +49,16 @@ def _hoisted(schema: dict, prefix: str) -> tuple[dict, dict[str, Any]]:
             out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3:]}" if key else f"#/$defs/{whole}{ref[1:]}"
         return out
 
-    body = moved({k: v for k, v in schema.items() if k not in _DEFS})
-    defs = {prefix + name: moved(d) for name, d in local.items()}
+    body = moved({k: v for k, v in schema.items() if k not in _DEFS and k != _BASE})
+    defs = {prefix + name: moved(_unbased(d)) for name, d in local.items()}
     if elsewhere:
         defs[whole], body = body, {"$ref": f"#/$defs/{whole}"}
     return body, defs
+
+
+def _unbased(node: Any) -> Any:
+    """A definition without its `$id` (a `true`/`false` one as it is)."""
+    return {k: v for k, v in node.items() if k != _BASE} if isinstance(node, dict) else node
 
 
 def _refs(node: Any) -> list[str]:

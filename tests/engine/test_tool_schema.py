@@ -4,6 +4,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
+from engine.grammar import grammar_for
 from engine.tool_schema import tool_call_schema
 from tests.engine.test_constrained import FORECAST, MEASURE, WEATHER
 
@@ -43,3 +44,18 @@ def test_a_schema_whose_refs_point_into_itself_moves_whole_and_its_refs_follow()
                 {"name": "alias", "arguments": {"a": 1, "b": "two"}}):
         with pytest.raises(jsonschema.ValidationError):
             check.validate(bad)
+
+
+def test_what_moves_loses_its_id_whose_refs_would_resolve_against_it():
+    """A tool with an `$id` (TypeBox's, a published schema's) kept it inside the wrapper, where `#/$defs/t0.City`
+    resolved against that `$id`, which held no definitions: the engine's grammar was a 400 ("Pointer ... does not
+    exist") for every request offering the tool."""
+    place = {"$id": "https://example.com/place.json", "type": "object", "additionalProperties": False,
+             "$defs": {"City": {"$id": "city.json", "type": "string", "maxLength": 12}},
+             "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"]}
+    grammar_for(None, [{"name": "place", "parameters": place}], "required")
+    schema = tool_call_schema([{"name": "place", "parameters": place}])
+    check = jsonschema.Draft202012Validator(schema)
+    check.validate({"name": "place", "arguments": {"city": "Rome"}})
+    with pytest.raises(jsonschema.ValidationError):
+        check.validate({"name": "place", "arguments": {"city": "Rome, the eternal city"}})
