@@ -34,7 +34,7 @@ from engine.tokenizer import Tokenizer
 from . import chat_template, embed_shape, go_template, keep_alive, model_card, options
 from .base import Backend, BackendConfig
 from .errors import (BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, ModelNotFound,
-                     Unsupported, VeloError)
+                     Unsupported, UnusableFormat, VeloError)
 from .model_file import model_file
 from .openai_compat import as_chat
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
@@ -105,7 +105,9 @@ def _grammar(fmt: Any, tools: list[dict] | None = None, tool_choice: Any = None)
     try:
         return grammar_for(fmt, tools, tool_choice)
     except ValueError as exc:  # named for what the client wrote wrong: a tool's schema where no format was asked
-        raise BadRequest(str(exc), param="format" if fmt is not None or not tools else "tools") from exc
+        if fmt is not None or not tools:
+            raise UnusableFormat(str(exc)) from exc
+        raise BadRequest(str(exc), param="tools") from exc
 
 
 def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:

@@ -34,6 +34,14 @@ class BadRequest(VeloError):
     kind = "invalid_request_error"
 
 
+class UnusableFormat(BadRequest):
+    """The output format's JSON Schema cannot be used (no output matches it, it does not compile): each dialect names
+    its own field for it (Ollama's `format`, OpenAI chat's `response_format`, the Responses API's `text`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="format")
+
+
 class Unauthorized(VeloError):
     status = 401
     kind = "authentication_error"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.grammar import grammar_for
 
-from .errors import BadRequest
+from .errors import BadRequest, UnusableFormat
 from .per_schema import PerSchema
 from .protocol import OutputFormat, Tool
 
@@ -16,10 +16,10 @@ _UNSATISFIABLE = "Unsatisfiable schema"  # llguidance's words for a schema no va
 
 
 async def check_format(fmt: OutputFormat) -> None:
-    """BadRequest (param `format`) when `fmt` is a JSON Schema no output can match; a large one is compiled off the
+    """UnusableFormat when `fmt` is a JSON Schema no output can match; a large one is compiled off the
     event loop (PerSchema.off_loop)."""
     if isinstance(fmt, dict) and (why := await _unsatisfiable.off_loop(fmt)):
-        raise BadRequest(why, param="format")
+        raise UnusableFormat(why)
 
 
 async def check_tools(tools: list[Tool]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import orjson
 
 from adapters import model_card, options
-from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, VeloError
+from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, UnusableFormat, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
 
@@ -567,10 +567,17 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
     return obj | ({"meta": {k: v for k, v in meta.items() if v}} if info.context_length else {})
 
 
+# Where each OpenAI dialect's request holds the output schema (UnusableFormat names Ollama's `format`)
+_FORMAT_PARAM = {"openai": "response_format", "responses": "text"}
+
+
 def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
     """OpenAI's error object: `code` is a string or null, never a number (SDKs and agents test it by value). A
-    context overflow is worded as OpenAI words it, which is what agents look for before they compact."""
+    context overflow is worded as OpenAI words it, which is what agents look for before they compact; `param`
+    names the request's own field."""
     message, kind, param = err.message, err.kind, err.param
+    if isinstance(err, UnusableFormat):
+        param = _FORMAT_PARAM.get(dialect, param)
     if isinstance(err, ContextOverflow) and dialect == "responses":
         message, param = _RESPONSES_OVERFLOW, "input"
     elif isinstance(err, ContextOverflow):

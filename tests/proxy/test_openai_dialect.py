@@ -128,30 +128,35 @@ _NO_CALL = {"type": "object", "properties": {"code": {"type": "string", "minLeng
             "required": ["code"]}
 
 
-@pytest.mark.parametrize("path, body", [
+@pytest.mark.parametrize("path, body, param", [
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
         "type": "object", "properties": {"code": {"type": "string", "minLength": 5, "maxLength": 2}},
-        "required": ["code"]}}}}),
-    ("/api/chat", {"format": {"type": "string", "minLength": 5, "maxLength": 2}, "stream": False}),
+        "required": ["code"]}}}}, "response_format"),
+    ("/api/chat", {"format": {"type": "string", "minLength": 5, "maxLength": 2}, "stream": False}, None),
     ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "s", "schema": {
-        "type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 1}}, "required": ["n"]}}}}),
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 1}}, "required": ["n"]}}}},
+     "text"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}],
-                              "tool_choice": "required"}),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}]}),
+                              "tool_choice": "required"}, "tools"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}]},
+     "tools"),
     ("/api/chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": _NO_CALL}}],
-                   "stream": False}),
+                   "stream": False}, None),
     ("/v1/responses", {"tools": [{"type": "function", "name": "f", "parameters": _NO_CALL, "strict": True}],
-                       "tool_choice": "required"}),
+                       "tool_choice": "required"}, "tools"),
     ("/v1/messages", {"max_tokens": 10, "tools": [{"name": "f", "input_schema": _NO_CALL}],
-                      "tool_choice": {"type": "tool", "name": "f"}}),
+                      "tool_choice": {"type": "tool", "name": "f"}}, None),
 ])
-async def test_a_schema_no_output_can_match_is_a_400_before_any_backend_gets_it(client, scripted, path, body):
+async def test_a_schema_no_output_can_match_is_a_400_before_any_backend_gets_it(client, scripted, path, body, param):
     """Velo's engine said 400; llama-server grew by 0.5 GB a second building a grammar for it while the client
     waited for a 504, which the SDKs retried. A tool's parameters alike: llama-server builds a call's grammar from
-    them, and a forced call of one no arguments can match killed it (the 502 of a closed connection, then 503s)."""
+    them, and a forced call of one no arguments can match killed it (the 502 of a closed connection, then 503s). The
+    OpenAI error names the request's own field (it named Ollama's `format`)."""
     messages = {"input": "x"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "x"}]}
     resp = await client.post(path, json={"model": "tiny", **messages, **body})
     assert resp.status == 400 and "Unsatisfiable schema" in await resp.text() and scripted.requests == []
+    if param is not None:
+        assert (await resp.json())["error"]["param"] == param
 
 
 async def test_completions_fim_and_stream(base_url, scripted: ScriptedBackend):
