@@ -55,7 +55,7 @@ async def test_a_redis_down_or_hung_costs_no_answer_and_reads_say_so(client, bas
         with pytest.raises(openai.InternalServerError) as e:
             await read()
         assert e.value.status_code == 503 and "redis is unavailable" in e.value.message
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 4.5  # hung, the first store alone waited 5 s before
     assert "stored responses: redis failed on put" in caplog.text
     client.server.app[RESPONSES].tiers.remove(down)
     await down.close()
