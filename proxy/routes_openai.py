@@ -12,7 +12,7 @@ from adapters.protocol import Chunk, Usage, aggregate
 
 from .auth import CALLER
 from .dialects import SSE_KEEPALIVE, openai
-from .http_io import SSE_DONE, job_for, json_response, read_json, sse, write_stream
+from .http_io import SSE_DONE, ignored_tools_header, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Parts, Request
 from .state import PIPELINE
 from .stream_ends import as_streamed
@@ -23,12 +23,14 @@ from .token_count import estimate
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, functions = openai.parse_chat(body), openai.legacy_functions(body)
+    ignored = ignored_tools_header(openai.hosted_tools(body))
     jobs = _parts(_choices(request, req, body))
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("chatcmpl")
     if not req.stream:
         choices = [aggregate(c) for c in await collect_each(streams)]
-        return json_response(openai.chat_completion(ids, req.model, choices, functions), headers=_headers(jobs))
+        return json_response(openai.chat_completion(ids, req.model, choices, functions),
+                             headers={**_headers(jobs), **ignored})
     calls_sent = [0] * len(streams)
 
     def shape(i: int, chunk: Chunk) -> dict:
@@ -38,7 +40,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     return await _sse(request, jobs, streams, shape,
                       openai.stream_options_usage(body), ids, req.model, "chat.completion.chunk", opening=True,
-                      n=len(jobs))
+                      n=len(jobs), headers=ignored)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -113,8 +115,9 @@ def _headers(jobs: list[Job]) -> dict[str, str]:
 
 async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterator[Chunk]],
                shape: Callable[[int, Chunk], dict], include_usage: bool, ids: openai.ChatIds, model_name: str,
-               obj: str, opening: bool, n: int) -> web.StreamResponse:
-    """`n`: choices per prompt (a completions batch has several prompts), for the usage chunk."""
+               obj: str, opening: bool, n: int, headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """`n`: choices per prompt (a completions batch has several prompts), for the usage chunk; `headers`: the
+    response's own besides the jobs'."""
     usages: list[tuple[int, Usage]] = []
 
     async def finish() -> bytes:
@@ -141,7 +144,8 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
         unfinished -= item[1].finish_reason is not None
         return unfinished == 0
     return await write_stream(request, merge([as_streamed(s) for s in streams]), encode,
-                              lambda e: sse(openai.error_object(e)), "text/event-stream", lambda: _headers(jobs),
+                              lambda e: sse(openai.error_object(e)), "text/event-stream",
+                              lambda: {**_headers(jobs), **(headers or {})},
                               SSE_DONE, finish, heartbeat=(0, Chunk(heartbeat=True)), ends=ends)
 
 

@@ -269,6 +269,13 @@ def _text_only(body: dict[str, Any]) -> None:
         raise BadRequest("audio output is not supported: the models Velo serves write text", param="modalities")
 
 
+def hosted_tools(body: dict[str, Any]) -> list[str]:
+    """The vendor-hosted tools a chat request asks for, named for X-Velo-Tools-Ignored: `web_search_options` (OpenAI's
+    search models search the web before answering) needs OpenAI's servers, as the Responses API's `web_search` tool
+    does; it was dropped without a word, and the answer passed for a searched one."""
+    return ["web_search"] if get(body, "web_search_options", dict) is not None else []
+
+
 def _n(body: dict[str, Any]) -> int:
     n = get(body, "n", int, 1)
     if not 1 <= n <= 16:

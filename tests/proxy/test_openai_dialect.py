@@ -386,6 +386,23 @@ async def test_bad_input_gets_openai_error(client, scripted, body, fragment, par
     assert scripted.requests == []
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_web_search_options_are_named_as_ignored(client, scripted, stream):
+    """Chat's hosted web search (`web_search_options`, OpenAI's search models) runs on no backend here: the answer
+    comes from the model alone, so the header says so, as it says of the Responses API's `web_search` tool (it went
+    without a word)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": stream,
+            "web_search_options": {"search_context_size": "low"}}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200 and resp.headers["X-Velo-Tools-Ignored"] == "web_search"
+    await resp.read()
+    resp = await client.post("/v1/chat/completions", json={**body, "web_search_options": None})
+    assert resp.status == 200 and "X-Velo-Tools-Ignored" not in resp.headers
+    resp = await client.post("/v1/chat/completions", json={**body, "web_search_options": "on"})
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["param"] == "web_search_options"
+
+
 async def test_developer_is_the_system_prompt_and_function_a_tool_answer(client, scripted):
     """`developer` (o1 and later, what new SDK code sends) reaches the template as the system prompt it is, as the
     Responses API has it; the legacy `function` role is a tool's answer under its `name`."""
