@@ -284,11 +284,17 @@ def _n(body: dict[str, Any]) -> int:
 
 
 def _stream(body: dict[str, Any]) -> bool:
-    """`stream`, and OpenAI's 400 for `stream_options` on an answer that is not streamed."""
+    """`stream`, and OpenAI's 400s for `stream_options` on an answer that is not streamed and for one that is no
+    object of flags (`include_usage: "false"` asked for the usage chunk)."""
     stream = get(body, "stream", bool, False)
-    if body.get("stream_options") is not None and not stream:
+    opts = get(body, "stream_options", dict)
+    if opts is not None and not stream:
         raise BadRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                          param="stream_options")
+    for flag in ("include_usage", "include_obfuscation"):
+        if opts and opts.get(flag) is not None and not isinstance(opts[flag], bool):
+            raise BadRequest(f"stream_options.{flag} must be a boolean, got {type(opts[flag]).__name__}",
+                             param=f"stream_options.{flag}")
     return stream
 
 

@@ -356,6 +356,11 @@ async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client
      "messages"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
      "only allowed when 'stream' is enabled", "stream_options"),
+    # a string read as a flag: "false" asked for the usage chunk, and a string as the object was passed over
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": True,
+      "stream_options": {"include_usage": "false"}}, "must be a boolean", "stream_options.include_usage"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": True, "stream_options": "usage"},
+     "stream_options must be an object", "stream_options"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 2.5}, "temperature",
      "temperature"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"],
