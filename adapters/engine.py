@@ -49,28 +49,10 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
     """Velo's options as engine knobs (each dialect's defaults are filled in by the resolve stage, the engine's own
     are plain sampling); unset or negative max_tokens (Ollama's -1/-2) means up to the context."""
-    knobs = _as_llama_reads(options.write("engine", o))
+    knobs = options.as_llama_reads(options.write("engine", o))
     if knobs.get("max_tokens") is None or knobs["max_tokens"] < 1:
         knobs["max_tokens"] = max_context
     return SamplingParams(logprobs=o.logprobs, top_logprobs=o.top_logprobs or 0, **knobs)
-
-
-def _as_llama_reads(knobs: dict[str, Any]) -> dict[str, Any]:
-    """Knobs outside the engine's ranges as llama.cpp's sampler reads them (Ollama passes any value to it, and so
-    does its dialect; the others' bounds are checked as their APIs check them): a temperature below 0, a top_p at or
-    below 0 or a min_p above 1 keeps only the likeliest token (greedy); a top_p above 1 or a min_p below 0 is off.
-    A repeat penalty at or below 0 is off too: llama.cpp divides by it (a seen token's logit became +inf, and every
-    logprob NaN), and Ollama's own engine has no repeat penalty, so such a client meant "none"."""
-    t, p, m, r = knobs.get("temperature"), knobs.get("top_p"), knobs.get("min_p"), knobs.get("repetition_penalty")
-    if r is not None and r <= 0:
-        knobs["repetition_penalty"] = 1.0
-    if (t is not None and t < 0) or (p is not None and p <= 0) or (m is not None and m > 1):
-        knobs["temperature"] = 0.0
-    if p is not None and not 0 < p <= 1:
-        knobs["top_p"] = 1.0
-    if m is not None and not 0 <= m <= 1:
-        knobs["min_p"] = 0.0
-    return knobs
 
 
 def _embed_window(context: int, opts: dict[str, Any]) -> int:

@@ -80,7 +80,7 @@ def messages_to_wire(messages: list[Message]) -> list[dict[str, Any]]:
 
 def _with_common(body: dict[str, Any], sampling: SamplingOptions, fmt: OutputFormat, stream: bool,
                  n: int) -> dict[str, Any]:
-    body.update(options.write("openai", sampling), stream=stream)
+    body.update(options.as_llama_reads(options.write("openai", sampling)), stream=stream)
     if stream:
         body["stream_options"] = {"include_usage": True}
     if (rf := format_to_wire(fmt)) is not None:

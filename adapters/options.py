@@ -134,6 +134,25 @@ def write(wire: str, opts: SamplingOptions) -> dict[str, Any]:
     return out
 
 
+def as_llama_reads(knobs: dict[str, Any]) -> dict[str, Any]:
+    """Knobs (by the engine's names, which the OpenAI wire shares for these four) outside the ranges the engine, vLLM
+    and SGLang take, as llama.cpp's sampler reads them (Ollama passes any value to it, and so does its dialect; OpenAI
+    takes a top_p of 0, which vLLM and SGLang answered with a 400): a temperature below 0, a top_p at or below 0 or a
+    min_p above 1 keeps only the likeliest token (greedy); a top_p above 1 or a min_p below 0 is off. A repeat penalty
+    at or below 0 is off too: llama.cpp divides by it (a seen token's logit became +inf, and every logprob NaN), and
+    Ollama's own engine has no repeat penalty, so such a client meant "none"."""
+    t, p, m, r = knobs.get("temperature"), knobs.get("top_p"), knobs.get("min_p"), knobs.get("repetition_penalty")
+    if r is not None and r <= 0:
+        knobs["repetition_penalty"] = 1.0
+    if (t is not None and t < 0) or (p is not None and p <= 0) or (m is not None and m > 1):
+        knobs["temperature"] = 0.0
+    if p is not None and not 0 < p <= 1:
+        knobs["top_p"] = 1.0
+    if m is not None and not 0 <= m <= 1:
+        knobs["min_p"] = 0.0
+    return knobs
+
+
 def _on_wire(knob: Knob, wire: str, value: Any) -> Any:
     if knob.kind is list:
         return list(value)

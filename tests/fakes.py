@@ -431,9 +431,12 @@ class FakeOpenAI(FakeServer):
                                   "tokens": [], "token_strs": None})
 
     def _unknown(self, body: dict[str, Any]) -> web.Response | None:
-        if body.get("model") in self.models:
-            return None
-        return self.error(404, f"The model `{body.get('model')}` does not exist")
+        if body.get("model") not in self.models:
+            return self.error(404, f"The model `{body.get('model')}` does not exist")
+        top_p = body.get("top_p")  # vLLM's SamplingParams._verify_args (SGLang's too), before greedy resets it
+        if top_p is not None and not 0 < top_p <= 1:
+            return self.error(400, f"top_p must be in (0, 1], got {float(top_p)}.")
+        return None
 
     def _words(self, body: dict[str, Any]) -> tuple[list[str], str, str | None]:
         """The reply's words, why they end, and the stop string that ended them: cut before the first of the

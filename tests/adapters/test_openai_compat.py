@@ -61,6 +61,25 @@ async def test_sampling_format_and_n_on_the_wire(backend, openai_fake):
     assert out.finish_reason == "length" and out.usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize("top_p", [0, 0.0])
+async def test_a_top_p_of_0_goes_out_as_greedy_decoding(backend, openai_fake, top_p):
+    """OpenAI takes top_p 0 (the likeliest token alone), vLLM and SGLang refuse it (top_p must be in (0, 1]): sent
+    as it was, an answer OpenAI gives was their 400. Greedy decoding is what it asks for."""
+    opts = SamplingOptions(top_p=top_p, temperature=0.7, max_tokens=2)
+    out = aggregate(await collect(backend.chat(chat(options=opts))))
+    sent = openai_fake.last("/v1/chat/completions")
+    assert (sent["temperature"], sent["top_p"], out.finish_reason) == (0, 1, "length")
+    await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Hi", raw=True, options=opts)))
+    sent = openai_fake.last("/v1/completions")
+    assert (sent["temperature"], sent["top_p"]) == (0, 1)
+    await collect(backend.chat(chat(options=SamplingOptions(top_p=0.5))))
+    assert openai_fake.last("/v1/chat/completions")["top_p"] == 0.5
+    # the Ollama dialect's values past vLLM's other bounds, read as llama.cpp (Ollama) reads them, as the engine does
+    await collect(backend.chat(chat(options=SamplingOptions(temperature=-1, min_p=2, repeat_penalty=0))))
+    sent = openai_fake.last("/v1/chat/completions")
+    assert (sent["temperature"], sent["min_p"], sent["repetition_penalty"]) == (0, 0, 1)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 async def test_tool_calls_round_trip(backend, openai_fake, stream):
     openai_fake.script.reply = ""
