@@ -100,7 +100,7 @@ def _choices(request: web.Request, req: Request, body: dict[str, Any]) -> list[J
         seed = req.options.seed
         if i == 0 or seed is None:
             return req if req.n == 1 else replace(req, n=1)
-        seed = seed + i if seed + i < 2**64 else seed + i - 2**64  # JSON encoders stop at unsigned 64 bits
+        seed = (seed + i) % 2**63  # signed 64 bits, as OpenAI's and vLLM's seed is (vLLM refused 2**63 with a 400)
         return replace(req, n=1, options=replace(req.options, seed=seed))
     return [job_for(request, nth(i), body) for i in range(req.n)]
 

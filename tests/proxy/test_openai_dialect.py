@@ -95,6 +95,15 @@ async def test_n_choices_and_multimodal_parts(base_url, scripted: ScriptedBacken
     assert {r.options.seed for r in scripted.requests} == {1, 2}
 
 
+async def test_the_choices_seeds_stay_signed_64_bit_integers(base_url, scripted: ScriptedBackend):
+    """OpenAI's seed and vLLM's (Field(le=2**63 - 1)) are signed 64-bit integers: `seed=sys.maxsize, n=2` gave the
+    second choice 2**63, which vLLM refuses with a 400, so the request OpenAI answers failed. Each choice's seed wraps
+    within them."""
+    await _client(base_url).chat.completions.create(model="tiny", n=3, seed=2**63 - 2,
+                                                    messages=[{"role": "user", "content": "hi"}])
+    assert sorted(r.options.seed for r in scripted.requests) == [0, 2**63 - 2, 2**63 - 1]
+
+
 async def test_assistant_tool_history_is_parsed(client, scripted: ScriptedBackend):
     messages = [{"role": "user", "content": "x"},
                 {"role": "assistant", "content": None, "tool_calls": [
