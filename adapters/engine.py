@@ -393,8 +393,9 @@ class EngineBackend(Backend):
     async def _timed(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """The engine's outputs under the timeouts every backend has: the first token within `first_token_timeout`
         (a request queued for KV memory; each chunk of a long prompt read starts that wait again, as llama-server's
-        progress reports do), each next within `idle_timeout`, the whole within `total_timeout`; they were
-        unbounded here. Only the wait for the engine is timed, never the client's."""
+        progress reports do), each next within `idle_timeout` (or `first_token_timeout` again after it was preempted:
+        it is queued for KV memory again, which a busy engine's long answers may free only minutes later), the whole
+        within `total_timeout`; they were unbounded here. Only the wait for the engine is timed, never the client's."""
         cfg, loop = self.config, asyncio.get_running_loop()
         end = loop.time() + cfg.total_timeout
         wait, what = cfg.first_token_timeout, f"sent no first token within {cfg.first_token_timeout:g}s"
@@ -410,7 +411,10 @@ class EngineBackend(Backend):
             except TimeoutError as e:
                 raise BackendTimeout(f"backend {self.name!r} {why}") from e
             yield out
-            if not out.progress:
+            if out.requeued:  # preempted for KV memory: it waits for others to free some, as before its first token
+                wait = cfg.first_token_timeout
+                what = f"sent no token within {cfg.first_token_timeout:g}s of being set back for KV memory"
+            elif not out.progress:
                 wait, what = cfg.idle_timeout, f"sent no token for {cfg.idle_timeout:g}s"
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:

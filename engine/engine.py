@@ -225,6 +225,8 @@ class LLMEngine:
         drafts = self._propose()
         plan = self.scheduler.schedule({sid: d.tokens for sid, d in drafts.items()})
         self._stats["preemptions"] += len(plan.preempted)
+        for seq in plan.preempted:
+            seq.request.requeue(seq)
         if not plan.is_empty:
             logits = self.runner.execute(_step_inputs(plan), plan.copies)
             samples = self._sample(plan.sampling, logits, drafts)

@@ -33,10 +33,12 @@ class RequestOutput:
     logprobs: list[dict] | None = None
     stop_string: str | None = None  # the stop string that ended the request, on its last output
     extra: dict = field(default_factory=dict)
+    requeued: bool = False  # preempted for KV memory: queued again, to read its whole sequence again once admitted
 
     @property
     def progress(self) -> bool:
-        """Only a report of progress through the prompt (RequestState.progress): no text, no token, no end."""
+        """Only a report of progress through the prompt (RequestState.progress, or a requeue): no text, no token, no
+        end."""
         return not (self.token_ids or self.text or self.finished)
 
 
@@ -125,6 +127,13 @@ class RequestState:
         if not self.done:
             self._send(RequestOutput(seq.seq_id, "", [], num_prompt_tokens=seq.num_prompt_tokens,
                                      num_cached_tokens=seq.num_cached_prompt))
+
+    def requeue(self, seq: Sequence) -> None:
+        """Preempted: an output that says so, since its next token waits for others to free KV memory, as a first
+        token waits to be admitted (the engine backend's first_token_timeout, not its idle_timeout)."""
+        if not self.done:
+            self._send(RequestOutput(seq.seq_id, "", [], num_prompt_tokens=seq.num_prompt_tokens,
+                                     num_cached_tokens=seq.num_cached_prompt, requeued=True))
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End without a new token (abort): flush what is held back."""

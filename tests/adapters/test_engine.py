@@ -489,6 +489,37 @@ async def test_the_engine_answers_under_the_timeouts_every_backend_has(model_dir
         await b.close()
 
 
+async def test_a_request_preempted_for_kv_memory_waits_under_the_first_token_timeout(model_dir):
+    """Two answers in a KV pool that holds 1.2 of them: the newer is preempted and waits for the other to finish.
+    It was held to idle_timeout meanwhile, as if the engine had stalled: a 504 "sent no token for 0.5s" after 281
+    of its tokens, while the engine ran the other answer (the same on a CPU with the default 60 s and answers that
+    take minutes)."""
+    def engine(kv_memory: int) -> EngineBackend:
+        return EngineBackend(BackendConfig(name="engine", kind="engine", first_token_timeout=60, idle_timeout=0.3,
+                                           options={"model": model_dir, "name": NAME, "progress": False,
+                                                    "block_size": 4, "kv_memory": kv_memory, "dtype": "float32"}))
+    probe = engine(8 * 2**20)
+    await probe.start()
+    slot = probe.engine.runner.kv[:, :, 0].numel() * probe.engine.runner.kv.element_size()
+    await probe.close()
+    b = engine(slot * 4 * 150)  # 600 tokens
+    await b.start()
+    execute = b.engine.runner.execute
+
+    def paced(*args, **kw):  # a step of 5 ms or more: the other answer's last ~200 steps take over a second
+        time.sleep(0.005)
+        return execute(*args, **kw)
+    b.engine.runner.execute = paced
+    try:
+        eos = b.engine.tokenizer.eos_token_ids[0]
+        answers = await asyncio.gather(*(collect(b.chat(chat(f"hi {i}", max_tokens=480, temperature=0,
+                                                                  logit_bias={eos: -100.0}))) for i in range(2)))
+        assert [aggregate(a).usage.completion_tokens for a in answers] == [480, 480]
+        assert b.engine.metrics()["preemptions"] > 0
+    finally:
+        await b.close()
+
+
 async def test_unloading_the_model_gives_its_memory_back_once_the_engine_is_gone(model_dir, monkeypatch):
     """keep_alive and config reloads unload and load the model again: glibc kept what each copy freed, ~300 MB more
     resident after each cycle of SmolLM2 (696 -> 1,051 -> 1,363 MB); engine/heap.py gives it back, which only works
