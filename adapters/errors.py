@@ -78,6 +78,7 @@ class ModelLacks(BadRequest):
 
     def __init__(self, model: str, feature: str):
         super().__init__(f'"{model}" does not support {feature}', param="model")
+        self.feature = feature  # a dialect names the field that asked for it (proxy/dialects/openai.py)
 
 
 class NotFound(VeloError):

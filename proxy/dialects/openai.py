@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import orjson
 
 from adapters import model_card, options
-from adapters.errors import BadRequest, ContextOverflow, ModelNotFound, UnusableFormat, VeloError
+from adapters.errors import BadRequest, ContextOverflow, ModelLacks, ModelNotFound, UnusableFormat, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
 
@@ -582,6 +582,10 @@ def model_object(info: ModelInfo) -> dict[str, Any]:
 
 # Where each OpenAI dialect's request holds the output schema (UnusableFormat names Ollama's `format`)
 _FORMAT_PARAM = {"openai": "response_format", "responses": "text"}
+# The field that asked a model for what it lacks (ModelLacks names `model`, as Ollama words it), where OpenAI's API
+# names it: "Unsupported parameter: 'reasoning_effort' is not supported with this model."
+_LACKS_PARAM = {("openai", "thinking"): "reasoning_effort", ("responses", "thinking"): "reasoning",
+                ("openai", "insert"): "suffix"}
 
 
 def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
@@ -591,6 +595,8 @@ def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
     message, kind, param = err.message, err.kind, err.param
     if isinstance(err, UnusableFormat):
         param = _FORMAT_PARAM.get(dialect, param)
+    elif isinstance(err, ModelLacks):
+        param = _LACKS_PARAM.get((dialect, err.feature), param)
     if isinstance(err, ContextOverflow) and dialect == "responses":
         message, param = _RESPONSES_OVERFLOW, "input"
     elif isinstance(err, ContextOverflow):

@@ -309,6 +309,15 @@ async def test_thinking_on_a_model_that_cannot_think(velo, path, body, strict):
         assert resp.status == 200 and backend.requests[0].think is None
 
 
+async def test_reasoning_effort_on_a_model_that_cannot_think_is_the_400_naming_it(velo):
+    """OpenAI's error names the field it refuses; the error every dialect shares named `model`."""
+    c, _ = await velo(capabilities=("completion", "tools"))
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "reasoning_effort": "high",
+                                                      "messages": [{"role": "user", "content": "hi"}]})
+    err = (await resp.json())["error"]
+    assert resp.status == 400 and err["param"] == "reasoning_effort" and "does not support thinking" in err["message"]
+
+
 PNG = "iVBORw0KGgo="  # base64 of a PNG signature: the scripted model never decodes it
 READ_A_PICTURE = {"max_tokens": 9, "messages": [  # Claude Code's Read of an image file
     {"role": "user", "content": "read cat.png"},
