@@ -171,7 +171,8 @@ class Router:
             if info.name not in seen:
                 seen[info.name] = replace(info, backend=backend)
         for alias, target in self.config.aliases.items():
-            base = seen.get(target.partition(":")[2] or target)
+            backend, sep, name = target.partition(":")  # as `resolve` reads it: "smollm2:135m" is a model's name
+            base = by_spelling(seen, name if sep and backend in self.backends else target)
             seen.setdefault(alias, self._own(base, alias) if base else ModelInfo(name=alias))
         folded: dict[str, list[str]] = {}  # presets match names whatever their case (proxy/presets.py)
         for name in seen:

@@ -115,6 +115,20 @@ async def test_aliases_are_listed():
     assert "gpt-4o" in {m.name for m in await router.list_models()}
 
 
+async def test_an_alias_is_listed_as_the_model_it_names():
+    """A target may be a model's name as clients send it ("smollm2:135m", "llama3"), as `resolve` reads it: such an
+    alias was listed as no model (the name after the colon, "latest", or one spelling only, was looked up): no
+    family, no window, Velo's default capabilities and a 1970 date in /api/tags, where /api/show gave its model's."""
+    router, a, b = _router(aliases={"fast": "llama3", "mini": "shared:latest", "coder": "b:qwen-coder"})
+    a.capabilities = ["completion", "vision"]
+    listed = {m.name: m for m in await router.list_models()}
+    for alias, target in (("fast", "llama3:latest"), ("mini", "shared:latest"), ("coder", "qwen-coder")):
+        shown, model = listed[alias], listed[target]
+        assert (shown.family, shown.context_length, shown.capabilities, shown.modified_at, shown.backend) == (
+            model.family, model.context_length, model.capabilities, model.modified_at, model.backend), alias
+    assert listed["fast"].capabilities == ["completion", "vision"] and listed["fast"].family == "llama"
+
+
 async def test_a_name_with_settings_of_its_own_has_a_digest_of_its_own(tmp_path):
     """llm-ollama keeps one name per digest: a preset and an alias with a [models] table shared their base's, and
     llm ran the base model without the preset's system prompt or the alias's options. A plain alias is a copy
