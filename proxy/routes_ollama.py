@@ -58,14 +58,17 @@ async def show(request: web.Request) -> web.Response:
             raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
     info = replace(info, name=name)  # a copy: a backend may hand out its own card (the engine's, once unloaded)
     preset = router.presets.get(name)
-    shown = ollama.show_object(_as_asked(preset.shown(info) if preset else info, body))
+    model = preset.shown(info) if preset else info
+    # `parameters` are the model's own (Ollama's ShowHandler lists them before it applies the request's options):
+    # `ollama run`'s /show parameters prints them as "Model defined", the session's /set ones after them
+    shown = ollama.show_object(_as_asked(model, body)) | {"parameters": model.parameters}
     # a preset's conversation, which `ollama run` prints before its prompt
     return json_response({**shown, "messages": preset.messages} if preset and preset.messages else shown)
 
 
 def _as_asked(info: ModelInfo, body: dict[str, Any]) -> ModelInfo:
-    """With the request's own `system` and `options` over the model's, as Ollama shows them: `ollama run` sends the
-    session's `/set system` and `/set parameter` with its `/show modelfile` and `/show info`."""
+    """With the request's own `system` and `options` over the model's, as Ollama shows them in its Modelfile:
+    `ollama run` sends the session's `/set system` and `/set parameter` with its `/show modelfile`."""
     system, options = get(body, "system", str), get(body, "options", dict)
     return replace(info, system=system or info.system,
                    parameters=parameters_over(info.parameters, options) if options else info.parameters)

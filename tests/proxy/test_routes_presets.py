@@ -182,16 +182,21 @@ async def test_showing_a_copy_leaves_the_models_own_name(oll, scripted: OneCard)
     assert await names(oll) == {"tiny:latest", "mycopy:latest"}
 
 
-async def test_show_applies_the_requests_own_system_and_options(base_url):
-    """`ollama run`'s /show modelfile sends the session's /set system and /set parameter along, as Ollama shows them."""
+async def test_show_applies_the_requests_own_system_and_options(oll, base_url):
+    """`ollama run`'s /show modelfile sends the session's /set system and /set parameter along, as Ollama shows them
+    in its Modelfile; `parameters` stay the model's own, which /show parameters prints as "Model defined" before the
+    session's (Ollama's ShowHandler lists them before it applies the request's options: a /set temperature was
+    printed under both)."""
+    await oll.create("warm", from_="tiny", parameters={"top_k": 7})
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{base_url}/api/show", json={"model": "tiny", "system": "Talk like a pirate.",
+        async with http.post(f"{base_url}/api/show", json={"model": "warm", "system": "Talk like a pirate.",
                                                            "options": {"temperature": 0.3}}) as resp:
             shown = await resp.json()
         async with http.post(f"{base_url}/api/show", json={"model": "tiny"}) as resp:
             plain = await resp.json()
     assert shown["system"] == "Talk like a pirate." and 'SYSTEM """Talk like a pirate."""' in shown["modelfile"]
-    assert "temperature" in shown["parameters"] and "PARAMETER temperature" in shown["modelfile"]
+    assert "PARAMETER temperature" in shown["modelfile"] and "PARAMETER top_k" in shown["modelfile"]
+    assert shown["parameters"] == "top_k                          7"
     assert "system" not in plain and "temperature" not in plain.get("parameters", "")
 
 
