@@ -274,7 +274,7 @@ class ModelInfo:
     capabilities: list[str] = field(default_factory=lambda: ["completion"])
     template: str = ""
     parameters: str = ""
-    system: str = ""  # a preset's system prompt (Ollama's SYSTEM)
+    system: str = ""  # its system prompt (Ollama's SYSTEM: an Ollama model's own, a preset's)
     model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
     file: str = ""  # the model file, when it is on this machine: the Modelfile's FROM, as Ollama names its blob
     # the server's own names for the model (llama-server's alias and model path), which clients moved over from it

@@ -80,10 +80,11 @@ class Preset:
                 "messages": self.messages}
 
     def shown(self, base: ModelInfo) -> ModelInfo:
-        """The base model as /api/show describes this preset, as Ollama shows a created model: its system prompt,
-        its template, its parameters over the base's, its time."""
+        """The base model as /api/show describes this preset, as Ollama shows a created model: its system prompt
+        (else the base's, which an Ollama backend applies where the preset sends none), its template, its parameters
+        over the base's, its time."""
         template = self.template if self.template is not None else base.template
-        return replace(base, system=self.system or "", template=template,
+        return replace(base, system=self.system or base.system, template=template,
                        parameters=parameters_over(base.parameters, self.parameters), modified_at=self.modified_at)
 
     def over(self, older: "Preset") -> "Preset":

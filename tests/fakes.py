@@ -184,6 +184,7 @@ class FakeModel:
     context_length: int = 8192
     capabilities: list[str] = field(default_factory=lambda: ["completion", "tools", "insert"])
     size: int = 98_000_000
+    system: str = ""  # its Modelfile's SYSTEM (a CreateRequest's `system`)
 
     @property
     def digest(self) -> str:
@@ -236,15 +237,17 @@ class OllamaDouble(FakeServer):
         name = body.get("model") or body.get("name", "")  # older clients send "name"
         if (m := self.models.get(name)) is None:
             return self._missing(name)
-        # api.md "Show Model Information" (+ `capabilities`, which current servers add).
+        # api.md "Show Model Information" (+ `capabilities`, which current servers add; `system`, omitempty).
+        system = f'SYSTEM """{m.system}"""\n' if m.system else ""
         return web.json_response({
-            "modelfile": f"FROM {name}\nPARAMETER num_ctx {m.context_length}",
+            "modelfile": f"FROM {name}\n{system}PARAMETER num_ctx {m.context_length}",
             "parameters": 'stop                           "<|im_end|>"',
             "template": "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
                         "<|im_start|>user\n{{ .Prompt }}<|im_end|>\n<|im_start|>assistant\n",
             "details": m.details, "capabilities": m.capabilities, "modified_at": "2025-01-01T00:00:00Z",
             "model_info": {"general.architecture": m.family, "general.parameter_count": 134_515_008,
-                           f"{m.family}.context_length": m.context_length, f"{m.family}.embedding_length": 576}})
+                           f"{m.family}.context_length": m.context_length, f"{m.family}.embedding_length": 576},
+            **({"system": m.system} if m.system else {})})
 
     async def ps(self, request: web.Request) -> web.Response:
         # api.md "List Running Models" (+ `context_length` from the client's ProcessResponse).
@@ -367,8 +370,9 @@ class OllamaDouble(FakeServer):
             {"status": "verifying sha256 digest"}, {"status": "writing manifest"}, {"status": "success"}])
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        name = (await request.json()).get("model", "")
-        self.models[name] = FakeModel(name)  # api.md "Create a Model" status lines
+        body = await request.json()
+        name = body.get("model", "")
+        self.models[name] = FakeModel(name, system=body.get("system") or "")  # api.md "Create a Model" status lines
         return await self._progress(request, [{"status": "reading model metadata"},
                                               {"status": "writing manifest"}, {"status": "success"}])
 

@@ -267,6 +267,25 @@ async def test_with_an_ollama_backend_a_preset_is_velos_own(tmp_path):
             assert set(up.models) == before and not [r for r in up.requests if r.path == "/api/pull"]
 
 
+async def test_show_gives_an_ollama_models_own_system_prompt(tmp_path):
+    """A model made on Ollama with a SYSTEM (`ollama create` there) lost it through Velo: no `system` and no SYSTEM
+    line in /api/show (`ollama show --system`, `--modelfile`), though Ollama applies it to every chat; a preset over
+    it without a system prompt of its own, whose chats Ollama answers with it too, showed none either."""
+    from adapters.base import BackendConfig
+    from tests.fakes import OllamaDouble
+    async with OllamaDouble(models=["llama3:latest"]) as up:
+        up.models["llama3:latest"].system = "You are a llama."
+        config = Config(backends=[BackendConfig(name="o", kind="ollama", urls=[up.url])], default_backend="o",
+                        presets=PresetsConfig(path=str(tmp_path / "presets.json")))
+        async with TestClient(TestServer(make_app(config))) as c:
+            oll = ollama.AsyncClient(host=str(c.make_url("")).rstrip("/"))
+            await oll.create("warm", from_="llama3", parameters={"temperature": 0.9})
+            await oll.create("pirate", from_="llama3", system="Arr.")
+            for model, system in (("llama3", "You are a llama."), ("warm", "You are a llama."), ("pirate", "Arr.")):
+                shown = await (await c.post("/api/show", json={"model": model})).json()
+                assert shown.get("system") == system and f'SYSTEM """{system}"""' in shown["modelfile"], model
+
+
 async def test_a_preset_an_earlier_velo_let_through_can_still_be_deleted(oll, config: Config):
     """Names now follow Ollama's rules, but a preset made before (a non-ASCII name) was listed and could not go."""
     import orjson
