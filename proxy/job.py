@@ -35,6 +35,7 @@ class Outcome:
     trimmed: str = ""  # what was dropped to fit the context, e.g. "3 messages" (X-Velo-Context-Trimmed)
     rate_limit: dict[str, str] = field(default_factory=dict)  # the key's limits, in the dialect's headers
     context_edits: list[Applied] = field(default_factory=list)  # what the edit-context stage cleared
+    calls: list[int] = field(default_factory=list)  # each backend call's tokens, where repair asked again
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}

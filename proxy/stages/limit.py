@@ -73,6 +73,8 @@ class Limit(Stage):
                     yield chunk
         finally:
             spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
+            if len(job.outcome.calls) > 1:  # repair asked again: the backend spent every call's tokens
+                spent = sum(job.outcome.calls)
             if parts is None or parts.leave():
                 self.limits.done(key, spent - admitted)
             else:

@@ -54,7 +54,8 @@ class Repair(Stage):
             return next(job if request is job.request else replace(job, request=request))
         assert job.target is not None
         return with_retry(run, job.request, tools.max_retries, self.metrics.of(job.target.label), job.outcome.repairs,
-                          Budget(tools.repair_budget_s, self.threads), job.target.backend.constrains_format)
+                          Budget(tools.repair_budget_s, self.threads), job.target.backend.constrains_format,
+                          job.outcome.calls)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         repairs = CounterMetricFamily("velo_tool_repairs", "Tool-call and structured-output repairs",

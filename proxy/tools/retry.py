@@ -16,7 +16,7 @@ import logging
 from dataclasses import replace
 from typing import AsyncIterator, Callable
 
-from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, Usage
 from proxy.tools.budget import Budget
 from proxy.tools.calls import RepairReport, ToolCallInvalid
 from proxy.tools.metrics import ModelCounts
@@ -31,16 +31,18 @@ _INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 
 
 def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ModelCounts, notes: list[str],
-               budget: Budget | None = None, constrained: bool = False) -> AsyncIterator[Chunk]:
+               budget: Budget | None = None, constrained: bool = False,
+               calls: list[int] | None = None) -> AsyncIterator[Chunk]:
     """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
     header) and logged. Completions are repaired but never retried: there is no conversation to append to. Every
     attempt shares `budget` (proxy/tools/budget.py). `constrained`: the backend enforces `format` with a grammar
-    (structured output then streams unbuffered)."""
+    (structured output then streams unbuffered). Where answers are retried, each attempt's tokens (prompt and output,
+    as its backend counted them) are appended to `calls`: the answer sent carries only its own usage."""
     if not offered_tools(req) and req.format is None:
         return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
         return _streamed(run, req, metrics, notes, budget, constrained)
-    return _retried(run, req, max_retries, metrics, notes, budget, constrained)
+    return _retried(run, req, max_retries, metrics, notes, budget, constrained, [] if calls is None else calls)
 
 
 async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[str],
@@ -59,17 +61,18 @@ async def _streamed(run: RunFn, req: Request, metrics: ModelCounts, notes: list[
 
 
 async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: ModelCounts, notes: list[str],
-                   budget: Budget | None, constrained: bool) -> AsyncIterator[Chunk]:
+                   budget: Budget | None, constrained: bool, calls: list[int]) -> AsyncIterator[Chunk]:
     attempt, usable, error = req, None, None
     for n in range(max_retries + 1):
         if n:
             metrics.retried += 1
             notes.append(f"retry={n}")
         raw: list[str] = []
+        used: list[Usage] = []
         report = RepairReport()
         try:
             chunks: list[Chunk] = []
-            async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw), req, metrics, report,
+            async with contextlib.aclosing(repair_stream(_tee(run(attempt), raw, used), req, metrics, report,
                                                          budget, constrained)) as s:
                 async for chunk in s:
                     chunks.append(chunk)
@@ -78,6 +81,8 @@ async def _retried(run: RunFn, req: ChatRequest, max_retries: int, metrics: Mode
             error = e
         finally:
             _note(report, req.model, notes)
+            if used:
+                calls.append(used[-1].prompt_tokens + used[-1].completion_tokens)
         if error is None or n == max_retries:
             break
         attempt = ask_again(attempt, "".join(raw), error.message)
@@ -100,11 +105,14 @@ def ask_again(req: ChatRequest, answer: str, error: str) -> ChatRequest:
     return replace(req, messages=[*req.messages, Message("assistant", answer), retry])
 
 
-async def _tee(chunks: AsyncIterator[Chunk], raw: list[str]) -> AsyncIterator[Chunk]:
-    """Pass `chunks` through, keeping the raw text for `ask_again`."""
+async def _tee(chunks: AsyncIterator[Chunk], raw: list[str], used: list[Usage]) -> AsyncIterator[Chunk]:
+    """Pass `chunks` through, keeping the raw text for `ask_again` and the backend's usage (an answer that repair
+    finds invalid may end before its usage goes on)."""
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
             raw.append(chunk.text)
+            if chunk.usage is not None:
+                used.append(chunk.usage)
             yield chunk
 
 

@@ -7,11 +7,13 @@ import asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import make_app
-from proxy.config import Config, ServerConfig
+from proxy.config import Config, ServerConfig, ToolsConfig
 from proxy.limits import LimitsConfig
 from proxy.stages.limit import headers
+from proxy.state import GENERATIONS
 from proxy.limits import State
 from tests.proxy.test_metrics import scrape, value
+from tests.proxy.tools.test_http import BAD, CALL, MESSAGES, WEATHER, Answers
 from tests.scripted import Script, ScriptedBackend
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
@@ -81,6 +83,22 @@ async def test_embeddings_carry_the_keys_headers_and_are_charged_the_backends_co
     assert int(first.headers["x-ratelimit-remaining-tokens"]) == 800  # the estimate, taken up front
     assert int(second.headers["x-ratelimit-remaining-tokens"]) >= 1000 - 2 - 200  # the first trued up to 2
     assert not any(h.startswith("x-ratelimit") for h in ollama.headers)  # Ollama's API has none
+
+
+async def test_a_retried_answer_is_charged_every_backend_call_it_made():
+    """With `tools.max_retries`, an invalid tool call is asked again: the backend answered twice (5 prompt tokens
+    and 1 output token each, as it counted them), and the key was charged only the answer it sent, 6 of 12."""
+    backend = Answers(Script(pieces=[BAD]), Script(pieces=[CALL]))
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(tokens_per_minute=1000),
+                 tools=ToolsConfig(max_retries=1))
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        limits = c.server.app[GENERATIONS].current.pipeline.limit.limits
+        limits.clock = lambda: 0.0  # no refill while it runs
+        resp = await c.post("/v1/chat/completions", json={**CHAT, "messages": MESSAGES, "tools": [WEATHER]},
+                            headers=auth("k1"))
+        assert resp.status == 200 and "retry=1" in resp.headers["X-Velo-Repair"] and len(backend.requests) == 2
+        [key] = limits.keys.values()
+        assert key.tokens.level == 1000 - 12
 
 
 async def test_keys_nobody_configured_share_one_label_on_metrics():
