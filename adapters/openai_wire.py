@@ -122,12 +122,14 @@ def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
 def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage | None:
     """OpenAI `usage` (with `prompt_tokens_details.cached_tokens`, as vLLM and llama-server send it), plus
     llama-server's `timings` (milliseconds) as nanoseconds when present. They time the prompt and the answer only,
-    not a wait for a free slot, so no total is made of them: Velo times it, as Ollama does, from arrival."""
+    not a wait for a free slot, so no total is made of them: Velo times it, as Ollama does, from arrival. Without
+    `usage`, the prompt is what its slot kept (`cache_n`) and what it read after that (`prompt_n`), as Ollama adds
+    them (llm/llama_server.go)."""
     if usage is None and timings is None:
         return None
     usage, timings = usage or {}, timings or {}
     details = usage.get("prompt_tokens_details") or {}
-    out = Usage(prompt_tokens=count(usage, "prompt_tokens", count(timings, "prompt_n")),
+    out = Usage(prompt_tokens=count(usage, "prompt_tokens", count(timings, "prompt_n") + count(timings, "cache_n")),
                 completion_tokens=count(usage, "completion_tokens", count(timings, "predicted_n")),
                 cached_tokens=count(details, "cached_tokens") or count(timings, "cache_n"),
                 prompt_eval_ns=int(reported(timings, "prompt_ms") * 1e6),

@@ -6,6 +6,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -14,6 +15,7 @@ from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendTimeout, BackendUnavailable, BadRequest, ModelLacks, Unsupported
 from adapters.llamacpp import LlamaCppBackend, capabilities, parameter_size
 from adapters.model_file import model_file
+from adapters.openai_wire import ChatStream
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                ToolCall, aggregate)
 from tests.llama_server import LlamaServer, model_path
@@ -80,6 +82,25 @@ async def test_usage_counts_the_prompt_tokens_the_server_kept(backend):
     await collect(backend.complete(prompt))
     again = aggregate(await collect(backend.complete(prompt)))
     assert 0 < again.usage.cached_tokens < again.usage.prompt_tokens
+
+
+async def test_timings_without_usage_count_the_whole_prompt(llama_chat):
+    """A stream that ends with llama.cpp's `timings` and no `usage` (llama-server's, asked without include_usage):
+    `prompt_n` is the tokens it read after the `cache_n` its slot kept, and was taken for the whole prompt. Asked
+    again, a 29-token prompt was 1 prompt token of which 28 cached: Anthropic's input_tokens -27."""
+    body = {"messages": [{"role": "user", "content": "Name the planets of the sun, please."}], "max_tokens": 2,
+            "temperature": 0}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(llama_chat.url + "/v1/chat/completions", json=body) as resp:
+            prompt = (await resp.json())["usage"]["prompt_tokens"]
+        async with s.post(llama_chat.url + "/v1/chat/completions", json={**body, "stream": True}) as resp:
+            events = [orjson.loads(line[6:]) for line in (await resp.read()).split(b"\n")
+                      if line.startswith(b"data: {")]
+    stream = ChatStream()
+    for event in events:
+        stream.feed(event)
+    assert stream.usage is not None and not any("usage" in e for e in events)
+    assert (stream.usage.prompt_tokens, stream.usage.cached_tokens > 0) == (prompt, True)
 
 
 async def test_a_prefilled_chat_answers_only_what_the_model_adds(backend):
