@@ -71,6 +71,8 @@ async def copy(request: web.Request) -> web.StreamResponse:
         await router.presets.put(replace(preset, name=destination, modified_at=now_iso()))
         return web.Response()
     info = await _listed(router, source)
+    if info is None and not _VALID_NAME.fullmatch(source):  # Ollama's CopyHandler: a 400 before any lookup
+        raise BadRequest(f'source "{source}" is invalid', param="source")
     if info is None:
         raise ModelNotFound(source)
     if _on_an_ollama_backend(router, info):

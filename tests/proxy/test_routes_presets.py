@@ -79,6 +79,10 @@ async def test_copy_and_delete(oll, scripted: ScriptedBackend):
         await oll.delete("mario")
     assert missing.value.status_code == 404 and "mario" in missing.value.error
 
+    with pytest.raises(ollama.ResponseError) as invalid:  # Ollama's 400 (CopyHandler), not a 404
+        await oll.copy("bad name", "x")
+    assert invalid.value.status_code == 400 and invalid.value.error == 'source "bad name" is invalid'
+
     await oll.copy("tiny", "tiny-2")  # a backend's model under a new name: a preset with nothing to add
     await oll.chat("tiny-2", messages=USER)
     assert scripted.requests[-1].model == "tiny:latest" and scripted.requests[-1].messages[0].role == "user"
