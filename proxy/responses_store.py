@@ -3,22 +3,20 @@ true`, OpenAI's default): in memory, bounded by bytes and expiring after `[respo
 when configured (the cache's own tier classes). Scoped per API key: another key gets 404, never the response."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
 
 from adapters.errors import VeloError
 from adapters.schema import setting
 
-from .cache.layer import TIER_RETRY_S, within_tier_timeout
+from .cache.layer import FAILED, TierCalls
 from .cache.memory import MemoryLRU
 
 log = logging.getLogger("velo.responses")
-_FAILED = object()  # what a tier's call gives that failed or was not made
 
 
 class StoreUnavailable(VeloError):
@@ -69,9 +67,10 @@ class ResponseStore:
     cfg: ResponsesConfig
     memory: MemoryLRU
     tiers: list[Any]  # SqliteStore / RedisStore, nearest first
-    resting: dict[str, float] = field(default_factory=dict)  # a tier that failed -> when it is asked again
+    # with Redis down, a request storing its response failed with a 500 once its answer was made, and with Redis hung
+    # each read and write waited out the client's 5-s socket timeout
+    tier_calls: TierCalls = field(default_factory=lambda: TierCalls(log, "stored responses:"))
     only_here: set[str] = field(default_factory=set)  # keys a shared tier failed to take: this process's copy is all
-    unwinding: set[asyncio.Task] = field(default_factory=set)  # calls past TIER_TIMEOUT_S, being cancelled
 
     @classmethod
     async def open(cls, cfg: ResponsesConfig, clock: Callable[[], float] = time.time) -> "ResponseStore":
@@ -99,9 +98,10 @@ class ResponseStore:
     async def _put(self, key: str, value: Any, payload: bytes, ttl_s: float) -> None:
         """A tier that fails leaves the response in this process only: its answer was already made."""
         self.memory.put_encoded(key, value, len(payload), ttl_s)
+        expires_at = self.memory.clock() + ttl_s
         for tier in self.tiers:
-            put = await self._tier(tier, "put", lambda tier=tier: tier.put(key, payload, self.memory.clock() + ttl_s))
-            if put is _FAILED and tier.shared:
+            put = await self.tier_calls(tier.name, "put", lambda tier=tier: tier.put(key, payload, expires_at))
+            if put is FAILED and tier.shared:
                 self.only_here.add(key)
 
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
@@ -123,8 +123,8 @@ class ResponseStore:
         self.only_here.discard(key)  # evicted here, or expired
         failed = []
         for tier in sorted(self.tiers, key=lambda tier: not tier.shared):
-            row = await self._tier(tier, "get", lambda tier=tier: tier.get(key))
-            if row is _FAILED:
+            row = await self.tier_calls(tier.name, "get", lambda tier=tier: tier.get(key))
+            if row is FAILED:
                 failed.append(tier.name)
             elif row is not None:
                 payload, expires_at = row
@@ -142,8 +142,8 @@ class ResponseStore:
         nothing. Whether the key is there is enough, entries never being changed: reading each whole decoded a long
         conversation again for each of its items that an `item_reference` named (44 ms for 100 items, 0.4 from
         memory)."""
-        for tier in self.tiers:
-            if tier.shared and await self._tier(tier, "get", lambda tier=tier: tier.holds(key)) is False:
+        for tier in (tier for tier in self.tiers if tier.shared):
+            if await self.tier_calls(tier.name, "get", lambda tier=tier: tier.holds(key)) is False:
                 self.memory.delete(key)
                 return False
         return True
@@ -156,25 +156,13 @@ class ResponseStore:
         deleted = False
         for key in keys:
             for tier in self.tiers:
-                if (gone := await self._tier(tier, "delete", lambda tier=tier: tier.delete(key))) is _FAILED:
+                gone = await self.tier_calls(tier.name, "delete", lambda tier=tier: tier.delete(key))
+                if gone is FAILED:
                     raise StoreUnavailable(f"the response could not be deleted: {tier.name} is unavailable")
                 deleted = gone or deleted
             deleted = self.memory.delete(key) or deleted
             self.only_here.discard(key)
         return deleted
-
-    async def _tier(self, tier: Any, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        """One call to a tier, within TIER_TIMEOUT_S, as the cache's (cache/layer.py): with Redis down, a request
-        storing its response failed with a 500 once its answer was made, and with Redis hung each read and write
-        waited out the client's 5-s socket timeout. After a failure the tier is left alone for TIER_RETRY_S."""
-        if time.monotonic() < self.resting.get(tier.name, 0.0):
-            return _FAILED
-        try:
-            return await within_tier_timeout(call(), self.unwinding)
-        except Exception:
-            log.exception("stored responses: %s failed on %s; not asked again for %gs", tier.name, what, TIER_RETRY_S)
-            self.resting[tier.name] = time.monotonic() + TIER_RETRY_S
-            return _FAILED
 
 
 def _key(tenant: str, resp_id: str) -> str:

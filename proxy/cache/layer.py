@@ -28,7 +28,7 @@ TIER_TIMEOUT_S = 1.0
 # ... and a tier that failed is not asked again for this long: a hung one cost every cacheable request that second
 # twice (lookup and store) and logged a traceback each time
 TIER_RETRY_S = 5.0
-_FAILED = object()  # what a slower tier's call gives that failed or was not made
+FAILED = object()  # what a slower tier's call gives that failed or was not made
 
 
 async def within_tier_timeout(call: Awaitable[Any], unwinding: set[asyncio.Task]) -> Any:
@@ -46,6 +46,29 @@ async def within_tier_timeout(call: Awaitable[Any], unwinding: set[asyncio.Task]
     if not done:
         raise TimeoutError(f"no answer within {TIER_TIMEOUT_S:g}s")
     return task.result()
+
+
+@dataclass
+class TierCalls:
+    """Calls to the slower tiers (SQLite, Redis, PostgreSQL) of the cache or of the stored responses, each within
+    TIER_TIMEOUT_S: a tier down or hung costs a miss (or an entry not kept), never the request; after a failure it is
+    left alone for TIER_RETRY_S."""
+
+    log: logging.Logger
+    whose: str  # the log's words for the tiers' owner ("cache tier", "stored responses:")
+    resting: dict[str, float] = field(default_factory=dict)  # a tier that failed -> when it is asked again
+    unwinding: set[asyncio.Task] = field(default_factory=set)  # calls past TIER_TIMEOUT_S, being cancelled
+
+    async def __call__(self, name: str, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()`'s result, or FAILED where the tier failed, took too long or is resting."""
+        if time.monotonic() < self.resting.get(name, 0.0):
+            return FAILED
+        try:
+            return await within_tier_timeout(call(), self.unwinding)
+        except Exception:
+            self.log.exception("%s %s failed on %s; not asked again for %gs", self.whose, name, what, TIER_RETRY_S)
+            self.resting[name] = time.monotonic() + TIER_RETRY_S
+            return FAILED
 
 
 @dataclass
@@ -98,8 +121,7 @@ class CacheLayer:
     building: set[asyncio.Task] = field(default_factory=set)
     semantic_entries: int = 0
     counters: CacheStats = field(default_factory=CacheStats)
-    resting: dict[str, float] = field(default_factory=dict)  # a slower tier that failed -> when it is asked again
-    unwinding: set[asyncio.Task] = field(default_factory=set)  # calls past TIER_TIMEOUT_S, being cancelled
+    tier_calls: TierCalls = field(default_factory=lambda: TierCalls(log, "cache tier"))
 
     @classmethod
     async def create(cls, cfg: CacheConfig, clock: Callable[[], float] = time.time,
@@ -168,7 +190,7 @@ class CacheLayer:
         """Try the slower tiers in order; a hit is copied into memory with the expiry it was stored with."""
         for store in self.stores:
             found = await self._tier(store.name, "get", label, lambda store=store: store.get(key))
-            if found is _FAILED:
+            if found is FAILED:
                 continue
             self.counters.count(store.name, label, "miss" if found is None else "hit")
             if found is not None:
@@ -220,7 +242,7 @@ class CacheLayer:
     async def _lookup_pg(self, sid: str, query: Embedded, label: str) -> CacheHit | None:
         payload = await self._tier("pgvector", "search", label, lambda: self.pg.search(
             sid, query, self.cfg.semantic_threshold, self.embedder.verify))
-        if payload is _FAILED:
+        if payload is FAILED:
             return None
         self.counters.count("pgvector", label, "miss" if payload is None else "hit")
         return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
@@ -245,18 +267,11 @@ class CacheLayer:
         await self._tier(store.name, "put", label, lambda: store.put(key, payload, expires_at))
 
     async def _tier(self, name: str, what: str, label: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        """One call to a slower tier, within TIER_TIMEOUT_S: a tier that is down or hung costs a miss (or an entry
-        not kept), never the request; after a failure it is left alone for TIER_RETRY_S."""
-        if time.monotonic() < self.resting.get(name, 0.0):
+        """One call to a slower tier (TierCalls), its failure counted."""
+        found = await self.tier_calls(name, what, call)
+        if found is FAILED:
             self.counters.count(name, label, "error")
-            return _FAILED
-        try:
-            return await within_tier_timeout(call(), self.unwinding)
-        except Exception:
-            log.exception("cache tier %s failed on %s; not asked again for %gs", name, what, TIER_RETRY_S)
-            self.resting[name] = time.monotonic() + TIER_RETRY_S
-            self.counters.count(name, label, "error")
-            return _FAILED
+        return found
 
     async def _store_semantic(self, asked: Asked, payload: bytes, expires_at: float) -> None:
         if asked.semantic is None:

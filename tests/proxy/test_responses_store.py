@@ -124,7 +124,7 @@ async def test_a_response_whose_shared_write_failed_is_still_read_here_once_the_
     record = StoredResponse({"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "content": "x"}]}, [], [])
     await store.put("t", record)
     tier.down = False
-    store.resting.clear()  # the tier's rest after its failure is over
+    store.tier_calls.resting.clear()  # the tier's rest after its failure is over
     assert await store.get("t", "resp_1") == record and (await store.item("t", "msg_1"))["id"] == "msg_1"
     await store.put("t", StoredResponse({**record.response, "id": "resp_2"}, [], []))
     assert await store.delete("t", "resp_2") and await store.get("t", "resp_2") is None

@@ -176,7 +176,7 @@ async def test_a_postgresql_that_hangs_costs_the_tier_timeout_not_six_seconds(pg
         assert await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant)) is None
         # 6.0 s before; the margin is the query's embedding on a busy machine
         assert time.monotonic() - started < layer_module.TIER_TIMEOUT_S + 3
-        while b.unwinding:  # psycopg gives the connection up
+        while b.tier_calls.unwinding:  # psycopg gives the connection up
             await asyncio.sleep(0.1)
         assert (await b.lookup(b.asked(_ask("How can I learn Python fast?"), tenant))).kind == "semantic"
     finally:
