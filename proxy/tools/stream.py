@@ -248,15 +248,8 @@ async def _check_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Com
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
             parts.append(chunk.text)
-            if chunk.finish_reason == "stop" and chunk.stop_sequence is None:
-                text = "".join(parts)
-                try:
-                    await _run(budget, repair_structured, text, req.format, report, size=len(text))
-                except OverBudget:
-                    report.skipped.append("budget")
-                finally:
-                    if metrics is not None:
-                        metrics.record(report)
+            if _whole(chunk):
+                await _structured(budget, "".join(parts), req, metrics, report)
             yield chunk
 
 
@@ -281,12 +274,24 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
             if not (held := replace(chunk, text="", logprobs=[])).empty:
                 yield held  # its thinking, say
     text = "".join(parts)
-    if last.finish_reason == "stop" and last.stop_sequence is None:
-        try:
-            text = await _run(budget, repair_structured, text, req.format, report, size=len(text))
-        except OverBudget:
-            report.skipped.append("budget")
-        finally:
-            if metrics is not None:
-                metrics.record(report)
+    if _whole(last):
+        text = await _structured(budget, text, req, metrics, report)
     yield replace(last, text=text, logprobs=logprobs)
+
+
+def _whole(last: Chunk) -> bool:
+    """The model ended the answer itself: neither max_tokens nor a stop string of the client's cut its JSON."""
+    return last.finish_reason == "stop" and last.stop_sequence is None
+
+
+async def _structured(budget: Budget | None, text: str, req: ChatRequest | CompletionRequest,
+                      metrics: ModelCounts | None, report: RepairReport) -> str:
+    """`text` repaired to the request's format, or StructuredOutputInvalid; past the repair budget, as it came."""
+    try:
+        return await _run(budget, repair_structured, text, req.format, report, size=len(text))
+    except OverBudget:
+        report.skipped.append("budget")
+        return text
+    finally:
+        if metrics is not None:
+            metrics.record(report)
