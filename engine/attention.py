@@ -4,7 +4,8 @@ Every token's K/V is written to its slot (`block * block_size + offset`); querie
 sequence's keys gathered through the block table. Sequences are padded into groups so one SDPA call
 serves a whole group: one group for decode tokens (one query each), one for prefill chunks. Padding
 costs little because the runner keeps decodes and prefills apart, and it keeps Python out of the
-per-token path. The same code runs on CUDA (SDPA over gathered blocks; untested on GPU in CI).
+per-token path. On CUDA a step may instead carry `PagedTables`, and attention then runs as Triton kernels that
+read K/V through the block tables themselves (engine/triton_attention.py; the model runner decides which).
 """
 
 from __future__ import annotations
@@ -40,6 +41,23 @@ class AttentionGroup:
 
 
 @dataclass
+class PagedTables:
+    """Where each sequence's queries and keys are, for the Triton kernels (CUDA). Sequence i owns the step's flat
+    tokens [q_starts[i], + q_lens[i]) at positions [ctx[i], ctx[i] + q_lens[i]), and its keys lie in the blocks of
+    tables[i]. `decode`: every q_len is 1 and the flat tokens are the sequences in order, so q_starts, q_lens and
+    max_q_len go unread and `ctx + 1` is each sequence's key count (`lens`)."""
+
+    tables: torch.Tensor    # (B, W) int32 block ids; entries past a sequence's last block are never read
+    lens: torch.Tensor      # (B,) int32 keys each sequence sees at its last query: ctx + q_len
+    block_size: int
+    decode: bool
+    q_starts: torch.Tensor | None = None  # (B,) int32
+    q_lens: torch.Tensor | None = None    # (B,) int32
+    ctx: torch.Tensor | None = None       # (B,) int32
+    max_q_len: int = 1
+
+
+@dataclass
 class AttentionBatch:
     """What one forward step needs to know about where tokens live."""
 
@@ -47,6 +65,7 @@ class AttentionBatch:
     slot_mapping: torch.Tensor | None  # (T,) cache slot to write each token's K/V; None: no cache
     groups: list[AttentionGroup]
     num_positions: int                 # 1 + the largest position, known without reading `positions` back
+    paged: PagedTables | None = None   # set: attention runs as Triton kernels over the cache, and groups go unread
 
 
 def build_group(token_starts: list[int], starts: list[int], lengths: list[int],
@@ -79,6 +98,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
     step's tokens. Returns (T, H, D)."""
     if cache is not None:
         cache.write(batch.slot_mapping, k, v)
+    if batch.paged is not None:
+        return _attend_paged(q, cache.kv, batch.paged)
     if len(batch.groups) == 1 and batch.groups[0].unpadded and math.prod(batch.groups[0].shape[:2]) == q.shape[0]:
         # every decode step (and a lone prompt chunk): the group is the step's tokens as they lie, so no gather in
         # and no scatter out (four ops a layer)
@@ -87,6 +108,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
     for g in batch.groups:
         out.index_copy_(0, g.valid_tokens, _attend_group(q, k, v, cache, g).index_select(0, g.valid_rows))
     return out
+
+
+def _attend_paged(q: torch.Tensor, kv: torch.Tensor, p: PagedTables) -> torch.Tensor:
+    from engine import triton_attention  # CUDA only: a CPU run never loads Triton
+    if p.decode:
+        return triton_attention.paged_decode(q, kv, p.tables, p.lens, p.block_size)
+    return triton_attention.paged_prefill(q, kv, p.tables, p.q_starts, p.q_lens, p.ctx, p.max_q_len, p.block_size)
 
 
 def _attend_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV | None, g: AttentionGroup,
