@@ -75,6 +75,8 @@ class EngineConfig:
     compile: bool = _doc(False, "decode steps through torch.compile (inductor C++), compiled while the engine "
                          "loads (1-4 minutes on 2 cores the first time, cached on disk after): SmolLM2's decode step "
                          "1.8x faster (20.1 -> 11.1 ms)")
+    cuda_graphs: bool = _doc(True, "on CUDA, decode steps are replayed as CUDA graphs, one per batch size bucket "
+                             "(1, 2, 4, ..., 256), captured on first use")
     speculative: SpeculativeConfig | None = _doc(None, "speculative decoding for eligible requests, exact (greedy "
                                                  "output unchanged in float32; in bfloat16 a near-tie may break "
                                                  "the other way); a table of the speculative keys below",

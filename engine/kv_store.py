@@ -31,6 +31,10 @@ class LayerKV:
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v (T, kv_heads, head_dim) at slots (T,)."""
+        if self.scale is None and k.dtype != torch.float16:  # two copies, no stacked temporary (one kernel less)
+            self.kv[0].index_copy_(0, slots, k)
+            self.kv[1].index_copy_(0, slots, v)
+            return
         kv = torch.stack([k, v])
         if kv.dtype == torch.float16:  # the one compute dtype whose range a model's activations pass: an inf or NaN
             # kept here reached other requests, through the padded and stale slots their attention masks, as 0 * inf

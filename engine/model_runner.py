@@ -3,19 +3,25 @@
 The KV cache is one tensor per engine, `(layers, 2, slots, kv_heads, head_dim)` (int8 with scales beside it
 for an int8 cache, engine/kv_store.py), sized from a memory budget; slot `block * block_size + offset` holds
 one token's K and V for every layer.
+
+On CUDA, attention runs as Triton kernels over the block tables (engine/triton_attention.py) and decode steps are
+replayed as CUDA graphs (engine/cuda_graphs.py); on CPU, and for an int8 cache, SDPA over gathered blocks.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine import kv_store
-from engine.attention import AttentionBatch, build_group
-from engine.models.llama import LlamaModel
+from engine.attention import AttentionBatch, PagedTables, build_group
+from engine.cuda_graphs import DecodeGraphs, fill_rows
+from engine.models.llama import LlamaModel, fused_kernels
 
 
 class GroupKind(enum.Enum):
@@ -62,16 +68,24 @@ class ModelRunner:
     Two graphs, one sequence and several (sizes are symbolic otherwise), compiled by `warm_up`."""
 
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_int8: bool = False,
-                 compile: bool = False):
+                 compile: bool = False, cuda_graphs: bool = True, max_batch: int = 256):
         weight = model.embed_tokens.weight
         self.model, self.block_size, self.device = model, block_size, weight.device
-        self.kv, self.kv_scales = kv_store.allocate(model.cfg, num_blocks * block_size, weight.dtype, kv_int8,
-                                                    weight.device)
+        # Triton kernels on CUDA where they apply: the compute dtype's cache (not int8), a power-of-two head size
+        self.triton = weight.is_cuda and not kv_int8 and model.cfg.head_dim in (16, 32, 64, 128, 256)
+        # one more block on CUDA: the scratch block padded graph rows read and write
+        self.kv, self.kv_scales = kv_store.allocate(model.cfg, (num_blocks + self.triton) * block_size, weight.dtype,
+                                                    kv_int8, weight.device)
         self.caches = [kv_store.LayerKV(self.kv[i], None if self.kv_scales is None else self.kv_scales[i])
                        for i in range(model.cfg.num_layers)]
         # the fused kernels run on one thread: they are tiny, and a thread count fixed into them at compile time
         # would defeat ThreadBudget (engine/threads.py); the matmuls they call follow torch's count
         self._compiled = torch.compile(model, dynamic=True, options={"cpp.threads": 1}) if compile else None
+        self.graphs, self.fuse_graphs = None, True
+        if self.triton and cuda_graphs:
+            max_blocks = -(-min(model.cfg.max_position, num_blocks * block_size) // block_size)
+            self.graphs = DecodeGraphs(self._decode_logits, max_batch, max_blocks, block_size, num_blocks,
+                                       self.device)
 
     def warm_up(self) -> None:
         """Run decode steps of one and of two sequences in block 0 (free until a sequence takes it, which writes
@@ -87,6 +101,13 @@ class ModelRunner:
         """Run one step; returns float logits (n, vocab): the last num_logits tokens of each input with
         `samples`, in order. `head` replaces the model's LM head (a draft scoring part of the vocabulary)."""
         self._copy_blocks(copies)
+        if self.graphs is not None and head is None and all(x.kind is GroupKind.DECODE for x in inputs) \
+                and self.graphs.fits(len(inputs)) and all(x.samples for x in inputs):
+            assert max(x.start for x in inputs) < self.model.cfg.max_position, "a position past the model's context"
+            return self.graphs.run([x.token_ids[0] for x in inputs], [x.start for x in inputs],
+                                   [x.slots[0] for x in inputs], [x.block_table for x in inputs])
+        if self.triton:
+            return self._execute_paged(inputs, head)
         token_starts, offset = [], 0
         for x in inputs:
             token_starts.append(offset)
@@ -110,6 +131,33 @@ class ModelRunner:
                 for n in range(x.num_logits, 0, -1)]
         hidden = hidden.index_select(0, self._tensor(last))
         return head(hidden) if head else self.model.logits(hidden, quantized=not any(x.prompt for x in inputs))
+
+    def _decode_logits(self, ids: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """A decode step from token ids to float logits, all on the GPU: what a CUDA graph captures, with
+        RMSNorm, RoPE and SwiGLU fused where `fuse_graphs` (engine/models/llama.py says why graphs only)."""
+        with fused_kernels(self.fuse_graphs):
+            return self.model.logits(self.model(ids, batch, self.caches, quantized=True), quantized=True)
+
+    def _execute_paged(self, inputs: list[StepInput], head) -> torch.Tensor:
+        """A step through the Triton kernels: any mix of prompt chunks, verifications and decodes in one launch
+        per layer, with no padded groups to build."""
+        q_lens = [len(x.token_ids) for x in inputs]
+        q_starts = [0, *itertools.accumulate(q_lens)][:-1]
+        width = max(len(x.block_table) for x in inputs)
+        ends = [x.start + n for x, n in zip(inputs, q_lens)]
+        small = torch.tensor([q_starts, q_lens, [x.start for x in inputs], ends], dtype=torch.int32).to(self.device)
+        rows = fill_rows(np.empty((len(inputs), width), dtype=np.int32), [x.block_table for x in inputs], 0)
+        tables = torch.from_numpy(rows).to(self.device)
+        paged = PagedTables(tables, small[3], self.block_size, decode=max(q_lens) == 1, q_starts=small[0],
+                            q_lens=small[1], ctx=small[2], max_q_len=max(q_lens))
+        batch = AttentionBatch(self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
+                               self._tensor([s for x in inputs for s in x.slots]), [],
+                               max(x.start + len(x.token_ids) for x in inputs), paged)
+        quantized = not any(x.prompt for x in inputs)
+        hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches, quantized)
+        last = [s + n - k for s, n, x in zip(q_starts, q_lens, inputs) if x.samples for k in range(x.num_logits, 0, -1)]
+        hidden = hidden.index_select(0, self._tensor(last))
+        return head(hidden) if head else self.model.logits(hidden, quantized=quantized)
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Turn a batch of logits into next tokens, each row with its own sampling knobs, in a few tensor ops.
+"""Turn a batch of logits into next tokens, each row with its own sampling knobs, in a few tensor ops on the logits'
+device (on CUDA no row of logits is copied to the CPU; only the chosen tokens come back).
 
 Order (as in vLLM): penalties on raw logits -> logprobs are taken here (the model's distribution after
 penalties, before temperature) -> temperature -> top-k, then top-p, then min-p -> sample. Random rows use
@@ -89,12 +90,23 @@ class Sampler:
             self.generator.manual_seed(seed)
         else:
             self.generator.seed()
+        self._device_generators: dict[torch.device, torch.Generator] = {}
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The unseeded rows' generator on device: CPU's own, or one seeded from it once per GPU."""
+        if device.type == "cpu":
+            return self.generator
+        if device not in self._device_generators:
+            gen = torch.Generator(device)
+            gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator)))
+            self._device_generators[device] = gen
+        return self._device_generators[device]
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
         if all(_plain_greedy(r.params) for r in rows):  # argmax where the logits are: no full rows to the CPU
             return SampleResult(logits.argmax(dim=-1).tolist())
-        logits = _apply_penalties(logits.float().cpu(), rows)
+        logits = _apply_penalties(logits.float(), rows)
         result = SampleResult([])
         if any(r.params.logprobs or r.params.top_logprobs for r in rows):
             result.logprobs, result.top_logprobs = [], []
@@ -102,7 +114,7 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if random_rows:
-            index = torch.tensor(random_rows)
+            index = torch.tensor(random_rows, device=logits.device)
             tokens[index] = self._sample(logits.index_select(0, index), [rows[i] for i in random_rows])
         result.token_ids = tokens.tolist()
         if result.logprobs is not None:
@@ -117,14 +129,14 @@ class Sampler:
         """Draw from each row's filtered distribution. Rows with top-k/top-p/min-p work on their best
         candidates only (a top-k of 40 never sorts the whole vocabulary); which path a row takes depends
         on its own knobs alone, so a seeded row draws the same token whatever shares the batch."""
-        logits = logits / _temperatures(rows)
-        tokens = torch.empty(len(rows), dtype=torch.long)
+        logits = logits / _temperatures(rows, logits.device)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         filtered = [_filters(r.params) for r in rows]
         for use_filters in (False, True):
             part = [i for i, f in enumerate(filtered) if f == use_filters]
             if not part:
                 continue
-            index, sub = torch.tensor(part), [rows[i] for i in part]
+            index, sub = torch.tensor(part, device=logits.device), [rows[i] for i in part]
             if use_filters:
                 values, ids = _candidates(logits.index_select(0, index), sub)
                 choice = self._race(values, sub, _widths(sub, logits.shape[1]))
@@ -135,23 +147,24 @@ class Sampler:
 
     def _race(self, logits: torch.Tensor, rows: list[SampleRow], widths: list[int]) -> torch.Tensor:
         """A draw from softmax(logits) per row as argmax(p / E), E ~ Exp(1); a seeded row's first
-        `width` noise values come from its own generator."""
+        `width` noise values come from its own generator (a CPU one: on a GPU, that row's noise is drawn on the CPU
+        and copied, so a seed gives the same tokens on either device)."""
         probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator_for(probs.device))
         for i, (r, width) in enumerate(zip(rows, widths)):
             if r.generator is not None:
-                noise[i, :width].exponential_(generator=r.generator)
+                noise[i, :width] = torch.empty(width).exponential_(generator=r.generator).to(probs.device)
         return (probs / noise).argmax(dim=-1)
 
 
 def probabilities(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Each row's sampling distribution: temperature, then its top-k / top-p / min-p masks."""
-    return torch.softmax(_mask_logits(logits / _temperatures(rows), rows), dim=-1)
+    return torch.softmax(_mask_logits(logits / _temperatures(rows, logits.device), rows), dim=-1)
 
 
-def _temperatures(rows: list[SampleRow]) -> torch.Tensor:
+def _temperatures(rows: list[SampleRow], device: torch.device) -> torch.Tensor:
     """(rows, 1): each row's temperature, 1 for a greedy row (its argmax is taken apart)."""
-    return torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows])[:, None]
+    return torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=device)[:, None]
 
 
 def _plain_greedy(p: SamplingParams) -> bool:
@@ -172,16 +185,16 @@ def _widths(rows: list[SampleRow], vocab: int) -> list[int]:
 def _candidates(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's logits best first, (rows, k) with k the widest top-k asked for, -inf where top-k, then
     top-p (over what top-k kept) and then min-p drop a token; and the token ids. The best token always stays."""
-    widths = torch.tensor(_widths(rows, logits.shape[1]))
-    values, ids = logits.topk(int(widths.max()), dim=-1)
-    rank = torch.arange(values.shape[1])[None, :]
-    values = values.masked_fill(rank >= widths[:, None], float("-inf"))
-    top_p = torch.tensor([r.params.top_p for r in rows])[:, None]
-    if (top_p < 1).any():
+    widths, device = _widths(rows, logits.shape[1]), logits.device
+    values, ids = logits.topk(max(widths), dim=-1)
+    rank = torch.arange(values.shape[1], device=device)[None, :]
+    values = values.masked_fill(rank >= torch.tensor(widths, device=device)[:, None], float("-inf"))
+    top_p = torch.tensor([r.params.top_p for r in rows], device=device)[:, None]
+    if any(r.params.top_p < 1 for r in rows):
         probs = values.softmax(dim=-1)
         values = values.masked_fill((probs.cumsum(dim=-1) - probs >= top_p) & (rank > 0), float("-inf"))
-    min_p = torch.tensor([r.params.min_p for r in rows])[:, None]
-    if (min_p > 0).any():
+    min_p = torch.tensor([r.params.min_p for r in rows], device=device)[:, None]
+    if any(r.params.min_p > 0 for r in rows):
         probs = values.softmax(dim=-1)
         values = values.masked_fill(probs < min_p * probs[:, :1], float("-inf"))
     return values, ids
@@ -202,16 +215,17 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
         logits = logits.clone()  # `.float().cpu()` of float CPU logits is the model's own tensor
         for i, r in enumerate(rows):
             ids = [t for t in r.params.logit_bias if t < logits.shape[1]]
-            logits[i, ids] += torch.tensor([r.params.logit_bias[t] for t in ids])
-    rep = torch.tensor([r.params.repetition_penalty for r in rows]).clamp(*_REPETITION_RANGE)
-    pres = torch.tensor([r.params.presence_penalty for r in rows]).clamp(-_PENALTY_CAP, _PENALTY_CAP)
-    freq = torch.tensor([r.params.frequency_penalty for r in rows]).clamp(-_PENALTY_CAP, _PENALTY_CAP)
-    if (rep != 1).any():
-        seen = _counts(logits.shape, [_window(r) for r in rows]) > 0
+            logits[i, ids] += torch.tensor([r.params.logit_bias[t] for t in ids], device=logits.device)
+    device = logits.device
+    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=device).clamp(*_REPETITION_RANGE)
+    pres = torch.tensor([r.params.presence_penalty for r in rows], device=device).clamp(-_PENALTY_CAP, _PENALTY_CAP)
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], device=device).clamp(-_PENALTY_CAP, _PENALTY_CAP)
+    if any(r.params.repetition_penalty != 1 for r in rows):
+        seen = _counts(logits.shape, [_window(r) for r in rows], device) > 0
         penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits = torch.where(seen, penalised, logits)
-    if (pres != 0).any() or (freq != 0).any():
-        counts = _counts(logits.shape, [r.output_ids for r in rows])
+    if any(r.params.presence_penalty != 0 or r.params.frequency_penalty != 0 for r in rows):
+        counts = _counts(logits.shape, [r.output_ids for r in rows], device)
         logits = logits - pres[:, None] * (counts > 0) - freq[:, None] * counts
     return logits
 
@@ -224,12 +238,12 @@ def _window(row: SampleRow) -> list[int]:
     return (row.prompt_ids[-n:] + row.output_ids)[-n:] if n else []
 
 
-def _counts(shape: torch.Size, histories: list[list[int]]) -> torch.Tensor:
+def _counts(shape: torch.Size, histories: list[list[int]], device: torch.device) -> torch.Tensor:
     """(rows, vocab) occurrence counts of each row's token ids."""
-    counts = torch.zeros(shape)
+    counts = torch.zeros(shape, device=device)
     width = max((len(h) for h in histories), default=0)
     if width:
-        ids = torch.tensor([h + [0] * (width - len(h)) for h in histories])
-        present = torch.tensor([[1.0] * len(h) + [0.0] * (width - len(h)) for h in histories])
+        ids = torch.tensor([h + [0] * (width - len(h)) for h in histories], device=device)
+        present = torch.tensor([[1.0] * len(h) + [0.0] * (width - len(h)) for h in histories], device=device)
         counts.scatter_add_(1, ids, present)
     return counts

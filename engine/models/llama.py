@@ -8,6 +8,9 @@ gate+up matmul per layer, which matters on CPU where each op has fixed overhead.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +53,52 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+class _Fusion(threading.local):
+    on = False
+
+
+_FUSION = _Fusion()
+
+
+@contextmanager
+def fused_kernels(on: bool = True) -> Iterator[None]:
+    """Within it, on CUDA, RMSNorm, RoPE and SwiGLU run as kernels torch.compile fused. For CUDA-graph captures
+    only: a replay runs no Python, so a graph just has fewer kernels, each costing ~2-3 us of GPU time even
+    replayed (an RMSNorm is 4 eager, RoPE 5, SwiGLU 2). In eager steps each compiled call costs more host time
+    in guards than the launches it saves (1B shape on an H200: batch-1 eager decode 74 -> 26 tok/s, prefix-cached
+    TTFT 13 -> 26 ms)."""
+    before, _FUSION.on = _FUSION.on, on
+    try:
+        yield
+    finally:
+        _FUSION.on = before
+
+
+def fused_on_cuda(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """fn as it is, or compiled by torch.compile into one kernel within `fused_kernels` on CUDA."""
+    compiled = None
+
+    def call(x: torch.Tensor, *args) -> torch.Tensor:
+        nonlocal compiled
+        if not (_FUSION.on and x.is_cuda):
+            return fn(x, *args)
+        if compiled is None:
+            compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+        return compiled(x, *args)
+    return call
+
+
+@fused_on_cuda
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
+
+
+@fused_on_cuda
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -57,7 +106,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -106,6 +155,7 @@ class Rotary(nn.Module):
         return cos.index_select(0, batch.positions)[:, None, :], sin.index_select(0, batch.positions)[:, None, :]
 
 
+@fused_on_cuda
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (T, heads, head_dim) rotated by its positions' angles."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -143,8 +193,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, quantized: bool) -> torch.Tensor:
-        gate, up = self.gate_up(x, quantized).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up, quantized)
+        return self.down_proj(swiglu(self.gate_up(x, quantized)), quantized)
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,92 @@
+"""The engine on CUDA: the Triton-kernel steps, the CUDA-graph decode steps and sampling on the GPU against the CPU
+path. Skipped without CUDA: they run on the lent GPU machine (bench/gpu_check.sh), never in CI."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.kv_cache import BlockManager
+from engine.loader import load
+from engine.model_runner import ModelRunner, StepInput
+from engine.sampling import SampleRow, Sampler
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from tests.engine.test_model_runner import drive, reference_logits
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lent GPU machine)")
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_paged_steps_on_the_gpu_match_a_contiguous_run(tiny_llama, graphs):
+    """Chunked prompts, a shared cached prefix and decodes of changing batch sizes (graph buckets 1-8, padded)."""
+    model = load(tiny_llama, torch.float32, "cuda", progress=False).model
+    runner = ModelRunner(model, num_blocks=64, block_size=4, cuda_graphs=graphs, max_batch=8)
+    assert runner.triton and (runner.graphs is not None) == graphs
+    rng = random.Random(0)
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_step_tokens=24, prefill_chunk=7)
+    shared = [rng.randrange(256) for _ in range(21)]
+    prompts = [shared + [rng.randrange(256) for _ in range(rng.randrange(1, 9))] for _ in range(6)]
+    futures = {i: [rng.randrange(256) for _ in range(rng.randrange(3, 12))] for i in range(len(prompts))}
+    sched.add(Sequence(0, prompts[0], max_tokens=len(futures[0])))
+    got = drive(sched, runner, {0: futures[0]})
+    for i in range(1, len(prompts)):
+        sched.add(Sequence(i, prompts[i], max_tokens=len(futures[i])))
+    got |= drive(sched, runner, {i: futures[i] for i in range(1, len(prompts))})
+    for i, prompt in enumerate(prompts):
+        full = prompt + futures[i]
+        ref = reference_logits(runner, full)[len(prompt) - 1:len(full) - 1]
+        # Triton's float32 dot is tf32 (10-bit mantissa): ~1e-3 relative
+        torch.testing.assert_close(torch.stack(got[i]), ref, rtol=2e-2, atol=2e-2)
+    if graphs:
+        assert set(runner.graphs._graphs) <= {1, 2, 4, 8} and len(runner.graphs._graphs) >= 2
+
+
+def generate_all(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    async def one(p):
+        return [t async for out in engine.generate(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+                for t in out.token_ids]
+
+    async def run():
+        return await asyncio.gather(*(one(p) for p in prompts))
+    return asyncio.run(run())
+
+
+def test_greedy_tokens_on_the_gpu_are_the_cpus(tiny_llama):
+    rng = random.Random(1)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(5, 60))] for _ in range(12)]
+    outputs = []
+    for device in ("cpu", "cuda"):
+        engine = LLMEngine.from_pretrained(tiny_llama, EngineConfig(device=device, dtype="float32", progress=False,
+                                                                    kv_memory=2**24, max_num_seqs=16))
+        try:
+            outputs.append(generate_all(engine, prompts, 24))
+        finally:
+            engine.shutdown()
+    same = sum(a == b for a, b in zip(*outputs))
+    assert same >= len(prompts) - 1, f"{same} of {len(prompts)} sequences equal"  # tf32 may flip one near-tie
+
+
+def test_seeded_sampling_on_the_gpu_draws_the_cpus_tokens():
+    """Penalties, top-k/top-p/min-p and the race run where the logits are; a seeded row's noise is the CPU's."""
+    logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(3)) * 4
+    params = [SamplingParams(temperature=0.8, top_k=40, seed=7), SamplingParams(temperature=1.0, top_p=0.9, seed=8),
+              SamplingParams(temperature=0.7, min_p=0.05, repetition_penalty=1.3, seed=9),
+              SamplingParams(temperature=1.2, presence_penalty=0.5, frequency_penalty=0.3, seed=10)]
+    tokens = []
+    for device in ("cpu", "cuda"):
+        rows = [SampleRow(p, [1, 2, 3], [4, 4], torch.Generator().manual_seed(p.seed)) for p in params]
+        tokens.append(Sampler(0)(logits.to(device), rows).token_ids)
+    assert tokens[0] == tokens[1]
+
+
+def test_a_decode_step_past_the_largest_bucket_runs_without_a_graph(tiny_llama):
+    model = load(tiny_llama, torch.float32, "cuda", progress=False).model
+    runner = ModelRunner(model, num_blocks=64, block_size=4, max_batch=2)
+    inputs = [StepInput([i + 1], 0, [4 * i], [i], True) for i in range(3)]
+    assert runner.execute(inputs).shape[0] == 3 and not runner.graphs._graphs
+    assert runner.execute(inputs[:2]).shape[0] == 2 and set(runner.graphs._graphs) == {2}
