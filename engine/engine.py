@@ -1,7 +1,8 @@
 """The engine loop: scheduler -> model runner -> sampler -> postprocess, in one background thread.
 
 Callers on any thread use `add_request` / `abort` / `embed` (they only post to an inbox, `add_request` after compiling
-the request's grammar); asyncio callers use `generate`, which the loop feeds through `loop.call_soon_threadsafe`.
+the request's grammar); asyncio callers use `generate`, which the loop feeds through its event loop's mailbox
+(engine/mailbox.py: one wake-up a step).
 Only the loop thread touches the scheduler, the block manager and the KV cache, so none of them needs a lock.
 """
 
@@ -23,6 +24,7 @@ from engine.constrained import Constrainer
 from engine.draft_model import DraftModelProposer, load_draft
 from engine.kv_cache import BlockManager
 from engine.loader import load
+from engine.mailbox import mailbox_for
 from engine.model_runner import ModelRunner, StepInput, num_blocks_for
 from engine.requests import RequestOutput, RequestState, Sink
 from engine.sampling import Sample, SampleRow, Sampler, SamplingParams
@@ -117,8 +119,8 @@ class LLMEngine:
         grammar is added from a worker thread: the first builds llguidance's view of the tokenizer (~0.3 s), and
         each compiles its grammar, which the caller's event loop, serving everyone else, should not wait on."""
         import asyncio
-        loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
-        args = (prompt_ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out), cache_scope)
+        box, outputs = mailbox_for(asyncio.get_running_loop()), asyncio.Queue()
+        args = (prompt_ids, params, lambda out: box.post(outputs, out), cache_scope)
         if params.grammar is None:
             request_id = self.add_request(*args)
         else:

@@ -191,7 +191,7 @@ class Scheduler:
     def _schedule_decode(self, seq: Sequence, plan: StepPlan, draft: list[int], budget: int) -> int:
         """Schedule seq's pending token, preempting newest sequences for memory, and its draft tokens if
         budget and free memory allow (drafts never preempt). Returns tokens used."""
-        if len(draft) >= budget or not self.blocks.can_append(seq, 1 + len(draft)):
+        if draft and (len(draft) >= budget or not self.blocks.can_append(seq, 1 + len(draft))):
             draft = []
         while not self.blocks.can_append(seq, 1):
             victim = self.running[-1]
