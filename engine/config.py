@@ -91,9 +91,13 @@ class EngineConfig:
         if isinstance(self.dtype, str) and self.dtype not in _DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(map(repr, _DTYPES))}, got {self.dtype!r}")
         try:
-            torch.device(self.device)
+            device = torch.device(self.device)
         except RuntimeError as e:
             raise ValueError(f'device: not a torch device ("cpu", "cuda", "cuda:1", ...), got {self.device!r}') from e
+        if device.type == "cuda" and (device.index or 0) >= (torch.cuda.device_count() if torch.cuda.is_available()
+                                                             else 0):
+            # was "could not start: Torch not compiled with CUDA enabled", with no word of which setting asked
+            raise ValueError(f"device: {self.device!r} asked, but {_cuda_here()}")
 
     @property
     def kv_int8(self) -> bool:
@@ -105,6 +109,13 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if torch.device(self.device).type == "cuda" or _cpu_has_bf16() else torch.float32
         return getattr(torch, self.dtype)
+
+
+def _cuda_here() -> str:
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build; use \"cpu\" or install a CUDA build of torch"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"torch sees {count} CUDA device{'s' * (count != 1)} here" + ("; use \"cpu\"" if not count else "")
 
 
 def _cpu_has_bf16() -> bool:

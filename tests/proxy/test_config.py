@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from proxy.config import ConfigError, load_config, parse_config
 
@@ -84,6 +85,15 @@ def test_minimal_backend_and_url_shorthand():
 def test_errors_name_the_key_path(raw, path):
     with pytest.raises(ConfigError, match=path.replace("[", r"\[").replace("]", r"\]")):
         parse_config(raw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose torch has no CUDA device")
+def test_an_engine_on_cuda_where_torch_has_none_is_a_config_error_naming_the_key():
+    """It was `velo serve`'s "could not start: Torch not compiled with CUDA enabled", naming no setting."""
+    with pytest.raises(ConfigError, match=r"backends\[0\]\.options\.device: 'cuda' asked, but .*use \"cpu\""):
+        parse_config({"backends": [{"name": "e", "kind": "engine", "options": {"device": "cuda"}}]})
+    with pytest.raises(ConfigError, match=r"backends\[0\]\.options\.device: 'cuda:1' asked"):
+        parse_config({"backends": [{"name": "e", "kind": "engine", "options": {"device": "cuda:1"}}]})
 
 
 def test_bad_toml_is_a_config_error(tmp_path):
