@@ -51,8 +51,9 @@ class DecodeGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, _Captured] = {}
 
-    def fits(self, batch: int) -> bool:
-        return batch <= self.max_batch
+    def fits(self, tables: list[list[int]]) -> bool:
+        """Whether a decode step of sequences with these block tables has a graph."""
+        return len(tables) <= self.max_batch and max(map(len, tables)) <= self.max_blocks
 
     def capture_all(self) -> None:
         """Capture every bucket now. The buffers hold padding rows only, so the warm-up steps before each capture

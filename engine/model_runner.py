@@ -101,8 +101,8 @@ class ModelRunner:
         """Run one step; returns float logits (n, vocab): the last num_logits tokens of each input with
         `samples`, in order. `head` replaces the model's LM head (a draft scoring part of the vocabulary)."""
         self._copy_blocks(copies)
-        if self.graphs is not None and head is None and all(x.kind is GroupKind.DECODE for x in inputs) \
-                and self.graphs.fits(len(inputs)) and all(x.samples for x in inputs):
+        if self.graphs is not None and head is None and all(x.kind is GroupKind.DECODE and x.samples for x in inputs) \
+                and self.graphs.fits([x.block_table for x in inputs]):
             assert max(x.start for x in inputs) < self.model.cfg.max_position, "a position past the model's context"
             return self.graphs.run([x.token_ids[0] for x in inputs], [x.start for x in inputs],
                                    [x.slots[0] for x in inputs], [x.block_table for x in inputs])
