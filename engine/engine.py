@@ -119,7 +119,8 @@ class LLMEngine:
         grammar is added from a worker thread: the first builds llguidance's view of the tokenizer (~0.3 s), and
         each compiles its grammar, which the caller's event loop, serving everyone else, should not wait on."""
         import asyncio
-        box, outputs = mailbox_for(asyncio.get_running_loop()), asyncio.Queue()
+        loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
+        box = mailbox_for(loop)
         args = (prompt_ids, params, lambda out: box.post(outputs, out), cache_scope)
         if params.grammar is None:
             request_id = self.add_request(*args)
