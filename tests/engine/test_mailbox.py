@@ -1,7 +1,9 @@
 """Outputs posted from the engine thread reach their queues in order, with one wake-up of the loop per burst."""
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -41,3 +43,24 @@ def test_posting_to_a_closed_loop_raises_and_a_later_loop_still_gets_its_own():
         box.post(asyncio.Queue(), "late")
     with pytest.raises(RuntimeError):  # not left "scheduled", which would drop the rest silently
         box.post(asyncio.Queue(), "later")
+
+
+def test_a_closed_loop_is_not_kept_alive_by_its_mailbox():
+    """The mailbox held its loop, the key of a WeakKeyDictionary: every loop that ever called generate() stayed in
+    memory, closed, with what was still posted to it (5,000 asyncio.run calls: 5,000 mailboxes, +16 MB)."""
+    async def delivered() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        thread = threading.Thread(target=mailbox_for(asyncio.get_running_loop()).post, args=(queue, "out"))
+        thread.start()
+        assert await queue.get() == "out"
+        thread.join()
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(delivered())
+    box = mailbox_for(loop)
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert gone() is None
+    with pytest.raises(RuntimeError):  # a request still running for it: its outputs have nobody to go to
+        box.post(asyncio.Queue(), "late")
