@@ -50,6 +50,7 @@ class LLMEngine:
         self._constrainer_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox_lock, self._closed = threading.Lock(), False  # closed: the loop has stopped taking the inbox
         self._stats = {"steps": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0,
                        "preemptions": 0}
         self._snapshot = self._metrics_now()
@@ -106,7 +107,7 @@ class LLMEngine:
             matcher = self._constrainer.matcher(params.grammar)
         seq = Sequence(next(self._ids), list(prompt_ids), min(params.max_tokens, room), frozenset(stops),
                        request=RequestState(params, self.tokenizer, sink, matcher), cache_scope=cache_scope)
-        self._inbox.put(("add", seq))
+        self._post("add", seq)
         return seq.seq_id
 
     def abort(self, request_id: int) -> None:
@@ -155,7 +156,7 @@ class LLMEngine:
         engine thread (engine/threads.py says why), so the caller blocks until then."""
         done: Future = Future()
         limit = min(window or self.model_info["context_length"], self.model_info["context_length"])
-        self._inbox.put(("call", (functools.partial(self._embed, normalize=normalize, window=limit), texts, done)))
+        self._post("call", (functools.partial(self._embed, normalize=normalize, window=limit), texts, done))
         while True:
             try:
                 return done.result(timeout=1)
@@ -183,6 +184,14 @@ class LLMEngine:
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
 
+    def _post(self, kind: str, arg: object) -> None:
+        """Onto the inbox, or RuntimeError once the loop stopped taking it: a request queued behind the stop was never
+        read, and its caller waited forever (the engine backend's until its first_token_timeout, 5 minutes)."""
+        with self._inbox_lock:
+            if self._closed:
+                raise RuntimeError("engine shut down")
+            self._inbox.put((kind, arg))
+
     # -- the loop (engine thread only) ---------------------------------------------------------
 
     def _loop(self) -> None:
@@ -199,6 +208,7 @@ class LLMEngine:
                     self.scheduler.abort(seq.seq_id)
                     seq.request.fail(exc)
             self._snapshot = self._metrics_now()
+        self._close_inbox()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.abort(seq.seq_id)
             seq.request.fail(RuntimeError("engine shut down"))
@@ -226,6 +236,20 @@ class LLMEngine:
                     done.set_exception(exc)
             elif (seq := self.scheduler.abort(arg)) is not None:
                 seq.request.finish(seq, "abort")
+
+    def _close_inbox(self) -> None:
+        """Stop taking the inbox, and fail the requests and calls that came after the stop."""
+        with self._inbox_lock:
+            self._closed = True
+        while True:
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                arg.request.fail(RuntimeError("engine shut down"))
+            elif kind == "call":
+                arg[2].set_exception(RuntimeError("engine shut down"))
 
     def _step(self) -> None:
         drafts = self._propose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -100,6 +101,24 @@ def test_abort_finishes_the_stream_and_frees_blocks(tiny_llama, engine_factory):
         time.sleep(0.01)
     metrics = eng.metrics()
     assert metrics["running"] == metrics["waiting"] == 0 and metrics["kv_usage"] == 0.0
+
+
+def test_requests_sent_as_or_after_the_engine_shuts_down_fail_rather_than_wait(tiny_llama, engine_factory):
+    """Those queued behind the stop were never read: their callers waited forever (the engine backend's until its
+    first_token_timeout, 5 minutes), as did one sent to an engine already shut down."""
+    eng = engine_factory(tiny_llama)
+    stopping = threading.Thread(target=eng.shutdown)
+    stopping.start()
+
+    def end_of_one() -> str:
+        try:
+            return collect(submit(eng, [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))[1], 10)[-1].finish_reason
+        except RuntimeError as e:  # refused (sent after the stop) or failed (running as it stopped)
+            return str(e)
+    ends = [end_of_one() for _ in range(20)]
+    stopping.join()
+    ends.append(end_of_one())
+    assert set(ends) <= {"length", "engine shut down"} and ends[-1] == "engine shut down"
 
 
 def test_no_leak_after_random_requests_with_aborts(tiny_llama, engine_factory):
