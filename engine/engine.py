@@ -51,6 +51,7 @@ class LLMEngine:
         self._ids = itertools.count(1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._inbox_lock, self._closed = threading.Lock(), False  # closed: the loop has stopped taking the inbox
+        self._stepping: list[Sequence] = []  # the sequences of the step under way
         self._stats = {"steps": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0,
                        "preemptions": 0}
         self._snapshot = self._metrics_now()
@@ -204,7 +205,8 @@ class LLMEngine:
                 self._step()
             except Exception as exc:  # fail every live request rather than hang their streams
                 log.exception("engine step failed")
-                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                # with those the step finished before it could say so: they are in no queue any more
+                for seq in [*self.scheduler.running, *self.scheduler.waiting, *self._stepping]:
                     self.scheduler.abort(seq.seq_id)
                     seq.request.fail(exc)
             self._snapshot = self._metrics_now()
@@ -254,6 +256,7 @@ class LLMEngine:
     def _step(self) -> None:
         drafts = self._propose()
         plan = self.scheduler.schedule({sid: d.tokens for sid, d in drafts.items()})
+        self._stepping = [item.seq for item in plan.items]
         self._stats["preemptions"] += len(plan.preempted)
         for seq in plan.preempted:
             seq.request.requeue(seq)
@@ -261,6 +264,7 @@ class LLMEngine:
             logits = self.runner.execute(_step_inputs(plan), plan.copies)
             samples = self._sample(plan.sampling, logits, drafts)
             self._postprocess(plan, samples)
+        self._stepping = []  # streamed: they need not outlive the step (their sinks hold their event loops)
 
     def _propose(self) -> dict[int, Draft]:
         """Speculative drafts for the running, decoding, eligible sequences (none without speculation or

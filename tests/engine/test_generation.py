@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
+from engine.requests import RequestState
 from tests.engine.conftest import collect, generate, submit, text_of, tokens_of
 from tests.engine.tiny import write_tiny_model
 
@@ -119,6 +120,25 @@ def test_requests_sent_as_or_after_the_engine_shuts_down_fail_rather_than_wait(t
     stopping.join()
     ends.append(end_of_one())
     assert set(ends) <= {"length", "engine shut down"} and ends[-1] == "engine shut down"
+
+
+def test_a_step_that_fails_after_finishing_requests_fails_them_too(tiny_llama, engine_factory, monkeypatch):
+    """The step's requests that ended in it were out of the scheduler's queues before they were streamed: a failure
+    then (here, streaming the first of them) failed nobody, and all three callers waited forever."""
+    eng = engine_factory(tiny_llama)
+    emit = RequestState.emit
+
+    def failing(self: RequestState, seq, sample) -> int:
+        if seq.finished:
+            raise ValueError("no text for this token")
+        return emit(self, seq, sample)
+    monkeypatch.setattr(RequestState, "emit", failing)
+    requests = [submit(eng, [i, 2, 3], SamplingParams(max_tokens=3, **GREEDY))[1] for i in range(1, 4)]
+    for outputs in requests:
+        with pytest.raises(ValueError, match="no text for this token"):
+            collect(outputs, timeout=10)
+    monkeypatch.undo()
+    assert tokens_of(generate(eng, [1, 2, 3], SamplingParams(max_tokens=3, **GREEDY)))  # the engine goes on
 
 
 def test_no_leak_after_random_requests_with_aborts(tiny_llama, engine_factory):
