@@ -13,9 +13,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from adapters import keep_alive
+from adapters.base import Backend
 from adapters.errors import ModelNotFound
 from adapters.protocol import KEPT_LOADED_S, rfc3339
 
@@ -73,6 +74,20 @@ class Residency:
                 # a backend that unloads for itself needs its stay only while requests run: kept, every name a
                 # client made up (answered by a backend that takes any name, or refused by a later stage) stayed
                 del self.stays[_key(target)]
+
+    async def adopt(self, backends: Iterable[Backend]) -> None:
+        """Models loaded before any request (the engine loads its model as Velo starts) stay their backend's
+        default `keep_alive` from now, as after a request: without a stay, /api/ps said "kept forever" and the model
+        held its memory until a request came and went."""
+        for backend in backends:
+            if not backend.idle_unload:
+                continue
+            for model in await backend.running():
+                key = (backend.name, model.name)
+                if key not in self.stays:
+                    self.stays[key] = (Target(backend, model.name),
+                                       Stay(keep_s=keep_alive.seconds(backend.default_keep_alive)))
+        self._wake.set()
 
     async def load(self, target: Target, keep: Any) -> int:
         """A bare load request (no prompt): nanoseconds spent loading."""

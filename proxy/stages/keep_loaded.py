@@ -20,6 +20,7 @@ class KeepLoaded(Stage):
         self.residency, _ = services.lease.hold("residency", Residency, _close)
 
     async def start(self) -> None:
+        await self.residency.adopt(self.services.router.backends.values())
         await self.residency.start()
 
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:

@@ -180,3 +180,29 @@ async def test_stays_outlive_a_config_reload():
         await asyncio.sleep(0.02)
     assert backend.unloads == 1  # its keep_alive ran out after the first configuration retired
     await generations.close()
+
+
+async def test_a_model_loaded_at_start_stays_its_backends_keep_alive_and_no_longer():
+    """The engine loads its model when Velo starts; with no request yet it had no stay, so /api/ps said "kept
+    forever" and the model (its KV memory: half a GPU by default) stayed loaded until a request came and went."""
+    import tempfile
+
+    from proxy.config import Config
+    from proxy.generation import Generation
+    from proxy.keep import Keep
+    config = Config()
+    config.presets.path = tempfile.mktemp()
+    backend = Unloadable()
+    backend.default_keep_alive = "0.3s"
+    generation = Generation.build(1, config, Keep(), {"s": backend})
+    await generation.start()
+    try:
+        expires = generation.pipeline.residency.expires_at("scripted", "tiny:latest")
+        assert expires is not None and datetime.fromisoformat(expires).timestamp() - time.time() <= 0.3
+        for _ in range(100):
+            if backend.unloads:
+                break
+            await asyncio.sleep(0.02)
+        assert backend.unloads == 1 and not backend.loaded
+    finally:
+        await generation.close()
