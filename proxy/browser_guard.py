@@ -42,7 +42,8 @@ ALLOW_HEADERS = ",".join([
     # what Anthropic's SDK adds in a browser: without them no web page could use /v1/messages (LobeChat); its tool
     # runner adds x-stainless-helper
     "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
-    "Cache-Control", "X-Api-Key", "X-Velo-Cache"])  # the last three: Velo's own (cache bypass, keys)
+    # Velo's own: cache bypass, keys, the client's name (fair queueing, an autocomplete's place)
+    "Cache-Control", "Pragma", "X-Api-Key", "X-Velo-Cache", "X-Velo-Client"])
 # `*` is every header, for a request without credentials; a request with them reads `*` as a name, so Velo's own
 # headers are named too
 EXPOSE_HEADERS = ",".join(["*", "Retry-After", "x-request-id", *(f"X-Velo-{h}" for h in (

@@ -61,6 +61,15 @@ async def test_a_page_can_use_the_anthropic_sdk_and_read_every_header_velo_sends
     assert "X-Velo-Token-Count" in resp.headers and "X-Velo-Token-Count" in exposed
 
 
+async def test_a_page_may_send_the_headers_velo_reads(client):
+    """X-Velo-Client (the fair queue's client, an autocomplete's place) and Pragma (a cache bypass, as in
+    config.example.toml) failed a page's preflight: the browser sent none of its requests."""
+    asked = "x-velo-client,pragma,x-velo-cache,cache-control,content-type"
+    resp = await client.options("/api/chat", headers={**preflight("http://localhost:5173"),
+                                                      "Access-Control-Request-Headers": asked})
+    assert set(asked.split(",")) <= set(resp.headers["Access-Control-Allow-Headers"].lower().split(","))
+
+
 @pytest.mark.parametrize("path, body, shape", [
     ("/api/chat", CHAT, lambda b: isinstance(b["error"], str)),
     ("/v1/chat/completions", CHAT, lambda b: b["error"]["type"] == "permission_error")])
