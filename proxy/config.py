@@ -197,6 +197,8 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
     """What depends on the kind: a url, and the kind's own options, checked now rather than at first use."""
     if cfg.kind not in KINDS:
         raise SchemaError(f"{path}.kind: must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
+    if cfg.model == "":
+        raise SchemaError(f"{path}.model: empty; name a GGUF file, or leave it out and give a url")
     if cfg.model is not None and (cfg.kind != "llamacpp" or cfg.urls):
         raise SchemaError(f"{path}.model: only a llamacpp backend without a url runs its own server from a model file")
     if cfg.model is not None and not cfg.command:

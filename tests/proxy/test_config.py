@@ -108,6 +108,8 @@ def test_a_managed_llamacpp_backend_needs_a_model_or_a_url_never_both():
     ok = parse_config({"backends": [{"name": "m", "kind": "llamacpp", "model": "/m.gguf", "ttl_s": 5}]})
     assert ok.backends[0].command == ["llama-server"] and ok.backends[0].max_loaded == 1
     for bad, where in (({"kind": "llamacpp"}, "backends[0].url"),
+                       # an empty path (a template's unset variable) started a backend with neither: no model, ever
+                       ({"kind": "llamacpp", "model": ""}, "backends[0].model"),
                        ({"kind": "llamacpp", "model": "/m.gguf", "command": []}, "backends[0].command"),
                        ({"kind": "llamacpp", "model": "/m.gguf", "url": "http://x"}, "backends[0].model"),
                        ({"kind": "ollama", "model": "/m.gguf"}, "backends[0].model")):
