@@ -78,13 +78,14 @@ class Residency:
     async def adopt(self, backends: Iterable[Backend]) -> None:
         """Models loaded before any request (the engine loads its model as Velo starts) stay their backend's
         default `keep_alive` from now, as after a request: without a stay, /api/ps said "kept forever" and the model
-        held its memory until a request came and went."""
+        held its memory until a request came and went. A stay of another backend under the name (the one a reload
+        replaced, which unloads as it closes) is not this model's."""
         for backend in backends:
             if not backend.idle_unload:
                 continue
             for model in await backend.running():
                 key = (backend.name, model.name)
-                if key not in self.stays:
+                if key not in self.stays or self.stays[key][0].backend is not backend:
                     self.stays[key] = (Target(backend, model.name),
                                        Stay(keep_s=keep_alive.seconds(backend.default_keep_alive)))
         self._wake.set()

@@ -206,3 +206,34 @@ async def test_a_model_loaded_at_start_stays_its_backends_keep_alive_and_no_long
         assert backend.unloads == 1 and not backend.loaded
     finally:
         await generation.close()
+
+
+async def test_a_backend_a_reload_opens_anew_gets_its_own_stay():
+    """A reload that changes an engine's table opens a new engine under the same name, which loads its model; the
+    stay the old one's requests left named the old backend, so the new model stayed loaded for good."""
+    import tempfile
+
+    from proxy.config import Config
+    from proxy.generation import Generation, Generations
+    from proxy.keep import Keep
+    config = Config()
+    config.presets.path = tempfile.mktemp()
+    keep, old, new = Keep(), Unloadable(), Unloadable()
+    first = Generation.build(1, config, keep, {"s": old})
+    await first.start()
+    generations = Generations(first)
+    with first.pipeline.residency.use(await first.router.resolve("tiny"), "1h"):
+        pass
+    new.default_keep_alive, new.config.urls = "0.3s", ["http://scripted/changed"]  # a changed table: opened anew
+    second = Generation.build(2, config, keep, {"s": new})
+    assert second.backends["s"] is new
+    await second.start()
+    generations.swap(second)
+    try:
+        for _ in range(100):
+            if new.unloads:
+                break
+            await asyncio.sleep(0.02)
+        assert new.unloads == 1
+    finally:
+        await generations.close()
