@@ -27,6 +27,7 @@ from adapters.errors import Forbidden
 
 from .dialects import dialect_of
 from .errors import error_response
+from .inflight import request_id
 
 LOCAL_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
                       for port in ("", ":*") for scheme in ("http", "https")) + (
@@ -88,14 +89,14 @@ def guard(policy: OriginPolicy):
     async def browser_guard(request: web.Request, handler) -> web.StreamResponse:
         dialect, host = dialect_of(request.path, request.headers), request.headers.get("Host", "")
         if policy.check_host and not policy.host_allowed(host):
-            return error_response(Forbidden(f"host {host!r} is not a local name; Velo answers only local names "
-                                            "while bound to loopback"), dialect)
+            return _refused(request, dialect, f"host {host!r} is not a local name; Velo answers only local names "
+                                              "while bound to loopback")
         origin = request.headers.get("Origin")
         if not origin or origin in (f"http://{host}", f"https://{host}"):
             return await handler(request)  # not a cross-origin request
         if not policy.origin_allowed(origin):
-            return error_response(Forbidden(f"origin {origin!r} is not allowed; add it to [server] origins "
-                                            "or OLLAMA_ORIGINS"), dialect)
+            return _refused(request, dialect, f"origin {origin!r} is not allowed; add it to [server] origins "
+                                              "or OLLAMA_ORIGINS")
         request[_ORIGIN] = origin
         if request.method == "OPTIONS":  # as gin's cors answers Ollama's: any OPTIONS, preflight or not
             return web.Response(status=204, headers={
@@ -111,6 +112,12 @@ def guard(policy: OriginPolicy):
             response.headers.add("Vary", "Origin")
 
     return browser_guard, add_cors_headers
+
+
+def _refused(request: web.Request, dialect: str, message: str) -> web.Response:
+    """403 in the client's dialect; Anthropic's names the request's id in its body, as its other errors do."""
+    rid = request_id(request) if dialect == "anthropic" else None
+    return error_response(Forbidden(message), dialect, request_id=rid)
 
 
 def _hostname(host: str) -> str:

@@ -112,3 +112,13 @@ async def test_dns_rebinding_host_is_refused(client, scripted):
     resp = await client.post("/api/chat", json=CHAT, headers={"Host": "evil.example:8000"})
     assert resp.status == 403 and "evil.example" in (await resp.json())["error"]
     assert scripted.requests == []
+
+
+async def test_an_anthropic_client_refused_here_gets_its_request_id_in_the_body(client):
+    """Every other Anthropic error names the request's id in its body, as Anthropic's do; the guard's two did not."""
+    message = {"model": "tiny", "max_tokens": 5, "messages": CHAT["messages"]}
+    for headers in ({"Origin": "https://evil.example"}, {"Host": "evil.example:8000"}):
+        resp = await client.post("/v1/messages", json=message, headers=headers)
+        body = await resp.json()
+        assert resp.status == 403 and body["error"]["type"] == "permission_error"
+        assert body["request_id"] == resp.headers["request-id"] == resp.headers["X-Velo-Request-Id"]
