@@ -69,6 +69,9 @@ class Backend(ABC):
     constrains_format = False  # True where `format` is decoded under a grammar, so the answer can stream unchecked
     default_keep_alive: Any = None  # how long a model stays after a request without keep_alive (None: 5 minutes)
     idle_unload = False  # True where Velo loads the model itself and unloads it when keep_alive runs out (engine)
+    # True where the model's window is known only once its server runs (a managed llama-server before its first
+    # start: its flags and llama.cpp's version decide it)
+    window_once_started = False
     knows_capabilities = True  # its models' capabilities are facts (False: assumed, as the OpenAI API cannot say)
     # True where a name the server does not list would still be answered, by another model (a single-model
     # llama-server ignores `model`): such names are Ollama's 404, not a silent stand-in

@@ -81,6 +81,8 @@ async def dies_with_velo(cmd: list[str]) -> list[str]:
 
 class ManagedLlamaCpp(LlamaCppBackend):
     knows_capabilities = False  # stopped, it lists what the file tells (asking would start it): suffix goes through
+    window_once_started = True
+
     def __init__(self, config: BackendConfig, swaps: Swaps):
         super().__init__(config)
         assert config.model, "a managed llama-server needs a model file"

@@ -65,7 +65,8 @@ def lacks_completion(model: str, info: ModelInfo, chat: bool) -> None:
 class Fit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        info = await self.services.router.model_info(job.target)
+        info = await _with_window(await self.services.router.model_info(job.target), job.target.backend,
+                                  job.target.model)
         req = self._capped(job.request, info)
         if info is not None:  # a model the backend cannot describe is left to the backend
             self._check_insert(req, info, job)
@@ -132,6 +133,16 @@ class Fit(Stage):
                                       "but the backend cannot give (a llama-server slot is its -c over its -np)")
             req, tokens = await _trimmed(job, info, req, tokens, limit)
         return _output_within(req, limit - tokens) if room else req
+
+
+async def _with_window(info: ModelInfo | None, backend: Backend, model: str) -> ModelInfo | None:
+    """A managed llama-server that never ran has no window to fit a prompt to: it is started now (this request
+    would start it next) and asked. A long chat went to it unfitted, llama-server's 400 where Ollama trims, also
+    while the router kept what the server said before it started (30 s)."""
+    if info is None or info.context_length or not backend.window_once_started or "completion" not in info.capabilities:
+        return info
+    await backend.load(model, None)  # None: the server's own ttl_s; the request's keep_alive applies at its end
+    return await backend.show(model)
 
 
 def _window(info: ModelInfo | None, req: Request) -> int | None:

@@ -109,6 +109,20 @@ async def test_an_idle_server_stops_after_its_ttl_and_starts_again_on_demand(tmp
         assert value(await scrape(c), "velo_managed_starts_total", backend="first") == 2
 
 
+async def test_a_long_chat_to_a_server_not_yet_started_is_fitted_to_the_window_it_serves(tmp_path):
+    """Before its first start a managed server's window is unknown (its flags and llama.cpp decide it), so a long
+    chat went to it unfitted: llama-server's 400 where Ollama drops the start of the turn, and so for the 30 s the
+    model's facts from before the start were kept."""
+    long = " ".join(["river"] * 700)  # over the 512-token slot (-c 1024 over 2)
+    async with client(managed(tmp_path, ttl_s=60, names=("first",))) as c:
+        for _ in range(2):
+            resp = await c.post("/api/chat", json={"model": "first", "stream": False, "options": {"num_predict": 2},
+                                                   "messages": [{"role": "user", "content": long}]})
+            assert resp.status == 200, await resp.text()
+            assert "characters of the last" in resp.headers["X-Velo-Context-Trimmed"]
+        assert value(await scrape(c), "velo_managed_starts_total", backend="first") == 1
+
+
 async def test_a_server_that_dies_is_started_again_by_the_next_request(tmp_path):
     """A crash (or the OOM killer) left the dead server "ready": every request got a 503 until ttl_s passed with no
     request at all. Its exit now marks it stopped, and the next request starts it again."""
