@@ -35,74 +35,65 @@ BLOCK_M = 64        # prefill queries per program
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kv_ptr, out_ptr, tables_ptr, lens_ptr, scale, block_size,
-                  stride_qt, stride_qh, stride_kind, stride_slot, stride_kvh, stride_table, stride_ot, stride_oh,
-                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr):
-    seq, kvh = tl.program_id(0), tl.program_id(1)
-    length = tl.load(lens_ptr + seq)
-    g, d, n = tl.arange(0, GROUP_PAD), tl.arange(0, D), tl.arange(0, TILE)
-    heads = kvh * GROUP + g
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=(g < GROUP)[:, None],
-                other=0.0)
-    m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-    total = tl.zeros((GROUP_PAD,), tl.float32)
-    acc = tl.zeros((GROUP_PAD, D), tl.float32)
-    for start in range(0, length, TILE):
+def _attend(q, q_pos, end, kv_ptr, tables_ptr, seq, kvh, scale, block_size, stride_kind, stride_slot, stride_kvh,
+            stride_table, M: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr):
+    """softmax(q K^T) V for q (M, D) over sequence seq's keys [0, end) of KV head kvh, each row seeing the keys up
+    to its position q_pos (M,): FlashAttention's online softmax, in float32. Returns (M, D) float32."""
+    d, n = tl.arange(0, D), tl.arange(0, TILE)
+    m = tl.full((M,), float("-inf"), tl.float32)
+    total = tl.zeros((M,), tl.float32)
+    acc = tl.zeros((M, D), tl.float32)
+    for start in range(0, end, TILE):
         pos = start + n
-        valid = pos < length
+        valid = pos < end
         block = tl.load(tables_ptr + seq * stride_table + pos // block_size, mask=valid, other=0)
         at = (block * block_size + pos % block_size)[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
         k = tl.load(kv_ptr + at, mask=valid[:, None], other=0.0)
         v = tl.load(kv_ptr + stride_kind + at, mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
+        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         total = total * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    out = acc / total[:, None]
+    return acc / total[:, None]
+
+
+@triton.jit
+def _decode_kernel(q_ptr, kv_ptr, out_ptr, tables_ptr, lens_ptr, scale, block_size,
+                   stride_qt, stride_qh, stride_kind, stride_slot, stride_kvh, stride_table, stride_ot, stride_oh,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr):
+    seq, kvh = tl.program_id(0), tl.program_id(1)
+    length = tl.load(lens_ptr + seq)
+    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+    heads, in_group = kvh * GROUP + g, (g < GROUP)[:, None]
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=in_group, other=0.0)
+    q_pos = tl.zeros((GROUP_PAD,), tl.int32) + (length - 1)  # every row is the sequence's one new token
+    out = _attend(q, q_pos, length, kv_ptr, tables_ptr, seq, kvh, scale, block_size, stride_kind, stride_slot,
+                  stride_kvh, stride_table, GROUP_PAD, D, TILE)
     tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(g < GROUP)[:, None])
+             mask=in_group)
+
 
 @triton.jit
 def _prefill_kernel(q_ptr, kv_ptr, out_ptr, tables_ptr, q_starts_ptr, q_lens_ptr, ctx_ptr, scale, block_size,
-                   stride_qt, stride_qh, stride_kind, stride_slot, stride_kvh, stride_table, stride_ot, stride_oh,
-                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
+                    stride_qt, stride_qh, stride_kind, stride_slot, stride_kvh, stride_table, stride_ot, stride_oh,
+                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_len = tl.load(q_lens_ptr + seq)
     if tile * BLOCK_M < q_len:
         q_start, ctx = tl.load(q_starts_ptr + seq), tl.load(ctx_ptr + seq)
-        rows, d, n = tile * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D), tl.arange(0, TILE)
-        row_ok = rows < q_len
-        q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        q_pos = ctx + rows
+        rows, d = tile * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D)
+        row_ok = (rows < q_len)[:, None]
+        q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], mask=row_ok,
+                    other=0.0)
         end = ctx + tl.minimum((tile + 1) * BLOCK_M, q_len)  # keys up to the tile's last query
-        kvh = head // GROUP
-        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        total = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, D), tl.float32)
-        for start in range(0, end, TILE):
-            pos = start + n
-            valid = pos < end
-            block = tl.load(tables_ptr + seq * stride_table + pos // block_size, mask=valid, other=0)
-            at = (block * block_size + pos % block_size)[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
-            k = tl.load(kv_ptr + at, mask=valid[:, None], other=0.0)
-            v = tl.load(kv_ptr + stride_kind + at, mask=valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
-        out = acc / total[:, None]
+        out = _attend(q, ctx + rows, end, kv_ptr, tables_ptr, seq, head // GROUP, scale, block_size, stride_kind,
+                      stride_slot, stride_kvh, stride_table, BLOCK_M, D, TILE)
         tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
 def paged_decode(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
