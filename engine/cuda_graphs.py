@@ -12,6 +12,7 @@ bucket it passed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class DecodeGraphs:
 
     def __init__(self, forward: Callable[[torch.Tensor, AttentionBatch], torch.Tensor], max_batch: int,
                  max_blocks: int, block_size: int, scratch_block: int, device: torch.device):
-        self.forward, self.block_size, self.scratch_block = forward, block_size, scratch_block
+        self.forward, self.block_size, self.scratch_block, self.device = forward, block_size, scratch_block, device
         self.max_batch = next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])
         n, self.max_blocks = self.max_batch, max_blocks
         # rows: token ids, positions, cache slots, key counts; padding rows write and read the scratch block
@@ -58,9 +59,10 @@ class DecodeGraphs:
     def capture_all(self) -> None:
         """Capture every bucket now. The buffers hold padding rows only, so the warm-up steps before each capture
         write to the scratch block alone."""
-        for size in BUCKETS:
-            if size <= self.max_batch and size not in self._graphs:
-                self._capture(size)
+        with on_device(self.device):
+            for size in BUCKETS:
+                if size <= self.max_batch and size not in self._graphs:
+                    self._capture(size)
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
         b, size = len(ids), next(s for s in BUCKETS if s >= len(ids))
@@ -71,8 +73,9 @@ class DecodeGraphs:
         fill_rows(self._staged_tables.numpy()[:size, :width], tables, self.scratch_block)
         self.inputs[:, :size].copy_(self._staged_inputs[:, :size], non_blocking=True)
         self.tables[:size, :width].copy_(self._staged_tables[:size, :width], non_blocking=True)
-        captured = self._graphs.get(size) or self._capture(size)
-        captured.graph.replay()
+        with on_device(self.device):  # a replay runs on the current device's stream
+            captured = self._graphs.get(size) or self._capture(size)
+            captured.graph.replay()
         return captured.logits[:b].clone()  # the next replay overwrites the buffer; a caller may keep these
 
     def _batch(self, size: int) -> AttentionBatch:
@@ -89,10 +92,19 @@ class DecodeGraphs:
                 self.forward(self.inputs[0, :size], batch)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # on this stream, of this device: torch's default capture stream is one per process, made on whichever device
+        # was current at the first capture, so a second engine's device was never captured
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
             logits = self.forward(self.inputs[0, :size], batch)
         self._graphs[size] = _Captured(graph, logits)
         return self._graphs[size]
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """`device` as the current CUDA device within: Triton launches a kernel on the current device, and a CUDA graph
+    captures and replays on the current device's stream, whatever device the tensors are on (an engine on cuda:1
+    with cuda:0 current ran its attention, and captured its graphs, on cuda:0). Nothing on a CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def fill_rows(out: np.ndarray, tables: list[list[int]], fill: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import torch
 
 from engine import kv_store
 from engine.attention import AttentionBatch, PagedTables, build_group
-from engine.cuda_graphs import DecodeGraphs, fill_rows
+from engine.cuda_graphs import DecodeGraphs, fill_rows, on_device
 from engine.models.llama import LlamaModel, fused_kernels
 
 
@@ -154,7 +154,8 @@ class ModelRunner:
                                self._tensor([s for x in inputs for s in x.slots]), [],
                                max(x.start + len(x.token_ids) for x in inputs), paged)
         quantized = not any(x.prompt for x in inputs)
-        hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches, quantized)
+        with on_device(self.device):  # the Triton kernels run on the current device
+            hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches, quantized)
         last = [s + n - k for s, n, x in zip(q_starts, q_lens, inputs) if x.samples for k in range(x.num_logits, 0, -1)]
         hidden = hidden.index_select(0, self._tensor(last))
         return head(hidden) if head else self.model.logits(hidden, quantized=quantized)
