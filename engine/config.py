@@ -76,7 +76,7 @@ class EngineConfig:
                          "loads (1-4 minutes on 2 cores the first time, cached on disk after): SmolLM2's decode step "
                          "1.8x faster (20.1 -> 11.1 ms)")
     cuda_graphs: bool = _doc(True, "on CUDA, decode steps are replayed as CUDA graphs, one per batch size bucket "
-                             "(1, 2, 4, ..., 256), captured on first use")
+                             "(1, 2, 4, ..., 256), captured while the engine loads (a draft model's as well)")
     speculative: SpeculativeConfig | None = _doc(None, "speculative decoding for eligible requests, exact (greedy "
                                                  "output unchanged in float32; in bfloat16 a near-tie may break "
                                                  "the other way); a table of the speculative keys below",

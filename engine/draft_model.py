@@ -39,11 +39,13 @@ class DraftModelProposer:
 
     @classmethod
     def for_target(cls, model: LlamaModel, target: LlamaModel, num_blocks: int, block_size: int,
-                   vocab: int = 0) -> "DraftModelProposer":
+                   vocab: int = 0, cuda_graphs: bool = True, max_batch: int = 256) -> "DraftModelProposer":
         """model drafting for target, its cost per step taken as its share of the target's parameters (those
-        its head scores)."""
-        return cls(ModelRunner(model, num_blocks, block_size), num_blocks, block_size,
-                   draft_cost(model, target, vocab), vocab)
+        its head scores). cuda_graphs, max_batch: as the ModelRunner's (the engine's setting and its speculative
+        batch); a head scoring part of the vocabulary never runs in a graph, so it gets none."""
+        graphs = cuda_graphs and not 0 < vocab < model.cfg.vocab_size
+        return cls(ModelRunner(model, num_blocks, block_size, cuda_graphs=graphs, max_batch=max_batch), num_blocks,
+                   block_size, draft_cost(model, target, vocab), vocab)
 
     def propose(self, seqs: list[Sequence], ks: list[int], rows: list[SampleRow],
                 generator: torch.Generator) -> list[Draft]:
@@ -125,14 +127,14 @@ class DraftModelProposer:
 
 
 def load_draft(path: str, target: LlamaModel, target_tokenizer: Tokenizer, num_blocks: int, block_size: int,
-               dtype: torch.dtype, device: str, progress: bool, vocab: int = 0,
-               int4: bool = True) -> DraftModelProposer:
+               dtype: torch.dtype, device: str, progress: bool, vocab: int = 0, int4: bool = True,
+               cuda_graphs: bool = True, max_batch: int = 256) -> DraftModelProposer:
     """Load a draft model; its vocabulary must be the target's, token for token."""
     loaded = load(path, dtype, device, progress=progress, int4=int4)
     if loaded.model.cfg.vocab_size != target.cfg.vocab_size or \
             loaded.tokenizer.tk.get_vocab(with_added_tokens=True) != target_tokenizer.tk.get_vocab(with_added_tokens=True):
         raise ValueError(f"draft model {path}: its vocabulary differs from the target model's")
-    return DraftModelProposer.for_target(loaded.model, target, num_blocks, block_size, vocab)
+    return DraftModelProposer.for_target(loaded.model, target, num_blocks, block_size, vocab, cuda_graphs, max_batch)
 
 
 def draft_cost(draft: LlamaModel, target: LlamaModel, vocab: int = 0) -> float:

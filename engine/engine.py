@@ -73,13 +73,14 @@ class LLMEngine:
         spec = config.speculative
         draft = None if not spec or spec.method != "draft" else load_draft(
             spec.draft_model, loaded.model, loaded.tokenizer, num_blocks, config.block_size, dtype, config.device,
-            config.progress, spec.draft_vocab, config.int4_weights)
+            config.progress, spec.draft_vocab, config.int4_weights, config.cuda_graphs, spec.max_batch)
         runner = ModelRunner(loaded.model, num_blocks, config.block_size, config.kv_int8, config.compile,
                              config.cuda_graphs, config.max_num_seqs)
         if config.compile:
             runner.warm_up()
-        if runner.graphs is not None:
-            runner.graphs.capture_all()
+        for graphs in (runner.graphs, draft and draft.runner.graphs):  # the draft's too: none captured mid-request
+            if graphs is not None:
+                graphs.capture_all()
         return cls(runner, loaded.tokenizer, loaded.info, config, num_blocks, draft)
 
     @property

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.config import SpeculativeConfig
 from engine.default_model import default_model_path
 from engine.kv_cache import BlockManager
 from engine.loader import load
@@ -103,6 +104,21 @@ def test_a_decode_step_past_the_largest_bucket_runs_without_a_graph(tiny_llama):
     inputs = [StepInput([i + 1], 0, [4 * i], [i], True) for i in range(3)]
     assert runner.execute(inputs).shape[0] == 3 and not runner.graphs._graphs
     assert runner.execute(inputs[:2]).shape[0] == 2 and set(runner.graphs._graphs) == {2}
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_draft_models_graphs_follow_the_engines_setting_and_are_captured_while_it_loads(tiny_llama, tiny_draft,
+                                                                                         graphs):
+    spec = SpeculativeConfig(method="draft", draft_model=tiny_draft, draft_vocab=0)
+    engine = LLMEngine.from_pretrained(tiny_llama, EngineConfig(device="cuda", dtype="float32", progress=False,
+                                                                kv_memory=2**24, cuda_graphs=graphs, speculative=spec))
+    try:
+        draft = engine.speculator.draft.runner.graphs
+        assert draft is None if not graphs else set(draft._graphs) == {1, 2, 4, 8}  # spec.max_batch is 8
+        assert [len(t) for t in generate_all(engine, [[1, 2, 3, 1, 2, 3], [9, 8, 7]], 16)] == [16, 16]
+        assert engine.metrics()["spec_steps"] > 0
+    finally:
+        engine.shutdown()
 
 
 # on the GPU machine no package brings the GGUF: VELO_SMOLLM2_GGUF names a copy carried there in two parts (at most

@@ -39,3 +39,16 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
     other = write_tiny_model(str(tmp_path), "llama", vocab_size=300)
     with pytest.raises(ValueError, match="vocabulary differs"):
         LLMEngine.from_pretrained(tiny_llama, EngineConfig(progress=False, speculative=SpeculativeConfig("draft", 4, other)))
+
+
+@pytest.mark.parametrize("graphs,vocab,expected", [(False, 0, False), (True, 0, True), (True, PART, False)])
+def test_the_draft_runner_takes_the_engines_cuda_graphs_setting_and_speculative_batch(
+        tiny_llama, tiny_draft, engine_factory, monkeypatch, graphs, vocab, expected):
+    """It made its own (every decode as a graph, buckets to 256, captured mid-request) whatever the engine's setting;
+    a head scoring part of the vocabulary never runs in one, so it gets none."""
+    from engine import draft_model
+    made = []
+    monkeypatch.setattr(draft_model, "ModelRunner", lambda *a, **k: made.append(k) or ModelRunner(*a, **k))
+    engine_factory(tiny_llama, cuda_graphs=graphs, speculative=SpeculativeConfig(
+        method="draft", draft_model=tiny_draft, max_batch=3, draft_vocab=vocab))
+    assert made == [{"cuda_graphs": expected, "max_batch": 3}]
