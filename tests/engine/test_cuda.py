@@ -15,7 +15,7 @@ from engine.config import SpeculativeConfig
 from engine.default_model import default_model_path
 from engine.kv_cache import BlockManager
 from engine.loader import load
-from engine.model_runner import ModelRunner, StepInput
+from engine.model_runner import ModelRunner, StepInput, num_blocks_for
 from engine.sampling import SampleRow, Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -58,6 +58,14 @@ def test_paged_steps_on_the_gpu_match_a_contiguous_run(tiny_llama, graphs, devic
         torch.testing.assert_close(torch.stack(got[i]), ref, rtol=2e-2, atol=2e-2)
     if graphs:
         assert set(runner.graphs._graphs) == {1, 2, 4, 8}
+
+
+def test_kv_memory_as_a_fraction_sees_memory_an_unloaded_engine_left_in_torchs_cache_as_free(tiny_llama):
+    model = load(tiny_llama, torch.float32, "cuda", progress=False).model
+    before = num_blocks_for(model, 0.5, 16, torch.float32, "cuda")
+    held = torch.empty(8 * 2**30, dtype=torch.uint8, device="cuda")  # as an engine's KV cache
+    del held  # freed into torch's cache, not to the driver
+    assert num_blocks_for(model, 0.5, 16, torch.float32, "cuda") == pytest.approx(before, rel=0.01)
 
 
 def generate_all(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
+from engine import kv_store
 from engine.kv_cache import BlockManager
 from engine.loader import load
-from engine.model_runner import ModelRunner, StepInput
+from engine.model_runner import ModelRunner, StepInput, num_blocks_for
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 
@@ -96,3 +97,13 @@ def test_compiled_decode_steps_match_eager_ones(tiny_llama):
     for inputs in steps:
         torch.testing.assert_close(compiled.execute(inputs), eager.execute(inputs), rtol=1e-4, atol=1e-4)
     assert compiled._compiled is not None and eager._compiled is None
+
+
+def test_kv_memory_as_a_fraction_counts_what_torchs_cuda_allocator_holds_unused_as_free(model, monkeypatch):
+    """An engine unloaded in this process leaves its memory in torch's cache, which the driver counts as used."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * gib, 8 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 5 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 1 * gib)
+    per_block = kv_store.bytes_per_token(model.cfg, torch.float32, False) * 16
+    assert num_blocks_for(model, 0.5, 16, torch.float32, "cuda") == 3 * gib // per_block
