@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine import kv_store
-from engine.attention import AttentionBatch, PagedTables, build_group
+from engine.attention import AttentionBatch, AttentionGroup, PagedTables, build_group
 from engine.cuda_graphs import DecodeGraphs, fill_rows, on_device
 from engine.models.llama import LlamaModel, fused_kernels
 
@@ -109,31 +109,24 @@ class ModelRunner:
             assert max(x.start for x in inputs) < self.model.cfg.max_position, "a position past the model's context"
             return self.graphs.run([x.token_ids[0] for x in inputs], [x.start for x in inputs],
                                    [x.slots[0] for x in inputs], [x.block_table for x in inputs])
-        if self.triton:
-            return self._execute_paged(inputs, head)
-        token_starts, offset = [], 0
-        for x in inputs:
-            token_starts.append(offset)
-            offset += len(x.token_ids)
-        groups = []
-        for kind in GroupKind:
-            idx = [i for i, x in enumerate(inputs) if x.kind is kind]
-            if idx:
-                groups.append(build_group([token_starts[i] for i in idx], [inputs[i].start for i in idx],
-                                          [len(inputs[i].token_ids) for i in idx],
-                                          [inputs[i].block_table for i in idx], self.block_size, self.device))
-        batch = AttentionBatch(
-            positions=self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
-            slot_mapping=self._tensor([s for x in inputs for s in x.slots]), groups=groups,
-            num_positions=max(x.start + len(x.token_ids) for x in inputs))
-        decode = self._compiled is not None and all(x.kind is GroupKind.DECODE for x in inputs)
-        forward = self._compiled if decode else self.model
-        hidden = forward(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches,
-                         quantized=not any(x.prompt for x in inputs))
+        token_starts = [0, *itertools.accumulate(len(x.token_ids) for x in inputs)][:-1]
+        positions = self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))])
+        slots = self._tensor([s for x in inputs for s in x.slots])
+        ids = self._tensor([t for x in inputs for t in x.token_ids])
+        num_positions = max(x.start + len(x.token_ids) for x in inputs)
+        quantized = not any(x.prompt for x in inputs)
+        if self.triton:  # any mix of prompt chunks, verifications and decodes in one launch a layer, nothing padded
+            batch = AttentionBatch(positions, slots, [], num_positions, self._paged_tables(inputs, token_starts))
+            with on_device(self.device):  # the Triton kernels run on the current device
+                hidden = self.model(ids, batch, self.caches, quantized)
+        else:
+            batch = AttentionBatch(positions, slots, self._groups(inputs, token_starts), num_positions)
+            decode = self._compiled is not None and all(x.kind is GroupKind.DECODE for x in inputs)
+            hidden = (self._compiled if decode else self.model)(ids, batch, self.caches, quantized=quantized)
         last = [token_starts[i] + len(x.token_ids) - n for i, x in enumerate(inputs) if x.samples
                 for n in range(x.num_logits, 0, -1)]
         hidden = hidden.index_select(0, self._tensor(last))
-        return head(hidden) if head else self.model.logits(hidden, quantized=not any(x.prompt for x in inputs))
+        return head(hidden) if head else self.model.logits(hidden, quantized=quantized)
 
     def _decode_logits(self, ids: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """A decode step from token ids to float logits, all on the GPU: what a CUDA graph captures, with
@@ -141,27 +134,27 @@ class ModelRunner:
         with fused_kernels(self.fuse_graphs):
             return self.model.logits(self.model(ids, batch, self.caches, quantized=True), quantized=True)
 
-    def _execute_paged(self, inputs: list[StepInput], head) -> torch.Tensor:
-        """A step through the Triton kernels: any mix of prompt chunks, verifications and decodes in one launch
-        per layer, with no padded groups to build."""
+    def _groups(self, inputs: list[StepInput], token_starts: list[int]) -> list[AttentionGroup]:
+        """One padded group per kind of input (SDPA over gathered blocks: the CPU path)."""
+        groups = []
+        for kind in GroupKind:
+            idx = [i for i, x in enumerate(inputs) if x.kind is kind]
+            if idx:
+                groups.append(build_group([token_starts[i] for i in idx], [inputs[i].start for i in idx],
+                                          [len(inputs[i].token_ids) for i in idx],
+                                          [inputs[i].block_table for i in idx], self.block_size, self.device))
+        return groups
+
+    def _paged_tables(self, inputs: list[StepInput], token_starts: list[int]) -> PagedTables:
+        """The inputs' block tables and spans for the Triton kernels, in two host-to-device copies."""
         q_lens = [len(x.token_ids) for x in inputs]
-        q_starts = [0, *itertools.accumulate(q_lens)][:-1]
+        ctx = [x.start for x in inputs]
+        small = torch.tensor([token_starts, q_lens, ctx, [c + n for c, n in zip(ctx, q_lens)]],
+                             dtype=torch.int32).to(self.device)
         width = max(len(x.block_table) for x in inputs)
-        ends = [x.start + n for x, n in zip(inputs, q_lens)]
-        small = torch.tensor([q_starts, q_lens, [x.start for x in inputs], ends], dtype=torch.int32).to(self.device)
         rows = fill_rows(np.empty((len(inputs), width), dtype=np.int32), [x.block_table for x in inputs], 0)
-        tables = torch.from_numpy(rows).to(self.device)
-        paged = PagedTables(tables, small[3], self.block_size, decode=max(q_lens) == 1, q_starts=small[0],
-                            q_lens=small[1], ctx=small[2], max_q_len=max(q_lens))
-        batch = AttentionBatch(self._tensor([p for x in inputs for p in range(x.start, x.start + len(x.token_ids))]),
-                               self._tensor([s for x in inputs for s in x.slots]), [],
-                               max(x.start + len(x.token_ids) for x in inputs), paged)
-        quantized = not any(x.prompt for x in inputs)
-        with on_device(self.device):  # the Triton kernels run on the current device
-            hidden = self.model(self._tensor([t for x in inputs for t in x.token_ids]), batch, self.caches, quantized)
-        last = [s + n - k for s, n, x in zip(q_starts, q_lens, inputs) if x.samples for k in range(x.num_logits, 0, -1)]
-        hidden = hidden.index_select(0, self._tensor(last))
-        return head(hidden) if head else self.model.logits(hidden, quantized=quantized)
+        return PagedTables(torch.from_numpy(rows).to(self.device), small[3], self.block_size, decode=max(q_lens) == 1,
+                           q_starts=small[0], q_lens=small[1], ctx=small[2], max_q_len=max(q_lens))
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int]) -> torch.Tensor:

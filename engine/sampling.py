@@ -212,7 +212,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
     """Logit bias, then repetition penalty (HF: divide positive logits, multiply negative ones, for every seen
     token), then presence and frequency penalties over output-token counts."""
     if any(r.params.logit_bias for r in rows):  # OpenAI's: on the raw logits; ids past the vocabulary ignored
-        logits = logits.clone()  # `.float().cpu()` of float CPU logits is the model's own tensor
+        logits = logits.clone()  # `.float()` of float logits is the model's own tensor
         for i, r in enumerate(rows):
             ids = [t for t in r.params.logit_bias if t < logits.shape[1]]
             logits[i, ids] += torch.tensor([r.params.logit_bias[t] for t in ids], device=logits.device)
