@@ -89,6 +89,16 @@ class Router:
             await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
         return entry.info
 
+    async def model_info_now(self, target: Target) -> ModelInfo | None:
+        """Asked again now and kept, for what a backend says differently once it runs (a managed llama-server's
+        window): the requests after it read the new answer from here rather than ask the backend again."""
+        entry = self._info.get((target.backend.name, target.model))
+        if entry is None:
+            return await self.model_info(target)
+        entry.task = self._ask(target, entry)
+        await asyncio.wait([asyncio.shield(entry.task)], timeout=self.listing_timeout)
+        return entry.info
+
     def _ask(self, target: Target, entry: _Info) -> asyncio.Task:
         task = asyncio.create_task(self._show(target, entry))
         self._asking.add(task)

@@ -27,6 +27,7 @@ from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, Mo
 
 from ..dialects import RULES
 from ..job import Job, Request
+from ..router import Target
 from ..token_count import count, surely_under
 from .base import Next, Stage
 
@@ -65,8 +66,7 @@ def lacks_completion(model: str, info: ModelInfo, chat: bool) -> None:
 class Fit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
-        info = await _with_window(await self.services.router.model_info(job.target), job.target.backend,
-                                  job.target.model)
+        info = await self._with_window(await self.services.router.model_info(job.target), job.target)
         req = self._capped(job.request, info)
         if info is not None:  # a model the backend cannot describe is left to the backend
             self._check_insert(req, info, job)
@@ -75,6 +75,17 @@ class Fit(Stage):
         async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
             async for chunk in rest:
                 yield chunk
+
+    async def _with_window(self, info: ModelInfo | None, target: Target) -> ModelInfo | None:
+        """A managed llama-server that never ran has no window to fit a prompt to: it is started now (this request
+        would start it next) and the router asks it again. A long chat went to it unfitted, llama-server's 400 where
+        Ollama trims, also while the router kept what the server said before it started (30 s)."""
+        backend = target.backend
+        if info is None or info.context_length or not backend.window_once_started \
+                or "completion" not in info.capabilities:
+            return info
+        await backend.load(target.model, None)  # None: the server's own ttl_s; the request's keep_alive at its end
+        return await self.services.router.model_info_now(target)
 
     def _capped(self, req: Request, info: ModelInfo | None) -> Request:
         """Velo's default output limit where the client set none. Ollama's -1 (until done), -2 (fill the context)
@@ -133,16 +144,6 @@ class Fit(Stage):
                                       "but the backend cannot give (a llama-server slot is its -c over its -np)")
             req, tokens = await _trimmed(job, info, req, tokens, limit)
         return _output_within(req, limit - tokens) if room else req
-
-
-async def _with_window(info: ModelInfo | None, backend: Backend, model: str) -> ModelInfo | None:
-    """A managed llama-server that never ran has no window to fit a prompt to: it is started now (this request
-    would start it next) and asked. A long chat went to it unfitted, llama-server's 400 where Ollama trims, also
-    while the router kept what the server said before it started (30 s)."""
-    if info is None or info.context_length or not backend.window_once_started or "completion" not in info.capabilities:
-        return info
-    await backend.load(model, None)  # None: the server's own ttl_s; the request's keep_alive applies at its end
-    return await backend.show(model)
 
 
 def _window(info: ModelInfo | None, req: Request) -> int | None:
