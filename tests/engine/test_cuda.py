@@ -3,7 +3,6 @@ path. Skipped without CUDA: they run on the lent GPU machine (bench/gpu_check.sh
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 
@@ -19,6 +18,7 @@ from engine.model_runner import ModelRunner, StepInput, num_blocks_for
 from engine.sampling import SampleRow, Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from tests.engine.conftest import collect, submit, tokens_of
 from tests.engine.test_model_runner import drive, reference_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lent GPU machine)")
@@ -69,13 +69,10 @@ def test_kv_memory_as_a_fraction_sees_memory_an_unloaded_engine_left_in_torchs_c
 
 
 def generate_all(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    async def one(p):
-        return [t async for out in engine.generate(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-                for t in out.token_ids]
-
-    async def run():
-        return await asyncio.gather(*(one(p) for p in prompts))
-    return asyncio.run(run())
+    """Greedy tokens of every prompt, all added before any is read, so they decode together."""
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    pending = [submit(engine, p, params)[1] for p in prompts]
+    return [tokens_of(collect(outputs)) for outputs in pending]
 
 
 def test_greedy_tokens_on_the_gpu_are_the_cpus(tiny_llama):
