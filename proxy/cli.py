@@ -20,6 +20,7 @@ from .commands import bench, chat, doctor
 from .config import Config, ConfigError, load_config
 from .default_backend import default_config
 from .inflight import InFlight, ShuttingDown
+from .log_setup import AccessLog, configure_logging
 from .request_bounds import server_options
 from .reload import Reloader
 from .state import GENERATIONS, RELOADER
@@ -63,7 +64,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     loaded its model, or to a Velo without a config file, ended the process (`systemctl reload` sends one)."""
     app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
-                           shutdown_timeout=_AFTER_ENDING_S, **server_options(config.server))
+                           shutdown_timeout=_AFTER_ENDING_S, access_log_class=AccessLog,
+                           **server_options(config.server))
     stop, hangup = stop or asyncio.Event(), _Hangup(app.get(RELOADER))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     if hasattr(signal, "SIGHUP"):  # until serve() takes it: by default a SIGHUP ends the process
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         path = find_config(args.config)
         config = asyncio.run(default_config(load_config(path) if path else None))

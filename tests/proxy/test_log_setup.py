@@ -1,0 +1,55 @@
+"""Velo's access line is aiohttp's default one, byte for byte, and is skipped where INFO is off."""
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from aiohttp.web_log import AccessLogger
+
+from proxy.log_setup import AccessLog
+
+
+class Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _without_time(line: str) -> str:
+    return line.split("[", 1)[0] + line.split("]", 1)[1]
+
+
+def test_the_access_line_is_aiohttps_default_line():
+    logger, kept = logging.getLogger("test.access"), Kept()
+    logger.addHandler(kept)
+    logger.setLevel(logging.INFO)
+    for headers in ({"User-Agent": "OpenAI/Python 1.99", "Referer": "http://localhost:3000/"}, {}):
+        request = make_mocked_request("POST", "/v1/chat/completions?x=1&y=%20", headers=headers)
+        response = web.Response(body=b'{"ok": true}', status=201)
+        AccessLogger(logger, AccessLogger.LOG_FORMAT).log(request, response, 0.25)
+        AccessLog(logger, AccessLogger.LOG_FORMAT).log(request, response, 0.25)
+        theirs, ours = kept.lines[-2:]
+        assert _without_time(ours) == _without_time(theirs)
+        assert '"POST /v1/chat/completions?x=1&y=%20 HTTP/1.1" 201 ' in ours
+    assert ours.count('"-"') == 2  # no Referer, no User-Agent
+
+
+def test_the_time_is_when_the_request_started_in_aiohttps_form():
+    at = time.time() - 3600.5
+    local = datetime.datetime.fromtimestamp(int(at)).astimezone()
+    assert AccessLog._started(at) == local.strftime("[%d/%b/%Y:%H:%M:%S %z]")
+    assert AccessLog._started(at + 1) != AccessLog._started(at)  # formatted again for another second
+
+
+def test_it_is_off_below_info():
+    logger = logging.getLogger("test.access.quiet")
+    logger.setLevel(logging.WARNING)
+    assert not AccessLog(logger, "").enabled
+    logger.setLevel(logging.INFO)
+    assert AccessLog(logger, "").enabled
