@@ -25,7 +25,7 @@ class Observe(Stage):
         assert job.target is not None
         log_prompts, backend = self.services.config.server.log_prompts, job.target.backend.name
         prompt = _prompt(job.request) if log_prompts else None
-        line = RequestLine(job.caller.path, job.model, backend, prompt)
+        line = RequestLine(job.caller.path, job.model, backend, prompt, streamed=job.request.stream)
         if job.caller.request_id:
             line.name = job.caller.request_id
         error: BaseException | None = None

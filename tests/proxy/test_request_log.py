@@ -52,6 +52,16 @@ async def test_log_prompts_logs_the_prompt_and_the_answer(scripted, caplog):
     assert start.endswith("prompt: 'secret question'") and end.endswith("answer: 'Hello world'")
 
 
+async def test_a_request_for_one_answer_logs_one_line_saying_what_a_start_line_would(scripted, caplog):
+    app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+        assert resp.status == 200
+    [end] = lines(caplog)
+    assert end.startswith(resp.headers["X-Velo-Request-Id"] + " /v1/chat/completions tiny on scripted: done (stop)")
+    assert "3 tokens (cache skip); prompt: 'secret question'; answer: 'Hello world'" in end
+
+
 async def test_a_client_that_leaves_is_logged_as_cancelled(client, scripted, caplog):
     scripted.script.delay = 0.2
     resp = await client.post("/api/chat", json=CHAT)
