@@ -13,15 +13,19 @@ cache is off (it would answer from memory, which measures the cache, not the pat
 `streamed`, asks the upstream for what Velo asks of it for a short request (a stream, read whole): Velo minus it
 is Velo's own cost; `streamed` minus direct is the upstream's extra work for the stream. A fourth, `asked`, is a
 second Velo with `always_stream = false`, which sends one-answer requests as asked (no stream, so no early find of
-a hung backend): the path as it costs without that trade.
+a hung backend): the path as it costs without that trade. With `--against REF`, a fifth is Velo from the tree of
+commit REF (the same command over the same upstream), so a change's figures come with the tree before it in the same
+run. Every Velo runs as `velo serve` runs it, its INFO logging on.
 
     python bench/proxy_overhead.py [--requests 200] [--stream-words 256] [--skip-llama] [--dialect-requests 300]
-                                   [--rps-clients 32] [--rps-seconds 5] [--litellm PATH]
+                                   [--rps-clients 32] [--rps-seconds 5] [--rps-rounds 3] [--against REF]
+                                   [--litellm PATH]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import statistics
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.http_ready import wait_until_ok  # noqa: E402
 from tests.llama_server import chat_server, free_port  # noqa: E402
+from tests.velo_serve import ROOT, velo_process  # noqa: E402
 
 MSG = [{"role": "user", "content": "Say hello"}]
 LITELLM = Path(__file__).resolve().parent.parent / ".build" / "litellm" / "bin" / "litellm"
@@ -56,18 +62,25 @@ def _run_fake(urls: multiprocessing.Queue, words: int) -> None:
     asyncio.run(run())
 
 
-def _run_velo(port: int, kind: str, upstream: str, always_stream: bool = True, models: tuple[str, ...] = ()) -> None:
-    """`models`: the names a llama-server is listed under, which are the names Velo serves it by."""
-    from adapters.base import BackendConfig
-    from proxy.cache.config import CacheConfig
-    from proxy.cli import run_server, serve
-    from proxy.config import Config, ServerConfig
+def _velo(stack: ExitStack, kind: str, upstream: str, always_stream: bool = True, models: tuple[str, ...] = (),
+          root: str = ROOT) -> tuple[str, int]:
+    """`velo serve` as a user runs it (its INFO logs included: 164 us of a request's ~870 before log_setup.py), from
+    the checkout at `root`, with its response cache off; its URL and pid. `models`: the names a llama-server is
+    listed under, which are the names Velo serves it by."""
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    config = f'[[backends]]\nname = "up"\nkind = "{kind}"\nurls = ["{upstream}"]\n'
+    config += "" if always_stream else "always_stream = false\n"  # a key trees before issue 20 do not know
+    config += f"models = {json.dumps(list(models))}\n" if models else ""
+    url, proc = stack.enter_context(velo_process(folder, config + "[cache]\nenabled = false\n", root=root))
+    return url, proc.pid
 
-    cfg = Config(server=ServerConfig(port=port), backends=[BackendConfig(name="up", kind=kind, urls=[upstream],
-                                                                         always_stream=always_stream,
-                                                                         models=list(models))],
-                 cache=CacheConfig(enabled=False))
-    run_server(serve(cfg))
+
+def _checkout(stack: ExitStack, ref: str) -> str:
+    """The tree of commit `ref` of this repository, in a folder of its own."""
+    folder = stack.enter_context(tempfile.TemporaryDirectory())
+    tree = subprocess.run(["git", "-C", ROOT, "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=tree, check=True)
+    return folder
 
 
 def _spawn(target, *args) -> multiprocessing.Process:
@@ -106,6 +119,7 @@ Sides = dict[str, str]  # side name -> base URL; "direct" is the baseline
 # client feels, the upstream's extra work for the stream included.
 STREAMED = "streamed"
 ASKED = "asked"  # Velo with `always_stream = false`
+AGAINST = "against"  # Velo from the tree of --against
 
 
 def as_sent(side: str, body: dict) -> dict:
@@ -190,6 +204,12 @@ def report(name: str, lat: dict[str, list[float]], tput: dict[str, list[float]],
     if any(cpu.values()):
         print(f"{name:14} CPU us per request at max req/s:" + ";".join(
             f" {side}: " + ", ".join(f"{proc} {us:.0f}" for proc, us in used.items()) for side, used in cpu.items()))
+    if AGAINST in lat:
+        then, v = lat[AGAINST], lat["velo"]
+        print(f"{name:14} velo against the --against tree: latency p50 {pct(v, 50) / pct(then, 50):.2f}x, "
+              f"p99 {pct(v, 99) / pct(then, 99):.2f}x" + (f", max req/s {rps['velo'] / rps[AGAINST]:.2f}x, CPU a "
+                                                         f"request {cpu['velo']['velo'] / cpu[AGAINST][AGAINST]:.2f}x"
+                                                         if rps else ""))
     if STREAMED in lat:
         up, v = lat[STREAMED], lat["velo"]
         print(f"{name:14} velo over the streamed upstream: latency p50 {(pct(v, 50) - pct(up, 50)) * 1e3:+.2f} ms, "
@@ -199,21 +219,27 @@ def report(name: str, lat: dict[str, list[float]], tput: dict[str, list[float]],
 
 async def bench_sides(name: str, sides: Sides, requests: int, short: dict, long: dict, rounds: int,
                       concurrent: int, unit: str, rps_clients: int = 0, rps_seconds: float = 0,
-                      pids: Pids | None = None) -> None:
+                      pids: Pids | None = None, rps_rounds: int = 1) -> None:
     for url in sides.values():
         await wait_until_ok(url + "/v1/models", 60, AUTH)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=AUTH) as session:
         await latency(session, sides, short, 5)  # warm connections and caches
         lat = await latency(session, sides, short, requests)
         tput = await throughput(session, sides, long, rounds, concurrent)
-        # the upstream's CPU on every side, Velo's on its own
-        measured = {side: await max_rps(session, url, as_sent(side, short), rps_clients, rps_seconds,
-                                        {p: pid for p, pid in (pids or {}).items() if p in ("upstream", side)})
-                    for side, url in sides.items()} if rps_clients else {}
+        # the upstream's CPU on every side, Velo's on its own; the sides take turns, in a rotating order
+        measured: dict[str, list[tuple[float, dict[str, float]]]] = {side: [] for side in sides}
+        names = list(sides)
+        for i in range(rps_rounds if rps_clients else 0):
+            for side in names[i % len(names):] + names[:i % len(names)]:
+                measured[side].append(await max_rps(session, sides[side], as_sent(side, short), rps_clients,
+                                                    rps_seconds, {p: pid for p, pid in (pids or {}).items()
+                                                                  if p in ("upstream", side)}))
     print(f"{name:14} {requests} sequential requests, {rounds} rounds of {concurrent} concurrent streams"
-          + (f", max req/s with {rps_clients} clients for {rps_seconds:g} s" if rps_clients else ""))
-    report(name, lat, tput, unit, {side: r for side, (r, _) in measured.items()},
-           {side: used for side, (_, used) in measured.items()})
+          + (f", max req/s with {rps_clients} clients for {rps_seconds:g} s, median of {rps_rounds} rounds"
+             if rps_clients else ""))
+    report(name, lat, tput, unit, {side: statistics.median(r for r, _ in m) for side, m in measured.items() if m},
+           {side: {proc: statistics.median(used[proc] for _, used in m) for proc in m[0][1]}
+            for side, m in measured.items() if m})
 
 
 # The same question in each dialect: (path, short non-streamed body, long streamed body).
@@ -287,51 +313,45 @@ def main() -> None:
     ap.add_argument("--dialect-requests", type=int, default=300, help="sequential requests per dialect")
     ap.add_argument("--rps-clients", type=int, default=32)
     ap.add_argument("--rps-seconds", type=float, default=5)
+    ap.add_argument("--rps-rounds", type=int, default=3, help="max req/s rounds per side, reported as the median")
+    ap.add_argument("--against", metavar="REF", help="also a Velo from this commit's tree (the same `velo serve`), "
+                    "e.g. 742e6b3, the tree before issue 15")
     ap.add_argument("--litellm", default=str(LITELLM), help="LiteLLM proxy binary (scripts/install-litellm.sh); "
                     "skipped when missing")
     args = ap.parse_args()
 
     urls = multiprocessing.get_context("spawn").Queue()
-    procs = [_spawn(_run_fake, urls, args.stream_words)]
-    fake, velo_port = urls.get(timeout=60), free_port()
-    velo = f"http://127.0.0.1:{velo_port}"
-    procs.append(_spawn(_run_velo, velo_port, "openai", fake))
-    asked_port = free_port()
-    procs.append(_spawn(_run_velo, asked_port, "openai", fake, False))
+    fake_proc = _spawn(_run_fake, urls, args.stream_words)
+    fake = urls.get(timeout=60)
     short = {"model": "fake", "messages": MSG, "max_tokens": 8}
     long = {"model": "fake", "messages": MSG, "stream": True}
-    sides = {"direct": fake, STREAMED: fake, "velo": velo, ASKED: f"http://127.0.0.1:{asked_port}"}
-    litellm = None
-    if Path(args.litellm).exists():
-        litellm, sides["litellm"] = _start_litellm(args.litellm, fake, "fake")
-    else:
-        print(f"no LiteLLM at {args.litellm}: run scripts/install-litellm.sh for the peer figures")
-    try:
+    with ExitStack() as stack:
+        stack.callback(fake_proc.terminate)
+        (velo, pid), (asked, asked_pid) = _velo(stack, "openai", fake), _velo(stack, "openai", fake, False)
+        sides = {"direct": fake, STREAMED: fake, "velo": velo, ASKED: asked}
+        pids = {"upstream": fake_proc.pid, "velo": pid, ASKED: asked_pid}
+        if args.against:
+            sides[AGAINST], pids[AGAINST] = _velo(stack, "openai", fake, root=_checkout(stack, args.against))
+        if Path(args.litellm).exists():
+            litellm, sides["litellm"] = _start_litellm(args.litellm, fake, "fake")
+            stack.callback(litellm.terminate)
+        else:
+            print(f"no LiteLLM at {args.litellm}: run scripts/install-litellm.sh for the peer figures")
         asyncio.run(bench_sides("fake upstream", sides, args.requests, short, long, 5, 4, "pieces/s",
-                                args.rps_clients, args.rps_seconds, {"upstream": procs[0].pid, "velo": procs[1].pid,
-                                                                  ASKED: procs[2].pid}))
+                                args.rps_clients, args.rps_seconds, pids, args.rps_rounds))
         asyncio.run(bench_dialects(velo, fake, args.dialect_requests))
-    finally:
-        for p in procs:
-            p.terminate()
-        if litellm:
-            litellm.terminate()
     if args.skip_llama:
         return
 
     llama = chat_server(Path(tempfile.mkdtemp())).start()
-    velo_port = free_port()
-    velo_proc = _spawn(_run_velo, velo_port, "llamacpp", llama.url, True, ("m",))
-    velo = f"http://127.0.0.1:{velo_port}"
     short = {"model": "m", "messages": MSG, "max_tokens": 8, "temperature": 0}
     long = {"model": "m", "messages": STORY, "max_tokens": args.llama_tokens, "temperature": 0, "stream": True}
-    try:
+    with ExitStack() as stack:
+        stack.callback(llama.stop)
+        velo, _ = _velo(stack, "llamacpp", llama.url, models=("m",))
         asyncio.run(bench_sides("llama-server", {"direct": llama.url, "velo": velo}, args.llama_requests, short, long,
                                 6, 1, "tok/s"))
         asyncio.run(bench_infill(llama.url, velo, args.llama_requests))
-    finally:
-        velo_proc.terminate()
-        llama.stop()
 
 
 # llama.vscode's autocomplete request (src/llama-server.ts): llama-server's own /infill, which Velo passes on as is

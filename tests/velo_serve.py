@@ -20,9 +20,17 @@ def velo_serve(folder: Path, config: str, ready_within: float = 180) -> Iterator
     """Runs this checkout's `velo serve` on `config` (TOML after the [server] port, which is chosen here) in
     `folder`, and yields its URL once /api/tags answers; its output goes to folder/velo.log (a file, not a pipe:
     a full pipe would stall the server), and its presets to folder/velo/presets.json."""
+    with velo_process(folder, config, ready_within) as (url, _):
+        yield url
+
+
+@contextmanager
+def velo_process(folder: Path, config: str, ready_within: float = 180,
+                 root: str = ROOT) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`velo_serve`, from the checkout at `root` (another commit's tree, for a benchmark), yielding its process too."""
     port = free_port()
     (folder / "config.toml").write_text(f"[server]\nport = {port}\n{config}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
            "XDG_DATA_HOME": str(folder)}  # its own preset store, not the machine's
     with open(folder / "velo.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
@@ -30,7 +38,7 @@ def velo_serve(folder: Path, config: str, ready_within: float = 180) -> Iterator
         url = f"http://127.0.0.1:{port}"
         try:
             asyncio.run(wait_until_ok(url + "/api/tags", ready_within, proc=proc))
-            yield url
+            yield url, proc
         finally:
             proc.terminate()
             proc.wait(30)
