@@ -24,6 +24,7 @@ from adapters import model_card
 from adapters.base import Backend
 from adapters.errors import ContextOverflow, ModelLacks
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ModelInfo
+from adapters.wording import counted
 
 from ..dialects import RULES
 from ..job import Job, Request
@@ -185,7 +186,7 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
         req = shorter
         tokens = await count(job.target, info, req)
     what = _went(asked, req)
-    job.outcome.trimmed = f"{what} ({before} -> {tokens} tokens)"
+    job.outcome.trimmed = f"{what} ({before} -> {counted(tokens, 'token')})"
     log.info("%s: the prompt of %d tokens did not fit the context of %d: dropped %s", req.model, before, limit, what)
     return req, tokens
 
@@ -193,13 +194,14 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
 def _went(asked: Request, sent: Request) -> str:
     """What trimming took: messages, and characters from the start of the last one or of a raw prompt."""
     if isinstance(asked, CompletionRequest) and isinstance(sent, CompletionRequest):
-        return f"{len(asked.prompt) - len(sent.prompt)} characters"
+        return counted(len(asked.prompt) - len(sent.prompt), "character")
     assert isinstance(asked, ChatRequest) and isinstance(sent, ChatRequest)
     dropped = _turns(asked) - _turns(sent)
     system_cut = _system_chars(asked) - _system_chars(sent)
     cut = len(asked.messages[-1].content) - len(sent.messages[-1].content)
-    return " and ".join([f"{dropped} messages"] * bool(dropped) + [f"{cut} characters of the last"] * bool(cut)
-                        + [f"{system_cut} characters of the system prompts"] * bool(system_cut))
+    return " and ".join([counted(dropped, "message")] * bool(dropped)
+                        + [f"{counted(cut, 'character')} of the last"] * bool(cut)
+                        + [f"{counted(system_cut, 'character')} of the system prompts"] * bool(system_cut))
 
 
 def _turns(req: ChatRequest) -> int:

@@ -60,7 +60,7 @@ async def test_ollama_drops_the_oldest_turns_one_token_over(velo, system):
     messages = chat(LIMIT, system)
     resp = await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
                                            "options": {"num_predict": 5}})
-    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("1 messages (50 -> ")
+    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("1 message (50 -> ")
     sent = backend.requests[0].messages
     assert [m.content for m in sent] == [m["content"] for m in messages if m["content"] not in
                                          (messages[-3]["content"],)]  # the oldest non-system turn went
@@ -188,7 +188,7 @@ async def test_openai_chat_asking_truncate_is_trimmed_as_ollamas_v1_trims(velo):
     c, backend = await velo()
     resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(LIMIT, True),
                                                       "max_tokens": 5, "truncate": True})
-    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("1 messages (50 -> ")
+    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("1 message (50 -> ")
     assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
     bad = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(10, True), "truncate": "yes"})
     assert bad.status == 400 and (await bad.json())["error"]["param"] == "truncate"
