@@ -138,10 +138,10 @@ async def compact(request: web.Request) -> web.Response:
                           "usage": responses.usage_object(whole.usage)}, headers=job.outcome.headers())
 
 
-async def _parsed(request: web.Request, body: Any) -> responses.Parsed:
+async def _parsed(request: web.Request, body: Any, counting: bool = False) -> responses.Parsed:
     """The request, each `item_reference` replaced by the stored item it names: the AI SDK's `openai(model)` (the
     Responses API, `store` on by default) sends every earlier turn back so, and its second request was a 400."""
-    parsed = responses.parse_request(body)
+    parsed = responses.parse_request(body, counting=counting)
     if not any(item.get("type") == "item_reference" for item in parsed.items):
         return parsed
     items = []
@@ -243,7 +243,7 @@ async def input_items(request: web.Request) -> web.Response:
 
 async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
-    parsed = await _parsed(request, await read_json(request))
+    parsed = await _parsed(request, await read_json(request), counting=True)
     target, info, req = await as_sent(request[ROUTER], parsed.chat(await _history(request, parsed)), "responses")
     tokens, exact = await prompt_tokens(target, info, req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},

@@ -59,6 +59,16 @@ class PreviousResponseNotFound(BadRequest):
         super().__init__(f"Previous response with id '{resp_id}' not found.", param="previous_response_id")
 
 
+class MissingInput(BadRequest):
+    """OpenAI's 400 for a turn that nothing gives a conversation (no `input`, no `previous_response_id`): the model
+    answered an empty conversation."""
+
+    code = "missing_required_parameter"
+
+    def __init__(self) -> None:
+        super().__init__("Missing required parameter: 'input'.", param="input")
+
+
 @dataclass(frozen=True)
 class ToolName:
     """How an internal tool name reads on the wire: a namespace member, or a custom (freeform) tool."""
@@ -115,7 +125,7 @@ class Parsed:
 _DEFAULTS = options.defaults("responses")  # what the echo shows for a knob the request leaves unset
 
 
-def parse_request(body: Any) -> Parsed:
+def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     body = body_object(body)
     tools, names, ignored = _tools(get(body, "tools", list, []))
     tools, choice = _tool_choice(body.get("tool_choice"), tools)
@@ -142,6 +152,8 @@ def parse_request(body: Any) -> Parsed:
     for unheld in ("conversation", "prompt"):  # answering without them would answer another question
         if body.get(unheld) is not None:
             raise BadRequest(f"{unheld}: {_UNHELD[unheld]}", param=unheld)
+    if body.get("input") is None and body.get("previous_response_id") is None and not counting:
+        raise MissingInput()  # `input_tokens` (counting) takes none, as OpenAI's does: instructions and tools count
     items = _items(body.get("input"))
     compact = bool(items) and items[-1].get("type") == TRIGGER
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,

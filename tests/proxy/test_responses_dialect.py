@@ -324,6 +324,25 @@ async def test_unheld_state_is_a_400(base_url, scripted):
     assert scripted.requests == []
 
 
+async def test_a_turn_without_input_is_openais_400_unless_a_stored_response_carries_it(base_url, scripted):
+    """`input` is optional in the SDK because `previous_response_id` can carry the conversation; with nothing to carry
+    it, OpenAI answers 400 `Missing required parameter: 'input'.` where Velo ran the model on an empty conversation.
+    Counting tokens needs no input (instructions alone count)."""
+    sdk = _client(base_url)
+    for create in (sdk.responses.create, sdk.responses.compact):
+        with pytest.raises(openai.BadRequestError) as e:
+            await create(model="tiny", instructions="Be brief.")
+        assert e.value.status_code == 400 and e.value.body == {
+            "message": "Missing required parameter: 'input'.", "type": "invalid_request_error", "param": "input",
+            "code": "missing_required_parameter"}
+    assert scripted.requests == []
+    first = await sdk.responses.create(model="tiny", input="My name is Ada.")
+    again = await sdk.responses.create(model="tiny", previous_response_id=first.id)
+    assert again.output_text == "Hello world"
+    assert [m.content for m in scripted.requests[-1].messages] == ["My name is Ada.", "Hello world"]
+    assert (await sdk.responses.input_tokens.count(model="tiny", instructions="be brief")).input_tokens > 0
+
+
 async def test_text_format_and_reasoning_effort_reach_the_request(client, scripted: ScriptedBackend):
     scripted.script.pieces = ['{"a": 1}']
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
