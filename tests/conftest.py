@@ -7,6 +7,16 @@ from tests.fakes import FakeOpenAI, OllamaDouble
 from tests.llama_server import LlamaServer, LlamaServerMissing, chat_server, embedding_server
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _data_home_in_tmp(tmp_path_factory):
+    """The user's data folder, for the whole run, in a temporary one: apps made by module- and session-wide
+    fixtures (test_fuzz's) come before any test's own folder below, and put presets.json.lock in the real
+    ~/.local/share/velo."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _presets_in_tmp(tmp_path_factory, monkeypatch):
     """Presets (proxy/presets.py) default to the user's data folder: each test keeps its own in a fresh one."""
