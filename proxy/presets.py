@@ -164,15 +164,18 @@ class PresetStore:
         await self._change(put)
 
     async def delete(self, name: str) -> bool:
-        return await self._change(lambda presets: presets.pop(_named(presets, name) or "", None) is not None)
+        """Every /api/delete asks here first, one for a backend's model included: with no presets file there is
+        nothing to take, and no folder or lock file is made for it (each such delete left one in the user's home)."""
+        return await self._change(lambda presets: presets.pop(_named(presets, name) or "", None) is not None,
+                                  creates=False)
 
-    async def _change(self, change: Callable[[dict[str, Preset]], bool]) -> bool:
+    async def _change(self, change: Callable[[dict[str, Preset]], bool], creates: bool = True) -> bool:
         """The file's presets, read under its lock, changed, and written back if `change` says so; then served.
         The file first: a write that failed (a full disk, a folder taken) left a preset served that the next start
         would not have, or the other way round, and answered "internal error"."""
         async with self._lock:
             try:
-                presets, stamp, changed = await asyncio.to_thread(_change, self.path, change)
+                presets, stamp, changed = await asyncio.to_thread(_change, self.path, change, creates)
             except (OSError, ValueError) as e:  # ValueError: a file that is no presets file (`_read`)
                 why = e.strerror if isinstance(e, OSError) and e.strerror else e
                 raise PresetsNotSaved(f"the presets could not be saved to {self.path}: {why}") from e
@@ -240,9 +243,13 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _change(path: Path, change: Callable[[dict[str, Preset]], bool]) -> tuple[dict[str, Preset], Any, bool]:
+def _change(path: Path, change: Callable[[dict[str, Preset]], bool],
+            creates: bool) -> tuple[dict[str, Preset], Any, bool]:
     """(the presets after `change`, the file's stamp, whether it changed them), read and written under an exclusive
-    lock on a file beside it, so that processes sharing the file take turns."""
+    lock on a file beside it, so that processes sharing the file take turns. A change that only takes (`creates`
+    false) finds no presets where there is no file, and makes neither the folder nor the lock."""
+    if not creates and _stamp(path) is None:
+        return {}, None, False
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = os.open(path.with_name(path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
     try:

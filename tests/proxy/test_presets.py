@@ -139,3 +139,15 @@ async def test_a_file_that_holds_names_differing_in_case_keeps_them_both(tmp_pat
         assert store.get("other").base == "changed" and len(store.all()) == 3
     finally:
         await store.close()
+
+
+async def test_a_delete_with_no_presets_file_makes_no_folder_and_no_lock_file(tmp_path):
+    """Every /api/delete asks the presets first, one for a backend's model too: with no presets made, each left an
+    empty presets.json.lock (and its folder) in the user's home."""
+    path = tmp_path / "velo" / "presets.json"
+    store = PresetStore(path)
+    await store.open()
+    assert not await store.delete("llama3") and not (tmp_path / "velo").exists()
+    await store.put(Preset("a:latest", "base"))
+    path.unlink()  # removed by hand: what is served follows the file
+    assert not await store.delete("a") and store.all() == []
