@@ -29,6 +29,7 @@ from .errors import BackendError, BackendTimeout, BackendUnavailable, ModelNotFo
 from .http import LOADING_POLL_S, Loading, Upstream, asked_of, one_answer
 from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
+from .wording import counted
 
 log = logging.getLogger("velo.replicas")
 T = TypeVar("T")
@@ -83,8 +84,8 @@ class Replica:
         self.failures += 1
         if self.failures >= opts.breaker_failures:
             self.open_until = time.monotonic() + opts.breaker_cooldown_s
-            log.warning("replica %s: circuit open for %.0fs after %d failures", self.backend.name,
-                        opts.breaker_cooldown_s, self.failures)
+            log.warning("replica %s: circuit open for %.0fs after %s", self.backend.name,
+                        opts.breaker_cooldown_s, counted(self.failures, "failure"))
 
 
 def _first_replicas(trait: str) -> Any:

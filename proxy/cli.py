@@ -14,6 +14,8 @@ from typing import Any, Coroutine
 
 from aiohttp import web
 
+from adapters.wording import counted
+
 from .app import make_app
 from .browser_guard import is_loopback
 from .commands import bench, chat, doctor
@@ -143,9 +145,9 @@ async def _shut_down(runner: web.AppRunner, inflight: InFlight, grace: float, hu
     if not await inflight.drained(grace, until=hurry):
         ended = inflight.cancel_all(ShuttingDown("Velo is shutting down; send the request again"))
         if hurry.is_set():
-            log.warning("%d requests ended at a second signal", ended)
+            log.warning("%s ended at a second signal", counted(ended, "request"))
         else:
-            log.warning("%d requests outlived the grace period of %gs and were ended", ended, grace)
+            log.warning("ended %s that outlived the grace period of %gs", counted(ended, "request"), grace)
         await inflight.drained(_AFTER_ENDING_S)
     await runner.cleanup()
 

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from adapters.errors import BackendError, NonFiniteEmbedding
 from adapters.protocol import EmbedRequest, EmbedResult
+from adapters.wording import counted
 
 from .batching import NORMAL, AdmissionController, EmbedBatcher
 from .batching.embed_batcher import EmbedCall
@@ -73,7 +74,8 @@ def _whole(result: EmbedResult, inputs: int, backend: str) -> EmbedResult:
     """One vector an input. A batch checks its answer before sharing it out, but a request of `embed_max_inputs`
     inputs or more goes to the backend alone: 69 vectors for 70 inputs went out as a 200, the last input's missing."""
     if len(result.embeddings) != inputs:
-        raise BackendError(f"backend {backend!r} returned {len(result.embeddings)} embeddings for {inputs} inputs")
+        raise BackendError(f"backend {backend!r} returned {counted(len(result.embeddings), 'embedding')} for "
+                           f"{counted(inputs, 'input')}")
     return result
 
 

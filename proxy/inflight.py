@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 
 from adapters.errors import VeloError
+from adapters.wording import counted
 
 from .auth import CALLER, OPEN_PATHS, Handler
 from .metrics import Observation
@@ -187,10 +188,10 @@ class InFlight:
                 if not entry.logged and now - entry.started > self.long_request_s:
                     entry.logged = True
                     view = entry.view(now)
-                    log.warning("request %s (%s %s, models %s, client %r) has run %.0f s and produced %d tokens; "
+                    log.warning("request %s (%s %s, models %s, client %r) has run %.0f s and produced %s; "
                                 "DELETE /velo/requests/%s cancels it", entry.id, entry.method, entry.path,
-                                ",".join(view["models"]) or "-", entry.client, view["seconds"], view["tokens"],
-                                entry.id)
+                                ",".join(view["models"]) or "-", entry.client, view["seconds"],
+                                counted(view["tokens"], "token"), entry.id)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = time.monotonic()

@@ -16,6 +16,7 @@ from typing import Callable
 
 from adapters.errors import Overloaded
 from adapters.schema import setting
+from adapters.wording import counted
 
 _MAX_KEYS = 10_000  # buckets kept before idle, refilled ones are dropped (they equal fresh ones)
 
@@ -110,8 +111,8 @@ class KeyLimits:
             if bucket is not None:
                 bucket.refill(now)
         if self.cfg.concurrency and entry.running >= self.cfg.concurrency:
-            self._refuse(label, "concurrency", f"{entry.running} requests of this key are running (limit "
-                         f"{self.cfg.concurrency})", 1.0)
+            self._refuse(label, "concurrency", f"this key has {counted(entry.running, 'request')} running "
+                         f"(limit {self.cfg.concurrency})", 1.0)
         if entry.requests is not None and entry.requests.level < 1:
             self._refuse(label, "requests", f"request limit of {self.cfg.requests_per_minute} per minute reached",
                          entry.requests.wait_for(1))

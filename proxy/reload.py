@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from adapters.base import BackendConfig
+from adapters.wording import counted
 
 from .config import Config, load_config
 from .default_backend import default_config
@@ -90,8 +91,8 @@ class Reloader:
             self.generations.swap(new)
             self.applied += 1
             self.last_error = ""
-            log.info("configuration %d from %s is in force (%d backends, %d kept open)", new.number, self.path,
-                     len(new.backends), len(new.backends) - len(new.fresh))
+            log.info("configuration %d from %s is in force (%s, %d kept open)", new.number, self.path,
+                     counted(len(new.backends), "backend"), len(new.backends) - len(new.fresh))
             return True
 
     async def watch(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from adapters.errors import VeloError
 from adapters.protocol import Chunk
+from adapters.wording import counted
 
 log = logging.getLogger("velo.requests")
 _numbers = itertools.count(1)
@@ -65,8 +66,8 @@ class RequestLine:
             said = error.logged(answer is not None) if isinstance(error, VeloError) else repr(error)
             outcome = f"error {status}: {said}"
         level = logging.WARNING if status not in ("200", "499") else logging.INFO
-        log.log(level, "%s %s %s on %s: %s after %.3fs, %d tokens%s%s", self.name, self.path, self.model,
-                self.backend, outcome, self._elapsed(), self.tokens, self.opening, _text("answer", answer))
+        log.log(level, "%s %s %s on %s: %s after %.3fs, %s%s%s", self.name, self.path, self.model, self.backend,
+                outcome, self._elapsed(), counted(self.tokens, "token"), self.opening, _text("answer", answer))
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -15,6 +15,7 @@ from typing import Awaitable, Callable
 
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import EmbedRequest, EmbedResult
+from adapters.wording import counted
 
 from ..keep import Tally
 
@@ -92,8 +93,8 @@ class EmbedBatcher:
         try:
             result = await self.call(merged)
             if len(result.embeddings) != len(merged.inputs):
-                raise BackendError(f"backend returned {len(result.embeddings)} embeddings "
-                                   f"for {len(merged.inputs)} inputs")
+                raise BackendError(f"backend returned {counted(len(result.embeddings), 'embedding')} "
+                                   f"for {counted(len(merged.inputs), 'input')}")
             parts = _split(result, [batch.requests[i] for i in live])  # failing, it fails each caller: none hangs
         except asyncio.CancelledError:
             for i in live:

@@ -10,6 +10,8 @@ import json
 import re
 import socket
 
+from adapters.wording import counted
+
 from ..config import ServerConfig
 from .model_files import ModelFile
 from .servers import Server
@@ -42,7 +44,7 @@ def free_port(start: int, host: str = "127.0.0.1") -> int:
 
 def _served(server: Server) -> str:
     shown = ", ".join(server.models[:8]) + (f" and {len(server.models) - 8} more" if len(server.models) > 8 else "")
-    extra = f" ({server.slots} slots of {server.context} tokens)" if server.slots else ""
+    extra = f" ({counted(server.slots, 'slot')} of {server.context} tokens)" if server.slots else ""
     return f"# {server.product} {server.version}".rstrip() + f" serves: {shown or 'no models yet'}{extra}"
 
 

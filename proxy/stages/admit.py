@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from adapters.base import Backend
 from adapters.protocol import Chunk, CompletionRequest
+from adapters.wording import counted
 
 from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController
 from ..batching.config import BatchingConfig
@@ -152,5 +153,5 @@ async def _ask_again(backend: Backend, controller: AdmissionController) -> None:
     while slots is None:
         await asyncio.sleep(_SLOTS_AGAIN_S)
         slots = await _slots(backend, quiet=True)
-    log.info("backend %r reports %d slots", backend.name, slots)
+    log.info("backend %r reports %s", backend.name, counted(slots, "slot"))
     controller.resize(slots)

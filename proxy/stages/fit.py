@@ -39,8 +39,7 @@ _MIN_CTX = 4  # the smallest window Ollama loads a model with
 
 def _unseen(m: Message) -> Message:
     """The message as a model that cannot see reads it: a note in place of its images, so it can say so."""
-    n = len(m.images)
-    note = f"[{n} image{'s' if n > 1 else ''} left out: this model cannot see images]"
+    note = f"[{counted(len(m.images), 'image')} left out: this model cannot see images]"
     return replace(m, images=[], content=f"{m.content}\n{note}" if m.content else note)
 
 

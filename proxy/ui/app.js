@@ -24,6 +24,10 @@ function fmt(x, digits = 2) {  // rounded, without trailing zeros after the poin
   return x === null || x === undefined ? "–" : String(Number(Number(x).toFixed(digits)));
 }
 
+function counted(n, noun) {  // "1 start", "2 starts": counts as adapters/wording.py words them
+  return `${fmt(n, 0)} ${n === 1 ? noun : noun + "s"}`;
+}
+
 function health(b) {
   return el("td", b.healthy ? "● up" : "● down", b.healthy ? "up" : "down");
 }
@@ -31,8 +35,8 @@ function health(b) {
 function servers(b) {
   const m = b.managed;
   if (m) {
-    return `llama-server ${m.state} · ${fmt(m.waiting, 0)} waiting · ${fmt(m.starts, 0)} starts, ` +
-      `${fmt(m.swaps, 0)} swaps, ${fmt(m.wait_s, 1)} s waited`;
+    return `llama-server ${m.state} · ${fmt(m.waiting, 0)} waiting · ${counted(m.starts, "start")}, ` +
+      `${counted(m.swaps, "swap")}, ${fmt(m.wait_s, 1)} s waited`;
   }
   return b.replicas.map(r => `${r.name} ${r.up ? "up" : "down"} (${r.outstanding})`).join(", ") || "–";
 }

@@ -348,7 +348,7 @@ async def test_a_limits_change_keeps_what_each_key_used_and_its_requests_running
                                                       "request_burst = 3"))
         assert await app[RELOADER].reload()
         busy = await c.post("/api/chat", json=CHAT)
-        assert busy.status == 429 and "1 requests of this key are running" in (await busy.json())["error"]
+        assert busy.status == 429 and "this key has 1 request running (limit 1)" in (await busy.json())["error"]
         await streaming
         assert await answer(c) == "from a"  # the second of the new burst of 3 (the refused one took none)
         assert await answer(c) == "from a"

@@ -44,6 +44,13 @@ async def test_a_stream_logs_its_start_and_its_end_without_the_prompt(client, ca
     assert "secret" not in start + end and "Hello" not in end
 
 
+async def test_an_answer_of_one_token_logs_1_token(client, scripted, caplog):
+    scripted.script.pieces = ["Hi"]
+    await (await client.post("/api/chat", json=CHAT)).read()
+    end = lines(caplog)[-1]
+    assert "done (stop) after" in end and ", 1 token" in end and "1 tokens" not in end
+
+
 async def test_log_prompts_logs_the_prompt_and_the_answer(scripted, caplog):
     app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
     async with TestClient(TestServer(app)) as client:

@@ -135,6 +135,21 @@ async def test_fewer_vectors_than_inputs_is_the_backends_502_in_a_request_too_la
         assert resp.status == 502 and message == "backend 'up' returned 69 embeddings for 70 inputs", body
 
 
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
+async def test_a_vector_count_of_one_says_so_in_the_singular(kind: str) -> None:
+    """The 502 counts as a person writes ("1 input", where it said "1 inputs"), for a batch too."""
+    async with upstream(kind) as up, velo(kind, up.url) as c:
+        vectors = [[0.6, 0.8]] * 2
+        up.script.answer = {"object": "list", "data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)]} \
+            if kind == "openai" else {"model": "m", "embeddings": vectors}
+        resp = await c.post("/api/embed", json={"model": "m", "input": "one"})
+        assert resp.status == 502 and (await resp.json())["error"].endswith("returned 2 embeddings for 1 input")
+        up.script.answer = {"object": "list", "data": [{"index": 0, "embedding": [0.6, 0.8]}]} \
+            if kind == "openai" else {"model": "m", "embeddings": [[0.6, 0.8]]}
+        resp = await c.post("/api/embed", json={"model": "m", "input": ["one", "two"]})
+        assert resp.status == 502 and "returned 1 embedding for 2 inputs" in (await resp.json())["error"]
+
+
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
 async def test_ollamas_own_refusal_of_a_nan_vector_is_the_backends_502(path: str) -> None:
     """Ollama answers such a vector with a 400 (server/routes.go, normalize), which Velo passed on as the client's

@@ -54,6 +54,12 @@ def test_a_server_on_velos_port_moves_velo():
         s.bind(("127.0.0.1", cfg.server.port))
 
 
+def test_a_llama_server_of_one_slot_is_said_so():
+    """`llama-server -np 1`, the usual single-user start, was "(1 slots of 4096 tokens)"."""
+    one = Server(8080, "http://127.0.0.1:8080", "llamacpp", "llama-server", ["m"], "b1", slots=1, context=4096)
+    assert "serves: m (1 slot of 4096 tokens)" in render_config([one], [])
+
+
 def test_two_servers_of_a_kind_get_distinct_names():
     a = Server(8000, "http://127.0.0.1:8000", "openai", "OpenAI API")
     b = Server(8001, "http://127.0.0.1:8001", "openai", "OpenAI API")

@@ -138,3 +138,14 @@ async def test_the_page_runs_only_its_own_script_and_no_site_frames_it():
             assert resp.status == 200 and resp.headers["X-Content-Type-Options"] == "nosniff"
         policy = (await c.get("/ui", headers=basic("me", KEY))).headers["Content-Security-Policy"]
         assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
+
+
+async def test_a_managed_servers_counts_are_worded_for_one():
+    """A llama-server started once read "1 starts, 1 swaps"."""
+    async with app() as c, chromium() as browser:
+        context = await browser.new_context(http_credentials={"username": "me", "password": KEY})
+        page = await context.new_page()
+        assert (await page.goto(str(c.make_url("/ui")))).status == 200
+        managed = "{state: 'ready', waiting: 0, starts: 1, swaps: 1, wait_s: 0.5}"
+        assert await page.evaluate(f"servers({{managed: {managed}}})") == \
+            "llama-server ready · 0 waiting · 1 start, 1 swap, 0.5 s waited"
