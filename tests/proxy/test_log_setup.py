@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from aiohttp.web_log import AccessLogger
 
-from proxy.log_setup import AccessLog
+from proxy.log_setup import FORMAT, AccessLog, LineFormatter
 
 
 class Kept(logging.Handler):
@@ -53,3 +53,11 @@ def test_it_is_off_below_info():
     assert not AccessLog(logger, "").enabled
     logger.setLevel(logging.INFO)
     assert AccessLog(logger, "").enabled
+
+
+def test_the_time_of_a_line_is_loggings_own():
+    ours, theirs = LineFormatter(FORMAT), logging.Formatter(FORMAT)
+    for created in (1_700_000_000.001, 1_700_000_000.999, 1_700_000_001.5, 1_700_000_000.25):  # a second, back again
+        record = logging.LogRecord("velo.requests", logging.INFO, "", 0, "done after %.3fs", (0.5,), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        assert ours.format(record) == theirs.format(record)
