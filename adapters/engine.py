@@ -118,13 +118,16 @@ def to_chunk(out: RequestOutput) -> Chunk:
 
 
 def _prepared(engine: LLMEngine, render: Callable[[LLMEngine], str], options: SamplingOptions, grammar: str | None,
-              context: list[int] | None, fills_middle: bool) -> tuple[str, list[int], SamplingParams]:
-    """The prompt, its token ids (after an earlier answer's `context`) and the sampling parameters; a 400 for ids the
-    model does not have or a prompt that does not fit."""
+              context: list[int] | None, fills_middle: bool,
+              prompt_ids: list[int] | None) -> tuple[str, list[int], SamplingParams]:
+    """The prompt, its token ids (after an earlier answer's `context`; the client's own `prompt_ids` as they are)
+    and the sampling parameters; a 400 for ids the model does not have or a prompt that does not fit."""
     prompt = render(engine)
-    if context and not all(0 <= t < engine.tokenizer.vocab_size for t in context):
-        raise BadRequest("context holds token ids this model does not have", param="context")
-    ids = (context or []) + engine.tokenizer.encode(prompt) or engine.tokenizer.start_ids  # "" starts a document
+    for given, param in ((context, "context"), (prompt_ids, "prompt")):
+        if given and not all(0 <= t < engine.tokenizer.vocab_size for t in given):
+            raise BadRequest(f"{param} holds token ids this model does not have", param=param)
+    ids = prompt_ids or (context or []) + engine.tokenizer.encode(prompt)
+    ids = ids or engine.tokenizer.start_ids  # "" starts a document
     if len(ids) >= engine.max_context:
         raise ContextOverflow(len(ids), engine.max_context)
     params = sampling_params(options, engine.max_context)
@@ -334,7 +337,7 @@ class EngineBackend(Backend):
         if not req.raw:
             return self._templated(req)
         return self._generate(req.model, lambda engine: req.prompt, req.options, _unsupported(req.images), req.format,
-                              scope=req.prefix_scope)
+                              scope=req.prefix_scope, prompt_ids=req.prompt_ids)
 
     def _templated(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Ollama's non-raw /api/generate: the prompt through the model's chat template (or the Go `template` the
@@ -350,19 +353,20 @@ class EngineBackend(Backend):
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,
                         tool_choice: Any = None, splits_thinking: bool = False,
                         context: list[int] | None = None, fills_middle: bool = False,
-                        scope: str = "") -> AsyncIterator[Chunk]:
+                        scope: str = "", prompt_ids: list[int] | None = None) -> AsyncIterator[Chunk]:
         """The stream; raises on first iteration (not at call time), like the HTTP adapters. A model that thinks
         has its <think> text sent as thinking, not content, where `splits_thinking`. With `context` (token ids of an
         earlier answer, Ollama's /api/generate), the prompt follows it and the last chunk carries the whole
         conversation's ids (`_said`). A middle (fills_middle) ends at the model's FIM end tokens too. Its prompt
-        reuses, and leaves, cached prefixes only within `scope` (the request's prefix_scope)."""
+        reuses, and leaves, cached prefixes only within `scope` (the request's prefix_scope). `prompt_ids`: the
+        client's prompt as token ids, read in place of what `render` gives."""
         if problem:
             raise Unsupported(problem)
         grammar = _grammar(fmt, tools, tool_choice)  # a bad schema is a 400 before any model loads
         engine, load_ns = await self._waited(model)
         # off the event loop, as count_tokens: a 30k-token chat took 5 ms to render and 43 ms to tokenize
         prompt, ids, params = await asyncio.to_thread(_prepared, engine, render, options, grammar, context,
-                                                      fills_middle)
+                                                      fills_middle, prompt_ids)
         thinking = ThinkSplitter(opens_thinking(prompt)) if splits_thinking and "thinking" in self.capabilities \
             else None
         start, first, made, text = time.perf_counter_ns(), 0, [], []

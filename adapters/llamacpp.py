@@ -162,8 +162,8 @@ def native_body(req: CompletionRequest) -> dict[str, Any]:
         body["json_schema"] = {"type": "object"} if req.format == "json" else req.format
     if req.suffix is not None:
         body.update(input_prefix=req.prompt, input_suffix=req.suffix)
-    else:
-        body["prompt"] = req.prompt
+    else:  # token ids go as they are: llama-server adds no BOS to them (tokenize_input_subprompt)
+        body["prompt"] = req.prompt if req.prompt_ids is None else req.prompt_ids
     return body
 
 
@@ -449,7 +449,7 @@ class LlamaCppBackend(OpenAIBackend):
         return _with_progress(body)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if req.raw and not req.prompt and req.suffix is None:
+        if req.raw and not req.prompt and req.prompt_ids is None and req.suffix is None:
             stream = self._new_document(req)
         elif _sent_as_is(req):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)

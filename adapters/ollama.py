@@ -219,6 +219,9 @@ class OllamaBackend(Backend):
         return stream if req.stream else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        if req.prompt_ids is not None:  # /api/generate's prompt is text, and its /v1/completions' a string too
+            raise Unsupported(f"backend {self.name!r} (ollama) cannot complete token ids: Ollama takes the prompt as "
+                              "text only; send it as a string or an array of strings", param="prompt")
         stream = self._generate("/api/generate", generate_to_wire(asked_of(req, self.config)), req.model)
         return stream if req.stream else one_answer(stream)
 

@@ -111,7 +111,7 @@ def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
 
 
 def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": req.model, "prompt": req.prompt}
+    body: dict[str, Any] = {"model": req.model, "prompt": req.prompt if req.prompt_ids is None else req.prompt_ids}
     if req.suffix is not None:
         body["suffix"] = req.suffix
     if req.options.logprobs:

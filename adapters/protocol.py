@@ -148,6 +148,9 @@ class CompletionRequest:
 
     model: str
     prompt: str
+    # The prompt as token ids instead (OpenAI's `prompt` array of ints, which lm-eval sends): sent as they are, with
+    # no BOS added; `prompt` is then "". Only raw, without a suffix (proxy/dialects/openai.py refuses the rest).
+    prompt_ids: list[int] | None = None
     suffix: str | None = None
     system: str | None = None
     template: str | None = None

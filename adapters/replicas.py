@@ -285,11 +285,12 @@ class ReplicaSet(Backend):
         return await self._call(lambda b: b.count_tokens(req), waits_for_loads=True)
 
     def _affinity(self, req: ChatRequest | CompletionRequest) -> str | None:
-        """The conversation's opening (everything up to the first user turn), or a prompt's first 512 chars."""
+        """The conversation's opening (everything up to the first user turn), or a prompt's first 512 chars (or 128
+        token ids)."""
         if self.options.affinity != "prefix":
             return None
         if isinstance(req, CompletionRequest):
-            return f"{req.model}|{req.prompt[:512]}"
+            return f"{req.model}|{req.prompt[:512] if req.prompt_ids is None else req.prompt_ids[:128]}"
         opening = []
         for m in req.messages:
             opening.append(f"{m.role}:{m.content}")

@@ -23,9 +23,11 @@ _SURELY_UNDER_CHARS_PER_TOKEN = 2
 
 
 def characters(req: ChatRequest | CompletionRequest) -> int:
-    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt)."""
+    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt; token ids
+    count as a token's characters each, so that `estimate` is their number)."""
     if isinstance(req, CompletionRequest):
-        return len(req.prompt) + len(req.suffix or "") + len(req.system or "")
+        ids = len(req.prompt_ids or ()) * CHARS_PER_TOKEN
+        return ids + len(req.prompt) + len(req.suffix or "") + len(req.system or "")
     chars = sum(len(m.content) + len(m.thinking) for m in req.messages)
     chars += sum(len(orjson.dumps(c.arguments)) + len(c.name) for m in req.messages for c in m.tool_calls)
     return chars + (len(orjson.dumps([[t.name, t.description, t.parameters] for t in req.tools])) if req.tools else 0)
@@ -52,7 +54,10 @@ def counter(target: Target, info: ModelInfo | None) -> Callable[[ChatRequest], A
 async def prompt_tokens(target: Target, info: ModelInfo | None,
                         req: ChatRequest | CompletionRequest) -> tuple[int, bool]:
     """(tokens, exact): exact when the backend counted them itself. `req` is named as the client named it, and
-    counted with its tools as the model will read them (`info` says whether its template renders them)."""
+    counted with its tools as the model will read them (`info` says whether its template renders them). A prompt of
+    token ids is their number: backends read them as they are, and their count_tokens read text."""
+    if isinstance(req, CompletionRequest) and req.prompt_ids is not None:
+        return len(req.prompt_ids), True
     if isinstance(req, ChatRequest):
         req = as_offered(req, info, target.backend.forces_tool_choice)[0]
     counted = await target.backend.count_tokens(replace(req, model=target.model))

@@ -342,33 +342,53 @@ MAX_CHOICES = 64
 
 
 def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
-    """One request per prompt (`prompt` is a string or an array of them: a batch, answered with `n` choices for
-    each prompt, in prompt order), and `echo`, which Velo does itself: backends differ on it."""
+    """One request per prompt (`prompt` is a string, one prompt's token ids, or an array of either: a batch,
+    answered with `n` choices for each prompt, in prompt order), and `echo`, which Velo does itself: backends differ
+    on it."""
     body = body_object(body)
     prompts, n = _prompts(body.get("prompt", "")), _n(body)
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"at most {MAX_CHOICES} choices a request (prompts × n), got {len(prompts) * n}",
                          param="prompt")
     suffix = get(body, "suffix", str) or None  # "" is no insert, as Ollama reads it (Tabby at the end of a file)
-    first = CompletionRequest(model=get_model(body), prompt=prompts[0], suffix=suffix, raw=True,
+    first = CompletionRequest(model=get_model(body), **_prompt(prompts[0]), suffix=suffix, raw=True,
                               options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
                               n=n)
     echo = get(body, "echo", bool, False)
     if echo and first.options.logprobs:  # OpenAI scores the prompt's tokens too (lm-eval's loglikelihood reads them)
         raise BadRequest("echo with logprobs: Velo's backends cannot score the prompt's tokens, only the answer's",
                          param="echo")
-    return [first] + [replace(first, prompt=prompt) for prompt in prompts[1:]], echo
+    if first.prompt_ids is not None:
+        _ids_alone(suffix, echo)
+    return [first] + [replace(first, **_prompt(prompt)) for prompt in prompts[1:]], echo
 
 
-def _prompts(prompt: Any) -> list[str]:
+def _prompts(prompt: Any) -> list[str] | list[list[int]]:
+    """OpenAI's four shapes of `prompt`, as of embeddings' `input`; an empty string is a prompt (a new document),
+    an empty array of ids none."""
     if isinstance(prompt, str):
         return [prompt]
     if prompt == []:
         raise BadRequest("prompt must not be empty", param="prompt")
-    if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
-        raise BadRequest("prompt must be a string or an array of strings (token arrays are not supported)",
-                         param="prompt")
-    return prompt
+    prompts = _texts_or_ids(prompt, "prompt")
+    if not all(prompts):
+        raise BadRequest("prompt must not hold an empty array of token ids", param="prompt")
+    return prompts
+
+
+def _prompt(prompt: str | list[int]) -> dict[str, Any]:
+    """A CompletionRequest's fields for one prompt: its text, or its token ids."""
+    return {"prompt": prompt} if isinstance(prompt, str) else {"prompt": "", "prompt_ids": prompt}
+
+
+def _ids_alone(suffix: str | None, echo: bool) -> None:
+    """What a prompt of token ids cannot go with: a suffix (the middle's prompt is built from the two texts) and
+    `echo` (Velo echoes the prompt's text, and only the backend could turn the ids into it)."""
+    if suffix is not None:
+        raise BadRequest("suffix needs the prompt as text, not token ids", param="suffix")
+    if echo:
+        raise BadRequest("echo needs the prompt as text, not token ids: Velo echoes the text it was sent",
+                         param="echo")
 
 
 def parse_embeddings(body: Any) -> tuple[EmbedRequest, str]:
@@ -391,20 +411,22 @@ _MAX_TOKEN_ID = 2**31 - 1
 
 
 def _embed_inputs(value: Any) -> list[str] | list[list[int]]:
-    """OpenAI's four shapes of `input`: a string, strings, one input's token ids, or inputs' token ids (the openai
-    client sends ids itself, as tiktoken chunks a long text). A float, a bool or a mixed array is refused here:
-    llama-server answered those with a 500."""
+    """OpenAI's four shapes of `input` (the openai client sends ids itself, as tiktoken chunks a long text)."""
     if value is None or value == []:
         raise BadRequest("input is required", param="input")
-    if isinstance(value, str):
-        return [value]
+    return [value] if isinstance(value, str) else _texts_or_ids(value, "input")
+
+
+def _texts_or_ids(value: Any, param: str) -> list[str] | list[list[int]]:
+    """An array of strings, one item's token ids, or items' token ids (`value` is no string and not empty). A
+    float, a bool or a mixed array is refused here: llama-server answered those with a 500."""
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
-    inputs = [value] if isinstance(value, list) and not isinstance(value[0], list) else value
-    if not isinstance(inputs, list) or not all(isinstance(ids, list) and _token_ids(ids) for ids in inputs):
-        raise BadRequest("input must be a string, an array of strings, an array of token ids (integers from 0 to "
-                         f"{_MAX_TOKEN_ID}) or an array of such arrays", param="input")
-    return inputs
+    items = [value] if isinstance(value, list) and not isinstance(value[0], list) else value
+    if not isinstance(items, list) or not all(isinstance(ids, list) and _token_ids(ids) for ids in items):
+        raise BadRequest(f"{param} must be a string, an array of strings, an array of token ids (integers from 0 to "
+                         f"{_MAX_TOKEN_ID}) or an array of such arrays", param=param)
+    return items
 
 
 def _token_ids(ids: list[Any]) -> bool:

@@ -52,5 +52,5 @@ class Observe(Stage):
 
 def _prompt(req: Request) -> str:
     if isinstance(req, CompletionRequest):
-        return req.prompt
+        return req.prompt if req.prompt_ids is None else f"token ids {req.prompt_ids[:_PROMPT_CHARS // 4]}"
     return next((m.content for m in reversed(req.messages) if m.role == "user"), "")

@@ -260,6 +260,21 @@ async def test_an_empty_prompt_starts_a_new_document(backend):
     assert out.usage.completion_tokens == 3
 
 
+async def test_a_prompt_of_token_ids_is_read_as_it_is(backend):
+    """OpenAI's completions take the prompt as token ids (lm-eval sends them): the engine reads them with no BOS of
+    its own, so they answer as the text they came from; ids the model does not have are the client's 400."""
+    greedy = SamplingOptions(max_tokens=5, temperature=0)
+    ids = backend.engine.tokenizer.encode("abc def")
+    text = aggregate(await collect(backend.complete(CompletionRequest(NAME, "abc def", raw=True, options=greedy))))
+    given = aggregate(await collect(backend.complete(CompletionRequest(NAME, "", prompt_ids=ids, raw=True,
+                                                                       options=greedy))))
+    assert (given.text, given.usage.prompt_tokens) == (text.text, text.usage.prompt_tokens) == (text.text, len(ids))
+    with pytest.raises(BadRequest, match="token ids this model does not have") as e:
+        await collect(backend.complete(CompletionRequest(NAME, "", prompt_ids=[1, backend.engine.tokenizer.vocab_size],
+                                                         raw=True)))
+    assert e.value.param == "prompt"
+
+
 async def test_raw_completion_and_unsupported_requests(backend):
     raw = aggregate(await collect(backend.complete(CompletionRequest(
         model=NAME, prompt="abc", raw=True, options=SamplingOptions(max_tokens=5, temperature=0)))))

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from adapters.base import BackendConfig
 from adapters.errors import BackendError, BackendUnavailable, BadRequest, ModelNotFound, Overloaded
 from adapters.http import Loading
-from adapters.protocol import ChatRequest, Chunk, Message
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message
 from adapters.registry import make_backend
 from adapters.replicas import ReplicaOptions, ReplicaSet
 from proxy.app import make_app
@@ -204,6 +204,20 @@ async def test_prefix_affinity_keeps_a_conversation_on_one_replica():
     for i in range(30):
         await text(rs, chat(f"conversation {i}"))
     assert all(m.requests for m in members)  # different conversations spread out
+
+
+async def test_prefix_affinity_reads_a_prompt_of_token_ids_by_its_ids():
+    """Their text prompt is "" in every one: keyed by it, every prompt of ids went to one replica."""
+    rs, members = replica_set(Script(), Script(), Script(), affinity="prefix")
+
+    async def complete(ids: list[int]) -> None:
+        [c async for c in rs.complete(CompletionRequest("tiny:latest", "", prompt_ids=ids, raw=True))]
+    for _ in range(3):
+        await complete([1, 2, 3])
+    assert sorted(len(m.requests) for m in members) == [0, 0, 3]
+    for i in range(30):
+        await complete([i, 2, 3])
+    assert all(m.requests for m in members)
 
 
 async def test_affinity_yields_to_load_when_the_preferred_replica_is_busy():

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Iterator
 
 import aiohttp
+import gguf
 import jsonschema
 import pytest
 
+from engine.default_model import default_model_path
+from engine.tokenizer import Tokenizer
 from tests.http_ready import wait_until_ok
 from tests.integration.conftest import clients
 from tests.llama_server import free_port
@@ -64,6 +67,20 @@ async def test_lists_and_chats_with_the_shipped_model(velo_default):
                                             options={"num_predict": 30, "temperature": 0})]
     assert len(parts) > 2 and parts[-1].done
     assert "".join(p.message.content for p in parts) == whole.choices[0].message.content
+
+
+async def test_a_completions_prompt_of_token_ids_answers_as_its_text_does(velo_default):
+    """lm-eval's local-completions sends the prompt as token ids by default; Velo refused every token array. The
+    engine reads them as they are, so they answer as the text its tokenizer gave them for."""
+    reader = gguf.GGUFReader(default_model_path())
+    vocab = {f"tokenizer.ggml.{k}" for k in ("tokens", "merges", "token_type", "scores")}  # read by from_gguf
+    meta = {k: f.contents() for k, f in reader.fields.items() if k not in vocab}
+    ids = Tokenizer.from_gguf(reader, meta).encode("The capital of France is")
+    oai, _ = clients(velo_default)
+    asked = {"model": MODEL, "max_tokens": 6, "temperature": 0}
+    text = await oai.completions.create(prompt="The capital of France is", **asked)
+    given = await oai.completions.create(prompt=ids, **asked)
+    assert given.choices[0].text == text.choices[0].text and given.usage.prompt_tokens == len(ids)
 
 
 async def test_structured_output_always_matches_the_schema(velo_default):

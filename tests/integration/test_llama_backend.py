@@ -194,6 +194,29 @@ async def test_token_ids_embed_as_their_text_does(velo_llama):
         await oai.embeddings.create(model=EMBED_MODEL, input=[49152])
 
 
+async def test_a_completions_prompt_of_token_ids_answers_as_its_text_does(velo_llama):
+    """lm-eval's local-completions sends the prompt as token ids by default; Velo refused every token array.
+    llama-server reads the ids as they are (no BOS of its own), so they answer as the text they tokenize from."""
+    oai, _ = clients(velo_llama)
+    async with aiohttp.ClientSession() as http:  # llama-server's own /tokenize, through Velo
+        async with http.post(velo_llama + "/tokenize", json={"model": CHAT_MODEL, "content": "The capital of France is",
+                                                             "add_special": True}) as resp:
+            ids = (await resp.json())["tokens"]
+    asked = {"model": CHAT_MODEL, "max_tokens": 6, "temperature": 0}
+    text = await oai.completions.create(prompt="The capital of France is", **asked)
+    given = await oai.completions.create(prompt=ids, **asked)
+    assert given.choices[0].text == text.choices[0].text and given.usage.prompt_tokens == len(ids)
+    batch = await oai.completions.create(prompt=[ids, ids[:2]], stream=True, stream_options={"include_usage": True},
+                                         **asked)
+    texts: dict[int, str] = {}
+    async for chunk in batch:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts[0] == text.choices[0].text and texts[1] and chunk.usage.prompt_tokens == len(ids) + 2
+    with pytest.raises(openai.BadRequestError):  # past SmolLM2's 49,152: llama-server's 400
+        await oai.completions.create(prompt=[1, 49152], **asked)
+
+
 async def test_embeddings_from_a_chat_only_server_are_the_clients_400(velo_llama):
     """A missing model feature is never a 5xx, which the SDKs retry: LiteLLM and the OpenAI SDK sent the 501 of a
     llama-server started without --embeddings three times."""

@@ -185,6 +185,28 @@ async def test_token_ids_for_ollama_are_the_clients_400_in_openais_shape(velo):
     assert "cannot embed token ids" in e.value.message and "/api/embed" not in [r.path for r in fake.requests]
 
 
+@pytest.mark.parametrize("velo", ["openai"], indirect=True)
+async def test_a_prompt_of_token_ids_reaches_an_openai_compatible_server_as_it_is(velo):
+    """vLLM takes `prompt` as token ids, one prompt's or a batch's; Velo refused every token array."""
+    url, kind, fake = velo
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    answer = await oai.completions.create(model=MODELS[kind], prompt=[[1, 2, 3], [4]], max_tokens=5)
+    assert sorted(r.body["prompt"] for r in fake.requests if r.path == "/v1/completions") == [[1, 2, 3], [4]]
+    assert [c.text for c in answer.choices] == ["Paris is the capital."] * 2
+
+
+@pytest.mark.parametrize("velo", ["ollama"], indirect=True)
+async def test_a_prompt_of_token_ids_for_ollama_is_the_clients_400_in_openais_shape(velo):
+    """Ollama's /api/generate takes the prompt as text only: Velo says so, as a 400 naming `prompt`, without asking
+    Ollama (it would have sent Ollama an empty prompt)."""
+    url, kind, fake = velo
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        await oai.completions.create(model=MODELS[kind], prompt=[1, 2, 3])
+    assert (e.value.param, e.value.code, e.value.type) == ("prompt", None, "invalid_request_error")
+    assert "cannot complete token ids" in e.value.message and "/api/generate" not in [r.path for r in fake.requests]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_anthropic_prefill_is_continued_by_vllm(stream):
     """A prefill (the chat ends in an assistant turn, as Anthropic's API defines it) reaches a server whose listing

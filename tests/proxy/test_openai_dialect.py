@@ -217,13 +217,55 @@ async def test_echo_over_an_openai_compatible_backend_shows_the_prompt_once(open
     assert all("echo" not in r.body for r in openai_fake.requests if r.path == "/v1/completions")
 
 
+async def test_completions_take_token_ids_as_openai_does(base_url, scripted: ScriptedBackend):
+    """OpenAI's `prompt` may be one prompt's token ids or a batch of them (lm-eval's local-completions sends ids by
+    default); Velo refused every token array. They reach the backend as they are, counted as themselves."""
+    c = _client(base_url)
+    one = await c.completions.create(model="tiny", prompt=[9, 8, 7])
+    batch = await c.completions.create(model="tiny", prompt=[[1, 2], [0, 2**31 - 1]], n=2, seed=1)
+    assert [(r.prompt, r.prompt_ids) for r in scripted.requests] == [
+        ("", [9, 8, 7]), ("", [1, 2]), ("", [1, 2]), ("", [0, 2**31 - 1]), ("", [0, 2**31 - 1])]
+    assert one.choices[0].text == "Hello world" and [ch.index for ch in batch.choices] == [0, 1, 2, 3]
+    stream = await c.completions.create(model="tiny", prompt=[5, 6], stream=True)
+    assert "".join([ch.choices[0].text async for ch in stream]) == "Hello world"
+    assert scripted.requests[-1].prompt_ids == [5, 6]
+
+
+async def test_a_prompt_of_token_ids_is_counted_as_its_ids_for_the_window(client, scripted: ScriptedBackend):
+    """The fit stage counts ids as themselves: the backend's count_tokens reads the prompt's text, which is "" here,
+    and let any number of ids through to the backend."""
+    scripted.context_length = 16
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": list(range(20)), "max_tokens": 2})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+    assert scripted.requests == []
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"suffix": "x"}, "suffix", "suffix needs the prompt as text"),
+    ({"echo": True}, "echo", "echo needs the prompt as text"),
+])
+async def test_token_ids_with_a_suffix_or_echo_are_a_400(client, scripted, body, param, message):
+    """A middle's prompt is built from the prompt's text and the suffix's, and echo shows the prompt's text: Velo has
+    neither for ids."""
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2], **body})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["param"] == param and message in error["message"]
+    assert scripted.requests == []
+
+
 @pytest.mark.parametrize("prompt, n, message", [
     ([], 1, "prompt must not be empty"),
-    ([1, 2, 3], 1, "token arrays are not supported"),
-    ([[1, 2]], 1, "token arrays are not supported"),
-    (["a", 2], 1, "prompt must be a string or an array of strings"),
+    ([[]], 1, "empty array of token ids"),
+    ([[1], []], 1, "empty array of token ids"),
+    (["a", 2], 1, "prompt must be a string, an array of strings, an array of token ids"),
+    ([1, "a"], 1, "an array of token ids (integers from 0 to 2147483647)"),
+    ([[1], "a"], 1, "an array of such arrays"),
+    ([-1], 1, "integers from 0"), ([2**31], 1, "integers from 0"), ([True], 1, "integers from 0"),
+    ([1.0], 1, "integers from 0"), ([[[1]]], 1, "integers from 0"), ({"ids": [1]}, 1, "integers from 0"),
     (["a"] * 65, 1, "at most 64 choices"),
     (["a"] * 5, 16, "at most 64 choices"),
+    ([[1]] * 5, 16, "at most 64 choices"),
 ])
 async def test_completions_prompt_errors_are_400s(client, scripted, prompt, n, message):
     resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "n": n})

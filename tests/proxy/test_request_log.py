@@ -59,6 +59,15 @@ async def test_log_prompts_logs_the_prompt_and_the_answer(scripted, caplog):
     assert start.endswith("prompt: 'secret question'") and end.endswith("answer: 'Hello world'")
 
 
+async def test_log_prompts_logs_a_prompt_of_token_ids_as_its_ids(scripted, caplog):
+    """Its text prompt is "": the log showed an empty prompt."""
+    app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": [15, 4, 92], "stream": True})
+        await resp.read()
+    assert lines(caplog)[0].endswith("prompt: 'token ids [15, 4, 92]'")
+
+
 async def test_a_request_for_one_answer_logs_one_line_saying_what_a_start_line_would(scripted, caplog):
     app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
     async with TestClient(TestServer(app)) as client:

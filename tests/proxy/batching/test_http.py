@@ -83,6 +83,17 @@ async def test_sampled_requests_and_disabled_coalescing_each_get_their_own_call(
         assert len(backend.requests) == 3
 
 
+async def test_greedy_prompts_of_token_ids_share_a_call_only_when_their_ids_are_the_same():
+    """Their text prompt is "" in every one: the ids are what tells them apart."""
+    backend = ScriptedBackend(script=Script(delay=0.1))
+    async with app_over(backend) as c:
+        answers = await asyncio.gather(*[c.post("/v1/completions", json={"model": "tiny", "prompt": ids,
+                                                                         "temperature": 0})
+                                         for ids in ([1, 2, 3], [1, 2, 4], [1, 2, 3])])
+        assert [a.status for a in answers] == [200, 200, 200]
+    assert sorted(r.prompt_ids for r in backend.requests) == [[1, 2, 3], [1, 2, 4]]
+
+
 async def test_one_coalesced_client_leaving_does_not_cancel_the_others():
     backend = ScriptedBackend(script=Script(pieces=["x"] * 10, delay=0.03))
     async with app_over(backend) as c:

@@ -83,6 +83,17 @@ async def test_completions_are_cached_across_dialects_too(velo):
     assert again.headers["X-Velo-Cache"] == "exact" and len(backend.requests) == 1
 
 
+async def test_prompts_of_token_ids_one_id_apart_are_two_entries(velo):
+    """Their text prompt is "" in each, as in a prompt of "": the ids are the key's, and a text prompt never shares
+    an entry with ids."""
+    backend = ScriptedBackend()
+    client = await velo(CacheConfig(), backend)
+    seen = [(await client.post("/v1/completions", json={"model": "tiny", "prompt": ids, "seed": 7})).headers[
+        "X-Velo-Cache"] for ids in ([1, 2, 3], [1, 2, 4], [1, 2, 3], "")]
+    assert seen == ["miss", "miss", "exact", "miss"]
+    assert [r.prompt_ids for r in backend.requests] == [[1, 2, 3], [1, 2, 4], None]
+
+
 async def test_the_key_sees_each_dialects_defaults(velo):
     """Greedy in both dialects, but Ollama's defaults add repeat_penalty 1.1 (and more) that OpenAI's do not: two
     different requests, two entries; each hits its own."""
