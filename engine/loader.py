@@ -13,6 +13,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,10 +98,7 @@ def _read_hf_folder(path: str, progress: bool):
 # -- GGUF --------------------------------------------------------------------------------------
 
 def _read_gguf(path: str, progress: bool, int4: bool):
-    import gguf
-    reader = gguf.GGUFReader(path)
-    vocab_arrays = {f"tokenizer.ggml.{k}" for k in ("tokens", "merges", "token_type", "scores")}
-    meta = {k: f.contents() for k, f in reader.fields.items() if k not in vocab_arrays}
+    reader, meta = _gguf_meta(path)
     gguf_arch = meta["general.architecture"]
     arch = ARCHITECTURES.get(gguf_arch)
     if arch is None:
@@ -131,6 +129,19 @@ def _read_gguf(path: str, progress: bool, int4: bool):
     info = {"name": meta.get("general.name") or os.path.basename(path), "quantization": "+".join(types) or "F32",
             "general": general}
     return cfg, weights, tokenizer, info
+
+
+def gguf_tokenizer(path: str) -> Tokenizer:
+    """A GGUF file's tokenizer alone, without its weights (a client that sends token ids needs them)."""
+    return Tokenizer.from_gguf(*_gguf_meta(path))
+
+
+def _gguf_meta(path: str) -> tuple[Any, dict]:
+    """The file's reader and its metadata, less the vocabulary's arrays (Tokenizer.from_gguf reads those)."""
+    import gguf
+    reader = gguf.GGUFReader(path)
+    vocab_arrays = {f"tokenizer.ggml.{k}" for k in ("tokens", "merges", "token_type", "scores")}
+    return reader, {k: f.contents() for k, f in reader.fields.items() if k not in vocab_arrays}
 
 
 def _gguf_config(meta: dict, arch: str, tensor_names: set[str], vocab_size: int) -> ModelConfig:

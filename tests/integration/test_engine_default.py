@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Iterator
 
 import aiohttp
-import gguf
 import jsonschema
 import pytest
 
 from engine.default_model import default_model_path
-from engine.tokenizer import Tokenizer
+from engine.loader import gguf_tokenizer
 from tests.http_ready import wait_until_ok
 from tests.integration.conftest import clients
 from tests.llama_server import free_port
@@ -72,10 +71,7 @@ async def test_lists_and_chats_with_the_shipped_model(velo_default):
 async def test_a_completions_prompt_of_token_ids_answers_as_its_text_does(velo_default):
     """lm-eval's local-completions sends the prompt as token ids by default; Velo refused every token array. The
     engine reads them as they are, so they answer as the text its tokenizer gave them for."""
-    reader = gguf.GGUFReader(default_model_path())
-    vocab = {f"tokenizer.ggml.{k}" for k in ("tokens", "merges", "token_type", "scores")}  # read by from_gguf
-    meta = {k: f.contents() for k, f in reader.fields.items() if k not in vocab}
-    ids = Tokenizer.from_gguf(reader, meta).encode("The capital of France is")
+    ids = gguf_tokenizer(default_model_path()).encode("The capital of France is")
     oai, _ = clients(velo_default)
     asked = {"model": MODEL, "max_tokens": 6, "temperature": 0}
     text = await oai.completions.create(prompt="The capital of France is", **asked)
