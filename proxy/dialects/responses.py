@@ -152,8 +152,12 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     for unheld in ("conversation", "prompt"):  # answering without them would answer another question
         if body.get(unheld) is not None:
             raise BadRequest(f"{unheld}: {_UNHELD[unheld]}", param=unheld)
-    if body.get("input") is None and body.get("previous_response_id") is None and not counting:
-        raise MissingInput()  # `input_tokens` (counting) takes none, as OpenAI's does: instructions and tools count
+    if body.get("previous_response_id") is None and not counting:  # `input_tokens` counts instructions and tools
+        if body.get("input") is None:
+            raise MissingInput()
+        if body["input"] == []:  # the same empty conversation (pydantic-ai sends a blank message so OpenAI takes it)
+            raise BadRequest("input must not be an empty array unless previous_response_id carries the conversation",
+                             param="input")
     items = _items(body.get("input"))
     compact = bool(items) and items[-1].get("type") == TRIGGER
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,

@@ -335,9 +335,12 @@ async def test_a_turn_without_input_is_openais_400_unless_a_stored_response_carr
         assert e.value.status_code == 400 and e.value.body == {
             "message": "Missing required parameter: 'input'.", "type": "invalid_request_error", "param": "input",
             "code": "missing_required_parameter"}
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.responses.create(model="tiny", instructions="Be brief.", input=[])
+    assert e.value.body["param"] == "input" and "empty array" in e.value.body["message"]
     assert scripted.requests == []
     first = await sdk.responses.create(model="tiny", input="My name is Ada.")
-    again = await sdk.responses.create(model="tiny", previous_response_id=first.id)
+    again = await sdk.responses.create(model="tiny", previous_response_id=first.id, input=[])
     assert again.output_text == "Hello world"
     assert [m.content for m in scripted.requests[-1].messages] == ["My name is Ada.", "Hello world"]
     assert (await sdk.responses.input_tokens.count(model="tiny", instructions="be brief")).input_tokens > 0
