@@ -371,7 +371,7 @@ def _prompts(prompt: Any) -> list[str] | list[list[int]]:
     if prompt == []:
         raise BadRequest("prompt must not be empty", param="prompt")
     prompts = _texts_or_ids(prompt, "prompt")
-    if not all(prompts):
+    if isinstance(prompts[0], list) and not all(prompts):
         raise BadRequest("prompt must not hold an empty array of token ids", param="prompt")
     return prompts
 

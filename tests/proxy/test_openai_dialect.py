@@ -231,6 +231,14 @@ async def test_completions_take_token_ids_as_openai_does(base_url, scripted: Scr
     assert scripted.requests[-1].prompt_ids == [5, 6]
 
 
+async def test_an_empty_string_in_a_batch_of_prompts_starts_a_new_document(client, scripted: ScriptedBackend):
+    """Only an empty array of ids is no prompt: `[""]` was refused as "an empty array of token ids" once prompts
+    could be ids, where "" alone, and in a batch before, started a new document as OpenAI's does."""
+    resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": ["", "Once"]})
+    assert resp.status == 200 and len((await resp.json())["choices"]) == 2
+    assert [(r.prompt, r.prompt_ids) for r in scripted.requests] == [("", None), ("Once", None)]
+
+
 async def test_a_prompt_of_token_ids_is_counted_as_its_ids_for_the_window(client, scripted: ScriptedBackend):
     """The fit stage counts ids as themselves: the backend's count_tokens reads the prompt's text, which is "" here,
     and let any number of ids through to the backend."""
