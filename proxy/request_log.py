@@ -2,6 +2,7 @@
 first chunk, before the client sees a byte) and one when it ends, with its outcome: done, cancelled by client, or the
 error. A request for one answer gets the end line only, which carries the cache's part and the prompt of the start
 line: its answer starts whole, just before it ends, and a line cost ~45 us of a short request's ~800 at max req/s.
+A request that ends before its answer starts (an error, a client that left) has the prompt on its end line.
 A request Velo ended itself (an admin's cancel, a shutdown) says so, where it read "cancelled by client".
 The access log alone writes a line only once a response is whole, so a long stream shows nothing until it
 ends and a request the client abandons shows nothing at all. With `[server] log_prompts`, the start line carries
@@ -66,8 +67,9 @@ class RequestLine:
             said = error.logged(answer is not None) if isinstance(error, VeloError) else repr(error)
             outcome = f"error {status}: {said}"
         level = logging.WARNING if status not in ("200", "499") else logging.INFO
+        opening = self.opening if self.begun else _text("prompt", self.prompt)  # no start line said it
         log.log(level, "%s %s %s on %s: %s after %.3fs, %s%s%s", self.name, self.path, self.model, self.backend,
-                outcome, self._elapsed(), counted(self.tokens, "token"), self.opening, _text("answer", answer))
+                outcome, self._elapsed(), counted(self.tokens, "token"), opening, _text("answer", answer))
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.started

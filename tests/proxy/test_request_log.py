@@ -78,6 +78,18 @@ async def test_a_request_for_one_answer_logs_one_line_saying_what_a_start_line_w
     assert "3 tokens (cache skip); prompt: 'secret question'; answer: 'Hello world'" in end
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_that_fails_before_its_answer_logs_its_prompt_with_log_prompts(scripted, caplog, stream):
+    """With no start line, the end line is the only one: a one-answer request's said "error 502" without the prompt
+    the README says its end line carries, and so did a stream's, the request a user looks for in the log."""
+    scripted.script.fail_after = 0
+    app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        await (await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})).read()
+    [end] = lines(caplog)
+    assert "error 502:" in end and "0 tokens; prompt: 'secret question'; answer: ''" in end
+
+
 async def test_a_client_that_leaves_is_logged_as_cancelled(client, scripted, caplog):
     scripted.script.delay = 0.2
     resp = await client.post("/api/chat", json=CHAT)
