@@ -13,6 +13,7 @@ from ..request_log import RequestLine
 from .base import Next, Services, Stage
 
 _PROMPT_CHARS = 300  # of the last user turn, shown on the dashboard with log_prompts
+_IDS_SHOWN = _PROMPT_CHARS // 4  # of a prompt of token ids, in the log and on the dashboard
 
 
 class Observe(Stage):
@@ -52,5 +53,11 @@ class Observe(Stage):
 
 def _prompt(req: Request) -> str:
     if isinstance(req, CompletionRequest):
-        return req.prompt if req.prompt_ids is None else f"token ids {req.prompt_ids[:_PROMPT_CHARS // 4]}"
+        return req.prompt if req.prompt_ids is None else _ids(req.prompt_ids)
     return next((m.content for m in reversed(req.messages) if m.role == "user"), "")
+
+
+def _ids(ids: list[int]) -> str:
+    """The first ids and how many more: the first alone read as the whole prompt (an 8,191-id prompt as 75 ids)."""
+    more = len(ids) - _IDS_SHOWN
+    return f"token ids {ids[:_IDS_SHOWN]}" + (f" and {more} more" if more > 0 else "")

@@ -68,6 +68,15 @@ async def test_log_prompts_logs_a_prompt_of_token_ids_as_its_ids(scripted, caplo
     assert lines(caplog)[0].endswith("prompt: 'token ids [15, 4, 92]'")
 
 
+async def test_log_prompts_says_how_many_ids_a_long_prompt_of_token_ids_has_past_those_shown(scripted, caplog):
+    """The first 75 ids alone read as the whole prompt: an 8,191-id prompt was logged as 75 ids."""
+    app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": [7] * 100, "stream": True})
+        await resp.read()
+    assert lines(caplog)[0].endswith(f"prompt: 'token ids {[7] * 75} and 25 more'")
+
+
 async def test_a_request_for_one_answer_logs_one_line_saying_what_a_start_line_would(scripted, caplog):
     app = make_app(Config(server=ServerConfig(log_prompts=True)), {"scripted": scripted})
     async with TestClient(TestServer(app)) as client:
