@@ -173,16 +173,27 @@ async def test_token_ids_reach_an_openai_compatible_server_as_they_are(velo):
     assert len(answer.data) == 2 and answer.usage.prompt_tokens == 4  # the server's count: the ids themselves
 
 
+# what an Ollama backend cannot take as token ids: (the SDK's call, the field named, the message, Ollama's path)
+_IDS_FOR_OLLAMA = {
+    "embeddings": (lambda oai: oai.embeddings.create(model=MODELS["ollama"], input=[1, 2, 3]), "input",
+                   "cannot embed token ids", "/api/embed"),
+    "completions": (lambda oai: oai.completions.create(model=MODELS["ollama"], prompt=[1, 2, 3]), "prompt",
+                    "cannot complete token ids", "/api/generate"),
+}
+
+
 @pytest.mark.parametrize("velo", ["ollama"], indirect=True)
-async def test_token_ids_for_ollama_are_the_clients_400_in_openais_shape(velo):
-    """Ollama embeds text only (EmbedHandler answers anything else 400 "invalid input type"): Velo says so, as a
-    400 naming `input`, without asking Ollama."""
+@pytest.mark.parametrize("endpoint", list(_IDS_FOR_OLLAMA))
+async def test_token_ids_for_ollama_are_the_clients_400_in_openais_shape(velo, endpoint):
+    """Ollama embeds and completes text only (EmbedHandler answers anything else 400 "invalid input type";
+    /api/generate's prompt is a string): Velo says so, as a 400 naming the field, without asking Ollama (a
+    completion would have sent it an empty prompt)."""
     url, kind, fake = velo
-    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    call, param, said, path = _IDS_FOR_OLLAMA[endpoint]
     with pytest.raises(openai.BadRequestError) as e:
-        await oai.embeddings.create(model=MODELS[kind], input=[1, 2, 3])
-    assert (e.value.param, e.value.code, e.value.type) == ("input", None, "invalid_request_error")
-    assert "cannot embed token ids" in e.value.message and "/api/embed" not in [r.path for r in fake.requests]
+        await call(openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0))
+    assert (e.value.param, e.value.code, e.value.type) == (param, None, "invalid_request_error")
+    assert said in e.value.message and path not in [r.path for r in fake.requests]
 
 
 @pytest.mark.parametrize("velo", ["openai"], indirect=True)
@@ -193,18 +204,6 @@ async def test_a_prompt_of_token_ids_reaches_an_openai_compatible_server_as_it_i
     answer = await oai.completions.create(model=MODELS[kind], prompt=[[1, 2, 3], [4]], max_tokens=5)
     assert sorted(r.body["prompt"] for r in fake.requests if r.path == "/v1/completions") == [[1, 2, 3], [4]]
     assert [c.text for c in answer.choices] == ["Paris is the capital."] * 2
-
-
-@pytest.mark.parametrize("velo", ["ollama"], indirect=True)
-async def test_a_prompt_of_token_ids_for_ollama_is_the_clients_400_in_openais_shape(velo):
-    """Ollama's /api/generate takes the prompt as text only: Velo says so, as a 400 naming `prompt`, without asking
-    Ollama (it would have sent Ollama an empty prompt)."""
-    url, kind, fake = velo
-    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as e:
-        await oai.completions.create(model=MODELS[kind], prompt=[1, 2, 3])
-    assert (e.value.param, e.value.code, e.value.type) == ("prompt", None, "invalid_request_error")
-    assert "cannot complete token ids" in e.value.message and "/api/generate" not in [r.path for r in fake.requests]
 
 
 @pytest.mark.parametrize("stream", [False, True])
