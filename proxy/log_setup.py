@@ -16,6 +16,7 @@ import logging
 import time
 
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
@@ -28,8 +29,24 @@ def configure_logging(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(LineFormatter(FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
+    logging.getLogger("aiohttp.server").addFilter(malformed_http)
     logging._srcfile = None  # type: ignore[attr-defined]  # no caller lookup: no %(filename)s, %(lineno)d
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+
+
+def malformed_http(record: logging.LogRecord) -> bool:
+    """A client's malformed HTTP (a bad request line, header or chunk size), which aiohttp answers with a 400 and
+    logs as a server ERROR with its traceback, as one INFO line, as nginx logs it: a port scanner filled the log with
+    tracebacks. The line names what was wrong, not the bytes aiohttp quotes: a header line could carry a key."""
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, HttpProcessingError) or error.code != 400:
+        return True
+    reason = str(error.message).strip().split("\n", 1)[0].rstrip(":")
+    client = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
+    record.msg, record.args = "malformed HTTP request from %s answered 400: %s", (client, reason)
+    record.levelno, record.levelname = logging.INFO, "INFO"
+    record.exc_info = record.exc_text = None
+    return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 
 
 class LineFormatter(logging.Formatter):

@@ -1,6 +1,7 @@
 """Velo's access line is aiohttp's default one, byte for byte, and is skipped where INFO is off."""
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -9,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from aiohttp.web_log import AccessLogger
 
-from proxy.log_setup import FORMAT, AccessLog, LineFormatter
+from proxy.log_setup import FORMAT, AccessLog, LineFormatter, malformed_http
 
 
 class Kept(logging.Handler):
@@ -61,3 +62,30 @@ def test_the_time_of_a_line_is_loggings_own():
         record = logging.LogRecord("velo.requests", logging.INFO, "", 0, "done after %.3fs", (0.5,), None)
         record.created, record.msecs = created, (created - int(created)) * 1000
         assert ours.format(record) == theirs.format(record)
+
+
+async def test_a_clients_malformed_http_is_one_info_line_without_its_bytes(aiohttp_server, caplog):
+    """aiohttp logged each at ERROR with a traceback and the offending bytes (a header line may carry a key)."""
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a real server error")
+
+    app = web.Application()
+    app.router.add_get("/broken", broken)
+    server = await aiohttp_server(app)
+    logging.getLogger("aiohttp.server").addFilter(malformed_http)
+    try:
+        with caplog.at_level(logging.INFO, logger="aiohttp.server"):
+            for raw in (b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization sk-secret\r\n\r\n",
+                        b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n"):
+                reader, writer = await asyncio.open_connection(server.host, server.port)
+                writer.write(raw)
+                assert (await reader.readline()).split()[1] in (b"400", b"500")
+                writer.close()
+                await writer.wait_closed()
+    finally:
+        logging.getLogger("aiohttp.server").removeFilter(malformed_http)
+    malformed, failed = caplog.records
+    assert (malformed.levelno, malformed.exc_info) == (logging.INFO, None)
+    assert malformed.getMessage() == "malformed HTTP request from 127.0.0.1 answered 400: Invalid header token"
+    assert "sk-secret" not in caplog.text
+    assert failed.levelno == logging.ERROR and failed.exc_info[0] is RuntimeError  # a server's own error stays one
