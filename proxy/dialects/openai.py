@@ -353,7 +353,7 @@ def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
     suffix = get(body, "suffix", str) or None  # "" is no insert, as Ollama reads it (Tabby at the end of a file)
     first = CompletionRequest(model=get_model(body), **_prompt(prompts[0]), suffix=suffix, raw=True,
                               options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
-                              n=n)
+                              n=n, truncate=get(body, "truncate", bool))  # as on /v1/chat/completions
     echo = get(body, "echo", bool, False)
     if echo and first.options.logprobs:  # OpenAI scores the prompt's tokens too (lm-eval's loglikelihood reads them)
         raise BadRequest("echo with logprobs: Velo's backends cannot score the prompt's tokens, only the answer's",

@@ -193,6 +193,8 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
 def _went(asked: Request, sent: Request) -> str:
     """What trimming took: messages, and characters from the start of the last one or of a raw prompt."""
     if isinstance(asked, CompletionRequest) and isinstance(sent, CompletionRequest):
+        if asked.prompt_ids is not None and sent.prompt_ids is not None:
+            return counted(len(asked.prompt_ids) - len(sent.prompt_ids), "token id")
         return counted(len(asked.prompt) - len(sent.prompt), "character")
     assert isinstance(asked, ChatRequest) and isinstance(sent, ChatRequest)
     dropped = _turns(asked) - _turns(sent)
@@ -218,9 +220,12 @@ def _field(req: Request) -> str:
 
 def _shorter(req: Request, keep: float) -> Request | None:
     """`req` cut to about `keep` of its size: a chat's oldest non-system turns, then the start of its last turn, or
-    the start of a raw prompt; None when nothing more can go. Ollama, too, keeps the end of a prompt that its last
-    turn alone overflows unless asked not to shift (llm/llama_server.go), which a user pasting a whole file into one
-    message meets."""
+    the start of a raw prompt (its text or its token ids); None when nothing more can go. Ollama, too, keeps the end
+    of a prompt that its last turn alone overflows unless asked not to shift (llm/llama_server.go), which a user
+    pasting a whole file into one message meets."""
+    if isinstance(req, CompletionRequest) and req.prompt_ids is not None:  # counted exactly: no recount to undo
+        kept_ids = math.floor(len(req.prompt_ids) * keep)
+        return replace(req, prompt_ids=req.prompt_ids[-kept_ids:]) if 0 < kept_ids < len(req.prompt_ids) else None
     if isinstance(req, CompletionRequest):
         cut = _cut(len(req.prompt), keep)
         return replace(req, prompt=req.prompt[cut:]) if cut < len(req.prompt) else None

@@ -374,3 +374,19 @@ async def test_a_num_ctx_under_4_is_read_as_ollama_loads_it(velo):
     negative = await ask(-1, "one two three four five")
     assert negative.status == 200, await negative.text()
     assert negative.headers["X-Velo-Context-Trimmed"].endswith("(6 -> 3 tokens)")
+
+
+@pytest.mark.parametrize("prompt", [words(60), list(range(100, 160))], ids=["text", "token ids"])
+async def test_a_completions_prompt_asking_truncate_keeps_its_end(velo, prompt):
+    """`truncate: true` on /v1/completions trims the prompt's start as on a chat; a prompt of token ids was a 400."""
+    c, backend = await velo()
+    resp = await c.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 5,
+                                                 "truncate": True})
+    assert resp.status == 200, await resp.text()
+    sent = backend.requests[0]
+    if isinstance(prompt, list):
+        assert prompt[-len(sent.prompt_ids):] == sent.prompt_ids and len(sent.prompt_ids) <= LIMIT - 5
+        assert resp.headers["X-Velo-Context-Trimmed"] == f"{60 - len(sent.prompt_ids)} token ids (60 -> " \
+                                                         f"{len(sent.prompt_ids)} tokens)"
+    else:
+        assert prompt.endswith(sent.prompt) and await backend.count_tokens(sent) <= LIMIT - 5
