@@ -127,8 +127,10 @@ _DEFAULTS = options.defaults("responses")  # what the echo shows for a knob the 
 
 def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     body = body_object(body)
-    tools, names, ignored = _tools(get(body, "tools", list, []))
-    tools, choice = _tool_choice(body.get("tool_choice"), tools)
+    raw_tools = get(body, "tools", list, [])
+    tools, names, ignored = _tools(raw_tools)
+    hosted = {t["type"] for t in raw_tools if isinstance(t, dict) and isinstance(t.get("type"), str)} - _OWN_TOOLS
+    tools, choice = _tool_choice(body.get("tool_choice"), tools, hosted)
     reasoning = get(body, "reasoning", dict, {})
     text = get(body, "text", dict, {})
     sampling = _with_logprobs(options.read("responses", body), body)
@@ -342,6 +344,9 @@ def _unsealed(content: Any, kind: str) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) and payload.get("type") == f"velo_{kind}" else None
 
 
+_OWN_TOOLS = {"function", "custom", "namespace"}  # tool types the model is offered; any other is a hosted tool
+
+
 def _tools(raw: list[Any]) -> tuple[list[Tool], dict[str, ToolName], list[str]]:
     tools, names, ignored = [], {}, []
     for i, tool in enumerate(raw):
@@ -376,14 +381,18 @@ def _freeform_description(tool: dict[str, Any]) -> str:
     return get(tool, "description", str, "") + grammar
 
 
-def _tool_choice(raw: Any, tools: list[Tool]) -> tuple[list[Tool], Any]:
+def _tool_choice(raw: Any, tools: list[Tool], hosted: set[str]) -> tuple[list[Tool], Any]:
     """Internal form: None (auto), "none", "required", {"type": "function", "function": {"name"}}; an
-    `allowed_tools` choice narrows the tools offered."""
+    `allowed_tools` choice narrows the tools offered. A built-in tool's choice (`{"type": "web_search_preview"}`,
+    `{"type": "mcp", ...}`) for a `hosted` tool that was given is auto: that tool runs on OpenAI's side and is left
+    out here, so the model answers without it, as tool_choice.checked answers a forced hosted tool (it was a 400)."""
     if raw in (None, "auto"):
         return tools, None
     if raw in ("none", "required"):
         return tools, raw
     kind = raw.get("type") if isinstance(raw, dict) else None
+    if isinstance(kind, str) and kind in hosted:
+        return tools, None
     if kind in ("function", "custom"):
         return tools, {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}
     if kind == "allowed_tools":
