@@ -506,15 +506,20 @@ _ID_PREFIXES = {"message": "msg", "function_call": "fc", "custom_tool_call": "ct
 _PAGE_SIZE, _MAX_PAGE = 20, 100  # OpenAI's default and largest `limit` for input_items
 
 
+_LISTED_WITH_STATUS = ("message", "function_call", "function_call_output", "custom_tool_call",
+                       "custom_tool_call_output")  # the SDK's `*Item` types that require a status
+
+
 def stored_item(item: dict[str, Any]) -> dict[str, Any]:
-    """An input item as `input_items` lists it: with an id of its own (kept, so pages agree), a message's text as
-    a content part, as OpenAI answers them."""
+    """An input item as `input_items` lists it: with an id of its own (kept, so pages agree) and a status, a
+    message's text as a content part (an assistant's with its annotations), as OpenAI answers them."""
     out = {**item, "id": item.get("id") or new_id(_ID_PREFIXES.get(str(item.get("type")), "item"))}
-    if item.get("type") == "message":
+    if item.get("type") in _LISTED_WITH_STATUS:
         out.setdefault("status", "completed")
-        if isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            out["content"] = [{"type": part, "text": item["content"]}]
+    if item.get("type") == "message" and isinstance(item.get("content"), str):
+        assistant = item.get("role") == "assistant"
+        out["content"] = [{"type": "output_text", "text": item["content"], "annotations": []} if assistant
+                          else {"type": "input_text", "text": item["content"]}]
     return out
 
 
