@@ -169,9 +169,9 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         call_id = get(block, "tool_use_id", str, required=True)
         return [Message("tool", _server_result(block.get("content")), tool_call_id=call_id,
                         tool_name=names.get(call_id, ""))]
-    elif kind == "document":
+    elif kind in ("document", "search_result"):
         apart = "\n\n" if turn.content and not turn.content.endswith("\n") else ""  # from the text before it
-        turn.content += apart + _document(block, where)
+        turn.content += apart + (_document(block, where) if kind == "document" else _search_result(block, where))
     elif kind == "thinking":
         turn.thinking += get(block, "thinking", str, "")
     elif kind != "redacted_thinking":  # encrypted by Anthropic: nothing a local model can read
@@ -196,8 +196,7 @@ def _tool_result(content: Any, where: str, result: Message) -> None:
         elif kind == "document":
             texts.append(_document(block, f"{where}.{i}").strip())
         elif kind == "search_result":
-            texts.append("\n".join([get(block, "title", str, ""), get(block, "source", str, ""),
-                                    _text_of(block.get("content") or [], f"{where}.{i}.content")]).strip())
+            texts.append(_search_result(block, f"{where}.{i}").strip())
         elif kind == "tool_reference":
             texts.append(f"Tool: {get(block, 'tool_name', str, required=True)}")
         else:
@@ -233,6 +232,13 @@ def _document(block: dict[str, Any], where: str) -> str:
         raise BadRequest(f"{where}.source: only plain-text documents are supported (a text or content source)",
                          param="messages")
     return "\n\n".join([*(get(block, key, str) for key in ("title", "context") if block.get(key)), text]) + "\n\n"
+
+
+def _search_result(block: dict[str, Any], where: str) -> str:
+    """A search result (a tool's, or user content: Anthropic's search results) as text: its title, source and text,
+    apart from the text after it, as a document is."""
+    return "\n".join([get(block, "title", str, ""), get(block, "source", str, ""),
+                      _text_of(block.get("content") or [], f"{where}.content")]).strip() + "\n\n"
 
 
 def _image(source: Any, where: str) -> str:

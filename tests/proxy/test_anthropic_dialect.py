@@ -193,6 +193,18 @@ async def test_tool_results_read_documents_search_results_and_tool_references(cl
     assert (result.role, result.content) == ("tool", "a.txt\n\nalpha\nB\nhttps://x.org/b\nbeta\nTool: get_weather")
 
 
+async def test_search_results_in_a_user_turn_read_as_text_of_the_turn(client, scripted):
+    """A `search_result` block is user content too (Anthropic's search results, as the SDK's ContentBlockParam has
+    it), read as a tool result reads it, apart from the text around it; it was a 400 "not supported"."""
+    result = {"type": "search_result", "source": "https://x.org/b", "title": "B", "citations": {"enabled": True},
+              "content": [{"type": "text", "text": "beta"}]}
+    body = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Given:"}, result, {"type": "text", "text": "What?"}]}]}
+    resp = await client.post("/v1/messages", json=body)
+    assert resp.status == 200, await resp.text()
+    assert scripted.requests[0].messages[0].content == "Given:\n\nB\nhttps://x.org/b\nbeta\n\nWhat?"
+
+
 async def test_a_server_tools_call_and_result_stay_in_the_history(client, scripted):
     """A history from Anthropic's API (or Ollama's) with a web search it ran: the call, then its result, as Ollama
     reads them; before, a 400."""
