@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import orjson
@@ -65,6 +65,7 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool results that answer them
     for i, raw in enumerate(raw_messages):
         messages += _message(raw, f"messages.{i}", names)
+    messages = _combined(messages)
     if messages[-1].empty_assistant:  # allowed last, and answered as without it; passed on, vLLM's template wrote
         messages.pop()  # it as a closed empty turn before the model's own
     tools, ignored = _tools(body)
@@ -123,6 +124,23 @@ def _text_of(blocks: Any, where: str) -> str:
             raise BadRequest(f"{where}.{i}: only text blocks are supported here", param=where)
         texts.append(block["text"])
     return "\n".join(texts)
+
+
+def _combined(messages: list[Message]) -> list[Message]:
+    """Consecutive user or assistant turns as one, as Anthropic's API combines them: a chat template that wants
+    the roles to alternate (Gemma's, Mistral's) refused two user turns in a row, which Anthropic answers. User
+    turns stay paragraphs of their own; assistant text joins as its blocks do, so that a prefill split over two
+    turns is continued where its text ends."""
+    out: list[Message] = []
+    for m in messages:
+        last = out[-1] if out else None
+        if last is None or m.role != last.role or m.role not in ("user", "assistant"):
+            out.append(m)
+            continue
+        apart = "\n\n" if m.role == "user" and last.content and m.content else ""
+        out[-1] = replace(last, content=last.content + apart + m.content, images=last.images + m.images,
+                          tool_calls=last.tool_calls + m.tool_calls, thinking=last.thinking + m.thinking)
+    return out
 
 
 def _message(raw: Any, where: str, names: dict[str, str]) -> list[Message]:

@@ -205,6 +205,24 @@ async def test_search_results_in_a_user_turn_read_as_text_of_the_turn(client, sc
     assert scripted.requests[0].messages[0].content == "Given:\n\nB\nhttps://x.org/b\nbeta\n\nWhat?"
 
 
+async def test_consecutive_turns_of_one_role_are_combined_as_anthropic_combines_them(client, scripted):
+    """Anthropic's API combines consecutive user or assistant turns into one; passed on apart, a chat template that
+    wants the roles to alternate (Gemma's, Mistral's) refused the request."""
+    body = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Read this."},
+        {"role": "user", "content": [{"type": "text", "text": "Then answer."}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "look", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "seen"},
+                                     {"type": "text", "text": "Go on."}]},
+        {"role": "user", "content": "Briefly."},
+        {"role": "assistant", "content": "Sure"},
+        {"role": "assistant", "content": [{"type": "text", "text": ", here"}]}]}
+    assert (await client.post("/v1/messages", json=body)).status == 200
+    sent = [(m.role, m.content, [c.name for c in m.tool_calls]) for m in scripted.requests[0].messages]
+    assert sent == [("user", "Read this.\n\nThen answer.", []), ("assistant", "", ["look"]), ("tool", "seen", []),
+                    ("user", "Go on.\n\nBriefly.", []), ("assistant", "Sure, here", [])]
+
+
 async def test_a_server_tools_call_and_result_stay_in_the_history(client, scripted):
     """A history from Anthropic's API (or Ollama's) with a web search it ran: the call, then its result, as Ollama
     reads them; before, a 400."""
