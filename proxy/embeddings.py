@@ -3,6 +3,7 @@ a slot of the backend's queue -> the backend. Not a chunk stream, so not the gen
 limit and admit stages' state."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import replace
@@ -14,8 +15,7 @@ from adapters.errors import BackendError, NonFiniteEmbedding
 from adapters.protocol import EmbedRequest, EmbedResult
 from adapters.wording import counted
 
-from .batching import NORMAL, AdmissionController, EmbedBatcher
-from .batching.embed_batcher import EmbedCall
+from .batching import NORMAL, EmbedBatcher
 from .dialects import dialect_of
 from .job import Caller
 from .keep import Tally
@@ -38,9 +38,13 @@ class Embeddings:
     async def start(self) -> None:
         batching = self.services.config.batching
         for backend in self.services.router.backends.values():
-            call = functools.partial(_admitted, self.admit.controllers.get(backend.name), backend.embed)
-            self.batchers[backend.name] = EmbedBatcher(call, batching.embed_window_ms, batching.embed_max_inputs,
-                                                       self.calls.setdefault(backend.name, Tally()))
+            # a call in one of the backend's slots, as a generation's: embeddings went around `max_concurrency` (100
+            # requests that could not be merged were 100 calls at once to a backend of 4 slots)
+            controller = self.admit.controllers.get(backend.name)
+            slot = functools.partial(controller.slot, NORMAL, "embeddings") if controller else contextlib.nullcontext
+            self.batchers[backend.name] = EmbedBatcher(backend.embed, batching.embed_window_ms,
+                                                       batching.embed_max_inputs,
+                                                       self.calls.setdefault(backend.name, Tally()), slot=slot)
 
     async def close(self) -> None:
         for batcher in self.batchers.values():
@@ -92,12 +96,3 @@ def _finite(result: EmbedResult, backend: str) -> EmbedResult:
             raise NonFiniteEmbedding(f"backend {backend!r} sent embedding {i} with a value that is not a finite "
                                      "number (NaN, infinity or null)")
     return result
-
-
-async def _admitted(controller: AdmissionController | None, embed: EmbedCall, req: EmbedRequest) -> EmbedResult:
-    """A backend call in one of the backend's slots, as a generation's: embeddings went around `max_concurrency`
-    (100 requests that could not be merged were 100 calls at once to a backend of 4 slots)."""
-    if controller is None:
-        return await embed(req)
-    async with controller.slot(NORMAL, "embeddings"):
-        return await embed(req)

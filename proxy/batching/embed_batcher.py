@@ -9,9 +9,11 @@ Ollama's refusal of a NaN vector) is asked again caller by caller, so that no ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, fields, replace
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import EmbedRequest, EmbedResult
@@ -20,6 +22,7 @@ from adapters.wording import counted
 from ..keep import Tally
 
 EmbedCall = Callable[[EmbedRequest], Awaitable[EmbedResult]]
+Slot = Callable[[], AbstractAsyncContextManager[Any]]
 
 
 @dataclass
@@ -37,13 +40,17 @@ class EmbedBatcher:
     window_ms: float = 5
     max_inputs: int = 64
     calls: Tally = field(default_factory=Tally)  # backend calls made, for /metrics (kept through reloads)
+    # one of the backend's slots (its admission queue), held for each call: a batch takes its callers' inputs once
+    # it has one, so a caller that left while the batch waited for it is not sent
+    slot: Slot = contextlib.nullcontext
     _open: dict[str, _Batch] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
         if not req.inputs or len(req.inputs) >= self.max_inputs:  # nothing to gain from waiting
-            self.calls.n += 1
-            return await self.call(req)
+            async with self.slot():
+                self.calls.n += 1
+                return await self.call(req)
         key = _batch_key(req)
         batch = self._open.get(key)
         if batch is not None and batch.inputs + len(req.inputs) > self.max_inputs:
@@ -87,11 +94,15 @@ class EmbedBatcher:
         live = [i for i, f in enumerate(batch.futures) if not f.done()]  # callers that left need no inputs
         if not live:
             return
-        first = batch.requests[live[0]]
-        merged = replace(first, inputs=[s for i in live for s in batch.requests[i].inputs])  # the rest is equal
-        self.calls.n += 1
         try:
-            result = await self.call(merged)
+            async with self.slot():
+                live = [i for i, f in enumerate(batch.futures) if not f.done()]  # and those that left meanwhile
+                if not live:
+                    return
+                first = batch.requests[live[0]]
+                merged = replace(first, inputs=[s for i in live for s in batch.requests[i].inputs])  # the rest equal
+                self.calls.n += 1
+                result = await self.call(merged)
             if len(result.embeddings) != len(merged.inputs):
                 raise BackendError(f"backend returned {counted(len(result.embeddings), 'embedding')} "
                                    f"for {counted(len(merged.inputs), 'input')}")

@@ -165,6 +165,22 @@ async def test_embeddings_take_the_backends_slots_as_generations_do():
         assert [r.status for r in answers] == [200] * 12 and backend.peak == 3
 
 
+async def test_a_caller_that_leaves_while_its_batch_waits_for_a_slot_is_not_sent():
+    """A batch took its inputs before it waited for the backend's slot: an embedding whose client had left while it
+    queued was still sent, where a queued generation is never sent once its client left."""
+    backend = ScriptedBackend(script=Script(pieces=["x"] * 10, delay=0.03))
+    backend.config.max_concurrency = 1
+    async with app_over(backend, embed_window_ms=20) as c:
+        running = asyncio.create_task(c.post("/api/chat", json={"model": "tiny", "messages": MESSAGES}))
+        await asyncio.sleep(0.05)
+        leaver, stayer = (asyncio.create_task(c.post("/v1/embeddings", json={"model": "tiny", "input": text}))
+                          for text in ("gone", "here"))
+        await asyncio.sleep(0.1)  # the batch is made and waits for the slot the chat holds
+        leaver.cancel()
+        assert (await stayer).status == 200 and (await running).status == 200
+    assert [r.inputs for r in backend.requests if not hasattr(r, "messages")] == [["here"]]
+
+
 async def test_embed_batches_are_capped_at_max_inputs():
     backend = ScriptedBackend()
     async with app_over(backend, embed_window_ms=100, embed_max_inputs=4) as c:
