@@ -18,6 +18,7 @@ from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from adapters.errors import BackendUnavailable, Overloaded
 from adapters.protocol import Chunk
 
 from ..auth import key_labels
@@ -34,6 +35,11 @@ class Charge:
 
     tokens: int
     headers: dict[str, str] = field(default_factory=dict)
+
+
+# Refusals to be retried later (Velo's queue full or its wait over, a busy backend, one down or unreachable): before
+# the answer began, no backend spent a token on them, and a client retrying as told ran out of its tokens per minute
+_REFUSED = (Overloaded, BackendUnavailable)
 
 
 class Limit(Stage):
@@ -65,14 +71,18 @@ class Limit(Stage):
             if parts is not None and parts.leave():
                 self.limits.done(key, 0)
             raise
-        counted, pieces = 0, 0
+        counted, pieces, began, refused = 0, 0, False, False
         try:
             async with contextlib.aclosing(next(job)) as rest:
                 async for chunk in rest:
+                    began = True
                     counted, pieces = _tokens(chunk, prompt) or counted, pieces + bool(chunk.text)
                     yield chunk
+        except _REFUSED:
+            refused = not began
+            raise
         finally:
-            spent = 0 if job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
+            spent = 0 if refused or job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
             if len(job.outcome.calls) > 1:  # repair asked again: the backend spent every call's tokens
                 spent = sum(job.outcome.calls)
             if parts is None or parts.leave():
@@ -111,6 +121,9 @@ class Limit(Stage):
         charge.headers = self._admit(tenant, dialect, prompt)
         try:
             yield charge
+        except _REFUSED:
+            charge.tokens = 0
+            raise
         finally:
             self.limits.done(tenant, charge.tokens - prompt)
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.errors import BackendUnavailable
 from proxy.app import make_app
+from proxy.auth import tenant_of
+from proxy.batching.config import BatchingConfig
+from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig, ToolsConfig
 from proxy.limits import LimitsConfig
 from proxy.stages.limit import headers
@@ -99,6 +104,35 @@ async def test_a_retried_answer_is_charged_every_backend_call_it_made():
         assert resp.status == 200 and "retry=1" in resp.headers["X-Velo-Repair"] and len(backend.requests) == 2
         [key] = limits.keys.values()
         assert key.tokens.level == 1000 - 12
+
+
+@pytest.mark.parametrize("refusal", ["queue full", "backend down"])
+async def test_a_request_refused_before_its_answer_began_costs_no_tokens(refusal: str):
+    """Velo's queue full (429, Retry-After) or the backend down (503): no backend spent a token, yet the key was
+    charged the prompt's estimate each time (a generation's, an embedding's), so a client retrying as told ran out
+    of tokens_per_minute and got the limit's own 429 once the backend could serve it."""
+    class Down(ScriptedBackend):
+        def chat(self, req):
+            raise BackendUnavailable("backend 's' at http://127.0.0.1:1 is not reachable")
+
+        async def embed(self, req):
+            self.chat(req)
+    backend = Down("s") if refusal == "backend down" else ScriptedBackend("s", script=Script(delay=0.05))
+    backend.config.max_concurrency = 1
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(tokens_per_minute=1000),
+                 batching=BatchingConfig(max_queue=0), cache=CacheConfig(enabled=False))
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        limits = c.server.app[GENERATIONS].current.pipeline.limit.limits
+        limits.clock = lambda: 0.0  # no refill while it runs
+        running = asyncio.create_task(c.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                             headers=auth("k2")))
+        await asyncio.sleep(0.02)
+        prompt = {**CHAT, "messages": [{"role": "user", "content": "word " * 200}]}
+        statuses = [(await c.post("/v1/chat/completions", json=prompt, headers=auth("k1"))).status for _ in range(3)]
+        embedding = await c.post("/v1/embeddings", json={"model": "tiny", "input": "word " * 200}, headers=auth("k1"))
+        await (await running).read()
+        assert statuses + [embedding.status] == [429 if refusal == "queue full" else 503] * 4
+        assert limits.keys[tenant_of("k1")].tokens.level == 1000
 
 
 async def test_keys_nobody_configured_share_one_label_on_metrics():
