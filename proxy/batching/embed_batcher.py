@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Awaitable, Callable
 
@@ -22,7 +21,7 @@ from adapters.wording import counted
 from ..keep import Tally
 
 EmbedCall = Callable[[EmbedRequest], Awaitable[EmbedResult]]
-Slot = Callable[[], AbstractAsyncContextManager[Any]]
+Slot = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
 
 
 @dataclass
@@ -91,12 +90,12 @@ class EmbedBatcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: _Batch) -> None:
-        live = [i for i, f in enumerate(batch.futures) if not f.done()]  # callers that left need no inputs
+        live = _waiting(batch)  # callers that left need no inputs
         if not live:
             return
         try:
             async with self.slot():
-                live = [i for i, f in enumerate(batch.futures) if not f.done()]  # and those that left meanwhile
+                live = _waiting(batch)  # nor those that left while it waited for the slot
                 if not live:
                     return
                 first = batch.requests[live[0]]
@@ -123,6 +122,11 @@ class EmbedBatcher:
         for i, part in zip(live, parts):
             if not batch.futures[i].done():
                 batch.futures[i].set_result(part)
+
+
+def _waiting(batch: _Batch) -> list[int]:
+    """The places of the batch's callers still waiting for its answer."""
+    return [i for i, f in enumerate(batch.futures) if not f.done()]
 
 
 # What one caller's input can make a backend refuse; not a full queue's or a wait's 429, on which each caller asked
