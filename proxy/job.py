@@ -36,6 +36,7 @@ class Outcome:
     rate_limit: dict[str, str] = field(default_factory=dict)  # the key's limits, in the dialect's headers
     context_edits: list[Applied] = field(default_factory=list)  # what the edit-context stage cleared
     calls: list[int] = field(default_factory=list)  # each backend call's tokens, where repair asked again
+    coalesced: bool = False  # rode on an identical request's backend call: no backend spent a token on it
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}

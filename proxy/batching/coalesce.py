@@ -51,13 +51,21 @@ class Coalescer:
     def in_flight(self) -> int:
         return len(self._flights)
 
-    async def stream(self, key: str, factory: ChunkFactory) -> AsyncIterator[Chunk]:
+    async def stream(self, key: str, factory: ChunkFactory,
+                     joined: Callable[[], None] = lambda: None) -> AsyncIterator[Chunk]:
         """Every chunk of the shared stream, from the first; the flight's error, if any, is raised here too.
+        `joined` is called when the caller rides on a flight another started.
 
         Callers should close this generator (`contextlib.aclosing`) when they stop early, so that the backend
         call is cancelled as soon as the last of them is gone.
         """
-        flight = self._join(key, factory)
+        flight = self._flights.get(key)
+        if flight is not None:
+            self.joined.n += 1
+            joined()
+        else:
+            flight = self._flights[key] = _Flight()
+            flight.pump = asyncio.create_task(self._pump(key, flight, factory), name=f"coalesce:{key[:32]}")
         flight.callers += 1
         try:
             seen = 0
@@ -74,16 +82,6 @@ class Coalescer:
             flight.callers -= 1
             if flight.callers == 0 and not flight.done:
                 await self._abandon(key, flight)
-
-    def _join(self, key: str, factory: ChunkFactory) -> _Flight:
-        flight = self._flights.get(key)
-        if flight is not None:
-            self.joined.n += 1
-            return flight
-        flight = _Flight()
-        self._flights[key] = flight
-        flight.pump = asyncio.create_task(self._pump(key, flight, factory), name=f"coalesce:{key[:32]}")
-        return flight
 
     async def _pump(self, key: str, flight: _Flight, factory: ChunkFactory) -> None:
         """Copies the backend stream into the flight; runs in its own task so no single caller owns it."""

@@ -5,6 +5,7 @@ stream is folded into one chunk below (adapters' one_answer), so a streamed requ
 answer at the end."""
 from __future__ import annotations
 
+import functools
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -30,7 +31,7 @@ class Coalesce(Stage):
         if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
             req = job.request  # what goes with the leader's call only must be the same: a follower's would be lost
             key = f"{exact_key(req, job.caller.tenant)}:{req.stream}:{digest(backend_only(req))}"
-            return self.coalescer.stream(key, lambda: next(job))
+            return self.coalescer.stream(key, lambda: next(job), joined=functools.partial(_joined, job))
         return next(job)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -38,3 +39,7 @@ class Coalesce(Stage):
                                   value=self.coalescer.coalesced)
         yield GaugeMetricFamily("velo_coalesce_flights", "Shared backend streams in flight",
                                 value=self.coalescer.in_flight)
+
+
+def _joined(job: Job) -> None:
+    job.outcome.coalesced = True

@@ -82,7 +82,8 @@ class Limit(Stage):
             refused = not began
             raise
         finally:
-            spent = 0 if refused or job.outcome.cache in ("exact", "semantic") else counted or prompt + pieces
+            free = refused or job.outcome.coalesced or job.outcome.cache in ("exact", "semantic")
+            spent = 0 if free else counted or prompt + pieces
             if len(job.outcome.calls) > 1:  # repair asked again: the backend spent every call's tokens
                 spent = sum(job.outcome.calls)
             if parts is None or parts.leave():

@@ -135,6 +135,22 @@ async def test_a_request_refused_before_its_answer_began_costs_no_tokens(refusal
         assert limits.keys[tenant_of("k1")].tokens.level == 1000
 
 
+async def test_a_request_that_rode_on_an_identical_ones_backend_call_costs_no_tokens():
+    """Coalescing: three identical requests of a key, one backend call; the key was charged its answer three times."""
+    backend = ScriptedBackend("s", script=Script(delay=0.1))
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(tokens_per_minute=1000),
+                 cache=CacheConfig(enabled=False))
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        limits = c.server.app[GENERATIONS].current.pipeline.limit.limits
+        limits.clock = lambda: 0.0  # no refill while it runs
+        greedy = {**CHAT, "temperature": 0}
+        answers = await asyncio.gather(*(c.post("/v1/chat/completions", json=greedy, headers=auth("k1"))
+                                         for _ in range(3)))
+        usage = [(await a.json())["usage"]["total_tokens"] for a in answers]
+        assert len(backend.requests) == 1 and len(set(usage)) == 1
+        assert limits.keys[tenant_of("k1")].tokens.level == 1000 - usage[0]
+
+
 async def test_keys_nobody_configured_share_one_label_on_metrics():
     """Without `api_keys` any client may send made-up keys, each its own scope; on /metrics they are `other`
     (before: one label each, without bound, as the made-up model names of issue 20)."""
