@@ -130,6 +130,17 @@ def _named_in_ollamas_grammar(model: str) -> Iterator[None]:
         raise BadRequest(why, param="model") from None
 
 
+@contextlib.contextmanager
+def _missing_as_embedding_handlers_say(model: str) -> Iterator[None]:
+    """EmbedHandler and EmbeddingsHandler answer a model they cannot find through handleScheduleError (server/
+    routes.go): 404 `model "x" not found, try pulling it first`, where the chat, generate and show handlers say
+    `model 'x' not found`; embedding clients match on "try pulling it first" to tell the user to pull."""
+    try:
+        yield
+    except ModelNotFound as e:
+        raise ModelNotFound(model, f"model {ollama_names.go_quoted(model)} not found, try pulling it first") from e
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_chat(body), time.perf_counter_ns()
@@ -172,7 +183,7 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 async def embed(request: web.Request) -> web.Response:
     req, started = ollama.parse_embed(await read_json(request)), time.perf_counter_ns()
-    with _named_in_ollamas_grammar(req.model):
+    with _named_in_ollamas_grammar(req.model), _missing_as_embedding_handlers_say(req.model):
         if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers with no figures
             await _load_or_unload(request, req.model, req.keep_alive)  # (EmbedHandler)
             return json_response({"model": req.model, "embeddings": []})
@@ -182,7 +193,7 @@ async def embed(request: web.Request) -> web.Response:
 
 async def embeddings(request: web.Request) -> web.Response:
     req = ollama.parse_legacy_embeddings(await read_json(request))
-    with _named_in_ollamas_grammar(req.model):
+    with _named_in_ollamas_grammar(req.model), _missing_as_embedding_handlers_say(req.model):
         if not req.inputs[0]:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers an empty vector
             await _load_or_unload(request, req.model, req.keep_alive)  # (EmbeddingsHandler)
             return json_response({"embedding": []})

@@ -16,7 +16,7 @@ def refusal(name: str) -> str | None:
     modelref ParseRef), or a name outside the grammar."""
     base, explicit = _source_cut(name.strip())
     if explicit and _source_cut(base)[1]:
-        return f"use either :local or :cloud, not both: {_go_quoted(name.strip())}"
+        return f"use either :local or :cloud, not both: {go_quoted(name.strip())}"
     return None if valid(name) else "invalid model name"
 
 
@@ -63,7 +63,7 @@ _ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t
             '"': '\\"', "\\": "\\\\"}
 
 
-def _go_quoted(text: str) -> str:
+def go_quoted(text: str) -> str:
     """Go's %q (strconv.Quote), with which Ollama quotes a name in its errors: printable letters as they are (Python's
     and Go's "printable" agree: no control, format or separator characters but the ASCII space), the rest escaped."""
     def one(ch: str) -> str:

@@ -73,6 +73,8 @@ async def test_a_name_outside_ollamas_grammar_that_velo_does_not_serve_is_ollama
                                ("/api/embed", {"input": "hi"}), ("/api/embed", {}),
                                ("/api/embeddings", {"prompt": "hi"})):
                 resp = await c.post(path, json={"model": name, "stream": False, **body})
+                if status == 404 and path.startswith("/api/embed"):  # handleScheduleError's words
+                    error = f'model "{name}" not found, try pulling it first'
                 assert (resp.status, await resp.json()) == (status, {"error": error})
         for path, body in (("/api/chat", {"messages": CHAT}), ("/api/generate", {"prompt": "hi"})):
             assert (await c.post(path, json={"model": "qwen2.5/coder", "stream": False, **body})).status == 200
@@ -140,3 +142,23 @@ async def test_a_keep_alive_past_gos_longest_duration_is_for_good(client, script
     assert resp.status == 200
     ps = await client.get("/api/ps")
     assert ps.status == 200 and (await ps.json())["models"]
+
+
+async def test_a_missing_embedding_model_is_ollamas_404_that_says_to_pull_it():
+    """EmbedHandler and EmbeddingsHandler answer it through handleScheduleError (server/routes.go), in other words
+    than the chat handler's, which embedding clients match to tell the user to pull the model; Velo said
+    `model 'nope' not found` on both."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from proxy.app import make_app
+    from proxy.config import Config
+    backends = {"a": ScriptedBackend("a"), "b": ScriptedBackend("b", models=("other:latest",))}
+    async with TestClient(TestServer(make_app(Config(), backends))) as c:
+        oll = ollama.AsyncClient(host=str(c.make_url("")).rstrip("/"))
+        for call in (oll.embed(model="nope", input="hi"), oll.embeddings(model="nope", prompt="hi")):
+            with pytest.raises(ollama.ResponseError) as e:
+                await call
+            assert (e.value.status_code, e.value.error) == (404, 'model "nope" not found, try pulling it first')
+        with pytest.raises(ollama.ResponseError) as e:
+            await oll.chat(model="nope", messages=CHAT)
+        assert (e.value.status_code, e.value.error) == (404, "model 'nope' not found")
