@@ -51,11 +51,11 @@ async def show(request: web.Request) -> web.Response:
         raise BadRequest("model is required", param="model")
     router = request[ROUTER]
     with _named_in_ollamas_grammar(name):
-        target = await router.resolve(name)
         try:
+            target = await router.resolve(name)
             info = await target.backend.show(target.model)
-        except ModelNotFound as e:
-            raise ModelNotFound(name) from e  # named as the client wrote it, as Ollama does
+        except ModelNotFound as e:  # named as ShowHandler names it: `nope` is `model 'nope:latest' not found`
+            raise ModelNotFound(ollama_names.display_shortest(name)) from e
     info = replace(info, name=name)  # a copy: a backend may hand out its own card (the engine's, once unloaded)
     preset = router.presets.get(name)
     model = preset.shown(info) if preset else info

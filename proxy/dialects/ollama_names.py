@@ -37,6 +37,20 @@ def valid(name: str) -> bool:
     return all(_PARTS[kind].fullmatch(part) for kind, part in parts.items())
 
 
+def display_shortest(name: str) -> str:
+    """types/model/name.go DisplayShortest, with which ShowHandler names a model it cannot find: without Ollama's
+    default host and namespace, always with a tag (`nope` is `nope:latest`)."""
+    rest, tag = _source_cut(name.strip())[0], "latest"
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, _, tag = rest.rpartition(":")
+    rest, slash, model = rest.rpartition("/")
+    host, hosted, namespace = rest.rpartition("/")
+    host = host.split("://", 1)[-1]
+    if hosted and host.lower() != "registry.ollama.ai":
+        return f"{host}/{namespace}/{model}:{tag}"
+    return f"{namespace}/{model}:{tag}" if slash and namespace.lower() != "library" else f"{model}:{tag}"
+
+
 def full_name(name: str) -> str:
     """Ollama names a model without a tag `name:latest`, and lists every model so (DisplayShortest)."""
     return name if tagged(name) else f"{name}:latest"

@@ -124,12 +124,18 @@ async def test_what_the_model_lacks_is_a_400_with_ollamas_words(base_url, script
     assert oai.status_code == 200 and [r.suffix for r in scripted.requests] == [None, None]
 
 
-async def test_unknown_model_is_ollamas_404(base_url, scripted: ScriptedBackend):
+@pytest.mark.parametrize("name, shown", [("tiny", "tiny:latest"), ("tiny:1b", "tiny:1b"),
+                                         ("registry.ollama.ai/library/tiny:1b", "tiny:1b"),
+                                         ("user/tiny", "user/tiny:latest"), ("hf.co/u/tiny:Q4", "hf.co/u/tiny:Q4")])
+async def test_unknown_model_is_ollamas_404_naming_it_as_show_names_it(base_url, scripted: ScriptedBackend, name,
+                                                                        shown):
+    """ShowHandler names the model by DisplayShortest (server/routes.go, types/model/name.go): a tag always, Ollama's
+    default host and namespace never; Velo named it as written (`model 'tiny' not found`)."""
     scripted.models = ["other:latest"]
     c = ollama.AsyncClient(host=base_url)
     with pytest.raises(ollama.ResponseError) as e:
-        await c.show("tiny")
-    assert (e.value.status_code, e.value.error) == (404, "model 'tiny' not found")
+        await c.show(name)
+    assert (e.value.status_code, e.value.error) == (404, f"model '{shown}' not found")
 
 
 async def test_a_keep_alive_past_gos_longest_duration_is_for_good(client, scripted: ScriptedBackend):
