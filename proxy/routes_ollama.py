@@ -84,6 +84,7 @@ async def ps(request: web.Request) -> web.Response:
             if backend.idle_unload:  # Velo unloads it: when, it knows (an Ollama backend says for itself)
                 model.expires_at = residency.expires_at(backend.name, model.name) or model.expires_at
             running.append(model)
+    running.sort(key=lambda m: epoch(m.expires_at), reverse=True)  # the longest left first, as PsHandler sorts them
     return json_response({"models": [ollama.ps_object(m) for m in running]})
 
 

@@ -408,3 +408,25 @@ async def test_total_duration_counts_the_wait_in_velos_queue():
             await server.close()
     first, second = sorted(a.total_duration for a in answers)
     assert second > 1.7 * first, (first, second)  # the second waited for the first's whole answer
+
+
+async def test_ps_lists_the_model_with_the_longest_left_first():
+    """PsHandler sorts by expires_at, latest first (server/routes.go), and `ollama ps` prints that order; Velo listed
+    backend after backend."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from adapters.protocol import RunningModel
+    from proxy.app import make_app
+    from proxy.config import Config
+    one, two = ScriptedBackend("one", models=("one:latest",)), ScriptedBackend("two", models=("two:latest",))
+
+    async def running_one() -> list[RunningModel]:
+        return [RunningModel("one:latest", expires_at="2030-01-01T01:00:00+02:00")]  # 23:00Z, the day before
+
+    async def running_two() -> list[RunningModel]:
+        return [RunningModel("two:latest", expires_at="2030-01-01T00:00:00Z")]
+    one.running, two.running = running_one, running_two  # type: ignore[method-assign]
+    for backends in ({"one": one, "two": two}, {"two": two, "one": one}):
+        async with TestClient(TestServer(make_app(Config(), backends))) as c:
+            shown = await (await c.get("/api/ps")).json()
+        assert [m["name"] for m in shown["models"]] == ["two:latest", "one:latest"]
