@@ -13,24 +13,31 @@ DEFAULT_S = 300.0  # Ollama's default: 5 minutes
 FOREVER = math.inf
 _LONGEST_S = 2**63 / 1e9  # Go's time.Duration, in seconds
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+# A number ([0-9]*, then "." and [0-9]*) and its unit: every character up to the next digit or ".", as Go reads it
+_PIECE = re.compile(r"([0-9]*)(\.[0-9]*)?([^0-9.]*)")
 
 
 def go_duration(text: str) -> float:
-    """Seconds of a Go duration string (time.ParseDuration); ValueError in Go's words when it is not one."""
+    """Seconds of a Go duration string, read as time.ParseDuration reads it; ValueError in Go's words when it is not
+    one ("1d" is `time: unknown unit "d" in duration "1d"`)."""
     sign, rest = (-1.0, text[1:]) if text[:1] == "-" else (1.0, text.removeprefix("+"))
     if rest == "0":
         return 0.0
     if not rest:
         raise ValueError(f'time: invalid duration "{text}"')
-    total, pos = 0.0, 0
-    while pos < len(rest):
-        part = _PART.match(rest, pos)
-        if part is None:
-            unitless = re.fullmatch(r"\d+\.?\d*", rest[pos:])
-            raise ValueError(f'time: {"missing unit in" if unitless else "invalid"} duration "{text}"')
-        total += float(part.group(1)) * _UNITS[part.group(2)]
-        pos = part.end()
+    total = 0.0
+    while rest:
+        piece = _PIECE.match(rest)
+        assert piece is not None  # each of its parts may be empty: it always matches
+        whole, fraction, unit = piece.groups()
+        if not whole and len(fraction or "") < 2:  # no digit: "abc", ".s"
+            raise ValueError(f'time: invalid duration "{text}"')
+        if not unit:
+            raise ValueError(f'time: missing unit in duration "{text}"')
+        if unit not in _UNITS:
+            raise ValueError(f'time: unknown unit "{unit}" in duration "{text}"')
+        total += float(f"{whole or 0}{fraction or ''}") * _UNITS[unit]
+        rest = rest[piece.end():]
     return sign * total
 
 
