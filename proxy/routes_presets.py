@@ -20,6 +20,7 @@ from adapters.fields import get
 from adapters.protocol import ModelInfo
 
 from .dialects.ollama import now_iso, parse_message, parse_options
+from .dialects.ollama_names import go_quoted
 from .http_io import json_response, ndjson, read_json
 from .presets import Preset, full_name, spellings
 from .router import Router
@@ -65,7 +66,10 @@ async def create(request: web.Request) -> web.StreamResponse:
 
 async def copy(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    source, destination = _name(body, "source"), full_name(_valid(_name(body, "destination")))
+    source, destination = _name(body, "source"), _name(body, "destination")
+    if not _VALID_NAME.fullmatch(destination):  # CopyHandler's words
+        raise BadRequest(f"destination {go_quoted(destination)} is invalid", param="destination")
+    destination = full_name(destination)
     router = request[ROUTER]
     if (preset := router.presets.get(source)) is not None:
         await router.presets.put(replace(preset, name=destination, modified_at=now_iso()))
@@ -74,7 +78,7 @@ async def copy(request: web.Request) -> web.StreamResponse:
     if info is None and not _VALID_NAME.fullmatch(source):  # Ollama's CopyHandler: a 400 before any lookup
         raise BadRequest(f'source "{source}" is invalid', param="source")
     if info is None:
-        raise ModelNotFound(source)
+        raise ModelNotFound(source, f"model {go_quoted(source)} not found")  # CopyHandler's %q, not '%s'
     if _on_an_ollama_backend(router, info):
         return await manage(request)
     await router.presets.put(Preset(destination, source))  # a backend's model under a new name: a bare preset

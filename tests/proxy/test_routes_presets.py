@@ -140,7 +140,7 @@ async def test_presets_are_kept_across_a_restart_in_a_private_file(oll, config: 
     (lambda c: c.create("x", files={"m.gguf": "sha256:00"}), 400, "Ollama backend"),
     (lambda c: c.delete("tiny"), 400, "only presets"),
     (lambda c: c.create("no spaces please", from_="tiny"), 400, "invalid model name"),
-    (lambda c: c.copy("tiny", "a?b"), 400, "invalid model name"),
+    (lambda c: c.copy("tiny", "a?b"), 400, 'destination "a?b" is invalid'),
     # Ollama's parts are ASCII and at most 80 characters: a 2,000-character name was listed and no request could use it
     (lambda c: c.create("modèle", from_="tiny"), 400, "invalid model name"),
     (lambda c: c.create("m" * 81, from_="tiny"), 400, "invalid model name"),
@@ -152,6 +152,16 @@ async def test_errors_in_ollamas_shape(oll, call, status, words):
         await call(oll)
     assert err.value.status_code == status and words in err.value.error
     assert await names(oll) == {"tiny:latest"}
+
+
+@pytest.mark.parametrize("source, destination, status, error", [
+    ("nope", "x", 404, 'model "nope" not found'), ("tiny", "a?b", 400, 'destination "a?b" is invalid')])
+async def test_copy_refuses_in_the_words_of_ollamas_copy_handler(oll, source, destination, status, error):
+    """CopyHandler (server/routes.go) quotes a missing source with %q, and names a bad destination as one; Velo said
+    `model 'nope' not found` and `invalid model name "a?b": ...`."""
+    with pytest.raises(ollama.ResponseError) as err:
+        await oll.copy(source, destination)
+    assert (err.value.status_code, err.value.error) == (status, error)
 
 
 async def test_a_bad_presets_file_stops_the_start_rather_than_being_overwritten(config: Config):
