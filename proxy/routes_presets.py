@@ -91,7 +91,8 @@ async def delete(request: web.Request) -> web.StreamResponse:
     router = request[ROUTER]
     if await router.presets.delete(name):  # any name a preset has, one an earlier Velo let through included
         return web.Response()
-    _valid(name)
+    if not _VALID_NAME.fullmatch(name):  # DeleteHandler's words
+        raise BadRequest(f"name {go_quoted(name)} is invalid", param="model")
     info = await _listed(router, name)
     if info is None:
         raise ModelNotFound(name)

@@ -145,7 +145,7 @@ async def test_presets_are_kept_across_a_restart_in_a_private_file(oll, config: 
     (lambda c: c.create("modèle", from_="tiny"), 400, "invalid model name"),
     (lambda c: c.create("m" * 81, from_="tiny"), 400, "invalid model name"),
     (lambda c: c.create("m:" + "t" * 81, from_="tiny"), 400, "invalid model name"),
-    (lambda c: c.delete("bad name!"), 400, "invalid model name"),
+    (lambda c: c.delete("bad name!"), 400, 'name "bad name!" is invalid'),  # DeleteHandler's words
 ])
 async def test_errors_in_ollamas_shape(oll, call, status, words):
     with pytest.raises(ollama.ResponseError) as err:
