@@ -18,6 +18,7 @@ from adapters.fields import MAX_MODEL_NAME
 from adapters.protocol import ModelInfo
 
 from .config import Config
+from .dialects.ollama_names import same_model
 from .listings import START_S, Listings
 from .presets import PresetStore, by_spelling, spellings
 
@@ -147,7 +148,9 @@ class Router:
         for name in spellings(self.listings.known_as.get(model, model)):
             if (backend := self.listings.owner.get(name)) is not None:
                 return Target(self.backends[backend], name, model)  # at most two spellings of a listed name
-        return None
+        # as Ollama finds a model: `Qwen3` and `registry.ollama.ai/library/qwen3` were a 404 where Ollama answers
+        return next((Target(self.backends[backend], name, model) for name, backend in self.listings.owner.items()
+                     if same_model(name, model)), None)
 
     def _default(self, model: str) -> Target:
         """The configured default backend; else the only one, unless it listed its models without this name and

@@ -40,7 +40,17 @@ def valid(name: str) -> bool:
 def display_shortest(name: str) -> str:
     """types/model/name.go DisplayShortest, with which ShowHandler names a model it cannot find: without Ollama's
     default host and namespace, always with a tag (`nope` is `nope:latest`)."""
-    rest, tag = _source_cut(name.strip())[0], "latest"
+    return _shortest(_source_cut(name.strip())[0])
+
+
+def same_model(name: str, other: str) -> bool:
+    """Whether Ollama takes both names for one model: each part in any case (server/routes.go getExistingName), its
+    default host, namespace and tag written out or left out (`Registry.Ollama.AI/library/Qwen3` is `qwen3:latest`)."""
+    return _shortest(name).casefold() == _shortest(other).casefold()
+
+
+def _shortest(rest: str) -> str:
+    tag = "latest"
     if rest.rfind(":") > rest.rfind("/"):
         rest, _, tag = rest.rpartition(":")
     rest, slash, model = rest.rpartition("/")

@@ -168,3 +168,24 @@ async def test_a_missing_embedding_model_is_ollamas_404_that_says_to_pull_it():
         with pytest.raises(ollama.ResponseError) as e:
             await oll.chat(model="nope", messages=CHAT)
         assert (e.value.status_code, e.value.error) == (404, "model 'nope' not found")
+
+
+@pytest.mark.parametrize("name", ["TINY", "Tiny:Latest", "library/tiny", "registry.ollama.ai/library/tiny:latest",
+                                  "https://Registry.Ollama.AI/Library/tiny"])
+async def test_a_model_is_found_under_any_name_ollama_takes_for_it(name):
+    """Ollama matches each part of a name in any case (server/routes.go getExistingName) and fills in its default
+    host, namespace and tag (types/model/name.go ParseName); Velo answered these a 404 where Ollama answers."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from proxy.app import make_app
+    from proxy.config import Config
+    backends = {"a": ScriptedBackend("a"), "b": ScriptedBackend("b", models=("other:1b",))}
+    async with TestClient(TestServer(make_app(Config(), backends))) as c:
+        oll = ollama.AsyncClient(host=str(c.make_url("")).rstrip("/"))
+        answer = await oll.chat(model=name, messages=CHAT)
+        assert answer.model == name and answer.message.content == "Hello world"
+        assert (await oll.show(name)).details.family == "llama"
+        with pytest.raises(ollama.ResponseError) as e:
+            await oll.chat(model="user/tiny", messages=CHAT)  # another namespace is another model
+        assert e.value.status_code == 404
+    assert [r.model for r in backends["a"].requests] == ["tiny:latest"] and backends["b"].requests == []
