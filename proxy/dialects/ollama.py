@@ -19,7 +19,7 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
 
 from adapters.fields import body_object, get, get_model, string_list
 
-from .ollama_names import full_name
+from .ollama_names import full_name, go_quoted
 
 _MAX_TOP_LOGPROBS = 20  # server/routes.go
 # Ollama's options outside the sampling table (api/types.go Options and Runner, and mirostat, tfs_z and
@@ -136,7 +136,10 @@ def parse_think(body: dict[str, Any]) -> bool | str | None:
         return think
     if think == "max":
         return "high"
-    raise BadRequest('think must be true, false, "low", "medium", "high" or "max"', param="think")
+    choices = '"high", "medium", "low", "max", true, or false'  # Ollama's words (api/types.go ThinkValue)
+    if isinstance(think, str):
+        raise BadRequest(f"invalid think value: {go_quoted(think)} (must be {choices})", param="think")
+    raise BadRequest(f"think must be a boolean or string ({choices})", param="think")
 
 
 def parse_keep_alive(body: dict[str, Any]) -> Any:

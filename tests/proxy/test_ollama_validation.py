@@ -189,3 +189,15 @@ async def test_a_model_is_found_under_any_name_ollama_takes_for_it(name):
             await oll.chat(model="user/tiny", messages=CHAT)  # another namespace is another model
         assert e.value.status_code == 404
     assert [r.model for r in backends["a"].requests] == ["tiny:latest"] and backends["b"].requests == []
+
+
+
+@pytest.mark.parametrize("think, error", [
+    ("loud", 'invalid think value: "loud" (must be "high", "medium", "low", "max", true, or false)'),
+    (3, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')])
+async def test_a_think_ollama_cannot_read_is_its_400_in_its_words(client, scripted, think, error):
+    """api/types.go ThinkValue.UnmarshalJSON, whose error the handlers answer as it is; Velo worded it its own way."""
+    for path in ("/api/chat", "/api/generate"):
+        resp = await client.post(path, json={"model": "tiny", "messages": CHAT, "prompt": "x", "think": think})
+        assert (resp.status, await resp.json()) == (400, {"error": error})
+    assert scripted.requests == []
