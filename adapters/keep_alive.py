@@ -13,6 +13,8 @@ DEFAULT_S = 300.0  # Ollama's default: 5 minutes
 FOREVER = math.inf
 _LONGEST_S = 2**63 / 1e9  # Go's time.Duration, in seconds
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# JSON values as Go's encoding/json decodes them into `any`, named as Ollama's error names them (reflect.TypeOf)
+_GO_TYPES = {bool: "bool", dict: "map[string]interface {}", list: "[]interface {}"}
 # A number ([0-9]*, then "." and [0-9]*) and its unit: every character up to the next digit or ".", as Go reads it
 _PIECE = re.compile(r"([0-9]*)(\.[0-9]*)?([^0-9.]*)")
 
@@ -46,7 +48,7 @@ def seconds(value: Any) -> float:
     if value is None:
         return DEFAULT_S
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise BadRequest(f"Unsupported type: '{type(value).__name__}'", param="keep_alive")
+        raise BadRequest(f"Unsupported type: '{_GO_TYPES.get(type(value), type(value).__name__)}'", param="keep_alive")
     if isinstance(value, str):
         try:
             value = go_duration(value)

@@ -23,7 +23,10 @@ def test_durations(value, seconds):
                                             ("1d", 'time: unknown unit "d" in duration "1d"'),
                                             ("5min", 'time: unknown unit "min" in duration "5min"'),
                                             ("5m30", 'time: missing unit in duration "5m30"'),
-                                            (True, "Unsupported type"), ([1], "Unsupported type")])
+                                            # Go's names of the types: Velo said 'dict' and 'list'
+                                            (True, "Unsupported type: 'bool'"),
+                                            ([1], "Unsupported type: '[]interface {}'"),
+                                            ({"m": 5}, "Unsupported type: 'map[string]interface {}'")])
 def test_what_go_refuses_is_a_400_in_gos_words(value, message):
     with pytest.raises(BadRequest) as e:
         keep_alive.seconds(value)
