@@ -41,8 +41,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 async def read_json(request: web.Request) -> Any:
     raw = await read_body(request, request[GENERATION].config.server.body_timeout_s)
-    if not raw:
-        raise BadRequest("request body is empty; expected a JSON object")
+    if not raw or raw.isspace():  # Ollama's handlers, on the io.EOF of gin's ShouldBindJSON: "missing request body"
+        ollama = dialect_of(request.path, request.headers) == "ollama"
+        raise BadRequest("missing request body" if ollama else "request body is empty; expected a JSON object")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

@@ -222,7 +222,8 @@ async def test_legacy_embeddings_and_version_and_root(client):
 @pytest.mark.parametrize("body, status, fragment", [
     (b"{not json", 400, "not valid JSON"),
     (b"[1, 2]", 400, "JSON object"),
-    (b"", 400, "empty"),
+    (b"", 400, "missing request body"),  # Ollama's words (server/routes.go); Velo said "request body is empty"
+    (b" \n", 400, "missing request body"),
     (orjson.dumps({"messages": []}), 400, "model is required"),
     (orjson.dumps({"model": "tiny", "messages": "hi"}), 400, "messages must be an array"),
     (orjson.dumps({"model": "tiny", "messages": [{"content": "x"}]}), 400, "role is required"),
