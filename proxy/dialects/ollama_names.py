@@ -43,10 +43,13 @@ def display_shortest(name: str) -> str:
     return _shortest(_source_cut(name.strip())[0])
 
 
-def same_model(name: str, other: str) -> bool:
-    """Whether Ollama takes both names for one model: each part in any case (server/routes.go getExistingName), its
-    default host, namespace and tag written out or left out (`Registry.Ollama.AI/library/Qwen3` is `qwen3:latest`)."""
-    return _shortest(name).casefold() == _shortest(other).casefold()
+def same_model(listed: str, asked: str) -> bool:
+    """Whether Ollama finds the listed model by the name asked: each part in any case (server/routes.go
+    getExistingName), its default host, namespace and tag written out or left out (`Registry.Ollama.AI/library/Qwen3`
+    is `qwen3:latest`), spaces around it and a `:local` source suffix left out (internal/modelref ParseRef)."""
+    head, colon, source = asked.strip().rpartition(":")
+    asked = head if colon and source.strip().lower() == "local" else asked.strip()
+    return _shortest(listed).casefold() == _shortest(asked).casefold()
 
 
 def _shortest(rest: str) -> str:

@@ -201,3 +201,24 @@ async def test_a_think_ollama_cannot_read_is_its_400_in_its_words(client, script
         resp = await client.post(path, json={"model": "tiny", "messages": CHAT, "prompt": "x", "think": think})
         assert (resp.status, await resp.json()) == (400, {"error": error})
     assert scripted.requests == []
+
+
+
+@pytest.mark.parametrize("name", [" tiny", "tiny\n", "tiny:local", "TINY:Local", "tiny:latest:local"])
+async def test_spaces_around_a_name_and_its_local_source_are_no_part_of_it(name):
+    """internal/modelref ParseRef trims the name and takes a `:local` suffix off it (it asks for the model on this
+    server); Velo answered a 404, and /api/show `tiny:local` said `model 'tiny:latest' not found` of a model it lists.
+    `:cloud` stays a model Velo does not have."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from proxy.app import make_app
+    from proxy.config import Config
+    backends = {"a": ScriptedBackend("a"), "b": ScriptedBackend("b", models=("other:1b",))}
+    async with TestClient(TestServer(make_app(Config(), backends))) as c:
+        oll = ollama.AsyncClient(host=str(c.make_url("")).rstrip("/"))
+        assert (await oll.chat(model=name, messages=CHAT)).message.content == "Hello world"
+        assert (await oll.show(name)).details.family == "llama"
+        with pytest.raises(ollama.ResponseError) as e:
+            await oll.chat(model="tiny:cloud", messages=CHAT)
+        assert e.value.status_code == 404
+    assert [r.model for r in backends["a"].requests] == ["tiny:latest"]
