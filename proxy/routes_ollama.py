@@ -19,7 +19,7 @@ from .auth import CALLER
 from .dialects import ollama, ollama_names
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
-from .presets import by_spelling, parameters_over
+from .presets import parameters_over
 from .stages.fit import lacks_completion
 from .state import PIPELINE, ROUTER
 from .stream_ends import as_streamed
@@ -227,9 +227,11 @@ async def pull_or_push(request: web.Request) -> web.StreamResponse:
     body = body_object(await read_json(request))
     model = body.get("model") or body.get("name")
     router, verb = request[ROUTER], request.path.rsplit("/", 1)[-1]
-    # either spelling: Open Interpreter pulls `name:latest` of a model listed without a tag
+    # any name Ollama finds it by (Open Interpreter pulls `name:latest` of a model listed without a tag), as the
+    # router serves it: a model served as `Tiny` was refused its pull
     named = isinstance(model, str) and model
-    listed = by_spelling({m.name: m for m in await router.list_models()}, model) if named else None
+    listed = next((m for m in await router.list_models() if ollama_names.same_model(m.name, model)),
+                  None) if named else None
     velos = named and router.presets.get(model) is not None or listed is not None and (
         listed.backend not in router.backends or router.backends[listed.backend].config.kind != "ollama")
     if any(b.config.kind == "ollama" for b in router.backends.values()) and (verb == "push" or not velos):

@@ -290,6 +290,8 @@ async def test_pull_and_push_without_an_ollama_backend(client, base_url):
     assert [p.status async for p in await c.pull("tiny:latest", stream=True)] == ["success"]
     # either spelling of a listed name: Open Interpreter pulls `name:latest` of one listed without a tag
     assert (await c.pull("tiny")).status == "success"
+    # any name the router serves it by (router.py, as Ollama finds a model): one in another case was a 400
+    assert (await c.pull("TINY")).status == "success" and (await c.pull("library/tiny:local")).status == "success"
     with pytest.raises(ollama.ResponseError) as e:
         await c.pull("llama3")
     assert e.value.status_code == 400
