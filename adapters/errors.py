@@ -107,6 +107,16 @@ class Unsupported(VeloError):
     kind = "invalid_request_error"
 
 
+class Answered(VeloError):
+    """A backend's own error answer, passed on as it came by a route that relays the backend's API (llama-server's
+    /completion, /infill, ...): its clients read llama-server's status and fields (`exceed_context_size_error` with
+    `n_prompt_tokens` and `n_ctx`, a 501 for a feature the server was started without), which Velo's words lost."""
+
+    def __init__(self, status: int, body: bytes, message: str):
+        super().__init__(message)
+        self.status, self.body = status, body
+
+
 class Overloaded(VeloError):
     """Queue full: the client should retry after `retry_after` seconds."""
 

@@ -30,8 +30,8 @@ from yarl import URL
 
 from .base import BackendConfig
 from .bursts import Burst
-from .errors import (BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow, ModelLacks,
-                     ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
+from .errors import (Answered, BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow,
+                     ModelLacks, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
 from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
 
 T = TypeVar("T")
@@ -230,11 +230,12 @@ class Upstream:
         self._session = self._fresh = None
 
     @asynccontextmanager
-    async def request(self, method: str, path: str, body: Any = None, *, wait: float,
-                      model: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def request(self, method: str, path: str, body: Any = None, *, wait: float, model: str | None = None,
+                      as_is: tuple[int, ...] = ()) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send a request and hand over the response once its head arrived within `wait` seconds. A POST (a
         generation, embeddings) that finds the backend loading its model is sent again every `LOADING_POLL_S`
-        for up to `first_token_timeout`, as Ollama makes a request wait for its model's load.
+        for up to `first_token_timeout`, as Ollama makes a request wait for its model's load. An error with a
+        status in `as_is` is raised as the backend's own answer (`Answered`).
 
         Leaving the block early (the client went away) closes the connection, which cancels the upstream's work.
         """
@@ -243,6 +244,9 @@ class Upstream:
         resp = await self._head(method, path, body, wait)
         try:
             while resp.status >= 300:
+                if resp.status in as_is:
+                    answer = await self._error_body(resp)
+                    raise Answered(resp.status, answer, self.scrubbed(error_message(answer) or resp.reason or ""))
                 try:
                     await self._raise_for_status(resp, path, model)
                 except Loading:
@@ -309,12 +313,7 @@ class Upstream:
             moved = self.scrubbed(resp.headers.get("Location", "?"))
             raise BackendError(f"{where} redirected {path} to {moved} ({resp.status}); Velo does not follow "
                                "redirects: set the backend's url to where the server is")
-        body = b""
-        async with aclosing(self.reads(resp, self.config.idle_timeout, None)) as pieces:
-            async for data in pieces:
-                body += data
-                if len(body) >= _ERROR_BODY_BYTES:  # its message is in its start: an HTML page is not read whole
-                    break
+        body = await self._error_body(resp)
         message = self.scrubbed(error_message(body) or resp.reason or "")
         if resp.status == 404 and model:
             raise ModelNotFound(model)
@@ -338,6 +337,15 @@ class Upstream:
         if resp.status == 503:
             raise BackendUnavailable(f"{where} is unavailable: {message}")
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")
+
+    async def _error_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        body = b""
+        async with aclosing(self.reads(resp, self.config.idle_timeout, None)) as pieces:
+            async for data in pieces:
+                body += data
+                if len(body) >= _ERROR_BODY_BYTES:  # its message is in its start: an HTML page is not read whole
+                    break
+        return body
 
     async def reads(self, resp: aiohttp.ClientResponse, first_wait: float, total: float | None,
                      started: _Start | None = None) -> AsyncIterator[bytes]:

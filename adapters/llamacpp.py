@@ -197,6 +197,12 @@ def _with_progress(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "return_progress": True} if body.get("stream") else body
 
 
+# llama-server's answers to a request it cannot do (format_error_response in tools/server/server-common.cpp):
+# invalid request (an overflow too), a failure on it, a feature it was started without. Not its 401 (Velo's key to
+# it, not the client's) nor its 404 (a replica without the model: the next one is asked).
+_ITS_ERRORS = (400, 500, 501)
+
+
 def _finishes(chunk: Chunk) -> bool:
     return chunk.finish_reason is not None
 
@@ -420,9 +426,10 @@ class LlamaCppBackend(OpenAIBackend):
     async def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
         """llama-server's own routes (`/infill`, `/tokenize`, `/props`, ...), answered as it answers them, for
         clients of its API (llama.vscode's autocomplete sends `input_extra` and its own samplers, which no dialect
-        carries). `path` keeps its query (`/slots/0?action=save`)."""
+        carries). `path` keeps its query (`/slots/0?action=save`). Its errors of the request itself come as it
+        answers them; one of a server that is down or busy (a 503, a 429) is Velo's, which a replica set fails over."""
         cfg = self.config
-        async with self.http.request(method, path, body, wait=cfg.first_token_timeout) as resp:
+        async with self.http.request(method, path, body, wait=cfg.first_token_timeout, as_is=_ITS_ERRORS) as resp:
             async for piece in self.http.reads(resp, cfg.first_token_timeout, cfg.total_timeout):
                 yield piece
 

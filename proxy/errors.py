@@ -8,7 +8,7 @@ import logging
 
 from aiohttp import web
 
-from adapters.errors import NotFound, VeloError
+from adapters.errors import Answered, NotFound, VeloError
 
 from .auth import Handler
 from .dialects import anthropic, dialect_of, ollama, openai
@@ -22,6 +22,8 @@ def error_response(err: VeloError, dialect: str, headers: dict[str, str] | None 
                    request_id: str | None = None) -> web.Response:
     """`request_id`: named by an Anthropic error, in its body and its `request-id` header, as Anthropic's are."""
     headers = {**(headers or {}), **getattr(err, "headers", {})}  # a per-key limit's state (proxy/limits.py)
+    if isinstance(err, Answered):
+        return web.Response(body=err.body, status=err.status, content_type="application/json", headers=headers)
     if err.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after)))
     if err.repeats:

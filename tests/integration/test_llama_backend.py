@@ -289,10 +289,27 @@ async def test_llama_servers_token_props_and_slot_routes_pass_through(velo_llama
         async with http.post(velo_llama + "/v1/rerank", json={"model": CHAT_MODEL, "query": "q",
                                                                "documents": ["a", "b"]}) as resp:
             err = (await resp.json())["error"]  # llama-server's own answer: this one was not started to rerank
-        assert resp.status == 400 and "--reranking" in err["message"]
+        assert resp.status == 501 and "--reranking" in err["message"]
         async with http.post(velo_llama + "/slots/0?action=erase", json={"model": CHAT_MODEL}) as resp:
             err = (await resp.json())["error"]  # llama-server's own refusal: these servers run without a save path
-        assert resp.status == 400 and "--slot-save-path" in err["message"]
+        assert resp.status == 501 and "--slot-save-path" in err["message"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/completion", {"prompt": "hello " * 3000, "n_predict": 2}),
+    ("/completion", {"prompt": "hello " * 3000, "n_predict": 2, "stream": True}),
+    ("/completion", {"prompt": 5}),
+    ("/v1/rerank", {"query": "q", "documents": ["a"]})])
+async def test_llama_servers_own_errors_come_as_it_answers_them(velo_llama, llama_chat, path, body):
+    """A prompt longer than a slot's context is llama-server's 400 `exceed_context_size_error` with `n_prompt_tokens`
+    and `n_ctx`, which its clients read to trim; through Velo it was OpenAI's `context_length_exceeded` without
+    them, a feature the server lacks a 400 where it answers 501, and every message began "backend 'llama' ..."."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(llama_chat.url + path, json=body) as resp:
+            direct = resp.status, await resp.json()
+        async with http.post(velo_llama + path, json={**body, "model": CHAT_MODEL}) as resp:
+            through = resp.status, await resp.json()
+    assert through == direct and direct[0] in (400, 501)
 
 
 async def test_llama_servers_own_model_id_reaches_its_model(velo_llama, llama_chat):
