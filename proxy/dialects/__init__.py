@@ -32,9 +32,10 @@ RULES = {
 }
 
 
-# llama-server's own, passed on (proxy/routes_llama.py); /slots also as /slots/<id>.
+# llama-server's own, passed on (proxy/routes_llama.py); /slots also as /slots/<id>. /embedding is its embeddings
+# route that is not OpenAI's (`content`, each prompt's vectors in an array of results, pooling `none` too).
 LLAMA_SERVER_PATHS = ("/infill", "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
-                      "/rerank", "/v1/rerank")
+                      "/embedding", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
 
 
 # OpenAI's routes as llama-server also answers them, without /v1 (crush's llamacpp provider calls them so)

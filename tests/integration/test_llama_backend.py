@@ -194,6 +194,23 @@ async def test_token_ids_embed_as_their_text_does(velo_llama):
         await oai.embeddings.create(model=EMBED_MODEL, input=[49152])
 
 
+async def test_llama_servers_own_embedding_and_rerank_aliases_pass_through(velo_llama, llama_embed):
+    """llama-server answers /embedding (its own embeddings, not OpenAI's), /reranking and /v1/reranking beside
+    /v1/rerank: through Velo they were a 404 "no route" in Ollama's shape."""
+    body = {"content": ["a cat", "a dog"]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(velo_llama + "/embedding", json={**body, "model": EMBED_MODEL}) as resp:
+            assert resp.status == 200, await resp.text()
+            through = await resp.json()
+        async with http.post(llama_embed.url + "/embedding", json=body) as resp:
+            direct = await resp.json()
+        assert [r["index"] for r in through] == [0, 1] and through == direct
+        for path in ("/reranking", "/v1/reranking"):
+            async with http.post(velo_llama + path, json={"model": EMBED_MODEL, "query": "q", "documents": ["a"]}) \
+                    as resp:  # llama-server's own answer: this one was not started to rerank
+                assert resp.status == 501 and "--reranking" in (await resp.json())["error"]["message"]
+
+
 async def test_a_completions_prompt_of_token_ids_answers_as_its_text_does(velo_llama):
     """lm-eval's local-completions sends the prompt as token ids by default; Velo refused every token array.
     llama-server reads the ids as they are (no BOS of its own), so they answer as the text they tokenize from."""

@@ -21,7 +21,8 @@ async def test_no_llama_server_backend_is_a_404_naming_the_route(client, scripte
 
 @pytest.mark.parametrize("method, path", [("GET", "/props"), ("GET", "/slots?model=tiny"),
                                           ("POST", "/slots/0?action=erase"), ("POST", "/tokenize"),
-                                          ("POST", "/v1/rerank")])
+                                          ("POST", "/v1/rerank"), ("POST", "/v1/reranking"),
+                                          ("POST", "/reranking"), ("POST", "/embedding")])
 async def test_the_other_routes_are_404s_in_llama_servers_shape_too(client, scripted, method, path):
     resp = await client.request(method, path, json={"content": "hi"} if method == "POST" and "?" not in path else None)
     err = (await resp.json())["error"]
