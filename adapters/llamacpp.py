@@ -427,10 +427,13 @@ class LlamaCppBackend(OpenAIBackend):
         """llama-server's own routes (`/infill`, `/tokenize`, `/props`, ...), answered as it answers them, for
         clients of its API (llama.vscode's autocomplete sends `input_extra` and its own samplers, which no dialect
         carries). `path` keeps its query (`/slots/0?action=save`). Its errors of the request itself come as it
-        answers them; one of a server that is down or busy (a 503, a 429) is Velo's, which a replica set fails over."""
+        answers them; one of a server that is down or busy (a 503, a 429) is Velo's, which a replica set fails over.
+        An answer not streamed comes whole, its first byte after its last token: it has `total_timeout`, as a
+        generation asked whole has (Upstream.call); cut at `first_token_timeout`, a long one was a 504."""
         cfg = self.config
-        async with self.http.request(method, path, body, wait=cfg.first_token_timeout, as_is=_ITS_ERRORS) as resp:
-            async for piece in self.http.reads(resp, cfg.first_token_timeout, cfg.total_timeout):
+        wait = cfg.first_token_timeout if body is not None and body.get("stream") else cfg.total_timeout
+        async with self.http.request(method, path, body, wait=wait, as_is=_ITS_ERRORS) as resp:
+            async for piece in self.http.reads(resp, wait, cfg.total_timeout):
                 yield piece
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:

@@ -357,6 +357,18 @@ async def test_a_stream_stays_alive_while_llama_server_reads_the_prompt(llama_ch
     assert b'"role":"assistant"' in blocks[0] and b": keepalive" in blocks[1:text_at]
 
 
+async def test_a_whole_answer_of_llama_servers_own_route_has_the_whole_answers_time(llama_chat):
+    """A /completion not streamed comes whole after its last token: it was a 504 at `first_token_timeout`, which
+    bounds a first token, where the same answer asked on /v1/completions waits `total_timeout`."""
+    cfg = config(BackendConfig(name="llama", kind="llamacpp", urls=[llama_chat.url], models=[CHAT_MODEL],
+                               first_token_timeout=0.5))
+    body = {"prompt": "Once upon a time", "n_predict": 120, "ignore_eos": True}
+    async with serve(cfg) as url, aiohttp.ClientSession() as http:
+        async with http.post(url + "/completion", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["tokens_predicted"] == 120
+
+
 async def test_llama_servers_own_routes_and_embeddings_are_under_the_keys_limits(llama_chat):
     """/completion, /infill and /rerank went around the per-key limits (a key refused on /v1/chat/completions kept
     getting answers there), as did embeddings; /slots is an admin's (another key's task, saving or erasing its
