@@ -31,25 +31,30 @@ async def native(request: web.Request) -> web.StreamResponse:
     (/props, /slots) read state only."""
     body = await _body(request)
     server, model = await _llama_server(request, request.query.get("model") if body is None else body.get("model"))
-    if body is not None and model is not None:
-        body = {**body, "model": model}  # the server's name for it: an alias or a preset's went on, unknown there
+    path = request.path_qs
+    if model is not None:  # the server's name for it: an alias or a preset's went on, unknown to a router's
+        if body is None:
+            path = str(request.rel_url.update_query(model=model))
+        else:
+            body = {**body, "model": model}
     stream = bool(body and body.get("stream"))
     if body is None:
-        return await _passed_on(request, server, body, stream, _as_is, {})
+        return await _passed_on(request, server, path, body, stream, _as_is, {})
     # its size, read already (a chunked body has no Content-Length), as its tokens' estimate until the answer counts
     prompt = len(await request.read()) // CHARS_PER_TOKEN
     with request[PIPELINE].limit.held(request[CALLER].tenant, "openai", prompt) as charge:
         used = Used(stream) if request.path in _GENERATIONS else None  # only these answers say what they used
         try:
-            return await _passed_on(request, server, body, stream, used.read if used else _as_is, charge.headers)
+            return await _passed_on(request, server, path, body, stream, used.read if used else _as_is,
+                                    charge.headers)
         finally:
             charge.tokens = (used.total() if used else 0) or charge.tokens
 
 
-async def _passed_on(request: web.Request, server: Backend, body: dict[str, Any] | None, stream: bool,
+async def _passed_on(request: web.Request, server: Backend, path: str, body: dict[str, Any] | None, stream: bool,
                      read: Callable[[bytes], bytes], headers: dict[str, str]) -> web.StreamResponse:
     """The answer with the key's state in OpenAI's headers (llama-server's errors are OpenAI's shape)."""
-    return await write_stream(request, server.native(request.method, request.path_qs, body), read,
+    return await write_stream(request, server.native(request.method, path, body), read,
                               lambda e: sse(openai.error_object(e)) if stream else None,
                               "text/event-stream" if stream else "application/json", headers=lambda: headers)
 

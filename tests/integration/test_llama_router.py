@@ -91,3 +91,6 @@ async def test_a_native_route_names_the_model_as_the_router_knows_it(router):
                                                                                 "content": "hello"}) as resp:
             assert resp.status == 200, await resp.text()
             assert (await resp.json())["tokens"]
+        async with aiohttp.ClientSession() as s, s.get(url + "/props?model=fast") as resp:  # a GET names it so
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["model_path"].endswith("alpha.gguf")
