@@ -35,6 +35,7 @@ from .http_io import ignored_tools_header, job_for, json_response, read_json, wr
 from .inflight import RUNNING, Cancelled
 from .job import Job
 from .responses_store import StoredResponse
+from .stages.admit import Admit
 from .stages.limit import Limit
 from .state import BACKGROUND, GENERATION, PIPELINE, RESPONSES, ROUTER
 from .streams import collect
@@ -91,9 +92,10 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
                          headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
     """The answer is written by a task of its own (proxy/background.py): the request returns the response queued, or
     follows its stream, which goes on if the client leaves. An unknown model is still this request's 404, and a key
-    over its limits its 429."""
-    await request[ROUTER].resolve(parsed.model)
+    over its limits, or a backend whose queue is full, its 429."""
+    target = await request[ROUTER].resolve(parsed.model)
     request[PIPELINE].stage(Limit).check(job)  # a 429 for this request, not a failed response after `queued`
+    request[PIPELINE].stage(Admit).check(target.backend.name)
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
     run = Run(writer, [responses.stored_item(i) for i in parsed.items], history)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant

@@ -138,6 +138,12 @@ class AdmissionController:
         """Seconds until the queue has probably drained by one request per slot, at least 1."""
         return float(max(1, math.ceil(self._mean_hold_s * (self._queued + 1) / self.limit)))
 
+    def check(self) -> None:
+        """Overloaded where a request would find the queue full now (taking no place): a background response queues
+        in a task of its own, after its request has answered `queued`."""
+        if not (self.running < self.limit and self._queued == 0) and self._queued >= self.max_queue:
+            raise self._full()
+
     def _full(self) -> Overloaded:
         return Overloaded(f"backend queue is full ({self.max_queue} waiting)", retry_after=self.retry_after())
 

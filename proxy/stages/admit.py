@@ -105,6 +105,11 @@ class Admit(Stage):
                 async for chunk in rest:
                     yield chunk
 
+    def check(self, backend: str) -> None:
+        """Overloaded, with Retry-After, where `backend`'s queue is full now (AdmissionController.check)."""
+        if (controller := self.controllers.get(backend)) is not None:
+            controller.check()
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         queued = GaugeMetricFamily("velo_queue_depth", "Requests waiting for a backend slot", labels=["backend"])
         running = GaugeMetricFamily("velo_in_flight", "Requests holding a backend slot", labels=["backend"])

@@ -12,11 +12,13 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.protocol import ToolCall
 from proxy.app import make_app
+from proxy.batching.config import BatchingConfig
 from proxy.cache.redis_store import RedisStore
 from proxy.config import Config
 from proxy.limits import LimitsConfig
 from proxy.inflight import Cancelled, ShuttingDown
 from proxy.responses_store import ResponsesConfig
+from proxy.stages.admit import Admit
 from proxy.state import BACKGROUND, GENERATIONS, RESPONSES
 from tests.proxy.test_metrics import samples
 from tests.proxy.test_responses_dialect import sse_events
@@ -299,3 +301,22 @@ async def test_a_key_over_its_limits_is_refused_by_the_request_that_would_start_
                 await sdk.responses.create(model="tiny", input="hi", background=True, stream=stream)
             assert int(e.value.response.headers["Retry-After"]) > 0
     assert len(backend.requests) == 1
+
+
+async def test_a_full_queue_is_refused_by_the_request_that_would_start_it():
+    """`[batching] max_queue` promises a 429 with Retry-After beyond it: the request answered `queued` and the
+    response then failed with rate_limit_exceeded, which no SDK retries, so the work was lost."""
+    backend = ScriptedBackend("s", script=Script(pieces=["a"] * 50, delay=0.02))
+    backend.config.max_concurrency = 1
+    app = make_app(Config(batching=BatchingConfig(max_queue=1)), {"s": backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        made = [await sdk.responses.create(model="tiny", input="hi", background=True) for _ in range(2)]
+        queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers["s"]
+        while queue.queued < 1:  # one runs, one waits: the queue is full
+            await asyncio.sleep(0.01)
+        for stream in (False, True):
+            with pytest.raises(openai.RateLimitError) as e:
+                await sdk.responses.create(model="tiny", input="hi", background=True, stream=stream)
+            assert int(e.value.response.headers["Retry-After"]) > 0 and "queue is full" in e.value.message
+        assert [(await _until(sdk, m.id, "completed", "failed")).status for m in made] == ["completed"] * 2
