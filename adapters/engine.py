@@ -67,9 +67,15 @@ def _embed_lengths(engine: LLMEngine, req: EmbedRequest) -> list[int]:
     not have, which would index past its embedding table."""
     if not req.tokenized:
         return [len(engine.tokenizer.encode(t)) for t in req.inputs]
-    if max(map(max, req.inputs)) >= engine.tokenizer.vocab_size or min(map(min, req.inputs)) < 0:
+    if max(map(max, req.inputs)) >= _vocab(engine) or min(map(min, req.inputs)) < 0:
         raise BadRequest("input holds token ids this model does not have", param="input")
     return [len(ids) for ids in req.inputs]
+
+
+def _vocab(engine: LLMEngine) -> int:
+    """Token ids a prompt may hold: those both the tokenizer and the model's embedding table have (a tokenizer's
+    added tokens may outnumber the rows the model was given, and an id past them indexes out of the table)."""
+    return min(engine.tokenizer.vocab_size, engine.runner.model.cfg.vocab_size)
 
 
 def _seen(load: asyncio.Future) -> None:
@@ -123,8 +129,9 @@ def _prepared(engine: LLMEngine, render: Callable[[LLMEngine], str], options: Sa
     """The prompt, its token ids (after an earlier answer's `context`; the client's own `prompt_ids` as they are)
     and the sampling parameters; a 400 for ids the model does not have or a prompt that does not fit."""
     prompt = render(engine)
+    vocab = _vocab(engine)
     for given, param in ((context, "context"), (prompt_ids, "prompt")):
-        if given and not all(0 <= t < engine.tokenizer.vocab_size for t in given):
+        if given and not all(0 <= t < vocab for t in given):
             raise BadRequest(f"{param} holds token ids this model does not have", param=param)
     ids = prompt_ids or (context or []) + engine.tokenizer.encode(prompt)
     ids = ids or engine.tokenizer.start_ids  # "" starts a document

@@ -15,7 +15,7 @@ from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Mes
                                aggregate)
 from engine import LLMEngine, RequestOutput
 from engine.tokenizer import FIM_ENDS
-from tests.engine.tiny import write_tiny_model
+from tests.engine.tiny import byte_tokenizer, write_tiny_model
 from tests.loop_watch import loop_gaps
 
 NAME = "tiny"
@@ -273,6 +273,27 @@ async def test_a_prompt_of_token_ids_is_read_as_it_is(backend):
         await collect(backend.complete(CompletionRequest(NAME, "", prompt_ids=[1, backend.engine.tokenizer.vocab_size],
                                                          raw=True)))
     assert e.value.param == "prompt"
+
+
+async def test_token_ids_past_the_models_embedding_are_the_clients_400(tmp_path):
+    """A tokenizer may name more tokens than the model has rows (added tokens the model was never resized for): ids
+    between the two passed the check against the tokenizer and indexed past the embedding table, a 502 ("index out
+    of range in self") on a CPU, and on a GPU a device-side assert that ends the engine."""
+    model = write_tiny_model(str(tmp_path), "qwen2", vocab_size=byte_tokenizer().get_vocab_size() - 3)
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={
+        "model": model, "name": NAME, "progress": False, "block_size": 4, "kv_memory": 8 * 2**20}))
+    await b.start()
+    try:
+        past = b.engine.runner.model.cfg.vocab_size
+        with pytest.raises(BadRequest, match="token ids this model does not have"):
+            await collect(b.complete(CompletionRequest(NAME, "", prompt_ids=[65, past], raw=True)))
+        with pytest.raises(BadRequest, match="token ids this model does not have"):
+            await b.embed(EmbedRequest(model=NAME, inputs=[[65, past]]))
+        out = aggregate(await collect(b.complete(CompletionRequest(NAME, "", prompt_ids=[65, past - 1], raw=True,
+                                                                   options=SamplingOptions(max_tokens=2)))))
+        assert out.usage.prompt_tokens == 2
+    finally:
+        await b.close()
 
 
 async def test_raw_completion_and_unsupported_requests(backend):
