@@ -145,22 +145,27 @@ _MEDIA_FEATURE = {"image": "vision", "audio": "audio", "video": "video"}
 _BODY_UNREAD = "[json.exception."
 
 
-def _overflow(body: bytes) -> ContextOverflow | None:
+def _overflow(body: bytes, path: str) -> ContextOverflow | None:
     """A backend's own overflow with its counts, which each dialect then words as its clients recognise
     (context_length_exceeded, "prompt is too long"), where a plain 400 made agents give up: llama-server's
-    "exceed_context_size_error", vLLM's and SGLang's sentences."""
+    "exceed_context_size_error", vLLM's and SGLang's sentences. It names the prompt where `path` takes one (OpenAI's
+    `param` of a completion's overflow), else the messages."""
     try:
         err = orjson.loads(body).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         return None
+    field = "prompt" if path in _PROMPT_PATHS else "messages"
     if isinstance(err, dict) and err.get("type") == "exceed_context_size_error":
         tokens, limit = err.get("n_prompt_tokens"), err.get("n_ctx")
-        return ContextOverflow(tokens, limit) if isinstance(tokens, int) and isinstance(limit, int) else None
+        return ContextOverflow(tokens, limit, field) if isinstance(tokens, int) and isinstance(limit, int) else None
     message = error_message(body)
     window, prompt, total = (_number(p.search(message)) for p in (_WINDOW, _PROMPT, _TOTAL))
     if window is None or (asked := prompt if prompt is not None and prompt >= window else total or prompt) is None:
         return None
-    return ContextOverflow(asked, window)  # the prompt where it alone overflows, else prompt and answer together
+    return ContextOverflow(asked, window, field)  # the prompt where it alone overflows, else prompt and answer
+
+
+_PROMPT_PATHS = ("/v1/completions", "/completion", "/infill")  # where a generation's request is a prompt
 
 
 def _number(match: re.Match[str] | None) -> int | None:
@@ -317,7 +322,7 @@ class Upstream:
         message = self.scrubbed(error_message(body) or resp.reason or "")
         if resp.status == 404 and model:
             raise ModelNotFound(model)
-        if (overflow := _overflow(body)) is not None:
+        if (overflow := _overflow(body, path)) is not None:
             raise overflow
         if (media := _NO_MEDIA.match(message)) is not None:
             feature = _MEDIA_FEATURE[media.group(1)]

@@ -65,11 +65,13 @@ def upstream(server: asyncio.Server) -> Upstream:
 async def test_vllms_and_sglangs_overflow_sentences_are_velos(aiohttp_server, body, tokens, limit):
     """vLLM (its wordings over the versions) and SGLang say their counts only in words; read, they become the
     overflow each dialect words as its agents recognise, where a plain 400 stopped Claude Code and Codex."""
-    up = await refusing(aiohttp_server, "openai", {"/v1/chat/completions": body})
+    up = await refusing(aiohttp_server, "openai", {"/v1/chat/completions": body, "/v1/completions": body})
     try:
-        with pytest.raises(ContextOverflow) as e:
-            await up.call("POST", "/v1/chat/completions", {})
-        assert (e.value.tokens, e.value.limit) == (tokens, limit)
+        for path, field in (("/v1/chat/completions", "messages"), ("/v1/completions", "prompt")):
+            with pytest.raises(ContextOverflow) as e:
+                await up.call("POST", path, {})
+            # OpenAI's `param` of a completion's overflow is its prompt: it named `messages`, which it has not
+            assert (e.value.tokens, e.value.limit, e.value.param) == (tokens, limit, field)
     finally:
         await up.close()
 
