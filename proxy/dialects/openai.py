@@ -17,7 +17,7 @@ import orjson
 from adapters import model_card, options
 from adapters.errors import BadRequest, ContextOverflow, ModelLacks, ModelNotFound, UnusableFormat, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
-                               ModelInfo, SamplingOptions, TokenLogprob, ToolCall, Usage, epoch)
+                               ModelInfo, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage, epoch)
 
 from adapters.fields import body_object, get, get_model
 from adapters.llamacpp import NATIVE_SAMPLERS
@@ -214,18 +214,39 @@ def _thinking_of(raw: dict[str, Any]) -> str:
     return text if isinstance(text, str) else ""  # OpenRouter-style objects are not text
 
 
-def parse_tool_choice(raw: Any) -> Any:
-    """Internal form: None (auto: what every backend does unasked), "none", "required", or
-    {"type": "function", "function": {"name"}}."""
+def parse_tool_choice(raw: Any, tools: list[Tool]) -> tuple[list[Tool], Any]:
+    """The tools offered and the choice in its internal form: None (auto: what every backend does unasked), "none",
+    "required", or {"type": "function", "function": {"name"}}. An `allowed_tools` choice (OpenAI's, which the SDK
+    types) offers only the tools it names, by its mode auto or required: it was a 400."""
     if raw in (None, "auto"):
-        return None
+        return tools, None
     if raw in ("none", "required"):
-        return raw
+        return tools, raw
+    if isinstance(raw, dict) and raw.get("type") == "allowed_tools":
+        return _allowed_tools(get(raw, "allowed_tools", dict, required=True), tools)
     fn = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise BadRequest('tool_choice must be "auto", "none", "required" or {"type": "function", "function": '
-                         '{"name": ...}}', param="tool_choice")
-    return {"type": "function", "function": {"name": fn["name"]}}
+        raise BadRequest('tool_choice must be "auto", "none", "required", {"type": "function", "function": '
+                         '{"name": ...}} or {"type": "allowed_tools", ...}', param="tool_choice")
+    return tools, {"type": "function", "function": {"name": fn["name"]}}
+
+
+def _allowed_tools(allowed: dict[str, Any], tools: list[Tool]) -> tuple[list[Tool], Any]:
+    """`{mode, tools: [{type: "function", function: {name}}]}`: the tools named, each one of those given."""
+    mode = get(allowed, "mode", str, required=True)
+    if mode not in ("auto", "required"):
+        raise BadRequest(f"tool_choice.allowed_tools.mode must be 'auto' or 'required', got {mode!r}",
+                         param="tool_choice")
+    names = set()
+    for entry in get(allowed, "tools", list, required=True):
+        fn = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest('tool_choice.allowed_tools.tools entries must be {"type": "function", "function": '
+                             '{"name": ...}}', param="tool_choice")
+        names.add(fn["name"])
+    if unknown := sorted(names - {t.name for t in tools}):
+        raise BadRequest(f"tool_choice: the tool {unknown[0]!r} is not among the tools given", param="tool_choice")
+    return [t for t in tools if t.name in names], "required" if mode == "required" else None
 
 
 # Effort levels as the internal think switch, for OpenAI's `reasoning_effort`, the Responses API's
@@ -304,10 +325,10 @@ def parse_chat(body: Any) -> ChatRequest:
     if not messages:
         raise BadRequest("messages must not be empty", param="messages")
     _text_only(body)
-    tools, kwargs = parse_tools(body), template_kwargs(body)
+    tools, choice = parse_tool_choice(body.get("tool_choice"), parse_tools(body))
+    kwargs = template_kwargs(body)
     return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
-                       options=parse_options(body), tools=tools,
-                       tool_choice=tool_choice.checked(parse_tool_choice(body.get("tool_choice")), tools),
+                       options=parse_options(body), tools=tools, tool_choice=tool_choice.checked(choice, tools),
                        format=parse_response_format(body),
                        stream=_stream(body), n=_n(body), think=parse_think(body, kwargs),
                        parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), template_kwargs=kwargs,

@@ -398,6 +398,24 @@ async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client
     assert scripted.requests[0].messages[1].content == "I can't."
 
 
+async def test_an_allowed_tools_choice_offers_only_the_tools_it_names(base_url, scripted):
+    """OpenAI's `{"type": "allowed_tools", ...}` tool_choice, which the SDK types: it was a 400."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in "fgh"]
+    sdk = _client(base_url)
+    for mode, choice in (("required", "required"), ("auto", None)):
+        allowed = {"mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in "fh"]}
+        await sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tools=tools,
+                                          tool_choice={"type": "allowed_tools", "allowed_tools": allowed})
+        req = scripted.requests.pop()
+        assert ([t.name for t in req.tools], req.tool_choice) == (["f", "h"], choice)
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tools=tools,
+                                          tool_choice={"type": "allowed_tools", "allowed_tools": {
+                                              "mode": "required", "tools": [{"type": "function",
+                                                                             "function": {"name": "z"}}]}})
+    assert e.value.param == "tool_choice" and "'z' is not among the tools" in e.value.message
+
+
 @pytest.mark.parametrize("body, fragment, param", [
     ({"model": "tiny"}, "messages is required", "messages"),
     ({"model": "tiny", "messages": []}, "must not be empty", "messages"),
