@@ -21,6 +21,7 @@ from .fields import wire_text
 from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
+from .openai_wire import alternatives
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        RunningModel, SamplingOptions, TokenLogprob, Usage)
 from .think import ThinkSplitter, opens_thinking, template_thinks
@@ -132,21 +133,6 @@ def native_sampling(o: SamplingOptions) -> dict[str, Any]:
     if o.logprobs:
         out["n_probs"] = o.top_logprobs or 1
     return out
-
-
-def _alternatives(stream: AsyncIterator[Chunk], o: SamplingOptions) -> AsyncIterator[Chunk]:
-    """Each token's alternatives cut to the `top_logprobs` asked for. llama-server gives 20 where a request names no
-    count, and no logprobs at all for a count of 0, so it is asked for at least one and the rest is cut here: OpenAI,
-    Ollama and the engine give none unless asked."""
-    return _cut_alternatives(stream, o.top_logprobs or 0) if o.logprobs else stream
-
-
-async def _cut_alternatives(stream: AsyncIterator[Chunk], n: int) -> AsyncIterator[Chunk]:
-    async with contextlib.aclosing(stream):
-        async for chunk in stream:
-            for lp in chunk.logprobs:
-                del lp.top[n:]
-            yield chunk
 
 
 def _sent_as_is(req: CompletionRequest) -> bool:
@@ -440,7 +426,7 @@ class LlamaCppBackend(OpenAIBackend):
         """A prefilled chat (one ending in an assistant turn) is answered by llama-server with the whole assistant
         message, the prefill first (its parser reads the generation prompt with the text): only what the model
         added comes back, as from every other backend."""
-        stream = _alternatives(super().chat(req), req.options)
+        stream = super().chat(req)
         return _without_echo(req.prefill, stream) if req.prefill else stream
 
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
@@ -450,8 +436,6 @@ class LlamaCppBackend(OpenAIBackend):
         native.pop("n_predict", None)
         native.pop("n_probs", None)
         body = {**native, **super().chat_body(req)}
-        if req.options.logprobs:
-            body["top_logprobs"] = req.options.top_logprobs or 1  # see _alternatives
         if not req.splits_thinking:  # this request's parser leaves a <think> block in the content (server-common.cpp)
             body["reasoning_format"] = "none"
         if req.options.stop:  # which one ended the answer (Anthropic's stop_sequence): only a debug field says it
@@ -465,7 +449,7 @@ class LlamaCppBackend(OpenAIBackend):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)
         else:
             stream = self._with_context(req)
-        stream = _alternatives(stream, req.options)
+        stream = alternatives(stream, req.options)
         return stream if req.stream else one_answer(stream)
 
     async def _new_document(self, req: CompletionRequest) -> AsyncIterator[Chunk]:

@@ -11,7 +11,8 @@ from . import go_template, model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, VeloError
 from .http import Upstream, asked_of, one_answer
-from .openai_wire import ChatStream, as_stream_event, chat_to_wire, completion_to_wire, embeddings_from_wire
+from .openai_wire import (ChatStream, alternatives, as_stream_event, chat_to_wire, completion_to_wire,
+                          embeddings_from_wire)
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
                        rfc3339)
 
@@ -114,6 +115,7 @@ class OpenAIBackend(Backend):
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         stream = self._answer("/v1/chat/completions", self.chat_body(asked_of(req, self.config)), req.model)
+        stream = alternatives(stream, req.options)
         return stream if req.stream else one_answer(stream)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
@@ -123,7 +125,7 @@ class OpenAIBackend(Backend):
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
         body = self._salted(completion_to_wire(asked_of(req, self.config)), req)
-        stream = self._answer("/v1/completions", body, req.model)
+        stream = alternatives(self._answer("/v1/completions", body, req.model), req.options)
         return stream if req.stream else one_answer(stream)
 
     @staticmethod

@@ -8,8 +8,9 @@ tool-call repair sees what the model produced and can fix it.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, AsyncIterator
 
 import orjson
 
@@ -103,10 +104,8 @@ def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
         body["chat_template_kwargs"] = kwargs
     if isinstance(req.think, str):  # a level is OpenAI's
         body["reasoning_effort"] = req.think
-    if req.options.logprobs:
-        body["logprobs"] = True
-        if req.options.top_logprobs is not None:
-            body["top_logprobs"] = req.options.top_logprobs
+    if req.options.logprobs:  # at least one alternative: see `alternatives`
+        body |= {"logprobs": True, "top_logprobs": req.options.top_logprobs or 1}
     return _with_common(body, req.options, req.format, req.stream, req.n)
 
 
@@ -117,6 +116,21 @@ def completion_to_wire(req: CompletionRequest) -> dict[str, Any]:
     if req.options.logprobs:
         body["logprobs"] = req.options.top_logprobs or 1
     return _with_common(body, req.options, req.format, req.stream, req.n)
+
+
+def alternatives(stream: AsyncIterator[Chunk], o: SamplingOptions) -> AsyncIterator[Chunk]:
+    """Each token's alternatives cut to the `top_logprobs` asked for. llama-server (itself, or behind an OpenAI
+    backend) gives 20 where a request names no count, and no logprobs at all for a count of 0, so it is asked for at
+    least one and the rest is cut here: OpenAI, Ollama and the engine give none unless asked."""
+    return _cut_alternatives(stream, o.top_logprobs or 0) if o.logprobs else stream
+
+
+async def _cut_alternatives(stream: AsyncIterator[Chunk], n: int) -> AsyncIterator[Chunk]:
+    async with contextlib.aclosing(stream):
+        async for chunk in stream:
+            for lp in chunk.logprobs:
+                del lp.top[n:]
+            yield chunk
 
 
 def usage_from_wire(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> Usage | None:

@@ -85,6 +85,22 @@ async def test_completion_logprobs(velo, backend):
     assert all(p <= 0 for p in lp["token_logprobs"]) and all(1 <= len(t) <= 2 for t in lp["top_logprobs"])
 
 
+@pytest.mark.parametrize("backend", ["engine", "llamacpp", "openai"])
+@pytest.mark.parametrize("top", [None, 0, 2])
+async def test_chat_logprobs_give_the_alternatives_asked_for(velo, backend, top):
+    """`logprobs: true` gives each token's logprob with `top_logprobs` alternatives, none when it names no count, as
+    OpenAI answers. Over an OpenAI-compatible llama-server a count of 0 gave `logprobs: null` and none gave 20."""
+    asked = {"logprobs": True} | ({} if top is None else {"top_logprobs": top})
+    body = {**ROUTES["/v1/chat/completions"][0], **ASK, "model": CHAT_MODELS[backend], **asked}
+    obj = (await answer(velo, "/v1/chat/completions", body, "fresh", {})).json()
+    assert fields.check_openai(obj, ChatCompletion) == []
+    content = obj["choices"][0]["logprobs"]["content"]
+    assert content and {len(t["top_logprobs"]) for t in content} == {top or 0}
+    cmpl = {"prompt": "Three colours are", **ASK, "model": CHAT_MODELS[backend], "logprobs": top or 0}
+    lp = (await answer(velo, "/v1/completions", cmpl, "fresh", {})).json()["choices"][0]["logprobs"]
+    assert lp["tokens"] and all(len(t) <= (top or 0) for t in lp["top_logprobs"])  # a dict: alike tokens are one
+
+
 async def test_models(velo):
     listed = (await call(velo, "GET", "/v1/models")).json()
     assert listed["object"] == "list" and listed["data"]
