@@ -45,6 +45,7 @@ class UnusableFormat(BadRequest):
 class Unauthorized(VeloError):
     status = 401
     kind = "authentication_error"
+    code = "invalid_api_key"  # OpenAI's, which clients test to tell the user to check the key
 
 
 class Forbidden(VeloError):

@@ -644,8 +644,8 @@ def error_object(err: VeloError, dialect: str = "openai") -> dict[str, Any]:
         message, param = _RESPONSES_OVERFLOW, "input"
     elif isinstance(err, ContextOverflow):
         message = _CHAT_OVERFLOW.format(err.limit, err.tokens, "prompt" if err.param == "prompt" else "messages")
-    if err.status == 404:  # OpenAI words a missing model or response as an invalid request ("not_found_error" is
-        kind = "invalid_request_error"  # Anthropic's type)
+    if err.status in (401, 404):  # OpenAI words a bad key and a missing model or response as an invalid request
+        kind = "invalid_request_error"  # ("authentication_error" and "not_found_error" are Anthropic's types)
     if isinstance(err, ModelNotFound):  # naming no parameter
         param = None
     return {"error": {"message": message, "type": kind, "param": param, "code": err.code}}
