@@ -3,7 +3,7 @@
 An embedding reads a question as a bag of meaning, so it scores "rows to columns" against "columns to rows" at
 ~0.99, "increase" against "decrease" at ~0.97, and does not see a negation move from one clause to another.
 The guard (guard.py) already refuses texts whose numbers, names, code or count of negations differ. This module
-adds four checks on the content words of both texts, aligned in order:
+adds five checks on the content words of both texts, aligned in order:
 - opposites: a word of one text whose opposite (opposites.py, or an un-/in-/dis-/non- prefix, -ful/-less)
   stands in the other in its place;
 - swapped roles: two words shared by both texts whose order flips across a directional word ("to", "than",
@@ -11,7 +11,9 @@ adds four checks on the content words of both texts, aligned in order:
 - moved negation: a negation that sits in another clause in the other text;
 - one word replaced: the texts align word for word but for one content word that is not a form of the other
   ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
-  threshold, so everything else about them agrees.
+  threshold, so everything else about them agrees;
+- words added: one text is the other with a run of content words put in, an instruction or a condition added to
+  the same question ("... Answer in one word.", "Explain briefly ...", "... step by step"): another answer.
 Measured against a small NLI cross-encoder and the embedding of the differing words in bench/semantic_quality.py.
 
 `read` does the text work once per text, on the encoder's thread; `agrees` compares two readings (a few
@@ -110,6 +112,8 @@ def disagreement(a: Reading, b: Reading) -> str | None:
         return "negation"
     if _one_word_replaced(a, b):
         return "replaced"
+    if _words_added(a, b):
+        return "added"
     return None
 
 
@@ -210,6 +214,15 @@ def _one_word_replaced(a: Reading, b: Reading) -> bool:
         return False
     i = a.content.index(x)
     return not (_modifier(a.tokens[a.where[i]]) or _modifier(b.tokens[b.where[i]]))
+
+
+def _words_added(a: Reading, b: Reading) -> bool:
+    """One text's content words are the other's with a run of more put in, anywhere: an instruction, a condition or a
+    second question added to the same one. An embedding barely moves for them (0.98-0.99 for "Respond only with yes
+    or no." after a 25-word question, or "Explain briefly how ..."), and the question's answer alone was served."""
+    fewer, more = sorted((a.content, b.content), key=len)
+    extra = len(more) - len(fewer)
+    return extra > 0 and any(more[:i] + more[i + extra:] == fewer for i in range(len(fewer) + 1))
 
 
 def _modifier(word: str) -> bool:

@@ -6,6 +6,8 @@ import pytest
 
 from proxy.cache.verifier import agrees, disagreement, read, stem
 
+_LONG = ("What are the main differences between the way Python and Go handle concurrency, including goroutines, "
+         "threads, the global interpreter lock and asyncio event loops?")
 MUST_MISS = {
     "opposite": [
         ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
@@ -39,6 +41,16 @@ MUST_MISS = {
         ("How do I cook rice in a pressure cooker?", "How do I cook pasta in a pressure cooker?"),
         ("How can I lose weight without exercise?", "How can I lose height without exercise?"),
         ("How do I become a designer at Google?", "How do I become an engineer at Google?"),
+    ],
+    "added": [  # an instruction on the answer's shape, or a condition, after the same question
+        (_LONG, _LONG + " Respond only with yes or no."),
+        (_LONG, _LONG + " Keep it short."),
+        (_LONG, "Briefly: " + _LONG),
+        ("Explain how photosynthesis works in plants, including the light-dependent reactions and the Calvin cycle",
+         "Explain how photosynthesis works in plants, including the light-dependent reactions and the Calvin cycle "
+         "step by step"),
+        ("Explain how photosynthesis works in plants", "Explain briefly how photosynthesis works in plants"),
+        ("Summarize this text: " + _LONG, "Summarize this text in bullet points: " + _LONG),
     ],
 }
 
