@@ -146,6 +146,31 @@ async def test_policy_per_route(velo):
     assert statuses == ["skip", "skip", "miss", "exact"] and len(backend.requests) == 3
 
 
+class _Sampler(ScriptedBackend):
+    """Another sample for every call, as a sampled model writes."""
+
+    def chat(self, req):
+        self.script = Script(pieces=[f"sample {len(self.requests)}"])
+        return super().chat(req)
+
+
+async def test_the_choices_of_a_sampled_request_are_samples_of_their_own(velo):
+    """`n: 2` with cache_nondeterministic: each choice was the first's sample, cached or not (n copies of one); a
+    replay gives back the two samples."""
+    backend = _Sampler()
+    client = await velo(CacheConfig(cache_nondeterministic=True), backend)
+    body = {"model": "tiny", "messages": MESSAGES, "stream": False, "temperature": 0.7, "n": 2}
+    answers = []
+    for _ in range(2):
+        resp = await client.post("/v1/chat/completions", json=body)
+        answers.append([c["message"]["content"] for c in (await resp.json())["choices"]])
+    assert answers[0] == answers[1] and len(set(answers[0])) == 2 and len(backend.requests) == 2
+    greedy = {**body, "temperature": 0}  # the same answer each time: the choices share one entry
+    for _ in range(2):
+        await (await client.post("/v1/chat/completions", json=greedy)).read()
+    assert len(backend.requests) == 3
+
+
 async def test_bypass_headers_and_fields(velo):
     backend = ScriptedBackend()
     client = await velo(CacheConfig(), backend)
