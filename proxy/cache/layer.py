@@ -248,10 +248,10 @@ class CacheLayer:
         return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
 
     async def store(self, asked: Asked, chunks: list[Chunk]) -> bool:
-        """Write a finished answer to every tier. Errors, cancels, cut-off streams and sampled requests are
-        refused (False)."""
+        """Write a finished answer to every tier. Errors, cancels, cut-off streams (by the context window too) and
+        sampled requests are refused (False)."""
         policy, label = asked.policy, asked.label
-        if asked.skip_reason or not complete_stream(chunks):
+        if asked.skip_reason or not complete_stream(chunks, asked.req.options.max_tokens):
             self.counters.count("all", label, "skip")
             return False
         key, payload = asked.key, encode_chunks(chunks)

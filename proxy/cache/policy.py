@@ -20,7 +20,7 @@ from adapters.schema import setting
 
 from .keys import Request
 
-# "length" is whole too: the request's own max_tokens ended it, and the same request ends the same way.
+# "length" is whole too where the request's own max_tokens ended it: the same request ends the same way.
 COMPLETE = frozenset({"stop", "length", "tool_calls"})
 _OFF = frozenset({"off", "bypass", "no", "false", "0"})
 
@@ -37,10 +37,20 @@ def bypass_requested(headers: Mapping[str, str], body_extras: dict[str, Any]) ->
     return body_extras.get("cache") is False or (isinstance(options, dict) and options.get("cache") is False)
 
 
-def complete_stream(chunks: list[Chunk]) -> bool:
-    """Only a whole, successful answer is worth replaying: not an error, a cancel or a stream cut short."""
+def complete_stream(chunks: list[Chunk], max_tokens: int | None) -> bool:
+    """Only a whole, successful answer is worth replaying: not an error, a cancel or a stream cut short, nor one
+    the context window cut before the request's `max_tokens`."""
     return bool(chunks) and chunks[-1].finish_reason in COMPLETE and all(
-        c.finish_reason in (None, *COMPLETE) for c in chunks)
+        c.finish_reason in (None, *COMPLETE) for c in chunks) and not _cut_by_window(chunks[-1], max_tokens)
+
+
+def _cut_by_window(last: Chunk, max_tokens: int | None) -> bool:
+    """A "length" end short of `max_tokens` (or with none, or no count to tell): the window ran out, which is the
+    server's (its -c, Ollama's loaded num_ctx), not the request's; replayed, a cut answer went on being served
+    after the window grew and the backend would have answered whole."""
+    if last.finish_reason != "length":
+        return False
+    return not max_tokens or last.usage is None or last.usage.completion_tokens < max_tokens
 
 
 @dataclass

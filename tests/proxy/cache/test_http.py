@@ -146,6 +146,22 @@ async def test_policy_per_route(velo):
     assert statuses == ["skip", "skip", "miss", "exact"] and len(backend.requests) == 3
 
 
+async def test_an_answer_the_context_window_cut_is_not_replayed(velo):
+    """3 tokens for a max_tokens of 500 (Anthropic's model_context_window_exceeded): the server's window ended it,
+    and once that grows the backend answers whole, where the cut answer was replayed. Cut at the request's own
+    max_tokens, it is replayed."""
+    backend = ScriptedBackend(script=Script(finish_reason="length"))
+    client = await velo(CacheConfig(), backend)
+    ask = {"model": "tiny", "max_tokens": 500, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+    for max_tokens, expected in ((500, ["miss", "miss"]), (3, ["miss", "exact"])):
+        seen = []
+        for _ in range(2):
+            resp = await client.post("/v1/messages", json={**ask, "max_tokens": max_tokens})
+            await resp.read()
+            seen.append(resp.headers["X-Velo-Cache"])
+        assert seen == expected, max_tokens
+
+
 class _Sampler(ScriptedBackend):
     """Another sample for every call, as a sampled model writes."""
 

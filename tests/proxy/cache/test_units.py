@@ -54,12 +54,19 @@ def test_bypass_signals():
 
 
 def test_only_whole_successful_streams_are_complete():
-    assert complete_stream([Chunk("a"), Chunk("b", finish_reason="stop")])
-    assert complete_stream([Chunk(finish_reason="length")])
-    assert not complete_stream([])
-    assert not complete_stream([Chunk("a")])  # cut off: no finish reason
-    assert not complete_stream([Chunk("a"), Chunk(finish_reason="error")])
-    assert not complete_stream([Chunk("a"), Chunk(finish_reason="cancelled")])
+    assert complete_stream([Chunk("a"), Chunk("b", finish_reason="stop")], None)
+    assert complete_stream([Chunk(finish_reason="length", usage=Usage(completion_tokens=8))], 8)  # the request's cut
+    assert not complete_stream([], 8)
+    assert not complete_stream([Chunk("a")], 8)  # cut off: no finish reason
+    assert not complete_stream([Chunk("a"), Chunk(finish_reason="error")], 8)
+    assert not complete_stream([Chunk("a"), Chunk(finish_reason="cancelled")], 8)
+
+
+def test_an_answer_the_context_window_cut_is_not_complete():
+    """Cut before the request's max_tokens, the window (the server's) ended it: a larger one answers whole."""
+    assert not complete_stream([Chunk(finish_reason="length", usage=Usage(completion_tokens=3))], 500)
+    assert not complete_stream([Chunk(finish_reason="length", usage=Usage(completion_tokens=3))], None)
+    assert not complete_stream([Chunk(finish_reason="length")], 500)  # no count to tell
 
 
 def test_policy_is_deterministic_only_unless_a_route_says_otherwise():
