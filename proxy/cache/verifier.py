@@ -221,8 +221,13 @@ def _words_added(a: Reading, b: Reading) -> bool:
     second question added to the same one. An embedding barely moves for them (0.98-0.99 for "Respond only with yes
     or no." after a 25-word question, or "Explain briefly how ..."), and the question's answer alone was served."""
     fewer, more = sorted((a.content, b.content), key=len)
-    extra = len(more) - len(fewer)
-    return extra > 0 and any(more[:i] + more[i + extra:] == fewer for i in range(len(fewer) + 1))
+    if len(more) == len(fewer):
+        return False
+    # the run fits between what both start with and what both end with: linear, where a slice per place was
+    # quadratic (an agent's 2,000-word turn compared on the event loop)
+    start = next((i for i, (x, y) in enumerate(zip(fewer, more)) if x != y), len(fewer))
+    end = next((i for i, (x, y) in enumerate(zip(reversed(fewer), reversed(more))) if x != y), len(fewer))
+    return start + end >= len(fewer)
 
 
 def _modifier(word: str) -> bool:
