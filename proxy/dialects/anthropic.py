@@ -456,6 +456,8 @@ class MessageStream:
     open: str | None = None  # the kind of the content block being filled
 
     def encode(self, chunk: Chunk) -> bytes:
+        if self.done:  # a heartbeat the timer encoded while the last events waited for a slow client to read them
+            return b""
         if chunk.heartbeat:
             return b"".join(self._start() if not self.started else self._still_writing())
         out = [] if self.started else self._start()

@@ -15,9 +15,11 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.protocol import Chunk, ToolCall
 from proxy.app import make_app
 from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
+from proxy.dialects import anthropic as anthropic_dialect
 from tests.loop_watch import loop_gaps
 from tests.proxy.test_metrics import scrape, value
 from tests.proxy.test_stream_faults import stream_error
@@ -82,6 +84,16 @@ async def test_nothing_but_the_dialects_end_follows_an_answers_last_event(client
     assert resp.status == 200 and beat not in tail and b'"error":{' not in tail and b'"error":"' not in tail
     assert stream_error(path, raw) is None
     assert tail.count(b"\n\n" if path.startswith("/v1/") else b"\n") == (2 if path == "/v1/chat/completions" else 1)
+
+
+def test_a_heartbeat_while_an_anthropic_answers_last_events_are_written_adds_nothing_after_message_stop() -> None:
+    """The timer stops once the write of the answer's end returns; a client reading slowly holds that write (a 4 MiB
+    tool call unread for a second did), and the timer's heartbeat opened a text block after `message_stop`, which the
+    SDK added to the finished message. The Responses API's writer already wrote nothing once its response ended."""
+    writer = anthropic_dialect.MessageStream("msg_1", "tiny")
+    end = writer.encode(Chunk(tool_calls=[ToolCall("get_weather", PARIS, "toolu_1")], finish_reason="tool_calls"))
+    assert end.endswith(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+    assert writer.encode(Chunk(heartbeat=True)) == b""
 
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(silence=0.3))])
