@@ -6,6 +6,8 @@ or its lazy grammar for tool calls), and one no call can match killed it. What l
 look-around `pattern`, a remote `$ref`) is left to the backend, which may."""
 from __future__ import annotations
 
+import orjson
+
 from engine.grammar import grammar_for
 
 from .errors import BadRequest, UnusableFormat
@@ -23,10 +25,21 @@ async def check_format(fmt: OutputFormat) -> None:
 
 
 async def check_tools(tools: list[Tool]) -> None:
-    """BadRequest (param `tools`) naming the first tool whose parameters are a JSON Schema no call can match."""
+    """BadRequest (param `tools`) naming the first tool whose parameters are a JSON Schema no call can match. A
+    call's arguments are a JSON object, so parameters of another `type` match none, as Anthropic and OpenAI answer
+    them (a 400): the engine's forced call was written as that type and the client got a 502."""
     for tool in tools:
-        if why := await _unsatisfiable.off_loop(tool.parameters):
+        if why := _not_an_object(tool.parameters) or await _unsatisfiable.off_loop(tool.parameters):
             raise BadRequest(f"tool {tool.name!r}: {why}", param="tools")
+
+
+def _not_an_object(schema: dict) -> str | None:
+    """Why no call's arguments can match: a `type` that leaves out "object" (none says nothing of the type)."""
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is None or "object" in kinds:
+        return None
+    return f'its parameters must be a JSON Schema of type "object", got type {orjson.dumps(kind).decode()}'
 
 
 def _verdict(schema: dict) -> str | None:

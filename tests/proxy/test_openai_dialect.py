@@ -168,6 +168,22 @@ async def test_a_schema_no_output_can_match_is_a_400_before_any_backend_gets_it(
         assert (await resp.json())["error"]["param"] == param
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"max_tokens": 10, "tools": [{"name": "f", "input_schema": {"type": "string"}}],
+                      "tool_choice": {"type": "tool", "name": "f"}}),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}],
+                       "tool_choice": "required"}),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": ["string", "null"]}}}]})])
+async def test_tool_parameters_of_a_type_other_than_object_are_a_400(client, scripted, path, body):
+    """A call's arguments are an object: Anthropic and OpenAI refuse other parameters with a 400. Velo passed them on,
+    and the engine's forced call, written as a string, was a 502 ("arguments are not a JSON object")."""
+    messages = {"input": "x"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "x"}]}
+    resp = await client.post(path, json={"model": "tiny", **messages, **body, "stream": True})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and 'of type "object"' in error["message"] and scripted.requests == []
+
+
 async def test_completions_fim_and_stream(base_url, scripted: ScriptedBackend):
     c = _client(base_url)
     out = await c.completions.create(model="tiny", prompt="def add(a, b):", suffix="\n", max_tokens=8)
