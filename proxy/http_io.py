@@ -110,11 +110,12 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
 
             async def put(item: Any) -> None:
                 nonlocal ended
-                if not ended:
-                    await out.write(encode(item))
-                    ended = ends is not None and ends(item)
-                    if ended and beating is not None:
+                if not ended:  # the timer stops before the end is written: a client reading slowly holds that write,
+                    data = encode(item)  # and a heartbeat meanwhile followed the end (an Ollama line `done: false`
+                    ended = ends is not None and ends(item)  # after `done: true`); `ends` may read what encoding
+                    if ended and beating is not None:  # the item told the dialect's writer
                         beating.cancel()
+                    await out.write(data)
             if first is not None:
                 await put(first)
             try:

@@ -20,6 +20,7 @@ from proxy.app import make_app
 from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
 from proxy.dialects import anthropic as anthropic_dialect
+from proxy.http_io import _Out
 from tests.loop_watch import loop_gaps
 from tests.proxy.test_metrics import scrape, value
 from tests.proxy.test_stream_faults import stream_error
@@ -84,6 +85,23 @@ async def test_nothing_but_the_dialects_end_follows_an_answers_last_event(client
     assert resp.status == 200 and beat not in tail and b'"error":{' not in tail and b'"error":"' not in tail
     assert stream_error(path, raw) is None
     assert tail.count(b"\n\n" if path.startswith("/v1/") else b"\n") == (2 if path == "/v1/chat/completions" else 1)
+
+
+@pytest.mark.parametrize("path,body,beat", DIALECTS)
+async def test_a_heartbeat_while_the_answers_end_is_written_follows_it_in_no_dialect(
+        client: TestClient, path: str, body: dict, beat: bytes, monkeypatch) -> None:
+    """The timer stopped once the write of the answer's end returned; a client reading slowly holds that write
+    (its socket full), and a heartbeat the timer wrote meanwhile followed the end: an Ollama line `done: false` after
+    `done: true`, a text block after `message_stop`."""
+    write = _Out.write
+
+    async def held(out: _Out, data: bytes) -> None:
+        await write(out, data)
+        if ENDS[path] in data:
+            await asyncio.sleep(0.3)  # six heartbeat periods with the end's bytes out, its write not returned
+    monkeypatch.setattr(_Out, "write", held)
+    raw = await (await client.post(path, json=body)).read()
+    assert beat not in raw.partition(ENDS[path])[2]
 
 
 def test_a_heartbeat_while_an_anthropic_answers_last_events_are_written_adds_nothing_after_message_stop() -> None:
