@@ -161,8 +161,10 @@ def _shared(body: dict[str, Any]) -> dict[str, Any]:
 
 def parse_chat(body: Any) -> ChatRequest:
     body = body_object(body)
-    return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in get(body, "messages", list, [])],
-                       **_shared(body), tools=parse_tools(body))
+    messages = [parse_message(m) for m in get(body, "messages", list, [])]
+    if len(messages) > 1 and messages[-1].empty_assistant:  # Ollama's templates leave the last assistant turn
+        messages.pop()  # open: an empty one prompts as without it; passed on, a template closed it and opened another
+    return ChatRequest(model=get_model(body), messages=messages, **_shared(body), tools=parse_tools(body))
 
 
 def _generated_model(body: dict[str, Any]) -> str:

@@ -202,6 +202,18 @@ async def test_roles_are_read_in_lower_case_and_an_empty_input_embeds_nothing(cl
     assert len(scripted.requests) == 1  # no embedding call: llama-server refused an empty one with a 400
 
 
+async def test_an_empty_last_assistant_turn_is_answered_as_without_it(client, scripted):
+    """Ollama's templates leave the last assistant turn open, so an empty one prompts as a chat without it
+    (`<|im_start|>assistant\n`); passed on, the engine's template closed it and opened another, and the model
+    answered after an empty turn of its own."""
+    user = {"role": "user", "content": "hi"}
+    for messages in ([user, {"role": "assistant", "content": ""}], [{"role": "assistant", "content": ""}]):
+        resp = await client.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False})
+        assert resp.status == 200 and (await resp.json())["message"]["content"] == "Hello world"
+    assert [m.role for m in scripted.requests[0].messages] == ["user"]
+    assert [m.role for m in scripted.requests[1].messages] == ["assistant"]  # alone it is no load request
+
+
 async def test_tags_lists_the_newest_first(client):
     """As Ollama does: a model just created comes first (before, presets came after every backend model)."""
     resp = await client.post("/api/create", json={"model": "pirate", "from": "tiny", "system": "Arr"})
