@@ -209,9 +209,9 @@ def _check_backend(cfg: BackendConfig, path: str) -> None:
     for i, url in enumerate(cfg.urls):
         if not is_server_url(url):
             where = f"{path}.url" if len(cfg.urls) == 1 else f"{path}.urls[{i}]"
-            parsed = URL(url)
+            parsed = URL(url)  # quoted as written ("not a url" was said as 'not%20a%20url'), less its password
             raise SchemaError(f"{where}: must be an http:// or https:// URL with a host, got "
-                              f"{str(parsed.with_password('***') if parsed.password else parsed)!r}")
+                              f"{str(parsed.with_password('***')) if parsed.password else url!r}")
     if cfg.api_key and any(URL(u).user for u in cfg.urls):  # both are an Authorization header: aiohttp refused
         raise SchemaError(f"{path}.api_key: the url carries a user and password already; use one of the two")
     options = cfg.options

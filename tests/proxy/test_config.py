@@ -103,6 +103,13 @@ def test_bad_toml_is_a_config_error(tmp_path):
         load_config(p)
 
 
+def test_a_url_that_is_not_one_is_quoted_as_written():
+    """The error said 'not%20a%20url' for "not a url": the user looked for a value their file does not hold."""
+    with pytest.raises(ConfigError) as e:
+        parse_config({"backends": [{"name": "x", "kind": "ollama", "url": "not a url"}]})
+    assert str(e.value) == "backends[0].url: must be an http:// or https:// URL with a host, got 'not a url'"
+
+
 def test_a_managed_llamacpp_backend_needs_a_model_or_a_url_never_both():
     from proxy.config import ConfigError, parse_config
     ok = parse_config({"backends": [{"name": "m", "kind": "llamacpp", "model": "/m.gguf", "ttl_s": 5}]})
