@@ -237,12 +237,18 @@ class ManagedLlamaCpp(LlamaCppBackend):
         """The server starts on the first request for its model; what would stop it is said now, in the log, where
         the first request's 503 was the first word of a missing file or program."""
         where = f"backend {self.name!r}"
-        if not os.path.isfile(self.config.model or ""):
+        if not self._has_model_file():
             log.warning("%s: model file %s not found; its requests will fail until it is there", where,
                         self.config.model)
-        if shutil.which(self.config.command[0]) is None:
+        if not self._has_program():
             log.warning("%s: %r is not a program on PATH (command = %s); its requests will fail", where,
                         self.config.command[0], self.config.command)
+
+    def _has_model_file(self) -> bool:
+        return os.path.isfile(self.config.model or "")
+
+    def _has_program(self) -> bool:
+        return shutil.which(self.config.command[0]) is not None
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -259,10 +265,11 @@ class ManagedLlamaCpp(LlamaCppBackend):
     # -- the Backend contract ------------------------------------------------------------------
 
     async def health(self) -> bool:
-        """A stopped server is healthy while it can be started (its last start did not fail)."""
+        """A stopped server is healthy while it can be started: its last start did not fail, and its model file and
+        program are there (/ready and the dashboard said a backend whose file was missing was healthy)."""
         if self.state == "ready":
             return await self.healthy_now()
-        return not self.stats.last_error
+        return not self.stats.last_error and self._has_model_file() and self._has_program()
 
     async def concurrency(self) -> int:
         return self.config.max_concurrency or 4  # llama-server's default slots; asking would start it

@@ -105,6 +105,16 @@ async def test_a_missing_model_file_or_program_is_said_at_start(tmp_path, caplog
     assert "gone.gguf not found" in caplog.text and "'no-such-llama-server' is not a program on PATH" in caplog.text
 
 
+async def test_a_stopped_server_that_cannot_start_is_not_healthy(tmp_path):
+    """config.example.toml's `coder` (no such file, no llama-server on PATH) was `true` in /ready and healthy on the
+    dashboard, beside the backends that were down: it is as down as they are until its file and program are there."""
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, CHATML)
+    for model, command, healthy in ((path, "python3", True), (str(tmp_path / "gone.gguf"), "python3", False),
+                                    (path, "no-such-llama-server", False)):
+        backend = ManagedLlamaCpp(BackendConfig(name="b", kind="llamacpp", model=model, command=[command]), Swaps())
+        assert await backend.health() is healthy, (model, command)
+
+
 async def test_a_start_that_fails_is_logged_with_its_cause(tmp_path, caplog):
     """A start that timed out was seen only as the request's 504 in the request log."""
     import pytest

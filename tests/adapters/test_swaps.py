@@ -34,6 +34,12 @@ class Scripted(ManagedLlamaCpp):
     async def show(self, model: str):  # noqa: ANN201 - the file is made up: its model as named
         return ModelInfo(name=model)
 
+    def _has_model_file(self) -> bool:  # made up, as its program is
+        return True
+
+    def _has_program(self) -> bool:
+        return True
+
 
 async def hold(server: ManagedLlamaCpp, release: asyncio.Event) -> None:
     async with server.swaps.use(server):
