@@ -79,6 +79,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         except Exception as e:  # a backend, a cache tier or a model that cannot open: one line, as a config error
             log.debug("start-up failed", exc_info=True)
             raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)") from e
+        if stop.is_set():  # Ctrl-C or SIGTERM while a model loaded: it was "listening" and served for a moment
+            log.info("stopped while starting: not listening")
+            return
         await web.TCPSite(runner, config.server.host, config.server.port).start()
         _freeze_the_heap()
         log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))

@@ -118,6 +118,34 @@ def test_a_start_that_fails_is_one_line_and_status_1(tmp_path, capsys, caplog, u
                         "(--log-level DEBUG shows where)\n")
 
 
+async def test_a_stop_while_starting_never_listens(caplog, unused_tcp_port):
+    """SIGTERM while the engine loaded its model: Velo went on to log "Velo listening", opened the port and took
+    requests, then shut down. The stop is set here by a start-up step, as the signal sets it during the load."""
+    import asyncio
+
+    from aiohttp import web
+
+    from proxy import cli
+    from proxy.config import Config, ServerConfig
+    stop = asyncio.Event()
+    made = cli.make_app
+
+    def app_stopped_while_starting(*args: object, **kwargs: object) -> web.Application:
+        app = made(*args, **kwargs)
+
+        async def signalled(_: web.Application) -> None:
+            stop.set()
+        app.on_startup.append(signalled)
+        return app
+    config = Config(server=ServerConfig(port=unused_tcp_port), backends=[
+        BackendConfig(name="o", kind="openai", urls=["http://127.0.0.1:9"])])
+    with caplog.at_level(logging.INFO, logger="velo"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "make_app", app_stopped_while_starting)
+        await asyncio.wait_for(cli.serve(config, stop), 30)
+    assert "listening" not in caplog.text.replace("not listening", "")
+    assert "stopped while starting: not listening" in caplog.text
+
+
 @pytest.mark.parametrize("port", ["abc", "0", "65536", "-1"])
 def test_a_port_that_is_no_port_is_said_in_words(port, capsys):
     with pytest.raises(SystemExit) as ended:
