@@ -232,7 +232,7 @@ def _shorter(req: Request, keep: float) -> Request | None:
     kept, dropped = list(req.messages), 0
     total = sum(len(m.content) + 1 for m in kept)
     goal = total * keep
-    while (first := next((i for i, m in enumerate(kept[:-1]) if m.role != "system"), None)) is not None:
+    while (first := next((i for i, m in enumerate(kept[:_last_turn(kept)]) if m.role != "system"), None)) is not None:
         if dropped and total <= goal and kept[first].role != "tool":  # a tool answer goes with its call
             break
         total -= len(kept.pop(first).content) + 1
@@ -244,8 +244,20 @@ def _shorter(req: Request, keep: float) -> Request | None:
         return None
     if cut < len(last.content):
         return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])])
-    systems = _cut_start(kept[:-1], cut)
-    return None if systems is None else replace(req, messages=[*systems, last])
+    start = _last_turn(kept)
+    systems = _cut_start(kept[:start], cut)
+    return None if systems is None else replace(req, messages=[*systems, *kept[start:]])
+
+
+def _last_turn(messages: list[Message]) -> int:
+    """Where the last turn starts: at the assistant's call when the chat ends in its tool results (an agent's loop),
+    which stays with them: a result without its call is a 400 from vLLM and breaks chat templates."""
+    start = len(messages) - 1
+    while start > 0 and messages[start].role == "tool":
+        start -= 1
+    if start < len(messages) - 1 and messages[start].role == "assistant" and messages[start].tool_calls:
+        return start
+    return len(messages) - 1
 
 
 def _cut_start(messages: list[Message], cut: int) -> list[Message] | None:

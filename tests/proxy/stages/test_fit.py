@@ -91,6 +91,26 @@ async def test_ollama_keeps_the_end_of_a_last_turn_that_alone_overflows(velo):
     assert system.content == words(10, "s") and words(60, "q").endswith(last.content) and "q59" in last.content
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+async def test_a_trim_keeps_the_call_an_agents_last_tool_result_answers(velo, path):
+    """An agent's loop ends in a tool result: trimmed to fit, it kept the result and dropped its call, which vLLM
+    refuses (a tool message with no preceding tool_calls) and templates choke on."""
+    c, backend = await velo()
+
+    def call(i: int) -> dict:  # Ollama's arguments are an object, OpenAI's a JSON string
+        return {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
+            "name": "read", "arguments": {} if path == "/api/chat" else "{}"}}]}
+    messages = [{"role": "system", "content": words(4, "s")}, {"role": "user", "content": words(5, "u")},
+                call(1), {"role": "tool", "tool_call_id": "c1", "content": words(8, "r")},
+                call(2), {"role": "tool", "tool_call_id": "c2", "content": words(40, "t")}]
+    resp = await c.post(path, json={"model": "tiny", "messages": messages, "stream": False, "truncate": True,
+                                    "max_tokens": 5, "options": {"num_predict": 5}})
+    assert resp.status == 200 and resp.headers["X-Velo-Context-Trimmed"].startswith("3 messages and ")
+    sent = backend.requests[0].messages
+    assert [m.role for m in sent] == ["system", "assistant", "tool"] and sent[1].tool_calls[0].id == "c2"
+    assert sent[2].tool_call_id == "c2" and sent[2].content.endswith("t39")
+
+
 async def test_ollama_keeps_the_end_of_system_prompts_that_alone_overflow(velo):
     """An agent's system prompt and tools over a small num_ctx: Ollama's runner keeps the prompt's end and answers
     (a 400 failed every turn of Roo Code and Cline), and so does Velo, with the last turn whole; `shift: false`
