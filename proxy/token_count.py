@@ -20,6 +20,10 @@ CHARS_PER_TOKEN = 4
 # chat and code, and 2 on lists of digits or one-letter words, so an exact count (an HTTP round trip for
 # llama-server) is only asked of prompts that may be near it.
 _SURELY_UNDER_CHARS_PER_TOKEN = 2
+# and a chat template's own tokens around each message: Qwen's `<|im_start|>assistant\n<tool_call>\n{"name": ...,
+# "arguments": ...}\n</tool_call><|im_end|>\n` wraps a call in about 20, a short tool result in about 10. An agent's
+# hour of short calls and results ("ok", a path) is mostly these, and was "surely under" at 2-3 times the window.
+_SURELY_UNDER_TOKENS_PER_MESSAGE = 20
 
 
 def characters(req: ChatRequest | CompletionRequest) -> int:
@@ -34,7 +38,8 @@ def characters(req: ChatRequest | CompletionRequest) -> int:
 
 
 def surely_under(req: ChatRequest | CompletionRequest, tokens: int) -> bool:
-    return characters(req) / _SURELY_UNDER_CHARS_PER_TOKEN < tokens
+    wrapping = len(req.messages) * _SURELY_UNDER_TOKENS_PER_MESSAGE if isinstance(req, ChatRequest) else 0
+    return characters(req) / _SURELY_UNDER_CHARS_PER_TOKEN + wrapping < tokens
 
 
 def estimate(req: ChatRequest | CompletionRequest) -> int:

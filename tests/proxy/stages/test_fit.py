@@ -214,6 +214,20 @@ async def test_openai_chat_asking_truncate_is_trimmed_as_ollamas_v1_trims(velo):
     assert bad.status == 400 and (await bad.json())["error"]["param"] == "truncate"
 
 
+async def test_a_chat_of_many_short_turns_is_counted_not_guessed_under_the_window(velo):
+    """An agent's long loop of short calls and results is mostly the template's tokens around each message: judged
+    by its characters alone it was "surely under" the window, and went to the backend unfitted, with no 400 and no
+    trim."""
+    c, backend = await velo()
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "ok"} for i in range(41)]  # 82 tokens
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "context_length_exceeded"
+    resp = await c.post("/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                           "options": {"num_predict": 5}})
+    assert resp.status == 200 and "X-Velo-Context-Trimmed" in resp.headers
+    assert await backend.count_tokens(backend.requests[0]) <= LIMIT - 5
+
+
 async def test_a_completions_overflow_names_the_prompt(velo):
     """/v1/completions has no `messages`: the overflow names `prompt` (it named `messages`)."""
     c, _ = await velo()
