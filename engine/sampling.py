@@ -9,6 +9,7 @@ the exponential race (`argmax(p / E)`, E ~ Exp(1)), so a seeded request draws it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -121,7 +122,9 @@ class Sampler:
             result.logprobs = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
             k = max(r.params.top_logprobs for r in rows)
             values, ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
-            result.top_logprobs = [list(zip(i[:r.params.top_logprobs].tolist(), v[:r.params.top_logprobs].tolist()))
+            # a token at -inf (a grammar's or logit_bias's forbidden one) is no candidate; JSON would write it null
+            result.top_logprobs = [[(t, lp) for t, lp in zip(i[:r.params.top_logprobs].tolist(),
+                                                             v[:r.params.top_logprobs].tolist()) if lp != -math.inf]
                                    for r, i, v in zip(rows, ids, values)]
         return result
 

@@ -122,3 +122,16 @@ def test_huge_penalties_stay_finite(knobs):
     logits[0, 0] = -10.0  # the argmax of NaNs: token 0
     result = Sampler(seed=3)(logits, [row(prompt=[1, 2], output=[3], temperature=0, logprobs=True, **knobs)])
     assert torch.isfinite(torch.tensor(result.logprobs)).all() and result.token_ids[0] != 0
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_top_logprobs_leave_out_the_tokens_a_grammar_forbids(greedy):
+    """A grammar masks forbidden tokens to -inf (engine/constrained.py): where fewer tokens were allowed than
+    `top_logprobs` asked, the rest came back as -inf, which JSON writes as null, and OpenAI's `logprob` is a number
+    (`{"token": "<|endoftext|>", "logprob": null}` under a response_format)."""
+    logits = torch.full((1, 50), float("-inf"))
+    logits[0, 7], logits[0, 9] = 2.0, 1.0
+    knobs = {"temperature": 0.0} if greedy else {"temperature": 1.0}
+    result = Sampler(seed=0)(logits, [row(logprobs=True, top_logprobs=5, **knobs)])
+    assert [t for t, _ in result.top_logprobs[0]] == [7, 9]
+    assert all(map(torch.isfinite, map(torch.tensor, [lp for _, lp in result.top_logprobs[0]])))
