@@ -17,7 +17,7 @@ from typing import Any, Callable
 import orjson
 
 from adapters import options
-from adapters.errors import BadRequest, ContextOverflow, VeloError
+from adapters.errors import BadRequest, ContextOverflow, UnusableFormat, VeloError
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, ToolCall, Usage
 
@@ -592,6 +592,8 @@ def error_object(err: VeloError, request_id: str | None = None) -> dict[str, Any
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     message = f"prompt is too long: {err.tokens} tokens > {err.limit} maximum" \
         if isinstance(err, ContextOverflow) else err.message  # Anthropic's wording, which Claude Code acts on
+    if isinstance(err, UnusableFormat):  # its error has no `param`: the message names the field, as the dialect's do
+        message = f"output_config.format: {message}"
     obj: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
     return obj if request_id is None else {**obj, "request_id": request_id}
 

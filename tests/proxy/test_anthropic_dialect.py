@@ -273,6 +273,20 @@ async def test_sampling_fields_and_structured_output(client, scripted):
     assert (o.temperature, o.top_p, o.top_k, o.stop, req.format) == (0.2, 0.5, 7, ["END"], schema)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_format_no_output_can_match_is_a_400_naming_output_config_format(client, scripted, stream):
+    """Anthropic's error has no `param`: its message names the field, as the dialect's own checks do. It said
+    "invalid output grammar: Unsatisfiable schema: ..." and left the client to guess which part of the request."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}},
+              "required": ["s"]}
+    resp = await client.post("/v1/messages", json={
+        "model": "tiny", "max_tokens": 8, "messages": USER, "stream": stream,
+        "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["type"] == "invalid_request_error" and scripted.requests == []
+    assert error["message"].startswith("output_config.format: ") and "Unsatisfiable schema" in error["message"]
+
+
 async def test_server_tools_are_left_out_and_named(client, scripted):
     resp = await client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": USER, "tools": [
         READ, {"type": "web_search_20250305", "name": "web_search"}]})
