@@ -92,10 +92,18 @@ def _unsupported(images: list[str]) -> str | None:
 def _grammar(fmt: Any, tools: list[dict] | None = None, tool_choice: Any = None) -> str | None:
     try:
         return grammar_for(fmt, tools, tool_choice)
-    except ValueError as exc:  # named for what the client wrote wrong: a tool's schema where no format was asked
-        if fmt is not None or not tools:
+    except ValueError as exc:  # named for what the client wrote wrong: the format where it fails alone, else a tool
+        if not tools or fmt is not None and _fails(fmt):
             raise UnusableFormat(str(exc)) from exc
         raise BadRequest(str(exc), param="tools") from exc
+
+
+def _fails(fmt: Any) -> bool:
+    try:
+        grammar_for(fmt)
+    except ValueError:
+        return True
+    return False
 
 
 def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:

@@ -325,6 +325,11 @@ async def test_raw_completion_and_unsupported_requests(backend):
         await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], tool_choice="required",
                                                tools=[broken])))
     assert bad.value.param == "tools"
+    for fmt in ("json", {"type": "object"}):  # with a format that compiles it was the format's 400
+        with pytest.raises(BadRequest, match="invalid output grammar") as bad:
+            await collect(backend.chat(ChatRequest(model=NAME, messages=[Message("user", "x")], format=fmt,
+                                                   tools=[broken])))
+        assert bad.value.param == "tools"
 
 
 async def test_a_suffix_asks_a_fim_model_for_the_middle(tmp_path):
