@@ -168,6 +168,18 @@ async def test_a_schema_no_output_can_match_is_a_400_before_any_backend_gets_it(
         assert (await resp.json())["error"]["param"] == param
 
 
+@pytest.mark.parametrize("path, stream", [("/api/chat", False), ("/api/chat", True), ("/api/generate", False)])
+async def test_an_ollama_format_no_output_can_match_is_named_in_ollamas_words(client, scripted, path, stream):
+    """Ollama's error has no `param`: it says "invalid JSON schema in format", which clients look for. Velo's said
+    "invalid output grammar: Unsatisfiable schema: ...", naming no field."""
+    body = {"messages": [{"role": "user", "content": "x"}]} if path == "/api/chat" else {"prompt": "x"}
+    resp = await client.post(path, json={"model": "tiny", **body, "stream": stream,
+                                         "format": {"type": "string", "minLength": 5, "maxLength": 2}})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and scripted.requests == []
+    assert error.startswith("invalid JSON schema in format: ") and "Unsatisfiable schema" in error
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/messages", {"max_tokens": 10, "tools": [{"name": "f", "input_schema": {"type": "string"}}],
                       "tool_choice": {"type": "tool", "name": "f"}}),
