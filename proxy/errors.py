@@ -8,7 +8,7 @@ import logging
 
 from aiohttp import web
 
-from adapters.errors import Answered, NotFound, UnusableFormat, VeloError
+from adapters.errors import Answered, NotFound, VeloError
 
 from .auth import Handler
 from .dialects import anthropic, dialect_of, ollama, openai
@@ -33,10 +33,8 @@ def error_response(err: VeloError, dialect: str, headers: dict[str, str] | None 
             headers["request-id"] = request_id
         return json_response(anthropic.error_object(err, request_id), status=anthropic.error_status(err),
                              headers=headers)
-    if dialect == "ollama":  # its error has no `param`: a format's is named in Ollama's words, which clients look for
-        message = f"invalid JSON schema in format: {err.message}" if isinstance(err, UnusableFormat) else err.message
-        return json_response(ollama.error_object(message), status=err.status, headers=headers)
-    return json_response(openai.error_object(err, dialect), status=err.status, headers=headers)
+    body = ollama.error_object(err) if dialect == "ollama" else openai.error_object(err, dialect)
+    return json_response(body, status=err.status, headers=headers)
 
 
 @web.middleware

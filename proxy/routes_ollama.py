@@ -174,7 +174,7 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
     stream = request[PIPELINE].generate(job)
     if job.request.stream:
         return await write_stream(request, as_streamed(stream), lambda c: ndjson(shape(c)),
-                                  lambda e: ndjson(ollama.error_object(e.message)), "application/x-ndjson",
+                                  lambda e: ndjson(ollama.error_object(e)), "application/x-ndjson",
                                   job.outcome.headers, heartbeat=Chunk(heartbeat=True),
                                   ends=lambda c: c.finish_reason is not None)
     whole = aggregate(await collect(stream))
@@ -216,7 +216,7 @@ async def manage(request: web.Request) -> web.StreamResponse:
     if body.get("stream", True) is False:
         statuses = await collect(stream)
         return json_response(statuses[-1] if statuses else {"status": "success"})
-    return await write_stream(request, stream, ndjson, lambda e: ndjson(ollama.error_object(e.message)),
+    return await write_stream(request, stream, ndjson, lambda e: ndjson(ollama.error_object(e)),
                               "application/x-ndjson")
 
 
@@ -240,7 +240,7 @@ async def pull_or_push(request: web.Request) -> web.StreamResponse:
         done = {"status": "success"}
         if body.get("stream", True) is False:
             return json_response(done)
-        return await write_stream(request, _one(done), ndjson, lambda e: ndjson(ollama.error_object(e.message)),
+        return await write_stream(request, _one(done), ndjson, lambda e: ndjson(ollama.error_object(e)),
                                   "application/x-ndjson")
     does = {"pull": "pulls", "push": "pushes"}[verb]
     raise BadRequest(f"cannot {verb} {model!r}: Velo {does} models only through an Ollama backend, and none is "

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from adapters import keep_alive, options
-from adapters.errors import BadRequest, ModelNotFound
+from adapters.errors import BadRequest, ModelNotFound, UnusableFormat, VeloError
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, RunningModel, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage)
 
@@ -372,5 +372,8 @@ def ps_object(model: RunningModel) -> dict[str, Any]:
             "context_length": model.context_length or info.context_length or 0}
 
 
-def error_object(message: str) -> dict[str, Any]:
-    return {"error": message}
+def error_object(err: VeloError) -> dict[str, Any]:
+    """Ollama's `{"error": ...}`, with no `param`: a format no output can match is named in Ollama's words for it,
+    which clients look for."""
+    unusable = isinstance(err, UnusableFormat)
+    return {"error": f"invalid JSON schema in format: {err.message}" if unusable else err.message}
