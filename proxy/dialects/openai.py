@@ -246,7 +246,7 @@ def _allowed_tools(allowed: dict[str, Any], tools: list[Tool]) -> tuple[list[Too
         names.add(fn["name"])
     if unknown := sorted(names - {t.name for t in tools}):
         raise BadRequest(f"tool_choice: the tool {unknown[0]!r} is not among the tools given", param="tool_choice")
-    return [t for t in tools if t.name in names], "required" if mode == "required" else None
+    return tool_choice.allowed(tools, names, mode)
 
 
 # Effort levels as the internal think switch, for OpenAI's `reasoning_effort`, the Responses API's

@@ -397,7 +397,7 @@ def _tool_choice(raw: Any, tools: list[Tool], hosted: set[str]) -> tuple[list[To
         return tools, {"type": "function", "function": {"name": get(raw, "name", str, required=True)}}
     if kind == "allowed_tools":
         allowed = {get(t, "name", str) for t in get(raw, "tools", list, []) if isinstance(t, dict)}  # a list: a 500
-        return [t for t in tools if t.name in allowed], "required" if raw.get("mode") == "required" else None
+        return tool_choice.allowed(tools, allowed, raw.get("mode"))
     raise BadRequest("tool_choice: must be auto, none, required, or {type: function, name}", param="tool_choice")
 
 

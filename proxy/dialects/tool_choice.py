@@ -23,3 +23,9 @@ def checked(choice: Any, tools: list[Tool], ignored: Collection[str] = ()) -> An
     if name is not None and name not in {t.name for t in tools}:
         raise BadRequest(f"tool_choice: the tool {name!r} is not among the tools given", param="tool_choice")
     return choice
+
+
+def allowed(tools: list[Tool], names: Collection[str], mode: Any) -> tuple[list[Tool], Any]:
+    """An `allowed_tools` choice (OpenAI chat's and the Responses API's): only the tools it names are offered, and a
+    call among them is required where `mode` is "required", else left to the model."""
+    return [t for t in tools if t.name in names], "required" if mode == "required" else None
