@@ -141,7 +141,11 @@ class AdmissionController:
     def check(self) -> None:
         """Overloaded where a request would find the queue full now (taking no place): a background response queues
         in a task of its own, after its request has answered `queued`."""
-        if not (self.running < self.limit and self._queued == 0) and self._queued >= self.max_queue:
+        self._room_behind(self._queued)
+
+    def _room_behind(self, queued: int) -> None:
+        """Overloaded where a request with `queued` others waiting would find the queue full (as `_acquire` would)."""
+        if not (self.running < self.limit and queued == 0) and queued >= self.max_queue:
             raise self._full()
 
     def _full(self) -> Overloaded:
@@ -152,9 +156,7 @@ class AdmissionController:
         older was cancelled and the newer refused, and the user got no completion at all. A queued older one gives
         its place up; a running one frees its slot only once it has stopped."""
         older = self._by_key.get(key)
-        queued = self._queued - (older is not None and not older.granted.done())
-        if not (self.running < self.limit and queued == 0) and queued >= self.max_queue:
-            raise self._full()
+        self._room_behind(self._queued - (older is not None and not older.granted.done()))
 
     def _supersede(self, key: str, newer: _Ticket) -> None:
         older = self._by_key.get(key)
