@@ -338,6 +338,25 @@ async def test_every_replica_failing_says_how(fault: str, status: int):
         assert "every replica of backend 'pool' failed" in body["error"]["message"]
 
 
+async def test_a_replica_silent_past_first_token_timeout_is_given_up_for_the_next():
+    """The one resend README's Errors allows: a hung replica (nothing within first_token_timeout) is closed and the
+    request answered by the next, so the client sees the answer, not the hang."""
+    async with FakeOpenAI(models=["m"]) as hung, FakeOpenAI(models=["m"]) as ready:
+        hung.script.token_delay = 1.0
+        cfg = BackendConfig(name="pool", kind="openai", urls=[hung.url, ready.url], first_token_timeout=0.3,
+                            options={"affinity": "none", "breaker_failures": 1})
+        app = make_app(Config(default_backend="pool", backends=[cfg]), {"pool": make_backend(cfg)})
+        async with TestClient(TestServer(app)) as c:
+            for _ in range(2):  # the least busy replica is either one: two requests reach the hung one once
+                resp = await c.post("/v1/chat/completions", json={"model": "m", "messages": [
+                    {"role": "user", "content": "hi"}]})
+                body = await resp.json()
+                assert resp.status == 200, body
+                assert body["choices"][0]["message"]["content"] == ready.script.reply
+        chats = [r for r in hung.requests if r.path == "/v1/chat/completions"]
+        assert len(chats) == 1  # its circuit opened after it hung: the second request never went there
+
+
 async def test_every_replica_busy_says_the_soonest_retry_after():
     rs, members = replica_set(Script(), Script())
     for member, wait in zip(members, (3.0, 1.0)):
