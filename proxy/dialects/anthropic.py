@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -28,6 +29,11 @@ from .anthropic_tools import client_tool
 from .openai import EFFORTS
 from .paging import position, query_int
 
+# A stream's heartbeats before its first block are Anthropic's `ping` for this long, then empty text deltas: Claude
+# Code's idle watchdog skips pings and gave up after 90 s in its older versions (300 s now), and a text block opened
+# for heartbeats stays in the message the SDKs assemble, empty, before a tool_use or thinking block (real Anthropic
+# answers never have one). 60 s + one `heartbeat_s` (15 s) still lands under 90 s.
+CONTENT_HEARTBEATS_AFTER_S = 60.0
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 # Anthropic's error types by HTTP status (its API reference, "Errors"); 529 is what its clients retry on.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -454,6 +460,7 @@ class MessageStream:
     done: bool = False
     index: int = -1
     open: str | None = None  # the kind of the content block being filled
+    begun: float = field(default_factory=time.monotonic)
 
     def encode(self, chunk: Chunk) -> bytes:
         if self.done:  # a heartbeat the timer encoded while the last events waited for a slow client to read them
@@ -487,9 +494,12 @@ class MessageStream:
         return [event("message_start", {"type": "message_start", "message": message}), event("ping", {"type": "ping"})]
 
     def _still_writing(self) -> list[bytes]:
-        """A heartbeat after the start: an empty delta of the open block, or of a text block opened for it (the
-        answer's text goes on in it). Anthropic's keepalive, a `ping`, is what Claude Code's idle watchdog skips:
-        it abandoned, after 300 s of pings, every turn whose 20k-token prompt a CPU read for longer, and retried."""
+        """A heartbeat after the start: an empty delta of the open block; before any block, a `ping` for
+        CONTENT_HEARTBEATS_AFTER_S, then an empty delta of a text block opened for it (the answer's text goes on in
+        it). A `ping` is what Claude Code's idle watchdog skips: it abandoned, after 300 s of pings, every turn whose
+        20k-token prompt a CPU read for longer, and retried."""
+        if self.open is None and time.monotonic() - self.begun < CONTENT_HEARTBEATS_AFTER_S:
+            return [event("ping", {"type": "ping"})]
         kind = self.open or "text"
         out = self._block(kind, {"text": ""}) if self.open is None else []
         return out + [self._delta({"text": {"type": "text_delta", "text": ""},

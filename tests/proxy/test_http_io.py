@@ -51,7 +51,7 @@ async def _until(condition, seconds: float = 5.0) -> None:
 DIALECTS = [("/api/chat", {"model": "tiny", "messages": MESSAGES}, b'"content":""'),
             ("/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "stream": True}, b": keepalive"),
             ("/v1/messages", {"model": "tiny", "max_tokens": 100, "messages": MESSAGES, "stream": True},
-             b'"delta":{"type":"text_delta","text":""}'),
+             b"event: ping"),  # one follows message_start, heartbeat or not
             ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True}, b"event: response.in_progress")]
 
 
@@ -64,7 +64,8 @@ async def test_a_backend_silent_before_its_first_token_gets_heartbeats_in_every_
     resp = await client.post(path, json=body)
     raw = await resp.read()
     before, _, after = raw.partition(b"Hel")
-    assert resp.status == 200 and before.count(beat) >= 2 and b"lo" in after and b" world" in after
+    beats = before.count(beat) - (path == "/v1/messages")
+    assert resp.status == 200 and beats >= 2 and b"lo" in after and b" world" in after
 
 
 # Each dialect's last event of an answer
@@ -187,9 +188,27 @@ async def test_openai_chat_opens_with_the_role_then_sends_comments_until_the_cal
 
 
 @pytest.mark.parametrize("scripted", [ScriptedBackend(script=SLOW_CALL)])
-async def test_anthropic_sends_empty_text_deltas_while_the_call_is_written(client: TestClient, base_url: str) -> None:
-    """Claude Code's idle watchdog skips `ping`: it abandoned a turn after 300 s of them. Heartbeats are empty
-    deltas of a text block opened for them, which the call then follows as the next block."""
+async def test_anthropic_pings_before_a_call_that_comes_within_a_minute(client: TestClient, base_url: str) -> None:
+    """A call held back a short while leaves the message as Anthropic's would be: pings before it, no empty text
+    block opened for heartbeats (the SDK kept one in the message, before the tool_use)."""
+    body = {"model": "tiny", "max_tokens": 100, "messages": MESSAGES, "tools": [ANTHROPIC_TOOL], "stream": True}
+    resp = await client.post("/v1/messages", json=body)
+    events = [orjson.loads(b.split(b"data: ", 1)[1]) for b in (await resp.read()).split(b"\n\n") if b]
+    call = next(i for i, e in enumerate(events) if e.get("content_block", {}).get("type") == "tool_use")
+    assert events[0]["type"] == "message_start" and call > 4
+    assert {e["type"] for e in events[1:call]} == {"ping"}
+    sdk = anthropic.AsyncAnthropic(base_url=base_url, api_key="sk-test", max_retries=0)
+    async with sdk.messages.stream(model="tiny", max_tokens=100, messages=MESSAGES, tools=[ANTHROPIC_TOOL]) as s:
+        final = await s.get_final_message()
+    assert [(b.type, getattr(b, "input", None)) for b in final.content] == [("tool_use", PARIS)]
+
+
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=SLOW_CALL)])
+async def test_anthropic_sends_empty_text_deltas_while_the_call_is_written(client: TestClient, base_url: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claude Code's idle watchdog skips `ping`: it abandoned a turn after 300 s of them. Past the first minute,
+    heartbeats are empty deltas of a text block opened for them, which the call then follows as the next block."""
+    monkeypatch.setattr(anthropic_dialect, "CONTENT_HEARTBEATS_AFTER_S", 0.0)
     body = {"model": "tiny", "max_tokens": 100, "messages": MESSAGES, "tools": [ANTHROPIC_TOOL], "stream": True}
     resp = await client.post("/v1/messages", json=body)
     events = [orjson.loads(b.split(b"data: ", 1)[1]) for b in (await resp.read()).split(b"\n\n") if b]
