@@ -51,16 +51,18 @@ class Coalescer:
     def in_flight(self) -> int:
         return len(self._flights)
 
-    async def stream(self, key: str, factory: ChunkFactory,
-                     joined: Callable[[], None] = lambda: None) -> AsyncIterator[Chunk]:
+    async def stream(self, key: str, factory: ChunkFactory, joined: Callable[[], None] = lambda: None,
+                     own: Callable[[Chunk], Chunk] = lambda chunk: chunk) -> AsyncIterator[Chunk]:
         """Every chunk of the shared stream, from the first; the flight's error, if any, is raised here too.
-        `joined` is called when the caller rides on a flight another started.
+        `joined` is called when the caller rides on a flight another started, and each chunk reaches that caller
+        through `own`: what in an answer is one client's alone (its tool calls' ids) is made anew for each.
 
         Callers should close this generator (`contextlib.aclosing`) when they stop early, so that the backend
         call is cancelled as soon as the last of them is gone.
         """
         flight = self._flights.get(key)
-        if flight is not None:
+        follower = flight is not None
+        if follower:
             self.joined.n += 1
             joined()
         else:
@@ -72,7 +74,7 @@ class Coalescer:
             while True:
                 while seen < len(flight.chunks):
                     seen += 1
-                    yield flight.chunks[seen - 1]
+                    yield own(flight.chunks[seen - 1]) if follower else flight.chunks[seen - 1]
                 if flight.done:
                     break
                 await flight.changed.wait()

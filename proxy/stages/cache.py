@@ -16,7 +16,7 @@ from ..cache import CacheLayer
 from ..cache.stats import CacheStats
 from ..job import Job, Request
 from ..keep import fingerprint
-from ..tools.calls import new_call_id
+from ..tools.calls import with_new_ids
 from .base import Next, Services, Stage
 
 
@@ -87,8 +87,7 @@ async def _replay(chunks: list[Chunk], started_ns: int) -> AsyncIterator[Chunk]:
     pairs results with calls by id); cached chunks are shared, so the ones changed are copied."""
     found, burst = time.perf_counter_ns(), Burst()
     for chunk in chunks:
-        if chunk.tool_calls:
-            chunk = replace(chunk, tool_calls=[replace(call, id=new_call_id()) for call in chunk.tool_calls])
+        chunk = with_new_ids(chunk)
         if chunk.usage is not None:
             now = time.perf_counter_ns()
             chunk = replace(chunk, usage=Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens,

@@ -2,7 +2,7 @@
 or not alike, the same `keep_alive` and performance options) rides on its backend call. Autocomplete that a newer
 request may replace does not: replacing the leader would fail every follower with it. A one-answer leader's backend
 stream is folded into one chunk below (adapters' one_answer), so a streamed request that joined it got its whole
-answer at the end."""
+answer at the end. A request that joined gets tool-call ids of its own, as a cache hit does."""
 from __future__ import annotations
 
 import functools
@@ -16,6 +16,7 @@ from ..batching import Coalescer
 from ..cache.keys import backend_only, digest, exact_key
 from ..job import Job
 from ..keep import Tally
+from ..tools.calls import with_new_ids
 from .admit import supersede_key
 from .base import Next, Services, Stage
 
@@ -31,7 +32,7 @@ class Coalesce(Stage):
         if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
             req = job.request  # what goes with the leader's call only must be the same: a follower's would be lost
             key = f"{exact_key(req, job.caller.tenant)}:{req.stream}:{digest(backend_only(req))}"
-            return self.coalescer.stream(key, lambda: next(job), joined=functools.partial(_joined, job))
+            return self.coalescer.stream(key, lambda: next(job), functools.partial(_joined, job), with_new_ids)
         return next(job)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

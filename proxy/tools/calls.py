@@ -6,12 +6,12 @@ is reported in `RepairReport.invalid` and never returned as a call; its text sta
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 
 from adapters.errors import BackendError
-from adapters.protocol import Tool, ToolCall
+from adapters.protocol import Chunk, Tool, ToolCall
 from proxy.tools.coerce import check_arguments, usable
 from proxy.tools.extract import RawCall, Region, raw_calls
 from proxy.tools.repair import decode_arguments
@@ -192,3 +192,12 @@ def _is_schema(value: object) -> bool:
 
 def new_call_id() -> str:
     return "call_" + os.urandom(12).hex()
+
+
+def with_new_ids(chunk: Chunk) -> Chunk:
+    """The chunk's tool calls with ids of their own, for an answer given again (a cache hit, a coalesced request's
+    share of another's call): an agent pairs results with calls by id, and two clients held the same ids. A copy
+    where it has calls: the chunk given again is shared."""
+    if not chunk.tool_calls:
+        return chunk
+    return replace(chunk, tool_calls=[replace(call, id=new_call_id()) for call in chunk.tool_calls])

@@ -134,3 +134,17 @@ async def test_joiners_are_counted():
     up.release()
     await asyncio.gather(*callers)
     assert co.coalesced == 3
+
+
+async def test_a_caller_that_joined_gets_each_chunk_through_own_and_the_first_caller_as_it_came():
+    co, up = Coalescer(), Upstream(n=2)
+    first = asyncio.create_task(collect_own(co, up))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(collect_own(co, up))
+    await asyncio.sleep(0)
+    up.release(2)
+    assert await first == ["0", "1"] and await second == ["0+", "1+"] and up.calls == 1
+
+
+async def collect_own(co: Coalescer, up: Upstream) -> list[str]:
+    return [c.text async for c in co.stream("k", up.stream, own=lambda c: Chunk(text=c.text + "+"))]

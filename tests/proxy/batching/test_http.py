@@ -7,6 +7,7 @@ import math
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.batching.config import BatchingConfig
 from proxy.cache.config import CacheConfig
@@ -48,6 +49,33 @@ async def test_identical_greedy_requests_in_both_dialects_share_one_backend_call
                                      *[openai_text(c, {"temperature": 0}) for _ in range(3)])
         assert texts == ["one two three"] * 6
         assert len(backend.requests) == 1 and backend.completed == 1
+
+
+async def test_requests_sharing_a_call_each_get_tool_call_ids_of_their_own():
+    """Every follower was handed the leader's ids (the backend's): two agents then held one call's id, and a framework
+    keying on ids across sessions mixed their results up. The response's own ids were already each its own."""
+    backend = ScriptedBackend(script=Script(pieces=["a"], delay=0.1, finish_reason="tool_calls",
+                                            tool_calls=[ToolCall("lookup", {"q": "x"}, "call_backend")]))
+    tool = {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+    asked = {"model": "tiny", "messages": MESSAGES, "stream": False}
+    greedy = {"temperature": 0, "max_tokens": 64}
+    bodies = {"/api/chat": {**asked, "options": {"temperature": 0, "num_predict": 64},
+                            "tools": [{"type": "function", "function": tool}]},
+              "/v1/chat/completions": {**asked, **greedy, "tools": [{"type": "function", "function": tool}]},
+              "/v1/messages": {**asked, **greedy, "tools": [{"name": "lookup", "input_schema": tool["parameters"]}]},
+              "/v1/responses": {"model": "tiny", "input": MESSAGES, "temperature": 0, "max_output_tokens": 64,
+                                "tools": [{"type": "function", **tool}]}}
+    async with app_over(backend) as c:
+        answers = await asyncio.gather(*[c.post(path, json=body) for path, body in bodies.items() for _ in (1, 2)])
+        got = [await a.json() for a in answers]
+    assert len(backend.requests) == 1
+    ollama, openai, anthropic, responses = (got[i:i + 2] for i in range(0, 8, 2))
+    ids = [a["message"]["tool_calls"][0]["id"] for a in ollama] + \
+        [a["choices"][0]["message"]["tool_calls"][0]["id"] for a in openai] + \
+        [a["content"][1]["id"] for a in anthropic] + [a["output"][1]["call_id"] for a in responses]
+    assert len(set(ids)) == 8 and all(i.startswith("call_") for i in ids)
+    assert len({a["id"] for a in openai + anthropic + responses}) == 6
+    assert len({i["id"] for a in responses for i in a["output"]}) == 4
 
 
 async def test_requests_keeping_the_model_loaded_for_different_times_each_get_their_own_call():
