@@ -36,6 +36,12 @@ class Target:
     model: str  # the name the backend knows the model by
     label: str = OTHER  # the name /metrics may show: bounded by what backends list and the config names
 
+    @property
+    def served(self) -> str:
+        """The backend and its name for the model, as a key names what answers: NUL between them, which no name
+        holds ("/", in many model names, let two pairs read as one)."""
+        return f"{self.backend.name}\0{self.model}"
+
 
 @dataclass
 class _Info:

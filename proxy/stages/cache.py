@@ -102,13 +102,13 @@ def _keyed(job: Job, info: ModelInfo | None) -> Request:
     replayed for a name that a route, an alias or a config reload has since sent elsewhere, and under the model's
     digest where the backend says one (Ollama's; a model file's on this machine), so a model pulled or rebuilt
     under the same name is not answered for by the one before. NUL between them, which no name holds: "/" (in many
-    model names) let two of them read as one. A sampled request (`cache_nondeterministic`) is keyed by its choice
-    too: the parts of OpenAI's `n` ask the same, and each was answered with the first's sample, n copies of one."""
+    model names) let two of them read as one (Target.served). A sampled request (`cache_nondeterministic`) is keyed
+    by its choice too: the parts of OpenAI's `n` ask the same, and each was answered with the first's sample, n
+    copies of one."""
     assert job.target is not None
     digest = info.digest if info is not None else ""
     choice = "" if job.request.options.deterministic else f"\0{job.part}"
-    return replace(job.request,
-                   model=f"{job.target.backend.name}\0{job.target.model}\0{job.model}\0{digest}{choice}")
+    return replace(job.request, model=f"{job.target.served}\0{job.model}\0{digest}{choice}")
 
 
 async def _close(opening: asyncio.Future) -> None:

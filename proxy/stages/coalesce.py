@@ -1,11 +1,13 @@
-"""Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant, streamed
-or not alike, the same `keep_alive` and performance options) rides on its backend call. Autocomplete that a newer
-request may replace does not: replacing the leader would fail every follower with it. A one-answer leader's backend
-stream is folded into one chunk below (adapters' one_answer), so a streamed request that joined it got its whole
-answer at the end. A request that joined gets tool-call ids of its own, as a cache hit does."""
+"""Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant, same
+backend model, streamed or not alike, the same `keep_alive` and performance options) rides on its backend call.
+Autocomplete that a newer request may replace does not: replacing the leader would fail every follower with it. A
+one-answer leader's backend stream is folded into one chunk below (adapters' one_answer), so a streamed request
+that joined it got its whole answer at the end. A request that joined gets tool-call ids of its own, as a cache hit
+does."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import AsyncIterator, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -30,9 +32,7 @@ class Coalesce(Stage):
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         config = self.services.config
         if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
-            req = job.request  # what goes with the leader's call only must be the same: a follower's would be lost
-            key = f"{exact_key(req, job.caller.tenant)}:{req.stream}:{digest(backend_only(req))}"
-            return self.coalescer.stream(key, lambda: next(job), functools.partial(_joined, job), with_new_ids)
+            return self.coalescer.stream(_key(job), lambda: next(job), functools.partial(_joined, job), with_new_ids)
         return next(job)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -40,6 +40,18 @@ class Coalesce(Stage):
                                   value=self.coalescer.coalesced)
         yield GaugeMetricFamily("velo_coalesce_flights", "Shared backend streams in flight",
                                 value=self.coalescer.in_flight)
+
+
+def _key(job: Job) -> str:
+    """The settled request under the backend and model that answer it, not the name asked: a listing refresh that
+    moved a model to another backend mid-flight had the next request for it ride on the first backend's call. Two
+    names of one backend model (aliases, a preset whose settings the request already holds) share a call: nothing
+    below this stage reads the name. What goes with the leader's call only must be the same too: a follower's would
+    be lost."""
+    assert job.target is not None
+    req = job.request
+    asked = replace(req, model=job.target.served)
+    return f"{exact_key(asked, job.caller.tenant)}:{req.stream}:{digest(backend_only(req))}"
 
 
 def _joined(job: Job) -> None:

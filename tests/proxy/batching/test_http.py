@@ -78,6 +78,28 @@ async def test_requests_sharing_a_call_each_get_tool_call_ids_of_their_own():
     assert len({i["id"] for a in responses for i in a["output"]}) == 4
 
 
+async def test_one_name_answered_by_two_backends_is_two_calls_and_two_names_of_one_model_one():
+    """The key named the model as the client wrote it: a listing refresh that moved `tiny` to another backend while
+    a call to the first was in flight gave the next request for `tiny` the first backend's answer. Two aliases of
+    one backend model ask that model the same, so they share a call (nothing below the key reads the name asked)."""
+    from proxy.state import GENERATIONS
+    first = ScriptedBackend("first", script=Script(pieces=["from ", "first"], delay=0.1))
+    second = ScriptedBackend("second", models=("other:latest",), script=Script(pieces=["from ", "second"], delay=0.1))
+    config = Config(cache=CacheConfig(enabled=False), aliases={"fast": "second:tiny:latest", "quick": "tiny:latest"})
+    async with TestClient(TestServer(make_app(config, {"first": first, "second": second}))) as c:
+        body = {"model": "tiny", "messages": MESSAGES, "stream": False, "options": {"temperature": 0}}
+        leader = asyncio.create_task(c.post("/api/chat", json=body))
+        await asyncio.sleep(0.05)
+        first.models, second.models = ["other:latest"], ["tiny:latest"]
+        await c.server.app[GENERATIONS].current.router.listings.refresh()
+        moved = await (await c.post("/api/chat", json=body)).json()
+        assert (await (await leader).json())["message"]["content"] == "from first"
+        assert moved["message"]["content"] == "from second"
+        aliases = await asyncio.gather(*[c.post("/api/chat", json={**body, "model": m}) for m in ("fast", "quick")])
+        assert [(await a.json())["model"] for a in aliases] == ["fast", "quick"]
+    assert len(first.requests) == 1 and [r.model for r in second.requests] == ["tiny:latest"] * 2
+
+
 async def test_requests_keeping_the_model_loaded_for_different_times_each_get_their_own_call():
     """Only the leader's call reaches the backend, with the leader's `keep_alive`."""
     backend = ScriptedBackend(script=Script(delay=0.1))
