@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from adapters.protocol import ChatRequest, CompletionRequest
 
+from .batching.admission import Place
 from .context_edits import Applied, Edit
 from .router import Target
 
@@ -91,6 +92,7 @@ class Job:
     context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
     parts: Parts | None = None  # the request this job is one part of, where several answer it (OpenAI's `n`)
     part: int = 0  # which of them
+    place: Place | None = None  # its place in its backend's queue, taken at the edge (a background response's)
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)
 

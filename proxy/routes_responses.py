@@ -95,14 +95,16 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
     over its limits, or a backend whose queue is full, its 429."""
     target = await request[ROUTER].resolve(parsed.model)
     request[PIPELINE].stage(Limit).check(job)  # a 429 for this request, not a failed response after `queued`
-    request[PIPELINE].stage(Admit).check(target.backend.name)
+    admit = request[PIPELINE].stage(Admit)
+    job = replace(job, place=admit.reserve(target.backend.name))  # taken with the check: a burst all passed it
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
     run = Run(writer, [responses.stored_item(i) for i in parsed.items], history)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant
 
     async def keep(record: StoredResponse) -> None:
         await store.put(tenant, record, None if parsed.store else POLL_KEEP_S)
-    request.app[BACKGROUND].start(tenant, request[CALLER].client, run, request[PIPELINE].generate(job), keep,
+    request.app[BACKGROUND].start(tenant, request[CALLER].client, run,
+                                  admit.holding(job.place, request[PIPELINE].generate(job)), keep,
                                   request[PIPELINE].inflight, request[GENERATION])
     request[RUNNING].observed_apart = True  # velo_requests counts the work once, by its model and backend
     if not parsed.stream:

@@ -45,6 +45,14 @@ class _Ticket:
     superseded: bool = False
 
 
+@dataclass(eq=False)
+class Place:
+    """A place in a backend's queue, taken for a request that asks for its slot later (`reserve`)."""
+
+    controller: AdmissionController
+    held: bool = True  # until the request takes it in `slot`, or gives it back
+
+
 @dataclass
 class AdmissionController:
     """`async with controller.slot(priority, client, supersede_key):` runs the body holding one of `limit` slots.
@@ -65,6 +73,7 @@ class AdmissionController:
     _turns: int = 0
     _by_key: dict[str, _Ticket] = field(default_factory=dict)
     _queued: int = 0
+    _reserved: int = 0  # places held for requests on their way (`reserve`)
     _mean_hold_s: float = 1.0  # moving average of slot hold times, for Retry-After
 
     def __post_init__(self) -> None:
@@ -75,14 +84,18 @@ class AdmissionController:
         return self._queued
 
     @asynccontextmanager
-    async def slot(self, priority: int = NORMAL, client: str = "", supersede_key: str | None = None
-                   ) -> AsyncIterator[None]:
+    async def slot(self, priority: int = NORMAL, client: str = "", supersede_key: str | None = None,
+                   place: Place | None = None) -> AsyncIterator[None]:
+        """`place`, where it is this queue's and still held, is the request's: it queues whatever came since."""
         ticket = _Ticket(priority, client, supersede_key)
         if supersede_key is not None:
             self._check_room(supersede_key)
             self._supersede(supersede_key, ticket)
+        reserved = place is not None and place.controller is self and place.held
+        if reserved:
+            self.give_back(place)
         try:
-            await self._acquire(ticket)
+            await self._acquire(ticket, reserved)
         except BaseException:
             self._forget(ticket)
             raise
@@ -102,13 +115,13 @@ class AdmissionController:
             self._forget(ticket)
             self._release()
 
-    async def _acquire(self, ticket: _Ticket) -> None:
+    async def _acquire(self, ticket: _Ticket, reserved: bool = False) -> None:
+        if not reserved:
+            self._room_behind(self._queued)
         if self.running < self.limit and self._queued == 0:
             self.running += 1
             self._grant(ticket)
             return
-        if self._queued >= self.max_queue:
-            raise self._full()
         if ticket.client not in self._served:
             self._mark(ticket.client)
         self._queues.setdefault(ticket.priority, {}).setdefault(ticket.client, deque()).append(ticket)
@@ -138,14 +151,28 @@ class AdmissionController:
         """Seconds until the queue has probably drained by one request per slot, at least 1."""
         return float(max(1, math.ceil(self._mean_hold_s * (self._queued + 1) / self.limit)))
 
-    def check(self) -> None:
-        """Overloaded where a request would find the queue full now (taking no place): a background response queues
-        in a task of its own, after its request has answered `queued`."""
+    def reserve(self) -> Place:
+        """A place taken now for a request that asks for its slot later, or Overloaded: a background response queues
+        in a task of its own, after its request has answered `queued`. Checked only, each of a burst found the queue
+        as it was before any of their tasks had entered it: six were accepted by a queue of one behind one slot, and
+        four then failed "queue is full", which no SDK retries."""
         self._room_behind(self._queued)
+        self._reserved += 1
+        return Place(self)
+
+    def give_back(self, place: Place) -> None:
+        """The place is no longer held: taken by its request, or its request ended without asking (an answer from
+        the cache, or one that rode on an identical request's call)."""
+        if place.held:
+            place.held = False
+            self._reserved -= 1
 
     def _room_behind(self, queued: int) -> None:
-        """Overloaded where a request with `queued` others waiting would find the queue full (as `_acquire` would)."""
-        if not (self.running < self.limit and queued == 0) and queued >= self.max_queue:
+        """Overloaded where a request with `queued` others waiting would find the queue full once the requests
+        holding places had come first: they take the free slots, then queue. Whatever the order they come in, the
+        queue holds no more than `max_queue`."""
+        free = max(0, self.limit - self.running) if queued == 0 else 0
+        if self._reserved >= free and queued + self._reserved - free >= self.max_queue:
             raise self._full()
 
     def _full(self) -> Overloaded:

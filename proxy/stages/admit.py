@@ -15,7 +15,7 @@ from adapters.base import Backend
 from adapters.protocol import Chunk, CompletionRequest
 from adapters.wording import counted
 
-from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController
+from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController, Place
 from ..batching.config import BatchingConfig
 from ..config import Config
 from ..job import Job
@@ -98,17 +98,29 @@ class Admit(Stage):
     async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         assert job.target is not None
         controller = self.controllers.get(job.target.backend.name)
-        slot = controller.slot(priority(job), job.caller.client, supersede_key(job, self.services.config)) \
-            if controller else contextlib.nullcontext()
+        slot = controller.slot(priority(job), job.caller.client, supersede_key(job, self.services.config),
+                               job.place) if controller else contextlib.nullcontext()
         async with slot:
             async with contextlib.aclosing(next(job)) as rest:
                 async for chunk in rest:
                     yield chunk
 
-    def check(self, backend: str) -> None:
-        """Overloaded, with Retry-After, where `backend`'s queue is full now (AdmissionController.check)."""
-        if (controller := self.controllers.get(backend)) is not None:
-            controller.check()
+    def reserve(self, backend: str) -> Place | None:
+        """A place in `backend`'s queue taken now, or Overloaded with Retry-After (AdmissionController.reserve)."""
+        controller = self.controllers.get(backend)
+        return controller.reserve() if controller is not None else None
+
+    @staticmethod
+    async def holding(place: Place | None, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        """`chunks`, the stream of the job that holds `place`; the place is given back once the job ends, where it
+        never asked for its slot (an answer from the cache, or one that rode on an identical request's call)."""
+        try:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            if place is not None:
+                place.controller.give_back(place)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         queued = GaugeMetricFamily("velo_queue_depth", "Requests waiting for a backend slot", labels=["backend"])

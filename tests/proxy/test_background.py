@@ -320,3 +320,21 @@ async def test_a_full_queue_is_refused_by_the_request_that_would_start_it():
                 await sdk.responses.create(model="tiny", input="hi", background=True, stream=stream)
             assert int(e.value.response.headers["Retry-After"]) > 0 and "queue is full" in e.value.message
         assert [(await _until(sdk, m.id, "completed", "failed")).status for m in made] == ["completed"] * 2
+
+
+async def test_a_burst_is_refused_beyond_what_the_queue_holds():
+    """Each request of a burst found the queue empty, its task not yet in it: all six answered `queued`, and four
+    then failed with "queue is full", which no SDK retries. A place is taken with the check, so the four get 429s."""
+    backend = ScriptedBackend("s", script=Script(pieces=["a"] * 20, delay=0.02))
+    backend.config.max_concurrency = 1
+    app = make_app(Config(batching=BatchingConfig(max_queue=1)), {"s": backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        made = await asyncio.gather(*(sdk.responses.create(model="tiny", input=f"hi {i}", background=True)
+                                      for i in range(6)), return_exceptions=True)
+        refused = [m for m in made if isinstance(m, openai.RateLimitError)]
+        assert len(refused) == 4 and all("queue is full" in e.message for e in refused)
+        accepted = [m for m in made if not isinstance(m, BaseException)]
+        assert [(await _until(sdk, m.id, "completed", "failed")).status for m in accepted] == ["completed"] * 2
+        queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers["s"]
+        assert (queue.running, queue.queued, queue._reserved) == (0, 0, 0)

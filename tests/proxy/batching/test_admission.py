@@ -144,6 +144,30 @@ async def test_full_queue_is_overloaded_with_retry_after():
     await asyncio.gather(*tasks)
 
 
+async def test_places_reserved_count_whatever_order_their_requests_come_in():
+    """Behind one slot and a queue of one, two places reserved fill it: a request that comes before their owners
+    is refused, the owners then run and wait though the queue looks full, and a place given back frees its room."""
+    ctl, started = AdmissionController(limit=1, max_queue=1, queue_timeout_s=60), []
+    first, second = ctl.reserve(), ctl.reserve()
+    with pytest.raises(Overloaded):
+        ctl.reserve()
+    with pytest.raises(Overloaded):
+        async with ctl.slot():
+            pass
+
+    async def run(name: str, place: admission.Place | None) -> None:
+        async with ctl.slot(place=place):
+            started.append(name)
+            await settle()
+    await asyncio.gather(run("first", first), run("second", second))
+    assert started == ["first", "second"] and (ctl.running, ctl.queued) == (0, 0)
+    await run("again", second)  # a place already taken is no longer held: an ordinary request
+    held = ctl.reserve()
+    ctl.give_back(held)
+    ctl.give_back(held)  # once only
+    assert ctl._reserved == 0 and [ctl.reserve(), ctl.reserve()]
+
+
 async def test_a_request_waits_at_most_queue_timeout_s_and_leaves_no_trace():
     """Behind a slot that does not free (the backend's timeouts start only once a request runs), a queued request
     waited until it freed: now it leaves with the full queue's error, its place, its key and no slot held."""
