@@ -96,7 +96,7 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
     target = await request[ROUTER].resolve(parsed.model)
     request[PIPELINE].stage(Limit).check(job)  # a 429 for this request, not a failed response after `queued`
     admit = request[PIPELINE].stage(Admit)
-    job = replace(job, place=admit.reserve(target.backend.name))  # taken with the check: a burst all passed it
+    job = replace(job, place=admit.reserve(target.backend))  # taken with the check: a burst all passed it
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
     run = Run(writer, [responses.stored_item(i) for i in parsed.items], history)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant

@@ -3,8 +3,9 @@
 Local backends serve a few requests at once (llama-server slots, OLLAMA_NUM_PARALLEL) and slow down or fail when
 oversubscribed. Velo holds the rest here, where it can order them: lower `priority` first (autocomplete/FIM is
 latency-critical), then among clients at the same priority the one served least recently, and a newer autocomplete
-from the same client replaces the older one, as IDEs expect. A request waits at most `queue_timeout_s` for its slot:
-the backend's own timeouts start only once it runs, and a queue behind hung slots held its requests until they freed.
+from the same client replaces the older one, as IDEs expect. A request waits at most `queue_timeout_s` for its slot
+(one with a place taken earlier, its place's `wait_s`): the backend's own timeouts start only once it runs, and a
+queue behind hung slots held its requests until they freed.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class Place:
     """A place in a backend's queue, taken for a request that asks for its slot later (`reserve`)."""
 
     controller: AdmissionController
+    wait_s: float  # how long its request may wait for its slot
+    bound: str  # the setting that says so, for the error
     held: bool = True  # until the request takes it in `slot`, or gives it back
 
 
@@ -91,9 +94,9 @@ class AdmissionController:
         if supersede_key is not None:
             self._check_room(supersede_key)
             self._supersede(supersede_key, ticket)
-        reserved = place is not None and place.controller is self and place.held
-        if reserved:
-            self.give_back(place)
+        reserved = place if place is not None and place.controller is self and place.held else None
+        if reserved is not None:
+            self.give_back(reserved)
         try:
             await self._acquire(ticket, reserved)
         except BaseException:
@@ -115,8 +118,8 @@ class AdmissionController:
             self._forget(ticket)
             self._release()
 
-    async def _acquire(self, ticket: _Ticket, reserved: bool = False) -> None:
-        if not reserved:
+    async def _acquire(self, ticket: _Ticket, place: Place | None) -> None:
+        if place is None:
             self._room_behind(self._queued)
         if self.running < self.limit and self._queued == 0:
             self.running += 1
@@ -126,8 +129,9 @@ class AdmissionController:
             self._mark(ticket.client)
         self._queues.setdefault(ticket.priority, {}).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
+        wait_s, bound = (place.wait_s, place.bound) if place else (self.queue_timeout_s, "[batching] queue_timeout_s")
         try:
-            async with asyncio.timeout(self.queue_timeout_s):
+            async with asyncio.timeout(wait_s):
                 await ticket.granted
         except BaseException as e:
             if ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
@@ -135,8 +139,8 @@ class AdmissionController:
             else:
                 self._dequeue(ticket)
             if isinstance(e, TimeoutError):
-                raise Overloaded(f"no slot of the backend came free within {self.queue_timeout_s:g} s "
-                                 "([batching] queue_timeout_s)", retry_after=self.retry_after()) from None
+                raise Overloaded(f"no slot of the backend came free within {wait_s:g} s ({bound})",
+                                 retry_after=self.retry_after()) from None
             raise
 
     def resize(self, limit: int) -> None:
@@ -151,14 +155,15 @@ class AdmissionController:
         """Seconds until the queue has probably drained by one request per slot, at least 1."""
         return float(max(1, math.ceil(self._mean_hold_s * (self._queued + 1) / self.limit)))
 
-    def reserve(self) -> Place:
+    def reserve(self, wait_s: float, bound: str) -> Place:
         """A place taken now for a request that asks for its slot later, or Overloaded: a background response queues
         in a task of its own, after its request has answered `queued`. Checked only, each of a burst found the queue
         as it was before any of their tasks had entered it: six were accepted by a queue of one behind one slot, and
-        four then failed "queue is full", which no SDK retries."""
+        four then failed "queue is full", which no SDK retries. Its request waits for its slot up to `wait_s`, which
+        `bound` names."""
         self._room_behind(self._queued)
         self._reserved += 1
-        return Place(self)
+        return Place(self, wait_s, bound)
 
     def give_back(self, place: Place) -> None:
         """The place is no longer held: taken by its request, or its request ended without asking (an answer from

@@ -22,8 +22,9 @@ class BatchingConfig:
     # has its first token or an error within 600 s, the openai and anthropic SDKs' own timeout, after which they ask
     # again; less would turn away requests that a slow backend (a CPU, 4 slots) serves in turn, to queue again last.
     queue_timeout_s: float = setting(300.0, "seconds a request may wait for a backend slot (the backend's timeouts "
-                                     "start once it runs); then 429 with Retry-After, as for a full queue",
-                                     min=0.001)
+                                     "start once it runs); then 429 with Retry-After, as for a full queue. A "
+                                     "background response, which its client polls, waits up to its backend's "
+                                     "total_timeout where that is longer", min=0.001)
     supersede_autocomplete: bool = setting(True, "a newer fill-in-the-middle request from the same client "
                                            "(X-Velo-Client header, else its API key or address) at the same place "
                                            "(the lines around the cursor's) cancels the older one, queued or running")

@@ -105,10 +105,19 @@ class Admit(Stage):
                 async for chunk in rest:
                     yield chunk
 
-    def reserve(self, backend: str) -> Place | None:
-        """A place in `backend`'s queue taken now, or Overloaded with Retry-After (AdmissionController.reserve)."""
-        controller = self.controllers.get(backend)
-        return controller.reserve() if controller is not None else None
+    def reserve(self, backend: Backend) -> Place | None:
+        """A place in `backend`'s queue taken now, or Overloaded with Retry-After (AdmissionController.reserve), for
+        a background response. It may wait for its slot as long as the backend may take over an answer
+        (`total_timeout`, 1,800 s by default), or `queue_timeout_s` where that is longer: its client polls, and
+        OpenAI keeps such a response `queued` until it runs. `queue_timeout_s` (300 s) is set for a client waiting on
+        its connection, whose SDK gives up at 600 s; a background response failed after it, with
+        rate_limit_exceeded, which nothing retries, and its work was lost."""
+        if (controller := self.controllers.get(backend.name)) is None:
+            return None
+        if backend.config.total_timeout <= controller.queue_timeout_s:
+            return controller.reserve(controller.queue_timeout_s, "[batching] queue_timeout_s")
+        return controller.reserve(backend.config.total_timeout, f"backend {backend.name}'s total_timeout, for a "
+                                  "background response")
 
     @staticmethod
     async def holding(place: Place | None, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:

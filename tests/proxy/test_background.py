@@ -338,3 +338,25 @@ async def test_a_burst_is_refused_beyond_what_the_queue_holds():
         assert [(await _until(sdk, m.id, "completed", "failed")).status for m in accepted] == ["completed"] * 2
         queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers["s"]
         assert (queue.running, queue.queued, queue._reserved) == (0, 0, 0)
+
+
+async def test_a_queued_background_response_waits_past_the_interactive_queue_timeout():
+    """Its client polls, and OpenAI keeps one `queued` until it runs: after `queue_timeout_s` (the wait a client on
+    its connection is given) it failed with rate_limit_exceeded, which nothing retries. It waits up to its backend's
+    `total_timeout`, and then fails, naming that bound."""
+    backend = ScriptedBackend("s", script=Script(pieces=["a"] * 20, delay=0.05))
+    backend.config.max_concurrency = 1
+    app = make_app(Config(batching=BatchingConfig(queue_timeout_s=0.1)), {"s": backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        made = await asyncio.gather(*(sdk.responses.create(model="tiny", input=f"hi {i}", background=True)
+                                      for i in range(2)))
+        assert [(await _until(sdk, m.id, "completed", "failed")).status for m in made] == ["completed"] * 2
+        backend.config.total_timeout = 0.3
+        made = await asyncio.gather(*(sdk.responses.create(model="tiny", input=f"hi {i}", background=True)
+                                      for i in range(2)))
+        ended = [await _until(sdk, m.id, "completed", "failed") for m in made]
+        assert sorted(e.status for e in ended) == ["completed", "failed"]
+        error = next(e.error for e in ended if e.status == "failed")
+        assert error.code == "rate_limit_exceeded" and "within 0.3 s" in error.message
+        assert "total_timeout" in error.message

@@ -148,9 +148,9 @@ async def test_places_reserved_count_whatever_order_their_requests_come_in():
     """Behind one slot and a queue of one, two places reserved fill it: a request that comes before their owners
     is refused, the owners then run and wait though the queue looks full, and a place given back frees its room."""
     ctl, started = AdmissionController(limit=1, max_queue=1, queue_timeout_s=60), []
-    first, second = ctl.reserve(), ctl.reserve()
+    first, second = ctl.reserve(60, "wait"), ctl.reserve(60, "wait")
     with pytest.raises(Overloaded):
-        ctl.reserve()
+        ctl.reserve(60, "wait")
     with pytest.raises(Overloaded):
         async with ctl.slot():
             pass
@@ -162,10 +162,10 @@ async def test_places_reserved_count_whatever_order_their_requests_come_in():
     await asyncio.gather(run("first", first), run("second", second))
     assert started == ["first", "second"] and (ctl.running, ctl.queued) == (0, 0)
     await run("again", second)  # a place already taken is no longer held: an ordinary request
-    held = ctl.reserve()
+    held = ctl.reserve(60, "wait")
     ctl.give_back(held)
     ctl.give_back(held)  # once only
-    assert ctl._reserved == 0 and [ctl.reserve(), ctl.reserve()]
+    assert ctl._reserved == 0 and [ctl.reserve(60, "wait"), ctl.reserve(60, "wait")]
 
 
 async def test_a_request_waits_at_most_queue_timeout_s_and_leaves_no_trace():
