@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-
+import contextlib
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
-from adapters.protocol import ChatRequest, CompletionRequest
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest
 
 from .batching.admission import Place
 from .context_edits import Applied, Edit
+from .limits import Share
 from .router import Target
 
 Request = ChatRequest | CompletionRequest
@@ -93,9 +95,28 @@ class Job:
     parts: Parts | None = None  # the request this job is one part of, where several answer it (OpenAI's `n`)
     part: int = 0  # which of them
     place: Place | None = None  # its place in its backend's queue, taken at the edge (a background response's)
+    share: Share | None = None  # its share of its key's limits, taken at the edge with the place
     target: Target | None = None
     outcome: Outcome = field(default_factory=Outcome)
 
     @property
     def model(self) -> str:
         return self.request.model
+
+    def give_back(self) -> None:
+        """What the job took at the edge and its stages did not take from it, given back once it ends: it needed no
+        slot (an answer from the cache, or one that rode on an identical request's call), or was refused first."""
+        if self.place is not None:
+            self.place.controller.give_back(self.place)
+        if self.share is not None:
+            self.share.limits.give_back(self.share)
+
+
+async def holding(job: Job, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """`chunks`, the stream of `job`; what it took at the edge and never used is given back once it ends."""
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        job.give_back()

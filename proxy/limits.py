@@ -73,6 +73,17 @@ class State:
     tokens: tuple[int, int, float] | None = None
 
 
+@dataclass(eq=False)
+class Share:
+    """A request's share of its key's limits, taken for a request admitted later (`KeyLimits.reserve`): one of the
+    key's requests, its prompt's tokens, one of its requests running."""
+
+    limits: KeyLimits
+    key: str
+    tokens: int  # the prompt's estimate, trued up to what the answer used once it ends
+    held: bool = True  # until the request is admitted with it (`take`), or gives it back
+
+
 @dataclass
 class _Key:
     requests: Bucket | None
@@ -95,7 +106,7 @@ class KeyLimits:
     def admit(self, key: str, prompt_tokens: int, label: str | None = None) -> State:
         """Takes a request's share for `key` or raises RateLimited (taking nothing); a refusal is counted under
         `label` (what /metrics may show; `key` by default)."""
-        entry = self.check(key, prompt_tokens, label)
+        entry = self._check(key, prompt_tokens, label)
         if entry.tokens is not None:
             entry.tokens.level -= prompt_tokens
         if entry.requests is not None:
@@ -103,9 +114,31 @@ class KeyLimits:
         entry.running += 1
         return self.state(key)
 
-    def check(self, key: str, prompt_tokens: int, label: str | None = None) -> _Key:
-        """RateLimited where `admit` would refuse the request now, taking nothing either way: work that is admitted
-        later, in a task of its own (a background response), is refused while its client still waits."""
+    def reserve(self, key: str, prompt_tokens: int, label: str | None = None) -> Share:
+        """A request's share taken now (as `admit`), for a request admitted later, in a task of its own (a
+        background response), or RateLimited while its client still waits. Checked only, each of a burst found the
+        key's buckets as they were before any of their tasks had taken from them: four answered `queued` under a
+        limit of one request a minute, and three then failed over it, which no SDK retries."""
+        self.admit(key, prompt_tokens, label)
+        return Share(self, key, prompt_tokens)
+
+    def take(self, share: Share) -> bool:
+        """True where `share` is this one's and still held: its request is admitted with it, charged nothing more."""
+        if share.limits is not self or not share.held:
+            return False
+        share.held = False
+        return True
+
+    def give_back(self, share: Share) -> None:
+        """The share is no longer held: its request ended before it was admitted with it, and no backend spent a
+        token on it. The request stays counted, as one refused after its admission."""
+        if share.held:
+            share.held = False
+            self.done(share.key, -share.tokens)
+
+    def _check(self, key: str, prompt_tokens: int, label: str | None = None) -> _Key:
+        """RateLimited where `admit` would refuse the request now, taking nothing. Only with the taking: a check
+        alone, for a request admitted later, let each of a burst through (`reserve`)."""
         entry, now, label = self._entry(key), self.clock(), label or key
         for bucket in (entry.requests, entry.tokens):
             if bucket is not None:

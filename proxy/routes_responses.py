@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
-from adapters.errors import BadRequest, ContextOverflow, NotFound
+from adapters.errors import BadRequest, ContextOverflow, NotFound, Overloaded
 from adapters.fields import get
 from adapters.protocol import Chunk, aggregate
 
@@ -33,7 +33,7 @@ from .dialects.paging import query_int
 from .dialects.responses_stream import ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .inflight import RUNNING, Cancelled
-from .job import Job
+from .job import Job, holding
 from .responses_store import StoredResponse
 from .stages.admit import Admit
 from .stages.limit import Limit
@@ -93,22 +93,26 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
     """The answer is written by a task of its own (proxy/background.py): the request returns the response queued, or
     follows its stream, which goes on if the client leaves. An unknown model is still this request's 404, and a key
     over its limits, or a backend whose queue is full, its 429."""
-    target = await request[ROUTER].resolve(parsed.model)
-    request[PIPELINE].stage(Limit).check(job)  # a 429 for this request, not a failed response after `queued`
-    admit = request[PIPELINE].stage(Admit)
-    job = replace(job, place=admit.reserve(target.backend))  # taken with the check: a burst all passed it
+    target, pipeline = await request[ROUTER].resolve(parsed.model), request[PIPELINE]
+    # a 429 for this request, not a failed response after `queued`: taken, not only checked, as a burst all passed it
+    job = replace(job, share=pipeline.stage(Limit).reserve(job))
+    try:
+        job = replace(job, place=pipeline.stage(Admit).reserve(target.backend))
+    except Overloaded:
+        job.give_back()
+        raise
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
     run = Run(writer, [responses.stored_item(i) for i in parsed.items], history)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant
 
     async def keep(record: StoredResponse) -> None:
         await store.put(tenant, record, None if parsed.store else POLL_KEEP_S)
-    request.app[BACKGROUND].start(tenant, request[CALLER].client, run,
-                                  admit.holding(job.place, request[PIPELINE].generate(job)), keep,
-                                  request[PIPELINE].inflight, request[GENERATION])
+    request.app[BACKGROUND].start(tenant, request[CALLER].client, run, holding(job, pipeline.generate(job)), keep,
+                                  pipeline.inflight, request[GENERATION])
     request[RUNNING].observed_apart = True  # velo_requests counts the work once, by its model and backend
     if not parsed.stream:
-        return json_response(writer.snapshot(), headers=ignored_tools_header(parsed.ignored_tools))
+        return json_response(writer.snapshot(), headers={**job.outcome.rate_limit,
+                                                         **ignored_tools_header(parsed.ignored_tools)})
     # its id at once (response.created): a client that left before the first token, which a long prompt or a busy
     # backend puts minutes away, had nothing to follow again or cancel
     writer.encode(Chunk(heartbeat=True))

@@ -119,18 +119,6 @@ class Admit(Stage):
         return controller.reserve(backend.config.total_timeout, f"backend {backend.name}'s total_timeout, for a "
                                   "background response")
 
-    @staticmethod
-    async def holding(place: Place | None, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-        """`chunks`, the stream of the job that holds `place`; the place is given back once the job ends, where it
-        never asked for its slot (an answer from the cache, or one that rode on an identical request's call)."""
-        try:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            if place is not None:
-                place.controller.give_back(place)
-
     def collect(self) -> Iterator[GaugeMetricFamily]:
         queued = GaugeMetricFamily("velo_queue_depth", "Requests waiting for a backend slot", labels=["backend"])
         running = GaugeMetricFamily("velo_in_flight", "Requests holding a backend slot", labels=["backend"])

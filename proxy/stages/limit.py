@@ -23,7 +23,7 @@ from adapters.protocol import Chunk
 
 from ..auth import key_labels
 from ..job import Job
-from ..limits import KeyLimits, RateLimited, State
+from ..limits import KeyLimits, RateLimited, Share, State
 from ..token_count import estimate
 from .base import Next, Services, Stage
 
@@ -93,7 +93,9 @@ class Limit(Stage):
 
     async def _admitted(self, job: Job, key: str, prompt: int) -> int:
         """The tokens charged for this job at admission: its prompt's, or its request's for the part that admits
-        it, 0 for a part that waited for that."""
+        it, 0 for a part that waited for that; those of the share it took at the edge, with its headers then."""
+        if job.share is not None and self.limits.take(job.share):
+            return job.share.tokens
         parts = job.parts
         if parts is None:
             job.outcome.rate_limit = self._admit(key, job.dialect, prompt)
@@ -128,14 +130,18 @@ class Limit(Stage):
         finally:
             self.limits.done(tenant, charge.tokens - prompt)
 
-    def check(self, job: Job) -> None:
-        """RateLimited, with the key's state in the dialect's headers, where the job would be refused now (taking
-        nothing): a background response is admitted in its own task, after its request has answered `queued`,
-        where OpenAI answers the request itself with a 429 and Retry-After, which the SDKs wait out."""
-        if self.limits.active:
-            key = job.caller.tenant
-            with self._stated(key, job.dialect):
-                self.limits.check(key, estimate(job.request), self.label(key))
+    def reserve(self, job: Job) -> Share | None:
+        """The job's share of its key's limits taken now (KeyLimits.reserve), the key's state in the dialect's
+        headers; or RateLimited, with them. A background response is admitted in its own task, after its request
+        has answered `queued`, where OpenAI answers the request itself with a 429 and Retry-After, which the SDKs
+        wait out."""
+        if not self.limits.active:
+            return None
+        key = job.caller.tenant
+        with self._stated(key, job.dialect):
+            share = self.limits.reserve(key, estimate(job.request), self.label(key))
+        job.outcome.rate_limit = headers(job.dialect, self.limits.state(key))
+        return share
 
     def _admit(self, key: str, dialect: str, prompt: int) -> dict[str, str]:
         """The key's share taken, and its state in the dialect's headers; or RateLimited, with them."""

@@ -327,7 +327,7 @@ async def test_a_burst_is_refused_beyond_what_the_queue_holds():
     then failed with "queue is full", which no SDK retries. A place is taken with the check, so the four get 429s."""
     backend = ScriptedBackend("s", script=Script(pieces=["a"] * 20, delay=0.02))
     backend.config.max_concurrency = 1
-    app = make_app(Config(batching=BatchingConfig(max_queue=1)), {"s": backend})
+    app = make_app(Config(batching=BatchingConfig(max_queue=1), limits=LimitsConfig(concurrency=6)), {"s": backend})
     async with TestClient(TestServer(app)) as c:
         sdk = _client(str(c.make_url("")).rstrip("/"))
         made = await asyncio.gather(*(sdk.responses.create(model="tiny", input=f"hi {i}", background=True)
@@ -338,6 +338,7 @@ async def test_a_burst_is_refused_beyond_what_the_queue_holds():
         assert [(await _until(sdk, m.id, "completed", "failed")).status for m in accepted] == ["completed"] * 2
         queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers["s"]
         assert (queue.running, queue.queued, queue._reserved) == (0, 0, 0)
+        assert app[GENERATIONS].current.pipeline.limit.limits.running() == {}  # the refused gave their shares back
 
 
 async def test_a_queued_background_response_waits_past_the_interactive_queue_timeout():
@@ -360,3 +361,53 @@ async def test_a_queued_background_response_waits_past_the_interactive_queue_tim
         error = next(e.error for e in ended if e.status == "failed")
         assert error.code == "rate_limit_exceeded" and "within 0.3 s" in error.message
         assert "total_timeout" in error.message
+
+
+@pytest.mark.parametrize("limits, why", [(LimitsConfig(requests_per_minute=1, request_burst=1),
+                                          "request limit of 1 per minute reached"),
+                                         (LimitsConfig(concurrency=1), "1 request running (limit 1)")])
+async def test_a_burst_is_refused_beyond_the_keys_limits_by_its_requests(limits: LimitsConfig, why: str):
+    """The key's limits were checked at the request and charged in its task: each of a burst found the key's buckets
+    as they were before any task had taken from them, so all four answered `queued`, and three then failed with
+    rate_limit_exceeded, which no SDK retries. The share is taken with the check, so the three get 429s."""
+    backend = ScriptedBackend("s", script=Script(pieces=["a"] * 10, delay=0.02))
+    app = make_app(Config(limits=limits), {"s": backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        made = await asyncio.gather(*(sdk.responses.with_raw_response.create(model="tiny", input=f"hi {i}",
+                                                                             background=True)
+                                      for i in range(4)), return_exceptions=True)
+        refused = [m for m in made if isinstance(m, openai.RateLimitError)]
+        assert len(refused) == 3 and all(why in e.message for e in refused)
+        assert all(int(e.response.headers["Retry-After"]) > 0 for e in refused)
+        accepted = [m for m in made if not isinstance(m, BaseException)]
+        assert [m.headers.get("x-ratelimit-limit-requests") for m in accepted] == [
+            "1" if limits.requests_per_minute else None]
+        done = await _until(sdk, accepted[0].parse().id, "completed", "failed")
+        assert (done.status, done.output_text) == ("completed", "a" * 10) and len(backend.requests) == 1
+        assert app[GENERATIONS].current.pipeline.limit.limits.running() == {}
+
+
+async def test_a_background_answer_from_the_cache_or_an_identical_call_is_charged_once():
+    """The share a request takes is the one its task is admitted with: each response costs the key one request, and
+    only the answer a backend wrote costs tokens (one that rode on an identical response's call, or came from the
+    cache, none)."""
+    backend = ScriptedBackend("s", script=Script(pieces=["a"] * 10, delay=0.02))
+    app = make_app(Config(limits=LimitsConfig(requests_per_minute=4, tokens_per_minute=1000)), {"s": backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        limits = app[GENERATIONS].current.pipeline.limit.limits
+        limits.clock = lambda: 0.0  # no refill while it runs
+
+        async def answered(n: int) -> list:
+            made = await asyncio.gather(*(sdk.responses.create(model="tiny", input="hi", temperature=0,
+                                                               background=True) for _ in range(n)))
+            return [await _until(sdk, m.id, "completed") for m in made]
+        together = await answered(2)
+        assert len(backend.requests) == 1 and (await answered(1))[0].output_text == "a" * 10
+        assert len(backend.requests) == 1 and len({r.usage.total_tokens for r in together}) == 1
+        entry, spent = *limits.keys.values(), together[0].usage.total_tokens
+        assert (entry.requests.level, entry.tokens.level, entry.running) == (1, 1000 - spent, 0)
+        await sdk.responses.create(model="tiny", input="again", background=True)
+        with pytest.raises(openai.RateLimitError):
+            await sdk.responses.create(model="tiny", input="more", background=True)

@@ -49,6 +49,22 @@ def test_tokens_are_taken_up_front_and_trued_up_to_the_real_count():
     lim.admit("k", 1)
 
 
+def test_a_share_reserved_is_taken_once_or_given_back_with_its_tokens():
+    """A request admitted later takes its share at once, so the next is refused now; its request admitted with it is
+    charged nothing more, and a share its request never took gives back its tokens and its place running."""
+    lim, _ = limits(requests_per_minute=60, request_burst=2, tokens_per_minute=600, concurrency=2)
+    used, unused = lim.reserve("k", 100), lim.reserve("k", 50)
+    with pytest.raises(RateLimited):
+        lim.reserve("k", 0)
+    assert lim.take(used) and not lim.take(used)  # once
+    lim.give_back(unused)
+    lim.give_back(unused)  # once
+    lim.give_back(used)  # taken: its request ends with `done`
+    assert not lim.take(unused) and lim.running() == {"k": 1} and lim.state("k").tokens[1] == 500
+    lim.done("k", 20)
+    assert lim.running() == {} and lim.state("k").tokens[1] == 480 and lim.state("k").requests[1] == 0
+
+
 def test_a_prompt_larger_than_the_burst_waits_for_a_full_bucket_not_forever():
     lim, clock = limits(tokens_per_minute=60, token_burst=50)
     lim.admit("k", 500)
