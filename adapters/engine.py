@@ -46,13 +46,23 @@ DEFAULT_NAME = "smollm2:135m"
 _FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 
-def sampling_params(o: SamplingOptions, max_context: int) -> SamplingParams:
+def sampling_params(o: SamplingOptions, room: int) -> SamplingParams:
     """Velo's options as engine knobs (each dialect's defaults are filled in by the resolve stage, the engine's own
-    are plain sampling); unset or negative max_tokens (Ollama's -1/-2) means up to the context."""
+    are plain sampling); the answer gets at most `room` tokens, and an unset or negative max_tokens (Ollama's -1/-2)
+    means all of it."""
     knobs = options.as_llama_reads(options.write("engine", o))
-    if knobs.get("max_tokens") is None or knobs["max_tokens"] < 1:
-        knobs["max_tokens"] = max_context
+    if knobs.get("max_tokens") is None or not 1 <= knobs["max_tokens"] <= room:
+        knobs["max_tokens"] = room
     return SamplingParams(logprobs=o.logprobs, top_logprobs=o.top_logprobs or 0, **knobs)
+
+
+def _window(engine: LLMEngine, o: SamplingOptions) -> int:
+    """The tokens prompt and answer may hold together: the engine's context, or a smaller num_ctx. Ollama's runner
+    ends the answer there, done_reason "length" (runner/ollamarunner/runner.go; only a model it can shift the context
+    of goes on, and the engine shifts none). The engine went on to its own context: SmolLM2 with num_ctx 512 answered
+    408 prompt tokens with 200 (its max_tokens), or ended at its EOS, 431 + 105, "stop"."""
+    asked = options.num_ctx(o.num_ctx)
+    return engine.max_context if asked is None else min(engine.max_context, asked)
 
 
 def _embed_window(context: int, opts: dict[str, Any]) -> int:
@@ -143,9 +153,10 @@ def _prepared(engine: LLMEngine, render: Callable[[LLMEngine], str], options: Sa
             raise BadRequest(f"{param} holds token ids this model does not have", param=param)
     ids = prompt_ids or (context or []) + engine.tokenizer.encode(prompt)
     ids = ids or engine.tokenizer.start_ids  # "" starts a document
-    if len(ids) >= engine.max_context:
-        raise ContextOverflow(len(ids), engine.max_context)
-    params = sampling_params(options, engine.max_context)
+    window = _window(engine, options)
+    if len(ids) >= window:
+        raise ContextOverflow(len(ids), window)
+    params = sampling_params(options, window - len(ids))
     ends = engine.tokenizer.fim_stop_ids if fills_middle else []
     return prompt, ids, dataclasses.replace(params, grammar=grammar, stop_token_ids=[*params.stop_token_ids, *ends])
 

@@ -83,6 +83,7 @@ _ON: dict[str, tuple[tuple[Knob, str], ...]] = {
     wire: tuple((k, name) for k in KNOBS if (name := k.name(wire)) is not None) for wire in WIRES}
 _NOT_KNOBS = {"logprobs", "top_logprobs", "extra"}  # SamplingOptions fields every wire treats its own way
 _UNSET = (None, [], {})  # a knob left to the backend
+_MIN_CTX = 4  # the smallest window Ollama loads a model with
 
 
 def names(wire: str) -> set[str]:
@@ -109,6 +110,12 @@ def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> Samp
             value = None  # a random seed: Ollama's default -1 (api/types.go), llama-server's LLAMA_DEFAULT_SEED
         setattr(opts, knob.field, value)
     return opts
+
+
+def num_ctx(asked: int | None) -> int | None:
+    """A client's num_ctx as Ollama loads a model with it: at least 4 (server/sched.go), where 1-3 left a window
+    too small to keep any room for the answer, and a negative one was "a window of -1 tokens"; 0 asks for none."""
+    return max(asked, _MIN_CTX) if asked else None
 
 
 def _whole(raw: dict[str, Any], name: str) -> int | None:

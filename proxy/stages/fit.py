@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 from typing import AsyncIterator
 
-from adapters import model_card
+from adapters import model_card, options
 from adapters.base import Backend
 from adapters.errors import ContextOverflow, ModelLacks
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ModelInfo
@@ -34,7 +34,6 @@ from .base import Next, Stage
 
 log = logging.getLogger("velo.fit")
 _ANSWER_SHARE = 4  # a trimmed chat leaves at least 1/4 of the window (or max_tokens, if less) for the answer
-_MIN_CTX = 4  # the smallest window Ollama loads a model with
 
 
 def _unseen(m: Message) -> Message:
@@ -154,10 +153,8 @@ def _window(info: ModelInfo | None, req: Request) -> int | None:
 
 
 def _num_ctx(req: Request) -> int | None:
-    """The client's num_ctx as Ollama loads a model with it: at least 4 (server/sched.go), where 1-3 left a window
-    too small to keep any room for the answer, and a negative one was "a window of -1 tokens"."""
-    asked = req.options.num_ctx
-    return max(asked, _MIN_CTX) if asked else None
+    """The client's num_ctx as Ollama reads it (adapters/options.py), which the engine's adapter reads too."""
+    return options.num_ctx(req.options.num_ctx)
 
 
 def _granted(info: ModelInfo, num_ctx: int) -> int:

@@ -608,3 +608,13 @@ async def test_an_embedding_whose_client_left_stops_and_lets_generations_run(bac
     await asyncio.gather(embedding, return_exceptions=True)
     answer = await asyncio.wait_for(collect(backend.chat(chat(max_tokens=2, temperature=0))), 5)
     assert answer and len(done) < 20
+
+
+@pytest.mark.parametrize("max_tokens", [None, -1, 1000])
+async def test_an_answer_ends_where_prompt_and_answer_fill_num_ctx(backend, max_tokens):
+    """As Ollama's runner: the answer ends at num_ctx tokens in all, done_reason "length", whatever max_tokens asks
+    past it. The engine went on to its own context (SmolLM2, num_ctx 512: 431 prompt tokens + 105 answered)."""
+    req = chat(temperature=0, ignore_eos=True, num_ctx=96, max_tokens=max_tokens)
+    last = aggregate(await collect(backend.chat(req)))
+    assert last.finish_reason == "length" and 0 < last.usage.completion_tokens
+    assert last.usage.prompt_tokens + last.usage.completion_tokens == 96
