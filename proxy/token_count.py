@@ -24,6 +24,11 @@ _SURELY_UNDER_CHARS_PER_TOKEN = 2
 # "arguments": ...}\n</tool_call><|im_end|>\n` wraps a call in about 20, a short tool result in about 10. An agent's
 # hour of short calls and results ("ok", a path) is mostly these, and was "surely under" at 2-3 times the window.
 _SURELY_UNDER_TOKENS_PER_MESSAGE = 20
+# and an image's tokens, which no count here sees (the characters are a message's text; the backends' counts
+# tokenize text): Qwen2-VL's and Qwen2.5-VL's model cards give "4-16384" visual tokens per image by default, the most
+# of the vision models local servers run (LLaVA-1.6 up to 2,880, Gemma 3 256). A chat of a short question and a
+# screenshot was "surely under" a window of 4,096, and went to the backend unfitted.
+_SURELY_UNDER_TOKENS_PER_IMAGE = 16384
 
 
 def characters(req: ChatRequest | CompletionRequest) -> int:
@@ -39,7 +44,12 @@ def characters(req: ChatRequest | CompletionRequest) -> int:
 
 def surely_under(req: ChatRequest | CompletionRequest, tokens: int) -> bool:
     wrapping = len(req.messages) * _SURELY_UNDER_TOKENS_PER_MESSAGE if isinstance(req, ChatRequest) else 0
-    return characters(req) / _SURELY_UNDER_CHARS_PER_TOKEN + wrapping < tokens
+    seen = _images(req) * _SURELY_UNDER_TOKENS_PER_IMAGE
+    return characters(req) / _SURELY_UNDER_CHARS_PER_TOKEN + wrapping + seen < tokens
+
+
+def _images(req: ChatRequest | CompletionRequest) -> int:
+    return len(req.images) if isinstance(req, CompletionRequest) else sum(len(m.images) for m in req.messages)
 
 
 def estimate(req: ChatRequest | CompletionRequest) -> int:

@@ -424,3 +424,19 @@ async def test_a_completions_prompt_asking_truncate_keeps_its_end(velo, prompt):
                                                          f"{len(sent.prompt_ids)} tokens)"
     else:
         assert prompt.endswith(sent.prompt) and await backend.count_tokens(sent) <= LIMIT - 5
+
+
+async def test_a_chat_with_an_image_is_counted_not_guessed_under_the_window(velo):
+    """A short question with a picture was "surely under" the window by its text alone and went to the backend
+    unfitted; a backend whose count reads the image (here 60 tokens) is asked."""
+    c, backend = await velo()
+    by_words = backend.count_tokens
+
+    async def with_images(req):
+        return await by_words(req) + 60 * sum(len(m.images) for m in req.messages)
+    backend.count_tokens = with_images
+    picture = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this"}, picture]}]
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "context_length_exceeded"
+    assert backend.requests == []

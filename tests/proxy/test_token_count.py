@@ -1,0 +1,17 @@
+"""The estimate that spares a backend its exact count: "surely under" only where no prompt of that size could not be."""
+from adapters.protocol import ChatRequest, CompletionRequest, Message
+from proxy.token_count import surely_under
+
+PNG = "iVBORw0KGgo="
+
+
+def test_an_image_counts_as_the_most_tokens_a_vision_model_gives_one():
+    """A short question and a screenshot was "surely under" a window of 4,096 by its text alone; Qwen2-VL reads one
+    image as up to 16,384 tokens."""
+    question = Message(role="user", content="what is on this screen?")
+    assert surely_under(ChatRequest(model="m", messages=[question]), 4096)
+    seen = Message(role="user", content=question.content, images=[PNG])
+    assert not surely_under(ChatRequest(model="m", messages=[seen]), 4096)
+    assert not surely_under(ChatRequest(model="m", messages=[seen, seen]), 32768)
+    assert surely_under(ChatRequest(model="m", messages=[seen]), 32768)
+    assert not surely_under(CompletionRequest(model="m", prompt="what is this?", images=[PNG]), 4096)
