@@ -48,7 +48,8 @@ ALLOW_HEADERS = ",".join([
 # `*` is every header, for a request without credentials; a request with them reads `*` as a name, so Velo's own
 # headers are named too
 EXPOSE_HEADERS = ",".join(["*", "Retry-After", "x-request-id", *(f"X-Velo-{h}" for h in (
-    "Cache", "Cache-Reason", "Repair", "Request-Id", "Tools", "Tools-Ignored", "Context-Trimmed", "Token-Count"))])
+    "Cache", "Cache-Reason", "Repair", "Request-Id", "Tools", "Tools-Ignored", "Context-Trimmed", "Token-Count",
+    "Best-Of"))])
 MAX_AGE = str(12 * 3600)
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 _ORIGIN = "velo.cors_origin"  # request key: the allowed Origin whose answer carries CORS headers

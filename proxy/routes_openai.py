@@ -1,6 +1,6 @@
 """OpenAI API handlers under /v1: parse -> pipeline -> write (the model list, shared with Anthropic's API:
 routes_models.py). `n > 1` runs n jobs side by side, each asking its backend for one generation, and a completions
-batch (a prompt array) n jobs for each prompt."""
+batch (a prompt array) n jobs for each prompt (`best_of` jobs where it asks for more, best_of.py ranking them)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,6 +11,7 @@ from aiohttp import web
 from adapters.protocol import Chunk, Usage, aggregate
 
 from .auth import CALLER
+from .best_of import best, candidates
 from .dialects import SSE_KEEPALIVE, openai
 from .http_io import SSE_DONE, ignored_tools_header, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Parts, Request
@@ -45,19 +46,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    reqs, echo = openai.parse_completions(body)
+    reqs, echo, best_of = openai.parse_completions(body)
     req = reqs[0]
-    jobs = _parts([job for r in reqs for job in _choices(request, r, body)])
+    asked = reqs if best_of is None else [candidates(r, best_of) for r in reqs]
+    jobs = _parts([job for r in asked for job in _choices(request, r, body)])
     prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
     streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
     if not req.stream:
-        choices = [aggregate(c) for c in await collect_each(streams)]
+        answers = [aggregate(c) for c in await collect_each(streams)]
+        usage = openai.total_usage(enumerate(a.usage for a in answers), asked[0].n)  # every candidate's tokens
+        choices, headers = (answers, {}) if best_of is None else best(answers, best_of, req.n, req.options.logprobs)
         if echo:
             for c, prompt in zip(choices, prompts):
                 c.text = prompt + c.text
-        return json_response(openai.completion_object(ids, req.model, choices, stream=False, n=req.n),
-                             headers=_headers(jobs))
+        return json_response(openai.completion_object(ids, req.model, choices, usage=usage),
+                             headers=_headers(jobs) | headers)
     if echo:
         streams = [_echoed(s, prompt) for s, prompt in zip(streams, prompts)]
     written = [0] * len(jobs)  # characters each choice has streamed, for logprobs' text_offset

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import random
 import re
 import string
@@ -50,6 +51,9 @@ class Script:
     answer: Any = None  # answer every POST with this JSON body (status 200), whatever its shape
     refused_field: str | None = None  # a 400 naming it for a request that has it (vLLM's V0 engine: cache_salt)
     finish_reason: str | None = None  # the OpenAI fake's in place of its own (content_filter, vLLM's abort)
+    # (reply, each of its tokens' logprob) for each generation in turn, in place of `reply`: best_of's candidates
+    replies: list[tuple[str, float]] = field(default_factory=list)
+    logprobs: bool = True  # False: logprobs asked for are not given (Ollama before 0.12.11, a server without them)
 
 
 @dataclass
@@ -77,6 +81,7 @@ class FakeServer:
         self.script = Script()
         self.requests: list[Received] = []
         self.disconnects = 0
+        self.turns = 0  # generations answered from `script.replies`
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -88,6 +93,13 @@ class FakeServer:
 
     def error(self, status: int, message: str) -> web.Response:
         return web.json_response(self.error_body(status, message), status=status)
+
+    def reply(self) -> tuple[str, float]:
+        """The next generation's reply and each of its tokens' logprob."""
+        if not self.script.replies:
+            return self.script.reply, -0.25
+        self.turns += 1
+        return self.script.replies[(self.turns - 1) % len(self.script.replies)]
 
     def last(self, path: str) -> Any:
         """The body of the latest request to `path`."""
@@ -160,7 +172,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
 
-def _logprobs(body: dict[str, Any], words: list[str]) -> dict[str, Any]:
+def _logprobs(body: dict[str, Any], words: list[str], logprob: float = -0.25) -> dict[str, Any]:
     """Ollama 0.12.11's `logprobs` (server/logprob.go): one entry per token when asked for, `bytes` as integers,
     `top_logprobs` alternatives (the token itself first, then " x", " y", ...) when `top_logprobs` > 0."""
     if not body.get("logprobs"):
@@ -169,7 +181,7 @@ def _logprobs(body: dict[str, Any], words: list[str]) -> dict[str, Any]:
     def token(text: str, logprob: float) -> dict[str, Any]:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
     top = body.get("top_logprobs") or 0
-    return {"logprobs": [{**token(w, -0.25), **({"top_logprobs": [token(w, -0.25)] + [
+    return {"logprobs": [{**token(w, logprob), **({"top_logprobs": [token(w, logprob)] + [
         token(f" {chr(120 + i)}", -2.0 - i) for i in range(top - 1)]} if top else {})} for w in words]}
 
 
@@ -264,9 +276,9 @@ class OllamaDouble(FakeServer):
                 "prompt_eval_count": prompt_words, "prompt_eval_duration": total // 4,
                 "eval_count": eval_count, "eval_duration": total // 2}
 
-    def _reply_tokens(self, body: dict[str, Any]) -> tuple[list[str], str]:
+    def _reply_tokens(self, body: dict[str, Any], reply: str) -> tuple[list[str], str]:
         """The scripted reply cut to `options.num_predict`, and the done_reason that follows."""
-        words = tokens(self.script.reply)
+        words = tokens(reply)
         limit = (body.get("options") or {}).get("num_predict")
         if limit is not None and 0 <= limit < len(words):
             return words[:limit], "length"
@@ -289,7 +301,7 @@ class OllamaDouble(FakeServer):
             reason = "unload" if body.get("keep_alive") == 0 else "load"
             return web.json_response({**head, "message": {"role": "assistant", "content": ""},
                                       "done_reason": reason, "done": True})
-        words, reason = self._reply_tokens(body)
+        words, reason = self._reply_tokens(body, self.script.reply)
         prompt_words = sum(len(tokens(m.get("content") or "")) for m in body["messages"])
         think = self.script.thinking if body.get("think") else ""
         if body.get("stream", True) is False:  # api.md "Chat request (No streaming)"
@@ -324,16 +336,18 @@ class OllamaDouble(FakeServer):
         if not body.get("prompt"):  # api.md "Load a model" / "Unload a model"
             extra = {"done_reason": "unload"} if body.get("keep_alive") == 0 else {}
             return web.json_response({**head, "response": "", "done": True, **extra})
-        words, reason = self._reply_tokens(body)
+        reply, logprob = self.reply()
+        words, reason = self._reply_tokens(body, reply)
         final = self._final(body, len(tokens(body["prompt"])), len(words), started, reason)
+        asked = body if self.script.logprobs else {}
         if not body.get("raw"):  # api.md "Request (Raw Mode)": raw mode does not return a context
             final["context"] = list(body.get("context") or []) + list(range(1, len(words) + 2))
         if body.get("stream", True) is False:  # api.md "Request (No streaming)"
-            return web.json_response({**head, "response": "".join(words), **_logprobs(body, words), **final})
+            return web.json_response({**head, "response": "".join(words), **_logprobs(asked, words, logprob), **final})
 
         def lines() -> Iterable[bytes]:  # api.md "Generate request (Streaming)"
             for word in words:
-                yield _ndjson({**head, "response": word, **_logprobs(body, [word]), "done": False})
+                yield _ndjson({**head, "response": word, **_logprobs(asked, [word], logprob), "done": False})
             yield _ndjson({**head, "response": "", **final})
         return await self.stream(request, lines(), "application/x-ndjson")
 
@@ -390,6 +404,15 @@ class OllamaDouble(FakeServer):
         return web.Response()
 
 
+def _completion_logprobs(asked: bool, words: list[str], logprob: float) -> dict[str, Any] | None:
+    """vLLM's /v1/completions `logprobs` (parallel lists; each token its own one alternative), None unasked. An
+    echoed prompt is not scored: Velo never asks for echo with logprobs."""
+    if not asked:
+        return None
+    return {"tokens": words, "token_logprobs": [logprob] * len(words), "top_logprobs": [{w: logprob} for w in words],
+            "text_offset": list(itertools.accumulate((len(w) for w in words[:-1]), initial=0))}
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -442,10 +465,10 @@ class FakeOpenAI(FakeServer):
             return self.error(400, f"top_p must be in (0, 1], got {float(top_p)}.")
         return None
 
-    def _words(self, body: dict[str, Any]) -> tuple[list[str], str, str | None]:
+    def _words(self, body: dict[str, Any], reply: str) -> tuple[list[str], str, str | None]:
         """The reply's words, why they end, and the stop string that ended them: cut before the first of the
         request's `stop` strings, as vLLM cuts it and names it in `stop_reason` (its extension of the choice)."""
-        stops, reply, matched = body.get("stop") or [], self.script.reply, None
+        stops, matched = body.get("stop") or [], None
         hits = [(reply.find(s), s) for s in ([stops] if isinstance(stops, str) else stops) if s in reply]
         if hits:
             cut, matched = min(hits)
@@ -472,7 +495,7 @@ class FakeOpenAI(FakeServer):
         body = await request.json()
         if (missing := self._unknown(body)) is not None:
             return missing
-        words, reason, matched = self._words(body)
+        words, reason, matched = self._words(body, self.script.reply)
         head = {"id": "chatcmpl-fake", "created": int(time.time()), "model": body["model"]}
         if not body.get("stream"):
             await asyncio.sleep(self.script.token_delay * len(words))  # the whole answer is made before it is sent
@@ -512,17 +535,21 @@ class FakeOpenAI(FakeServer):
         body = await request.json()
         if (missing := self._unknown(body)) is not None:
             return missing
-        words, reason, _ = self._words(body)
+        reply, logprob = self.reply()
+        words, reason, _ = self._words(body, reply)
         reason = "stop" if reason == "tool_calls" else reason
+        asked = body.get("logprobs") is not None and self.script.logprobs
         shown = [body["prompt"], *words] if body.get("echo") else words  # echo as vLLM and SGLang answer it
         head = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": body["model"]}
         if not body.get("stream"):
             return web.json_response({**head, "usage": self._usage(body, len(words)), "choices": [
-                {"index": 0, "text": "".join(shown), "logprobs": None, "finish_reason": reason}]})
+                {"index": 0, "text": "".join(shown), "logprobs": _completion_logprobs(asked, words, logprob),
+                 "finish_reason": reason}]})
 
         def events() -> Iterable[bytes]:
             for word in shown:
-                yield _sse({**head, "choices": [{"index": 0, "text": word, "logprobs": None, "finish_reason": None}]})
+                yield _sse({**head, "choices": [{"index": 0, "text": word, "finish_reason": None,
+                                                 "logprobs": _completion_logprobs(asked, [word], logprob)}]})
             yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]})
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield _sse({**head, "choices": [], "usage": self._usage(body, len(words))})

@@ -358,22 +358,24 @@ def as_tools(body: dict[str, Any]) -> dict[str, Any]:
             "parallel_tool_calls": False}
 
 
-# Choices one request may ask for (prompts × n): each is a generation that holds a backend slot.
+# Choices one request may ask for (prompts × n, or prompts × best_of): each is a generation that holds a backend slot.
 MAX_CHOICES = 64
+MAX_BEST_OF = 20  # OpenAI's bound on `best_of`
 
 
-def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
+def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool, int | None]:
     """One request per prompt (`prompt` is a string, one prompt's token ids, or an array of either: a batch,
-    answered with `n` choices for each prompt, in prompt order), and `echo`, which Velo does itself: backends differ
-    on it."""
+    answered with `n` choices for each prompt, in prompt order), `echo`, which Velo does itself (backends differ
+    on it), and `best_of`: candidates per prompt to rank (proxy/best_of.py), None where there are none to rank."""
     body = body_object(body)
-    prompts, n = _prompts(body.get("prompt", "")), _n(body)
-    if len(prompts) * n > MAX_CHOICES:
-        raise BadRequest(f"at most {MAX_CHOICES} choices a request (prompts × n), got {len(prompts) * n}",
-                         param="prompt")
+    prompts, n, stream = _prompts(body.get("prompt", "")), _n(body), _stream(body)
+    best_of = _best_of(body, n, stream)
+    each, param = ("n", "prompt") if best_of is None else ("best_of", "best_of")
+    if (choices := len(prompts) * (best_of or n)) > MAX_CHOICES:
+        raise BadRequest(f"at most {MAX_CHOICES} choices a request (prompts × {each}), got {choices}", param=param)
     suffix = get(body, "suffix", str) or None  # "" is no insert, as Ollama reads it (Tabby at the end of a file)
     first = CompletionRequest(model=get_model(body), **_prompt(prompts[0]), suffix=suffix, raw=True,
-                              options=parse_options(body), format=parse_response_format(body), stream=_stream(body),
+                              options=parse_options(body), format=parse_response_format(body), stream=stream,
                               n=n, truncate=get(body, "truncate", bool))  # as on /v1/chat/completions
     echo = get(body, "echo", bool, False)
     if echo and first.options.logprobs:  # OpenAI scores the prompt's tokens too (lm-eval's loglikelihood reads them)
@@ -381,7 +383,25 @@ def parse_completions(body: Any) -> tuple[list[CompletionRequest], bool]:
                          param="echo")
     if first.prompt_ids is not None:
         _ids_alone(suffix, echo)
-    return [first] + [replace(first, **_prompt(prompt)) for prompt in prompts[1:]], echo
+    return [first] + [replace(first, **_prompt(prompt)) for prompt in prompts[1:]], echo, best_of
+
+
+def _best_of(body: dict[str, Any], n: int, stream: bool) -> int | None:
+    """`best_of` candidates per prompt, of which the `n` most likely are answered; None where there is nothing to
+    rank (unset, or 1). It was ignored: `best_of: 5` answered one sample, unranked, and `best_of` below `n` or with
+    `stream` was no 400. Bounds and words as vLLM's SamplingParams and OpenAI's reference give them."""
+    best_of = get(body, "best_of", int)
+    if best_of is None:
+        return None
+    if not 1 <= best_of <= MAX_BEST_OF:
+        raise BadRequest(f"best_of must be between 1 and {MAX_BEST_OF}, got {best_of}", param="best_of")
+    if best_of < n:
+        raise BadRequest(f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}.",
+                         param="best_of")
+    if best_of > 1 and stream:  # OpenAI: "Results cannot be streamed": the best is known once all have ended
+        raise BadRequest("Cannot stream results with best_of > 1: the best candidate is known only when all have "
+                         "ended. Set stream to false, or leave best_of out.", param="best_of")
+    return best_of if best_of > 1 else None
 
 
 def _prompts(prompt: Any) -> list[str] | list[list[int]]:
@@ -587,20 +607,19 @@ def completion_logprobs(chunk: Chunk, offset: int = 0) -> dict[str, Any] | None:
             "text_offset": list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset))}
 
 
-def completion_object(ids: ChatIds, model: str, choices: list[Chunk], stream: bool,
-                      offsets: list[int] | None = None, n: int = 1) -> dict[str, Any]:
-    """`n`: choices per prompt, for the usage of a batch."""
+def completion_object(ids: ChatIds, model: str, choices: list[Chunk], offsets: list[int] | None = None,
+                      usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`usage`: the whole answer's (`total_usage`, which counts best_of's candidates that are not among the choices
+    too), none in a streamed chunk."""
     offsets = offsets or [0] * len(choices)
     out = [{"index": i, "text": c.text, "logprobs": completion_logprobs(c, offsets[i]), "finish_reason": _finish(c)}
            for i, c in enumerate(choices)]
     obj = {"id": ids.id, "object": "text_completion", "created": ids.created, "model": model, "choices": out}
-    if not stream:
-        obj["usage"] = total_usage(enumerate(c.usage for c in choices), n)
-    return obj
+    return obj if usage is None else obj | {"usage": usage}
 
 
 def completion_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk, offset: int = 0) -> dict[str, Any]:
-    obj = completion_object(ids, model, [chunk], stream=True, offsets=[offset])
+    obj = completion_object(ids, model, [chunk], offsets=[offset])
     obj["choices"][0]["index"] = index
     return obj
 

@@ -234,6 +234,22 @@ async def test_a_completions_prompt_of_token_ids_answers_as_its_text_does(velo_l
         await oai.completions.create(prompt=[1, 49152], **asked)
 
 
+async def test_best_of_ranks_llama_servers_candidates_by_their_logprobs(velo_llama):
+    """`best_of` was dropped: one sample came back, unranked. Now three candidates of five tokens each (ignore_eos),
+    the two most likely per token answered, best first; usage bills all three."""
+    oai, _ = clients(velo_llama)
+    asked = {"model": CHAT_MODEL, "prompt": "Once upon a time", "max_tokens": 5, "temperature": 1.0,
+             "extra_body": {"ignore_eos": True}}
+    raw = await oai.completions.with_raw_response.create(best_of=3, n=2, logprobs=1, **asked)
+    out = raw.parse()
+    assert "X-Velo-Best-Of" not in raw.headers  # ranked: llama-server gave every candidate's logprobs
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in out.choices]
+    assert [c.index for c in out.choices] == [0, 1] and means[0] >= means[1]
+    assert out.usage.completion_tokens == 15
+    plain = await oai.completions.create(best_of=2, **asked)
+    assert len(plain.choices) == 1 and plain.choices[0].logprobs is None and plain.usage.completion_tokens == 10
+
+
 async def test_embeddings_from_a_chat_only_server_are_the_clients_400(velo_llama):
     """A missing model feature is never a 5xx, which the SDKs retry: LiteLLM and the OpenAI SDK sent the 501 of a
     llama-server started without --embeddings three times."""

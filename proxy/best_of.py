@@ -1,0 +1,45 @@
+"""OpenAI's `best_of` on /v1/completions: `best_of` candidates per prompt, generated as parts of the request as `n`'s
+choices are (routes_openai.py), each asked for its tokens' log-probabilities on every backend whatever the client
+asked; the `n` with the highest mean log-probability per token are answered, best first, as OpenAI ranks them."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from adapters.protocol import Chunk, CompletionRequest
+
+# Said where a backend gave no logprobs (an Ollama before 0.12.11, an OpenAI-compatible server that drops them):
+# each prompt's first `n` candidates are answered as they came, unranked.
+UNRANKED = {"X-Velo-Best-Of": "unranked"}
+
+
+def candidates(req: CompletionRequest, best_of: int) -> CompletionRequest:
+    """One prompt's request for its `best_of` candidates, each with its tokens' logprobs to rank it by."""
+    return replace(req, n=best_of, options=replace(req.options, logprobs=True))
+
+
+def best(answers: list[Chunk], best_of: int, n: int, logprobs: bool) -> tuple[list[Chunk], dict[str, str]]:
+    """The `n` best of each prompt's `best_of` answers (prompts in order), best first, with their logprobs only where
+    the client asked for them; and the response's headers. A prompt whose answers cannot all be scored keeps its
+    first `n` as generated (UNRANKED): failing the request would throw away what the backend has already generated
+    and billed, and each of those is as good a sample as `n` alone answers; the header says they are unranked."""
+    choices: list[Chunk] = []
+    headers: dict[str, str] = {}
+    for start in range(0, len(answers), best_of):
+        group = answers[start:start + best_of]
+        scores = [s for s in map(_score, group) if s is not None]
+        if len(scores) < len(group):
+            headers = UNRANKED
+        else:  # a stable sort: equally likely answers stay in the order they were generated
+            group = [a for _, a in sorted(zip(scores, group), key=lambda pair: -pair[0])]
+        choices += [a if logprobs else replace(a, logprobs=[]) for a in group[:n]]
+    return choices, headers
+
+
+def _score(answer: Chunk) -> float | None:
+    """The mean logprob per token; None for text that came without logprobs. An empty answer (an end of text first)
+    has no token to score and ranks last; so does one a backend scored NaN."""
+    if not answer.logprobs:
+        return None if answer.text else -math.inf
+    mean = math.fsum(lp.logprob for lp in answer.logprobs) / len(answer.logprobs)
+    return -math.inf if math.isnan(mean) else mean
