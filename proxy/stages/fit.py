@@ -188,7 +188,8 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
 
 
 def _went(asked: Request, sent: Request) -> str:
-    """What trimming took: messages, and characters from the start of the last one or of a raw prompt."""
+    """What trimming took: messages, and characters from the start of the last one (or of each tool result that
+    ends the chat), of the system prompts, or of a raw prompt."""
     if isinstance(asked, CompletionRequest) and isinstance(sent, CompletionRequest):
         if asked.prompt_ids is not None and sent.prompt_ids is not None:
             return counted(len(asked.prompt_ids) - len(sent.prompt_ids), "token id")
@@ -196,9 +197,13 @@ def _went(asked: Request, sent: Request) -> str:
     assert isinstance(asked, ChatRequest) and isinstance(sent, ChatRequest)
     dropped = _turns(asked) - _turns(sent)
     system_cut = _system_chars(asked) - _system_chars(sent)
-    cut = len(asked.messages[-1].content) - len(sent.messages[-1].content)
+    turn = len(sent.messages) - _last_turn(sent.messages)
+    pairs = list(zip(asked.messages[-turn:], sent.messages[-turn:]))
+    cut = sum(len(a.content) - len(s.content) for a, s in pairs)
+    shortened = sum(a.content != s.content for a, s in pairs)
+    last = f"the last {counted(shortened, 'tool result')}" if shortened > 1 else "the last"
     return " and ".join([counted(dropped, "message")] * bool(dropped)
-                        + [f"{counted(cut, 'character')} of the last"] * bool(cut)
+                        + [f"{counted(cut, 'character')} of {last}"] * bool(cut)
                         + [f"{counted(system_cut, 'character')} of the system prompts"] * bool(system_cut))
 
 
@@ -216,10 +221,10 @@ def _field(req: Request) -> str:
 
 
 def _shorter(req: Request, keep: float) -> Request | None:
-    """`req` cut to about `keep` of its size: a chat's oldest non-system turns, then the start of its last turn, or
-    the start of a raw prompt (its text or its token ids); None when nothing more can go. Ollama, too, keeps the end
-    of a prompt that its last turn alone overflows unless asked not to shift (llm/llama_server.go), which a user
-    pasting a whole file into one message meets."""
+    """`req` cut to about `keep` of its size: a chat's oldest non-system turns, then the start of its last message
+    (of each tool result, where an agent's loop ends it), or the start of a raw prompt (its text or its token ids);
+    None when nothing more can go. Ollama, too, keeps the end of a prompt that its last turn alone overflows unless
+    asked not to shift (llm/llama_server.go), which a user pasting a whole file into one message meets."""
     if isinstance(req, CompletionRequest) and req.prompt_ids is not None:  # counted exactly: no recount to undo
         kept_ids = math.floor(len(req.prompt_ids) * keep)
         return replace(req, prompt_ids=req.prompt_ids[-kept_ids:]) if 0 < kept_ids < len(req.prompt_ids) else None
@@ -236,12 +241,11 @@ def _shorter(req: Request, keep: float) -> Request | None:
         dropped += 1
     if dropped:
         return replace(req, messages=kept)
-    last, cut = kept[-1], _cut(total, keep)
     if req.shift is False:  # Ollama's `shift: false` asks for the 400 instead
         return None
-    if cut < len(last.content):
-        return replace(req, messages=[*kept[:-1], replace(last, content=last.content[cut:])])
-    start = _last_turn(kept)
+    start, cut = _last_turn(kept), _cut(total, keep)
+    if (turn := _ends(kept[start:], cut)) is not None:
+        return replace(req, messages=[*kept[:start], *turn])
     systems = _cut_start(kept[:start], cut)
     return None if systems is None else replace(req, messages=[*systems, *kept[start:]])
 
@@ -255,6 +259,20 @@ def _last_turn(messages: list[Message]) -> int:
     if start < len(messages) - 1 and messages[start].role == "assistant" and messages[start].tool_calls:
         return start
     return len(messages) - 1
+
+
+def _ends(turn: list[Message], cut: int) -> list[Message] | None:
+    """The last turn less `cut` characters from the start of its message, or of each result of an agent's tool calls
+    (its call stays whole), which share the cut in proportion to their sizes: an agent reading three files, each
+    over the window, could lose only the last one's start, and got the 400. Each keeps its end, as the last message
+    does: a command's latest output, a file's last lines. None when they hold no more than `cut`."""
+    first = 1 if len(turn) > 1 else 0  # past the call, only results follow (_last_turn)
+    size = sum(len(m.content) for m in turn[first:])
+    if cut >= size:
+        return None
+    left = size - cut
+    return [*turn[:first], *(replace(m, content=m.content[len(m.content) - len(m.content) * left // size:])
+                             for m in turn[first:])]
 
 
 def _cut_start(messages: list[Message], cut: int) -> list[Message] | None:

@@ -111,6 +111,32 @@ async def test_a_trim_keeps_the_call_an_agents_last_tool_result_answers(velo, pa
     assert sent[2].tool_call_id == "c2" and sent[2].content.endswith("t39")
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+async def test_a_trim_cuts_each_of_several_tool_results_in_proportion(velo, path):
+    """An agent's loop read three files, each larger than the window: only the last message's start could be cut,
+    and the turn was a 400 context overflow. Each result now keeps its end (a file's last lines, a command's last
+    output), the room shared between them in proportion to their sizes, with the call and the system prompt whole."""
+    c, backend = await velo(context_length=512)
+    results = [words(n, tag) for n, tag in ((600, "a"), (600, "b"), (900, "c"))]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
+        "name": "read", "arguments": {} if path == "/api/chat" else "{}"}} for i in range(3)]}
+    messages = [{"role": "system", "content": words(4, "s")}, {"role": "user", "content": words(5, "u")}, call,
+                *({"role": "tool", "tool_call_id": f"c{i}", "content": r} for i, r in enumerate(results))]
+    resp = await c.post(path, json={"model": "tiny", "messages": messages, "stream": False, "truncate": True,
+                                    "max_tokens": 5, "options": {"num_predict": 5}})
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["X-Velo-Context-Trimmed"].startswith("1 message and ")
+    assert "of the last 3 tool results" in resp.headers["X-Velo-Context-Trimmed"]
+    sent = backend.requests[0].messages
+    assert [m.role for m in sent] == ["system", "assistant", "tool", "tool", "tool"] and len(sent[1].tool_calls) == 3
+    assert await backend.count_tokens(backend.requests[0]) <= 512 - 5
+    kept = [m.content for m in sent[2:]]
+    assert all(r.endswith(k) and k for r, k in zip(results, kept)) and [k.split()[-1] for k in kept] == [
+        "a599", "b599", "c899"]
+    shares = [len(k) / len(r) for r, k in zip(results, kept)]
+    assert max(shares) - min(shares) < 0.02, shares
+
+
 async def test_ollama_keeps_the_end_of_system_prompts_that_alone_overflow(velo):
     """An agent's system prompt and tools over a small num_ctx: Ollama's runner keeps the prompt's end and answers
     (a 400 failed every turn of Roo Code and Cline), and so does Velo, with the last turn whole; `shift: false`
