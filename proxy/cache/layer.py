@@ -208,7 +208,7 @@ class CacheLayer:
         if index is None and self.pg is None:  # nothing stored in this scope: skip the embedding
             self.counters.count("semantic", label, "miss")
             return None
-        query = await self._embed(text, label)
+        query = await self._embed(text, asked.scope, label)
         if query is None:
             return None
         now = self.clock()
@@ -223,13 +223,13 @@ class CacheLayer:
             return await self._lookup_pg(sid, query, label)
         return None
 
-    async def _embed(self, text: str, label: str) -> Embedded | None:
+    async def _embed(self, text: str, scope: str, label: str) -> Embedded | None:
         """The text's vector, or None when the model fails (the semantic tier then costs a miss, never the
         request: a store runs after the answer has been streamed) or did not read all of the text: then the text
         is left to the exact tier (the same pasted page followed by "summarize it" and by "list its typos" had one
         vector, and the guard lets a changed instruction of several words through)."""
         try:
-            embedded = await self.embedder.embed(text)
+            embedded = await self.embedder.embed(text, scope)
         except Exception:
             log.exception("cache embedding failed")
             self.counters.count("semantic", label, "error")
@@ -277,7 +277,7 @@ class CacheLayer:
         if asked.semantic is None:
             return
         (text, sid), label = asked.semantic, asked.label
-        embedded = await self._embed(text, label)
+        embedded = await self._embed(text, asked.scope, label)
         if embedded is None:
             return
         index = self.indexes.get(sid)

@@ -14,7 +14,7 @@ import numpy as np
 from .encoders import MAX_BATCH, SentenceEncoder, default_model_path, load_encoder
 from .verifier import Reading, agrees, read
 
-_MEMO = 256  # recent texts: the store after a miss reuses the vector its lookup computed
+_MEMO = 256  # recent (scope, text)s: the store after a miss reuses the vector its lookup computed
 _HNSW_NEIGHBOURS = 32
 _HNSW_EF_SEARCH = 64
 
@@ -43,7 +43,7 @@ class Embedder:
     _pool: ThreadPoolExecutor = field(default_factory=_embed_pool)
     _pending: list[tuple[str, asyncio.Future]] = field(default_factory=list)
     _worker: asyncio.Task | None = None
-    _memo: OrderedDict[str, Embedded] = field(default_factory=OrderedDict)
+    _memo: OrderedDict[tuple[str, str], Embedded] = field(default_factory=OrderedDict)
 
     @classmethod
     async def load(cls, path: str | None = None, precision: str = "int8") -> "Embedder":
@@ -53,17 +53,21 @@ class Embedder:
                                                                  precision)
         return cls(model, model.dim, pool)
 
-    async def embed(self, text: str) -> Embedded:
-        if text in self._memo:
-            self._memo.move_to_end(text)
-            return self._memo[text]
+    async def embed(self, text: str, scope: str = "") -> Embedded:
+        """`scope`: whose text it is (the API key's cache scope). The memo answers that scope only: shared, a key's
+        semantic hit came back at once for a text another key had sent and after an encode for one nobody had
+        (its prompt_eval_duration said which), so a key could test guesses of another's prompts."""
+        memo = (scope, text)
+        if memo in self._memo:
+            self._memo.move_to_end(memo)
+            return self._memo[memo]
         future = asyncio.get_running_loop().create_future()
         self._pending.append((text, future))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         embedded = await future
         if embedded.whole:  # a text too long to read whole is no vector: nothing to keep of it
-            self._memo[text] = embedded
+            self._memo[memo] = embedded
             if len(self._memo) > _MEMO:
                 self._memo.popitem(last=False)
         return embedded
