@@ -21,7 +21,7 @@ class BackendConfig:
     urls: list[str] = setting(factory=list, doc="the server's base URL (no /v1 suffix for ollama and llamacpp; "
                               "with or without it for openai), as `url = \"...\"`; `urls = [...]` lists replicas of "
                               "one backend. Required except for kind \"engine\"")
-    api_key: str | None = setting(None, "sent as a Bearer token", default_doc="none")
+    api_key: str | None = setting(None, "sent as a Bearer token", default_doc="none", secret=True)
     # Timeouts are above 0: a 0 made every request a 504 where 0 turns other keys off (default_max_tokens, ttl_s).
     connect_timeout: float = setting(5.0, "seconds to open a connection; then a clear 504", min=0.001)
     # 300 s: Ollama's own limit on a model load that stalls; a CPU reads a long prompt for minutes (Qwen2.5-Coder-1.5B

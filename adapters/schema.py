@@ -25,10 +25,11 @@ class SchemaError(ValueError):
 
 
 def setting(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = dataclasses.MISSING,
-            min: float | None = None, max: float | None = None, default_doc: str | None = None) -> Any:
+            min: float | None = None, max: float | None = None, default_doc: str | None = None,
+            secret: bool = False) -> Any:
     """A dataclass field with its documentation (`doc`, and `default_doc` where the default needs words) and
-    inclusive bounds for numbers."""
-    meta = {"doc": doc, "min": min, "max": max, "default_doc": default_doc}
+    inclusive bounds for numbers. A `secret` value (an API key) is never said in an error: errors are logged."""
+    meta = {"doc": doc, "min": min, "max": max, "default_doc": default_doc, "secret": secret}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -79,13 +80,13 @@ def _convert(value: Any, hint: Any, path: str, meta: Any = None) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise SchemaError(f"{path}: must be an array")
-        return [_convert(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_convert(v, args[0], f"{path}[{i}]", meta) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise SchemaError(f"{path}: must be a table")
-        return {k: _convert(v, args[1], _join(path, k)) for k, v in value.items()}
+        return {k: _convert(v, args[1], _join(path, k), meta) for k, v in value.items()}
     if hint in _SCALARS:
-        return _bounded(_scalar(value, hint, path), path, meta)
+        return _bounded(_scalar(value, hint, path, bool((meta or {}).get("secret"))), path, meta)
     raise SchemaError(f"{path}: cannot be set from a config file")
 
 
@@ -101,14 +102,15 @@ def _union(value: Any, args: tuple, path: str, meta: Any) -> Any:
     raise SchemaError(f"{path}: " + " or ".join(dict.fromkeys(errors)))
 
 
-def _scalar(value: Any, kind: type, path: str) -> Any:
+def _scalar(value: Any, kind: type, path: str, secret: bool = False) -> Any:
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is float and ok and math.isnan(value):  # TOML's `nan` passed every bound: a nan timeout 500ed each request
         raise SchemaError(f"{path}: must be a number, got nan")
     if not ok:
-        raise SchemaError(f"{path}: must be {_SCALARS[kind]}, got {type(value).__name__} {value!r}")
+        raise SchemaError(f"{path}: must be {_SCALARS[kind]}, got {type(value).__name__}"
+                          + ("" if secret else f" {value!r}"))
     return value
 
 

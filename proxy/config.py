@@ -45,7 +45,7 @@ class ServerConfig:
                                   "and SGLang share theirs: a key can tell from its cached_tokens, or how soon its "
                                   "answer starts, what another key sent)",
                                   default_doc="[] (no authentication; a client that sends a key still gets its own "
-                                              "cache scope)")
+                                              "cache scope)", secret=True)
     admin_keys: list[str] = setting(factory=list, doc="when keys belong to different people: the keys that alone "
                                     "open the dashboard (/ui, with its recent requests), list or cancel requests in "
                                     "flight (/velo/requests), manage models (/api/create, /api/copy, /api/delete: "
@@ -53,7 +53,7 @@ class ServerConfig:
                                     "llama-server's /slots (other keys' tasks and caches); other keys get 403 "
                                     "there (401 on /ui, where the browser then asks for another key). Each is an "
                                     "API key too",
-                                    default_doc="[] (every API key may)")
+                                    default_doc="[] (every API key may)", secret=True)
     origins: list[str] = setting(factory=list, doc="browser origins allowed to call Velo (CORS), besides Ollama's "
                                  "defaults: http(s) on localhost, 127.0.0.1 and 0.0.0.0 at any port, app://, file://, "
                                  'tauri://, vscode-webview://, vscode-file://. `*` is a wildcard '

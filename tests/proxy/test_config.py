@@ -144,6 +144,18 @@ def test_nan_is_no_number_a_setting_takes(raw, path):
         parse_config(raw)
 
 
+@pytest.mark.parametrize("raw, path", [
+    ({"server": {"api_keys": ["ok", 48151623]}}, "server.api_keys[1]"),
+    ({"server": {"admin_keys": [48151623]}}, "server.admin_keys[0]"),
+    ({"backends": [{"name": "x", "kind": "openai", "url": "http://h:1", "api_key": 48151623}]}, "backends[0].api_key")])
+def test_a_key_of_the_wrong_type_is_refused_without_saying_it(raw, path):
+    """A key written as a number (no quotes) was said in the error ("got int 48151623"), which the log keeps: a
+    config reload that is refused is logged."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: must be a string") as refused:
+        parse_config(raw)
+    assert "48151623" not in str(refused.value)
+
+
 @pytest.mark.parametrize("keys", [[""], ["team-a "], ["ok", "tab\tinside"]])
 def test_an_api_key_no_header_can_carry_is_refused_without_saying_it(keys):
     """HTTP strips the spaces around a header's value, and no client sends an empty key: every API client got 401."""
