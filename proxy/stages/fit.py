@@ -272,17 +272,28 @@ def _last_turn(messages: list[Message]) -> int:
 
 
 def _ends(turn: list[Message], cut: int) -> list[Message] | None:
-    """The last turn less `cut` characters from the start of its message, or of each result of an agent's tool calls
-    (its call stays whole), which share the cut in proportion to their sizes: an agent reading three files, each
-    over the window, could lose only the last one's start, and got the 400. Each keeps its end, as the last message
-    does: a command's latest output, a file's last lines. None when they hold no more than `cut`."""
+    """The last turn less `cut` characters from the start of its message, or of the results of an agent's tool calls
+    (its call stays whole): an agent reading three files, each over the window, could lose only the last one's
+    start, and got the 400. The longest results are cut to one length and the shorter ones kept whole (shared in
+    proportion, a 10-character error beside two 6,000-character files kept 1 of them). Each keeps its end, as the
+    last message does: a command's latest output, a file's last lines. None when they hold no more than `cut`."""
     first = 1 if len(turn) > 1 else 0  # past the call, only results follow (_last_turn)
-    size = sum(len(m.content) for m in turn[first:])
-    if cut >= size:
+    sizes = [len(m.content) for m in turn[first:]]
+    if cut >= sum(sizes):
         return None
-    left = size - cut
-    return [*turn[:first], *(replace(m, content=m.content[len(m.content) - len(m.content) * left // size:])
-                             for m in turn[first:])]
+    longest = _level(sizes, sum(sizes) - cut)
+    return [*turn[:first], *(replace(m, content=m.content[-longest:] if longest else "") if len(m.content) > longest
+                             else m for m in turn[first:])]
+
+
+def _level(sizes: list[int], room: int) -> int:
+    """The longest any one may be so that together they fit `room`, those shorter kept whole (water-filling)."""
+    left = len(sizes)
+    for size in sorted(sizes):
+        if size * left > room:
+            return room // left
+        room, left = room - size, left - 1
+    return max(sizes)
 
 
 def _cut_start(messages: list[Message], cut: int) -> list[Message] | None:

@@ -114,12 +114,13 @@ async def test_a_trim_keeps_the_call_an_agents_last_tool_result_answers(velo, pa
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
-async def test_a_trim_cuts_each_of_several_tool_results_in_proportion(velo, path):
-    """An agent's loop read three files, each larger than the window: only the last message's start could be cut,
-    and the turn was a 400 context overflow. Each result now keeps its end (a file's last lines, a command's last
-    output), the room shared between them in proportion to their sizes, with the call and the system prompt whole."""
+async def test_a_trim_cuts_the_longest_tool_results_to_one_length_and_keeps_the_short_whole(velo, path):
+    """An agent's loop read two files, each larger than the window, and ran a command that failed: only the last
+    message's start could be cut, and the turn was a 400 context overflow. The two files are now cut to one length,
+    each keeping its end (a file's last lines, a command's last output), the short error whole, with the call and
+    the system prompt whole."""
     c, backend = await velo(context_length=512)
-    results = [words(n, tag) for n, tag in ((600, "a"), (600, "b"), (900, "c"))]
+    results = [words(n, tag) for n, tag in ((600, "a"), (12, "e"), (900, "c"))]
     call = {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
         "name": "read", "arguments": {} if path == "/api/chat" else "{}"}} for i in range(3)]}
     messages = [{"role": "system", "content": words(4, "s")}, {"role": "user", "content": words(5, "u")}, call,
@@ -128,15 +129,20 @@ async def test_a_trim_cuts_each_of_several_tool_results_in_proportion(velo, path
                                     "max_tokens": 5, "options": {"num_predict": 5}})
     assert resp.status == 200, await resp.text()
     assert resp.headers["X-Velo-Context-Trimmed"].startswith("1 message and ")
-    assert "of the last 3 tool results" in resp.headers["X-Velo-Context-Trimmed"]
+    assert "of the last 2 tool results" in resp.headers["X-Velo-Context-Trimmed"]
     sent = backend.requests[0].messages
     assert [m.role for m in sent] == ["system", "assistant", "tool", "tool", "tool"] and len(sent[1].tool_calls) == 3
     assert await backend.count_tokens(backend.requests[0]) <= 512 - 5
     kept = [m.content for m in sent[2:]]
     assert all(r.endswith(k) and k for r, k in zip(results, kept)) and [k.split()[-1] for k in kept] == [
-        "a599", "b599", "c899"]
-    shares = [len(k) / len(r) for r, k in zip(results, kept)]
-    assert max(shares) - min(shares) < 0.02, shares
+        "a599", "e11", "c899"]
+    assert kept[1] == results[1] and len(kept[0]) == len(kept[2]) < len(results[0])
+
+
+def test_level_keeps_the_short_whole_and_cuts_the_rest_to_one_length():
+    assert fit._level([10, 6000, 6000], 410) == 200
+    assert fit._level([300, 300], 600) == 300 and fit._level([300, 300], 599) == 299
+    assert fit._level([5, 7], 3) == 1
 
 
 def test_trimming_a_long_agent_loop_finds_its_last_turn_once(monkeypatch):
