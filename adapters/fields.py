@@ -26,6 +26,10 @@ def get(body: dict[str, Any], key: str, kind: type, default: Any = None, *, requ
             raise BadRequest(f"{key} is required", param=key)
         return default
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    # integers are read whole (adapters/exact_json.py): none past 64 bits is taken, nor float() of one past 1024 bits
+    bits = 64 if kind is int else 1024 if kind is float else 0
+    if bits and type(value) is int and not -2**(bits - 1) <= value < 2**bits:
+        raise BadRequest(f"{key} is out of range: an integer past {bits} bits", param=key)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:

@@ -32,6 +32,7 @@ from .base import BackendConfig
 from .bursts import Burst
 from .errors import (Answered, BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow,
                      ModelLacks, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
+from .exact_json import dumps
 from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
 
 T = TypeVar("T")
@@ -293,7 +294,7 @@ class Upstream:
         """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
         while writing it. Never once the backend may have taken it (it read the request, then dropped the
         connection): it may have crashed on it, and sending it again would crash it again."""
-        data = None if body is None else orjson.dumps(body)  # bytes as they go out: `json=` made str, then bytes
+        data = None if body is None else dumps(body)  # bytes as they go out: `json=` made str, then bytes
         headers = None if body is None else _STREAMED if isinstance(body, dict) and body.get("stream") else _JSON
         try:
             return await self.session().request(method, self.url + path, data=data, headers=headers,

@@ -16,6 +16,7 @@ import orjson
 
 from . import options
 from .errors import BackendError
+from .exact_json import dumps
 from .fields import count, nests_deeper, reported, wire_text
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedResult, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
@@ -47,7 +48,7 @@ def message_to_wire(m: Message, call_ids: list[str], tool_call_id: str = "") -> 
     out: dict[str, Any] = {"role": m.role, "content": _content(m)}
     if m.tool_calls:
         out["tool_calls"] = [{"id": cid, "type": "function",
-                              "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+                              "function": {"name": c.name, "arguments": dumps(c.arguments).decode()}}
                              for cid, c in zip(call_ids, m.tool_calls)]
     if m.role == "tool":
         out["tool_call_id"] = tool_call_id
@@ -194,7 +195,7 @@ def complete_calls(calls: list[_PendingCall]) -> tuple[list[ToolCall], str]:
 
 def _arguments_text(args: Any) -> str:
     """Some servers send arguments as an object although OpenAI specifies a string."""
-    return wire_text(args) if args is None or isinstance(args, str) else orjson.dumps(args).decode()
+    return wire_text(args) if args is None or isinstance(args, str) else dumps(args).decode()
 
 
 def reconcile(finish: FinishReason, calls: list[ToolCall]) -> FinishReason:

@@ -6,11 +6,10 @@ or its lazy grammar for tool calls), and one no call can match killed it. What l
 look-around `pattern`, a remote `$ref`) is left to the backend, which may."""
 from __future__ import annotations
 
-import orjson
-
 from engine.grammar import grammar_for
 
 from .errors import BadRequest, UnusableFormat
+from .exact_json import dumps
 from .per_schema import PerSchema
 from .protocol import OutputFormat, Tool
 
@@ -39,7 +38,7 @@ def _not_an_object(schema: dict) -> str | None:
     kinds = kind if isinstance(kind, list) else [kind]
     if kind is None or "object" in kinds:
         return None
-    return f'its parameters must be a JSON Schema of type "object", got type {orjson.dumps(kind).decode()}'
+    return f'its parameters must be a JSON Schema of type "object", got type {dumps(kind).decode()}'
 
 
 def _verdict(schema: dict) -> str | None:

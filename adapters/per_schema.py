@@ -11,6 +11,8 @@ from typing import Any, Callable, Generic, TypeVar
 import orjson
 import xxhash
 
+from .exact_json import dumps
+
 T = TypeVar("T")
 MAX_KEPT_BYTES = 64 * 1024  # a large real tool schema is a few KB
 INLINE_BYTES = 8 * 1024  # made on the loop up to here: llguidance compiles ~23 KB in 4 ms
@@ -40,7 +42,7 @@ class PerSchema(Generic[T]):
 
     @staticmethod
     def _key(schema: Any) -> tuple[bytes, bytes]:
-        raw = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+        raw = dumps(schema, option=orjson.OPT_SORT_KEYS)
         return raw, xxhash.xxh3_128_digest(raw)
 
     def _found(self, key: bytes) -> T:

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from adapters.errors import BadRequest, VeloError
+from adapters.exact_json import dumps, loads
 from adapters.fields import MAX_DEPTH, nests_deeper
 
 from .auth import ANONYMOUS, CALLER
@@ -45,7 +46,7 @@ async def read_json(request: web.Request) -> Any:
         ollama = dialect_of(request.path, request.headers) == "ollama"
         raise BadRequest("missing request body" if ollama else "request body is empty; expected a JSON object")
     try:
-        body = orjson.loads(raw)
+        body = loads(raw)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from e
     if nests_deeper(body):
@@ -70,7 +71,7 @@ def ignored_tools_header(names: list[str]) -> dict[str, str]:
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json", headers=headers)
+    return web.Response(body=dumps(obj), status=status, content_type="application/json", headers=headers)
 
 
 async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode: Callable[[Any], bytes],
@@ -234,11 +235,11 @@ async def _end_with(request: web.Request, resp: web.StreamResponse, on_error: Ca
 
 
 def ndjson(obj: Any) -> bytes:
-    return orjson.dumps(obj) + b"\n"
+    return dumps(obj) + b"\n"
 
 
 def sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"

@@ -22,6 +22,7 @@ except ImportError:  # Windows
 import orjson
 
 from adapters.errors import BadRequest, VeloError
+from adapters.exact_json import dumps, loads
 from adapters.model_card import parameter_lines
 from adapters.protocol import Message, ModelInfo, SamplingOptions
 from adapters.schema import setting
@@ -152,7 +153,7 @@ class PresetStore:
         """BadRequest past `MAX_PRESETS` or a preset over `MAX_PRESET_BYTES`: each is listed to every client and
         the whole file is written again at each change (1,500 made-up names took it from 3 to 44 ms a create). A
         name that differs from a preset's only in case is that preset, as Ollama matches names (its spelling stays)."""
-        if len(orjson.dumps(preset.settings())) > MAX_PRESET_BYTES:
+        if len(dumps(preset.settings())) > MAX_PRESET_BYTES:
             raise BadRequest(f"a model's system prompt, template and messages are at most {MAX_PRESET_BYTES} bytes")
 
         def put(presets: dict[str, Preset]) -> bool:
@@ -226,7 +227,7 @@ class PresetsNotSaved(VeloError):
 
 def _read(path: Path) -> dict[str, Preset]:
     try:
-        raw = orjson.loads(path.read_bytes())
+        raw = loads(path.read_bytes())
         return {p["name"]: Preset(**p) for p in raw["presets"]}
     except FileNotFoundError:
         return {}
@@ -268,7 +269,7 @@ def _write(path: Path, presets: list[Preset]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(orjson.dumps({"presets": [asdict(p) for p in presets]}, option=orjson.OPT_INDENT_2))
+        f.write(dumps({"presets": [asdict(p) for p in presets]}, option=orjson.OPT_INDENT_2))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

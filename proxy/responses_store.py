@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import orjson
 
 from adapters.errors import VeloError
+from adapters.exact_json import dumps, loads
 from adapters.schema import setting
 
 from .cache.layer import FAILED, TierCalls
@@ -91,7 +91,7 @@ class ResponseStore:
         """The response, and for each of its items the response's id (the AI SDK sends earlier turns back as
         `item_reference`s to their ids, `store` being on by default); for `ttl_s`, or `[responses] ttl_s`."""
         resp_id, ttl_s = record.response["id"], self.cfg.ttl_s if ttl_s is None else min(ttl_s, self.cfg.ttl_s)
-        await self._put(_key(tenant, resp_id), record, orjson.dumps(record.__dict__), ttl_s)
+        await self._put(_key(tenant, resp_id), record, dumps(record.__dict__), ttl_s)
         for item in record.items() if record.kept() else []:
             await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode(), ttl_s)
 
@@ -107,7 +107,7 @@ class ResponseStore:
     async def get(self, tenant: str, resp_id: str) -> StoredResponse | None:
         if ":" in resp_id:  # never one of Velo's ids; "item:<id>" would read an item's entry as a response (a 500)
             return None
-        return await self._get(_key(tenant, resp_id), lambda payload: StoredResponse(**orjson.loads(payload)))
+        return await self._get(_key(tenant, resp_id), lambda payload: StoredResponse(**loads(payload)))
 
     async def item(self, tenant: str, item_id: str) -> dict[str, Any] | None:
         """The stored item with this id, from the response that made or was sent it."""

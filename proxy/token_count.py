@@ -8,8 +8,8 @@ import math
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-import orjson
 
+from adapters.exact_json import dumps
 from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo
 
 from .router import Target
@@ -38,8 +38,8 @@ def characters(req: ChatRequest | CompletionRequest) -> int:
         ids = len(req.prompt_ids or ()) * CHARS_PER_TOKEN
         return ids + len(req.prompt) + len(req.suffix or "") + len(req.system or "")
     chars = sum(len(m.content) + len(m.thinking) for m in req.messages)
-    chars += sum(len(orjson.dumps(c.arguments)) + len(c.name) for m in req.messages for c in m.tool_calls)
-    return chars + (len(orjson.dumps([[t.name, t.description, t.parameters] for t in req.tools])) if req.tools else 0)
+    chars += sum(len(dumps(c.arguments)) + len(c.name) for m in req.messages for c in m.tool_calls)
+    return chars + (len(dumps([[t.name, t.description, t.parameters] for t in req.tools])) if req.tools else 0)
 
 
 def surely_under(req: ChatRequest | CompletionRequest, tokens: int) -> bool:

@@ -5,11 +5,12 @@ from typing import Any
 
 import orjson
 
+from adapters.exact_json import dumps
 from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage
 
 
 def encode_chunks(chunks: list[Chunk]) -> bytes:
-    return orjson.dumps(chunks, default=_bytes)
+    return dumps(chunks, default=_bytes)
 
 
 def _bytes(value: Any) -> list[int]:

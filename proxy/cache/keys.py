@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import xxhash
 
+from adapters.exact_json import dumps
 from adapters.options import KNOBS
 from adapters.protocol import ChatRequest, CompletionRequest, Message, SamplingOptions
 
@@ -95,7 +96,7 @@ def _link_results(messages: list[Message], plain: list[dict[str, Any]]) -> None:
 
 def digest(value: Any) -> str:
     """XXH3-128 of the sorted-key orjson encoding, as hex."""
-    return xxhash.xxh3_128_hexdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    return xxhash.xxh3_128_hexdigest(dumps(value, option=orjson.OPT_SORT_KEYS))
 
 
 def exact_key(req: Request, scope: str) -> str:

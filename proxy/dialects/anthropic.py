@@ -19,6 +19,7 @@ import orjson
 
 from adapters import options
 from adapters.errors import BadRequest, ContextOverflow, UnusableFormat, VeloError
+from adapters.exact_json import dumps
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, ToolCall, Usage
 
@@ -240,7 +241,7 @@ def _server_result(content: Any) -> str:
             return f"{item['type']}: {item['error_code']}" if item.get("error_code") else str(item["type"])
     if items and all(isinstance(i, dict) and i.get("type") == "web_search_result" for i in items):
         return "".join(f"- {i.get('title', '')}: {i.get('url', '')}\n" for i in items)
-    return orjson.dumps(content).decode()
+    return dumps(content).decode()
 
 
 def _document(block: dict[str, Any], where: str) -> str:
@@ -441,7 +442,7 @@ def message_object(msg_id: str, model: str, whole: Chunk, max_tokens: int | None
 
 
 def event(name: str, obj: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + dumps(obj) + b"\n\n"
 
 
 @dataclass
@@ -477,7 +478,7 @@ class MessageStream:
         for call in chunk.tool_calls:
             block = _tool_use(call)
             out += self._block("tool_use", {**block, "input": {}}, fresh=True)
-            out.append(self._delta({"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}))
+            out.append(self._delta({"type": "input_json_delta", "partial_json": dumps(block["input"]).decode()}))
         if chunk.finish_reason is not None:
             out += self._end(stop_reason(chunk, self.max_tokens), chunk.usage, _matched(chunk))
         return b"".join(out)

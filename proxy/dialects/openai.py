@@ -16,6 +16,7 @@ import orjson
 
 from adapters import model_card, options
 from adapters.errors import BadRequest, ContextOverflow, ModelLacks, ModelNotFound, UnusableFormat, VeloError
+from adapters.exact_json import dumps, loads
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage, epoch)
 
@@ -125,7 +126,7 @@ def _vendor_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     for key, schema in given.items():
         if isinstance(schema, str):
             with contextlib.suppress(orjson.JSONDecodeError):
-                schema = orjson.loads(schema)
+                schema = loads(schema)
         if not isinstance(schema, dict):
             raise BadRequest(f"{key} must be a JSON Schema object", param=key)
         return schema
@@ -179,7 +180,7 @@ def _tool_call(raw: Any) -> ToolCall:
         raise BadRequest("tool_calls entries must be {id, type, function: {name, arguments}}", param="messages")
     args = fn.get("arguments") or "{}"
     try:
-        parsed = orjson.loads(args) if isinstance(args, str) else args
+        parsed = loads(args) if isinstance(args, str) else args
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"tool call arguments are not valid JSON: {e}", param="messages") from e
     if not isinstance(parsed, dict):
@@ -495,7 +496,7 @@ def _tool_calls(calls: list[ToolCall], stream: bool, first_index: int = 0) -> li
     out = []
     for i, c in enumerate(calls, first_index):
         item = {"id": c.id or f"call_{i}", "type": "function",
-                "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+                "function": {"name": c.name, "arguments": dumps(c.arguments).decode()}}
         out.append({"index": i, **item} if stream else item)
     return out
 
@@ -520,7 +521,7 @@ def _finish(chunk: Chunk, functions: bool = False) -> str | None:
 
 def _function_call(calls: list[ToolCall]) -> dict[str, str]:
     """The legacy form's one call (`parallel_tool_calls` was off, so there is one)."""
-    return {"name": calls[0].name, "arguments": orjson.dumps(calls[0].arguments).decode()}
+    return {"name": calls[0].name, "arguments": dumps(calls[0].arguments).decode()}
 
 
 class ChatIds:

@@ -20,6 +20,7 @@ import orjson
 
 from adapters import options
 from adapters.errors import BackendError, BadRequest, NotFound, Overloaded, VeloError
+from adapters.exact_json import dumps, loads
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, SamplingOptions, TokenLogprob, Tool, ToolCall,
                                Usage)
@@ -299,7 +300,7 @@ def _call(item: dict[str, Any], where: str) -> ToolCall:
         return ToolCall(name, {"input": get(item, "input", str, "")}, call_id)
     arguments = get(item, "arguments", str, "{}")
     try:
-        parsed = orjson.loads(arguments or "{}")
+        parsed = loads(arguments or "{}")
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"{where}.arguments: not valid JSON ({e})", param="input") from e
     if not isinstance(parsed, dict):
@@ -481,7 +482,7 @@ def call_item(call: ToolCall, names: dict[str, ToolName]) -> dict[str, Any]:
         item["namespace"] = wire.namespace
     if wire.custom:
         return {**item, "type": "custom_tool_call", "input": str(call.arguments.get("input", ""))}
-    return {**item, "type": "function_call", "arguments": orjson.dumps(call.arguments).decode()}
+    return {**item, "type": "function_call", "arguments": dumps(call.arguments).decode()}
 
 
 def output_items(whole: Chunk, names: dict[str, ToolName]) -> list[dict[str, Any]]:

@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 
 from adapters.errors import BackendError, VeloError
+from adapters.exact_json import dumps
 from adapters.protocol import Chunk, FinishReason, TokenLogprob, Usage
 
 from .openai import error_object, token_logprobs
@@ -141,7 +141,7 @@ class ResponseStream:
     def _event(self, kind: str, body: dict[str, Any]) -> bytes:
         obj = {"type": kind, "sequence_number": self.sequence, **body}
         self.sequence += 1
-        event = b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        event = b"event: " + kind.encode() + b"\ndata: " + dumps(obj) + b"\n\n"
         if self.log is not None:
             self.log.append(event)
         return event

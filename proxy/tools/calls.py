@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import orjson
 
 from adapters.errors import BackendError
+from adapters.exact_json import dumps
 from adapters.protocol import Chunk, Tool, ToolCall
 from proxy.tools.coerce import check_arguments, usable
 from proxy.tools.extract import RawCall, Region, raw_calls
@@ -73,7 +74,7 @@ class _Accepted:
 
     @property
     def key(self) -> CallKey:
-        return self.call.name, orjson.dumps(self.call.arguments, option=orjson.OPT_SORT_KEYS)
+        return self.call.name, dumps(self.call.arguments, option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema_rs
 import orjson
 
+from adapters.exact_json import dumps
 from adapters.per_schema import PerSchema
 from proxy.tools.repair import Unrepairable, parse_json
 
@@ -231,5 +232,5 @@ def _first_branch(value: Any, branches: list, root: dict, path: str, changes: li
 
 
 def _show(value: Any) -> str:
-    text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() if value is not _NO else "?"
+    text = dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() if value is not _NO else "?"
     return text if len(text) <= 40 else text[:37] + "..."

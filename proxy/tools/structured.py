@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from adapters.errors import BackendError
+from adapters.exact_json import dumps
 from adapters.fields import nests_deeper
 from proxy.tools.calls import RepairReport
 from proxy.tools.coerce import coerce, usable, validation_errors
@@ -41,7 +42,7 @@ def repair_structured(text: str, fmt: str | dict, report: RepairReport) -> str:
         value = _conform(value, schema, report)
     if len(report.repaired) + len(report.coerced) == changes:
         return text
-    return orjson.dumps(value).decode()
+    return dumps(value).decode()
 
 
 def schema_of(fmt: str | dict | None) -> dict:

@@ -1,0 +1,75 @@
+"""Integers past 64 bits through Velo. orjson reads one as a float and writes none: a tool call's
+`{"id": 12345678901234567890123}` reached the client as `{"id":1.2345678901234568e22}`, where OpenAI's wire carries
+arguments as text and Python's json (vLLM's, the SDKs') keeps them whole. Each is read and written whole."""
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from adapters.base import BackendConfig
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config
+from tests.fakes import FakeOpenAI
+
+BIG = 12345678901234567890123
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"id": {"type": "integer", "maximum": BIG}}}}}
+RESPONSES_TOOL = {"type": "function", **TOOL["function"]}
+ASK = [{"role": "user", "content": "look it up"}]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[TestClient, FakeOpenAI]]:
+    async with FakeOpenAI(models=["m"]) as up:
+        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
+                        cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(config))) as c:
+            yield c, up
+
+
+def _sent_arguments(up: FakeOpenAI) -> dict:
+    """The arguments of the history's call, as the backend read them (the fake reads with Python's json)."""
+    body = up.last("/v1/chat/completions")
+    assert body["tools"][0]["function"]["parameters"]["properties"]["id"]["maximum"] == BIG
+    return json.loads(body["messages"][1]["tool_calls"][0]["function"]["arguments"])
+
+
+async def test_a_clients_history_and_schema_keep_integers_past_64_bits(served: tuple[TestClient, FakeOpenAI]) -> None:
+    client, up = served
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"id": %d}' % BIG}}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": [TOOL]})
+    assert resp.status == 200, await resp.text()
+    assert _sent_arguments(up) == {"id": BIG}
+
+    messages = [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "lookup",
+                                                          "input": {"id": BIG}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "found"}]}]
+    anthropic_tool = {"name": "lookup", "input_schema": TOOL["function"]["parameters"]}
+    resp = await client.post("/v1/messages", json={"model": "m", "max_tokens": 9, "messages": messages,
+                                                   "tools": [anthropic_tool]})
+    assert resp.status == 200, await resp.text()
+    assert _sent_arguments(up) == {"id": BIG}
+
+    items = [{"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"id": %d}' % BIG},
+             {"type": "function_call_output", "call_id": "c1", "output": "found"}]
+    resp = await client.post("/v1/responses", json={"model": "m", "input": [*ASK, *items], "tools": [RESPONSES_TOOL]})
+    assert resp.status == 200, await resp.text()
+    assert _sent_arguments(up) == {"id": BIG}
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"seed": 2**70}),
+                                       ("/api/chat", {"options": {"seed": 2**70}, "stream": False})])
+async def test_an_integer_setting_past_64_bits_is_a_400_naming_it(served: tuple[TestClient, FakeOpenAI], path: str,
+                                                                   body: dict) -> None:
+    """Read as a float, OpenAI's was refused as "not an integer"; read whole, it must not reach a backend."""
+    resp = await served[0].post(path, json={"model": "m", "messages": ASK, **body})
+    answer = await resp.json()
+    assert resp.status == 400, answer
+    assert "seed" in json.dumps(answer) and "out of range" in json.dumps(answer)
+
