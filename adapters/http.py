@@ -32,7 +32,7 @@ from .base import BackendConfig
 from .bursts import Burst
 from .errors import (Answered, BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow,
                      ModelLacks, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
-from .exact_json import dumps
+from .exact_json import dumps, loads
 from .protocol import ChatRequest, Chunk, CompletionRequest, aggregate
 
 T = TypeVar("T")
@@ -411,7 +411,7 @@ class Upstream:
 
     def _loads(self, data: bytes) -> Any:
         try:
-            return orjson.loads(data)
+            return loads(data)
         except orjson.JSONDecodeError as e:
             error = BackendError(self.scrubbed(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}"))
             error.quotes_answer = True  # what it sent may be the model's text

@@ -16,7 +16,7 @@ import orjson
 
 from . import options
 from .errors import BackendError
-from .exact_json import dumps
+from .exact_json import dumps, loads
 from .fields import count, nests_deeper, reported, wire_text
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedResult, FinishReason, Message, OutputFormat,
                        SamplingOptions, TokenLogprob, ToolCall, Usage)
@@ -183,7 +183,7 @@ def complete_calls(calls: list[_PendingCall]) -> tuple[list[ToolCall], str]:
     for c in calls:
         arguments = c.arguments
         try:
-            args = orjson.loads(arguments or "{}")
+            args = loads(arguments or "{}")
         except orjson.JSONDecodeError:
             args = None
         if isinstance(args, dict) and not nests_deeper(args):

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from adapters.exact_json import dumps
+from adapters.exact_json import dumps, loads
 from adapters.protocol import Chunk, TokenLogprob, ToolCall, Usage
 
 
@@ -41,4 +39,4 @@ def _chunk(raw: dict[str, Any]) -> Chunk:
 
 
 def decode_chunks(data: bytes) -> list[Chunk]:
-    return [_chunk(raw) for raw in orjson.loads(data)]
+    return [_chunk(raw) for raw in loads(data)]

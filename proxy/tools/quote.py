@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from adapters.exact_json import loads
+
 # Where a string could have ended: a character that is not a quote, then closing brackets and a comma or the end.
 _ENDS = re.compile(r'(?<=[^"\s\\])(?=[\]}]*\s*(?:,\s*"|[\]}]\s*$))')
 _MAX_CHARS = 4096  # every candidate costs one strict parse: 32 parses of 4 KB take ~0.1 ms
@@ -27,7 +29,7 @@ def placed_quote(text: str) -> Any | None:
         if n == _MAX_CANDIDATES:
             return None
         try:
-            found.append(orjson.loads(text[:m.start()] + '"' + text[m.start():]))
+            found.append(loads(text[:m.start()] + '"' + text[m.start():]))
         except orjson.JSONDecodeError:
             continue
         if len(found) > 1:

@@ -21,6 +21,7 @@ from typing import Any
 import json_repair
 import orjson
 
+from adapters.exact_json import loads
 from adapters.fields import MAX_DEPTH, nests_deeper
 from proxy.tools.budget import check_budget
 
@@ -70,7 +71,7 @@ class Repaired:
 def parse_json(text: str) -> Repaired:
     """Parse `text` (an object or array, possibly broken) into a value; `fixes` names each repair made."""
     try:
-        value = orjson.loads(text)
+        value = loads(text)
     except orjson.JSONDecodeError:
         pass
     else:
@@ -83,7 +84,7 @@ def parse_json(text: str) -> Repaired:
     fixed = _fast_repair(text, fixes)
     if fixed is not None:
         try:
-            value = orjson.loads(fixed)
+            value = loads(fixed)
         except orjson.JSONDecodeError:
             pass
         else:
@@ -206,11 +207,9 @@ def _strings(value: Any) -> list[str]:
 
 
 def _cleaned(value: Any) -> Any:
-    """json-repair keeps NaN/Infinity, which are not JSON: null, as the fast pass does; an integer past 64 bits,
-    which orjson cannot write (a TypeError, and a 500): a float, as orjson reads one; and it decodes a lone
-    surrogate escape ("\\ud83d") into a string no JSON encoder writes: U+FFFD, as a UTF-8 decoder would."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
-        value = float(value) if value.bit_length() <= 1024 else math.inf  # float() of a larger one overflows
+    """json-repair keeps NaN/Infinity, which are not JSON: null, as the fast pass does; and it decodes a lone
+    surrogate escape ("\\ud83d") into a string no JSON encoder writes: U+FFFD, as a UTF-8 decoder would. An integer
+    past 64 bits stays whole (adapters/exact_json.py writes it)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, str):

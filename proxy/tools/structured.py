@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from adapters.errors import BackendError
-from adapters.exact_json import dumps
+from adapters.exact_json import dumps, loads
 from adapters.fields import nests_deeper
 from proxy.tools.calls import RepairReport
 from proxy.tools.coerce import coerce, usable, validation_errors
@@ -26,7 +26,7 @@ def repair_structured(text: str, fmt: str | dict, report: RepairReport) -> str:
     answer too large or too deeply nested to repair or check is passed through as it is ("skipped=size")."""
     changes = len(report.repaired) + len(report.coerced)
     try:
-        value = orjson.loads(text)
+        value = loads(text)
     except orjson.JSONDecodeError:
         if len(text) > MAX_REPAIR_CHARS:
             report.skipped.append("size")

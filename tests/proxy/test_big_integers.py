@@ -73,3 +73,41 @@ async def test_an_integer_setting_past_64_bits_is_a_400_naming_it(served: tuple[
     assert resp.status == 400, answer
     assert "seed" in json.dumps(answer) and "out of range" in json.dumps(answer)
 
+
+def _streamed_arguments(text: str) -> str:
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    return "".join(c["function"].get("arguments", "") for e in events for ch in e["choices"]
+                   for c in ch["delta"].get("tool_calls") or [])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_models_tool_call_keeps_integers_past_64_bits(served: tuple[TestClient, FakeOpenAI],
+                                                               stream: bool) -> None:
+    """In each dialect, streamed or not; the schema's own bound, read whole too, lets it through."""
+    client, up = served
+    up.script.tool_calls = [{"name": "lookup", "arguments": '{"id": %d}' % BIG}]
+    body = {"model": "m", "messages": ASK, "tools": [TOOL], "stream": stream}
+    resp = await client.post("/v1/chat/completions", json=body)
+    if stream:
+        arguments = _streamed_arguments(await resp.text())
+    else:
+        arguments = (await resp.json())["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == {"id": BIG}, arguments
+    if stream:
+        return
+    resp = await client.post("/api/chat", json=body)
+    assert (await resp.json())["message"]["tool_calls"][0]["function"]["arguments"] == {"id": BIG}
+    anthropic_tool = {"name": "lookup", "input_schema": TOOL["function"]["parameters"]}
+    resp = await client.post("/v1/messages", json={**body, "max_tokens": 9, "tools": [anthropic_tool]})
+    assert [b["input"] for b in (await resp.json())["content"] if b["type"] == "tool_use"] == [{"id": BIG}]
+    resp = await client.post("/v1/responses", json={"model": "m", "input": ASK, "tools": [RESPONSES_TOOL]})
+    calls = [i["arguments"] for i in (await resp.json())["output"] if i["type"] == "function_call"]
+    assert [json.loads(a) for a in calls] == [{"id": BIG}]
+
+
+async def test_a_repaired_structured_answer_keeps_integers_past_64_bits(served: tuple[TestClient, FakeOpenAI]) -> None:
+    """A JSON answer Velo repairs (here a trailing comma) is written again: as the model wrote it, not as a float."""
+    client, up = served
+    up.script.reply = '{"id": %d,}' % BIG
+    resp = await client.post("/api/chat", json={"model": "m", "messages": ASK, "stream": False, "format": "json"})
+    assert json.loads((await resp.json())["message"]["content"]) == {"id": BIG}

@@ -239,12 +239,21 @@ def test_an_integer_in_a_string_is_read_exactly() -> None:
     assert calls[0].arguments["days"] == 12345678901234567893
 
 
+@pytest.mark.parametrize("args", ['{"city": "Paris", "days": 12345678901234567890123}',
+                                  "{'city': 'Paris', 'days': 12345678901234567890123,}"])
+def test_an_integer_past_64_bits_in_a_call_stays_whole(args: str) -> None:
+    """orjson reads it as a float: 1.2345678901234568e22 went out, where the model wrote the integer."""
+    text = '<tool_call>{"name": "get_weather", "arguments": %s}</tool_call>' % args
+    _, calls, _ = repair_message(text, [], [Tool("get_weather", parameters={"type": "object"})])
+    assert calls[0].arguments["days"] == 12345678901234567890123
+
+
 def test_a_broken_call_with_a_huge_number_is_repaired_not_a_crash() -> None:
-    """The repair library reads any integer, and orjson writes none past 64 bits (a TypeError, and a 500); it is a
-    float, as orjson reads one from JSON that needs no repair."""
+    """The repair library reads any integer, and orjson writes none past 64 bits (a TypeError, and a 500); it stays
+    whole, as JSON that needs no repair is read (adapters/exact_json.py)."""
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 1' + "0" * 30 + ', x: tru}}'
     _, calls, _ = repair_message(text + "</tool_call>", [], [Tool("get_weather", parameters={"type": "object"})])
-    assert calls[0].arguments["days"] == 1e30
+    assert calls[0].arguments["days"] == 10**30
 
 
 def test_a_key_a_pattern_allows_is_kept_and_coerced_by_its_pattern() -> None:

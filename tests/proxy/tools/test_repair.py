@@ -1,11 +1,11 @@
 """JSON repair: each breakage small models produce, the value it must become, and the fix it is reported as."""
 from __future__ import annotations
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapters.exact_json import dumps, loads
 from proxy.tools.repair import Unrepairable, decode_arguments, parse_json, parse_json_values
 
 # (broken text, expected value, a fix that must be reported)
@@ -128,4 +128,4 @@ def test_any_text_gives_plain_json_or_unrepairable(text: str) -> None:
         out = parse_json(text)
     except Unrepairable:
         return
-    assert orjson.loads(orjson.dumps(out.value)) == out.value  # plain JSON: no NaN, no tuples, no sets
+    assert loads(dumps(out.value)) == out.value  # plain JSON: no NaN, no tuples, no sets; integers whole
