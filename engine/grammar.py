@@ -18,8 +18,15 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 
 def json_grammar(schema: dict | None) -> str:
-    """Grammar for one JSON value matching schema; None means any JSON object (Ollama `format: "json"`)."""
-    return llguidance.LLMatcher.grammar_from_json_schema(schema or {"type": "object"}, defaults=JSON_OPTIONS)
+    """Grammar for one JSON value matching schema; None means any JSON object (Ollama `format: "json"`). llguidance
+    takes a dict's integers within 64 bits only, and any in JSON text (a bound past them read as a float)."""
+    schema = schema or {"type": "object"}
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except ValueError as e:
+        if "not JSON serializable" not in str(e):
+            raise
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
 
 
 def grammar_for(format: str | dict | None = None, tools: list[dict] | None = None,

@@ -77,6 +77,19 @@ def test_grammar_for_accepts_exactly_the_valid_outputs(bpe, kwargs, good, bad):
     assert not any(accepts(c, grammar, text) for text in bad)
 
 
+BOUNDED = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "maximum": 2**70}}}
+
+
+@pytest.mark.parametrize("kwargs", [{"format": BOUNDED}, {"tools": [{"name": "f", "parameters": BOUNDED}],
+                                                         "tool_choice": "required"}])
+def test_a_bound_past_64_bits_compiles(bpe, kwargs):
+    """Client schemas keep such integers whole (adapters/exact_json.py); llguidance takes a dict's integers within
+    64 bits only ("Value is not JSON serializable": a tool's 400 on the engine alone)."""
+    grammar = grammar_for(**kwargs)
+    text = '{"n": 3}' if "format" in kwargs else '{"name": "f", "arguments": {"n": 3}}'
+    assert accepts(Constrainer(bpe, bpe.vocab_size), grammar, text)
+
+
 def test_no_format_and_no_tools_means_free_text():
     assert grammar_for() is None and grammar_for(tools=[WEATHER], tool_choice="none") is None
 
