@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from .errors import Unsupported
 from .schema import setting
@@ -129,6 +129,11 @@ class Backend(ABC):
     async def concurrency(self) -> int:
         """How many requests the backend runs at once (config, else what it reports, else 4)."""
         return self.config.max_concurrency or 4
+
+    def watch_slots(self, resize: Callable[[int], None]) -> None:
+        """Has `resize(n)` called when the requests the backend takes at once change while it runs (a replica set's
+        replicas going out of service and back), so that what it cannot take waits in the admit stage's queue. Most
+        backends' never change."""
 
     async def health(self) -> bool:
         return True

@@ -8,7 +8,8 @@ read it, then dropped the connection or cut its answer: `BackendError.taken`); o
 client's. A replica loading its model is passed over for a ready one; when all are loading, the request waits for
 one, as for a single backend. Repeated failures open the replica's circuit for a cool-down (it gets no requests);
 after it, the next failure reopens it at once. A background probe keeps `healthy`; replicas failing it are tried
-only when no healthy one is left. The set lists what its healthy replicas list, together.
+only when no healthy one is left. The set lists what its healthy replicas list, together. Velo's queue in front of
+the set takes the slots of the replicas in service (`ReplicaSet.slots`), told anew as replicas leave and come back.
 
 Replica settings live in the backend's `options`: `affinity` ("prefix" or "none"), `health_interval_s`,
 `breaker_failures`, `breaker_cooldown_s`; they are stripped before the options reach the replicas' adapters.
@@ -72,13 +73,24 @@ class Replica:
     healthy: bool = True
     failures: int = 0  # consecutive
     open_until: float = 0.0  # circuit open (skipped) until this monotonic time
+    slots: int | None = None  # what it reported (`concurrency`); None until it has
 
     def closed(self, now: float) -> bool:
         """The circuit lets requests through."""
         return self.open_until <= now
 
-    def succeeded(self) -> None:
+    def in_service(self) -> bool:
+        """Its slots count toward the set's: it passes its probes and its circuit has not opened since its last
+        success. Out of its cool-down it is tried again (`order`), and counted again once a request succeeds there:
+        counted at once, a replica still broken drew a burst of queued requests that all failed over to the others,
+        past their slots."""
+        return self.healthy and not self.open_until
+
+    def succeeded(self) -> bool:
+        """True where its circuit had opened: it is back in service."""
+        was_open = self.open_until != 0.0
         self.failures, self.open_until = 0, 0.0
+        return was_open
 
     def failed(self, opts: ReplicaOptions) -> None:
         self.failures += 1
@@ -107,6 +119,8 @@ class ReplicaSet(Backend):
         self.options = options or ReplicaOptions()
         self.replicas = [Replica(b) for b in replicas]
         self._prober: asyncio.Task | None = None
+        self._resize: Callable[[int], None] | None = None  # `watch_slots`
+        self._slots: int | None = None  # the slots last said (`concurrency`, `_recount`)
         for member in replicas:  # one loading its model is passed over for a ready one, not waited for (300 s)
             if isinstance(upstream := getattr(member, "http", None), Upstream):
                 upstream.waits_for_loads = False
@@ -123,6 +137,7 @@ class ReplicaSet(Backend):
         self._prober = asyncio.create_task(self._probe_forever(), name=f"health:{self.name}")
 
     async def close(self) -> None:
+        self._resize = None  # a queue kept through a reload is the next configuration's set's to size
         if self._prober is not None:
             self._prober.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -136,6 +151,7 @@ class ReplicaSet(Backend):
             if ok and not replica.healthy:
                 replica.succeeded()
             replica.healthy = ok
+        self._recount()
 
     async def _probe_forever(self) -> None:
         while True:
@@ -146,14 +162,39 @@ class ReplicaSet(Backend):
         return any(r.healthy for r in self.replicas)
 
     async def concurrency(self) -> int:
-        """The replicas' slots added up: Velo's admission queue sits in front of the whole set. A replica that
-        cannot say (down) counts as its configured limit or 4, as a single backend would; when none can say, the
-        error of one, so that the admit stage asks again until they do."""
+        """The slots of the replicas in service (`slots`), as each replica reports its own: Velo's admission queue
+        sits in front of the whole set. When none can say, the error of one, so that the admit stage asks again
+        until they do."""
         answers = await asyncio.gather(*(r.backend.concurrency() for r in self.replicas), return_exceptions=True)
         if all(isinstance(n, BaseException) for n in answers):
             raise answers[0]
+        for replica, n in zip(self.replicas, answers):
+            if isinstance(n, int):
+                replica.slots = n
+        self._slots = self.slots()
+        return self._slots
+
+    def slots(self) -> int:
+        """The slots of the replicas in service added up (one that never said, down: its configured limit or 4, as
+        a single backend's); one replica's worth when none is, so that requests still come to try them (and fail
+        over, or fast). The sum of all, with one replica out, sent its share to the others at once, which queued it
+        in their own queues, outside Velo's order and its `queue_timeout_s`."""
         fallback = self.config.max_concurrency or 4
-        return sum(n if isinstance(n, int) else fallback for n in answers)
+        each = [(fallback if r.slots is None else r.slots, r.in_service()) for r in self.replicas]
+        return sum(n for n, serves in each if serves) or max(n for n, _ in each)
+
+    def watch_slots(self, resize: Callable[[int], None]) -> None:
+        self._resize = resize
+        self._recount()
+
+    def _recount(self) -> None:
+        """Tells the watcher the set's slots where they changed: a replica's circuit opened or closed, or its
+        probes failed or passed again."""
+        slots = self.slots()
+        if self._resize is not None and slots != self._slots:
+            log.info("backend %r: %s in service", self.name, counted(slots, "slot"))
+            self._slots = slots
+            self._resize(slots)
 
     def order(self, affinity_key: str | None = None) -> list[Replica]:
         """Replicas to try, best first: healthy ones by outstanding requests (the affinity replica first when it
@@ -227,7 +268,7 @@ class ReplicaSet(Backend):
                     if (error := task.exception()) is not None:
                         self._failed(asked[task], error)
                         continue
-                    asked[task].succeeded()
+                    self._succeeded(asked[task])
                     listings.append(task.result())
                     until = until or loop.time() + _LISTING_GRACE_S
         finally:
@@ -313,7 +354,7 @@ class ReplicaSet(Backend):
                     continue
                 finally:
                     replica.outstanding -= 1
-                replica.succeeded()
+                self._succeeded(replica)
                 return result
             await self._after_all_failed(errors, until)
 
@@ -331,7 +372,7 @@ class ReplicaSet(Backend):
                     try:
                         first = await stream.__anext__()
                     except StopAsyncIteration:
-                        replica.succeeded()
+                        self._succeeded(replica)
                         return
                     except _RETRYABLE as e:
                         self._tried(replica, e, errors)
@@ -343,7 +384,7 @@ class ReplicaSet(Backend):
                     except BackendError as e:  # mid-stream: too late to hide it
                         self._failed(replica, e)
                         raise
-                    replica.succeeded()
+                    self._succeeded(replica)
                     return
                 finally:
                     replica.outstanding -= 1
@@ -383,10 +424,15 @@ class ReplicaSet(Backend):
             return Overloaded(what, retry_after=min(waits, default=None))
         return BackendUnavailable(what)
 
+    def _succeeded(self, replica: Replica) -> None:
+        if replica.succeeded():
+            self._recount()
+
     def _failed(self, replica: Replica, error: BaseException) -> None:
         log.warning("replica %s failed: %s", replica.backend.name, error)
         if isinstance(error, BackendError) and not isinstance(error, Loading):  # busy or loading is not broken
             replica.failed(self.options)
+            self._recount()
 
 
 async def _probe(backend: Backend, timeout: float) -> bool:

@@ -144,8 +144,8 @@ class AdmissionController:
             raise
 
     def resize(self, limit: int) -> None:
-        """A new slot count (a backend down at startup has said its own): waiters take the slots it adds; fewer
-        take effect as running requests end."""
+        """A new slot count (a backend down at startup has said its own, a replica set's replica left or came back):
+        waiters take the slots it adds; fewer take effect as running requests end."""
         self.limit = max(1, limit)
         while self.running < self.limit and (nxt := self._next()) is not None:
             self.running += 1

@@ -61,10 +61,10 @@ class Admit(Stage):
         services.registry.register(self)
 
     async def start(self) -> None:
-        """Sizes each backend's queue from what it reports (e.g. llama-server slots). A server the previous
-        configuration named too keeps its queue, whatever else of its settings changed, so requests of both
-        configurations share its slots; the queue takes its new size, and its new wait limit for requests that queue
-        from then on."""
+        """Sizes each backend's queue from what it reports (e.g. llama-server slots), and as that changes. A server
+        the previous configuration named too keeps its queue, whatever else of its settings changed, so requests of
+        both configurations share its slots; the queue takes its new size, and its new wait limit for requests that
+        queue from then on."""
         batching = self.services.config.batching
         backends = list(self.services.router.backends.values())
         held = [self._queue(b, batching) for b in backends]
@@ -82,6 +82,7 @@ class Admit(Stage):
             queue.controller.max_queue = batching.max_queue
             queue.controller.queue_timeout_s = batching.queue_timeout_s
             self.controllers[backend.name] = queue.controller
+            backend.watch_slots(queue.controller.resize)  # a replica set's, as its replicas leave and come back
 
     def _queue(self, backend: Backend, batching: BatchingConfig) -> tuple[asyncio.Future, bool]:
         async def opened() -> _Queue:

@@ -305,6 +305,84 @@ async def test_concurrency_adds_up_replicas_and_tolerates_one_that_is_down():
         await rs.concurrency()
 
 
+async def test_the_sets_slots_are_those_of_its_replicas_in_service():
+    """Told as they change: a replica failing its probes or with its circuit open takes its slots out; none in
+    service leaves one replica's worth, for requests to try them; a replica back (its probe, or a request out of its
+    cool-down succeeding) brings its own back."""
+    rs, members = replica_set(Script(), Script(), breaker_failures=1, breaker_cooldown_s=0.1)
+    members[0].config.max_concurrency, members[1].config.max_concurrency = 2, 3
+    told: list[int] = []
+    assert await rs.concurrency() == 5
+    rs.watch_slots(told.append)
+    healthy = [False, True]
+    for i, member in enumerate(members):
+        async def health(i: int = i) -> bool:
+            return healthy[i]
+        member.health = health  # type: ignore[method-assign]
+    for up in ([False, True], [False, False], [True, False], [True, True]):
+        healthy[:] = up
+        await rs.probe()
+    assert told == [3, 2, 5]  # none in service: the larger replica's 3
+    members[1].script = Script(fail_after=0)
+    rs.replicas[0].outstanding = 5  # the request goes to the failing replica first, then over
+    assert await text(rs) == "Hello world" and told == [3, 2, 5, 2]
+    members[1].script = Script()
+    await asyncio.sleep(0.15)
+    assert await text(rs) == "Hello world" and told == [3, 2, 5, 2, 5]
+
+
+class _Counted(FakeOpenAI):
+    """Counts the chats it runs at once."""
+
+    def __init__(self) -> None:
+        super().__init__(models=["m"])
+        self.running = self.peak = 0
+
+    async def chat(self, request):  # noqa: ANN001, ANN201
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            return await super().chat(request)
+        finally:
+            self.running -= 1
+
+
+async def test_the_queue_holds_what_the_replicas_out_of_service_would_have_taken():
+    """With one of two replicas of 2 slots out (its circuit open), 4 requests went at once to the other, which
+    queued half in its own queue, outside Velo's order and its queue_timeout_s; its slots come back with it."""
+    async with _Counted() as out, _Counted() as live:
+        for fake in (out, live):
+            fake.script.token_delay = 0.02
+        cfg = BackendConfig(name="pool", kind="openai", urls=[out.url, live.url], max_concurrency=2,
+                            options={"affinity": "none", "breaker_failures": 1, "breaker_cooldown_s": 0.3})
+        app = make_app(Config(default_backend="pool", backends=[cfg]), {"pool": make_backend(cfg)})
+        async with TestClient(TestServer(app)) as c:
+            async def ask() -> None:
+                resp = await c.post("/v1/chat/completions", json={"model": "m", "stream": True,
+                                                                  "messages": [{"role": "user", "content": "hi"}]})
+                assert resp.status == 200, await resp.text()
+                await resp.read()
+
+            async def gauge(name: str) -> float:
+                scraped = await (await c.get("/metrics")).text()
+                return float(next(line.split()[-1] for line in scraped.splitlines()
+                                  if line.startswith(f'{name}{{backend="pool"}}')))
+            assert await gauge("velo_backend_slots") == 4
+            out.script.fail_status = 500
+            await ask()  # the first replica fails (the listing, or the chat it fails over), and its circuit opens
+            assert await gauge("velo_backend_slots") == 2
+            burst, deepest = asyncio.ensure_future(asyncio.gather(*[ask() for _ in range(6)])), 0.0
+            while not burst.done():
+                deepest = max(deepest, await gauge("velo_queue_depth"))
+                await asyncio.sleep(0.01)
+            await burst
+            assert live.peak == 2 and deepest > 0  # the rest waited in Velo's queue, not in the replica's
+            out.script.fail_status = None
+            await asyncio.sleep(0.35)  # its cool-down: the next request is its to try, and its success restores it
+            await asyncio.gather(*[ask() for _ in range(8)])
+            assert await gauge("velo_backend_slots") == 4 and live.peak == 2 and out.peak == 2
+
+
 @pytest.mark.parametrize("kind, traits", [
     ("llamacpp", {"answers_unlisted_names": True, "constrains_format": True, "fits_context": False}),
     ("ollama", {"answers_unlisted_names": False, "fits_context": True, "own_defaults": "ollama"}),
