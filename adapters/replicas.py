@@ -7,9 +7,10 @@ is skipped and the next one tried, so the client never sees the failure, unless 
 read it, then dropped the connection or cut its answer: `BackendError.taken`); once bytes went out the error is the
 client's. A replica loading its model is passed over for a ready one; when all are loading, the request waits for
 one, as for a single backend. Repeated failures open the replica's circuit for a cool-down (it gets no requests);
-after it, the next failure reopens it at once. A background probe keeps `healthy`; replicas failing it are tried
-only when no healthy one is left. The set lists what its healthy replicas list, together. Velo's queue in front of
-the set takes the slots of the replicas in service (`ReplicaSet.slots`), told anew as replicas leave and come back.
+after it, the next failure reopens it at once. A probe at start, then every `health_interval_s`, keeps `healthy`;
+replicas failing it are tried only when no healthy one is left. The set lists what its healthy replicas list,
+together. Velo's queue in front of the set takes the slots of the replicas in service (`ReplicaSet.slots`), told
+anew as replicas leave and come back.
 
 Replica settings live in the backend's `options`: `affinity` ("prefix" or "none"), `health_interval_s`,
 `breaker_failures`, `breaker_cooldown_s`; they are stripped before the options reach the replicas' adapters.
@@ -133,7 +134,11 @@ class ReplicaSet(Backend):
         return cls(config, members, opts)
 
     async def start(self) -> None:
+        """Probes every replica before the set serves: each started counted healthy, so one down when Velo started
+        held its slots in the set's and drew the first requests (each failing over) until the first interval's
+        probe, `health_interval_s` later."""
         await asyncio.gather(*(r.backend.start() for r in self.replicas))
+        await self.probe()
         self._prober = asyncio.create_task(self._probe_forever(), name=f"health:{self.name}")
 
     async def close(self) -> None:

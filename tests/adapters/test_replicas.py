@@ -196,6 +196,24 @@ async def test_probe_marks_unhealthy_replicas_last_resort_and_recovery():
     assert rs.replicas[0].healthy
 
 
+async def test_a_replica_down_when_the_set_starts_is_out_from_the_start():
+    """Replicas started counted healthy: one down when Velo started held its slots in the set's and took the first
+    requests (each failing over) until the first probe, `health_interval_s` (5 s) later."""
+    rs, members = replica_set(Script(fail_after=0), Script(), health_interval_s=60)
+
+    async def down() -> bool:
+        return False
+    members[0].health = down  # type: ignore[method-assign]
+    await rs.start()
+    try:
+        assert [r.healthy for r in rs.replicas] == [False, True] and await rs.concurrency() == 4
+        for _ in range(3):
+            assert await text(rs) == "Hello world"
+        assert [len(m.requests) for m in members] == [0, 3]
+    finally:
+        await rs.close()
+
+
 async def test_prefix_affinity_keeps_a_conversation_on_one_replica():
     rs, members = replica_set(Script(), Script(), Script(), affinity="prefix")
     for turn in range(4):
@@ -253,11 +271,13 @@ async def test_registry_builds_a_replica_set_that_fails_over_to_a_live_server(de
                 assert resp.status == 200, await resp.text()
                 assert (await resp.json())["choices"][0]["message"]["content"].startswith("Hello")
             scraped = await (await c.get("/metrics")).text()
+        assert 'velo_replica_up{backend="pool",replica="pool[0]"} 0.0' in scraped
         assert 'velo_replica_up{backend="pool",replica="pool[1]"} 0.0' in scraped
         assert 'velo_replica_up{backend="pool",replica="pool[2]"} 1.0' in scraped
         assert 'velo_replica_outstanding{backend="pool",replica="pool[2]"} 0.0' in scraped
         chats = [r for r in live.requests if r.path == "/v1/chat/completions"]
-        assert len(chats) == 2 and len(failing.requests) == 1  # its circuit opened after one failure
+        assert len(chats) == 2  # the set's start probed each replica: the failing one was asked nothing past its probe
+        assert [(r.method, r.path) for r in failing.requests] == [("GET", "/v1/models")]
 
 
 @pytest.mark.parametrize("always_stream", [True, False])
