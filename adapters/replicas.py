@@ -74,7 +74,7 @@ class Replica:
     healthy: bool = True
     failures: int = 0  # consecutive
     open_until: float = 0.0  # circuit open (skipped) until this monotonic time
-    slots: int | None = None  # what it reported (`concurrency`); None until it has
+    slots: int | None = None  # what it reported (`concurrency`, or its probe passing); None until it has
 
     def closed(self, now: float) -> bool:
         """The circuit lets requests through."""
@@ -150,12 +150,16 @@ class ReplicaSet(Backend):
         await asyncio.gather(*(r.backend.close() for r in self.replicas), return_exceptions=True)
 
     async def probe(self) -> None:
-        """Asks every replica for its health once; a replica that recovers gets its circuit closed."""
-        states = await asyncio.gather(*(_probe(r.backend, self.options.health_interval_s) for r in self.replicas))
+        """Asks every replica for its health once; a replica that recovers gets its circuit closed, and one passing
+        that never said its slots (down when the set was asked them) is asked them now: it counted as the configured
+        limit or 4 for good, so a llama-server of 1 slot back from a restart took 4 requests at once."""
+        wait = self.options.health_interval_s
+        states = await asyncio.gather(*(_probe(r.backend, wait) for r in self.replicas))
         for replica, ok in zip(self.replicas, states):
             if ok and not replica.healthy:
                 replica.succeeded()
             replica.healthy = ok
+        await self._ask_slots([r for r, ok in zip(self.replicas, states) if ok and r.slots is None], wait)
         self._recount()
 
     async def _probe_forever(self) -> None:
@@ -170,20 +174,26 @@ class ReplicaSet(Backend):
         """The slots of the replicas in service (`slots`), as each replica reports its own: Velo's admission queue
         sits in front of the whole set. When none can say, the error of one, so that the admit stage asks again
         until they do."""
-        answers = await asyncio.gather(*(r.backend.concurrency() for r in self.replicas), return_exceptions=True)
+        answers = await self._ask_slots(self.replicas)
         if all(isinstance(n, BaseException) for n in answers):
             raise answers[0]
-        for replica, n in zip(self.replicas, answers):
-            if isinstance(n, int):
-                replica.slots = n
         self._slots = self.slots()
         return self._slots
 
+    async def _ask_slots(self, replicas: list[Replica], timeout: float | None = None) -> list[int | BaseException]:
+        """What each replica reports of its slots (`concurrency`), or its error; kept in `Replica.slots` where said."""
+        answers = await asyncio.gather(*(asyncio.wait_for(r.backend.concurrency(), timeout) for r in replicas),
+                                       return_exceptions=True)
+        for replica, n in zip(replicas, answers):
+            if isinstance(n, int):
+                replica.slots = n
+        return answers
+
     def slots(self) -> int:
-        """The slots of the replicas in service added up (one that never said, down: its configured limit or 4, as
-        a single backend's); one replica's worth when none is, so that requests still come to try them (and fail
-        over, or fast). The sum of all, with one replica out, sent its share to the others at once, which queued it
-        in their own queues, outside Velo's order and its `queue_timeout_s`."""
+        """The slots of the replicas in service added up (one that never said, down, until its probe passes: its
+        configured limit or 4, as a single backend's); one replica's worth when none is, so that requests still come
+        to try them (and fail over, or fast). The sum of all, with one replica out, sent its share to the others at
+        once, which queued it in their own queues, outside Velo's order and its `queue_timeout_s`."""
         fallback = self.config.max_concurrency or 4
         each = [(fallback if r.slots is None else r.slots, r.in_service()) for r in self.replicas]
         return sum(n for n, serves in each if serves) or max(n for n, _ in each)

@@ -351,6 +351,31 @@ async def test_the_sets_slots_are_those_of_its_replicas_in_service():
     assert await text(rs) == "Hello world" and told == [3, 2, 5, 2, 5]
 
 
+async def test_a_replica_that_never_said_its_slots_is_asked_when_its_probe_passes():
+    """A replica down when the set was asked its slots counted as the configured limit or 4 once back, and was never
+    asked again: a llama-server of 1 slot took 4 requests at once, 3 queued in its own queue outside Velo's."""
+    rs, members = replica_set(Script(), Script())
+    up, says = [False, True], [True, True]
+    for i, member in enumerate(members):
+        async def health(i: int = i) -> bool:
+            return up[i]
+
+        async def concurrency(i: int = i) -> int:
+            if not (up[i] and says[i]):
+                raise BackendUnavailable("not reachable")
+            return (1, 3)[i]
+        member.health, member.concurrency = health, concurrency  # type: ignore[method-assign]
+    await rs.probe()
+    assert await rs.concurrency() == 3 and rs.replicas[0].slots is None
+    told: list[int] = []
+    rs.watch_slots(told.append)
+    up[0], says[0] = True, False  # back, but its slots not yet said (/props failing): 4 until it says
+    await rs.probe()
+    says[0] = True
+    await rs.probe()
+    assert told == [7, 4] and rs.replicas[0].slots == 1
+
+
 class _Counted(FakeOpenAI):
     """Counts the chats it runs at once."""
 
