@@ -29,6 +29,7 @@ from .state import GENERATIONS, RELOADER
 
 log = logging.getLogger("velo")
 _AFTER_ENDING_S = 2.0  # for ended requests to write their error events, and for aiohttp's own shutdown
+_CANCELLED_START_S = 1.0  # for a start stopped by a signal to end, unless a model's load holds it
 
 
 def find_config(explicit: str | None) -> Path | None:
@@ -75,7 +76,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     loop.add_signal_handler(signal.SIGHUP, hangup)
     try:
         try:
-            await runner.setup()
+            await _set_up(runner, stop)
         except Exception as e:  # a backend, a cache tier or a model that cannot open: one line, as a config error
             log.debug("start-up failed", exc_info=True)
             raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)") from e
@@ -102,6 +103,24 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+
+
+async def _set_up(runner: web.AppRunner, stop: asyncio.Event) -> None:
+    """runner.setup(), cancelled when `stop` is set first. A model's load runs in a thread that no cancel ends, and
+    the start cancelled waits for it (to unload it), as the interpreter's exit does (it joins the thread): Ctrl-C
+    during SmolLM2's load exited 34 s later. A start that does not end within `_CANCELLED_START_S` is left: the
+    process exits at once, losing nothing, as it has served nothing yet (a llama-server Velo runs dies with it)."""
+    setup, stopped = asyncio.ensure_future(runner.setup()), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((setup, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        setup.cancel()  # where it has not ended: the stop came first
+    if not (await asyncio.wait((setup,), timeout=_CANCELLED_START_S))[0]:
+        log.info("stopped while loading a model: exiting without waiting for the load")
+        os._exit(0)
+    if not setup.cancelled():
+        setup.result()
 
 
 def _freeze_the_heap() -> None:

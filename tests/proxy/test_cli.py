@@ -3,13 +3,21 @@ message rather than a traceback or a silent default."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from adapters.base import BackendConfig
 from proxy.cli import _Hangup, check_listen, default_config, find_config, main
 from proxy.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_config_file_named_by_velo_config_must_be_there(tmp_path, monkeypatch):
@@ -144,6 +152,34 @@ async def test_a_stop_while_starting_never_listens(caplog, unused_tcp_port):
         await asyncio.wait_for(cli.serve(config, stop), 30)
     assert "listening" not in caplog.text.replace("not listening", "")
     assert "stopped while starting: not listening" in caplog.text
+
+
+# `python -m proxy serve` whose engine's model load takes a minute, in a thread as the real one (which no signal
+# stops either); it says "loading" when the load starts.
+SLOW_LOAD = [sys.executable, "-c", "import runpy, time, engine\n"
+             "def load(*_):\n    print('loading', flush=True)\n    time.sleep(60)\n"
+             "engine.LLMEngine.from_pretrained = load\nrunpy.run_module('proxy', run_name='__main__')"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_while_a_model_loads_ends_velo_at_once(sig, tmp_path, unused_tcp_port):
+    """Ctrl-C during the engine's load waited for all of it (SmolLM2: 34 s on a busy machine), then exited: the
+    start waited to unload what it loaded, and the interpreter's exit joins the load's thread."""
+    (tmp_path / "model.gguf").write_bytes(b"")
+    (tmp_path / "config.toml").write_text(f'[server]\nport = {unused_tcp_port}\n[[backends]]\nname = "e"\n'
+                                          f'kind = "engine"\noptions = {{ model = "{tmp_path / "model.gguf"}" }}\n')
+    proc = subprocess.Popen([*SLOW_LOAD, "serve", "--config", str(tmp_path / "config.toml")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "loading\n"
+        proc.send_signal(sig)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 5 and proc.returncode == 0, err
+    assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("port", ["abc", "0", "65536", "-1"])
