@@ -91,6 +91,11 @@ class Backend(ABC):
     async def close(self) -> None:
         """Release connections and workers."""
 
+    @property
+    def loading(self) -> bool:
+        """Whether a model load runs in a thread of this process now: nothing stops one, and the exit waits for it."""
+        return False
+
     @abstractmethod
     async def list_models(self) -> list[ModelInfo]: ...
 

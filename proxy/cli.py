@@ -29,7 +29,6 @@ from .state import GENERATIONS, RELOADER
 
 log = logging.getLogger("velo")
 _AFTER_ENDING_S = 2.0  # for ended requests to write their error events, and for aiohttp's own shutdown
-_CANCELLED_START_S = 1.0  # for a start stopped by a signal to end, unless a model's load holds it
 
 
 def find_config(explicit: str | None) -> Path | None:
@@ -57,14 +56,15 @@ def check_listen(host: str, port: int) -> None:
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
 
 
-async def serve(config: Config, stop: asyncio.Event | None = None, config_path: Path | None = None) -> None:
+async def serve(config: Config, stop: asyncio.Event | None = None, config_path: Path | None = None) -> bool:
     """Serves until SIGINT/SIGTERM (or `stop` is set), then shuts down gracefully: the listening socket closes
     and idle connections are told to close, in-flight requests get `server.shutdown_grace_s` to finish, those
     still running are ended with their dialect's error (a stream's error event; 503 "shutting down"), which
     cancels their backend work, and only then are the backends closed (before, aiohttp's own shutdown waited
     twice the grace and then cut streams with no error event). With `config_path`, SIGHUP or an edit of that file
     reloads the configuration (proxy/reload.py). The signals are Velo's from the start: a SIGHUP while an engine
-    loaded its model, or to a Velo without a config file, ended the process (`systemctl reload` sends one)."""
+    loaded its model, or to a Velo without a config file, ended the process (`systemctl reload` sends one).
+    True when a model's load still runs in a thread, which nothing stops: the process's exit waits for it."""
     app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
                            shutdown_timeout=_AFTER_ENDING_S, access_log_class=AccessLog,
@@ -82,12 +82,12 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
             raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)") from e
         if stop.is_set():  # Ctrl-C or SIGTERM while a model loaded: it was "listening" and served for a moment
             log.info("stopped while starting: not listening")
-            return
-        await web.TCPSite(runner, config.server.host, config.server.port).start()
-        _freeze_the_heap()
-        log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))
-        hangup.serving()
-        await stop.wait()
+        else:
+            await web.TCPSite(runner, config.server.host, config.server.port).start()
+            _freeze_the_heap()
+            log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))
+            hangup.serving()
+            await stop.wait()
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
         hurry = asyncio.Event()  # a second Ctrl-C or SIGTERM: what is left ends now (it printed a traceback)
@@ -103,22 +103,18 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+    return any(backend.loading for backend in app[GENERATIONS].current.backends.values())
 
 
 async def _set_up(runner: web.AppRunner, stop: asyncio.Event) -> None:
-    """runner.setup(), cancelled when `stop` is set first. A model's load runs in a thread that no cancel ends, and
-    the start cancelled waits for it (to unload it), as the interpreter's exit does (it joins the thread): Ctrl-C
-    during SmolLM2's load exited 34 s later. A start that does not end within `_CANCELLED_START_S` is left: the
-    process exits at once, losing nothing, as it has served nothing yet (a llama-server Velo runs dies with it)."""
+    """runner.setup(), cancelled when `stop` is set first: Ctrl-C during SmolLM2's load waited for all of it."""
     setup, stopped = asyncio.ensure_future(runner.setup()), asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((setup, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
         setup.cancel()  # where it has not ended: the stop came first
-    if not (await asyncio.wait((setup,), timeout=_CANCELLED_START_S))[0]:
-        log.info("stopped while loading a model: exiting without waiting for the load")
-        os._exit(0)
+    await asyncio.wait((setup,))
     if not setup.cancelled():
         setup.result()
 
@@ -207,10 +203,19 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("listening on %s without [server] api_keys: anyone who reaches this address can use every "
                     "backend", _address(config.server.host, config.server.port))
     try:
-        run_server(serve(config, config_path=path))
+        run_server(_serve_then_exit(config, path))
     except StartFailed as e:
         parser.exit(1, f"velo: {e}\n")
     return 0
+
+
+async def _serve_then_exit(config: Config, path: Path | None) -> None:
+    """serve(), and the exit at once where a model's load still runs: its thread cannot be stopped, and asyncio.run
+    and the interpreter join it (Ctrl-C during SmolLM2's load exited 34 s later). Nothing is lost: Velo has shut
+    down, and a llama-server it runs dies with it."""
+    if await serve(config, config_path=path):
+        log.info("stopped while loading a model: exiting without waiting for the load")
+        os._exit(0)
 
 
 class StartFailed(Exception):

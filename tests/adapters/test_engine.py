@@ -9,7 +9,7 @@ import pytest
 
 from adapters.base import BackendConfig
 from adapters.engine import DEFAULT_NAME, EngineBackend, sampling_params
-from adapters.errors import BackendTimeout, BadRequest, ModelLacks, ModelNotFound
+from adapters.errors import BackendError, BackendTimeout, BadRequest, ModelLacks, ModelNotFound
 from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
@@ -456,6 +456,28 @@ async def test_a_load_whose_request_left_is_kept_not_loaded_again(model_dir, mon
     finally:
         await b.close()
 
+
+
+async def test_a_close_while_the_model_loads_waits_for_nothing_and_shuts_that_engine_down(model_dir, monkeypatch):
+    """A shutdown during a load waited for all of it (its thread cannot be stopped; `velo serve` exits without
+    it); the engine the load makes after the close is shut down, not kept running on a closed backend."""
+    gate, made, real = threading.Event(), [], LLMEngine.from_pretrained
+
+    def held_load(*args, **kwargs):
+        gate.wait(30)
+        made.append(real(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(LLMEngine, "from_pretrained", held_load)
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": model_dir, "name": NAME,
+                                                                         "progress": False}))
+    asking = asyncio.ensure_future(b.load(NAME, None))
+    await asyncio.sleep(0.1)
+    assert b.loading
+    await asyncio.wait_for(b.close(), 1)
+    gate.set()
+    with pytest.raises(BackendError, match="closed while its model loaded"):
+        await asking
+    assert b.engine is None and not b.loading and not made[0]._thread.is_alive()
 
 def test_unknown_option_is_named():
     with pytest.raises(BadRequest, match="kv_memroy"):

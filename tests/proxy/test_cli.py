@@ -154,25 +154,36 @@ async def test_a_stop_while_starting_never_listens(caplog, unused_tcp_port):
     assert "stopped while starting: not listening" in caplog.text
 
 
-# `python -m proxy serve` whose engine's model load takes a minute, in a thread as the real one (which no signal
-# stops either); it says "loading" when the load starts.
-SLOW_LOAD = [sys.executable, "-c", "import runpy, time, engine\n"
-             "def load(*_):\n    print('loading', flush=True)\n    time.sleep(60)\n"
-             "engine.LLMEngine.from_pretrained = load\nrunpy.run_module('proxy', run_name='__main__')"]
+def slow_load(serving: bool) -> list[str]:
+    """`python -m proxy serve` whose engine's model load takes a minute in a thread, as the real one does (which no
+    signal stops either), and says "loading" as it starts. `serving`: Velo serves while it loads, as when a request
+    loads the model again after its keep_alive unloaded it."""
+    code = ("import asyncio, runpy, time, engine\nfrom adapters.engine import EngineBackend\n"
+            "def load(*_):\n    print('loading', flush=True)\n    time.sleep(60)\n"
+            "engine.LLMEngine.from_pretrained = load\n")
+    if serving:
+        code += ("async def start(self):\n    self.loads = asyncio.ensure_future(self._ready())\n"
+                 "async def listed(self):\n    return []\n"
+                 "EngineBackend.start, EngineBackend.list_models = start, listed\n")
+    return [sys.executable, "-c", code + "runpy.run_module('proxy', run_name='__main__')"]
 
 
+@pytest.mark.parametrize("serving", [False, True], ids=["starting", "serving"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_a_signal_while_a_model_loads_ends_velo_at_once(sig, tmp_path, unused_tcp_port):
+def test_a_signal_while_a_model_loads_ends_velo_at_once(sig, serving, tmp_path, unused_tcp_port):
     """Ctrl-C during the engine's load waited for all of it (SmolLM2: 34 s on a busy machine), then exited: the
-    start waited to unload what it loaded, and the interpreter's exit joins the load's thread."""
+    start, and once serving the backend's close, waited to unload what it loaded, and the interpreter's exit joins
+    the load's thread."""
     (tmp_path / "model.gguf").write_bytes(b"")
     (tmp_path / "config.toml").write_text(f'[server]\nport = {unused_tcp_port}\n[[backends]]\nname = "e"\n'
                                           f'kind = "engine"\noptions = {{ model = "{tmp_path / "model.gguf"}" }}\n')
-    proc = subprocess.Popen([*SLOW_LOAD, "serve", "--config", str(tmp_path / "config.toml")], cwd=tmp_path,
+    proc = subprocess.Popen([*slow_load(serving), "serve", "--config", str(tmp_path / "config.toml")], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert proc.stdout.readline() == "loading\n"
+        while serving and "Velo listening" not in proc.stderr.readline():
+            assert proc.poll() is None
         proc.send_signal(sig)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=15)
