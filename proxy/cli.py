@@ -183,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command != "serve":
         return args.func(args)
+    try:
+        return _serve(parser, args)
+    except KeyboardInterrupt:  # before serve() takes the signal (an engine config's torch import): it was a traceback
+        log.info("stopped while starting: not listening")
+        return 130
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGHUP"):  # until serve() takes it: by default a SIGHUP ends the process
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     configure_logging(args.log_level)

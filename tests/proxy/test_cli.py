@@ -193,6 +193,27 @@ def test_a_signal_while_a_model_loads_ends_velo_at_once(sig, serving, tmp_path, 
     assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
+def test_a_ctrl_c_before_velo_takes_the_signal_is_a_quiet_130(tmp_path):
+    """Ctrl-C in velo serve's first seconds, while it reads its config (an engine's imports torch: 1-3 s), was a
+    40-line KeyboardInterrupt traceback through torch's import and exit 1. SIGINT taken as from a terminal (a suite
+    run in the background has it ignored); the config's reading takes a minute here and says "reading"."""
+    code = ("import runpy, signal, time, proxy.cli\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "def read(path):\n    print('reading', flush=True)\n    time.sleep(60)\n"
+            "proxy.cli.load_config = read\nrunpy.run_module('proxy', run_name='__main__')")
+    (tmp_path / "config.toml").write_text("")
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--config", str(tmp_path / "config.toml")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "reading\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().endswith("stopped while starting: not listening"), err
+
+
 @pytest.mark.parametrize("port", ["abc", "0", "65536", "-1"])
 def test_a_port_that_is_no_port_is_said_in_words(port, capsys):
     with pytest.raises(SystemExit) as ended:
