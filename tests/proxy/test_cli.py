@@ -214,6 +214,26 @@ def test_a_ctrl_c_before_velo_takes_the_signal_is_a_quiet_130(tmp_path):
     assert err.strip().endswith("stopped while starting: not listening"), err
 
 
+def test_velo_serve_exits_with_its_heap_out_of_the_collectors_sight(tmp_path, unused_tcp_port):
+    """The exit's collections walked the whole heap, which serve() makes collectable again as it ends: an idle
+    Ctrl-C took 1.1-1.3 s to exit with SmolLM2 loaded, 0.4 s with the heap frozen. The count is read at the exit."""
+    code = ("import atexit, gc, runpy\natexit.register(lambda: print(gc.get_freeze_count(), flush=True))\n"
+            "runpy.run_module('proxy', run_name='__main__')")
+    (tmp_path / "config.toml").write_text(f'[server]\nport = {unused_tcp_port}\n[[backends]]\nname = "o"\n'
+                                          'kind = "openai"\nurl = "http://127.0.0.1:9"\n')
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--config", str(tmp_path / "config.toml")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        while "Velo listening" not in proc.stderr.readline():
+            assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and int(out) > 10_000, err
+
+
 @pytest.mark.parametrize("port", ["abc", "0", "65536", "-1"])
 def test_a_port_that_is_no_port_is_said_in_words(port, capsys):
     with pytest.raises(SystemExit) as ended:
