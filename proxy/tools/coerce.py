@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from typing import Any
 
 import jsonschema_rs
@@ -124,12 +125,12 @@ _NO = object()
 
 
 def _exact_int(digits: str) -> Any:
-    """The integer the digits say, where JSON tools can carry it: through a float, "12345678901234567893" became
-    ...168 and 400 digits a crash; past 64 bits (which orjson, and many JSON readers, cannot hold) it is not made."""
-    if len(digits.lstrip("+-")) > 20:
+    """The integer the digits say, whole: through a float, "12345678901234567893" became ...168. Past 64 bits too,
+    which adapters/exact_json.py writes (orjson wrote none, and 400 digits were a 500); not past the digits Python
+    converts (sys.get_int_max_str_digits, 4,300), where int() and the writer both refuse."""
+    if len(digits.lstrip("+-")) > sys.get_int_max_str_digits():
         return _NO
-    number = int(digits)
-    return number if -2**63 <= number < 2**64 else _NO
+    return int(digits)
 
 
 def _convert(value: Any, t: str) -> Any:

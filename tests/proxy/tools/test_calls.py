@@ -183,6 +183,8 @@ COERCIONS = [
     ({"where": '{"lat": 48.8}'}, {"where": {"lat": 48.8}}),
     ({"city": 75001}, {"city": "75001"}),
     ({"extra": 1}, {}),  # additionalProperties: false
+    ({"days": "1" * 25}, {"days": int("1" * 25)}),  # past 64 bits, written whole (adapters/exact_json.py)
+    ({"days": "-" + "9" * 400}, {"days": -int("9" * 400)}),  # 400 digits were a 500 while orjson wrote them
 ]
 
 
@@ -194,7 +196,7 @@ def test_each_safe_coercion_is_made_and_recorded(given: dict, expected: dict) ->
 
 
 @pytest.mark.parametrize("given", [{"days": "five"}, {"days": "5.5"}, {"alerts": "yes"}, {"unit": "kelvin"},
-                                   {"days": "1" * 400}, {"days": "1" * 25}])  # past 64 bits: 400 digits were a 500
+                                   {"days": "1" * 4301}])  # past the digits Python's int() and json convert
 def test_unsafe_coercions_are_refused(given: dict) -> None:
     with pytest.raises(ToolCallInvalid):
         repair_message("", [ToolCall("get_weather", {"city": "Paris", **given}, "x")], TOOLS)
