@@ -128,7 +128,7 @@ def _exact_int(digits: str) -> Any:
     """The integer the digits say, whole: through a float, "12345678901234567893" became ...168. Past 64 bits too,
     which adapters/exact_json.py writes (orjson wrote none, and 400 digits were a 500); not past the digits Python
     converts (sys.get_int_max_str_digits, 4,300), where int() and the writer both refuse."""
-    if len(digits.lstrip("+-")) > sys.get_int_max_str_digits():
+    if len(digits.lstrip("+-")) > (sys.get_int_max_str_digits() or math.inf):  # 0: no limit set
         return _NO
     return int(digits)
 
