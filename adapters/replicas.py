@@ -39,8 +39,8 @@ M = TypeVar("M", ModelInfo, RunningModel)
 # Worth another replica: a replica lacks a model the others have when a pull or delete missed it (its circuit was
 # open, or it was down); any other 4xx would fail the same everywhere
 _RETRYABLE = (BackendError, Overloaded, ModelNotFound)
-# After the first replica's listing, how long the others' are waited for: they answer together (a listing takes a
-# few ms), and the router gives the whole set 3 s
+# After the first replica's listing (or slots), how long the others' are waited for: they answer together (a listing
+# takes a few ms), and the router gives the whole set 3 s (the admit stage, its slots 5 s)
 _LISTING_GRACE_S = 0.5
 _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyond the least busy one
 
@@ -173,17 +173,24 @@ class ReplicaSet(Backend):
     async def concurrency(self) -> int:
         """The slots of the replicas in service (`slots`), as each replica reports its own: Velo's admission queue
         sits in front of the whole set. When none can say, the error of one, so that the admit stage asks again
-        until they do."""
-        answers = await self._ask_slots(self.replicas)
+        until they do. Each replica is asked within the probe's bound, `health_interval_s` (`_ask_slots`)."""
+        answers = await self._ask_slots(self.replicas, self.options.health_interval_s)
         if all(isinstance(n, BaseException) for n in answers):
             raise answers[0]
         self._slots = self.slots()
         return self._slots
 
-    async def _ask_slots(self, replicas: list[Replica], timeout: float | None = None) -> list[int | BaseException]:
-        """What each replica reports of its slots (`concurrency`), or its error; kept in `Replica.slots` where said."""
-        answers = await asyncio.gather(*(asyncio.wait_for(r.backend.concurrency(), timeout) for r in replicas),
-                                       return_exceptions=True)
+    async def _ask_slots(self, replicas: list[Replica], timeout: float) -> list[int | BaseException]:
+        """What each replica reports of its slots (`concurrency`), or its error; kept in `Replica.slots` where said.
+        One silent past `timeout`, or `_LISTING_GRACE_S` after the first said (they answer together: /props takes a
+        few ms), is a TimeoutError and keeps what it said before (the configured limit or 4 where it never did, until
+        its next passing probe): waited for, one that accepted and never answered held the set's answer past the
+        admit stage's 5 s bound, so that the set's queue was never sized from the others, asked again in vain."""
+        asks = [asyncio.ensure_future(asyncio.wait_for(r.backend.concurrency(), timeout)) for r in replicas]
+        silent = await _answered(asks)
+        answers: list[int | BaseException] = [
+            TimeoutError(f"{r.backend.name} did not say its slots in time") if t in silent else
+            t.exception() or t.result() for r, t in zip(replicas, asks)]
         for replica, n in zip(replicas, answers):
             if isinstance(n, int):
                 replica.slots = n
@@ -272,23 +279,15 @@ class ReplicaSet(Backend):
         3 s, and the set went unlisted."""
         replicas = self.order()
         asked = {asyncio.ensure_future(listing(r.backend)): r for r in [r for r in replicas if r.healthy] or replicas}
-        loop, pending, until, listings = asyncio.get_running_loop(), set(asked), None, []
-        try:
-            while pending:
-                wait = None if until is None else max(0.0, until - loop.time())
-                done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    break
-                for task in done:
-                    if (error := task.exception()) is not None:
-                        self._failed(asked[task], error)
-                        continue
-                    self._succeeded(asked[task])
-                    listings.append(task.result())
-                    until = until or loop.time() + _LISTING_GRACE_S
-        finally:
-            for task in pending:
-                task.cancel()
+        silent, listings = await _answered(list(asked)), []
+        for task, replica in asked.items():
+            if task in silent:
+                continue
+            if (error := task.exception()) is not None:
+                self._failed(replica, error)
+                continue
+            self._succeeded(replica)
+            listings.append(task.result())
         if not listings:
             raise next(t.exception() for t in asked if t.done() and not t.cancelled())  # type: ignore[misc]
         seen: dict[str, M] = {}
@@ -455,3 +454,21 @@ async def _probe(backend: Backend, timeout: float) -> bool:
         return await asyncio.wait_for(backend.health(), timeout)
     except Exception:  # noqa: BLE001 - a probe reports, it does not raise
         return False
+
+
+async def _answered(asks: list[asyncio.Future]) -> set[asyncio.Future]:
+    """Waits for the replicas' answers until each is in, or `_LISTING_GRACE_S` after the first that is not an error;
+    the asks still out then are cancelled, and returned."""
+    loop, pending, until = asyncio.get_running_loop(), set(asks), None
+    try:
+        while pending:
+            wait = None if until is None else max(0.0, until - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break
+            if until is None and any(task.exception() is None for task in done):
+                until = loop.time() + _LISTING_GRACE_S
+    finally:
+        for task in pending:
+            task.cancel()
+    return pending

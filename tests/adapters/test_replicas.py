@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
@@ -16,6 +17,7 @@ from adapters.registry import make_backend
 from adapters.replicas import ReplicaOptions, ReplicaSet
 from proxy.app import make_app
 from proxy.config import Config
+from proxy.stages.admit import _slots
 from tests.fakes import FakeOpenAI
 from tests.scripted import Script, ScriptedBackend
 
@@ -374,6 +376,41 @@ async def test_a_replica_that_never_said_its_slots_is_asked_when_its_probe_passe
     says[0] = True
     await rs.probe()
     assert told == [7, 4] and rs.replicas[0].slots == 1
+
+
+@pytest.mark.parametrize("answers_health, slots", [(False, 2), (True, 2 + 4)])
+async def test_a_replica_that_hangs_leaves_the_sets_slots_to_those_that_answered(answers_health: bool, slots: int):
+    """Every replica's slots were waited for: one that accepted and never answered (on everything, or on /props
+    only: then it counts 4 until it says) held the set's past the admit stage's 5 s bound, so that the set's queue
+    was never sized from the replicas that had answered. The set's start is bounded by its probe's own bound."""
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def props(_: web.Request) -> web.Response:
+        return web.json_response({"total_slots": 2})
+
+    async def never(_: web.Request) -> web.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+    live, hung = web.Application(), web.Application()
+    live.router.add_get("/health", health)
+    live.router.add_get("/props", props)
+    if answers_health:
+        hung.router.add_get("/health", health)
+    hung.router.add_get("/{tail:.*}", never)
+    async with TestServer(live) as up, TestServer(hung) as down:
+        urls = [str(up.make_url("")), str(down.make_url(""))]
+        rs = make_backend(BackendConfig(name="set", kind="llamacpp", urls=urls, options={"health_interval_s": 1.0}))
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await rs.start()
+        try:
+            assert loop.time() - began < 1.5
+            assert [r.healthy for r in rs.replicas] == [True, answers_health]  # type: ignore[attr-defined]
+            began = loop.time()
+            assert await _slots(rs) == slots and loop.time() - began < 1.5
+        finally:
+            await rs.close()
 
 
 class _Counted(FakeOpenAI):
