@@ -64,12 +64,14 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     twice the grace and then cut streams with no error event). With `config_path`, SIGHUP or an edit of that file
     reloads the configuration (proxy/reload.py). The signals are Velo's from the start: a SIGHUP while an engine
     loaded its model, or to a Velo without a config file, ended the process (`systemctl reload` sends one).
-    True when a model's load still runs in a thread, which nothing stops: the process's exit waits for it."""
+    True when a model's load still runs in a thread, which nothing stops (the current generation's, or one a
+    reload was starting): the process's exit waits for it."""
     app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
                            shutdown_timeout=_AFTER_ENDING_S, access_log_class=AccessLog,
                            **server_options(config.server))
-    stop, hangup = stop or asyncio.Event(), _Hangup(app.get(RELOADER))
+    reloader = app.get(RELOADER)
+    stop, hangup = stop or asyncio.Event(), _Hangup(reloader)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -90,6 +92,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
             await stop.wait()
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
+        if reloader is not None:
+            reloader.stop()
         hurry = asyncio.Event()  # a second Ctrl-C or SIGTERM: what is left ends now (it printed a traceback)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, hurry.set)
@@ -103,7 +107,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-    return any(backend.loading for backend in app[GENERATIONS].current.backends.values())
+    return any(backend.loading for backend in app[GENERATIONS].current.backends.values()) or \
+        (reloader is not None and reloader.loading)
 
 
 async def _set_up(runner: web.AppRunner, stop: asyncio.Event) -> None:

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Iterator
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from adapters.base import BackendConfig
+from adapters.base import Backend, BackendConfig
 from adapters.wording import counted
 
 from .config import Config, load_config
@@ -56,6 +56,8 @@ class Reloader:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._waiting = False  # a reload is asked for and has not read the file yet
+        self._watcher: asyncio.Task | None = None
+        self._left: list[Backend] = []  # backends of refused or cancelled reloads whose model load still runs
 
     def trigger(self) -> None:
         """For a signal handler: reload soon, on the event loop. Signals that come while a reload waits to read the
@@ -82,7 +84,7 @@ class Reloader:
                     read.backends, read.default_backend = self._default
                 config, self._restart_only = _keep_restart_only(old.config, read, self._restart_only)
                 new = Generation.build(old.number + 1, config, self.keep)
-                await new.start()
+                await self._started(new)
             except Exception as e:  # noqa: BLE001 - any failure refuses the new config; the old one serves on
                 self.refused += 1
                 self.last_error = str(e)
@@ -94,6 +96,28 @@ class Reloader:
             log.info("configuration %d from %s is in force (%s, %d kept open)", new.number, self.path,
                      counted(len(new.backends), "backend"), len(new.backends) - len(new.fresh))
             return True
+
+    async def _started(self, new: Generation) -> None:
+        """`new.start()`, which closes what it made when it fails or is cancelled (Velo stopping); a load that
+        still runs in a thread then is remembered, for `loading`."""
+        try:
+            await new.start()
+        except BaseException:
+            self._left = [backend for backend in (*self._left, *new.fresh) if backend.loading]
+            raise
+
+    @property
+    def loading(self) -> bool:
+        """Whether a model load of a reload that never came into force still runs in a thread: nothing stops one,
+        and the process's exit waits for it (Ctrl-C during a reload's load waited for all of it)."""
+        return any(backend.loading for backend in self._left)
+
+    def stop(self) -> None:
+        """At Velo's stop: no more reloads, and the one under way is cancelled (what it started, closed) rather than
+        loading on through the shutdown's grace."""
+        for task in (self._watcher, *self._tasks):
+            if task is not None:
+                task.cancel()
 
     async def watch(self) -> None:
         while True:
@@ -111,12 +135,10 @@ class Reloader:
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
         """`cleanup_ctx`: watches the file while the app runs."""
-        watcher = asyncio.create_task(self.watch())
+        self._watcher = asyncio.create_task(self.watch())
         yield
-        watcher.cancel()
-        for task in (watcher, *self._tasks):
-            task.cancel()
-        await asyncio.gather(watcher, *self._tasks, return_exceptions=True)
+        self.stop()
+        await asyncio.gather(self._watcher, *self._tasks, return_exceptions=True)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         reloads = CounterMetricFamily("velo_config_reloads", "Config reloads by outcome", labels=["outcome"])

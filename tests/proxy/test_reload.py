@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
 from adapters.errors import BadRequest
+from adapters.openai_compat import OpenAIBackend
 from proxy.app import make_app
 from proxy.config import load_config
 from proxy.state import GENERATIONS, RELOADER
@@ -186,6 +187,38 @@ async def test_a_config_refused_while_its_backends_are_made_holds_nothing_back(t
         assert await app[RELOADER].reload()
         await asyncio.wait_for(asyncio.gather(*app[GENERATIONS].retiring), 5)
         assert first.backends["a"].http._session is None
+
+
+async def test_a_reload_stopped_while_its_backends_start_closes_them_and_the_old_configuration_serves(
+        tmp_path, two_fakes, monkeypatch):
+    """Velo's stop cancels a reload under way (it loaded its new engine's model on through the shutdown's grace):
+    what the reload made is closed and the configuration in force serves on."""
+    started, closed, close = asyncio.Event(), [], OpenAIBackend.close
+
+    async def hangs(self: OpenAIBackend) -> None:  # as an engine's start does while its model loads
+        if self.name == "e":
+            started.set()
+            await asyncio.Event().wait()
+
+    async def closing(self: OpenAIBackend) -> None:
+        closed.append(self.name)
+        await close(self)
+    a, b = two_fakes
+    async with routed_to_a(tmp_path, a, b) as (c, path):
+        app = c.server.app
+        first = app[GENERATIONS].current
+        monkeypatch.setattr(OpenAIBackend, "start", hangs)
+        monkeypatch.setattr(OpenAIBackend, "close", closing)
+        path.write_text(toml(a.url, b.url, "a") + '[[backends]]\nname = "e"\nkind = "openai"\nurl = "http://h:1"\n')
+        app[RELOADER].trigger()
+        await asyncio.wait_for(started.wait(), 5)
+        app[RELOADER].stop()
+        for _ in range(500):
+            if "e" in closed:
+                break
+            await asyncio.sleep(0.01)
+        assert app[GENERATIONS].current is first and closed == ["e"]
+        assert await answer(c) == "from a"
 
 
 async def test_keys_limits_and_cache_settings_change_live_and_the_cache_survives_other_edits(tmp_path, two_fakes):
