@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
-from adapters.errors import BadRequest
+from adapters.errors import BackendError, BadRequest
 from adapters.openai_compat import OpenAIBackend
 from proxy.app import make_app
 from proxy.config import load_config
@@ -218,6 +218,37 @@ async def test_a_reload_stopped_while_its_backends_start_closes_them_and_the_old
                 break
             await asyncio.sleep(0.01)
         assert app[GENERATIONS].current is first and closed == ["e"]
+        assert await answer(c) == "from a"
+
+
+async def test_a_reload_refused_while_other_backends_start_leaves_none_of_them_running(tmp_path, two_fakes,
+                                                                                      monkeypatch):
+    """One new backend failing its start refused the reload while the others' starts ran on past its close: a
+    replica set still probing its replicas then started its health prober, which probed them for good."""
+    async def fails(self: OpenAIBackend) -> None:
+        if self.name == "bad":
+            raise BackendError("it cannot start")
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # reads the probe's request and never answers it
+        writer.close()
+    a, b = two_fakes
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    quiet = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server, routed_to_a(tmp_path, a, b) as (c, path):
+        app = c.server.app
+        first = app[GENERATIONS].current
+        monkeypatch.setattr(OpenAIBackend, "start", fails)
+        path.write_text(toml(a.url, b.url, "a") + f'[[backends]]\nname = "r"\nkind = "openai"\n'
+                        f'urls = ["{quiet}", "{quiet}"]\noptions = {{ health_interval_s = 0.3 }}\n'
+                        '[[backends]]\nname = "bad"\nkind = "openai"\nurl = "http://h:1"\n')
+        assert not await app[RELOADER].reload()
+        assert app[RELOADER].last_error == "it cannot start"
+        await asyncio.sleep(0.5)  # past the probe's timeout
+        probers = [task for task in asyncio.all_tasks() if task.get_name() == "health:r"]
+        for task in probers:
+            task.cancel()
+        assert not probers and app[GENERATIONS].current is first
         assert await answer(c) == "from a"
 
 
