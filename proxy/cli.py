@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Coroutine
 
@@ -64,8 +65,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
     twice the grace and then cut streams with no error event). With `config_path`, SIGHUP or an edit of that file
     reloads the configuration (proxy/reload.py). The signals are Velo's from the start: a SIGHUP while an engine
     loaded its model, or to a Velo without a config file, ended the process (`systemctl reload` sends one).
-    True when a model's load still runs in a thread, which nothing stops (the current generation's, or one a
-    reload was starting): the process's exit waits for it."""
+    True (or a StartFailed saying so) when a model's load still runs in a thread, which nothing stops: the process's
+    exit waits for it."""
     app = make_app(config, config_path=config_path)
     runner = web.AppRunner(app, handler_cancellation=True,  # a client that leaves cancels its handler
                            shutdown_timeout=_AFTER_ENDING_S, access_log_class=AccessLog,
@@ -81,7 +82,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
             await _set_up(runner, stop)
         except Exception as e:  # a backend, a cache tier or a model that cannot open: one line, as a config error
             log.debug("start-up failed", exc_info=True)
-            raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)") from e
+            raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)", _loading(app)) from e
         if stop.is_set():  # Ctrl-C or SIGTERM while a model loaded: it was "listening" and served for a moment
             log.info("stopped while starting: not listening")
         else:
@@ -107,6 +108,12 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+    return _loading(app)
+
+
+def _loading(app: web.Application) -> bool:
+    """Whether a model's load runs in a thread: the current generation's, or one a reload was starting."""
+    reloader = app.get(RELOADER)
     return any(backend.loading for backend in app[GENERATIONS].current.backends.values()) or \
         (reloader is not None and reloader.loading)
 
@@ -228,14 +235,27 @@ async def _serve_then_exit(config: Config, path: Path | None) -> None:
     down, and a llama-server it runs dies with it. The heap is frozen again for the exit, whose collections walked
     all of it: an idle Ctrl-C took 1.1-1.3 s to exit with the engine's SmolLM2 loaded (2.7 s on a busy machine),
     0.4 s frozen."""
-    if await serve(config, config_path=path):
+    try:
+        loading = await serve(config, config_path=path)
+    except StartFailed as e:
+        if not e.loading:
+            raise
+        sys.stderr.write(f"velo: {e}\n")  # as _serve says it; another engine's load ran on (one failed to load)
+        sys.stderr.flush()
+        os._exit(1)
+    if loading:
         log.info("stopped while loading a model: exiting without waiting for the load")
         os._exit(0)
     gc.freeze()
 
 
 class StartFailed(Exception):
-    """What the app's start-up raised, said in one line (it was a 40-line traceback)."""
+    """What the app's start-up raised, said in one line (it was a 40-line traceback); `loading`: a model's load
+    still runs in a thread (another backend's), which the exit would wait for."""
+
+    def __init__(self, message: str, loading: bool = False) -> None:
+        super().__init__(message)
+        self.loading = loading
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -219,6 +219,30 @@ def test_a_signal_while_a_reload_loads_a_new_model_ends_velo_at_once(tmp_path, u
     assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
+def test_a_start_that_fails_while_another_model_loads_is_said_at_once(tmp_path, unused_tcp_port):
+    """One engine's model that does not load, another's loading: "could not start" came when the other load ended
+    (20 s later here, the whole load in general), the exit joining its thread. Here a load fails after 0.2 s."""
+    code = ("import runpy, time, engine\ndef load(path, *_):\n    if 'bad' in str(path):\n        time.sleep(0.2)\n"
+            "        raise ValueError('not a model')\n    print('loading', flush=True)\n    time.sleep(60)\n"
+            "engine.LLMEngine.from_pretrained = load\nrunpy.run_module('proxy', run_name='__main__')")
+    config = f"[server]\nport = {unused_tcp_port}\n"
+    for name in ("good", "bad"):
+        (tmp_path / f"{name}.gguf").write_bytes(b"")
+        config += f'[[backends]]\nname = "{name}"\nkind = "engine"\noptions = {{ model = "{tmp_path / name}.gguf" }}\n'
+    (tmp_path / "config.toml").write_text(config)
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--config", str(tmp_path / "config.toml")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "loading\n"
+        began = time.monotonic()
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert time.monotonic() - began < 5 and proc.returncode == 1, err
+    assert err.strip().endswith("velo: could not start: not a model (--log-level DEBUG shows where)"), err
+
+
 def test_a_ctrl_c_before_velo_takes_the_signal_is_a_quiet_130(tmp_path):
     """Ctrl-C in velo serve's first seconds, while it reads its config (an engine's imports torch: 1-3 s), was a
     40-line KeyboardInterrupt traceback through torch's import and exit 1. SIGINT taken as from a terminal (a suite
