@@ -82,7 +82,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
             await _set_up(runner, stop)
         except Exception as e:  # a backend, a cache tier or a model that cannot open: one line, as a config error
             log.debug("start-up failed", exc_info=True)
-            raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)", _loading(app)) from e
+            raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)",
+                              app[GENERATIONS].loading) from e
         if stop.is_set():  # Ctrl-C or SIGTERM while a model loaded: it was "listening" and served for a moment
             log.info("stopped while starting: not listening")
         else:
@@ -108,14 +109,7 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-    return _loading(app)
-
-
-def _loading(app: web.Application) -> bool:
-    """Whether a model's load runs in a thread: the current generation's, or one a reload was starting."""
-    reloader = app.get(RELOADER)
-    return any(backend.loading for backend in app[GENERATIONS].current.backends.values()) or \
-        (reloader is not None and reloader.loading)
+    return app[GENERATIONS].loading
 
 
 async def _set_up(runner: web.AppRunner, stop: asyncio.Event) -> None:

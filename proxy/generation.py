@@ -136,6 +136,7 @@ class Generations:
     def __init__(self, first: Generation) -> None:
         self.current = first
         self.retiring: set[asyncio.Task] = set()
+        self._left: list[Backend] = []  # backends of closed generations whose model load still runs in a thread
 
     def swap(self, new: Generation) -> Generation:
         old, self.current = self.current, new
@@ -147,7 +148,19 @@ class Generations:
     async def _retire(self, old: Generation) -> None:
         await old.idle.wait()
         await old.close()
+        self.closed(old)
         log.info("configuration %d closed (its last request finished)", old.number)
+
+    def closed(self, generation: Generation) -> None:
+        """Remembers the model loads a closed generation (retired, or a reload's that never came into force) left
+        running in a thread: an engine closed while it loads does not wait for its load, which nothing stops."""
+        self._left = [backend for backend in (*self._left, *generation.backends.values()) if backend.loading]
+
+    @property
+    def loading(self) -> bool:
+        """Whether a model's load runs in a thread, the current generation's or a closed one's: the process's exit
+        waits for it."""
+        return any(backend.loading for backend in (*self.current.backends.values(), *self._left))
 
     async def close(self) -> None:
         """At shutdown: the old generations once done, then the current one."""

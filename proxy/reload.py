@@ -18,7 +18,7 @@ from typing import AsyncIterator, Iterator
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from adapters.base import Backend, BackendConfig
+from adapters.base import BackendConfig
 from adapters.wording import counted
 
 from .config import Config, load_config
@@ -57,7 +57,6 @@ class Reloader:
         self._tasks: set[asyncio.Task] = set()
         self._waiting = False  # a reload is asked for and has not read the file yet
         self._watcher: asyncio.Task | None = None
-        self._left: list[Backend] = []  # backends of refused or cancelled reloads whose model load still runs
 
     def trigger(self) -> None:
         """For a signal handler: reload soon, on the event loop. Signals that come while a reload waits to read the
@@ -99,18 +98,12 @@ class Reloader:
 
     async def _started(self, new: Generation) -> None:
         """`new.start()`, which closes what it made when it fails or is cancelled (Velo stopping); a load that
-        still runs in a thread then is remembered, for `loading`."""
+        still runs in a thread then is the generations' to know of (Ctrl-C during one waited for all of it)."""
         try:
             await new.start()
         except BaseException:
-            self._left = [backend for backend in (*self._left, *new.fresh) if backend.loading]
+            self.generations.closed(new)
             raise
-
-    @property
-    def loading(self) -> bool:
-        """Whether a model load of a reload that never came into force still runs in a thread: nothing stops one,
-        and the process's exit waits for it (Ctrl-C during a reload's load waited for all of it)."""
-        return any(backend.loading for backend in self._left)
 
     def stop(self) -> None:
         """At Velo's stop: no more reloads, and the one under way is cancelled (what it started, closed) rather than

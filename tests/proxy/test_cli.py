@@ -219,6 +219,33 @@ def test_a_signal_while_a_reload_loads_a_new_model_ends_velo_at_once(tmp_path, u
     assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
+def test_a_signal_after_a_reload_dropped_an_engine_while_it_loaded_ends_velo_at_once(tmp_path, unused_tcp_port):
+    """A reload that drops (or changes) an engine while it loads its model closes it at once, its load running on;
+    a signal then waited for that load (a minute here): the exit looked only at the configuration in force."""
+    (tmp_path / "model.gguf").write_bytes(b"")
+    config, server = tmp_path / "config.toml", f"[server]\nport = {unused_tcp_port}\n"
+    config.write_text(server + f'[[backends]]\nname = "e"\nkind = "engine"\n'
+                               f'options = {{ model = "{tmp_path / "model.gguf"}" }}\n')
+    proc = subprocess.Popen([*slow_load(True), "serve", "--config", str(config)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "loading\n"
+        while "Velo listening" not in proc.stderr.readline():
+            assert proc.poll() is None
+        config.write_text(server + '[[backends]]\nname = "o"\nkind = "openai"\nurl = "http://127.0.0.1:9"\n')
+        proc.send_signal(signal.SIGHUP)
+        while "configuration 1 closed" not in proc.stderr.readline():
+            assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 5 and proc.returncode == 0, err
+    assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
+
+
 def test_a_start_that_fails_while_another_model_loads_is_said_at_once(tmp_path, unused_tcp_port):
     """One engine's model that does not load, another's loading: "could not start" came when the other load ended
     (20 s later here, the whole load in general), the exit joining its thread. Here a load fails after 0.2 s."""
