@@ -18,6 +18,10 @@ def body_object(body: Any) -> dict[str, Any]:
     return body
 
 
+# Integers are read whole (adapters/exact_json.py): none past 64 bits is taken, nor float() of one past 1024 bits
+_WHOLE = {int: (-2**63, 2**64, 64), float: (-2**1023, 2**1024, 1024)}
+
+
 def get(body: dict[str, Any], key: str, kind: type, default: Any = None, *, required: bool = False) -> Any:
     """`body[key]` checked against `kind` (int accepted for float; bool never taken for a number)."""
     value = body.get(key)
@@ -26,10 +30,8 @@ def get(body: dict[str, Any], key: str, kind: type, default: Any = None, *, requ
             raise BadRequest(f"{key} is required", param=key)
         return default
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    # integers are read whole (adapters/exact_json.py): none past 64 bits is taken, nor float() of one past 1024 bits
-    bits = 64 if kind is int else 1024 if kind is float else 0
-    if bits and type(value) is int and not -2**(bits - 1) <= value < 2**bits:
-        raise BadRequest(f"{key} is out of range: an integer past {bits} bits", param=key)
+    if type(value) is int and kind in _WHOLE and not _WHOLE[kind][0] <= value < _WHOLE[kind][1]:
+        raise BadRequest(f"{key} is out of range: an integer past {_WHOLE[kind][2]} bits", param=key)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:

@@ -410,8 +410,11 @@ class Upstream:
         return self._loads(b"".join([data async for data in self.reads(resp, wait, wait)]))
 
     def _loads(self, data: bytes) -> Any:
+        """An answer's JSON, integers past 64 bits whole where they can be: in a tool call's `arguments`, the one
+        place a backend writes a model's numbers as JSON numbers (Ollama's objects; OpenAI's are a string). Read
+        whole everywhere, each streamed event paid exact_json's scan: 11% of a 256-piece stream's req/s."""
         try:
-            return loads(data)
+            return loads(data) if b'"arguments"' in data else orjson.loads(data)
         except orjson.JSONDecodeError as e:
             error = BackendError(self.scrubbed(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}"))
             error.quotes_answer = True  # what it sent may be the model's text
