@@ -168,82 +168,79 @@ def slow_load(serving: bool) -> list[str]:
     return [sys.executable, "-c", code + "runpy.run_module('proxy', run_name='__main__')"]
 
 
+ENGINE = 'name = "e"\nkind = "engine"\noptions = {{ model = "{}" }}\n'
+OPENAI = 'name = "o"\nkind = "openai"\nurl = "http://127.0.0.1:9"\n'
+
+
+def _loading_velo(tmp_path: Path, port: int, backend: str, serving: bool) -> tuple[Path, subprocess.Popen, str]:
+    """`slow_load`'s Velo on `port` with one backend (ENGINE or OPENAI), its config file, and the config's start."""
+    (tmp_path / "model.gguf").write_bytes(b"")
+    config, server = tmp_path / "config.toml", f"[server]\nport = {port}\n[[backends]]\n"
+    config.write_text(server + backend.format(tmp_path / "model.gguf"))
+    proc = subprocess.Popen([*slow_load(serving), "serve", "--config", str(config)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return config, proc, server
+
+
+def _until(proc: subprocess.Popen, line: str) -> None:
+    while line not in proc.stderr.readline():
+        assert proc.poll() is None
+
+
+def _ends_at_once(proc: subprocess.Popen, sig: signal.Signals = signal.SIGINT) -> None:
+    """`sig` to a Velo whose model load runs on in a thread: it exits within 5 s, saying so in one line."""
+    proc.send_signal(sig)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=15)
+    assert time.monotonic() - sent < 5 and proc.returncode == 0, err
+    assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("serving", [False, True], ids=["starting", "serving"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_signal_while_a_model_loads_ends_velo_at_once(sig, serving, tmp_path, unused_tcp_port):
     """Ctrl-C during the engine's load waited for all of it (SmolLM2: 34 s on a busy machine), then exited: the
     start, and once serving the backend's close, waited to unload what it loaded, and the interpreter's exit joins
     the load's thread."""
-    (tmp_path / "model.gguf").write_bytes(b"")
-    (tmp_path / "config.toml").write_text(f'[server]\nport = {unused_tcp_port}\n[[backends]]\nname = "e"\n'
-                                          f'kind = "engine"\noptions = {{ model = "{tmp_path / "model.gguf"}" }}\n')
-    proc = subprocess.Popen([*slow_load(serving), "serve", "--config", str(tmp_path / "config.toml")], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _, proc, _ = _loading_velo(tmp_path, unused_tcp_port, ENGINE, serving)
     try:
         assert proc.stdout.readline() == "loading\n"
-        while serving and "Velo listening" not in proc.stderr.readline():
-            assert proc.poll() is None
-        proc.send_signal(sig)
-        sent = time.monotonic()
-        _, err = proc.communicate(timeout=15)
+        if serving:
+            _until(proc, "Velo listening")
+        _ends_at_once(proc, sig)
     finally:
         proc.kill()
-    assert time.monotonic() - sent < 5 and proc.returncode == 0, err
-    assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
 def test_a_signal_while_a_reload_loads_a_new_model_ends_velo_at_once(tmp_path, unused_tcp_port):
     """Ctrl-C while a SIGHUP's reload loaded a new engine model waited for the whole load (4.2 s after SIGINT in
     one measurement; a minute here): the reload's generation never became current, so the exit did not see its
     load's thread, which the interpreter's exit joins."""
-    (tmp_path / "model.gguf").write_bytes(b"")
-    config, server = tmp_path / "config.toml", f"[server]\nport = {unused_tcp_port}\n"
-    config.write_text(server + '[[backends]]\nname = "o"\nkind = "openai"\nurl = "http://127.0.0.1:9"\n')
-    proc = subprocess.Popen([*slow_load(False), "serve", "--config", str(config)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    config, proc, server = _loading_velo(tmp_path, unused_tcp_port, OPENAI, serving=False)
     try:
-        while "Velo listening" not in proc.stderr.readline():
-            assert proc.poll() is None
-        config.write_text(server + f'[[backends]]\nname = "e"\nkind = "engine"\n'
-                                   f'options = {{ model = "{tmp_path / "model.gguf"}" }}\n')
+        _until(proc, "Velo listening")
+        config.write_text(server + ENGINE.format(tmp_path / "model.gguf"))
         proc.send_signal(signal.SIGHUP)
         assert proc.stdout.readline() == "loading\n"
-        proc.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        _, err = proc.communicate(timeout=10)
+        _ends_at_once(proc)
     finally:
         proc.kill()
-    assert time.monotonic() - sent < 5 and proc.returncode == 0, err
-    assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
 def test_a_signal_after_a_reload_dropped_an_engine_while_it_loaded_ends_velo_at_once(tmp_path, unused_tcp_port):
     """A reload that drops (or changes) an engine while it loads its model closes it at once, its load running on;
     a signal then waited for that load (a minute here): the exit looked only at the configuration in force."""
-    (tmp_path / "model.gguf").write_bytes(b"")
-    config, server = tmp_path / "config.toml", f"[server]\nport = {unused_tcp_port}\n"
-    config.write_text(server + f'[[backends]]\nname = "e"\nkind = "engine"\n'
-                               f'options = {{ model = "{tmp_path / "model.gguf"}" }}\n')
-    proc = subprocess.Popen([*slow_load(True), "serve", "--config", str(config)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    config, proc, server = _loading_velo(tmp_path, unused_tcp_port, ENGINE, serving=True)
     try:
         assert proc.stdout.readline() == "loading\n"
-        while "Velo listening" not in proc.stderr.readline():
-            assert proc.poll() is None
-        config.write_text(server + '[[backends]]\nname = "o"\nkind = "openai"\nurl = "http://127.0.0.1:9"\n')
+        _until(proc, "Velo listening")
+        config.write_text(server + OPENAI)
         proc.send_signal(signal.SIGHUP)
-        while "configuration 1 closed" not in proc.stderr.readline():
-            assert proc.poll() is None
-        proc.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        _, err = proc.communicate(timeout=10)
+        _until(proc, "configuration 1 closed")
+        _ends_at_once(proc)
     finally:
         proc.kill()
-    assert time.monotonic() - sent < 5 and proc.returncode == 0, err
-    assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
 
 
 def test_a_start_that_fails_while_another_model_loads_is_said_at_once(tmp_path, unused_tcp_port):
