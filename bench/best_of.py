@@ -22,8 +22,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.proxy_overhead import _velo  # noqa: E402
 from tests.llama_server import chat_server  # noqa: E402
-from tests.velo_serve import velo_process  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time, a fox", "The best way to learn Python is",
            "In the morning I like to", "The ocean is", "My favourite book is about", "To make bread you need",
@@ -77,10 +77,7 @@ def main() -> None:
     llama = chat_server(Path(tempfile.mkdtemp())).start()
     with ExitStack() as stack:
         stack.callback(llama.stop)
-        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        config = f'[[backends]]\nname = "up"\nkind = "llamacpp"\nurls = ["{llama.url}"]\nmodels = ["m"]\n' \
-                 "[cache]\nenabled = false\n"
-        url, _ = stack.enter_context(velo_process(folder, config))
+        url, _ = _velo(stack, "llamacpp", llama.url, models=("m",))
         asyncio.run(bench(url, args.best_of, args.rounds, args.tokens))
 
 
