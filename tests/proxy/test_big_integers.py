@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from typing import AsyncIterator
 
+import anthropic
+import ollama
+import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -111,3 +114,26 @@ async def test_a_repaired_structured_answer_keeps_integers_past_64_bits(served: 
     up.script.reply = '{"id": %d,}' % BIG
     resp = await client.post("/api/chat", json={"model": "m", "messages": ASK, "stream": False, "format": "json"})
     assert json.loads((await resp.json())["message"]["content"]) == {"id": BIG}
+
+
+async def test_the_official_clients_read_a_tool_call_past_64_bits_whole(served: tuple[TestClient, FakeOpenAI]) -> None:
+    """The answers above as openai, anthropic and ollama read them (Python's json underneath each): the integer
+    whole, streamed or not."""
+    client, up = served
+    up.script.tool_calls = [{"name": "lookup", "arguments": '{"id": %d}' % BIG}]
+    base = str(client.make_url("")).rstrip("/")
+    oai = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+    answer = await oai.chat.completions.create(model="m", messages=ASK, tools=[TOOL])
+    assert json.loads(answer.choices[0].message.tool_calls[0].function.arguments) == {"id": BIG}
+    async with oai.chat.completions.stream(model="m", messages=ASK, tools=[TOOL]) as stream:
+        final = await stream.get_final_completion()
+    assert json.loads(final.choices[0].message.tool_calls[0].function.arguments) == {"id": BIG}
+    claude = anthropic.AsyncAnthropic(base_url=base, api_key="sk-test", max_retries=0)
+    tool = {"name": "lookup", "input_schema": TOOL["function"]["parameters"]}
+    message = await claude.messages.create(model="m", max_tokens=9, messages=ASK, tools=[tool])
+    assert [b.input for b in message.content if b.type == "tool_use"] == [{"id": BIG}]
+    async with claude.messages.stream(model="m", max_tokens=9, messages=ASK, tools=[tool]) as stream:
+        message = await stream.get_final_message()
+    assert [b.input for b in message.content if b.type == "tool_use"] == [{"id": BIG}]
+    reply = await ollama.AsyncClient(host=base).chat(model="m", messages=ASK, tools=[TOOL])
+    assert reply.message.tool_calls[0].function.arguments == {"id": BIG}
