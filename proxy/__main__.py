@@ -1,4 +1,4 @@
 """`python -m proxy serve` works where the `velo` script is not on PATH."""
-from .cli import main
+from .entry import main
 
 raise SystemExit(main())

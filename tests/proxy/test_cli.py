@@ -288,6 +288,26 @@ def test_a_ctrl_c_before_velo_takes_the_signal_is_a_quiet_130(tmp_path):
     assert err.strip().endswith("stopped while starting: not listening"), err
 
 
+def test_a_ctrl_c_among_velos_imports_is_a_quiet_130(tmp_path):
+    """Ctrl-C in the 1.4 s that `velo`'s imports take, before any of its code runs, was a KeyboardInterrupt traceback
+    through whichever module was loading. Here aiohttp's import takes a minute and says "importing"."""
+    code = ("import builtins, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "real = builtins.__import__\n"
+            "def slow(name, *args, **kwargs):\n"
+            "    if name == 'aiohttp':\n        print('importing', flush=True)\n        time.sleep(60)\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = slow\nfrom proxy.entry import main\nsys.exit(main(['serve']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "importing\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err == "velo: stopped while starting: not listening\n", err
+
+
 def test_velo_serve_exits_with_its_heap_out_of_the_collectors_sight(tmp_path, unused_tcp_port):
     """The exit's collections walked the whole heap, which serve() makes collectable again as it ends: an idle
     Ctrl-C took 1.1-1.3 s to exit with SmolLM2 loaded, 0.4 s with the heap frozen. The count is read at the exit."""
