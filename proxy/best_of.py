@@ -6,16 +6,27 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from adapters.errors import BadRequest
 from adapters.protocol import Chunk, CompletionRequest
 
-# Said where a backend gave no logprobs (an Ollama before 0.12.11, an OpenAI-compatible server that drops them):
-# each prompt's first `n` candidates are answered as they came, unranked.
+# Said where a backend gave no logprobs (an Ollama before 0.12.11, an OpenAI-compatible server that drops them, one
+# that refuses them: `refuses_logprobs`): each prompt's first `n` candidates are answered as they came, unranked.
 UNRANKED = {"X-Velo-Best-Of": "unranked"}
 
 
 def candidates(req: CompletionRequest, best_of: int) -> CompletionRequest:
     """One prompt's request for its `best_of` candidates, each with its tokens' logprobs to rank it by."""
     return replace(req, n=best_of, options=replace(req.options, logprobs=True))
+
+
+def refuses_logprobs(e: Exception) -> bool:
+    """The backend's 400 or 422 (a BadRequest, adapters/http.py) refused the request for its logprobs, in words that
+    name them: vLLM's "Requested sample logprobs of 1, which is greater than max allowed: 0" (--max-logprobs 0),
+    OpenAI's "This model does not support the 'logprobs' parameter." and "Unrecognized request argument supplied:
+    logprobs", Groq's "logprobs is not supported with this model", a pydantic server's extra_forbidden at ('body',
+    'logprobs'). Their status alone says nothing of why; the candidates' only logprobs are Velo's own where the client
+    asked for none, so a refusal naming them is of those."""
+    return isinstance(e, BadRequest) and "logprob" in e.message.lower()
 
 
 def best(answers: list[Chunk], best_of: int, n: int, logprobs: bool) -> tuple[list[Chunk], dict[str, str]]:

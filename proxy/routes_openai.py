@@ -8,10 +8,11 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
-from adapters.protocol import Chunk, Usage, aggregate
+from adapters.errors import BadRequest
+from adapters.protocol import Chunk, CompletionRequest, Usage, aggregate
 
 from .auth import CALLER
-from .best_of import best, candidates
+from .best_of import best, candidates, refuses_logprobs
 from .dialects import SSE_KEEPALIVE, openai
 from .http_io import SSE_DONE, ignored_tools_header, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Parts, Request
@@ -48,20 +49,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     reqs, echo, best_of = openai.parse_completions(body)
     req = reqs[0]
-    asked = reqs if best_of is None else [candidates(r, best_of) for r in reqs]
-    jobs = _parts([job for r in asked for job in _choices(request, r, body)])
     prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
-    streams = [request[PIPELINE].generate(job) for job in jobs]
     ids = openai.ChatIds("cmpl")
-    if not req.stream:
-        answers = [aggregate(c) for c in await collect_each(streams)]
-        usage = openai.total_usage(enumerate(a.usage for a in answers), asked[0].n)  # every candidate's tokens
+    if not req.stream:  # best_of's always: parse_completions refuses it streamed
+        jobs, answers = await (_answers(request, reqs, body) if best_of is None else
+                               _candidates(request, reqs, best_of, body))
+        usage = openai.total_usage(enumerate(a.usage for a in answers), best_of or req.n)  # every candidate's tokens
         choices, headers = (answers, {}) if best_of is None else best(answers, best_of, req.n, req.options.logprobs)
         if echo:
             for c, prompt in zip(choices, prompts):
                 c.text = prompt + c.text
         return json_response(openai.completion_object(ids, req.model, choices, usage=usage),
                              headers=_headers(jobs) | headers)
+    jobs = _parts([job for r in reqs for job in _choices(request, r, body)])
+    streams = [request[PIPELINE].generate(job) for job in jobs]
     if echo:
         streams = [_echoed(s, prompt) for s, prompt in zip(streams, prompts)]
     written = [0] * len(jobs)  # characters each choice has streamed, for logprobs' text_offset
@@ -73,6 +74,27 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     return await _sse(request, jobs, streams, shape, openai.stream_options_usage(body), ids, req.model,
                       "text_completion", opening=False, n=req.n)
+
+
+async def _answers(request: web.Request, reqs: list[CompletionRequest],
+                   body: dict[str, Any]) -> tuple[list[Job], list[Chunk]]:
+    """Every choice of each request, whole, generated side by side; with their jobs, for the response's headers."""
+    jobs = _parts([job for r in reqs for job in _choices(request, r, body)])
+    return jobs, [aggregate(c) for c in await collect_each([request[PIPELINE].generate(job) for job in jobs])]
+
+
+async def _candidates(request: web.Request, reqs: list[CompletionRequest], best_of: int,
+                      body: dict[str, Any]) -> tuple[list[Job], list[Chunk]]:
+    """Each prompt's `best_of` candidates, asked with logprobs to rank them by. A backend that refuses logprobs the
+    client did not ask for is asked again without them, and its candidates are answered unranked (best_of.py), as
+    where it drops them: a 400 for a field the client never sent left it nothing to fix. A refusal of logprobs the
+    client asked for is the client's 400."""
+    try:
+        return await _answers(request, [candidates(r, best_of) for r in reqs], body)
+    except BadRequest as e:
+        if reqs[0].options.logprobs or not refuses_logprobs(e):
+            raise
+    return await _answers(request, [replace(r, n=best_of) for r in reqs], body)
 
 
 async def _echoed(stream: AsyncIterator[Chunk], prompt: str) -> AsyncIterator[Chunk]:

@@ -9,9 +9,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from adapters.base import BackendConfig
+from adapters.errors import BackendError, BadRequest
 from adapters.protocol import Chunk, TokenLogprob, Usage
 from proxy.app import make_app
-from proxy.best_of import best
+from proxy.best_of import best, refuses_logprobs
 from proxy.cache.config import CacheConfig
 from proxy.config import Config
 from tests.fakes import FakeOpenAI, OllamaDouble
@@ -74,6 +75,41 @@ async def test_a_backend_without_logprobs_answers_the_first_n_and_says_they_are_
     out = raw.parse()
     assert raw.headers["X-Velo-Best-Of"] == "unranked" and len(out.choices) == 1
     assert out.choices[0].text in {text for text, _ in REPLIES} and out.usage.completion_tokens == 9
+
+
+async def test_a_backend_that_refuses_logprobs_is_asked_again_without_them_and_answered_unranked(velo):
+    """Before: a backend that refuses `logprobs` (vLLM started with --max-logprobs 0, a provider's model without them)
+    failed the whole request with its 400, though the client never asked for logprobs; Velo's own are dropped now."""
+    client, kind, fake = velo
+    fake.script.refused_field = "logprobs"
+    raw = await client.completions.with_raw_response.create(model=MODELS[kind], prompt="Count", best_of=3, n=2,
+                                                            max_tokens=8)
+    out = raw.parse()
+    assert raw.headers["X-Velo-Best-Of"] == "unranked" and len(out.choices) == 2
+    assert {c.text for c in out.choices} <= {text for text, _ in REPLIES} and out.usage.completion_tokens == 9
+    asked = _asked(fake, kind)
+    assert asked[0]["logprobs"] and [("logprobs" in body) for body in asked[-3:]] == [False] * 3
+
+
+async def test_a_logprobs_refusal_the_client_asked_for_is_its_400(velo):
+    client, kind, fake = velo
+    fake.script.refused_field = "logprobs"
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.completions.create(model=MODELS[kind], prompt="Count", best_of=3, max_tokens=8, logprobs=1)
+    assert "'logprobs' is not supported" in err.value.message and err.value.type == "invalid_request_error"
+    assert all(body["logprobs"] for body in _asked(fake, kind))
+
+
+@pytest.mark.parametrize("error, refused", [
+    (BadRequest("Requested sample logprobs of 1, which is greater than max allowed: 0"), True),  # vLLM
+    (BadRequest("This model does not support the 'logprobs' parameter."), True),  # OpenAI
+    (BadRequest("Unrecognized request argument supplied: logprobs"), True),  # OpenAI
+    (BadRequest("[{'type': 'extra_forbidden', 'loc': ('body', 'logprobs'), 'msg': 'Extra inputs'}]"), True),
+    (BadRequest("max_tokens must be at least 1, got 0."), False),  # refused for something else: no retry cures it
+    (BackendError("backend 'up' answered 500 on /v1/completions: logprobs"), False),  # a failure, not a refusal
+])
+def test_a_refusal_is_of_logprobs_where_its_words_name_them(error, refused):
+    assert refuses_logprobs(error) is refused
 
 
 @pytest.mark.parametrize("velo", ["openai"], indirect=True)
