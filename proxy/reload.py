@@ -43,7 +43,7 @@ class Reloader:
                  settle_s: float = SETTLE_S) -> None:
         self.path, self.generations, self.keep = Path(path), generations, keep
         self.interval_s, self.settle_s = interval_s, settle_s
-        self.applied = self.refused = 0
+        self.applied = self.refused = self.cancelled = 0
         self.last_error = ""
         self._version = _version(self.path)  # the file the config in force was read from (read before serving)
         # what the file says of the restart-only keys: a change is one of the file's, not of `velo serve --port`
@@ -69,32 +69,43 @@ class Reloader:
         task.add_done_callback(self._tasks.discard)
 
     async def reload(self) -> bool:
-        """True when the file's config is now in force; False (and the old one stays) when it was refused."""
-        async with self._lock:
-            self._waiting = False  # what the file says from here on, this reload reads
-            self._version = await asyncio.to_thread(_version, self.path)
-            old = self.generations.current
-            try:
-                read = await asyncio.to_thread(load_config, self.path)
-                if not read.backends:  # as a start with this file: an edit that dropped them served no model
-                    if self._default is None:
-                        made = await default_config()
-                        self._default = made.backends, made.default_backend
-                    read.backends, read.default_backend = self._default
-                config, self._restart_only = _keep_restart_only(old.config, read, self._restart_only)
-                new = Generation.build(old.number + 1, config, self.keep)
-                await self._started(new)
-            except Exception as e:  # noqa: BLE001 - any failure refuses the new config; the old one serves on
-                self.refused += 1
-                self.last_error = str(e)
-                log.error("config reload refused, configuration %d stays in force: %s", old.number, e)
-                return False
-            self.generations.swap(new)
-            self.applied += 1
-            self.last_error = ""
-            log.info("configuration %d from %s is in force (%s, %d kept open)", new.number, self.path,
-                     counted(len(new.backends), "backend"), len(new.backends) - len(new.fresh))
-            return True
+        """True when the file's config is now in force; False (and the old one stays) when it was refused. One that
+        Velo's stop cancels is logged and counted too: it ended without a word, the edit never in force."""
+        try:
+            async with self._lock:
+                return await self._reload()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            log.warning("config reload cancelled, configuration %d stays in force: Velo is stopping",
+                        self.generations.current.number)
+            raise
+
+    async def _reload(self) -> bool:
+        """`reload()`'s work, under its lock."""
+        self._waiting = False  # what the file says from here on, this reload reads
+        self._version = await asyncio.to_thread(_version, self.path)
+        old = self.generations.current
+        try:
+            read = await asyncio.to_thread(load_config, self.path)
+            if not read.backends:  # as a start with this file: an edit that dropped them served no model
+                if self._default is None:
+                    made = await default_config()
+                    self._default = made.backends, made.default_backend
+                read.backends, read.default_backend = self._default
+            config, self._restart_only = _keep_restart_only(old.config, read, self._restart_only)
+            new = Generation.build(old.number + 1, config, self.keep)
+            await self._started(new)
+        except Exception as e:  # noqa: BLE001 - any failure refuses the new config; the old one serves on
+            self.refused += 1
+            self.last_error = str(e)
+            log.error("config reload refused, configuration %d stays in force: %s", old.number, e)
+            return False
+        self.generations.swap(new)
+        self.applied += 1
+        self.last_error = ""
+        log.info("configuration %d from %s is in force (%s, %d kept open)", new.number, self.path,
+                 counted(len(new.backends), "backend"), len(new.backends) - len(new.fresh))
+        return True
 
     async def _started(self, new: Generation) -> None:
         """`new.start()`, which closes what it made when it fails or is cancelled (Velo stopping); a load that
@@ -137,6 +148,7 @@ class Reloader:
         reloads = CounterMetricFamily("velo_config_reloads", "Config reloads by outcome", labels=["outcome"])
         reloads.add_metric(["applied"], self.applied)
         reloads.add_metric(["refused"], self.refused)
+        reloads.add_metric(["cancelled"], self.cancelled)
         yield reloads
         yield GaugeMetricFamily("velo_config_generation", "Number of the configuration in force",
                                 value=self.generations.current.number)

@@ -188,13 +188,14 @@ def _until(proc: subprocess.Popen, line: str) -> None:
         assert proc.poll() is None
 
 
-def _ends_at_once(proc: subprocess.Popen, sig: signal.Signals = signal.SIGINT) -> None:
-    """`sig` to a Velo whose model load runs on in a thread: it exits within 5 s, saying so in one line."""
+def _ends_at_once(proc: subprocess.Popen, sig: signal.Signals = signal.SIGINT) -> str:
+    """`sig` to a Velo whose model load runs on in a thread: it exits within 5 s, saying so in one line; its log."""
     proc.send_signal(sig)
     sent = time.monotonic()
     _, err = proc.communicate(timeout=15)
     assert time.monotonic() - sent < 5 and proc.returncode == 0, err
     assert "stopped while loading a model: exiting without waiting for the load" in err and "Traceback" not in err
+    return err
 
 
 @pytest.mark.parametrize("serving", [False, True], ids=["starting", "serving"])
@@ -216,14 +217,14 @@ def test_a_signal_while_a_model_loads_ends_velo_at_once(sig, serving, tmp_path, 
 def test_a_signal_while_a_reload_loads_a_new_model_ends_velo_at_once(tmp_path, unused_tcp_port):
     """Ctrl-C while a SIGHUP's reload loaded a new engine model waited for the whole load (4.2 s after SIGINT in
     one measurement; a minute here): the reload's generation never became current, so the exit did not see its
-    load's thread, which the interpreter's exit joins."""
+    load's thread, which the interpreter's exit joins. The abandoned reload is said (it was not)."""
     config, proc, server = _loading_velo(tmp_path, unused_tcp_port, OPENAI, serving=False)
     try:
         _until(proc, "Velo listening")
         config.write_text(server + ENGINE.format(tmp_path / "model.gguf"))
         proc.send_signal(signal.SIGHUP)
         assert proc.stdout.readline() == "loading\n"
-        _ends_at_once(proc)
+        assert "config reload cancelled, configuration 1 stays in force: Velo is stopping" in _ends_at_once(proc)
     finally:
         proc.kill()
 

@@ -190,9 +190,10 @@ async def test_a_config_refused_while_its_backends_are_made_holds_nothing_back(t
 
 
 async def test_a_reload_stopped_while_its_backends_start_closes_them_and_the_old_configuration_serves(
-        tmp_path, two_fakes, monkeypatch):
+        tmp_path, two_fakes, monkeypatch, caplog):
     """Velo's stop cancels a reload under way (it loaded its new engine's model on through the shutdown's grace):
-    what the reload made is closed and the configuration in force serves on."""
+    what the reload made is closed and the configuration in force serves on. The log says the reload was abandoned
+    and /metrics counts it (it ended without a word, counted nowhere)."""
     started, closed, close = asyncio.Event(), [], OpenAIBackend.close
 
     async def hangs(self: OpenAIBackend) -> None:  # as an engine's start does while its model loads
@@ -212,13 +213,17 @@ async def test_a_reload_stopped_while_its_backends_start_closes_them_and_the_old
         path.write_text(toml(a.url, b.url, "a") + '[[backends]]\nname = "e"\nkind = "openai"\nurl = "http://h:1"\n')
         app[RELOADER].trigger()
         await asyncio.wait_for(started.wait(), 5)
-        app[RELOADER].stop()
-        for _ in range(500):
-            if "e" in closed:
-                break
-            await asyncio.sleep(0.01)
+        with caplog.at_level(logging.WARNING, logger="velo.reload"):
+            app[RELOADER].stop()
+            for _ in range(500):
+                if "e" in closed:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*app[RELOADER]._tasks, return_exceptions=True)
         assert app[GENERATIONS].current is first and closed == ["e"]
         assert await answer(c) == "from a"
+        assert "config reload cancelled, configuration 1 stays in force: Velo is stopping" in caplog.text
+        assert value(await scrape(c), "velo_config_reloads_total", outcome="cancelled") == 1
 
 
 async def test_a_reload_refused_while_other_backends_start_leaves_none_of_them_running(tmp_path, two_fakes,
