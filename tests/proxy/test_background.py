@@ -411,3 +411,27 @@ async def test_a_background_answer_from_the_cache_or_an_identical_call_is_charge
         await sdk.responses.create(model="tiny", input="again", background=True)
         with pytest.raises(openai.RateLimitError):
             await sdk.responses.create(model="tiny", input="more", background=True)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["queued", "streamed"])
+async def test_a_response_cancelled_at_once_gives_back_its_queue_place_and_its_keys_share(stream: bool):
+    """Its request takes a place in its backend's queue and a share of its key's limits for a task that runs later.
+    Cancelled as soon as its id is known, the one running, and one riding on its call (an identical request, which
+    holds its place without taking a slot), give both back: a place held for good counted against `max_queue` for
+    the rest of the process's life."""
+    backend = ScriptedBackend("s", script=Script(pieces=["a"] * 20, delay=0.02))
+    app = make_app(Config(batching=BatchingConfig(max_queue=2), limits=LimitsConfig(concurrency=4)), {"s": backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        made = [await sdk.responses.create(model="tiny", input="hi", temperature=0, background=True, stream=stream)
+                for _ in range(2)]
+        ids = [m.id for m in made] if not stream else [(await m.__anext__()).response.id for m in made]
+        for resp_id in reversed(ids):
+            assert (await sdk.responses.cancel(resp_id)).status == "cancelled"
+        for followed in made if stream else ():
+            await followed.close()
+        while app[BACKGROUND].runs:
+            await asyncio.sleep(0.01)
+        queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers["s"]
+        assert (queue.running, queue.queued, queue._reserved) == (0, 0, 0)
+        assert app[GENERATIONS].current.pipeline.limit.limits.running() == {} and len(backend.requests) == 1
