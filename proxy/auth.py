@@ -53,7 +53,7 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     if server.admin_keys and not is_one_of(key, tuple(server.admin_keys)) and request.path.startswith(ADMIN_PATHS):
         raise Forbidden(f"{request.path} is for the keys in [server] admin_keys")
     tenant = tenant_of(key)
-    # the key's label, never the key or its hash: the client is listed to every key holder (GET /velo/requests) and
+    # the key's label, never the key or its hash: the client is listed to an admin (GET /velo/requests) and
     # logged; a name the client gives itself comes after it, where it could pass for another key ("key:key2") and
     # share that key's place in a backend's queue
     named = request.headers.get("X-Velo-Client")

@@ -103,19 +103,19 @@ class BackgroundRuns:
 
     def start(self, tenant: str, client: str, run: Run, chunks: AsyncIterator[Chunk], store: Store,
               inflight: InFlight, generation: Generation) -> None:
-        """Writes `chunks` into `run` in a task of its own, listed for `client` under the response's id."""
+        """Writes `chunks` into `run` in a task of its own, listed as `tenant`'s request under the response's id."""
         key = (tenant, run.writer.resp_id)
         generation.enter()
-        run.task = asyncio.create_task(self._write(run, chunks, store, inflight, client))
+        run.task = asyncio.create_task(self._write(run, chunks, store, inflight, tenant, client))
         self.runs[key] = run
         run.task.add_done_callback(lambda _: (self.runs.pop(key, None), generation.leave()))
 
-    async def _write(self, run: Run, chunks: AsyncIterator[Chunk], store: Store, inflight: InFlight,
+    async def _write(self, run: Run, chunks: AsyncIterator[Chunk], store: Store, inflight: InFlight, tenant: str,
                      client: str) -> None:
         writer = run.writer
         task = asyncio.current_task()
         assert task is not None
-        entry = Running(writer.resp_id, "POST", "/v1/responses", client, task)
+        entry = Running(writer.resp_id, "POST", "/v1/responses", client, tenant, task)
         with inflight.listed(entry):  # while it is written: what ends a request ends it
             try:
                 async with aclosing(chunks):

@@ -47,13 +47,14 @@ class ServerConfig:
                                   default_doc="[] (no authentication; a client that sends a key still gets its own "
                                               "cache scope)", secret=True)
     admin_keys: list[str] = setting(factory=list, doc="when keys belong to different people: the keys that alone "
-                                    "open the dashboard (/ui, with its recent requests), list or cancel requests in "
-                                    "flight (/velo/requests), manage models (/api/create, /api/copy, /api/delete: "
-                                    "presets every key gets, under any name; /api/pull, /api/push) and reach "
-                                    "llama-server's /slots (other keys' tasks and caches); other keys get 403 "
-                                    "there (401 on /ui, where the browser then asks for another key). Each is an "
-                                    "API key too",
-                                    default_doc="[] (every API key may)", secret=True)
+                                    "open the dashboard (/ui, with its recent requests), list or cancel every key's "
+                                    "requests in flight (/velo/requests), manage models (/api/create, /api/copy, "
+                                    "/api/delete: presets every key gets, under any name; /api/pull, /api/push) "
+                                    "and reach llama-server's /slots (other keys' tasks and caches); other keys get "
+                                    "403 there (401 on /ui, where the browser then asks for another key). Each is "
+                                    "an API key too",
+                                    default_doc="[] (every API key may; in /velo/requests, each key its own "
+                                                "requests alone)", secret=True)
     origins: list[str] = setting(factory=list, doc="browser origins allowed to call Velo (CORS), besides Ollama's "
                                  "defaults: http(s) on localhost, 127.0.0.1 and 0.0.0.0 at any port, app://, file://, "
                                  'tauri://, vscode-webview://, vscode-file://. `*` is a wildcard '

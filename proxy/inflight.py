@@ -1,6 +1,6 @@
-"""Requests in flight: listed (`GET /velo/requests`, two gauges on /metrics, one log line for each that runs past
-`[server] long_request_s`), cancellable by an admin (`DELETE /velo/requests/{id}`), and ended with the client's own
-error when Velo shuts down.
+"""Requests in flight: listed (`GET /velo/requests`, each to its own key alone where keys are set and no admin_keys;
+two gauges on /metrics; one log line for each that runs past `[server] long_request_s`), cancellable by an admin
+(`DELETE /velo/requests/{id}`), and ended with the client's own error when Velo shuts down.
 
 Every /api and /v1 request gets an id, sent back as `X-Velo-Request-Id`. Ending a request cancels its handler's
 task with a reason kept here; the stream writer (http_io.write_stream) and the error middleware (errors.py) turn
@@ -55,6 +55,7 @@ class Running:
     method: str
     path: str
     client: str
+    tenant: str  # whose request: its key's scope (proxy/auth.py), never shown (routes_velo.viewer: who sees it)
     task: asyncio.Task
     started: float = field(default_factory=time.monotonic)
     jobs: list[tuple[str, str, Observation]] = field(default_factory=list)  # (model, backend, observation)
@@ -128,7 +129,7 @@ class InFlight:
         task = asyncio.current_task()
         assert task is not None
         caller = request[CALLER]
-        entry = Running(request_id(request), request.method, request.path, caller.client, task)
+        entry = Running(request_id(request), request.method, request.path, caller.client, caller.tenant, task)
         request[RUNNING], request[CALLER] = entry, replace(caller, request_id=entry.id)
         with self.listed(entry):
             return await handler(request)
@@ -172,9 +173,11 @@ class InFlight:
             await asyncio.sleep(0.02)
         return not self.running
 
-    def views(self) -> list[dict[str, Any]]:
+    def views(self, viewer: str | None = None) -> list[dict[str, Any]]:
+        """Oldest first: those of the `viewer` tenant alone, or (None) every one."""
         now = time.monotonic()
-        return sorted((r.view(now) for r in self.running.values()), key=lambda v: -v["seconds"])
+        seen = (r for r in self.running.values() if viewer is None or r.tenant == viewer)
+        return sorted((r.view(now) for r in seen), key=lambda v: -v["seconds"])
 
     async def _watch_long(self) -> None:
         """Until a configuration sets `long_request_s` to 0 (one that sets it again starts another watch)."""

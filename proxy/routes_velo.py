@@ -1,19 +1,30 @@
 """Velo's own admin routes under /velo/ (behind the API key when `[server] api_keys` is set): the requests in
-flight, and cancelling one of them (proxy/inflight.py)."""
+flight, and cancelling one of them (proxy/inflight.py). Where keys are set and no `admin_keys`, any key gets here,
+and each sees only its own requests: no request sees another key's data."""
 from __future__ import annotations
 
 from aiohttp import web
 
 from adapters.errors import NotFound
 
+from .auth import CALLER
 from .http_io import json_response
 from .inflight import Cancelled
-from .state import PIPELINE
+from .state import GENERATION, PIPELINE
+
+
+def viewer(request: web.Request) -> str | None:
+    """The tenant whose requests the caller sees: its own where keys are set and no admin_keys (any key gets here);
+    None, every request, for an admin where admin_keys are set (no other key gets here) and for the single local
+    user of a Velo without keys. The dashboard scopes its recent prompts per key too (proxy/routes_ui.py)."""
+    server = request[GENERATION].config.server
+    return request[CALLER].tenant if server.keys and not server.admin_keys else None
 
 
 async def requests(request: web.Request) -> web.Response:
-    """Every request being served, oldest first: id, route, client, models, backends, seconds, tokens so far."""
-    return json_response({"requests": request[PIPELINE].inflight.views()})
+    """The requests being served that the caller may see, oldest first: id, route, client, models, backends,
+    seconds, tokens so far."""
+    return json_response({"requests": request[PIPELINE].inflight.views(viewer(request))})
 
 
 async def cancel(request: web.Request) -> web.Response:

@@ -114,11 +114,40 @@ async def test_admin_keys_alone_see_and_end_other_keys_requests() -> None:
         assert (await c.get("/v1/models", headers={"Authorization": "Bearer sk-nobody"})).status == 401
 
 
+async def listed_by(c: TestClient, key: str, count: int) -> list[str]:
+    """The ids `key` lists once it lists `count` requests that produced tokens."""
+    for _ in range(200):
+        listed = (await (await c.get("/velo/requests", headers={"Authorization": f"Bearer {key}"})).json())["requests"]
+        if len([r for r in listed if r["tokens"] > 0]) >= count:
+            return [r["id"] for r in listed]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{key} never listed {count} running requests")
+
+
+async def test_a_key_lists_only_its_own_requests_in_flight_and_an_admin_all() -> None:
+    """Where api_keys are set and no admin_keys, any key listed every key's requests: the route, the models and the
+    client of each (no request sees another key's data). An admin, where admin_keys are set, lists them all."""
+    for admins in ([], ["sk-root"]):
+        config = Config(server=ServerConfig(api_keys=["sk-alice", "sk-bob"], admin_keys=admins),
+                        cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(config, {"s": runaway()}), handler_cancellation=True)) as c:
+            alice = await c.post("/api/chat", json=CHAT, headers={"Authorization": "Bearer sk-alice"})
+            bob = await c.post("/api/chat", json=CHAT, headers={"Authorization": "Bearer sk-bob"})
+            ids = {"sk-alice": alice.headers["X-Velo-Request-Id"], "sk-bob": bob.headers["X-Velo-Request-Id"]}
+            if admins:
+                assert sorted(await listed_by(c, "sk-root", 2)) == sorted(ids.values())
+            else:
+                assert await listed_by(c, "sk-alice", 1) == [ids["sk-alice"]]
+                assert await listed_by(c, "sk-bob", 1) == [ids["sk-bob"]]
+            alice.close()
+            bob.close()
+
+
 async def test_the_list_and_the_log_never_show_a_callers_key(caplog) -> None:
-    """Every key holder may read the list of requests in flight: it named each request's client by its raw API key,
-    so any user read every other user's key there (and in the long-request log line)."""
+    """An admin reads every key's requests in flight: the list named each request's client by its raw API key, so
+    whoever read it read every other user's key there (and in the long-request log line)."""
     caplog.set_level(logging.WARNING, logger="velo.requests")
-    config = Config(server=ServerConfig(api_keys=["sk-alice-secret", "sk-bob"], long_request_s=0.1),
+    config = Config(server=ServerConfig(api_keys=["sk-alice-secret"], admin_keys=["sk-bob"], long_request_s=0.1),
                     cache=CacheConfig(enabled=False))
     app = make_app(config, {"s": runaway()})
     async with TestClient(TestServer(app, handler_cancellation=True)) as c:
