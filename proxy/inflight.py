@@ -1,6 +1,6 @@
 """Requests in flight: listed (`GET /velo/requests`, each to its own key alone where keys are set and no admin_keys;
-two gauges on /metrics; one log line for each that runs past `[server] long_request_s`), cancellable by an admin
-(`DELETE /velo/requests/{id}`), and ended with the client's own error when Velo shuts down.
+two gauges on /metrics; one log line for each that runs past `[server] long_request_s`), cancellable by those who
+see it (`DELETE /velo/requests/{id}`), and ended with the client's own error when Velo shuts down.
 
 Every /api and /v1 request gets an id, sent back as `X-Velo-Request-Id`. Ending a request cancels its handler's
 task with a reason kept here; the stream writer (http_io.write_stream) and the error middleware (errors.py) turn
@@ -154,9 +154,10 @@ class InFlight:
         entry = self.running.get(request_id)
         return entry.reason if entry is not None else None
 
-    def cancel(self, request_id: str, reason: VeloError) -> bool:
+    def cancel(self, request_id: str, reason: VeloError, viewer: str | None = None) -> bool:
+        """Ends the request, if it runs and is the `viewer` tenant's (None: anyone's)."""
         entry = self.running.get(request_id)
-        if entry is None or entry.reason is not None:
+        if entry is None or entry.reason is not None or (viewer is not None and entry.tenant != viewer):
             return False
         entry.reason = reason
         entry.task.cancel()

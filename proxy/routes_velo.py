@@ -1,6 +1,6 @@
 """Velo's own admin routes under /velo/ (behind the API key when `[server] api_keys` is set): the requests in
 flight, and cancelling one of them (proxy/inflight.py). Where keys are set and no `admin_keys`, any key gets here,
-and each sees only its own requests: no request sees another key's data."""
+and each sees and cancels only its own requests: no request sees another key's data."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -14,9 +14,9 @@ from .state import GENERATION, PIPELINE
 
 
 def viewer(request: web.Request) -> str | None:
-    """The tenant whose requests the caller sees: its own where keys are set and no admin_keys (any key gets here);
-    None, every request, for an admin where admin_keys are set (no other key gets here) and for the single local
-    user of a Velo without keys. The dashboard scopes its recent prompts per key too (proxy/routes_ui.py)."""
+    """The tenant whose requests the caller sees and cancels: its own where keys are set and no admin_keys (any key
+    gets here); None, every request, for an admin where admin_keys are set (no other key gets here) and for the
+    single local user of a Velo without keys. The dashboard scopes its recent prompts per key too (routes_ui.py)."""
     server = request[GENERATION].config.server
     return request[CALLER].tenant if server.keys and not server.admin_keys else None
 
@@ -28,10 +28,11 @@ async def requests(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """Ends a request: a stream gets its dialect's error event, an answer not yet started a 499 error; either way the
-    backend's work is cancelled."""
+    """Ends a request the caller sees: a stream gets its dialect's error event, an answer not yet started a 499 error;
+    either way the backend's work is cancelled. Another key's request answers as an unknown id, so that none is
+    probed."""
     request_id = request.match_info["id"]
-    if not request[PIPELINE].inflight.cancel(request_id, Cancelled("cancelled by an administrator")):
+    if not request[PIPELINE].inflight.cancel(request_id, Cancelled("cancelled by an administrator"), viewer(request)):
         raise NotFound(f"no request {request_id!r} is in flight")
     return json_response({"id": request_id, "cancelled": True})
 

@@ -134,9 +134,10 @@ async def test_a_background_response_is_a_request_in_flight_an_admin_can_end(cli
 
 
 @pytest.mark.parametrize("config", [Config(server=ServerConfig(api_keys=["sk-test", "sk-other"]))])
-async def test_a_background_response_is_listed_to_its_own_key_alone(client, base_url, scripted: ScriptedBackend):
-    """Where keys are set and no admin_keys, any key listed every key's requests in flight, background responses
-    among them: no request sees another key's data."""
+async def test_a_background_response_is_listed_and_ended_by_its_own_key_alone(client, base_url,
+                                                                              scripted: ScriptedBackend):
+    """Where keys are set and no admin_keys, any key listed, and ended, every key's requests in flight, background
+    responses among them: no request sees another key's data."""
     scripted.script.pieces, scripted.script.delay = ["a"] * 200, 0.02
     sdk = _client(base_url)
     running = await sdk.responses.create(model="tiny", input="hi", background=True)
@@ -145,7 +146,9 @@ async def test_a_background_response_is_listed_to_its_own_key_alone(client, base
     assert [r["id"] for r in (await (await client.get("/velo/requests", headers=KEY)).json())["requests"]] == \
         [running.id]
     assert (await (await client.get("/velo/requests", headers=other)).json())["requests"] == []
-    await sdk.responses.cancel(running.id)
+    assert (await client.delete(f"/velo/requests/{running.id}", headers=other)).status == 404
+    assert (await client.delete(f"/velo/requests/{running.id}", headers=KEY)).status == 200
+    assert (await _until(sdk, running.id, "cancelled")).status == "cancelled"
 
 
 async def test_a_response_still_written_when_velo_stops_is_stored_as_cancelled(tmp_path):

@@ -143,6 +143,36 @@ async def test_a_key_lists_only_its_own_requests_in_flight_and_an_admin_all() ->
             bob.close()
 
 
+async def test_a_key_cancels_only_its_own_requests_and_an_admin_any() -> None:
+    """Where api_keys are set and no admin_keys, any key could end any other key's request by its id. Another key's
+    id now answers as an unknown one does, so a key cannot tell from the answer that the id is running."""
+    for admins in ([], ["sk-root"]):
+        config = Config(server=ServerConfig(api_keys=["sk-alice", "sk-bob"], admin_keys=admins),
+                        cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(config, {"s": runaway()}), handler_cancellation=True)) as c:
+            keys = {k: {"Authorization": f"Bearer {k}"} for k in ("sk-alice", "sk-bob", "sk-root")}
+            alice = await c.post("/api/chat", json=CHAT, headers=keys["sk-alice"])
+            bob = await c.post("/api/chat", json=CHAT, headers=keys["sk-bob"])
+            ids = {"sk-alice": alice.headers["X-Velo-Request-Id"], "sk-bob": bob.headers["X-Velo-Request-Id"]}
+            for key, count in [("sk-root", 2)] if admins else [(k, 1) for k in ids]:
+                await listed_by(c, key, count)
+            if admins:
+                for key in ids:
+                    assert (await c.delete(f"/velo/requests/{ids[key]}", headers=keys["sk-root"])).status == 200
+            else:
+                unknown = await c.delete("/velo/requests/req_0123456789abcdef", headers=keys["sk-alice"])
+                theirs = await c.delete(f"/velo/requests/{ids['sk-bob']}", headers=keys["sk-alice"])
+                assert theirs.status == unknown.status == 404
+                said = (await theirs.text()).replace(ids["sk-bob"], "req_0123456789abcdef")
+                assert said == await unknown.text()
+                assert await listed_by(c, "sk-bob", 1) == [ids["sk-bob"]]  # still running
+                for key in ids:
+                    assert (await c.delete(f"/velo/requests/{ids[key]}", headers=keys[key])).status == 200
+            for resp in (alice, bob):
+                tail = (await asyncio.wait_for(resp.read(), 10)).decode().strip().splitlines()[-1]
+                assert "cancelled by an administrator" in tail
+
+
 async def test_the_list_and_the_log_never_show_a_callers_key(caplog) -> None:
     """An admin reads every key's requests in flight: the list named each request's client by its raw API key, so
     whoever read it read every other user's key there (and in the long-request log line)."""
