@@ -1,9 +1,10 @@
 """The contract every backend adapter fulfils (Ollama, llama.cpp, OpenAI-compatible, Velo's own engine)."""
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from .errors import Unsupported
 from .schema import setting
@@ -155,3 +156,16 @@ class Backend(ABC):
     def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
         """llama-server's own routes (proxy/routes_llama.py), its answer's bytes as they come."""
         raise Unsupported(f"{path} needs a llama-server backend; {self.name!r} is {self.config.kind}")
+
+
+async def start_all(backends: Iterable[Backend]) -> None:
+    """Every backend's start at once; at the first failure (or a cancel) the others are cancelled, and over, before
+    it is raised: one left running past its owner's close (a generation's backend, a set's replica; a replica set
+    still probing) went on to open what nothing would close (its health prober, probing for good)."""
+    tasks = [asyncio.ensure_future(backend.start()) for backend in backends]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

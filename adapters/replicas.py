@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Literal, TypeVar
 
 import xxhash
 
-from .base import Backend, BackendConfig
+from .base import Backend, BackendConfig, start_all
 from .errors import BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded, VeloError
 from .http import LOADING_POLL_S, Loading, Upstream, asked_of, one_answer
 from .schema import build, setting
@@ -137,7 +137,7 @@ class ReplicaSet(Backend):
         """Probes every replica before the set serves: each started counted healthy, so one down when Velo started
         held its slots in the set's and drew the first requests (each failing over) until the first interval's
         probe, `health_interval_s` later."""
-        await asyncio.gather(*(r.backend.start() for r in self.replicas))
+        await start_all(r.backend for r in self.replicas)
         await self.probe()
         self._prober = asyncio.create_task(self._probe_forever(), name=f"health:{self.name}")
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Iterable
+from typing import AsyncIterator
 
 from aiohttp import web
 
-from adapters.base import Backend
+from adapters.base import Backend, start_all
 from adapters.swaps import Swaps
 
 from .config import Config
@@ -74,7 +74,7 @@ class Generation:
         """New backends open first, then their model lists, then the stages that ask them things (slots) or load
         models (semantic cache). On failure, what this generation took is given back, so a refused reload leaves nothing behind."""
         try:
-            await _all(b.start() for b in self.fresh)
+            await start_all(self.fresh)
             await self.router.start()  # the backends' model lists, kept and refreshed (proxy/listings.py)
             await self.router.presets.open()
             await self.pipeline.start()
@@ -100,19 +100,6 @@ class Generation:
         self.in_flight -= 1
         if self.in_flight == 0:
             self.idle.set()
-
-
-async def _all(starts: Iterable[Awaitable[None]]) -> None:
-    """Every start at once; at the first failure (or a cancel) the others are cancelled, and over, before it is
-    raised: one left running past the generation's close (a replica set still probing) went on to open what nothing
-    would close (its health prober, probing for good)."""
-    tasks = [asyncio.ensure_future(start) for start in starts]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _close_backend(backend: Backend) -> None:

@@ -216,6 +216,36 @@ async def test_a_replica_down_when_the_set_starts_is_out_from_the_start():
         await rs.close()
 
 
+@pytest.mark.parametrize("how", ["one fails", "cancelled"])
+async def test_a_replica_start_that_fails_or_is_cancelled_ends_the_others(how: str):
+    """The replicas' starts were gathered: when one raised, the others ran on past the set's failed start (and a
+    refused reload's close), opening what nothing would close. Each start still running is cancelled, and over,
+    before the set's start raises."""
+    rs, members = replica_set(Script(), Script())
+    began, ended = asyncio.Event(), []
+
+    async def hangs() -> None:
+        began.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("r0")
+
+    async def fails() -> None:
+        await began.wait()
+        if how == "one fails":
+            raise BackendUnavailable("r1 cannot start")
+        await asyncio.Event().wait()
+    members[0].start, members[1].start = hangs, fails  # type: ignore[method-assign]
+    starting = asyncio.ensure_future(rs.start())
+    await began.wait()
+    if how == "cancelled":  # a Ctrl-C, or a reload refused by another backend's start
+        starting.cancel()
+    with pytest.raises(asyncio.CancelledError if how == "cancelled" else BackendUnavailable):
+        await starting
+    assert ended == ["r0"] and rs._prober is None
+
+
 async def test_prefix_affinity_keeps_a_conversation_on_one_replica():
     rs, members = replica_set(Script(), Script(), Script(), affinity="prefix")
     for turn in range(4):
