@@ -7,10 +7,10 @@ is skipped and the next one tried, so the client never sees the failure, unless 
 read it, then dropped the connection or cut its answer: `BackendError.taken`); once bytes went out the error is the
 client's. A replica loading its model is passed over for a ready one; when all are loading, the request waits for
 one, as for a single backend. Repeated failures open the replica's circuit for a cool-down (it gets no requests);
-after it, the next failure reopens it at once. A probe at start, then every `health_interval_s`, keeps `healthy`;
-replicas failing it are tried only when no healthy one is left. The set lists what its healthy replicas list,
-together. Velo's queue in front of the set takes the slots of the replicas in service (`ReplicaSet.slots`), told
-anew as replicas leave and come back.
+after it, the next failure reopens it at once. A probe at start, then every `health_interval_s`, keeps `healthy`
+(the set serves once one replica passes its first, the others joining as theirs pass); replicas failing it are tried
+only when no healthy one is left. The set lists what its healthy replicas list, together. Velo's queue in front of
+the set takes the slots of the replicas in service (`ReplicaSet.slots`), told anew as replicas leave and come back.
 
 Replica settings live in the backend's `options`: `affinity` ("prefix" or "none"), `health_interval_s`,
 `breaker_failures`, `breaker_cooldown_s`; they are stripped before the options reach the replicas' adapters.
@@ -134,12 +134,22 @@ class ReplicaSet(Backend):
         return cls(config, members, opts)
 
     async def start(self) -> None:
-        """Probes every replica before the set serves: each started counted healthy, so one down when Velo started
-        held its slots in the set's and drew the first requests (each failing over) until the first interval's
-        probe, `health_interval_s` later."""
+        """Serves once a replica passes its first probe (or every first probe has ended, none passing); each replica
+        is out of service until its own passes, and one still unanswered joins when it does. Counted healthy, one down
+        when Velo started held its slots in the set's and drew the first requests (each failing over); every probe
+        waited for, one that accepted and never answered held the start for the probe's bound, `health_interval_s`,
+        the others ready."""
         await start_all(r.backend for r in self.replicas)
-        await self.probe()
-        self._prober = asyncio.create_task(self._probe_forever(), name=f"health:{self.name}")
+        for replica in self.replicas:
+            replica.healthy = False
+        served: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._prober = asyncio.create_task(self._probe_forever(served), name=f"health:{self.name}")
+        try:  # or the prober's end: one ended by a fault leaves no start waiting for good (close raises it)
+            await asyncio.wait([served, self._prober], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled (a Ctrl-C, a refused reload): its probes do not outlive it
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
+            raise
 
     async def close(self) -> None:
         self._resize = None  # a queue kept through a reload is the next configuration's set's to size
@@ -149,20 +159,31 @@ class ReplicaSet(Backend):
                 await self._prober
         await asyncio.gather(*(r.backend.close() for r in self.replicas), return_exceptions=True)
 
-    async def probe(self) -> None:
-        """Asks every replica for its health once; a replica that recovers gets its circuit closed, and one passing
-        that never said its slots (down when the set was asked them) is asked them now: it counted as the configured
-        limit or 4 for good, so a llama-server of 1 slot back from a restart took 4 requests at once."""
-        wait = self.options.health_interval_s
-        states = await asyncio.gather(*(_probe(r.backend, wait) for r in self.replicas))
-        for replica, ok in zip(self.replicas, states):
-            if ok and not replica.healthy:
-                replica.succeeded()
-            replica.healthy = ok
-        await self._ask_slots([r for r, ok in zip(self.replicas, states) if ok and r.slots is None], wait)
-        self._recount()
+    async def probe(self, passed: asyncio.Future[None] | None = None) -> None:
+        """Asks every replica for its health once, each taken as it answers (`_probe_one`), so that one hung holds
+        none of the others' up to the probe's bound; `passed` is resolved at the first that passes."""
+        await asyncio.gather(*(self._probe_one(r, passed) for r in self.replicas))
 
-    async def _probe_forever(self) -> None:
+    async def _probe_one(self, replica: Replica, passed: asyncio.Future[None] | None) -> None:
+        """A replica that recovers gets its circuit closed, and one passing that never said its slots (down when the
+        set was asked them) is asked them now: it counted as the configured limit or 4 for good, so a llama-server
+        of 1 slot back from a restart took 4 requests at once."""
+        wait = self.options.health_interval_s
+        ok = await _probe(replica.backend, wait)
+        if ok and not replica.healthy:
+            replica.succeeded()
+        replica.healthy = ok
+        if ok and replica.slots is None:
+            await self._ask_slots([replica], wait)
+        self._recount()
+        if ok and passed is not None and not passed.done():
+            passed.set_result(None)
+
+    async def _probe_forever(self, served: asyncio.Future[None]) -> None:
+        """The first round resolves `served` at the first replica passing, or at its end."""
+        await self.probe(served)
+        if not served.done():
+            served.set_result(None)
         while True:
             await asyncio.sleep(self.options.health_interval_s)
             await self.probe()

@@ -246,6 +246,77 @@ async def test_a_replica_start_that_fails_or_is_cancelled_ends_the_others(how: s
     assert ended == ["r0"] and rs._prober is None
 
 
+async def _silent_server() -> tuple[asyncio.Server, str, list[bytes], asyncio.Event]:
+    """A replica that accepts and reads each request and answers none (hung) until `answer` is set, then lists "m"
+    to each; the heads it read."""
+    heads: list[bytes] = []
+    answer = asyncio.Event()
+    listing = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                heads.append(await reader.readuntil(b"\r\n\r\n"))
+                await answer.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(listing), listing))
+                await writer.drain()
+        writer.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", heads, answer
+
+
+async def test_a_replica_hung_on_its_first_probe_neither_holds_the_sets_start_nor_misses_it():
+    """A replica that accepted and never answered its probe held the set's start for the probe's bound,
+    `health_interval_s` (the set unserved though another replica was ready), and, given up, waited out a whole
+    interval more once it did answer. The set serves once a replica passes; the hung one is out of service until
+    its own probe answers, and joins then."""
+    server, url, heads, answer = await _silent_server()
+    async with server, FakeOpenAI(models=["m"]) as live:
+        rs = make_backend(BackendConfig(name="set", kind="openai", urls=[url, live.url], models=["m"],
+                                        options={"health_interval_s": 10.0}))
+        assert isinstance(rs, ReplicaSet)
+        told: list[int] = []
+        await rs.start()
+        try:
+            rs.watch_slots(told.append)
+            assert [r.healthy for r in rs.replicas] == [False, True] and not answer.is_set()
+            assert await text(rs, ChatRequest(model="m", messages=[Message("user", "hi")])) == live.script.reply
+            answer.set()  # the hung replica's first probe is answered (its only probe so far)
+
+            async def joined() -> None:
+                while told != [4, 8]:
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(joined(), 30)
+            assert rs.replicas[0].healthy and len(heads) == 1
+        finally:
+            await rs.close()
+
+
+async def test_a_set_start_cancelled_while_its_replicas_are_probed_leaves_no_probe_running():
+    """The first probes run in the set's prober, which its start waits on: cancelled then (a Ctrl-C, a reload refused
+    by another backend's start), the start ends them, and its prober, before it raises."""
+    rs, members = replica_set(Script(), Script())
+    asked, ended = asyncio.Queue(), []  # type: ignore[var-annotated]
+    for member in members:
+        async def hangs(name: str = member.name) -> bool:
+            asked.put_nowait(name)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                ended.append(name)
+            return True
+        member.health = hangs  # type: ignore[method-assign]
+    starting = asyncio.ensure_future(rs.start())
+    for _ in members:
+        await asyncio.wait_for(asked.get(), 10)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert sorted(ended) == ["r0", "r1"]
+    assert not [task for task in asyncio.all_tasks() if task.get_name() == "health:set" and not task.done()]
+
+
 async def test_prefix_affinity_keeps_a_conversation_on_one_replica():
     rs, members = replica_set(Script(), Script(), Script(), affinity="prefix")
     for turn in range(4):
