@@ -134,18 +134,20 @@ class ReplicaSet(Backend):
         return cls(config, members, opts)
 
     async def start(self) -> None:
-        """Serves once a replica passes its first probe (or every first probe has ended, none passing); each replica
-        is out of service until its own passes, and one still unanswered joins when it does. Counted healthy, one down
-        when Velo started held its slots in the set's and drew the first requests (each failing over); every probe
-        waited for, one that accepted and never answered held the start for the probe's bound, `health_interval_s`,
-        the others ready."""
+        """Serves once a replica passes its first probe, and the others answering within `_LISTING_GRACE_S` of it
+        have (or every first probe has ended, none passing); each replica is out of service until its own passes,
+        and one still unanswered joins when it does. Counted healthy, one down when Velo started held its slots in
+        the set's and drew the first requests (each failing over); every probe waited for, one that accepted and
+        never answered held the start for the probe's bound, `health_interval_s`, the others ready."""
         await start_all(r.backend for r in self.replicas)
         for replica in self.replicas:
             replica.healthy = False
-        served: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._prober = asyncio.create_task(self._probe_forever(served), name=f"health:{self.name}")
+        loop = asyncio.get_running_loop()
+        passed, probed = loop.create_future(), loop.create_future()
+        self._prober = asyncio.create_task(self._probe_forever(passed, probed), name=f"health:{self.name}")
         try:  # or the prober's end: one ended by a fault leaves no start waiting for good (close raises it)
-            await asyncio.wait([served, self._prober], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([passed, probed, self._prober], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([probed, self._prober], timeout=_LISTING_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled (a Ctrl-C, a refused reload): its probes do not outlive it
             self._prober.cancel()
             await asyncio.gather(self._prober, return_exceptions=True)
@@ -179,11 +181,10 @@ class ReplicaSet(Backend):
         if ok and passed is not None and not passed.done():
             passed.set_result(None)
 
-    async def _probe_forever(self, served: asyncio.Future[None]) -> None:
-        """The first round resolves `served` at the first replica passing, or at its end."""
-        await self.probe(served)
-        if not served.done():
-            served.set_result(None)
+    async def _probe_forever(self, passed: asyncio.Future[None], probed: asyncio.Future[None]) -> None:
+        """The first round resolves `passed` at the first replica passing, and `probed` at its end."""
+        await self.probe(passed)
+        probed.set_result(None)
         while True:
             await asyncio.sleep(self.options.health_interval_s)
             await self.probe()
