@@ -559,15 +559,17 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
-        (raw, or a fill-in-the-middle's prefix and suffix), as it is."""
+        (raw, or a fill-in-the-middle's prefix and suffix), as it is. A generate's `context` goes before its rendered
+        prompt as the ids it is (`_with_context`): uncounted, a long one passed the fit stage as fitting."""
+        before = 0
         if isinstance(req, CompletionRequest) and not _sent_as_is(req):
-            req = as_chat(req)
+            before, req = len(req.context or ()), as_chat(req)
         if isinstance(req, CompletionRequest):
             return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))
         rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
                                         parse=lambda obj: wire_text(obj["prompt"]),
                                         wait=self.config.first_token_timeout)
-        return len(await self.tokenize(rendered, req.model))
+        return before + len(await self.tokenize(rendered, req.model))
 
     async def tokenize(self, text: str, model: str, special: bool = False) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything. `model` picks a

@@ -153,6 +153,16 @@ async def test_generates_context_is_the_prompt_then_the_answers_ids(backend):
     assert ended.text == "" and ended.context == full.context[:prompt]
 
 
+async def test_a_generates_context_is_counted_as_it_is_evaluated(backend):
+    """The fit stage's count of an Ollama /api/generate: its `context` ids go before the prompt, and were left out
+    of the count (a long context judged as fitting, then this adapter's 400)."""
+    first = CompletionRequest(model=NAME, prompt="Once upon", context=[], options=SamplingOptions(max_tokens=8))
+    earlier = aggregate(await collect(backend.complete(first))).context
+    req = dataclasses.replace(first, prompt="a time", context=earlier, options=SamplingOptions(max_tokens=1))
+    answer = aggregate(await collect(backend.complete(req)))
+    assert answer.usage.prompt_tokens == await backend.count_tokens(req) > len(earlier)
+
+
 async def test_a_think_block_is_split_off_unless_the_request_keeps_it(backend, monkeypatch):
     """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
     think is on); it was split off into thinking whatever the request said."""

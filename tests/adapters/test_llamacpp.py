@@ -169,6 +169,16 @@ async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_se
     assert aggregate(await collect(backend.chat(hello(splits_thinking=False)))).text  # the real server takes it
 
 
+async def test_a_generates_context_is_counted_as_it_is_evaluated(backend):
+    """The fit stage's count of an Ollama /api/generate: its `context` ids go before the rendered prompt, and were
+    left out of the count (a long context judged as fitting, then llama-server's 400)."""
+    first = CompletionRequest(model=MODEL, prompt="Hi", options=SamplingOptions(max_tokens=8, temperature=0))
+    earlier = aggregate(await collect(backend.complete(first))).context
+    req = replace(first, prompt="And then?", context=earlier, options=SamplingOptions(max_tokens=1))
+    answer = aggregate(await collect(backend.complete(req)))
+    assert answer.usage.prompt_tokens == await backend.count_tokens(req) > len(earlier)
+
+
 async def test_tool_call_round_trip(backend):
     for stream in (True, False):
         req = ChatRequest(model=MODEL, messages=TOOL_HISTORY, tools=[WEATHER], stream=stream,
