@@ -32,10 +32,11 @@ _SURELY_UNDER_TOKENS_PER_IMAGE = 16384
 
 
 def characters(req: ChatRequest | CompletionRequest) -> int:
-    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt; token ids
-    count as a token's characters each, so that `estimate` is their number)."""
+    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt; token ids,
+    its own or an earlier exchange's `context` before it, count as a token's characters each, so that `estimate` is
+    their number: a generate of a 10,000-id context and a short prompt was "surely under" a window of 4,096)."""
     if isinstance(req, CompletionRequest):
-        ids = len(req.prompt_ids or ()) * CHARS_PER_TOKEN
+        ids = (len(req.prompt_ids or ()) + len(req.context or ())) * CHARS_PER_TOKEN
         return ids + len(req.prompt) + len(req.suffix or "") + len(req.system or "")
     chars = sum(len(m.content) + len(m.thinking) for m in req.messages)
     chars += sum(len(dumps(c.arguments)) + len(c.name) for m in req.messages for c in m.tool_calls)

@@ -65,9 +65,10 @@ class ScriptedBackend(Backend):
         return self._run(True) if req.options.logprobs else self._run()
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int:
-        """An exact count of the double's own: one token per word, plus one per message."""
+        """An exact count of the double's own: one token per word, plus one per message (a completion: and one per
+        id of its `context`, as the backends count it)."""
         if isinstance(req, CompletionRequest):
-            return len(req.prompt.split())
+            return len(req.context or ()) + len(req.prompt.split())
         return sum(len(m.content.split()) + 1 for m in req.messages)
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:

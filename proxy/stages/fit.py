@@ -6,8 +6,9 @@
 - images and the thinking switch: a model that cannot see or think gets a 400 in the dialects whose servers
   refuse it (proxy/dialects RULES); in the others the switch is dropped and each image of a chat becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
-  oldest turns (keeping system prompts), then the start of its last turn, and trims a raw prompt's start, as
-  Ollama does; the others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long").
+  oldest turns (keeping system prompts), then the start of its last turn, and trims a generate's start (an earlier
+  exchange's `context` first, then the prompt's text), as Ollama does; the others get the 400 their clients
+  recognise (`context_length_exceeded`, "prompt is too long").
   A request's own `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation:
   "auto"`, a compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama)
   are left to it, and get `truncate` as sent.
@@ -176,7 +177,7 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
     room = limit - min(req.options.max_tokens or limit, limit // _ANSWER_SHARE)
     asked, before = req, tokens
     while tokens > room:
-        shorter = _shorter(req, room / tokens)
+        shorter = _context_out(req, tokens - room) or _shorter(req, room / tokens)
         if shorter is None:
             raise ContextOverflow(tokens, limit, _field(req))
         req = shorter
@@ -193,7 +194,9 @@ def _went(asked: Request, sent: Request) -> str:
     if isinstance(asked, CompletionRequest) and isinstance(sent, CompletionRequest):
         if asked.prompt_ids is not None and sent.prompt_ids is not None:
             return counted(len(asked.prompt_ids) - len(sent.prompt_ids), "token id")
-        return counted(len(asked.prompt) - len(sent.prompt), "character")
+        ids, chars = len(asked.context or ()) - len(sent.context or ()), len(asked.prompt) - len(sent.prompt)
+        return " and ".join([f"{counted(ids, 'token id')} of the context"] * bool(ids)
+                            + [counted(chars, "character")] * bool(chars))
     assert isinstance(asked, ChatRequest) and isinstance(sent, ChatRequest)
     dropped = _turns(asked) - _turns(sent)
     system_cut = _system_chars(asked) - _system_chars(sent)
@@ -218,6 +221,15 @@ def _system_chars(req: ChatRequest) -> int:
 def _field(req: Request) -> str:
     """The request field an overflow names (OpenAI's `param`)."""
     return "prompt" if isinstance(req, CompletionRequest) else "messages"
+
+
+def _context_out(req: Request, over: int) -> Request | None:
+    """A generate less the first `over` ids of its `context` (an earlier exchange's, which goes before its prompt):
+    Ollama renders the context's text first and its runner keeps the end of the whole (llm/llama_server.go), so the
+    oldest of the conversation goes first; None when no context is left to drop."""
+    if not isinstance(req, CompletionRequest) or not req.context:
+        return None
+    return replace(req, context=req.context[over:])
 
 
 def _shorter(req: Request, keep: float) -> Request | None:

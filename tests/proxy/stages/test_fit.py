@@ -238,6 +238,30 @@ async def test_generate_trims_the_start_of_a_raw_prompt(velo):
     assert prompt.endswith(sent) and len(sent.split()) <= LIMIT - 5
 
 
+@pytest.mark.parametrize("ids, prompt, trimmed", [
+    (60, 10, "25 token ids of the context (70 -> 45 tokens)"),
+    (10, 50, "10 token ids of the context and 28 characters (60 -> 41 tokens)")])
+async def test_generate_drops_the_oldest_of_its_context_first(velo, ids, prompt, trimmed):
+    """An /api/generate's `context` (the ids of the exchanges before, sent back by Ollama's stateful clients) goes
+    before its prompt, and Ollama keeps the end of the whole. Its ids were not counted: 60 of them and a prompt of
+    10 words went to a 50-token window whole, "surely under" by the prompt's text alone."""
+    c, backend = await velo()
+    context = list(range(100, 100 + ids))
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": words(prompt), "context": context,
+                                               "stream": False, "options": {"num_predict": 5}})
+    assert resp.status == 200, await resp.text()
+    sent = backend.requests[0]
+    assert context[len(context) - len(sent.context):] == sent.context and words(prompt).endswith(sent.prompt)
+    assert resp.headers["X-Velo-Context-Trimmed"] == trimmed and await backend.count_tokens(sent) <= LIMIT - 5
+
+
+async def test_generate_with_a_context_over_the_window_and_truncate_false_is_a_400(velo):
+    c, backend = await velo()
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": "hi", "context": list(range(60)),
+                                               "stream": False, "truncate": False})
+    assert resp.status == 400 and "61" in (await resp.json())["error"] and backend.requests == []
+
+
 async def test_openai_answers_context_length_exceeded_one_token_over(velo):
     c, backend = await velo()
     resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": chat(LIMIT, True)})
