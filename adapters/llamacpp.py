@@ -41,6 +41,14 @@ NATIVE_SAMPLERS = frozenset({"dynatemp_range", "dynatemp_exponent", "top_n_sigma
                              "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "samplers"})
 
 
+# An image's tokens in a chat's count: llama-server's /tokenize reads the rendered text, where an image is a marker of
+# a few tokens, and no endpoint says what its projector makes of one (Gemma 3 256, LLaVA-1.5 576, Qwen2.5-VL by
+# size). 768 is Ollama's own figure for fitting a chat with images to num_ctx (server/prompt.go imageNumTokens); the
+# fit stage's cheap bound takes Qwen2-VL's most, 16,384, which as a count would make every image overflow a window
+# under that (a 256-token Gemma 3 picture a 400 on an 8k server).
+_IMAGE_TOKENS = 768
+
+
 # llama-server embeds no input longer than its physical batch (-ub, 512 by default), even under its context, and
 # answers 500 (tools/server/server-context.cpp); Velo cuts the inputs to it, as Ollama cuts them to the context.
 _TOO_LARGE = re.compile(r"is too large to process\. increase the physical batch size \(current batch size: (\d+)\)")
@@ -560,7 +568,8 @@ class LlamaCppBackend(OpenAIBackend):
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
         (raw, or a fill-in-the-middle's prefix and suffix), as it is. A generate's `context` goes before its rendered
-        prompt as the ids it is (`_with_context`): uncounted, a long one passed the fit stage as fitting."""
+        prompt as the ids it is (`_with_context`): uncounted, a long one passed the fit stage as fitting. Each image
+        of a chat adds `_IMAGE_TOKENS`, as Ollama counts one: the text's count left them out."""
         before = 0
         if isinstance(req, CompletionRequest) and not _sent_as_is(req):
             before, req = len(req.context or ()), as_chat(req)
@@ -569,7 +578,8 @@ class LlamaCppBackend(OpenAIBackend):
         rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
                                         parse=lambda obj: wire_text(obj["prompt"]),
                                         wait=self.config.first_token_timeout)
-        return before + len(await self.tokenize(rendered, req.model))
+        images = sum(len(m.images) for m in req.messages) * _IMAGE_TOKENS
+        return before + images + len(await self.tokenize(rendered, req.model))
 
     async def tokenize(self, text: str, model: str, special: bool = False) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything. `model` picks a

@@ -152,6 +152,19 @@ async def _generating(aiohttp_server, template: str, pieces: list[str], routed: 
     return LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))]))
 
 
+async def test_a_chats_images_count_as_ollama_counts_them(aiohttp_server):
+    """The fit stage's count of a chat with images: llama-server tokenizes the rendered text, where each is a marker,
+    and a question with two screenshots counted as the question alone (here 3 tokens), passing a window it overflows.
+    Each adds Ollama's figure (server/prompt.go); the cheap bound's 16,384 would overflow every window under it."""
+    fake = await _generating(aiohttp_server, "", ["Hi"])
+    try:
+        pictures = [Message("user", "what is this", images=["aGk=", "aGk="])]
+        assert await fake.count_tokens(replace(hello(), messages=pictures)) == 3 + 2 * 768
+        assert await fake.count_tokens(hello()) == 3
+    finally:
+        await fake.close()
+
+
 async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_server, backend):
     """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
     think is on): a generation's /completion text is not split, and a chat asks llama-server's parser not to."""
