@@ -12,6 +12,14 @@ from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, Embe
                        RunningModel)
 
 
+# An image's tokens where a count cannot see it: llama-server's /tokenize reads a chat's rendered text, where an image
+# is a marker of a few tokens, and no endpoint says what its projector makes of one (Gemma 3 256, LLaVA-1.5 576,
+# Qwen2.5-VL by size); an estimate reads characters. 768 is Ollama's own figure for fitting a chat with images to
+# num_ctx (server/prompt.go imageNumTokens). The fit stage's cheap bound takes Qwen2-VL's most, 16,384, which as a
+# count would make every image overflow a window under that (a 256-token Gemma 3 picture a 400 on an 8k server).
+IMAGE_TOKENS = 768
+
+
 @dataclass
 class BackendConfig:
     """One model server (a `[[backends]]` table)."""

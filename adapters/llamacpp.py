@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from . import embed_shape, go_template, model_card, options
-from .base import BackendConfig
+from .base import IMAGE_TOKENS, BackendConfig
 from .chat_template import renders_tools
 from .errors import (BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, Unsupported,
                      VeloError)
@@ -39,14 +39,6 @@ _UNSET_IS_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
 NATIVE_SAMPLERS = frozenset({"dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
                              "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
                              "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "samplers"})
-
-
-# An image's tokens in a chat's count: llama-server's /tokenize reads the rendered text, where an image is a marker of
-# a few tokens, and no endpoint says what its projector makes of one (Gemma 3 256, LLaVA-1.5 576, Qwen2.5-VL by
-# size). 768 is Ollama's own figure for fitting a chat with images to num_ctx (server/prompt.go imageNumTokens); the
-# fit stage's cheap bound takes Qwen2-VL's most, 16,384, which as a count would make every image overflow a window
-# under that (a 256-token Gemma 3 picture a 400 on an 8k server).
-_IMAGE_TOKENS = 768
 
 
 # llama-server embeds no input longer than its physical batch (-ub, 512 by default), even under its context, and
@@ -569,7 +561,7 @@ class LlamaCppBackend(OpenAIBackend):
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
         (raw, or a fill-in-the-middle's prefix and suffix), as it is. A generate's `context` goes before its rendered
         prompt as the ids it is (`_with_context`): uncounted, a long one passed the fit stage as fitting. Each image
-        of a chat adds `_IMAGE_TOKENS`, as Ollama counts one: the text's count left them out."""
+        of a chat adds `IMAGE_TOKENS`, as Ollama counts one: the text's count left them out."""
         before = 0
         if isinstance(req, CompletionRequest) and not _sent_as_is(req):
             before, req = len(req.context or ()), as_chat(req)
@@ -578,7 +570,7 @@ class LlamaCppBackend(OpenAIBackend):
         rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
                                         parse=lambda obj: wire_text(obj["prompt"]),
                                         wait=self.config.first_token_timeout)
-        images = sum(len(m.images) for m in req.messages) * _IMAGE_TOKENS
+        images = sum(len(m.images) for m in req.messages) * IMAGE_TOKENS
         return before + images + len(await self.tokenize(rendered, req.model))
 
     async def tokenize(self, text: str, model: str, special: bool = False) -> list[int]:

@@ -1,6 +1,6 @@
 """A request's prompt tokens: the backend's own count where it has a tokenizer (the engine, llama-server), else an
 estimate of one token per 4 characters of text, tool schemas included (OpenAI's rule of thumb for English;
-tokenizers of local models give 3.5-4.5 on chat text)."""
+tokenizers of local models give 3.5-4.5 on chat text), and Ollama's 768 per image (adapters/base.py IMAGE_TOKENS)."""
 from __future__ import annotations
 
 import functools
@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Awaitable, Callable
 
 
+from adapters.base import IMAGE_TOKENS
 from adapters.exact_json import dumps
 from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo
 
@@ -24,10 +25,11 @@ _SURELY_UNDER_CHARS_PER_TOKEN = 2
 # "arguments": ...}\n</tool_call><|im_end|>\n` wraps a call in about 20, a short tool result in about 10. An agent's
 # hour of short calls and results ("ok", a path) is mostly these, and was "surely under" at 2-3 times the window.
 _SURELY_UNDER_TOKENS_PER_MESSAGE = 20
-# and an image's tokens, which no count here sees (the characters are a message's text; the backends' counts
-# tokenize text): Qwen2-VL's and Qwen2.5-VL's model cards give "4-16384" visual tokens per image by default, the most
-# of the vision models local servers run (LLaVA-1.6 up to 2,880, Gemma 3 256). A chat of a short question and a
-# screenshot was "surely under" a window of 4,096, and went to the backend unfitted.
+# and an image's tokens, which the characters do not see and the counts only in part (vLLM's /tokenize after 0.16,
+# its PR 34560; llama-server's and the estimate take Ollama's 768, adapters/base.py): Qwen2-VL's and Qwen2.5-VL's
+# model cards give "4-16384" visual tokens per image by default, the most of the vision models local servers run
+# (LLaVA-1.6 up to 2,880, Gemma 3 256). A chat of a short question and a screenshot was "surely under" a window of
+# 4,096, and went to the backend unfitted.
 _SURELY_UNDER_TOKENS_PER_IMAGE = 16384
 
 
@@ -54,7 +56,9 @@ def _images(req: ChatRequest | CompletionRequest) -> int:
 
 
 def estimate(req: ChatRequest | CompletionRequest) -> int:
-    return math.ceil(characters(req) / CHARS_PER_TOKEN)
+    """Text by its characters, and images as Ollama counts them: by its text alone, a question and a screenshot for
+    a server that cannot count (SGLang, LM Studio) was a few tokens, and fit any window."""
+    return math.ceil(characters(req) / CHARS_PER_TOKEN) + _images(req) * IMAGE_TOKENS
 
 
 async def count(target: Target, info: ModelInfo | None, req: ChatRequest | CompletionRequest) -> int:

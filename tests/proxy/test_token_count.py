@@ -1,6 +1,6 @@
 """The estimate that spares a backend its exact count: "surely under" only where no prompt of that size could not be."""
 from adapters.protocol import ChatRequest, CompletionRequest, Message
-from proxy.token_count import surely_under
+from proxy.token_count import estimate, surely_under
 
 PNG = "iVBORw0KGgo="
 
@@ -15,3 +15,13 @@ def test_an_image_counts_as_the_most_tokens_a_vision_model_gives_one():
     assert not surely_under(ChatRequest(model="m", messages=[seen, seen]), 32768)
     assert surely_under(ChatRequest(model="m", messages=[seen]), 32768)
     assert not surely_under(CompletionRequest(model="m", prompt="what is this?", images=[PNG]), 4096)
+
+
+def test_an_estimate_counts_an_image_as_ollama_does():
+    """A server that cannot count (SGLang, LM Studio) gets the estimate: a question and a screenshot were its 6
+    tokens of text, under any window."""
+    question = Message(role="user", content="what is on this screen?")
+    seen = Message(role="user", content=question.content, images=[PNG, PNG])
+    assert estimate(ChatRequest(model="m", messages=[seen])) == estimate(ChatRequest(model="m", messages=[question])) \
+        + 2 * 768 == 6 + 2 * 768
+    assert estimate(CompletionRequest(model="m", prompt="what is this?", images=[PNG])) == 4 + 768

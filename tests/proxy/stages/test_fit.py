@@ -510,3 +510,18 @@ async def test_a_chat_with_an_image_is_counted_not_guessed_under_the_window(velo
     resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})
     assert resp.status == 400 and (await resp.json())["error"]["code"] == "context_length_exceeded"
     assert backend.requests == []
+
+
+async def test_a_chat_with_an_image_for_a_server_that_cannot_count_is_estimated_with_it(velo):
+    """A server without a count (SGLang, LM Studio) gets the estimate, which read the text alone: a question with a
+    picture was 3 tokens and went to a 50-token window unfitted. An image is Ollama's 768 tokens (adapters/base.py)."""
+    c, backend = await velo()
+
+    async def cannot(req):
+        return None
+    backend.count_tokens = cannot
+    picture = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this"}, picture]}]
+    resp = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages})
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "context_length_exceeded"
+    assert backend.requests == []
