@@ -276,16 +276,8 @@ def test_a_ctrl_c_before_velo_takes_the_signal_is_a_quiet_130(tmp_path):
             "def read(path):\n    print('reading', flush=True)\n    time.sleep(60)\n"
             "proxy.cli.load_config = read\nrunpy.run_module('proxy', run_name='__main__')")
     (tmp_path / "config.toml").write_text("")
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--config", str(tmp_path / "config.toml")],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        assert proc.stdout.readline() == "reading\n"
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=15)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    status, err = _ctrl_c_once(code, "reading", tmp_path, "serve", "--config", str(tmp_path / "config.toml"))
+    assert status == 130 and "Traceback" not in err, err
     assert err.strip().endswith("stopped while starting: not listening"), err
 
 
@@ -298,15 +290,20 @@ def test_a_ctrl_c_among_velos_imports_is_a_quiet_130(tmp_path):
             "    if name == 'aiohttp':\n        print('importing', flush=True)\n        time.sleep(60)\n"
             "    return real(name, *args, **kwargs)\n"
             "builtins.__import__ = slow\nfrom proxy.entry import main\nsys.exit(main(['serve']))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert _ctrl_c_once(code, "importing", tmp_path) == (130, "velo: stopped while starting: not listening\n")
+
+
+def _ctrl_c_once(code: str, said: str, cwd: Path, *args: str) -> tuple[int, str]:
+    """`code` run with Velo's checkout on the path, and Ctrl-C once it printed `said`: its exit status and stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert proc.stdout.readline() == "importing\n"
+        assert proc.stdout.readline() == said + "\n"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=15)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and err == "velo: stopped while starting: not listening\n", err
+    return proc.returncode, err
 
 
 def test_velo_serve_exits_with_its_heap_out_of_the_collectors_sight(tmp_path, unused_tcp_port):
