@@ -187,7 +187,7 @@ def complete_calls(calls: list[_PendingCall]) -> tuple[list[ToolCall], str]:
         except orjson.JSONDecodeError:
             args = None
         if isinstance(args, dict) and not nests_deeper(args):
-            done.append(ToolCall(name=c.name, arguments=args, id=c.id))
+            done.append(ToolCall(name=c.name, arguments=args, id=c.id, text=arguments))
         else:
             raw += f'{{"name": {orjson.dumps(c.name).decode()}, "arguments": {arguments}}}'
     return done, raw

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, Union
 
+from .exact_json import dumps
+
 # "content_filter": the server withheld the rest (OpenAI's reason; Anthropic's `refusal`); never cached.
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error", "cancelled"]
 # Ollama `format` / OpenAI `response_format`: None (free text), "json" (any JSON object) or a JSON Schema.
@@ -32,11 +34,20 @@ def epoch(rfc3339_time: str) -> int:
 
 @dataclass
 class ToolCall:
-    """A complete tool call: `arguments` is always a parsed JSON object, never a string."""
+    """A complete tool call: `arguments` is always a parsed JSON object, never a string.
+
+    `text` is the arguments as the backend wrote them (OpenAI's wire carries a string), kept only while `arguments`
+    is that text's value unchanged: a dialect that carries a string sends it byte for byte (`\\u00e9`, `1e5`, key
+    order, spacing), where writing `arguments` again gave `é`, `100000.0` and orjson's compact form. Whatever makes
+    other arguments (repair, coercion) makes a ToolCall without it."""
 
     name: str
     arguments: dict[str, Any]
     id: str = ""
+    text: str = ""
+
+    def arguments_json(self) -> str:
+        return self.text or dumps(self.arguments).decode()
 
 
 @dataclass

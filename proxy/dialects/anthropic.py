@@ -478,7 +478,7 @@ class MessageStream:
         for call in chunk.tool_calls:
             block = _tool_use(call)
             out += self._block("tool_use", {**block, "input": {}}, fresh=True)
-            out.append(self._delta({"type": "input_json_delta", "partial_json": dumps(block["input"]).decode()}))
+            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments_json()}))
         if chunk.finish_reason is not None:
             out += self._end(stop_reason(chunk, self.max_tokens), chunk.usage, _matched(chunk))
         return b"".join(out)

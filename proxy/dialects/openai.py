@@ -16,7 +16,7 @@ import orjson
 
 from adapters import model_card, options
 from adapters.errors import BadRequest, ContextOverflow, ModelLacks, ModelNotFound, UnusableFormat, VeloError
-from adapters.exact_json import dumps, loads
+from adapters.exact_json import loads
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
                                ModelInfo, SamplingOptions, TokenLogprob, Tool, ToolCall, Usage, epoch)
 
@@ -496,7 +496,7 @@ def _tool_calls(calls: list[ToolCall], stream: bool, first_index: int = 0) -> li
     out = []
     for i, c in enumerate(calls, first_index):
         item = {"id": c.id or f"call_{i}", "type": "function",
-                "function": {"name": c.name, "arguments": dumps(c.arguments).decode()}}
+                "function": {"name": c.name, "arguments": c.arguments_json()}}
         out.append({"index": i, **item} if stream else item)
     return out
 
@@ -521,7 +521,7 @@ def _finish(chunk: Chunk, functions: bool = False) -> str | None:
 
 def _function_call(calls: list[ToolCall]) -> dict[str, str]:
     """The legacy form's one call (`parallel_tool_calls` was off, so there is one)."""
-    return {"name": calls[0].name, "arguments": dumps(calls[0].arguments).decode()}
+    return {"name": calls[0].name, "arguments": calls[0].arguments_json()}
 
 
 class ChatIds:

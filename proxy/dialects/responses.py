@@ -20,7 +20,7 @@ import orjson
 
 from adapters import options
 from adapters.errors import BackendError, BadRequest, NotFound, Overloaded, VeloError
-from adapters.exact_json import dumps, loads
+from adapters.exact_json import loads
 from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, SamplingOptions, TokenLogprob, Tool, ToolCall,
                                Usage)
@@ -482,7 +482,7 @@ def call_item(call: ToolCall, names: dict[str, ToolName]) -> dict[str, Any]:
         item["namespace"] = wire.namespace
     if wire.custom:
         return {**item, "type": "custom_tool_call", "input": str(call.arguments.get("input", ""))}
-    return {**item, "type": "function_call", "arguments": dumps(call.arguments).decode()}
+    return {**item, "type": "function_call", "arguments": call.arguments_json()}
 
 
 def output_items(whole: Chunk, names: dict[str, ToolName]) -> list[dict[str, Any]]:

@@ -100,7 +100,8 @@ class CallRepairer:
 
     def structured(self, calls: list[ToolCall]) -> list[ToolCall]:
         """Validate calls the backend already returned as structured `tool_calls`."""
-        accepted = [a for a in (self._accept(RawCall(tc.name, tc.arguments), tc.id) for tc in calls) if a]
+        accepted = [a for a in (self._accept(RawCall(tc.name, tc.arguments, text=tc.text), tc.id) for tc in calls)
+                    if a]
         return self._keep(accepted, "structured")
 
     def region(self, region: Region, cut: bool = False) -> list[ToolCall] | None:
@@ -184,7 +185,9 @@ class CallRepairer:
         if errors:
             self.report.invalid.append(f"{name}: " + "; ".join(errors))
             return None
-        return _Accepted(ToolCall(name, args, call_id or new_call_id()), fixes, changes)
+        # repair and coercion make new objects, never change one in place: the same object is still the text's value
+        text = raw.text if args is raw.arguments and not changes else ""
+        return _Accepted(ToolCall(name, args, call_id or new_call_id(), text), fixes, changes)
 
 
 def _is_schema(value: object) -> bool:

@@ -56,11 +56,13 @@ class Region:
 
 @dataclass
 class RawCall:
-    """A call as written: the name as found and arguments not yet validated."""
+    """A call as written: the name as found and arguments not yet validated (with their text, where the backend
+    gave them as one: ToolCall.text)."""
 
     name: str
     arguments: Any
     fixes: list[str] = field(default_factory=list)
+    text: str = ""
 
 
 def next_start(text: str, pos: int = 0) -> int:
