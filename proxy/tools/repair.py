@@ -66,6 +66,7 @@ class Unrepairable(ValueError):
 class Repaired:
     value: Any
     fixes: list[str] = field(default_factory=list)
+    text: str = ""  # what was parsed, where it needed no repair: the value as written (ToolCall.text)
 
 
 def parse_json(text: str) -> Repaired:
@@ -77,7 +78,7 @@ def parse_json(text: str) -> Repaired:
     else:
         if nests_deeper(value):
             raise Unrepairable(f"the value nests deeper than {MAX_DEPTH} levels")
-        return Repaired(value)
+        return Repaired(value, text=text)
     if len(text) > MAX_REPAIR_CHARS:
         raise Unrepairable(f"{len(text)} characters are more than repair takes ({MAX_REPAIR_CHARS})")
     fixes: list[str] = []

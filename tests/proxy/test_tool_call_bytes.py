@@ -126,3 +126,49 @@ async def test_a_cached_answer_keeps_the_text() -> None:
                                                                    "temperature": 0})
             assert resp.headers["X-Velo-Cache"] == "exact"
             assert (await resp.json())["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == RAW
+
+
+ARGS = '{"path": "caf\\u00e9.txt",  "n": 1.0, "big": 1e5, "a": {"arguments": {"x": 1}}}'
+
+
+@pytest.mark.parametrize("reply", [
+    '<tool_call>\n{"name": "f", "arguments": %s}\n</tool_call>' % ARGS,  # Hermes, Qwen
+    '{"arguments": {"n": 2}, "name": "f", "why": "arguments", "arguments": %s }' % ARGS,  # orjson reads the last
+    'Sure.\n```json\n[{"name": "f", "arguments": %s}]\n```' % ARGS,
+    '[TOOL_CALLS] [{"name": "f", "arguments": %s}]' % ARGS,  # Mistral v3
+    '<tool_call>\n{"name": "f", "arguments": %s}\n{"name": "f", "arguments": %s}\n</tool_call>' % (ARGS, ARGS),
+    '<function=f>\n%s\n</function>' % ARGS,  # Llama 3.x
+    '[TOOL_CALLS]f[ARGS]%s' % ARGS])  # Mistral v11
+@pytest.mark.parametrize("stream", [False, True])
+async def test_calls_written_as_text_keep_their_arguments_text(served: tuple[TestClient, FakeOpenAI], reply: str,
+                                                              stream: bool) -> None:
+    """The model's own spelling of the arguments, where they needed no repair: the in-process engine's calls, and
+    every backend's that leaves them in the text."""
+    client, up = served
+    up.script.tool_calls, up.script.reply = [], reply
+    calls = await _chat_arguments_all(client, stream)
+    assert calls and all(c == ARGS for c in calls), calls
+
+
+@pytest.mark.parametrize("reply", [
+    '<tool_call>{"name": "f", "arguments": {"path": "caf\\u00e9",}}',  # repaired: a trailing comma
+    '<tool_call>{"arguments": {"path": "caf\\u00e9"}, "name": "f"}</tool_call>'])  # not the last member: not looked for
+async def test_calls_written_as_text_and_repaired_are_written_anew(served: tuple[TestClient, FakeOpenAI],
+                                                                   reply: str) -> None:
+    client, up = served
+    up.script.tool_calls, up.script.reply = [], reply
+    assert await _chat_arguments_all(client, False) == ['{"path":"café"}']
+
+
+async def _chat_arguments_all(client: TestClient, stream: bool) -> list[str]:
+    resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": [TOOL],
+                                                           "stream": stream})
+    assert resp.status == 200, await resp.text()
+    if not stream:
+        return [c["function"]["arguments"] for c in (await resp.json())["choices"][0]["message"]["tool_calls"]]
+    calls: dict[int, str] = {}
+    for e in _events(await resp.text()):
+        for ch in e["choices"]:
+            for c in ch["delta"].get("tool_calls") or []:
+                calls[c["index"]] = calls.get(c["index"], "") + c["function"].get("arguments", "")
+    return list(calls.values())
