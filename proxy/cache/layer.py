@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Literal
 
 from adapters.protocol import Chunk
 
-from .codec import decode_chunks, encode_chunks
+from .codec import UnreadableEntry, decode_chunks, encode_chunks
 from .config import CacheConfig
 from .keys import Request, digest, exact_key, semantic_query
 from .memory import MemoryLRU
@@ -192,13 +192,28 @@ class CacheLayer:
             found = await self._tier(store.name, "get", label, lambda store=store: store.get(key))
             if found is FAILED:
                 continue
-            self.counters.count(store.name, label, "miss" if found is None else "hit")
             if found is not None:
                 payload, expires_at = found
-                chunks = decode_chunks(payload)
-                self.memory.put_encoded(key, chunks, len(payload), expires_at - self.clock())
-                return chunks
+                chunks = self._read(payload, store.name, label)
+                if chunks is not None:
+                    self.memory.put_encoded(key, chunks, len(payload), expires_at - self.clock())
+                    return chunks
+            else:
+                self.counters.count(store.name, label, "miss")
         return None
+
+    def _read(self, payload: bytes, tier: str, label: str) -> list[Chunk] | None:
+        """The answer a tier found, counted as its hit; None for one this Velo cannot read, counted as its error:
+        the request that looked it up failed with a 500 (the answer is stored anew over it)."""
+        try:
+            chunks = decode_chunks(payload)
+        except UnreadableEntry as e:
+            log.warning("an entry in the %s tier that this Velo cannot read (another version's, or damaged) is a "
+                        "miss: %s", tier, e)
+            self.counters.count(tier, label, "error")
+            return None
+        self.counters.count(tier, label, "hit")
+        return chunks
 
     async def _lookup_semantic(self, asked: Asked) -> CacheHit | None:
         if asked.semantic is None:
@@ -244,8 +259,11 @@ class CacheLayer:
             sid, query, self.cfg.semantic_threshold, self.embedder.verify))
         if payload is FAILED:
             return None
-        self.counters.count("pgvector", label, "miss" if payload is None else "hit")
-        return CacheHit("semantic", decode_chunks(payload)) if payload is not None else None
+        if payload is None:
+            self.counters.count("pgvector", label, "miss")
+            return None
+        chunks = self._read(payload, "pgvector", label)
+        return CacheHit("semantic", chunks) if chunks is not None else None
 
     async def store(self, asked: Asked, chunks: list[Chunk]) -> bool:
         """Write a finished answer to every tier. Errors, cancels, cut-off streams (by the context window too) and

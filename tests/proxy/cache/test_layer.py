@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import orjson
+
 from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Usage
 from proxy.cache import CacheConfig, CacheLayer
 from proxy.cache.semantic import Embedder
@@ -304,3 +306,26 @@ async def test_the_memory_tier_holds_no_more_than_its_max_bytes():
         tracemalloc.stop()
         await layer.close()
     assert held < 1.3 * 2 * 2**20, held
+
+
+async def test_an_entry_another_velo_wrote_is_a_miss_not_the_requests_error(tmp_path, caplog):
+    """A shared tier (SQLite here, Redis and PostgreSQL alike) may hold an entry a newer or an older Velo wrote, or
+    bytes that are no answer at all: reading one raised (a TypeError for a field this version does not know), and
+    the request that looked it up failed with a 500. Now a field it does not know is passed over, and an entry it
+    cannot read at all is counted as the tier's error, a miss, and stored again once answered."""
+    cfg = CacheConfig(sqlite_path=str(tmp_path / "cache.db"))
+    layer = await CacheLayer.create(cfg)
+    newer, unreadable = layer.asked(_ask("newer"), "t"), layer.asked(_ask("garbage"), "t")
+    call = {"name": "f", "arguments": {"a": 1}, "id": "c", "text": '{"a": 1}', "later": True}
+    entry = {"text": "", "thinking": "", "tool_calls": [call], "logprobs": [], "finish_reason": "tool_calls",
+             "usage": None, "context": None, "stop_sequence": None, "later": 1}
+    sqlite = layer.stores[0]
+    await sqlite.put(newer.key, orjson.dumps([entry]), time.time() + 60)
+    await sqlite.put(unreadable.key, b'[{"text": 1}]', time.time() + 60)
+    hit = await layer.lookup(newer)
+    assert hit.chunks[0].tool_calls[0].arguments_json() == '{"a": 1}'
+    assert await layer.lookup(unreadable) is None
+    assert layer.stats()["events"]["sqlite"]["tiny"] == {"hit": 1, "error": 1}
+    assert "an entry in the sqlite tier that this Velo cannot read" in caplog.text
+    assert await layer.store(unreadable, ANSWER) and (await layer.lookup(unreadable)).chunks == ANSWER
+    await layer.close()
