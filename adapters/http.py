@@ -137,9 +137,11 @@ _PROMPT = re.compile(r"\((\d+) in the messages|(\d+) input tokens|(\d+) tokens f
                      r"|requested (\d+) tokens in the messages")
 _TOTAL = re.compile(r"total of (?:at least )?(\d+)|you requested (\d+) tokens")
 # llama-server refuses media for a model loaded without its projector with a 500 ("image input is not supported -
-# hint: ... mmproj"), which SDKs retry three times; it is the request's to fix: Ollama's 400 "does not support vision"
-_NO_MEDIA = re.compile(r"(image|audio|video) input is not supported")
-_MEDIA_FEATURE = {"image": "vision", "audio": "audio", "video": "video"}
+# hint: ... mmproj"), which SDKs retry three times; it is the request's to fix: Ollama's 400 "does not support vision".
+# /completion's 400 for its `multimodal_data` ("Multimodal data provided, but model does not support ..."), which
+# Velo fills with images alone, is the same want.
+_NO_MEDIA = re.compile(r"(image|audio|video|Multimodal) (?:input is not supported|data provided, but model does not)")
+_MEDIA_FEATURE = {"image": "vision", "audio": "audio", "video": "video", "Multimodal": "vision"}
 # llama-server answers a field of the wrong type or a missing one in the body it reads (nlohmann::json's exceptions:
 # /tokenize's `content: null`, /infill without `input_suffix`) with a 500 too; those bodies are its own routes'
 # clients', passed on as they are (proxy/routes_llama.py)

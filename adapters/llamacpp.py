@@ -468,18 +468,16 @@ class LlamaCppBackend(OpenAIBackend):
         the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here, where
         the request `splits_thinking`; one whose thinking only llama-server's chat parsers split (Command R7B's
         markers) cannot think here, and asked to is Ollama's 400, not its reasoning inside the answer."""
-        if req.template is not None:
-            prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
-        else:
-            prompt = await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)), model=req.model,
-                                          parse=lambda obj: wire_text(obj["prompt"]),
-                                          wait=self.config.first_token_timeout)
-        ids = (req.context or []) + await self.tokenize(prompt, req.model)
+        marker = await self._media_marker() if req.images else ""
+        prompt = await self._rendered(req, marker)
+        # the conversation's ids leave the markers out: a later turn's context, as text, would hold them without images
+        ids = (req.context or []) + await self.tokenize(prompt.replace(marker, "") if marker else prompt, req.model)
         said, jinja = list(ids), await self._template(req.model)  # after a POST: a load is over
         if req.think not in (None, False) and not template_thinks(jinja):
             raise ModelLacks(req.model, "thinking")
         thinking = ThinkSplitter(opens_thinking(prompt)) if req.splits_thinking and template_thinks(jinja) else None
-        async with contextlib.aclosing(self._native("/completion", req, ids)) as stream:
+        sent = await self._with_images(req, prompt) if req.images else ids
+        async with contextlib.aclosing(self._native("/completion", req, sent)) as stream:
             async for chunk in stream:
                 said += chunk.context or []
                 chunk.context = said if chunk.finish_reason else None
@@ -489,6 +487,29 @@ class LlamaCppBackend(OpenAIBackend):
                         held = thinking.flush()
                         chunk.thinking, chunk.text = chunk.thinking + held[0], chunk.text + held[1]
                 yield chunk
+
+    async def _rendered(self, req: CompletionRequest, marker: str) -> str:
+        """A generate's prompt as the model reads it, one `marker` per image: the chat template's /apply-template puts
+        the server's marker where each image part is; a client's Go template gets them ahead of the prompt, where
+        Ollama puts its "[img-N]" tags (server/routes.go)."""
+        if req.template is not None:
+            return go_template.render(req.template, marker * len(req.images) + req.prompt, req.system, req.suffix)
+        return await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)), model=req.model,
+                                    parse=lambda obj: wire_text(obj["prompt"]), wait=self.config.first_token_timeout)
+
+    async def _media_marker(self) -> str:
+        """What stands for an image in a prompt: random per server start since /props names it (`media_marker`),
+        mtmd's default before."""
+        return (await self.props()).get("media_marker") or "<__media__>"
+
+    async def _with_images(self, req: CompletionRequest, prompt: str) -> dict[str, Any]:
+        """/completion's prompt with images (tools/server/README.md): its text with a marker each, and the images
+        base64 in their order. Such a prompt holds no token ids: an earlier `context` goes before it as its text, as
+        Ollama itself detokenizes it; token ids alone, the images were never sent."""
+        before = await self.http.call("POST", "/detokenize", {"tokens": req.context, "model": req.model},
+                                      parse=lambda obj: wire_text(obj["content"]),
+                                      wait=self.config.first_token_timeout) if req.context else ""
+        return {"prompt_string": before + prompt, "multimodal_data": req.images}
 
     async def _template(self, model: str) -> str:
         """The chat template `model` runs with: the server's; a router's model's own, from its file (the router's
@@ -504,20 +525,20 @@ class LlamaCppBackend(OpenAIBackend):
             return ""
 
     async def _native(self, path: str, req: CompletionRequest,
-                      prompt_ids: list[int] | None = None) -> AsyncIterator[Chunk]:
+                      prompt: list[int] | dict[str, Any] | None = None) -> AsyncIterator[Chunk]:
         """A stream from the server, whatever the client asked, unless `always_stream = false` (see
-        adapters/http.py). `prompt_ids`: the prompt as token ids; each chunk's `context` then holds the tokens it
-        adds."""
+        adapters/http.py). `prompt`: the prompt as token ids (or with images, `_with_images`); each chunk's
+        `context` then holds the tokens it adds."""
         asked = asked_of(req, self.config)
         asked = replace(asked, options=llama_reads(asked.options, self._window()))
         body, finished = _with_progress(native_body(asked)), False
-        if prompt_ids is not None:
-            body.update(prompt=prompt_ids, return_tokens=True)
+        if prompt is not None:
+            body.update(prompt=prompt, return_tokens=True)
         async with contextlib.aclosing(self.http.generation(path, body, model=req.model, parse=native_chunk,
                                                             last=_finishes, progress=self.reports_progress)) as events:
             async for chunk in events:
                 finished = _finishes(chunk)
-                if prompt_ids is None:  # llama-server sends the sampled tokens unasked: no context for raw or infill
+                if prompt is None:  # llama-server sends the sampled tokens unasked: no context for raw or infill
                     chunk.context = None
                 yield chunk
         if not finished:

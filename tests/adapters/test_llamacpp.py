@@ -165,6 +165,72 @@ async def test_a_chats_images_count_as_ollama_counts_them(aiohttp_server):
         await fake.close()
 
 
+MARKER = "<__media_T3st__>"  # llama-server's media marker, random per start unless LLAMA_MEDIA_MARKER pins it
+
+
+async def _seeing(aiohttp_server, sent: list[tuple[str, dict]]) -> LlamaCppBackend:
+    """A llama-server double with a projector (/props `modalities.vision`): its /apply-template puts its marker where
+    each image_url part was (oaicompat_content_load_media), as the real one does; every POST body goes to `sent`."""
+    def rendered(body: dict) -> str:
+        parts = [p for m in body["messages"] for p in (m["content"] if isinstance(m["content"], list)
+                                                      else [{"type": "text", "text": m["content"]}])]
+        return "".join(MARKER if p["type"] == "image_url" else p["text"] for p in parts)
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        sent.append((request.path, body))
+        if request.path == "/apply-template":
+            return web.json_response({"prompt": "<|user|>" + rendered(body)})
+        if request.path == "/tokenize":
+            return web.json_response({"tokens": list(range(len(body["content"].split())))})
+        if request.path == "/detokenize":
+            return web.json_response({"content": "Earlier. "})
+        return web.json_response({"content": "A cat", "tokens": [9], "stop": True, "stop_type": "eos"})
+
+    app = web.Application()
+    props = {"chat_template": "", "total_slots": 1, "modalities": {"vision": True}, "media_marker": MARKER}
+    app.router.add_get("/props", lambda _: web.json_response(props))
+    app.router.add_post("/{path:.*}", post)
+    server = await aiohttp_server(app)
+    return LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))],
+                                         always_stream=False))
+
+
+async def test_a_generates_images_reach_completion_with_a_marker_each(aiohttp_server):
+    """Ollama's /api/generate with `images` (the `ollama` client's generate(images=[...])): /completion took the
+    rendered prompt's token ids, where each image was only its marker's text, and no image at all. Now the prompt
+    goes as text with the images in `multimodal_data`, one marker each: where the chat template put them, or ahead of
+    the prompt in a client's Go template (Ollama's "[img-N]" tags); an earlier `context` as its text, as Ollama
+    detokenizes it, and the conversation's ids without the markers."""
+    sent: list[tuple[str, dict]] = []
+    fake = await _seeing(aiohttp_server, sent)
+    pictures = CompletionRequest(model=MODEL, prompt="what is this", images=["aGk=", "aGk="], stream=False)
+    try:
+        for req, starts in [(pictures, "<|user|>"), (replace(pictures, context=[5, 6]), "Earlier. <|user|>"),
+                            (replace(pictures, template="Q: {{ .Prompt }}"), "Q: ")]:
+            sent.clear()
+            answer = aggregate(await collect(fake.complete(req)))
+            [prompt] = [body["prompt"] for path, body in sent if path == "/completion"]
+            assert prompt["multimodal_data"] == ["aGk=", "aGk="] and prompt["prompt_string"].count(MARKER) == 2
+            assert prompt["prompt_string"].startswith(starts) and "what is this" in prompt["prompt_string"]
+            assert not any(MARKER in body.get("content", "") for path, body in sent if path == "/tokenize")
+            assert answer.text == "A cat" and answer.context[:len(req.context or [])] == (req.context or [])
+        sent.clear()
+        await collect(fake.complete(replace(pictures, images=[])))  # no images: token ids, as before
+        assert [body["prompt"] for path, body in sent if path == "/completion"] == [[0, 1, 2]]
+    finally:
+        await fake.close()
+
+
+async def test_a_generates_images_for_a_server_without_a_projector_are_ollamas_400(backend):
+    """The real SmolLM2 server cannot see: a generate's images are Ollama's 400 "does not support vision", as a
+    chat's are (its /apply-template's 500), with a client's Go template too, where /completion refuses them."""
+    pictures = CompletionRequest(model=MODEL, prompt="what is this", images=["aGk="], options=GREEDY)
+    for req in (pictures, replace(pictures, template="{{ .Prompt }}")):
+        with pytest.raises(ModelLacks, match="does not support vision"):
+            await collect(backend.complete(req))
+
+
 async def test_a_think_block_is_split_off_unless_the_request_keeps_it(aiohttp_server, backend):
     """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
     think is on): a generation's /completion text is not split, and a chat asks llama-server's parser not to."""
