@@ -70,13 +70,14 @@ def _embedded_at_most(e: VeloError, truncate: bool) -> int:
     return limit
 
 
-def capabilities(jinja: str, tools: bool, infill: bool) -> list[str]:
-    """Ollama's capability names for a llama-server model: its template's (tools, thinking) and /infill's. A chat
-    splits thinking in llama-server's own parsers, which read more markers than <think> (Command R7B's, Gemma 4's),
-    so a template with a thinking switch thinks there."""
+def capabilities(jinja: str, tools: bool, infill: bool, sees: bool = False) -> list[str]:
+    """Ollama's capability names for a llama-server model: its template's (tools, thinking), /infill's, and `sees`
+    (/props `modalities.vision`: a projector loaded with --mmproj). A chat splits thinking in llama-server's own
+    parsers, which read more markers than <think> (Command R7B's, Gemma 4's), so a template with a thinking switch
+    thinks there."""
     thinks = template_thinks(jinja) or "enable_thinking" in jinja
     return (["completion"] + (["tools"] if tools else []) + (["thinking"] if thinks else [])
-            + (["insert"] if infill else []))
+            + (["insert"] if infill else []) + (["vision"] if sees else []))
 
 
 def _is_router(props: dict[str, Any]) -> bool:
@@ -303,7 +304,8 @@ class LlamaCppBackend(OpenAIBackend):
         entries = entries or [{"id": props.get("model_path", self.name)}]
         meta = entries[0].get("meta") or {}
         jinja, infill = props.get("chat_template", ""), await self.can_infill()
-        caps = capabilities(jinja, bool((props.get("chat_template_caps") or {}).get("supports_tools")), infill)
+        caps = capabilities(jinja, bool((props.get("chat_template_caps") or {}).get("supports_tools")), infill,
+                            bool((props.get("modalities") or {}).get("vision")))
         names = self.config.models or [gguf_name(e["id"]) for e in entries]
         params, context = meta.get("n_params", 0), await self.context_length()
         path = props.get("model_path", "")

@@ -168,7 +168,7 @@ async def test_a_chats_images_count_as_ollama_counts_them(aiohttp_server):
 MARKER = "<__media_T3st__>"  # llama-server's media marker, random per start unless LLAMA_MEDIA_MARKER pins it
 
 
-async def _seeing(aiohttp_server, sent: list[tuple[str, dict]]) -> LlamaCppBackend:
+async def seeing_llama(aiohttp_server, sent: list[tuple[str, dict]]) -> LlamaCppBackend:
     """A llama-server double with a projector (/props `modalities.vision`): its /apply-template puts its marker where
     each image_url part was (oaicompat_content_load_media), as the real one does; every POST body goes to `sent`."""
     def rendered(body: dict) -> str:
@@ -185,11 +185,18 @@ async def _seeing(aiohttp_server, sent: list[tuple[str, dict]]) -> LlamaCppBacke
             return web.json_response({"tokens": list(range(len(body["content"].split())))})
         if request.path == "/detokenize":
             return web.json_response({"content": "Earlier. "})
+        if request.path == "/infill":
+            return web.json_response({"error": {"code": 501, "message": "no FIM tokens"}}, status=501)
+        if request.path == "/v1/chat/completions":
+            return web.json_response({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "A cat"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
         return web.json_response({"content": "A cat", "tokens": [9], "stop": True, "stop_type": "eos"})
 
     app = web.Application()
     props = {"chat_template": "", "total_slots": 1, "modalities": {"vision": True}, "media_marker": MARKER}
     app.router.add_get("/props", lambda _: web.json_response(props))
+    app.router.add_get("/v1/models", lambda _: web.json_response({"data": [{"id": MODEL}]}))
+    app.router.add_get("/health", lambda _: web.json_response({"status": "ok"}))
     app.router.add_post("/{path:.*}", post)
     server = await aiohttp_server(app)
     return LlamaCppBackend(BackendConfig(name="l", kind="llamacpp", urls=[str(server.make_url(""))],
@@ -203,7 +210,7 @@ async def test_a_generates_images_reach_completion_with_a_marker_each(aiohttp_se
     the prompt in a client's Go template (Ollama's "[img-N]" tags); an earlier `context` as its text, as Ollama
     detokenizes it, and the conversation's ids without the markers."""
     sent: list[tuple[str, dict]] = []
-    fake = await _seeing(aiohttp_server, sent)
+    fake = await seeing_llama(aiohttp_server, sent)
     pictures = CompletionRequest(model=MODEL, prompt="what is this", images=["aGk=", "aGk="], stream=False)
     try:
         for req, starts in [(pictures, "<|user|>"), (replace(pictures, context=[5, 6]), "Earlier. <|user|>"),

@@ -12,6 +12,7 @@ import pytest
 
 from adapters.base import BackendConfig
 from proxy.config import ServerConfig
+from tests.adapters.test_llamacpp import MARKER, seeing_llama
 from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients, config, serve
 
 WEATHER = {"type": "function", "function": {
@@ -130,6 +131,31 @@ async def test_model_listing_and_show(velo_llama):
     assert shown.modelinfo["llama.block_count"] == 30  # the rest is the file's
     assert shown.template.startswith("{{- if .Suffix }}")
     assert shown.details.format == "gguf" and shown.details.quantization_level == "Q4_1"
+
+
+async def test_a_generates_images_reach_a_server_that_sees_and_one_that_cannot_refuses_them(velo_llama,
+                                                                                             aiohttp_server):
+    """The `ollama` client's generate(images=[...]) and chat with images: a llama-server with a projector (/props
+    `modalities.vision`) was listed without `vision`, so the generate was Ollama's 400 "does not support vision"
+    and the chat's image became a note; the real SmolLM2 server, which cannot see, still refuses the generate."""
+    _, oll = clients(velo_llama)
+    with pytest.raises(ollama.ResponseError) as e:
+        await oll.generate(model=CHAT_MODEL, prompt="what is this", images=[b"\x89PNG"])
+    assert (e.value.status_code, e.value.error) == (400, f'"{CHAT_MODEL}" does not support vision')
+    sent: list[tuple[str, dict]] = []
+    seeing = await seeing_llama(aiohttp_server, sent)
+    await seeing.close()
+    eyes = BackendConfig(name="eyes", kind="llamacpp", urls=seeing.config.urls, models=["eyes"], always_stream=False)
+    async with serve(config(eyes)) as url:
+        oll = ollama.AsyncClient(host=url)
+        assert (await oll.generate(model="eyes", prompt="what is this", images=[b"\x89PNG"])).response == "A cat"
+        assert "vision" in (await oll.show("eyes")).capabilities
+        await oll.chat(model="eyes", messages=[{"role": "user", "content": "and this?", "images": [b"\x89PNG"]}])
+    [prompt] = [body["prompt"] for path, body in sent if path == "/completion"]
+    assert prompt["multimodal_data"] == ["iVBORw=="] and prompt["prompt_string"].count(MARKER) == 1
+    [chat] = [body for path, body in sent if path == "/v1/chat/completions"]
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}
+    assert chat["messages"][-1]["content"][-1] == picture
 
 
 async def test_n_choices_take_one_slot_each_and_up_to_16_are_served(velo_llama, llama_chat):
