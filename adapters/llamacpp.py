@@ -91,6 +91,12 @@ def _status(entry: dict[str, Any]) -> dict[str, Any]:
     return entry.get("status") or {}
 
 
+def _sees(entry: dict[str, Any]) -> bool:
+    """A router's word on whether one model reads images: its `architecture.input_modalities`, from the projector
+    its command line names (server-models.cpp), known without loading it."""
+    return "image" in ((entry.get("architecture") or {}).get("input_modalities") or [])
+
+
 def _model_file(entry: dict[str, Any]) -> str:
     """The model file a router's entry runs, from its command line."""
     return flag_value(_status(entry).get("args") or [], "-m", "--model") or ""
@@ -333,7 +339,7 @@ class LlamaCppBackend(OpenAIBackend):
         for entry in entries:
             context = flag_value(_status(entry).get("args") or [], "-c", "--ctx-size") or ""
             out.append(await self.file_listing(str(entry["id"]), _model_file(entry),
-                                               int(context) or None if context.isdigit() else None))
+                                               int(context) or None if context.isdigit() else None, _sees(entry)))
         return out
 
     async def show(self, model: str) -> ModelInfo:
@@ -393,10 +399,11 @@ class LlamaCppBackend(OpenAIBackend):
             self._gguf[path] = asyncio.ensure_future(asyncio.to_thread(model_card.gguf_facts, path))
         return await asyncio.shield(self._gguf[path])
 
-    async def file_listing(self, name: str, path: str, context: int | None) -> ModelInfo:
+    async def file_listing(self, name: str, path: str, context: int | None, sees: bool = False) -> ModelInfo:
         """A model as its GGUF file tells it (template, stop words, fill-in-the-middle), for a server that cannot be
-        asked without loading the model (a stopped managed server, a router's unloaded model)."""
-        bare = ModelInfo(name=name, backend=self.name, format="gguf", capabilities=["completion"])
+        asked without loading the model (a stopped managed server, a router's unloaded model); `sees` where the
+        server says it has a projector (the file cannot)."""
+        bare = ModelInfo(name=name, backend=self.name, format="gguf", capabilities=capabilities("", False, False, sees))
         if not os.path.isfile(path):
             return bare
         try:
@@ -407,7 +414,8 @@ class LlamaCppBackend(OpenAIBackend):
         return ModelInfo(name=name, backend=self.name, format="gguf", modified_at=file.modified_at,
                          digest=file.digest, size=file.size, context_length=context, file=path,
                          family=str(facts.info.get("general.architecture", "")),
-                         capabilities=capabilities(facts.jinja, renders_tools(facts.jinja), facts.fim is not None),
+                         capabilities=capabilities(facts.jinja, renders_tools(facts.jinja), facts.fim is not None,
+                                                   sees),
                          template=model_card.go_template(facts.jinja, facts.fim),
                          parameters=model_card.parameters(context, model_card.stop_words(facts.jinja)))
 

@@ -606,6 +606,27 @@ async def test_a_routers_model_thinks_with_its_own_files_template(aiohttp_server
     assert (split.thinking, split.text) == ("Hmm.", "Hi")
 
 
+async def test_a_routers_model_with_a_projector_sees(aiohttp_server, tmp_path):
+    """A router's /v1/models names each model's input modalities (server-models.cpp, from its --mmproj): a model
+    with a projector was listed without vision, so its generate's images were the 400 "does not support vision"
+    and its chat's a note; one without stays so."""
+    from tests.adapters.test_model_card import gguf_file
+    path = gguf_file(str(tmp_path / "m.gguf"), ["a", "b"])
+    entries = [{"id": name, "status": {"value": "unloaded", "args": ["-m", path]},
+                "architecture": {"input_modalities": modalities, "output_modalities": ["text"]}}
+               for name, modalities in (("eyes", ["text", "image"]), ("blind", ["text"]))]
+    app = web.Application()
+    app.router.add_get("/props", lambda _: web.json_response({"role": "router"}))
+    app.router.add_get("/v1/models", lambda _: web.json_response({"data": entries}))
+    server = await aiohttp_server(app)
+    router = LlamaCppBackend(BackendConfig(name="r", kind="llamacpp", urls=[str(server.make_url(""))]))
+    try:
+        listed = {m.name: "vision" in m.capabilities for m in await router.list_models()}
+    finally:
+        await router.close()
+    assert listed == {"eyes": True, "blind": False}
+
+
 @pytest.mark.parametrize("jinja, thinks", [
     ("{% if enable_thinking %}<|START_THINKING|>{% endif %}", True),  # Command R7B's: llama-server's parser reads it
     ("{{ '<think>' }}", True), ("{{ m.content.split('</think>')[-1] }}", True), ("{{ m.content }}", False)])
