@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import replace
 from typing import Any, AsyncIterator
+from urllib.parse import quote
 
 from . import embed_shape, go_template, model_card, options
 from .base import IMAGE_TOKENS, BackendConfig
@@ -478,7 +479,7 @@ class LlamaCppBackend(OpenAIBackend):
         the conversation's token ids, as Ollama's does. A model that thinks has its <think> text split off here, where
         the request `splits_thinking`; one whose thinking only llama-server's chat parsers split (Command R7B's
         markers) cannot think here, and asked to is Ollama's 400, not its reasoning inside the answer."""
-        marker = await self._media_marker() if req.images else ""
+        marker = await self._media_marker(req.model) if req.images else ""
         prompt = await self._rendered(req, marker)
         # the conversation's ids leave the markers out: a later turn's context, as text, would hold them without images
         ids = (req.context or []) + await self.tokenize(prompt.replace(marker, "") if marker else prompt, req.model)
@@ -507,10 +508,15 @@ class LlamaCppBackend(OpenAIBackend):
         return await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)), model=req.model,
                                     parse=lambda obj: wire_text(obj["prompt"]), wait=self.config.first_token_timeout)
 
-    async def _media_marker(self) -> str:
+    async def _media_marker(self, model: str) -> str:
         """What stands for an image in a prompt: random per server start since /props names it (`media_marker`),
-        mtmd's default before."""
-        return (await self.props()).get("media_marker") or "<__media__>"
+        mtmd's default before. A router's model runs in a server of its own, whose /props it answers with `?model=`
+        (its own has no marker)."""
+        props = await self.props()
+        if _is_router(props):
+            props = await self.http.call("GET", f"/props?model={quote(model)}", parse=json_object, model=model,
+                                         wait=self.config.first_token_timeout)
+        return props.get("media_marker") or "<__media__>"
 
     async def _with_images(self, req: CompletionRequest, prompt: str) -> dict[str, Any]:
         """/completion's prompt with images (tools/server/README.md): its text with a marker each, and the images

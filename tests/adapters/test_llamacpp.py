@@ -168,9 +168,10 @@ async def test_a_chats_images_count_as_ollama_counts_them(aiohttp_server):
 MARKER = "<__media_T3st__>"  # llama-server's media marker, random per start unless LLAMA_MEDIA_MARKER pins it
 
 
-async def seeing_llama(aiohttp_server, sent: list[tuple[str, dict]]) -> LlamaCppBackend:
+async def seeing_llama(aiohttp_server, sent: list[tuple[str, dict]], routed: bool = False) -> LlamaCppBackend:
     """A llama-server double with a projector (/props `modalities.vision`): its /apply-template puts its marker where
-    each image_url part was (oaicompat_content_load_media), as the real one does; every POST body goes to `sent`."""
+    each image_url part was (oaicompat_content_load_media), as the real one does; every POST body goes to `sent`.
+    `routed`: a router, whose own /props has no marker, its model's server's with `?model=` (server-models.cpp)."""
     def rendered(body: dict) -> str:
         parts = [p for m in body["messages"] for p in (m["content"] if isinstance(m["content"], list)
                                                       else [{"type": "text", "text": m["content"]}])]
@@ -194,7 +195,8 @@ async def seeing_llama(aiohttp_server, sent: list[tuple[str, dict]]) -> LlamaCpp
 
     app = web.Application()
     props = {"chat_template": "", "total_slots": 1, "modalities": {"vision": True}, "media_marker": MARKER}
-    app.router.add_get("/props", lambda _: web.json_response(props))
+    router = {"role": "router", "model_path": "none", "default_generation_settings": {"n_ctx": 0}}
+    app.router.add_get("/props", lambda r: web.json_response(router if routed and "model" not in r.query else props))
     app.router.add_get("/v1/models", lambda _: web.json_response({"data": [{"id": MODEL}]}))
     app.router.add_get("/health", lambda _: web.json_response({"status": "ok"}))
     app.router.add_post("/{path:.*}", post)
@@ -227,6 +229,22 @@ async def test_a_generates_images_reach_completion_with_a_marker_each(aiohttp_se
         assert [body["prompt"] for path, body in sent if path == "/completion"] == [[0, 1, 2]]
     finally:
         await fake.close()
+
+
+async def test_a_routers_model_marks_its_images_with_its_own_servers_marker(aiohttp_server):
+    """Each model of a router runs in a server of its own, with a marker of its own, which the router's /props lacks:
+    a client's Go template put mtmd's default `<__media__>` for the image (its server found no marker for it), and
+    the conversation's ids kept the markers' text."""
+    sent: list[tuple[str, dict]] = []
+    fake = await seeing_llama(aiohttp_server, sent, routed=True)
+    pictures = CompletionRequest(model=MODEL, prompt="what is this", images=["aGk="], stream=False)
+    try:
+        for req in (pictures, replace(pictures, template="{{ .Prompt }}")):
+            await collect(fake.complete(req))
+    finally:
+        await fake.close()
+    assert [body["prompt"]["prompt_string"].count(MARKER) for path, body in sent if path == "/completion"] == [1, 1]
+    assert not any(MARKER in body.get("content", "") for path, body in sent if path == "/tokenize")
 
 
 async def test_a_generates_images_for_a_server_without_a_projector_are_ollamas_400(backend):
