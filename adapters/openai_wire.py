@@ -48,7 +48,7 @@ def message_to_wire(m: Message, call_ids: list[str], tool_call_id: str = "") -> 
     out: dict[str, Any] = {"role": m.role, "content": _content(m)}
     if m.tool_calls:
         out["tool_calls"] = [{"id": cid, "type": "function",
-                              "function": {"name": c.name, "arguments": dumps(c.arguments).decode()}}
+                              "function": {"name": c.name, "arguments": c.arguments_json()}}
                              for cid, c in zip(call_ids, m.tool_calls)]
     if m.role == "tool":
         out["tool_call_id"] = tool_call_id

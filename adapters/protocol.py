@@ -36,10 +36,11 @@ def epoch(rfc3339_time: str) -> int:
 class ToolCall:
     """A complete tool call: `arguments` is always a parsed JSON object, never a string.
 
-    `text` is the arguments as the backend wrote them (OpenAI's wire carries a string), kept only while `arguments`
-    is that text's value unchanged: a dialect that carries a string sends it byte for byte (`\\u00e9`, `1e5`, key
-    order, spacing), where writing `arguments` again gave `é`, `100000.0` and orjson's compact form. Whatever makes
-    other arguments (repair, coercion) makes a ToolCall without it."""
+    `text` is the arguments as a wire that carries a string had them (OpenAI's: a backend's answer, or a call a
+    client sends back in its history), kept only while `arguments` is that text's value unchanged: a dialect or
+    adapter that carries a string sends it byte for byte (`\\u00e9`, `1e5`, key order, spacing), where writing
+    `arguments` again gave `é`, `100000.0` and orjson's compact form. Whatever makes other arguments (repair,
+    coercion) makes a ToolCall without it."""
 
     name: str
     arguments: dict[str, Any]

@@ -3,7 +3,8 @@
 The key is computed from the internal model, never from the wire body, so a request parsed from the Ollama
 dialect and the same request parsed from the OpenAI dialect hit the same entry. Transport fields (`stream`,
 `keep_alive`) are dropped: they never change what the model writes; tool-call ids are kept only as which call a
-result answers.
+result answers. A history call's arguments text (ToolCall.text, where a client sent one) is kept: it is what the
+backend reads, so two spellings of one call are two prompts.
 """
 from __future__ import annotations
 

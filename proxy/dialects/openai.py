@@ -175,6 +175,8 @@ def data_url_image(url: Any, where: str, param: str) -> str:
 
 
 def _tool_call(raw: Any) -> ToolCall:
+    """A call sent back in the history, with its arguments string as `text`: the backend gets the call as the model
+    wrote it (re-spelled, it missed llama-server's and vLLM's prefix caches from that turn on)."""
     fn = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise BadRequest("tool_calls entries must be {id, type, function: {name, arguments}}", param="messages")
@@ -185,7 +187,8 @@ def _tool_call(raw: Any) -> ToolCall:
         raise BadRequest(f"tool call arguments are not valid JSON: {e}", param="messages") from e
     if not isinstance(parsed, dict):
         raise BadRequest("tool call arguments must encode a JSON object", param="messages")
-    return ToolCall(name=fn["name"], arguments=parsed, id=str(raw.get("id", "")))
+    text = args if isinstance(args, str) else ""
+    return ToolCall(name=fn["name"], arguments=parsed, id=str(raw.get("id", "")), text=text)
 
 
 # OpenAI's roles as chat templates know them: `developer` (o1 and later) is the system prompt, as the Responses API
