@@ -292,6 +292,8 @@ def _image(part: dict[str, Any], where: str) -> str:
 
 
 def _call(item: dict[str, Any], where: str) -> ToolCall:
+    """A function call item with its `arguments` string as the call's `text`: the backend reads the call as the model
+    wrote it, not re-spelled (which missed its prefix cache from that turn on)."""
     name = get(item, "name", str, required=True)
     if item.get("namespace"):
         name = f"{item['namespace']}.{name}"
@@ -305,7 +307,7 @@ def _call(item: dict[str, Any], where: str) -> ToolCall:
         raise BadRequest(f"{where}.arguments: not valid JSON ({e})", param="input") from e
     if not isinstance(parsed, dict):
         raise BadRequest(f"{where}.arguments: must encode a JSON object", param="input")
-    return ToolCall(name, parsed, call_id)
+    return ToolCall(name, parsed, call_id, arguments)
 
 
 def _output(output: Any, where: str) -> tuple[str, list[str]]:

@@ -78,3 +78,14 @@ async def test_calls_sent_as_objects_are_written_anew(served: tuple[TestClient, 
                                                    "tools": [{"name": "read", "input_schema": PARAMETERS}]})
     assert resp.status == 200, await resp.text()
     assert _sent_arguments(up) == ['{"path":"café.txt","n":1.0}']
+
+
+async def test_responses_history_calls_reach_the_backend_as_sent(served: tuple[TestClient, FakeOpenAI]) -> None:
+    client, up = served
+    items = [{"role": "user", "content": "read it"},
+             {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": RAW},
+             {"type": "function_call_output", "call_id": "call_1", "output": "hello"}]
+    resp = await client.post("/v1/responses", json={"model": "m", "input": items,
+                                                    "tools": [{"type": "function", **TOOL["function"]}]})
+    assert resp.status == 200, await resp.text()
+    assert _sent_arguments(up) == [RAW]
