@@ -40,7 +40,7 @@ class ToolCall:
     client sends back in its history), kept only while `arguments` is that text's value unchanged: a dialect or
     adapter that carries a string sends it byte for byte (`\\u00e9`, `1e5`, key order, spacing), where writing
     `arguments` again gave `é`, `100000.0` and orjson's compact form. Whatever makes other arguments (repair,
-    coercion) makes a ToolCall without it."""
+    coercion, a context edit) makes a ToolCall without it."""
 
     name: str
     arguments: dict[str, Any]

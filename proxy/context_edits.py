@@ -119,7 +119,8 @@ def _clear_tool_uses(req: ChatRequest, edit: ClearToolUses) -> tuple[ChatRequest
         if m.role == "tool" and m.tool_call_id in ids:
             m = replace(m, content=CLEARED, images=[])
         elif any(clear_inputs(c) for c in m.tool_calls):
-            m = replace(m, tool_calls=[replace(c, arguments={}) if clear_inputs(c) else c for c in m.tool_calls])
+            emptied = [replace(c, arguments={}, text="") if clear_inputs(c) else c for c in m.tool_calls]
+            m = replace(m, tool_calls=emptied)
         messages.append(m)
     return replace(req, messages=messages), len(doomed)
 

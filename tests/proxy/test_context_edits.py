@@ -49,6 +49,19 @@ async def test_a_tool_uses_trigger_excluded_tools_and_cleared_inputs():
                                                                                           True, False]
 
 
+async def test_a_cleared_input_drops_the_text_it_was_sent_as():
+    """A call's arguments string (ToolCall.text) is what an OpenAI-compatible backend reads: kept on a call whose input
+    the edit emptied, the backend would read the whole input still (Anthropic's calls, objects, carry none yet)."""
+    req = ChatRequest("m", agent_turns(3))
+    for m in req.messages:
+        for c in m.tool_calls:
+            c.text = '{"path": "%s"}' % c.arguments["path"]
+    edited = await apply(req, (ClearToolUses(trigger_tokens=None, trigger_uses=2, keep=1, clear_inputs=True),),
+                         words)
+    sent = [c.arguments_json() for m in edited.request.messages for c in m.tool_calls]
+    assert sent == ["{}", "{}", '{"path": "f2"}']
+
+
 async def test_thinking_clears_from_all_but_the_last_turns():
     req = ChatRequest("m", agent_turns(3))
     edited = await apply(req, (ClearThinking(keep=1),), words)
