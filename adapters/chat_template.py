@@ -24,19 +24,21 @@ _PROBE_TOOL = [{"type": "function", "function": {"name": "velo_probe_tool", "des
                                                   "parameters": {"type": "object", "properties": {}}}}]
 
 
-def message_dict(m: Message) -> dict[str, Any]:
+def message_dict(m: Message, argument_strings: bool = False) -> dict[str, Any]:
     """A message as Hugging Face chat templates expect it. An earlier turn's thinking under the names templates read
     it by (Qwen3's `reasoning_content`, gpt-oss's `thinking`): left out, the reasoning a client sent back
     (Anthropic's thinking blocks, Responses' reasoning items) never reached the model. Not as `thinking` beside
-    both content and calls, which gpt-oss's template refuses (one or the other is its analysis)."""
+    both content and calls, which gpt-oss's template refuses (one or the other is its analysis). A call's arguments
+    as the client sent them (ToolCall.text) where the template prints a string as it is (`argument_strings`)."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.thinking:
         out["reasoning_content"] = m.thinking
         if not (m.content and m.tool_calls):
             out["thinking"] = m.thinking
     if m.tool_calls:
-        out["tool_calls"] = [{"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
+        out["tool_calls"] = [{"type": "function", "id": c.id, "function": {
+            "name": c.name, "arguments": c.text or c.arguments if argument_strings else c.arguments}}
+            for c in m.tool_calls]
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
     if m.tool_name:
@@ -52,7 +54,8 @@ def render(tokenizer: Tokenizer, req: ChatRequest) -> str:
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                 "parameters": t.parameters}} for t in req.tools] or None
     switches = req.template_variables
-    messages = [message_dict(m) for m in req.messages]
+    strings = prints_argument_strings(tokenizer.chat_template or "", tokenizer.bos_token, tokenizer.eos_token)
+    messages = [message_dict(m, strings) for m in req.messages]
     try:
         if req.prefill and (cut := _continued(tokenizer.apply_chat_template(
                 _tagged(messages), tools=tools, add_generation_prompt=False, **switches))):
@@ -94,11 +97,30 @@ def capabilities(tokenizer: Tokenizer) -> list[str]:
 def renders_tools(template: str, bos_token: str | None = None, eos_token: str | None = None) -> bool:
     """Whether a chat template renders the tools it is given (llama-server's `supports_tools` probes it the same
     way); once a template: a stopped llama-server's listing asks it at each listing."""
+    return "velo_probe_tool" in _probe(template, bos_token, eos_token, _PROBE)
+
+
+# Two spaces, which no `tojson` of an object writes, and a string's `tojson` escapes the quotes.
+_NEEDLE = '{"velo_probe":  1}'
+_PROBE_CALL = [*_PROBE, {"role": "assistant", "content": "", "tool_calls": [
+    {"type": "function", "id": "call_velo_probe", "function": {"name": "velo_probe_tool", "arguments": _NEEDLE}}]}]
+
+
+@functools.lru_cache(maxsize=64)
+def prints_argument_strings(template: str, bos_token: str | None = None, eos_token: str | None = None) -> bool:
+    """Whether a template prints a call's arguments given as a string as they are (Qwen3's `is string` branch), as
+    llama-server's probe decides to pass them on as a string. Qwen2.5's applies `tojson` to whatever it gets: a string
+    became a quoted one, so it gets the object (its `tojson` then re-spells what the model wrote)."""
+    return _NEEDLE in _probe(template, bos_token, eos_token, _PROBE_CALL)
+
+
+def _probe(template: str, bos_token: str | None, eos_token: str | None, messages: list[dict[str, Any]]) -> str:
+    """The template's rendering of `messages` with the probe tool; "" where it has none or refuses them."""
     if not template:
-        return False
+        return ""
     try:
-        return "velo_probe_tool" in chat_template_env().from_string(template).render(
-            messages=_PROBE, tools=_PROBE_TOOL, add_generation_prompt=True, bos_token=bos_token or "",
+        return chat_template_env().from_string(template).render(
+            messages=messages, tools=_PROBE_TOOL, add_generation_prompt=True, bos_token=bos_token or "",
             eos_token=eos_token or "")
-    except Exception:  # noqa: BLE001 - a template that refuses tools does not render them
-        return False
+    except Exception:  # noqa: BLE001 - a template that refuses tools (or a string's arguments) does not render them
+        return ""

@@ -1,6 +1,8 @@
 """What a chat template can do is found by rendering it; rendering passes tools and the thinking switch."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from adapters.chat_template import capabilities, render
@@ -17,6 +19,14 @@ QWEN3_LIKE = (CHATML + "{% if add_generation_prompt %}{% if enable_thinking is d
 OTHER_MARKERS = (CHATML + "{% if add_generation_prompt and enable_thinking %}<|START_THINKING|>{% endif %}")
 R1_LIKE = CHATML.replace("{{ m['content'] }}", "{{ m['content'].split('</think>')[-1] }}")  # names only its closer
 READ = Tool("read_file", "Read", {"type": "object"})
+# an assistant turn's calls as Qwen2.5's template writes them (`tojson` of whatever it gets), and as Qwen3's (a string
+# as it is, else `tojson`)
+_CALLS = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}{% for c in m.tool_calls or [] %}"
+          '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": ARGS}\n</tool_call>'
+          "{% endfor %}<|im_end|>\n{% endfor %}")
+QWEN25_CALLS = _CALLS.replace("ARGS", "{{ c.function.arguments | tojson }}")
+QWEN3_CALLS = _CALLS.replace("ARGS", "{% if c.function.arguments is string %}{{ c.function.arguments }}"
+                             "{% else %}{{ c.function.arguments | tojson }}{% endif %}")
 
 
 def tokenizer(template: str | None) -> Tokenizer:
@@ -122,3 +132,17 @@ def test_thinking_beside_content_and_calls_is_not_given_as_gpt_oss_refuses_it():
     req = ChatRequest(model="m", messages=[Message("user", "hi"),
                                            Message("assistant", "Reading.", thinking="need a", tool_calls=[call])])
     assert render(tokenizer(gpt_oss_like), req) == "[user:][assistant:need a]"
+
+
+def test_a_history_call_keeps_its_text_where_the_template_prints_strings():
+    """The arguments a client sent back (ToolCall.text) as they are, where the template prints a string as it is:
+    rendered again from the object, the engine's prompt no longer held the tokens the model generated (its prefix
+    cache missed from that turn on). Where the template runs `tojson` on anything, a string would be a quoted string: it
+    gets the object."""
+    raw = '{"path": "caf\\u00e9.txt",  "n": 1.0}'
+    call = ToolCall("read", {"path": "café.txt", "n": 1.0}, "call_1", text=raw)
+    req = ChatRequest("m", [Message("user", "hi"), Message("assistant", tool_calls=[call])])
+    assert f'"arguments": {raw}}}' in render(tokenizer(QWEN3_CALLS), req)
+    assert '"arguments": {"path": "café.txt", "n": 1.0}}' in render(tokenizer(QWEN25_CALLS), req)
+    anthropic = ChatRequest("m", [req.messages[0], Message("assistant", tool_calls=[replace(call, text="")])])
+    assert '"arguments": {"path": "café.txt", "n": 1.0}}' in render(tokenizer(QWEN3_CALLS), anthropic)
