@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 import aiohttp
@@ -30,6 +30,7 @@ from yarl import URL
 
 from .base import BackendConfig
 from .bursts import Burst
+from .copies import replaced
 from .errors import (Answered, BackendError, BackendTimeout, BackendUnavailable, BadRequest, ContextOverflow,
                      ModelLacks, ModelNotFound, Overloaded, PayloadTooLarge, Unsupported, VeloError)
 from .exact_json import dumps, loads
@@ -90,7 +91,7 @@ def is_server_url(url: str) -> bool:
 def asked_of(req: R, config: BackendConfig) -> R:
     """`req` as a backend is asked it: a stream, whatever the client asked, unless `always_stream = false`; the
     adapter folds a one-answer request's stream (`one_answer`)."""
-    return req if req.stream or not config.always_stream else replace(req, stream=True)
+    return req if req.stream or not config.always_stream else replaced(req, stream=True)
 
 
 async def one_answer(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:

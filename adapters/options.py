@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import math
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .copies import replaced
 from .errors import BadRequest
 from .fields import get, string_list
 from .protocol import SamplingOptions
@@ -182,7 +183,7 @@ def under(opts: SamplingOptions, base: SamplingOptions) -> SamplingOptions:
     filled = {f: value for f in _FIELDS if (value := given[f]) not in _UNSET and mine[f] in _UNSET}
     if not filled and not base.extra.keys() - opts.extra.keys():
         return opts
-    return replace(opts, **filled, extra=base.extra | opts.extra)
+    return replaced(opts, **filled, extra=base.extra | opts.extra)
 
 
 _BIAS = 100  # OpenAI's bound: -100 bans a token, 100 makes it the only choice

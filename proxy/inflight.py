@@ -14,12 +14,13 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 
+from adapters.copies import replaced
 from adapters.errors import VeloError
 from adapters.wording import counted
 
@@ -130,7 +131,7 @@ class InFlight:
         assert task is not None
         caller = request[CALLER]
         entry = Running(request_id(request), request.method, request.path, caller.client, caller.tenant, task)
-        request[RUNNING], request[CALLER] = entry, replace(caller, request_id=entry.id)
+        request[RUNNING], request[CALLER] = entry, replaced(caller, request_id=entry.id)
         with self.listed(entry):
             return await handler(request)
 

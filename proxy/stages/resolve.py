@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from adapters import options
+from adapters.copies import replaced
 from adapters.protocol import ChatRequest, Chunk, Message
 
 from ..job import Job, Request
@@ -23,7 +24,7 @@ class Resolve(Stage):
         preset = router.presets.get(job.model)
         job.target = await router.resolve(job.model)
         settled = self._settled(job, preset)
-        async with contextlib.aclosing(next(job if settled is job.request else replace(job, request=settled))) as rest:
+        async with contextlib.aclosing(next(job if settled is job.request else replaced(job, request=settled))) as rest:
             async for chunk in rest:
                 yield chunk
 
@@ -37,7 +38,7 @@ class Resolve(Stage):
             opts = options.under(opts, settings.sampling())
         if job.target.backend.own_defaults != job.dialect:
             opts = options.under(opts, options.defaults(job.dialect))
-        return req if opts is req.options else replace(req, options=opts)
+        return req if opts is req.options else replaced(req, options=opts)
 
 
 def with_prompt(req: Request, preset: Preset) -> Request:
