@@ -88,16 +88,15 @@ def guard(policy: OriginPolicy):
 
     @web.middleware
     async def browser_guard(request: web.Request, handler) -> web.StreamResponse:
-        dialect, host = dialect_of(request.path, request.headers), request.headers.get("Host", "")
+        host = request.headers.get("Host", "")
         if policy.check_host and not policy.host_allowed(host):
-            return _refused(request, dialect, f"host {host!r} is not a local name; Velo answers only local names "
-                                              "while bound to loopback")
+            return _refused(request, f"host {host!r} is not a local name; Velo answers only local names while bound "
+                                     "to loopback")
         origin = request.headers.get("Origin")
         if not origin or origin in (f"http://{host}", f"https://{host}"):
             return await handler(request)  # not a cross-origin request
         if not policy.origin_allowed(origin):
-            return _refused(request, dialect, f"origin {origin!r} is not allowed; add it to [server] origins "
-                                              "or OLLAMA_ORIGINS")
+            return _refused(request, f"origin {origin!r} is not allowed; add it to [server] origins or OLLAMA_ORIGINS")
         request[_ORIGIN] = origin
         if request.method == "OPTIONS":  # as gin's cors answers Ollama's: any OPTIONS, preflight or not
             return web.Response(status=204, headers={
@@ -115,8 +114,11 @@ def guard(policy: OriginPolicy):
     return browser_guard, add_cors_headers
 
 
-def _refused(request: web.Request, dialect: str, message: str) -> web.Response:
-    """403 in the client's dialect; Anthropic's names the request's id in its body, as its other errors do."""
+def _refused(request: web.Request, message: str) -> web.Response:
+    """403 in the client's dialect; Anthropic's names the request's id in its body, as its other errors do. The dialect
+    is read here, for the few requests refused: read for every request, it was 0.6% of a short chat request's
+    instructions in Velo (2,319 -> 2,306 thousand, callgrind)."""
+    dialect = dialect_of(request.path, request.headers)
     rid = request_id(request) if dialect == "anthropic" else None
     return error_response(Forbidden(message), dialect, request_id=rid)
 
