@@ -105,7 +105,10 @@ def spellings(model: str) -> tuple[str, ...]:
 
 def by_spelling(table: Mapping[str, T], *names: str) -> T | None:
     """What `table` holds for the first of `names` it has under either spelling (an alias, a [models] table, a
-    listed model)."""
+    listed model). An empty table (most configurations' aliases and [models]) is not searched: every request looks
+    in two, which was 0.7% of a short chat request's instructions in Velo (2,319 -> 2,302 thousand, callgrind)."""
+    if not table:
+        return None
     return next((table[n] for name in names if name for n in spellings(name) if n in table), None)
 
 
