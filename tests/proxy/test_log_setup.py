@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import sys
 import time
 
 from aiohttp import web
@@ -61,6 +62,17 @@ def test_the_time_of_a_line_is_loggings_own():
     for created in (1_700_000_000.001, 1_700_000_000.999, 1_700_000_001.5, 1_700_000_000.25):  # a second, back again
         record = logging.LogRecord("velo.requests", logging.INFO, "", 0, "done after %.3fs", (0.5,), None)
         record.created, record.msecs = created, (created - int(created)) * 1000
+        assert ours.format(record) == theirs.format(record)
+
+
+def test_a_line_is_loggings_own_with_a_traceback_or_without():
+    ours, theirs = LineFormatter(FORMAT), logging.Formatter(FORMAT)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = sys.exc_info()
+    for level, args, exc_info in ((logging.WARNING, ("x", 2), None), (logging.ERROR, ("x", 2), failed)):
+        record = logging.LogRecord("velo", level, "", 0, "%s failed %d times", args, exc_info)
         assert ours.format(record) == theirs.format(record)
 
 
