@@ -72,7 +72,8 @@ class Generation:
 
     async def start(self) -> None:
         """New backends open first, then their model lists, then the stages that ask them things (slots) or load
-        models (semantic cache). On failure, what this generation took is given back, so a refused reload leaves nothing behind."""
+        models (semantic cache). On failure, what this generation took is given back, so a refused reload leaves
+        nothing behind."""
         try:
             await start_all(self.fresh)
             await self.router.start()  # the backends' model lists, kept and refreshed (proxy/listings.py)
