@@ -25,16 +25,17 @@ def velo_serve(folder: Path, config: str, ready_within: float = 180) -> Iterator
 
 
 @contextmanager
-def velo_process(folder: Path, config: str, ready_within: float = 180,
-                 root: str = ROOT) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`velo_serve`, from the checkout at `root` (another commit's tree, for a benchmark), yielding its process too."""
+def velo_process(folder: Path, config: str, ready_within: float = 180, root: str = ROOT,
+                 under: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`velo_serve`, from the checkout at `root` (another commit's tree, for a benchmark), yielding its process too;
+    `under`: a command it runs under (valgrind, for bench/proxy_instructions.py)."""
     port = free_port()
     (folder / "config.toml").write_text(f"[server]\nport = {port}\n{config}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
            "XDG_DATA_HOME": str(folder)}  # its own preset store, not the machine's
     with open(folder / "velo.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")],
-                                cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+        command = [*under, sys.executable, "-m", "proxy", "serve", "--config", str(folder / "config.toml")]
+        proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             asyncio.run(wait_until_ok(url + "/api/tags", ready_within, proc=proc))
