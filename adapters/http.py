@@ -415,9 +415,11 @@ class Upstream:
     def _loads(self, data: bytes) -> Any:
         """An answer's JSON, integers past 64 bits whole where they can be: in a tool call's `arguments`, the one
         place a backend writes a model's numbers as JSON numbers (Ollama's objects; OpenAI's are a string). Read
-        whole everywhere, each streamed event paid exact_json's scan: 11% of a 256-piece stream's req/s."""
+        whole everywhere, each streamed event paid exact_json's scan: 11% of a 256-piece stream's req/s. `find`, not
+        `in`: Python 3.11's `bytes in bytes` first tries the needle as an integer, raising and clearing a TypeError
+        each event (a 256-piece stream's 25,580 thousand instructions -> 25,340, callgrind)."""
         try:
-            return loads(data) if b'"arguments"' in data else orjson.loads(data)
+            return loads(data) if data.find(b'"arguments"') >= 0 else orjson.loads(data)
         except orjson.JSONDecodeError as e:
             error = BackendError(self.scrubbed(f"backend {self.config.name!r} sent invalid JSON: {data[:200]!r}"))
             error.quotes_answer = True  # what it sent may be the model's text
