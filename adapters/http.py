@@ -398,7 +398,7 @@ class Upstream:
         of the event loop, which no other request got meanwhile."""
         start: list[bytes] = []
         async for data in self.reads(resp, first_wait, total, started):
-            if b"\n" not in data:
+            if data.find(b"\n") < 0:  # not `in`, which raises and clears a TypeError first (`_loads`)
                 start.append(data)
                 continue
             first, *complete, rest = data.split(b"\n")

@@ -84,13 +84,13 @@ class Used:
     size: int = 0  # of what `held` holds, or would hold past _WHOLE_MAX
 
     def read(self, piece: bytes) -> bytes:
-        if not self.stream or b"\n" not in piece:
+        if not self.stream or piece.find(b"\n") < 0:  # `find`: Python 3.11's `bytes in` raises a TypeError first
             self._hold(piece)
             return piece
         first, *events, rest = piece.split(b"\n")
         held = [b"".join([*self.held, first])] if self.size + len(first) <= _WHOLE_MAX else []  # else passed over
         for event in (*held, *events):
-            if b'"tokens_predicted"' in event:  # a result's last event: the others are not parsed
+            if event.find(b'"tokens_predicted"') >= 0:  # a result's last event: the others are not parsed
                 self._count(event.partition(b":")[2])  # after "data:"
         self.held, self.size = [rest], len(rest)
         return piece
