@@ -487,7 +487,9 @@ async def test_ollama_total_duration_counts_the_wait_for_a_slot(velo_llama):
 
     walls, totals = zip(*await asyncio.gather(*(timed(i) for i in range(8))))
     assert max(walls) > 1.5 * min(walls), walls  # some waited for a slot
-    assert all(0 <= wall - total < 0.25 for wall, total in zip(walls, totals)), (walls, totals)
+    # the clock starts once the body is read, as Ollama's handler's does: on a starved machine (a valgrind run
+    # beside the suite) the time before it grew to 0.76 s of a 7.46 s wait; a total of the compute alone is ~half
+    assert all(0 <= wall - total < 0.25 + 0.1 * wall for wall, total in zip(walls, totals)), (walls, totals)
 
 
 async def test_open_webui_finds_and_chats_with_a_model_llama_server_names_without_a_tag(llama_chat):
