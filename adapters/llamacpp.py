@@ -24,7 +24,7 @@ from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .openai_wire import alternatives
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
-                       RunningModel, SamplingOptions, TokenLogprob, Usage)
+                       RunningModel, SamplingOptions, TokenLogprob, Usage, images_in)
 from .think import ThinkSplitter, opens_thinking, template_thinks
 
 log = logging.getLogger("velo.adapters.llamacpp")
@@ -505,7 +505,11 @@ class LlamaCppBackend(OpenAIBackend):
         Ollama puts its "[img-N]" tags (server/routes.go)."""
         if req.template is not None:
             return go_template.render(req.template, marker * len(req.images) + req.prompt, req.system, req.suffix)
-        return await self.http.call("POST", "/apply-template", self.chat_body(as_chat(req)), model=req.model,
+        return await self._applied(as_chat(req))
+
+    async def _applied(self, chat: ChatRequest) -> str:
+        """The chat as the server's own template renders it (`/apply-template`)."""
+        return await self.http.call("POST", "/apply-template", self.chat_body(chat), model=chat.model,
                                     parse=lambda obj: wire_text(obj["prompt"]), wait=self.config.first_token_timeout)
 
     async def _media_marker(self, model: str) -> str:
@@ -604,11 +608,8 @@ class LlamaCppBackend(OpenAIBackend):
             before, req = len(req.context or ()), as_chat(req)
         if isinstance(req, CompletionRequest):
             return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))
-        rendered = await self.http.call("POST", "/apply-template", self.chat_body(req), model=req.model,
-                                        parse=lambda obj: wire_text(obj["prompt"]),
-                                        wait=self.config.first_token_timeout)
-        images = sum(len(m.images) for m in req.messages) * IMAGE_TOKENS
-        return before + images + len(await self.tokenize(rendered, req.model))
+        rendered = await self._applied(req)
+        return before + images_in(req) * IMAGE_TOKENS + len(await self.tokenize(rendered, req.model))
 
     async def tokenize(self, text: str, model: str, special: bool = False) -> list[int]:
         """Prompt token counts for the proxy (context-length checks) without generating anything. `model` picks a

@@ -181,6 +181,11 @@ class CompletionRequest:
     prefix_scope: str = ""  # as ChatRequest's
 
 
+def images_in(req: ChatRequest | CompletionRequest) -> int:
+    """The images a request shows the model: a generate's own, or those of every turn of a chat."""
+    return len(req.images) if isinstance(req, CompletionRequest) else sum(len(m.images) for m in req.messages)
+
+
 @dataclass
 class EmbedRequest:
     model: str

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 
 from adapters.base import IMAGE_TOKENS
 from adapters.exact_json import dumps
-from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo
+from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo, images_in
 
 from .router import Target
 from .tools.offer import as_offered
@@ -47,18 +47,14 @@ def characters(req: ChatRequest | CompletionRequest) -> int:
 
 def surely_under(req: ChatRequest | CompletionRequest, tokens: int) -> bool:
     wrapping = len(req.messages) * _SURELY_UNDER_TOKENS_PER_MESSAGE if isinstance(req, ChatRequest) else 0
-    seen = _images(req) * _SURELY_UNDER_TOKENS_PER_IMAGE
+    seen = images_in(req) * _SURELY_UNDER_TOKENS_PER_IMAGE
     return characters(req) / _SURELY_UNDER_CHARS_PER_TOKEN + wrapping + seen < tokens
-
-
-def _images(req: ChatRequest | CompletionRequest) -> int:
-    return len(req.images) if isinstance(req, CompletionRequest) else sum(len(m.images) for m in req.messages)
 
 
 def estimate(req: ChatRequest | CompletionRequest) -> int:
     """Text by its characters, and images as Ollama counts them: by its text alone, a question and a screenshot for
     a server that cannot count (SGLang, LM Studio) was a few tokens, and fit any window."""
-    return math.ceil(characters(req) / CHARS_PER_TOKEN) + _images(req) * IMAGE_TOKENS
+    return math.ceil(characters(req) / CHARS_PER_TOKEN) + images_in(req) * IMAGE_TOKENS
 
 
 async def count(target: Target, info: ModelInfo | None, req: ChatRequest | CompletionRequest) -> int:
