@@ -37,7 +37,7 @@ def message_dict(m: Message, argument_strings: bool = False) -> dict[str, Any]:
             out["thinking"] = m.thinking
     if m.tool_calls:
         out["tool_calls"] = [{"type": "function", "id": c.id, "function": {
-            "name": c.name, "arguments": c.text or c.arguments if argument_strings else c.arguments}}
+            "name": c.name, "arguments": c.text if argument_strings and c.text else c.arguments}}
             for c in m.tool_calls]
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
