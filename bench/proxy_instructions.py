@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--stream", action="store_true", help="a streamed answer (the fake's 256 words) instead")
     args = ap.parse_args()
+    if shutil.which("callgrind_control") is None:
+        sys.exit("proxy_instructions: needs valgrind (Debian: apt-get install valgrind), which Velo itself does not")
     body = {"model": "fake", "messages": MSG, **({"stream": True} if args.stream else {"max_tokens": 8})}
     urls = multiprocessing.get_context("spawn").Queue()
     fake = _spawn(_run_fake, urls, 256)
