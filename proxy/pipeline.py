@@ -4,10 +4,13 @@
       -> offer tools -> coalesce -> admit -> call backend
 
 Every stage sees the internal model only (adapters.protocol), so every dialect and every backend share it. A new
-stage is one file in proxy/stages/ (see stages/base.py) and one line in STAGES.
+stage is one file in proxy/stages/ (see stages/base.py) and one line in STAGES. The stages that only prepare the job
+(resolve, keep loaded, edit context, fit, offer tools, admit), and those a job does not need, run in one generator
+between the stages that wrap the stream: a plain chat's chunks pass three layers here, not six.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import AsyncIterator, TypeVar
 
@@ -21,7 +24,7 @@ from .keep import Lease
 from .metrics import new_registry
 from .router import Router
 from .stages.admit import Admit
-from .stages.base import Services, Stage
+from .stages.base import Next, Prepare, Services, Stage
 from .stages.cache import Cache
 from .stages.call_backend import CallBackend
 from .stages.coalesce import Coalesce
@@ -52,10 +55,8 @@ class Pipeline:
         self.request_metrics = self.stage(Observe).metrics
         self.embeddings = Embeddings(self.services, self.request_metrics, self.residency, self.limit,
                                      self.stage(Admit))
-        call = functools.partial(self.stages[-1], next=None)
-        for stage in reversed(self.stages[:-1]):
-            call = functools.partial(stage, next=call)
-        self._chain = call
+        self._prepares = tuple(isinstance(s, Prepare) for s in self.stages)
+        self._nexts: list[Next] = [functools.partial(self._rest, i + 1) for i in range(len(self.stages))]
 
     @property
     def registry(self):
@@ -85,7 +86,33 @@ class Pipeline:
 
     def generate(self, job: Job) -> AsyncIterator[Chunk]:
         """The answer's stream itself, not a wrapper around it, so closing it cancels the backend's work at once."""
-        return self._chain(job)
+        return self._rest(0, job)
+
+    def _rest(self, i: int, job: Job) -> AsyncIterator[Chunk]:
+        """The pipeline from stage `i` on: the first stage the job needs, with the rest as its `next`, or, from a
+        stage that prepares, the generator that runs the stages up to the next one that wraps the stream."""
+        while True:
+            stage = self.stages[i]
+            if self._prepares[i]:
+                return self._prepared(i, job)
+            if stage.wraps(job):  # the last, call backend, always does
+                return stage(job, self._nexts[i])
+            i += 1
+
+    async def _prepared(self, i: int, job: Job) -> AsyncIterator[Chunk]:
+        """Stages from `i` (one that prepares) up to the first that wraps the stream, in one generator: each
+        preparing stage's `prepare` in turn, what they hold held until the rest's stream ends."""
+        async with contextlib.AsyncExitStack() as held:
+            while True:
+                stage = self.stages[i]
+                if self._prepares[i]:
+                    job = await stage.prepare(job, held)  # type: ignore[attr-defined]
+                elif stage.wraps(job):
+                    break
+                i += 1
+            async with contextlib.aclosing(stage(job, self._nexts[i])) as rest:
+                async for chunk in rest:
+                    yield chunk
 
     async def embed(self, req: EmbedRequest, caller: Caller) -> tuple[EmbedResult, dict[str, str]]:
         return await self.embeddings.embed(req, caller)

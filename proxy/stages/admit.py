@@ -7,12 +7,13 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 
 from adapters.base import Backend
-from adapters.protocol import Chunk, CompletionRequest
+from adapters.protocol import CompletionRequest
 from adapters.wording import counted
 
 from ..batching import LATENCY_CRITICAL, NORMAL, AdmissionController, Place
@@ -20,7 +21,7 @@ from ..batching.config import BatchingConfig
 from ..config import Config
 from ..job import Job
 from ..keep import fingerprint
-from .base import Next, Services, Stage
+from .base import Prepare, Services
 
 log = logging.getLogger("velo.pipeline")
 
@@ -54,7 +55,7 @@ def _place(prefix: str, suffix: str) -> str:
     return hashlib.blake2b(f"{before}\0{after}".encode(), digest_size=8).hexdigest()
 
 
-class Admit(Stage):
+class Admit(Prepare):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
         self.controllers: dict[str, AdmissionController] = {}
@@ -96,15 +97,12 @@ class Admit(Stage):
         return self.services.lease.hold(f"queue:{backend.name}:{fingerprint(server)}",
                                         lambda: asyncio.ensure_future(opened()), _closed)
 
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         assert job.target is not None
-        controller = self.controllers.get(job.target.backend.name)
-        slot = controller.slot(priority(job), job.caller.client, supersede_key(job, self.services.config),
-                               job.place) if controller else contextlib.nullcontext()
-        async with slot:
-            async with contextlib.aclosing(next(job)) as rest:
-                async for chunk in rest:
-                    yield chunk
+        if (controller := self.controllers.get(job.target.backend.name)) is not None:
+            await held.enter_async_context(controller.slot(priority(job), job.caller.client,
+                                                           supersede_key(job, self.services.config), job.place))
+        return job
 
     def reserve(self, backend: Backend) -> Place | None:
         """A place in `backend`'s queue taken now, or Overloaded with Retry-After (AdmissionController.reserve), for

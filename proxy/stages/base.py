@@ -1,23 +1,36 @@
-"""What a pipeline stage is. A stage wraps the rest of the pipeline, as an aiohttp middleware wraps a handler:
+"""What a pipeline stage is. Two kinds. A stage that only prepares the job (looks a name up, checks, trims, waits
+for a slot) subclasses `Prepare`:
 
-    class RateLimit(Stage):
+    class RateLimit(Prepare):
+        async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
+            ...                      # may raise (a 4xx); returns the job the rest sees
+            held.enter_context(...)  # what it holds until the answer ends (a slot), closed then, even on error
+
+A stage that acts on the stream itself (looks at or changes each chunk, answers without calling the rest, calls it
+again) wraps the rest, as an aiohttp middleware wraps a handler:
+
+    class Count(Stage):
+        def wraps(self, job: Job) -> bool:
+            return ...               # whether this job needs the stage at all (default: every job)
+
         async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-            ...                      # before: may raise (a 4xx), or answer without calling next
+            ...                      # before: may raise, or answer without calling next
             async with contextlib.aclosing(next(job)) as rest:
                 async for chunk in rest:
                     yield chunk      # during: may look at or change each chunk
             ...                      # after
 
-plus one line in proxy/pipeline.py's STAGES. A stage with nothing to do for a job returns `next(job)` itself from a
-plain `__call__`, and keeps its generator for the jobs it acts on (limit, cache, repair, offer tools, coalesce):
-every generator layer costs each request and each chunk a hop. A stage is built anew for each configuration (a
-reload makes a new pipeline); what must outlive that goes through `services.lease`. A stage writes only
-`job.outcome` (and `job.target`, for resolve); one that needs live state exported on /metrics registers itself as a
-Prometheus collector (`collect`).
+plus one line in proxy/pipeline.py's STAGES. Every generator layer costs each chunk a hop (~780 instructions, of a
+256-piece stream's ~25,000 thousand), so the pipeline runs a run of preparing stages, and the wrapping stages a job
+does not need, in one generator (Pipeline._prepared). A stage is built anew for each configuration (a reload makes
+a new pipeline); what must outlive that goes through `services.lease`. A stage writes only `job.outcome` (and
+`job.target`, for resolve); one that needs live state exported on /metrics registers itself as a Prometheus
+collector (`collect`).
 Leaving the `async with` early closes the rest of the pipeline, which cancels the backend's work.
 """
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -62,5 +75,17 @@ class Stage:
     async def close(self) -> None:
         """Called before the backends close."""
 
+    def wraps(self, job: Job) -> bool:
+        """Whether `job` needs this stage: one it does not need passes it by without a generator layer."""
+        return True
+
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        raise NotImplementedError
+
+
+class Prepare(Stage):
+    """A stage with nothing to do once the answer starts: the pipeline awaits `prepare` in order, in one generator
+    with the other preparing stages around it, and closes `held` when the rest's stream ends."""
+
+    async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         raise NotImplementedError

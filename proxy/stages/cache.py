@@ -37,15 +37,13 @@ class Cache(Stage):
             self.layer = await opening
             self.layer.counters = counters
 
-    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """No cache: the rest of the pipeline's stream as is (see stages/base.py)."""
-        if self.layer is None:
-            job.outcome.cache = "off"
-            return next(job)
-        return self._cached(job, next, self.layer)
+    def wraps(self, job: Job) -> bool:
+        """Whether the cache is on (a job's outcome says "off" until this stage says otherwise)."""
+        return self.layer is not None
 
-    async def _cached(self, job: Job, next: Next, layer: CacheLayer) -> AsyncIterator[Chunk]:
-        assert job.target is not None
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        assert job.target is not None and self.layer is not None
+        layer = self.layer
         started = time.perf_counter_ns()
         asked = layer.asked(_keyed(job, await self.services.router.model_info(job.target)), job.caller.tenant,
                             model=job.model, label=job.target.label)

@@ -29,11 +29,14 @@ class Coalesce(Stage):
         self.coalescer = Coalescer(services.lease.hold("metrics:coalesced", Tally)[0])
         services.registry.register(self)
 
-    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    def wraps(self, job: Job) -> bool:
+        """Whether the job may share an identical one's call: coalescing on, an answer that does not vary, and no
+        newer autocomplete to replace it."""
         config = self.services.config
-        if config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None:
-            return self.coalescer.stream(_key(job), lambda: next(job), functools.partial(_joined, job), with_new_ids)
-        return next(job)
+        return config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None
+
+    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        return self.coalescer.stream(_key(job), lambda: next(job), functools.partial(_joined, job), with_new_ids)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield CounterMetricFamily("velo_coalesced", "Requests that joined an identical in-flight request",

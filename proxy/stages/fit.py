@@ -15,23 +15,22 @@
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
+from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import AsyncIterator
 
 from adapters import model_card, options
 from adapters.base import Backend
 from adapters.errors import ContextOverflow, ModelLacks
-from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, ModelInfo
+from adapters.protocol import ChatRequest, CompletionRequest, Message, ModelInfo
 from adapters.wording import counted
 
 from ..dialects import RULES
 from ..job import Job, Request
 from ..router import Target
 from ..token_count import count, surely_under
-from .base import Next, Stage
+from .base import Prepare
 
 log = logging.getLogger("velo.fit")
 _ANSWER_SHARE = 4  # a trimmed chat leaves at least 1/4 of the window (or max_tokens, if less) for the answer
@@ -63,8 +62,8 @@ def lacks_completion(model: str, info: ModelInfo, chat: bool) -> None:
         raise ModelLacks(model, "chat" if chat else "generate")
 
 
-class Fit(Stage):
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+class Fit(Prepare):
+    async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         assert job.target is not None
         info = await self._with_window(await self.services.router.model_info(job.target), job.target)
         req = self._capped(job.request, info)
@@ -72,9 +71,7 @@ class Fit(Stage):
             self._check_insert(req, info, job)
             seen = as_seen(req, info, job.target.backend, job.dialect)
             req = await self._in_window(self._thinking(seen, info, job), info, job)
-        async with contextlib.aclosing(next(job if req is job.request else replace(job, request=req))) as rest:
-            async for chunk in rest:
-                yield chunk
+        return job if req is job.request else replace(job, request=req)
 
     async def _with_window(self, info: ModelInfo | None, target: Target) -> ModelInfo | None:
         """A managed llama-server that never ran has no window to fit a prompt to: it is started now (this request

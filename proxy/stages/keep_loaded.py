@@ -1,17 +1,14 @@
 """Each request holds its model loaded while it runs and sets how long it stays after (proxy/residency.py)."""
 from __future__ import annotations
 
-import contextlib
-from typing import AsyncIterator
-
-from adapters.protocol import Chunk
+from contextlib import AsyncExitStack
 
 from ..job import Job
 from ..residency import Residency
-from .base import Next, Services, Stage
+from .base import Prepare, Services
 
 
-class KeepLoaded(Stage):
+class KeepLoaded(Prepare):
     def __init__(self, services: Services) -> None:
         super().__init__(services)
         # one through config reloads: each configuration had its own, so after a reload an engine's model was never
@@ -23,12 +20,10 @@ class KeepLoaded(Stage):
         await self.residency.adopt(self.services.router.backends.values())
         await self.residency.start()
 
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         assert job.target is not None
-        with self.residency.use(job.target, job.request.keep_alive):
-            async with contextlib.aclosing(next(job)) as rest:
-                async for chunk in rest:
-                    yield chunk
+        held.enter_context(self.residency.use(job.target, job.request.keep_alive))
+        return job
 
 
 async def _close(residency: Residency) -> None:

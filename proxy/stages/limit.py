@@ -57,11 +57,11 @@ class Limit(Stage):
         if not self.fresh and cfg != self.limits.cfg:
             self.limits.reconfigure(cfg)
 
-    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """No limits set: the rest of the pipeline's stream as is (see stages/base.py)."""
-        return self._limited(job, next) if self.limits.active else next(job)
+    def wraps(self, job: Job) -> bool:
+        """Whether any limit is set."""
+        return self.limits.active
 
-    async def _limited(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         """A request of several parts (Job.parts) is admitted once, for all its prompts, and held until its last
         part ends; every part's tokens are counted."""
         key, prompt, parts = job.caller.tenant, estimate(job.request), job.parts

@@ -12,32 +12,22 @@ Runs after the repair stage, so repair sees the client's request and the model's
 """
 from __future__ import annotations
 
-import contextlib
+from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import AsyncIterator
 
-from adapters.protocol import ChatRequest, Chunk
+from adapters.protocol import ChatRequest
 
 from ..job import Job
 from ..tools.offer import as_offered
 from ..tools.stream import offered_tools
-from .base import Next, Stage
+from .base import Prepare
 
 
-class OfferTools(Stage):
-    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """No tools: the rest of the pipeline's stream as is (see stages/base.py)."""
+class OfferTools(Prepare):
+    async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         req = job.request
-        tools = offered_tools(req) if isinstance(req, ChatRequest) else []
-        return self._offering(job, req, next) if tools else next(job)  # type: ignore[arg-type]
-
-    async def _offering(self, job: Job, req: ChatRequest, next: Next) -> AsyncIterator[Chunk]:
-        job = await self._offered(job, req)
-        async with contextlib.aclosing(next(job)) as rest:
-            async for chunk in rest:
-                yield chunk
-
-    async def _offered(self, job: Job, req: ChatRequest) -> Job:
+        if not isinstance(req, ChatRequest) or not offered_tools(req):
+            return job
         assert job.target is not None
         info = await self.services.router.model_info(job.target)
         offered, job.outcome.tools = as_offered(req, info, job.target.backend.forces_tool_choice)

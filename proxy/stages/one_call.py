@@ -15,14 +15,12 @@ from .base import Next, Stage
 
 
 class OneToolCall(Stage):
-    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """Parallel calls allowed (the default): the rest of the pipeline's stream as is (see stages/base.py)."""
+    def wraps(self, job: Job) -> bool:
+        """Whether the chat offers tools and allows one call only (parallel calls are the default)."""
         req = job.request
-        if not isinstance(req, ChatRequest) or req.parallel_tool_calls or not req.tools:
-            return next(job)
-        return self._first_call(job, next)
+        return isinstance(req, ChatRequest) and not req.parallel_tool_calls and bool(req.tools)
 
-    async def _first_call(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         kept = dropped = 0
         try:
             async with contextlib.aclosing(next(job)) as rest:

@@ -29,9 +29,12 @@ class Repair(Stage):
     async def close(self) -> None:
         self.threads.shutdown(wait=False, cancel_futures=True)
 
+    def wraps(self, job: Job) -> bool:
+        """Whether the job offers tools or asks for a format: nothing else is repaired."""
+        return job.request.format is not None or bool(offered_tools(job.request))
+
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """Not a generator: with neither tools nor a format, the rest of the pipeline's stream is returned as is. A
-        schema no answer or call can match (a format's, an offered tool's parameters) is a 400 here, whatever the
+        """A schema no answer or call can match (a format's, an offered tool's parameters) is a 400 here, whatever the
         backend (adapters/output_format.py), before the request waits for a backend's slot."""
         tools = offered_tools(job.request)
         if isinstance(job.request.format, dict) or tools:

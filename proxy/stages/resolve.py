@@ -5,28 +5,25 @@ table in config.toml, and the defaults the dialect's own server applies (adapter
 fills in those very defaults itself (Ollama, for the Ollama dialect)."""
 from __future__ import annotations
 
-import contextlib
+from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import AsyncIterator
 
 from adapters import options
 from adapters.copies import replaced
-from adapters.protocol import ChatRequest, Chunk, Message
+from adapters.protocol import ChatRequest, Message
 
 from ..job import Job, Request
 from ..presets import Preset, by_spelling
-from .base import Next, Stage
+from .base import Prepare
 
 
-class Resolve(Stage):
-    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+class Resolve(Prepare):
+    async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         router = self.services.router
         preset = router.presets.get(job.model)
         job.target = await router.resolve(job.model)
         settled = self._settled(job, preset)
-        async with contextlib.aclosing(next(job if settled is job.request else replaced(job, request=settled))) as rest:
-            async for chunk in rest:
-                yield chunk
+        return job if settled is job.request else replaced(job, request=settled)
 
     def _settled(self, job: Job, preset: Preset | None) -> Request:
         assert job.target is not None

@@ -14,14 +14,12 @@ from .base import Next, Stage
 
 
 class SkipEmpty(Stage):
-    def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
-        """A one-answer request is folded whole, empty chunks and all: the rest of the pipeline's as is (see
-        stages/base.py)."""
-        return _with_content(next(job)) if job.request.stream else next(job)
+    def wraps(self, job: Job) -> bool:
+        """A one-answer request is folded whole, empty chunks and all."""
+        return job.request.stream
 
-
-async def _with_content(stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-    async with contextlib.aclosing(stream) as rest:  # type: ignore[type-var]
-        async for chunk in rest:
-            if not chunk.empty:
-                yield chunk
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        async with contextlib.aclosing(next(job)) as rest:
+            async for chunk in rest:
+                if not chunk.empty:
+                    yield chunk
