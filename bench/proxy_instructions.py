@@ -6,9 +6,10 @@ only (not the kernel's socket reads and writes), so it moves less than bench/pro
 Each tree (this checkout, then each `--against` commit) runs `velo serve` under callgrind with its response cache
 off, and answers 100 requests to warm up, then `--requests` more, one at a time, counted: the same short OpenAI chat
 request (or streamed, with `--stream`). Reported as thousand instructions a request, and as ratios against the first
-`--against` tree.
+`--against` tree. `--asked` counts this checkout once more with `always_stream = false`: a one-answer request then
+asks its backend for one answer, not a stream to fold (issue 20's price, where the backend sends a token a write).
 
-    python bench/proxy_instructions.py [--against 742e6b3 ...] [--requests 400] [--stream]
+    python bench/proxy_instructions.py [--against 742e6b3 ...] [--requests 400] [--stream] [--asked]
 """
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ from tests.velo_serve import ROOT, velo_process  # noqa: E402
 WARM_UP = 100
 
 
-def instructions(root: str, upstream: str, body: dict, requests: int) -> float:
+def instructions(root: str, upstream: str, body: dict, requests: int, always_stream: bool = True) -> float:
     """Instructions a request in the Velo of the tree at `root`, averaged over `requests` sent one at a time."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "callgrind.out"
-        config = f'[[backends]]\nname = "up"\nkind = "openai"\nurls = ["{upstream}"]\n[cache]\nenabled = false\n'
+        config = f'[[backends]]\nname = "up"\nkind = "openai"\nurls = ["{upstream}"]\n'
+        config += "" if always_stream else "always_stream = false\n"  # a key trees before issue 20 do not know
+        config += "[cache]\nenabled = false\n"
         under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}")
         with velo_process(Path(folder), config, ready_within=600, root=root, under=under) as (url, proc):
             asyncio.run(_send(url, body, WARM_UP))
@@ -72,6 +75,7 @@ def main() -> None:
                     "baseline of the ratios)")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--stream", action="store_true", help="a streamed answer (the fake's 256 words) instead")
+    ap.add_argument("--asked", action="store_true", help="this checkout with always_stream = false as well")
     args = ap.parse_args()
     if shutil.which("callgrind_control") is None:
         sys.exit("proxy_instructions: needs valgrind (Debian: apt-get install valgrind), which Velo itself does not")
@@ -83,6 +87,8 @@ def main() -> None:
         with ExitStack() as stack:
             trees = {ref: _checkout(stack, ref) for ref in args.against} | {"this checkout": ROOT}
             counts = {ref: instructions(root, upstream, body, args.requests) for ref, root in trees.items()}
+            if args.asked:
+                counts["asked"] = instructions(ROOT, upstream, body, args.requests, always_stream=False)
     finally:
         fake.terminate()
     base = counts[args.against[0]] if args.against else None
