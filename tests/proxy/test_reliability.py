@@ -478,6 +478,21 @@ async def test_client_leaving_mid_stream_closes_the_upstream_connection():
             await wait_for(lambda: app[GENERATIONS].current.pipeline.stage(Admit).controllers["up"].running == 0)
 
 
+async def test_client_leaving_an_openai_stream_closes_the_upstream_connection():
+    """A client leaving a one-choice OpenAI stream, which is written without `merge` (routes_openai._sse), ends the
+    backend's work as the Ollama route's does: its connection closed, its admission slot freed."""
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.reply = " ".join(["w"] * 100)
+        up.script.token_delay = 0.02
+        app = make_app(velo_config(up.url))
+        async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+            resp = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            await resp.content.readline()
+            resp.close()
+            await wait_for(lambda: up.disconnects == 1)
+            await wait_for(lambda: app[GENERATIONS].current.pipeline.stage(Admit).controllers["up"].running == 0)
+
+
 @pytest.mark.parametrize("body", [{"prompt": "def f():\n  ret", "n": 2},
                                   {"prompt": ["def f():\n  ret", "def f():\n  ret"]}])
 async def test_an_autocomplete_of_several_choices_keeps_them_all(body):
