@@ -248,7 +248,7 @@ class Chunk:
 
     `tool_calls` hold only complete calls: adapters accumulate streamed argument fragments before emitting.
     An `empty` chunk has nothing to send (a backend's role-only delta, llama-server's progress through a prompt):
-    the pipeline drops those of a stream (proxy/stages/skip_empty.py). A `heartbeat` one is what a route writes as
+    the pipeline drops those of a stream (proxy/stages/observe.py). A `heartbeat` one is what a route writes as
     its dialect's empty event while a stream is quiet (proxy/http_io.py).
     """
 

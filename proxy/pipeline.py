@@ -1,6 +1,6 @@
 """The request path below the dialects: a job passes through the stages in order, each wrapping the rest.
 
-    resolve -> observe -> skip empty -> limit -> keep loaded -> edit context -> fit -> one tool call -> cache -> repair
+    resolve -> observe -> limit -> keep loaded -> edit context -> fit -> one tool call -> cache -> repair
       -> offer tools -> coalesce -> admit -> call backend
 
 Every stage sees the internal model only (adapters.protocol), so every dialect and every backend share it. A new
@@ -37,9 +37,8 @@ from .stages.offer_tools import OfferTools
 from .stages.one_call import OneToolCall
 from .stages.repair import Repair
 from .stages.resolve import Resolve
-from .stages.skip_empty import SkipEmpty
 
-STAGES: tuple[type[Stage], ...] = (Resolve, Observe, SkipEmpty, Limit, KeepLoaded, EditContext, Fit, OneToolCall,
+STAGES: tuple[type[Stage], ...] = (Resolve, Observe, Limit, KeepLoaded, EditContext, Fit, OneToolCall,
                                    Cache, Repair, OfferTools, Coalesce, Admit, CallBackend)
 S = TypeVar("S", bound=Stage)
 

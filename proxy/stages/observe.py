@@ -1,5 +1,12 @@
 """Counts, times, measures and logs every request on its way through (proxy/metrics.py holds the Prometheus series,
-proxy/request_log.py the log lines), and shows it in the list of requests in flight (proxy/inflight.py)."""
+proxy/request_log.py the log lines), and shows it in the list of requests in flight (proxy/inflight.py).
+
+A stream's chunks with nothing to send stop here, where each chunk is looked at already: a backend's role-only
+delta, llama-server's progress through a prompt. The stream's first byte is then its first content, so an error
+before it keeps its HTTP status; while nothing comes, the route's heartbeat timer keeps the client
+(proxy/http_io.py, `server.heartbeat_s`). A stage of their own cost every piece a generator layer: 2.2% of a
+256-piece stream's instructions (23,852 -> 23,332 thousand).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -30,6 +37,7 @@ class Observe(Stage):
         if job.caller.request_id:
             line.name = job.caller.request_id
         error: BaseException | None = None
+        streamed = job.request.stream  # a one-answer request is folded whole, empty chunks and all
         try:
             with self.metrics.observe(job.caller.path, job.target.label, backend) as seen:
                 self.services.inflight.watch(job.caller.request_id, job.model, backend, seen)
@@ -41,6 +49,8 @@ class Observe(Stage):
                             if not chunk.empty:  # not yet the answer: time to first token waits on
                                 seen.chunk(chunk)
                                 line.chunk(chunk, job.outcome.cache)
+                            elif streamed:
+                                continue
                             yield chunk
                 finally:
                     seen.cache = job.outcome.cache

@@ -75,5 +75,5 @@ async def test_a_stage_may_refuse_in_the_clients_dialect(monkeypatch, path, shap
 
 def test_stages_run_in_the_documented_order():
     names = [s.__name__ for s in pipeline.STAGES]
-    assert names == ["Resolve", "Observe", "SkipEmpty", "Limit", "KeepLoaded", "EditContext", "Fit", "OneToolCall",
+    assert names == ["Resolve", "Observe", "Limit", "KeepLoaded", "EditContext", "Fit", "OneToolCall",
                      "Cache", "Repair", "OfferTools", "Coalesce", "Admit", "CallBackend"]
