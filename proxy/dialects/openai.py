@@ -589,8 +589,10 @@ def chat_chunk(ids: ChatIds, model: str, index: int, chunk: Chunk | None, first:
             delta["function_call"] = _function_call(chunk.tool_calls)
         elif chunk.tool_calls:
             delta["tool_calls"] = _tool_calls(chunk.tool_calls, stream=True, first_index=calls_sent)
-        choice["logprobs"] = _logprobs(chunk)
-        choice["finish_reason"] = _finish(chunk, functions)
+        if chunk.logprobs:  # most pieces have neither: two calls a piece were 1.5% of a stream
+            choice["logprobs"] = _logprobs(chunk)
+        if chunk.finish_reason is not None:
+            choice["finish_reason"] = _finish(chunk, functions)
     return {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": model,
             "system_fingerprint": "velo", "choices": [choice]}
 
