@@ -267,7 +267,9 @@ class ChatStream:
                 raise BackendError(f"the backend ended the answer with finish_reason {reason!r}")
             self.finish = _FINISH.get(reason, "stop")
             self.stop_sequence = _matched_stop(choice) or self.stop_sequence
-        text = wire_text(delta.get("content")) or wire_text(choice.get("text"))
+        text = delta.get("content")
+        if type(text) is not str or not text:  # the common piece, text, read without a call (0.3% of a stream)
+            text = wire_text(text) or wire_text(choice.get("text"))
         # DeepSeek's name, llama-server's; vLLM's since 0.16 is `reasoning` (its 0.9-0.15 sent both). Looked for
         # first: two calls for each event without either were 0.6% of a short chat request (2,243 -> 2,229 thousand)
         thinking = wire_text(delta.get("reasoning_content")) or wire_text(delta.get("reasoning")) \
