@@ -449,14 +449,14 @@ class Upstream:
         async with self.request(method, path, body, wait=wait, model=model) as resp:
             return self.shaped(parse, await self.read_json(resp, wait), path)
 
-    def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T],
-                   whole: Callable[[Any], T] | None = None, ndjson: bool = False,
+    def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T | None],
+                   whole: Callable[[Any], T | None] | None = None, ndjson: bool = False,
                    last: Callable[[T], bool] | None = None,
                    progress: Callable[[Any], bool] = _never) -> AsyncIterator[T]:
-        """What a generation sends back, each through `parse`: the events of its stream (SSE, or NDJSON for Ollama)
-        up to the one `last` recognises, under the first-token, idle and total timeouts (events `progress` knows
-        as prompt progress only keep the first-token wait going); or, when `body` asks for no stream
-        (`always_stream = false`), the whole answer once, through `whole` (default `parse`).
+        """What a generation sends back, each through `parse` (None from it: nothing sent): the events of its stream
+        (SSE, or NDJSON for Ollama) up to the one `last` recognises, under the first-token, idle and total timeouts
+        (events `progress` knows as prompt progress only keep the first-token wait going); or, when `body` asks for
+        no stream (`always_stream = false`), the whole answer once, through `whole` (default `parse`).
 
         The request is held by the events' own generator (`_events`), not by one of its own around it that every
         event went through: a 256-piece stream's 25,182 -> 25,038 thousand instructions a request (~560 an event),
@@ -469,8 +469,10 @@ class Upstream:
         return self._events(opened, self._loads if ndjson else self._sse_payload, first_wait=cfg.first_token_timeout,
                             total=cfg.total_timeout, parse=parse, started=_Start(progress), last=last)
 
-    async def _whole(self, path: str, body: dict[str, Any], model: str, parse: Callable[[Any], T]) -> AsyncIterator[T]:
-        yield await self.call("POST", path, body, model=model, parse=parse)
+    async def _whole(self, path: str, body: dict[str, Any], model: str,
+                     parse: Callable[[Any], T | None]) -> AsyncIterator[T]:
+        if (item := await self.call("POST", path, body, model=model, parse=parse)) is not None:  # as `_events`
+            yield item
 
     def ndjson(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
                parse: Callable[[Any], T] = _as_is, started: _Start | None = None) -> AsyncIterator[T]:
@@ -486,9 +488,10 @@ class Upstream:
 
     async def _events(self, opened: AbstractAsyncContextManager[aiohttp.ClientResponse],
                       payload: Callable[[bytes], Any], *, first_wait: float, total: float | None,
-                      parse: Callable[[Any], T], started: _Start | None,
+                      parse: Callable[[Any], T | None], started: _Start | None,
                       last: Callable[[T], bool] | None = None) -> AsyncIterator[T]:
-        """The body's lines read as `payload` reads each (`_SKIPPED`: nothing), through `parse`, up to the item `last`
+        """The body's lines read as `payload` reads each (`_SKIPPED`: nothing), through `parse` (None: nothing to
+        send, the event taken in by the parser, as a one-answer fold takes them all), up to the item `last`
         recognises, from the response `opened` gives: closing this closes it, which cancels the upstream's work."""
         async with opened as resp:
             path = resp.url.path  # read once, and `note` called only until the answer begins: 0.7% of a short request
@@ -498,7 +501,8 @@ class Upstream:
                         continue
                     if started is not None and not started.begun:
                         started.note(obj)
-                    item = self.shaped(parse, obj, path)
+                    if (item := self.shaped(parse, obj, path)) is None:
+                        continue
                     yield item
                     if last is not None and last(item):
                         return

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 from . import go_template, model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, VeloError
-from .http import Upstream, asked_of, one_answer
+from .http import Upstream, asked_of
 from .openai_wire import (ChatStream, alternatives, as_stream_event, chat_to_wire, completion_to_wire,
                           embeddings_from_wire)
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
@@ -114,9 +114,8 @@ class OpenAIBackend(Backend):
         return body
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        stream = self._answer("/v1/chat/completions", self.chat_body(asked_of(req, self.config)), req.model)
-        stream = alternatives(stream, req.options)
-        return stream if req.stream else one_answer(stream)
+        stream = self._answer("/v1/chat/completions", self.chat_body(asked_of(req, self.config)), req.model, req.stream)
+        return alternatives(stream, req.options)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.template is not None and not req.raw:  # Ollama's template override: the prompt it renders, raw
@@ -125,29 +124,28 @@ class OpenAIBackend(Backend):
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
         body = self._salted(completion_to_wire(asked_of(req, self.config)), req)
-        stream = alternatives(self._answer("/v1/completions", body, req.model), req.options)
-        return stream if req.stream else one_answer(stream)
+        return alternatives(self._answer("/v1/completions", body, req.model, req.stream), req.options)
 
     @staticmethod
     def reports_progress(event: Any) -> bool:
         """Whether a streamed event only reports progress through the prompt (none do in the OpenAI API)."""
         return False
 
-    async def _answer(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
-        """A stream from the backend, or its one answer folded the same way (see adapters/http.py). An event with
-        nothing to send yet (llama-server's prompt progress, a tool call's argument pieces) sends nothing. A vLLM
-        on its V0 engine refuses `cache_salt` (a 400 naming it; every request with a key failed): the request goes
-        again without it, as do those after it."""
+    async def _answer(self, path: str, body: dict[str, Any], model: str, streams: bool) -> AsyncIterator[Chunk]:
+        """A stream from the backend, or (not `streams`) its one answer, folded by the parser as the events come
+        (see adapters/http.py `one_answer`, which each event went through as a Chunk). An event with nothing to send
+        yet (llama-server's prompt progress, a tool call's argument pieces) sends nothing. A vLLM on its V0 engine
+        refuses `cache_salt` (a 400 naming it; every request with a key failed): the request goes again without
+        it, as do those after it."""
         while True:
-            parser, sent = ChatStream(), False
+            parser, sent = ChatStream(whole=not streams), False
             try:
                 async with aclosing(self.http.generation(path, body, model=model, parse=parser.feed,
                                                          whole=lambda answer: parser.feed(as_stream_event(answer)),
                                                          progress=self.reports_progress)) as events:
                     async for chunk in events:
-                        if chunk is not None:
-                            sent = True
-                            yield chunk
+                        sent = True
+                        yield chunk
                 break
             except BadRequest as e:
                 if sent or "cache_salt" not in body or "cache_salt" not in e.message:

@@ -444,3 +444,24 @@ def test_a_tool_call_index_of_null_is_read_as_none_given_and_one_of_another_type
     assert [(c.name, c.arguments) for c in stream.last().tool_calls] == [("get", {"a": 1})]
     with pytest.raises(TypeError):
         ChatStream().feed(event("0", name="get"))
+
+
+def test_a_whole_answer_is_folded_as_aggregate_folds_the_streamed_chunks():
+    """A one-answer request's events are folded by the parser (`ChatStream(whole=True)`), not made Chunks and
+    folded by `aggregate`: both give the same answer, text before a malformed call's raw text included."""
+    from adapters.openai_wire import ChatStream
+    top = [{"token": "b", "logprob": -2.0}]
+    events = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+              {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]},
+              {"choices": [{"index": 0, "delta": {"content": "a"},
+                            "logprobs": {"content": [{"token": "a", "logprob": -0.5, "top_logprobs": top}]}}]},
+              {"choices": [{"index": 0, "delta": {"content": "é", "reasoning": "!"}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c0", "function": {
+                  "name": "f", "arguments": '{"x": 1e5}'}}, {"index": 1, "function": {"name": "g", "arguments": "{"}}]},
+                            "finish_reason": "stop", "stop_reason": "END"}]},
+              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}]
+    streamed, whole = ChatStream(), ChatStream(whole=True)
+    chunks = [c for e in events if (c := streamed.feed(orjson.loads(orjson.dumps(e)))) is not None]
+    assert all(whole.feed(orjson.loads(orjson.dumps(e))) is None for e in events)
+    folded = aggregate([*chunks, streamed.last()])
+    assert whole.last() == folded and folded.text.startswith("aé{") and folded.tool_calls[0].text == '{"x": 1e5}'
