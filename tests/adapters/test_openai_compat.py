@@ -465,3 +465,13 @@ def test_a_whole_answer_is_folded_as_aggregate_folds_the_streamed_chunks():
     assert all(whole.feed(orjson.loads(orjson.dumps(e))) is None for e in events)
     folded = aggregate([*chunks, streamed.last()])
     assert whole.last() == folded and folded.text.startswith("aé{") and folded.tool_calls[0].text == '{"x": 1e5}'
+
+
+def test_choice_zero_is_read_wherever_it_is_in_an_events_list():
+    """Choice 0 is read in place where it comes first (every server seen), and looked for where it does not."""
+    from adapters.openai_wire import ChatStream
+    stream = ChatStream()
+    assert stream.feed({"choices": [{"index": 0, "delta": {"content": "a"}}]}).text == "a"
+    assert stream.feed({"choices": [{"index": 1, "delta": {"content": "x"}}, {"delta": {"content": "b"}}]}).text == "b"
+    assert stream.feed({"choices": [{"index": 1, "delta": {"content": "x"}}]}) is None
+    assert stream.feed({"choices": None, "usage": {"prompt_tokens": 2}}) is None and stream.usage.prompt_tokens == 2
