@@ -1,5 +1,6 @@
 """`parallel_tool_calls: false` and Anthropic's `disable_parallel_tool_use`: the first call comes back, the rest are
-dropped (named in X-Velo-Repair of a whole answer), streamed or not, in every dialect that can ask; one cached answer serves both."""
+dropped (named in X-Velo-Repair of a whole answer), streamed or not, in every dialect that can ask; one cached
+answer serves both."""
 from __future__ import annotations
 
 import anthropic
