@@ -5,7 +5,9 @@ oversubscribed. Velo holds the rest here, where it can order them: lower `priori
 latency-critical), then among clients at the same priority the one served least recently, and a newer autocomplete
 from the same client replaces the older one, as IDEs expect. A request waits at most `queue_timeout_s` for its slot
 (one with a place taken earlier, its place's `wait_s`): the backend's own timeouts start only once it runs, and a
-queue behind hung slots held its requests until they freed.
+queue behind hung slots held its requests until they freed. One timer per queue, at the earliest deadline of those
+waiting, ends the waits: a timer per queued request (`asyncio.timeout`), most of them for requests whose slot comes
+in milliseconds, was 1% of a short chat's instructions with 32 clients on 4 slots (2,097 -> 2,075 thousand).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class _Ticket:
     granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task | None = None  # set once running, so a supersession can interrupt it
     superseded: bool = False
+    deadline: float = math.inf  # the loop's time its wait ends, once queued
+    wait: str = ""  # how long that is and which setting says so, for the error
 
 
 @dataclass(eq=False)
@@ -78,6 +82,7 @@ class AdmissionController:
     _queued: int = 0
     _reserved: int = 0  # places held for requests on their way (`reserve`)
     _mean_hold_s: float = 1.0  # moving average of slot hold times, for Retry-After
+    _timer: asyncio.TimerHandle | None = None  # at the earliest deadline of those waiting, or before it
 
     def __post_init__(self) -> None:
         assert self.limit >= 1 and self.max_queue >= 0 and self.queue_timeout_s > 0
@@ -130,18 +135,37 @@ class AdmissionController:
         self._queues.setdefault(ticket.priority, {}).setdefault(ticket.client, deque()).append(ticket)
         self._queued += 1
         wait_s, bound = (place.wait_s, place.bound) if place else (self.queue_timeout_s, "[batching] queue_timeout_s")
+        loop = asyncio.get_running_loop()
+        ticket.deadline, ticket.wait = loop.time() + wait_s, f"{wait_s:g} s ({bound})"
+        if self._timer is None or ticket.deadline < self._timer.when():
+            self._arm(loop, ticket.deadline)
         try:
-            async with asyncio.timeout(wait_s):
-                await ticket.granted
-        except BaseException as e:
+            await ticket.granted
+        except BaseException:
             if ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
-                self._release()  # the slot was handed over just as we were cancelled or timed out: pass it on
+                self._release()  # the slot was handed over just as we were cancelled: pass it on
             else:
-                self._dequeue(ticket)
-            if isinstance(e, TimeoutError):
-                raise Overloaded(f"no slot of the backend came free within {wait_s:g} s ({bound})",
-                                 retry_after=self.retry_after()) from None
+                self._dequeue(ticket)  # cancelled; one that timed out or was superseded has left already
             raise
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        """Ends the waits that are over, and sets the timer for the next: a scan of at most `max_queue` tickets,
+        once per deadline of a request still waiting when the timer was set (most get their slot before)."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now, waiting = loop.time(), [t for clients in self._queues.values() for line in clients.values() for t in line]
+        for ticket in waiting:
+            if ticket.deadline <= now and not ticket.granted.done():
+                self._dequeue(ticket)
+                ticket.granted.set_exception(Overloaded(f"no slot of the backend came free within {ticket.wait}",
+                                                        retry_after=self.retry_after()))
+        if deadlines := [t.deadline for t in waiting if not t.granted.done()]:
+            self._arm(loop, min(deadlines))
 
     def resize(self, limit: int) -> None:
         """A new slot count (a backend down at startup has said its own, a replica set's replica left or came back):

@@ -185,6 +185,30 @@ async def test_a_request_waits_at_most_queue_timeout_s_and_leaves_no_trace():
     assert started == ["stuck", "next"] and ctl.running == 0
 
 
+async def test_each_waiter_leaves_at_its_own_deadline_under_the_queues_one_timer():
+    """A request queued behind one that may wait longer (a background response's place) leaves at its own deadline,
+    and the longer wait goes on."""
+    ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=0.05), []
+    h = Holder(ctl, started)
+    stuck = asyncio.create_task(h.run("stuck"))
+    await settle()
+    place = ctl.reserve(60, "a background response's wait")
+
+    async def patient() -> None:
+        async with ctl.slot(place=place):
+            started.append("patient")
+    waiting = asyncio.create_task(patient())
+    await settle()
+    with pytest.raises(Overloaded) as info:
+        await asyncio.wait_for(h.run("late"), 10)  # the bound only on failure
+    assert "0.05 s ([batching] queue_timeout_s)" in info.value.message
+    assert not waiting.done() and ctl.queued == 1
+    h.release.set()
+    await stuck
+    await asyncio.wait_for(waiting, 10)
+    assert started == ["stuck", "patient"] and ctl.queued == 0 and ctl.running == 0
+
+
 async def test_cancelled_waiter_leaves_the_queue_without_leaking_a_slot():
     ctl, started = AdmissionController(limit=1, max_queue=10, queue_timeout_s=60), []
     h = Holder(ctl, started)
