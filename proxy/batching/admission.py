@@ -7,7 +7,8 @@ from the same client replaces the older one, as IDEs expect. A request waits at 
 (one with a place taken earlier, its place's `wait_s`): the backend's own timeouts start only once it runs, and a
 queue behind hung slots held its requests until they freed. One timer per queue, at the earliest deadline of those
 waiting, ends the waits: a timer per queued request (`asyncio.timeout`), most of them for requests whose slot comes
-in milliseconds, was 1% of a short chat's instructions with 32 clients on 4 slots (2,097 -> 2,075 thousand).
+in milliseconds, was 1.3% of a short chat's instructions with 32 clients on 4 slots (2,114 -> 2,086 thousand,
+`bench/proxy_instructions.py --clients 32`).
 """
 from __future__ import annotations
 
