@@ -480,12 +480,6 @@ class Upstream:
         return self._events(nullcontext(resp), self._loads, first_wait=first_wait, total=total,
                             parse=parse, started=started)
 
-    def sse(self, resp: aiohttp.ClientResponse, *, first_wait: float, total: float | None,
-            parse: Callable[[Any], T] = _as_is, started: _Start | None = None) -> AsyncIterator[T]:
-        """The JSON payloads of `data:` events through `parse` (`_sse_payload`)."""
-        return self._events(nullcontext(resp), self._sse_payload, first_wait=first_wait, total=total,
-                            parse=parse, started=started)
-
     async def _events(self, opened: AbstractAsyncContextManager[aiohttp.ClientResponse],
                       payload: Callable[[bytes], Any], *, first_wait: float, total: float | None,
                       parse: Callable[[Any], T | None], started: _Start | None,
