@@ -40,14 +40,7 @@ async def collect_each(streams: list[AsyncIterator[T]]) -> list[list[T]]:
 
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """(index, item) from several streams as items arrive; an error in one ends the merge with it, and closing the
-    merge closes every stream (cancelling their backend work)."""
-    if len(streams) == 1:
-        try:
-            async for item in streams[0]:
-                yield 0, item
-        finally:
-            await streams[0].aclose()  # type: ignore[attr-defined]
-        return
+    merge closes every stream (cancelling their backend work). One stream goes without it (routes_openai._sse)."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, s: AsyncIterator[T]) -> None:

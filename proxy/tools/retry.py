@@ -33,13 +33,12 @@ _INVALID = (ToolCallInvalid, StructuredOutputInvalid)
 def with_retry(run: RunFn, req: Request, max_retries: int, metrics: ModelCounts, notes: list[str],
                budget: Budget | None = None, constrained: bool = False,
                calls: list[int] | None = None) -> AsyncIterator[Chunk]:
-    """`run(req)` streams the backend's raw answer; what repair did is appended to `notes` (the X-Velo-Repair
-    header) and logged. Completions are repaired but never retried: there is no conversation to append to. Every
+    """`run(req)` streams the backend's raw answer to `req`, which offers tools or asks for a format (the repair
+    stage wraps no other: stages/repair.py); what repair did is appended to `notes` (the X-Velo-Repair header) and
+    logged. Completions are repaired but never retried: there is no conversation to append to. Every
     attempt shares `budget` (proxy/tools/budget.py). `constrained`: the backend enforces `format` with a grammar
     (structured output then streams unbuffered). Where answers are retried, each attempt's tokens (prompt and output,
     as its backend counted them) are appended to `calls`: the answer sent carries only its own usage."""
-    if not offered_tools(req) and req.format is None:
-        return run(req)
     if max_retries <= 0 or not isinstance(req, ChatRequest):
         return _streamed(run, req, metrics, notes, budget, constrained)
     return _retried(run, req, max_retries, metrics, notes, budget, constrained, [] if calls is None else calls)
