@@ -48,7 +48,7 @@ class _Ticket:
     task: asyncio.Task | None = None  # set once running, so a supersession can interrupt it
     superseded: bool = False
     deadline: float = math.inf  # the loop's time its wait ends, once queued
-    wait: str = ""  # how long that is and which setting says so, for the error
+    wait: tuple[float, str] = (math.inf, "")  # how long that is and which setting says so, for the error
 
 
 @dataclass(eq=False)
@@ -137,7 +137,7 @@ class AdmissionController:
         self._queued += 1
         wait_s, bound = (place.wait_s, place.bound) if place else (self.queue_timeout_s, "[batching] queue_timeout_s")
         loop = asyncio.get_running_loop()
-        ticket.deadline, ticket.wait = loop.time() + wait_s, f"{wait_s:g} s ({bound})"
+        ticket.deadline, ticket.wait = loop.time() + wait_s, (wait_s, bound)  # written out only if it times out
         if self._timer is None or ticket.deadline < self._timer.when():
             self._arm(loop, ticket.deadline)
         try:
@@ -163,8 +163,9 @@ class AdmissionController:
         for ticket in waiting:
             if ticket.deadline <= now and not ticket.granted.done():
                 self._dequeue(ticket)
-                ticket.granted.set_exception(Overloaded(f"no slot of the backend came free within {ticket.wait}",
-                                                        retry_after=self.retry_after()))
+                wait_s, bound = ticket.wait
+                ticket.granted.set_exception(Overloaded(f"no slot of the backend came free within {wait_s:g} s "
+                                                        f"({bound})", retry_after=self.retry_after()))
         if deadlines := [t.deadline for t in waiting if not t.granted.done()]:
             self._arm(loop, min(deadlines))
 
