@@ -67,6 +67,14 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     return Caller(tenant=tenant, client=client, path=request.path)
 
 
+def viewer(caller: Caller, server: ServerConfig) -> str | None:
+    """The tenant whose requests the caller sees (in flight, on the dashboard) and cancels: its own where keys are
+    set and no admin_keys (any key gets there); None, every request, for an admin where admin_keys are set (no
+    other key gets there) and for the single local user of a Velo without keys, whose tools may each send a key
+    of their own (the openai SDK must send one) that is no identity."""
+    return caller.tenant if server.keys and not server.admin_keys else None
+
+
 def is_one_of(key: str | None, keys: tuple[str, ...]) -> bool:
     """Whether `key` is one of `keys`, in a time that does not tell a guess how much of a key it got right: a string
     compare stops at the first byte that differs. Each key is compared as its SHA-256, all of them, in constant time."""

@@ -44,7 +44,7 @@ class Observation:
     chunks: int = 0
     cache: str = ""  # the cache outcome, for the dashboard's list of recent requests
     prompt: str = ""  # the last user turn, kept only with `[server] log_prompts`
-    tenant: str = ""  # the key's scope the prompt belongs to
+    tenant: str = ""  # the key's scope the request belongs to
     status: str = ""  # the HTTP status it ended with (499: the client left), once it has ended
 
     def chunk(self, chunk: Chunk) -> None:

@@ -24,7 +24,7 @@ class Finished:
     tok_s: float | None  # decode speed after the first token
     cache: str = ""
     prompt: str = ""  # only with log_prompts
-    tenant: str = ""  # whose prompt it is: shown to that key (or an admin), never on the page itself
+    tenant: str = ""  # whose request it is: shown to that key (or an admin), never on the page itself
 
 
 @dataclass
@@ -54,14 +54,19 @@ class Recent:
             current.ttft_n += 1
 
     def last(self, n: int = 50, prompts: bool = True, viewer: str | None = None) -> list[dict]:
-        """The newest first; their prompts only while `prompts` (log_prompts as it is now: turned off by a reload,
-        the prompts kept from before stayed on the page), and only the `viewer` tenant's own (None: every one, for
-        an admin): any key may open the dashboard where no admin_keys are set, and must not read another's prompts."""
+        """The newest first: only the `viewer` tenant's own (None: every one), as /velo/requests lists them (where
+        any key may open the dashboard, a key's holder saw when, what model and how long every other key asked);
+        their prompts only while `prompts` (log_prompts as it is now: turned off by a reload, the prompts kept from
+        before stayed on the page)."""
         out = []
-        for r in reversed(list(self.requests)[-n:]):
+        for r in reversed(self.requests):
+            if len(out) == n:
+                break
+            if viewer is not None and r.tenant != viewer:
+                continue
             row = asdict(r)
-            owner = row.pop("tenant")
-            if not prompts or (viewer is not None and owner != viewer):
+            del row["tenant"]
+            if not prompts:
                 row["prompt"] = ""
             out.append(row)
         return out

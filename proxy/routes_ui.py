@@ -11,7 +11,7 @@ from aiohttp import web
 from adapters.base import Backend
 from adapters.errors import NotFound
 
-from .auth import CALLER
+from .auth import CALLER, viewer
 from .dashboard import BackendView, samples, snapshot
 from .http_io import json_response
 from .stages.observe import Observe
@@ -50,9 +50,7 @@ async def state(request: web.Request) -> web.Response:
     metrics = generation.pipeline.stage(Observe).metrics
     found = samples([generation.pipeline.registry, request.app[APP_METRICS]])
     server = generation.config.server
-    # where admin_keys are set only an admin gets here, and sees every prompt; else each key sees its own
-    viewer = None if server.admin_keys else request[CALLER].tenant
-    recent = metrics.recent.last(prompts=server.log_prompts, viewer=viewer)
+    recent = metrics.recent.last(prompts=server.log_prompts, viewer=viewer(request[CALLER], server))
     return json_response(snapshot(found, views, generation.number, recent, metrics.recent.series()),
                          headers={**_SAFE, "Cache-Control": "no-store"})
 

@@ -7,24 +7,20 @@ from aiohttp import web
 
 from adapters.errors import NotFound
 
-from .auth import CALLER
+from .auth import CALLER, viewer
 from .http_io import json_response
 from .inflight import Cancelled
 from .state import GENERATION, PIPELINE
 
 
-def viewer(request: web.Request) -> str | None:
-    """The tenant whose requests the caller sees and cancels: its own where keys are set and no admin_keys (any key
-    gets here); None, every request, for an admin where admin_keys are set (no other key gets here) and for the
-    single local user of a Velo without keys. The dashboard scopes its recent prompts per key too (routes_ui.py)."""
-    server = request[GENERATION].config.server
-    return request[CALLER].tenant if server.keys and not server.admin_keys else None
+def _viewer(request: web.Request) -> str | None:
+    return viewer(request[CALLER], request[GENERATION].config.server)
 
 
 async def requests(request: web.Request) -> web.Response:
     """The requests being served that the caller may see, oldest first: id, route, client, models, backends,
     seconds, tokens so far."""
-    return json_response({"requests": request[PIPELINE].inflight.views(viewer(request))})
+    return json_response({"requests": request[PIPELINE].inflight.views(_viewer(request))})
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -32,7 +28,7 @@ async def cancel(request: web.Request) -> web.Response:
     either way the backend's work is cancelled. Another key's request answers as an unknown id, so that none is
     probed."""
     request_id = request.match_info["id"]
-    if not request[PIPELINE].inflight.cancel(request_id, Cancelled("cancelled by an administrator"), viewer(request)):
+    if not request[PIPELINE].inflight.cancel(request_id, Cancelled("cancelled by an administrator"), _viewer(request)):
         raise NotFound(f"no request {request_id!r} is in flight")
     return json_response({"id": request_id, "cancelled": True})
 

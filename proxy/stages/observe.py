@@ -41,8 +41,9 @@ class Observe(Stage):
         try:
             with self.metrics.observe(job.caller.path, job.target.label, backend) as seen:
                 self.services.inflight.watch(job.caller.request_id, job.model, backend, seen)
+                seen.tenant = job.caller.tenant
                 if prompt is not None:
-                    seen.prompt, seen.tenant = prompt[:_PROMPT_CHARS], job.caller.tenant
+                    seen.prompt = prompt[:_PROMPT_CHARS]
                 try:
                     async with contextlib.aclosing(next(job)) as rest:
                         async for chunk in rest:

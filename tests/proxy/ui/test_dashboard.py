@@ -81,9 +81,10 @@ async def test_prompts_kept_before_log_prompts_was_turned_off_leave_the_page():
     assert before["recent"][0]["prompt"] == "What is a token bucket?" and after["recent"][0]["prompt"] == ""
 
 
-async def test_a_key_reads_only_its_own_prompts_and_an_admin_reads_all():
+async def test_a_key_reads_only_its_own_requests_and_an_admin_reads_all():
     """Any key may open the dashboard where no admin_keys are set: with log_prompts on, each key's holder read every
-    other key's prompts there."""
+    other key's prompts there; then, with those blanked, still when, what model and for how long each asked, which
+    /velo/requests never showed another key."""
     other = "other-key"
     backend = ScriptedBackend("llama", script=Script(pieces=["ok"]))
     for admins in ([], ["admin-key"]):
@@ -102,8 +103,21 @@ async def test_a_key_reads_only_its_own_prompts_and_an_admin_reads_all():
         if admins:
             assert prompts == {"admin": ["theirs", "mine"]}
         else:
-            assert prompts == {KEY: ["", "mine"], other: ["theirs", ""]}
+            assert prompts == {KEY: ["mine"], other: ["theirs"]}
         assert all("tenant" not in r for state in seen.values() for r in state["recent"])
+
+
+async def test_without_keys_every_request_shows_whatever_key_its_tool_sent():
+    """Without api_keys the dashboard is the one local user's: the openai SDK must send some key, and a request
+    from it showed with its prompt blanked, as if another user's."""
+    backend = ScriptedBackend("llama", script=Script(pieces=["ok"]))
+    async with TestClient(TestServer(make_app(Config(server=ServerConfig(log_prompts=True)), {"llama": backend}))) as c:
+        for key, text in (("sk-anything", "from the sdk"), (None, "from curl")):
+            chat = {**CHAT, "messages": [{"role": "user", "content": text}]}
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            assert (await c.post("/api/chat", json=chat, headers=headers)).status == 200
+        state = await (await c.get("/ui/state")).json()
+    assert [r["prompt"] for r in state["recent"]] == ["from curl", "from the sdk"]
 
 
 async def test_counts_ending_in_zero_show_whole():
