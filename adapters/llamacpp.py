@@ -143,6 +143,11 @@ def native_sampling(o: SamplingOptions) -> dict[str, Any]:
     return out
 
 
+# Ollama's tag for its N-th image (0-based, in `images` order) in a prompt: a raw prompt's images are read only where
+# it has one (runner/ollamarunner/runner.go `inputs`, v0.14.0)
+_IMAGE_TAG = re.compile(r"\[img-(\d+)\]")
+
+
 def _sent_as_is(req: CompletionRequest) -> bool:
     """Whether the prompt goes to /completion or /infill as written (raw, or a fill-in-the-middle without a template
     of the client's) rather than in the chat template: how it is sent is how its tokens are counted."""
@@ -456,6 +461,8 @@ class LlamaCppBackend(OpenAIBackend):
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.raw and not req.prompt and req.prompt_ids is None and req.suffix is None:
             stream = self._new_document(req)
+        elif req.raw and req.images and req.suffix is None and _IMAGE_TAG.search(req.prompt):
+            stream = self._tagged(req)
         elif _sent_as_is(req):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)
         else:
@@ -471,6 +478,23 @@ class LlamaCppBackend(OpenAIBackend):
         start = props.get("bos_token") or props.get("eos_token") or ""
         async with contextlib.aclosing(self._native("/completion", replace(req, prompt=start))) as stream:
             async for chunk in stream:
+                yield chunk
+
+    async def _tagged(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
+        """A raw prompt's images, as Ollama's runner reads them: each "[img-N]" tag the server's marker, with the N-th
+        image in `multimodal_data` for it (once per tag); an image no tag names is not read, and a tag naming none is
+        Ollama's "invalid image index" (its runner's 500, the client's 400 here). Sent as text, every image was lost."""
+        marker, images = await self._media_marker(req.model), []
+
+        def placed(tag: re.Match[str]) -> str:
+            if (n := int(tag[1])) >= len(req.images):
+                raise BadRequest(f"invalid image index: {n}", param="prompt")
+            images.append(req.images[n])
+            return marker
+        sent = {"prompt_string": _IMAGE_TAG.sub(placed, req.prompt), "multimodal_data": images}
+        async with contextlib.aclosing(self._native("/completion", req, sent)) as stream:
+            async for chunk in stream:
+                chunk.context = None  # a raw answer has none (Ollama's routes.go sets it only when not raw)
                 yield chunk
 
     async def _with_context(self, req: CompletionRequest) -> AsyncIterator[Chunk]:

@@ -247,11 +247,33 @@ async def test_a_routers_model_marks_its_images_with_its_own_servers_marker(aioh
     assert not any(MARKER in body.get("content", "") for path, body in sent if path == "/tokenize")
 
 
+async def test_a_raw_generates_images_go_where_its_img_tags_are(aiohttp_server):
+    """Ollama reads a raw prompt's images only at its "[img-N]" tags (N: the image's place in `images`), once per tag;
+    one no tag names is not read, and a tag naming no image is its "invalid image index" (runner/ollamarunner). The
+    raw prompt went to /completion as text: the tags as words, and no image."""
+    sent: list[tuple[str, dict]] = []
+    fake = await seeing_llama(aiohttp_server, sent)
+    tagged = CompletionRequest(model=MODEL, prompt="[img-1] beside [img-0], again [img-1]?", raw=True,
+                               images=["MA==", "MQ==", "Mg=="], stream=False)
+    try:
+        [answer] = await collect(fake.complete(tagged))
+        with pytest.raises(BadRequest, match="invalid image index: 3"):
+            await collect(fake.complete(replace(tagged, prompt="[img-0] and [img-3]")))
+        await collect(fake.complete(replace(tagged, prompt="no tags")))
+    finally:
+        await fake.close()
+    assert [body["prompt"] for path, body in sent if path == "/completion"] == [
+        {"prompt_string": f"{MARKER} beside {MARKER}, again {MARKER}?", "multimodal_data": ["MQ==", "MA==", "MQ=="]},
+        "no tags"]
+    assert answer.text == "A cat" and answer.context is None
+
+
 async def test_a_generates_images_for_a_server_without_a_projector_are_ollamas_400(backend):
     """The real SmolLM2 server cannot see: a generate's images are Ollama's 400 "does not support vision", as a
-    chat's are (its /apply-template's 500), with a client's Go template too, where /completion refuses them."""
+    chat's are (its /apply-template's 500), with a client's Go template too, or a raw prompt's "[img-0]", where
+    /completion refuses them."""
     pictures = CompletionRequest(model=MODEL, prompt="what is this", images=["aGk="], options=GREEDY)
-    for req in (pictures, replace(pictures, template="{{ .Prompt }}")):
+    for req in (pictures, replace(pictures, template="{{ .Prompt }}"), replace(pictures, prompt="[img-0]", raw=True)):
         with pytest.raises(ModelLacks, match="does not support vision"):
             await collect(backend.complete(req))
 
