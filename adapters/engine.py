@@ -124,6 +124,19 @@ def _fim_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> str:
     return tokenizer.fim_tokens.prompt(req.prompt, req.suffix)
 
 
+def _fills_middle(req: CompletionRequest) -> bool:
+    """Whether a generate asks for the middle in the model's FIM format: a suffix (an empty one is none, as for
+    Ollama) without a Go template of the client's, which renders the suffix itself."""
+    return bool(req.suffix) and req.template is None
+
+
+def _rendered(engine: LLMEngine, req: CompletionRequest) -> str:
+    """A non-raw generate's prompt: the client's Go `template`, else the model's chat template."""
+    if req.template is not None:
+        return go_template.render(req.template, req.prompt, req.system, req.suffix)
+    return chat_template.render(engine.tokenizer, as_chat(req))
+
+
 def _said(engine: LLMEngine, made: list[int], text: str, out: RequestOutput) -> list[int]:
     """The answer's ids in Ollama's `context`, which come back as prompt in the next turn: those generated, but not
     the end-of-sequence id (it shows no text); after a stop string, the text it left tokenized, as Ollama makes the
@@ -356,15 +369,16 @@ class EngineBackend(Backend):
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """What `complete` and `chat` evaluate: a generate's `context` counts as the ids it is, before the prompt
-        (`_templated`); uncounted, a long one passed the fit stage as fitting and was this adapter's 400."""
-        before = 0
-        if isinstance(req, CompletionRequest) and not req.raw and not req.suffix:
-            before, req = len(req.context or ()), as_chat(req)
+        `_templated` renders (a client's Go template too: counted through the chat template, it was another prompt);
+        uncounted, a long context passed the fit stage as fitting and was this adapter's 400."""
         engine = self._check(req.model, await self._ready())
+        templated = isinstance(req, CompletionRequest) and not req.raw and not _fills_middle(req)
+        before = len(req.context or ()) if templated else 0
 
         def count() -> int:  # off the event loop: a 30k-token chat took 5 ms to render and 43 ms to tokenize
             text = chat_template.render(engine.tokenizer, req) if isinstance(req, ChatRequest) \
-                else _fim_prompt(engine.tokenizer, req) if req.suffix else req.prompt
+                else _fim_prompt(engine.tokenizer, req) if _fills_middle(req) \
+                else req.prompt if req.raw else _rendered(engine, req)
             return before + len(engine.tokenizer.encode(text))
         return await asyncio.to_thread(count)
 
@@ -372,7 +386,7 @@ class EngineBackend(Backend):
         """A prompt with a suffix asks for the middle (IDE autocomplete), in the model's FIM format (an empty
         suffix is none, as for Ollama), unless the client sent its own Go template; a raw prompt goes as it is;
         any other through the chat template (_templated)."""
-        if req.suffix and req.template is None:
+        if _fills_middle(req):
             return self._generate(req.model, lambda engine: _fim_prompt(engine.tokenizer, req), req.options,
                                   _unsupported(req.images), req.format, fills_middle=True, scope=req.prefix_scope)
         if not req.raw:
@@ -383,12 +397,9 @@ class EngineBackend(Backend):
     def _templated(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         """Ollama's non-raw /api/generate: the prompt through the model's chat template (or the Go `template` the
         client sent), after the `context` of an earlier answer; the answer ends with the new context."""
-        def render(engine: LLMEngine) -> str:
-            if req.template is not None:
-                return go_template.render(req.template, req.prompt, req.system, req.suffix)
-            return chat_template.render(engine.tokenizer, as_chat(req))
-        return self._generate(req.model, render, req.options, _unsupported(req.images), req.format,
-                              splits_thinking=req.splits_thinking, context=req.context or [], scope=req.prefix_scope)
+        return self._generate(req.model, lambda engine: _rendered(engine, req), req.options, _unsupported(req.images),
+                              req.format, splits_thinking=req.splits_thinking, context=req.context or [],
+                              scope=req.prefix_scope)
 
     async def _generate(self, model: str, render: Callable[[LLMEngine], str], options: SamplingOptions,
                         problem: str | None, fmt: Any = None, tools: list[dict] | None = None,

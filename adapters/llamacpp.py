@@ -624,15 +624,14 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
-        (raw, or a fill-in-the-middle's prefix and suffix), as it is. A generate's `context` goes before its rendered
-        prompt as the ids it is (`_with_context`): uncounted, a long one passed the fit stage as fitting. Each image
-        of a chat adds `IMAGE_TOKENS`, as Ollama counts one: the text's count left them out."""
-        before = 0
-        if isinstance(req, CompletionRequest) and not _sent_as_is(req):
-            before, req = len(req.context or ()), as_chat(req)
-        if isinstance(req, CompletionRequest):
+        (raw, or a fill-in-the-middle's prefix and suffix), as it is; a generate as `_rendered` renders it for
+        `_with_context` (a client's Go template: counted through the server's chat template, it was another prompt).
+        A generate's `context` goes before its rendered prompt as the ids it is: uncounted, a long one passed the fit
+        stage as fitting. Each image adds `IMAGE_TOKENS`, as Ollama counts one: the text's count left them out."""
+        if isinstance(req, CompletionRequest) and _sent_as_is(req):
             return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))
-        rendered = await self._applied(req)
+        before = len(req.context or ()) if isinstance(req, CompletionRequest) else 0
+        rendered = await (self._rendered(req, "") if isinstance(req, CompletionRequest) else self._applied(req))
         return before + images_in(req) * IMAGE_TOKENS + len(await self.tokenize(rendered, req.model))
 
     async def tokenize(self, text: str, model: str, special: bool = False) -> list[int]:

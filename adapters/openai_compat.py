@@ -28,6 +28,14 @@ def as_chat(req: CompletionRequest) -> ChatRequest:
                        splits_thinking=req.splits_thinking, n=req.n, prefix_scope=req.prefix_scope)
 
 
+def _go_rendered(req: CompletionRequest) -> CompletionRequest:
+    """Ollama's template override: the prompt its Go `template` renders, sent (and so counted) raw."""
+    if req.template is None or req.raw:
+        return req
+    prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
+    return replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
+
+
 _ASSUMED = ("completion", "tools", "thinking")
 # /v1/models `owned_by` -> the product, for servers known to name themselves there (vLLM's and SGLang's
 # ModelCard default it). Both continue a prefilled assistant turn when asked (`continue_final_message`); OpenAI's
@@ -118,9 +126,7 @@ class OpenAIBackend(Backend):
         return alternatives(stream, req.options)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
-        if req.template is not None and not req.raw:  # Ollama's template override: the prompt it renders, raw
-            prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
-            req = replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
+        req = _go_rendered(req)
         if not req.raw and req.suffix is None:
             return self.chat(as_chat(req))
         body = self._salted(completion_to_wire(asked_of(req, self.config)), req)
@@ -162,6 +168,8 @@ class OpenAIBackend(Backend):
         servers cannot say, and a vLLM that fails to leaves the estimate."""
         if self.server != "vllm":
             return None
+        if isinstance(req, CompletionRequest):
+            req = _go_rendered(req)
         if isinstance(req, CompletionRequest) and not req.raw and req.suffix is None:
             req = as_chat(req)
         if isinstance(req, CompletionRequest):

@@ -163,6 +163,16 @@ async def test_a_generates_context_is_counted_as_it_is_evaluated(backend):
     assert answer.usage.prompt_tokens == await backend.count_tokens(req) > len(earlier)
 
 
+@pytest.mark.parametrize("suffix", [None, "end"])
+async def test_a_generate_with_its_own_go_template_is_counted_as_that_template_renders_it(backend, suffix):
+    """Ollama's per-request `template` is what `_templated` renders and evaluates, a `suffix` too; the count rendered
+    the model's chat template instead (or, with a suffix, its fill-in-the-middle prompt, without the context)."""
+    req = CompletionRequest(model=NAME, prompt="a time", system="be brief", suffix=suffix, context=list(range(65, 70)),
+                            template="{{ .System }}|{{ .Prompt }}|{{ .Suffix }}", options=SamplingOptions(max_tokens=1))
+    answer = aggregate(await collect(backend.complete(req)))
+    assert answer.usage.prompt_tokens == await backend.count_tokens(req)
+
+
 async def test_a_think_block_is_split_off_unless_the_request_keeps_it(backend, monkeypatch):
     """Ollama's `think: false` leaves the block in the text (server/routes.go makes its thinking parser only when
     think is on); it was split off into thinking whatever the request said."""

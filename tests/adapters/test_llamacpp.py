@@ -305,6 +305,16 @@ async def test_a_generates_context_is_counted_as_it_is_evaluated(backend):
     assert answer.usage.prompt_tokens == await backend.count_tokens(req) > len(earlier)
 
 
+async def test_a_generate_with_its_own_go_template_is_counted_as_that_template_renders_it(backend):
+    """Ollama's per-request `template` is what `_with_context` renders and sends; the count rendered the server's
+    chat template instead (ChatML's system and turn markers), so the fit stage judged another prompt than the one
+    evaluated."""
+    req = CompletionRequest(model=MODEL, prompt="And then?", system="Be brief.", template="{{ .System }} {{ .Prompt }}",
+                            context=[1, 2, 3], options=SamplingOptions(max_tokens=1))
+    answer = aggregate(await collect(backend.complete(req)))
+    assert answer.usage.prompt_tokens == await backend.count_tokens(req)
+
+
 async def test_tool_call_round_trip(backend):
     for stream in (True, False):
         req = ChatRequest(model=MODEL, messages=TOOL_HISTORY, tools=[WEATHER], stream=stream,

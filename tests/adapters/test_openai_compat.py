@@ -310,6 +310,21 @@ async def test_vllm_counts_a_chat_as_its_template_renders_it(openai_fake, owner)
         await b.close()
 
 
+async def test_vllm_counts_a_generate_with_its_own_go_template_as_that_template_renders_it(openai_fake):
+    """Ollama's per-request `template` renders the prompt `complete` sends raw; the count asked /tokenize for the
+    model's chat template instead, another prompt than the one evaluated."""
+    openai_fake.owner = "vllm"
+    b = OpenAIBackend(config(openai_fake.url))
+    try:
+        await b.list_models()
+        req = CompletionRequest(MODEL, prompt="How warm", system="Be brief.", template="{{ .System }} {{ .Prompt }}")
+        await collect(b.complete(req))
+        sent = openai_fake.last("/v1/completions")["prompt"]
+        assert await b.count_tokens(req) == len(tokens(sent)) and openai_fake.last("/tokenize")["prompt"] == sent
+    finally:
+        await b.close()
+
+
 async def test_a_non_streamed_answer_is_streamed_from_the_backend_and_a_hung_one_found_early(backend, openai_fake):
     """One answer for the client, a stream from the backend: `first_token_timeout` bounds the wait for a backend
     that accepts and never answers, not `total_timeout` (600 s by default)."""
