@@ -7,8 +7,8 @@
   refuse it (proxy/dialects RULES); in the others the switch is dropped and each image of a chat becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts), then the start of its last turn, and trims a generate's start (an earlier
-  exchange's `context` first, then the prompt's text), as Ollama does; the others get the 400 their clients
-  recognise (`context_length_exceeded`, "prompt is too long").
+  exchange's `context` first, then the prompt's text; after its first `num_keep` tokens where the client set it),
+  as Ollama does; the others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long").
   A request's own `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation:
   "auto"`, a compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama)
   are left to it, and get `truncate` as sent.
@@ -29,7 +29,7 @@ from adapters.wording import counted
 from ..dialects import RULES
 from ..job import Job, Request
 from ..router import Target
-from ..token_count import count, surely_under
+from ..token_count import CHARS_PER_TOKEN, count, surely_under
 from .base import Prepare
 
 log = logging.getLogger("velo.fit")
@@ -172,9 +172,13 @@ async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: 
     (system prompts and the last turn) does not fit."""
     assert job.target is not None
     room = limit - min(req.options.max_tokens or limit, limit // _ANSWER_SHARE)
-    asked, before = req, tokens
+    asked, before, head = req, tokens, _head(req, room)
     while tokens > room:
-        shorter = _context_out(req, tokens - room) or _shorter(req, room / tokens)
+        if head is None:
+            shorter = _context_out(req, tokens - room) or _shorter(req, room / tokens)
+        else:
+            assert isinstance(req, CompletionRequest)
+            shorter = _after_head(req, head, tokens - room, room / tokens)
         if shorter is None:
             raise ContextOverflow(tokens, limit, _field(req))
         req = shorter
@@ -227,6 +231,36 @@ def _context_out(req: Request, over: int) -> Request | None:
     if not isinstance(req, CompletionRequest) or not req.context:
         return None
     return replace(req, context=req.context[over:])
+
+
+def _head(req: Request, room: int) -> int | None:
+    """The tokens at a generate's start that Ollama's `num_keep` keeps when its runner cuts the prompt to the window
+    (llm/llama_server.go completionPromptForRequest; runner/llamarunner and ollamarunner before v0.30): as many as
+    fit for a negative one, and at most one fewer than the room, as Ollama keeps at most one fewer than its window;
+    None where the client set none (Velo keeps the end alone, not Ollama's default of 4) or the request is a chat."""
+    value = req.options.extra.get("num_keep")
+    if isinstance(req, ChatRequest) or isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        return None
+    return room - 1 if value < 0 else min(int(value), room - 1)
+
+
+def _after_head(req: CompletionRequest, head: int, over: int, keep: float) -> CompletionRequest | None:
+    """A generate less `over` tokens right after its first `head` (its `context` ids first, then its prompt's), as
+    Ollama's runner keeps the first num_keep and drops from after them. Token ids are cut exactly; a text prompt's
+    tokens are not known here, so its head is `CHARS_PER_TOKEN` characters a token, and where fewer than the cut
+    follow it (a head estimated too long) the head's end goes too. None when nothing more can go."""
+    if req.prompt_ids is not None:
+        ids = req.prompt_ids
+        start = max(0, min(head, len(ids) - over))
+        return replace(req, prompt_ids=ids[:start] + ids[start + over:]) if over < len(ids) else None
+    if req.context and len(req.context) > head:
+        return replace(req, context=req.context[:head] + req.context[head + over:])
+    cut = _cut(len(req.prompt), keep)
+    if cut >= len(req.prompt):
+        return None
+    start = max(0, min((head - len(req.context or ())) * CHARS_PER_TOKEN, len(req.prompt) - cut))
+    return replace(req, prompt=req.prompt[:start] + req.prompt[start + cut:])
 
 
 def _shorter(req: Request, keep: float) -> Request | None:

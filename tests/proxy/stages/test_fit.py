@@ -2,6 +2,8 @@
 boundary (one token under and over, with and without a system prompt) in every dialect's own terms."""
 from __future__ import annotations
 
+import os
+
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -253,6 +255,50 @@ async def test_generate_drops_the_oldest_of_its_context_first(velo, ids, prompt,
     sent = backend.requests[0]
     assert context[len(context) - len(sent.context):] == sent.context and words(prompt).endswith(sent.prompt)
     assert resp.headers["X-Velo-Context-Trimmed"] == trimmed and await backend.count_tokens(sent) <= LIMIT - 5
+
+
+@pytest.mark.parametrize("num_keep", [10, 10.0, -1])
+async def test_generate_keeps_the_first_num_keep_tokens_of_a_raw_prompt(velo, num_keep):
+    """Ollama's runner keeps a prompt's first `num_keep` tokens and drops those right after them (for -1, the start
+    as far as it fits: the end goes), llm/llama_server.go; Velo dropped the start whatever num_keep said. Text's token
+    boundaries are not known to the fit stage: 4 characters a token, at least num_keep of these 2-4 character words."""
+    c, backend = await velo()
+    prompt = words(70)
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": prompt, "raw": True, "stream": False,
+                                               "options": {"num_predict": 5, "num_keep": num_keep}})
+    assert resp.status == 200 and "characters" in resp.headers["X-Velo-Context-Trimmed"]
+    sent = backend.requests[0].prompt
+    head = len(os.path.commonprefix([sent, prompt]))
+    assert len(sent.split()) <= LIMIT - 5 and prompt.endswith(sent[head:])
+    if num_keep < 0:
+        assert prompt.startswith(sent) and len(sent.split()) > 30
+    else:
+        assert sent.startswith(words(10) + " ") and sent.endswith(" w69")
+
+
+async def test_generate_keeps_the_first_num_keep_ids_of_its_context(velo):
+    """With a `context` longer than num_keep, the ids after its first num_keep go first, then the rest of the
+    context and the prompt's start, as Ollama's runner cuts the whole it renders (context's text first)."""
+    c, backend = await velo()
+    context = list(range(100, 160))
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": words(10), "context": context,
+                                               "stream": False, "options": {"num_predict": 5, "num_keep": 5}})
+    assert resp.status == 200, await resp.text()
+    sent = backend.requests[0]
+    assert sent.context == context[:5] + context[30:] and sent.prompt == words(10)
+    assert resp.headers["X-Velo-Context-Trimmed"] == "25 token ids of the context (70 -> 45 tokens)"
+
+
+async def test_a_completions_prompt_of_token_ids_keeps_its_first_num_keep(velo):
+    """Token ids are cut exactly: the first num_keep stay, and those right after them go (Ollama's options object on
+    /v1/completions, with `truncate: true`)."""
+    c, backend = await velo()
+    ids = list(range(100, 160))
+    resp = await c.post("/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 5, "truncate": True,
+                                                 "options": {"num_keep": 5}})
+    assert resp.status == 200, await resp.text()
+    assert backend.requests[0].prompt_ids == ids[:5] + ids[20:]
+    assert resp.headers["X-Velo-Context-Trimmed"] == "15 token ids (60 -> 45 tokens)"
 
 
 async def test_generate_with_a_context_over_the_window_and_truncate_false_is_a_400(velo):
