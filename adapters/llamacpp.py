@@ -23,8 +23,9 @@ from .http import LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .openai_wire import alternatives
-from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message, ModelInfo,
-                       RunningModel, SamplingOptions, TokenLogprob, Usage, images_in)
+from .protocol import (IMAGE_TAG, ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
+                       ModelInfo, RunningModel, SamplingOptions, TokenLogprob, Usage, images_in, prompt_read,
+                       reads_tags)
 from .think import ThinkSplitter, opens_thinking, template_thinks
 
 log = logging.getLogger("velo.adapters.llamacpp")
@@ -141,11 +142,6 @@ def native_sampling(o: SamplingOptions) -> dict[str, Any]:
     if o.logprobs:
         out["n_probs"] = o.top_logprobs or 1
     return out
-
-
-# Ollama's tag for its N-th image (0-based, in `images` order) in a prompt: a raw prompt's images are read only where
-# it has one (runner/ollamarunner/runner.go `inputs`, v0.14.0)
-_IMAGE_TAG = re.compile(r"\[img-(\d+)\]")
 
 
 def _sent_as_is(req: CompletionRequest) -> bool:
@@ -461,7 +457,7 @@ class LlamaCppBackend(OpenAIBackend):
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.raw and not req.prompt and req.prompt_ids is None and req.suffix is None:
             stream = self._new_document(req)
-        elif req.raw and req.images and req.suffix is None and _IMAGE_TAG.search(req.prompt):
+        elif req.images and reads_tags(req) and IMAGE_TAG.search(req.prompt):
             stream = self._tagged(req)
         elif _sent_as_is(req):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)
@@ -491,7 +487,7 @@ class LlamaCppBackend(OpenAIBackend):
                 raise BadRequest(f"invalid image index: {n}", param="prompt")
             images.append(req.images[n])
             return marker
-        sent = {"prompt_string": _IMAGE_TAG.sub(placed, req.prompt), "multimodal_data": images}
+        sent = {"prompt_string": IMAGE_TAG.sub(placed, req.prompt), "multimodal_data": images}
         async with contextlib.aclosing(self._native("/completion", req, sent)) as stream:
             async for chunk in stream:
                 chunk.context = None  # a raw answer has none (Ollama's routes.go sets it only when not raw)
@@ -624,12 +620,14 @@ class LlamaCppBackend(OpenAIBackend):
 
     async def count_tokens(self, req: ChatRequest | CompletionRequest) -> int | None:
         """A chat rendered by the server's own template (`/apply-template`), then tokenized; a prompt sent as it is
-        (raw, or a fill-in-the-middle's prefix and suffix), as it is; a generate as `_rendered` renders it for
+        (raw, or a fill-in-the-middle's prefix and suffix), as it is, a raw prompt's "[img-N]" tags as the images
+        `_tagged` sends there (as text, three pictures were 5 tokens); a generate as `_rendered` renders it for
         `_with_context` (a client's Go template: counted through the server's chat template, it was another prompt).
         A generate's `context` goes before its rendered prompt as the ids it is: uncounted, a long one passed the fit
         stage as fitting. Each image adds `IMAGE_TOKENS`, as Ollama counts one: the text's count left them out."""
         if isinstance(req, CompletionRequest) and _sent_as_is(req):
-            return len(await self.tokenize(req.prompt + (req.suffix or ""), req.model))
+            seen = images_in(req) if reads_tags(req) else 0  # /infill takes none
+            return seen * IMAGE_TOKENS + len(await self.tokenize(prompt_read(req) + (req.suffix or ""), req.model))
         before = len(req.context or ()) if isinstance(req, CompletionRequest) else 0
         rendered = await (self._rendered(req, "") if isinstance(req, CompletionRequest) else self._applied(req))
         return before + images_in(req) * IMAGE_TOKENS + len(await self.tokenize(rendered, req.model))

@@ -5,6 +5,7 @@ consumes and produces them. Nothing here knows about HTTP.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -181,9 +182,30 @@ class CompletionRequest:
     prefix_scope: str = ""  # as ChatRequest's
 
 
+# Ollama's tag for its N-th image (0-based, in `images` order) in a raw prompt: its images are read only where it has
+# one, once per tag, and a tag naming none is an error (runner/ollamarunner/runner.go `inputs`, v0.14.0)
+IMAGE_TAG = re.compile(r"\[img-(\d+)\]")
+
+
+def reads_tags(req: CompletionRequest) -> bool:
+    """Whether a generate's images are read where its prompt's "[img-N]" tags are (a raw prompt's, not filled in the
+    middle), rather than one each ahead of the prompt, where Ollama's template puts them."""
+    return req.raw and req.suffix is None
+
+
 def images_in(req: ChatRequest | CompletionRequest) -> int:
-    """The images a request shows the model: a generate's own, or those of every turn of a chat."""
-    return len(req.images) if isinstance(req, CompletionRequest) else sum(len(m.images) for m in req.messages)
+    """The images a request shows the model: those of every turn of a chat, a generate's own, or as many as a raw
+    prompt's tags name (`reads_tags`: an image twice for a tag used twice, one no tag names not at all)."""
+    if isinstance(req, ChatRequest):
+        return sum(len(m.images) for m in req.messages)
+    if not reads_tags(req):
+        return len(req.images)
+    return sum(int(n) < len(req.images) for n in IMAGE_TAG.findall(req.prompt))
+
+
+def prompt_read(req: CompletionRequest) -> str:
+    """A generate's prompt text as the model reads it: a raw prompt's tags are images where it has any, not text."""
+    return IMAGE_TAG.sub("", req.prompt) if req.images and reads_tags(req) else req.prompt
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 
 from adapters.base import IMAGE_TOKENS
 from adapters.exact_json import dumps
-from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo, images_in
+from adapters.protocol import ChatRequest, CompletionRequest, ModelInfo, images_in, prompt_read
 
 from .router import Target
 from .tools.offer import as_offered
@@ -34,12 +34,13 @@ _SURELY_UNDER_TOKENS_PER_IMAGE = 16384
 
 
 def characters(req: ChatRequest | CompletionRequest) -> int:
-    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt; token ids,
-    its own or an earlier exchange's `context` before it, count as a token's characters each, so that `estimate` is
-    their number: a generate of a 10,000-id context and a short prompt was "surely under" a window of 4,096)."""
+    """The characters of everything the model reads: turns, calls, tool schemas (a completion: its prompt, less a raw
+    one's image tags, which are images; token ids, its own or an earlier exchange's `context` before it, count as a
+    token's characters each, so that `estimate` is their number: a generate of a 10,000-id context and a short prompt
+    was "surely under" a window of 4,096)."""
     if isinstance(req, CompletionRequest):
         ids = (len(req.prompt_ids or ()) + len(req.context or ())) * CHARS_PER_TOKEN
-        return ids + len(req.prompt) + len(req.suffix or "") + len(req.system or "")
+        return ids + len(prompt_read(req)) + len(req.suffix or "") + len(req.system or "")
     chars = sum(len(m.content) + len(m.thinking) for m in req.messages)
     chars += sum(len(dumps(c.arguments)) + len(c.name) for m in req.messages for c in m.tool_calls)
     return chars + (len(dumps([[t.name, t.description, t.parameters] for t in req.tools])) if req.tools else 0)

@@ -268,6 +268,20 @@ async def test_a_raw_generates_images_go_where_its_img_tags_are(aiohttp_server):
     assert answer.text == "A cat" and answer.context is None
 
 
+async def test_a_raw_generates_tagged_images_count_once_per_tag(aiohttp_server):
+    """The fit stage's count of what `complete` sends for a raw prompt: its text without the "[img-N]" tags, and
+    Ollama's 768 for each tag (an image twice for a tag used twice, an image no tag names not at all). The tags were
+    counted as their text: 5 tokens here for a prompt of three pictures, which passed any window."""
+    fake = await seeing_llama(aiohttp_server, [])
+    tagged = CompletionRequest(model=MODEL, prompt="[img-1] beside [img-0], again [img-1]?", raw=True,
+                               images=["MA==", "MQ==", "Mg=="], stream=False)
+    try:
+        assert await fake.count_tokens(tagged) == len(" beside , again ?".split()) + 3 * 768
+        assert await fake.count_tokens(replace(tagged, prompt="no tags")) == 2
+    finally:
+        await fake.close()
+
+
 async def test_a_generates_images_for_a_server_without_a_projector_are_ollamas_400(backend):
     """The real SmolLM2 server cannot see: a generate's images are Ollama's 400 "does not support vision", as a
     chat's are (its /apply-template's 500), with a client's Go template too, or a raw prompt's "[img-0]", where

@@ -25,3 +25,13 @@ def test_an_estimate_counts_an_image_as_ollama_does():
     assert estimate(ChatRequest(model="m", messages=[seen])) == estimate(ChatRequest(model="m", messages=[question])) \
         + 2 * 768 == 6 + 2 * 768
     assert estimate(CompletionRequest(model="m", prompt="what is this?", images=[PNG])) == 4 + 768
+
+
+def test_an_estimate_counts_a_raw_prompts_images_once_per_tag():
+    """A raw prompt's images are read where its "[img-N]" tags are, as Ollama's runner reads them (a tag used twice,
+    its image twice; one no tag names, not at all), and a tag is no text: the estimate counted each image once, and
+    the tags as characters."""
+    tagged = CompletionRequest(model="m", prompt="[img-0] and [img-0]: same?", images=[PNG, PNG], raw=True)
+    assert estimate(tagged) == len(" and : same?") // 4 + 2 * 768
+    assert estimate(CompletionRequest(model="m", prompt="same?", images=[PNG], raw=True)) == 2
+    assert estimate(CompletionRequest(model="m", prompt="[img-0] same?", raw=True)) == 4
