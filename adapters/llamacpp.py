@@ -24,8 +24,8 @@ from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .openai_wire import alternatives
 from .protocol import (IMAGE_TAG, ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, Message,
-                       ModelInfo, RunningModel, SamplingOptions, TokenLogprob, Usage, images_in, prompt_read,
-                       reads_tags)
+                       ModelInfo, RunningModel, SamplingOptions, TokenLogprob, Usage, images_in, places_images,
+                       prompt_read, reads_tags)
 from .think import ThinkSplitter, opens_thinking, template_thinks
 
 log = logging.getLogger("velo.adapters.llamacpp")
@@ -457,7 +457,7 @@ class LlamaCppBackend(OpenAIBackend):
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         if req.raw and not req.prompt and req.prompt_ids is None and req.suffix is None:
             stream = self._new_document(req)
-        elif req.images and reads_tags(req) and IMAGE_TAG.search(req.prompt):
+        elif places_images(req):
             stream = self._tagged(req)
         elif _sent_as_is(req):
             stream = self._native("/infill" if req.suffix is not None else "/completion", req)

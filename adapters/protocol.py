@@ -193,6 +193,11 @@ def reads_tags(req: CompletionRequest) -> bool:
     return req.raw and req.suffix is None
 
 
+def places_images(req: CompletionRequest) -> bool:
+    """Whether a generate's images go where its prompt's tags are: a raw prompt with images and a tag."""
+    return bool(req.images) and reads_tags(req) and IMAGE_TAG.search(req.prompt) is not None
+
+
 def images_in(req: ChatRequest | CompletionRequest) -> int:
     """The images a request shows the model: those of every turn of a chat, a generate's own, or as many as a raw
     prompt's tags name (`reads_tags`: an image twice for a tag used twice, one no tag names not at all)."""

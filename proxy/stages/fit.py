@@ -7,8 +7,9 @@
   refuse it (proxy/dialects RULES); in the others the switch is dropped and each image of a chat becomes a note;
 - the prompt inside the context window (the model's, or a smaller `num_ctx`): Ollama's dialect drops a chat's
   oldest turns (keeping system prompts), then the start of its last turn, and trims a generate's start (an earlier
-  exchange's `context` first, then the prompt's text; after its first `num_keep` tokens where the client set it),
-  as Ollama does; the others get the 400 their clients recognise (`context_length_exceeded`, "prompt is too long").
+  exchange's `context` first, then the prompt's text; after its first `num_keep` tokens where the client set it;
+  never a raw prompt whose "[img-N]" tags place images), as Ollama does; the others get the 400 their clients
+  recognise (`context_length_exceeded`, "prompt is too long").
   A request's own `truncate` overrides its dialect's way: Ollama's `truncate: false`, Responses' `truncation:
   "auto"`, a compaction's summary (proxy/routes_responses.py). Backends that fit the context themselves (Ollama)
   are left to it, and get `truncate` as sent.
@@ -23,7 +24,7 @@ from dataclasses import replace
 from adapters import model_card, options
 from adapters.base import Backend
 from adapters.errors import ContextOverflow, ModelLacks
-from adapters.protocol import ChatRequest, CompletionRequest, Message, ModelInfo
+from adapters.protocol import ChatRequest, CompletionRequest, Message, ModelInfo, places_images
 from adapters.wording import counted
 
 from ..dialects import RULES
@@ -169,8 +170,13 @@ def _output_within(req: Request, left: int) -> Request:
 
 async def _trimmed(job: Job, info: ModelInfo, req: Request, tokens: int, limit: int) -> tuple[Request, int]:
     """Drops what Ollama drops until the prompt leaves room for an answer; a 400 when even the least it keeps
-    (system prompts and the last turn) does not fit."""
+    (system prompts and the last turn) does not fit, or for a raw prompt whose "[img-N]" tags place its images:
+    Ollama cuts no prompt with images (llm/llama_server.go completionPromptForRequest, since v0.30.0), and
+    llama-server, whose projector turns its context shift off, refuses one over its window with its 400. A cut of
+    the text lost the images before it, or left half a tag ("describe [im") as text."""
     assert job.target is not None
+    if isinstance(req, CompletionRequest) and places_images(req):
+        raise ContextOverflow(tokens, limit, _field(req), ": a prompt with images is not cut, as Ollama cuts none")
     room = limit - min(req.options.max_tokens or limit, limit // _ANSWER_SHARE)
     asked, before, head = req, tokens, _head(req, room)
     while tokens > room:

@@ -301,6 +301,24 @@ async def test_a_completions_prompt_of_token_ids_keeps_its_first_num_keep(velo):
     assert resp.headers["X-Velo-Context-Trimmed"] == "15 token ids (60 -> 45 tokens)"
 
 
+@pytest.mark.parametrize("prompt, num_keep", [(f"[img-0] {words(70)}", None), (f"describe [img-0] {words(70)}", 3)],
+                         ids=["start", "num_keep"])
+async def test_a_raw_prompt_whose_tags_place_images_is_not_trimmed(velo, prompt, num_keep):
+    """Ollama cuts no prompt with images (llm/llama_server.go completionPromptForRequest, since v0.30.0), and
+    llama-server, whose projector turns its context shift off, refuses one over its window with a 400. A cut of the
+    text lost the image ahead of it, or left "describe [im" and the rest of the tag as text. A raw prompt without a
+    tag sends no image (adapters/llamacpp.py `_tagged`), and its text is cut as any."""
+    c, backend = await velo()
+    options = {"num_predict": 5} if num_keep is None else {"num_predict": 5, "num_keep": num_keep}
+    resp = await c.post("/api/generate", json={"model": "tiny", "prompt": prompt, "raw": True, "images": ["aGk="],
+                                               "stream": False, "options": options})
+    assert resp.status == 400 and "context window of 50 tokens" in (await resp.json())["error"]
+    assert backend.requests == []
+    untagged = await c.post("/api/generate", json={"model": "tiny", "prompt": words(70), "raw": True,
+                                                   "images": ["aGk="], "stream": False, "options": options})
+    assert untagged.status == 200 and "characters" in untagged.headers["X-Velo-Context-Trimmed"]
+
+
 async def test_generate_with_a_context_over_the_window_and_truncate_false_is_a_400(velo):
     c, backend = await velo()
     resp = await c.post("/api/generate", json={"model": "tiny", "prompt": "hi", "context": list(range(60)),
