@@ -3,8 +3,10 @@ choices are (routes_openai.py), each asked for its tokens' log-probabilities on 
 asked; the `n` with the highest mean log-probability per token are answered, best first, as OpenAI ranks them."""
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
+from typing import AsyncIterator, Callable
 
 from adapters.errors import BadRequest
 from adapters.protocol import Chunk, CompletionRequest
@@ -17,6 +19,28 @@ UNRANKED = {"X-Velo-Best-Of": "unranked"}
 def candidates(req: CompletionRequest, best_of: int) -> CompletionRequest:
     """One prompt's request for its `best_of` candidates, each with its tokens' logprobs to rank it by."""
     return replace(req, n=best_of, options=replace(req.options, logprobs=True))
+
+
+async def ranked_or_not(complete: Callable[[CompletionRequest], AsyncIterator[Chunk]],
+                        req: CompletionRequest) -> AsyncIterator[Chunk]:
+    """A candidate whose logprobs are Velo's own (Job.own_logprobs, the call backend stage), with them, or asked
+    again without them where the backend refuses them, to be answered unranked (`best`) as where it drops them: a
+    400 for a field the client never sent left it nothing to fix. Asked again within its job, it is the one request
+    the client made: asked again by the route, the refusal and the retry were two to the key's limits, /metrics and
+    the request log (a key allowed one request a minute had its best_of refused 429 by the retry). Its answer is
+    cached as the candidate asked, as one from a backend that drops logprobs is: a repeat is answered unranked again,
+    from the cache."""
+    try:
+        async with contextlib.aclosing(complete(req)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+        return
+    except BadRequest as e:  # a backend refuses before it answers
+        if not refuses_logprobs(e):
+            raise
+    async with contextlib.aclosing(complete(replace(req, options=replace(req.options, logprobs=False)))) as chunks:
+        async for chunk in chunks:
+            yield chunk
 
 
 def refuses_logprobs(e: Exception) -> bool:

@@ -94,6 +94,9 @@ class Job:
     context_edits: tuple[Edit, ...] = ()  # clearing the client asked for (Anthropic's context_management)
     parts: Parts | None = None  # the request this job is one part of, where several answer it (OpenAI's `n`)
     part: int = 0  # which of them
+    # Its logprobs are Velo's own, to rank best_of's candidates by: a backend that refuses them is asked again without
+    # them in this job, the one request the client made (proxy/best_of.py)
+    own_logprobs: bool = False
     place: Place | None = None  # its place in its backend's queue, taken at the edge (a background response's)
     share: Share | None = None  # its share of its key's limits, taken at the edge with the place
     target: Target | None = None

@@ -9,11 +9,10 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
-from adapters.errors import BadRequest
 from adapters.protocol import Chunk, CompletionRequest, Usage, aggregate
 
 from .auth import CALLER
-from .best_of import best, candidates, refuses_logprobs
+from .best_of import best, candidates
 from .dialects import SSE_KEEPALIVE, openai
 from .http_io import SSE_DONE, ignored_tools_header, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Parts, Request
@@ -53,8 +52,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
     ids = openai.ChatIds("cmpl")
     if not req.stream:  # best_of's always: parse_completions refuses it streamed
-        jobs, answers = await (_answers(request, reqs, body) if best_of is None else
-                               _candidates(request, reqs, best_of, body))
+        asked = ([job for r in reqs for job in _choices(request, r, body)] if best_of is None else
+                 _candidates(request, reqs, best_of, body))
+        jobs, answers = await _answers(request, asked)
         usage = openai.total_usage(enumerate(a.usage for a in answers), best_of or req.n)  # every candidate's tokens
         choices, headers = (answers, {}) if best_of is None else best(answers, best_of, req.n, req.options.logprobs)
         if echo:
@@ -77,25 +77,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
                       "text_completion", opening=False, n=req.n)
 
 
-async def _answers(request: web.Request, reqs: list[CompletionRequest],
-                   body: dict[str, Any]) -> tuple[list[Job], list[Chunk]]:
-    """Every choice of each request, whole, generated side by side; with their jobs, for the response's headers."""
-    jobs = _parts([job for r in reqs for job in _choices(request, r, body)])
+async def _answers(request: web.Request, jobs: list[Job]) -> tuple[list[Job], list[Chunk]]:
+    """Every job's answer, whole, generated side by side as parts of one request; with their jobs, for the
+    response's headers."""
+    jobs = _parts(jobs)
     return jobs, [aggregate(c) for c in await collect_each([request[PIPELINE].generate(job) for job in jobs])]
 
 
-async def _candidates(request: web.Request, reqs: list[CompletionRequest], best_of: int,
-                      body: dict[str, Any]) -> tuple[list[Job], list[Chunk]]:
-    """Each prompt's `best_of` candidates, asked with logprobs to rank them by. A backend that refuses logprobs the
-    client did not ask for is asked again without them, and its candidates are answered unranked (best_of.py), as
-    where it drops them: a 400 for a field the client never sent left it nothing to fix. A refusal of logprobs the
-    client asked for is the client's 400."""
-    try:
-        return await _answers(request, [candidates(r, best_of) for r in reqs], body)
-    except BadRequest as e:
-        if reqs[0].options.logprobs or not refuses_logprobs(e):
-            raise
-    return await _answers(request, [replace(r, n=best_of) for r in reqs], body)
+def _candidates(request: web.Request, reqs: list[CompletionRequest], best_of: int,
+                body: dict[str, Any]) -> list[Job]:
+    """Each prompt's `best_of` candidates, asked with logprobs to rank them by. Where the client asked for none they
+    are Velo's own (Job.own_logprobs): a backend that refuses them is asked again without them, and the candidates
+    are answered unranked; a refusal of logprobs the client asked for is the client's 400."""
+    own = not reqs[0].options.logprobs
+    return [replace(job, own_logprobs=own) for r in reqs for job in _choices(request, candidates(r, best_of), body)]
 
 
 async def _echoed(stream: AsyncIterator[Chunk], prompt: str) -> AsyncIterator[Chunk]:

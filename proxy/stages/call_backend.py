@@ -11,6 +11,7 @@ from adapters.protocol import ChatRequest, Chunk
 from adapters.llamacpp_managed import ManagedLlamaCpp
 from adapters.replicas import ReplicaSet
 
+from ..best_of import ranked_or_not
 from ..job import Job
 from .base import Next, Services, Stage
 
@@ -45,7 +46,9 @@ class CallBackend(Stage):
         req, backend = job.request, job.target.backend
         if req.model != job.target.model:
             req = replace(req, model=job.target.model)
-        return backend.chat(req) if isinstance(req, ChatRequest) else backend.complete(req)
+        if isinstance(req, ChatRequest):
+            return backend.chat(req)
+        return ranked_or_not(backend.complete, req) if job.own_logprobs else backend.complete(req)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Per replica of each replica set: requests outstanding, and whether it takes requests at all."""

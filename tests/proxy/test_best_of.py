@@ -2,8 +2,12 @@
 the OpenAI-compatible fake (tests/fakes.py): candidates generated as parts, ranked by mean logprob per token."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
@@ -15,7 +19,9 @@ from proxy.app import make_app
 from proxy.best_of import best, refuses_logprobs
 from proxy.cache.config import CacheConfig
 from proxy.config import Config
+from proxy.limits import LimitsConfig
 from tests.fakes import FakeOpenAI, OllamaDouble
+from tests.proxy.test_metrics import samples, value
 
 MODELS = {"ollama": "smollm2:135m", "openai": "fake-gpt"}
 PATHS = {"ollama": "/api/generate", "openai": "/v1/completions"}
@@ -26,17 +32,23 @@ REPLIES = [("A one two three", -1.0), ("B four", -0.2), ("C five six", -0.5)]
 
 @pytest.fixture(params=["ollama", "openai"])
 async def velo(request):
-    """(an `openai` client of Velo, the backend kind, the fake upstream)."""
-    fake = OllamaDouble() if request.param == "ollama" else FakeOpenAI(models=[MODELS["openai"]])
+    async with _served(request.param) as served:
+        yield served
+
+
+@contextlib.asynccontextmanager
+async def _served(kind: str, **config: Any):
+    """(an `openai` client of Velo, the backend kind, the fake upstream); Velo's cache off unless `config` says."""
+    fake = OllamaDouble() if kind == "ollama" else FakeOpenAI(models=[MODELS["openai"]])
     async with fake:
         fake.script.replies = REPLIES
-        cfg = Config(backends=[BackendConfig(name="up", kind=request.param, urls=[fake.url])],
-                     cache=CacheConfig(enabled=False))
+        cfg = Config(backends=[BackendConfig(name="up", kind=kind, urls=[fake.url])],
+                     **{"cache": CacheConfig(enabled=False), **config})
         server = TestServer(make_app(cfg), host="127.0.0.1", port=0)
         await server.start_server()
         try:
             url = str(server.make_url("")).rstrip("/")
-            yield openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0), request.param, fake
+            yield openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0), kind, fake
         finally:
             await server.close()
 
@@ -87,8 +99,29 @@ async def test_a_backend_that_refuses_logprobs_is_asked_again_without_them_and_a
     out = raw.parse()
     assert raw.headers["X-Velo-Best-Of"] == "unranked" and len(out.choices) == 2
     assert {c.text for c in out.choices} <= {text for text, _ in REPLIES} and out.usage.completion_tokens == 9
-    asked = _asked(fake, kind)
-    assert asked[0]["logprobs"] and [("logprobs" in body) for body in asked[-3:]] == [False] * 3
+    asked = _asked(fake, kind)  # each candidate refused, then asked again without them
+    assert sorted(bool(body.get("logprobs")) for body in asked) == [False] * 3 + [True] * 3
+    assert sum("logprobs" not in body for body in asked) == 3
+
+
+@pytest.mark.parametrize("kind", ["ollama", "openai"])
+async def test_a_retry_without_logprobs_is_still_the_one_request_the_client_made(kind, caplog):
+    """Before: the refused candidates and those asked again were two requests to the key's limits, /metrics and the
+    request log: a key allowed one request a minute had its best_of refused 429 by Velo's own retry, and the refusal
+    was counted and logged as the candidates' 400s."""
+    async with _served(kind, limits=LimitsConfig(requests_per_minute=1)) as (client, kind, fake):
+        fake.script.refused_field = "logprobs"
+        with caplog.at_level(logging.INFO, logger="velo.requests"):
+            raw = await client.completions.with_raw_response.create(model=MODELS[kind], prompt="Count", best_of=3,
+                                                                    max_tokens=8)
+        assert raw.headers["X-Velo-Best-Of"] == "unranked" and raw.headers["x-ratelimit-remaining-requests"] == "0"
+        async with aiohttp.ClientSession() as http:
+            found = samples(await (await http.get(str(client.base_url).removesuffix("v1/") + "metrics")).text())
+    counted = {"endpoint": "/v1/completions", "model": MODELS[kind], "backend": "up"}
+    assert value(found, "velo_requests_total", **counted, status="200") == 3  # each candidate's, as `n`'s choices
+    assert value(found, "velo_requests_total", **counted, status="400") == 0
+    logged = [r.getMessage() for r in caplog.records if r.name == "velo.requests"]
+    assert len(logged) == 3 and all(": done (" in line for line in logged), logged
 
 
 async def test_a_logprobs_refusal_the_client_asked_for_is_its_400(velo):
