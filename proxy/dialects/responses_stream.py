@@ -106,7 +106,11 @@ class ResponseStream:
     def fail(self, err: VeloError) -> bytes:
         """An error after the first event: the response fails, in its own stream, with what went wrong. An `error`
         event first, which the AI SDK and the openai package raise (the AI SDK drops `response.failed`, and gave an
-        empty answer with no error on an overflow); Codex reads `response.failed` and passes over `error`."""
+        empty answer with no error on an overflow); Codex reads `response.failed` and passes over `error`. A failure
+        after the answer ended (the pipeline's work after it) keeps that end, as a foreground stream does: a background
+        one went on with `error` and `response.failed` after `response.completed`, and was stored failed."""
+        if self.final is not None:
+            return b""
         out = ([] if self.sequence else self._start()) + self._close("incomplete")  # it never got its end
         self.final = response_object(self.resp_id, self.parsed, self.created_at, "failed", self.output, error=err)
         error = error_object(err, "responses")["error"]

@@ -270,6 +270,19 @@ async def test_a_cancel_after_the_answer_ended_keeps_it_completed(client, base_u
     assert (events[-1].type, events[-1].response.status) == ("response.completed", "completed")
 
 
+async def test_a_failure_after_the_answer_ended_keeps_it_completed(base_url, scripted: ScriptedBackend):
+    """A backend failing after its answer's last chunk (the pipeline's work after it) ended a foreground stream with
+    its `response.completed`; a background one went on past it with `error` and `response.failed`, and was stored
+    failed with the whole answer written."""
+    scripted.script.after_finish, scripted.script.fail_after_finish = 0.1, True
+    sdk = _client(base_url)
+    made = await sdk.responses.create(model="tiny", input="hi", background=True)
+    found = await _until(sdk, made.id, "completed", "failed")
+    events = [e async for e in await sdk.responses.retrieve(made.id, stream=True)]
+    assert (found.status, found.output_text) == ("completed", "Hello world")
+    assert events[-1].type == "response.completed" and "response.failed" not in [e.type for e in events]
+
+
 async def test_a_background_response_with_store_false_is_kept_for_polling_only(client, base_url):
     """Kept 10 minutes for polling, it was continued by `previous_response_id` and its items named by
     `item_reference`, as a stored response is, though its client had asked that nothing be stored."""
