@@ -145,7 +145,7 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
             "text": {"format": text.get("format") or {"type": "text"},
                      "verbosity": get(text, "verbosity", str, "medium")},
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-            "truncation": get(body, "truncation", str, "disabled"), "metadata": body.get("metadata") or {},
+            "truncation": get(body, "truncation", str, "disabled"), "metadata": _metadata(body),
             "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
             "store": get(body, "store", bool, True), "top_logprobs": parse_top_logprobs(body),
             "background": get(body, "background", bool, False), "service_tier": "default",  # the one tier here
@@ -170,6 +170,17 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
                   store=echo["store"], previous_response_id=get(body, "previous_response_id", str), echo=echo,
                   compact=compact, parallel_tool_calls=echo["parallel_tool_calls"],
                   truncate=echo["truncation"] == "auto")
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, str]:
+    """OpenAI's bounds (16 pairs, keys to 64 characters, string values to 512), its 400 past them: the response echoes
+    `metadata`, and a list or a number went back as sent where typed clients read an object of strings."""
+    metadata = get(body, "metadata", dict, {})
+    if len(metadata) > 16 or not all(isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+                                     for k, v in metadata.items()):
+        raise BadRequest("metadata: at most 16 pairs, each a key of at most 64 characters and a string value of at "
+                         "most 512", param="metadata")
+    return metadata
 
 
 def _with_logprobs(sampling: SamplingOptions, body: dict[str, Any]) -> SamplingOptions:

@@ -201,10 +201,11 @@ async def test_the_response_echoes_what_codex_and_the_sdk_send(base_url):
     they were null and `text` lost its verbosity."""
     r = await _client(base_url).responses.create(
         model="tiny", input="hi", prompt_cache_key="k1", safety_identifier="u1", max_tool_calls=3,
-        prompt_cache_retention="24h", service_tier="flex", text={"verbosity": "low"})
+        prompt_cache_retention="24h", service_tier="flex", text={"verbosity": "low"}, metadata={"run": "7"})
     assert (r.prompt_cache_key, r.safety_identifier, r.max_tool_calls, r.prompt_cache_retention) == (
         "k1", "u1", 3, "24h")
     assert r.text.verbosity == "low" and r.text.format.type == "text" and r.service_tier == "default"
+    assert r.metadata == {"run": "7"}
     plain = await _client(base_url).responses.create(model="tiny", input="hi")
     assert (plain.prompt_cache_key, plain.max_tool_calls, plain.text.verbosity) == (None, None, "medium")
     assert (plain.temperature, plain.top_p) == (1.0, 1.0)  # the API's defaults (adapters/options.py)
@@ -411,6 +412,12 @@ async def test_failure_mid_stream_fails_the_response():
     ({"model": "tiny", "input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": 5}]},
                                  {"role": "user", "content": "hi"}]}, "text"),
     ({"model": "tiny", "input": [{"type": "reasoning", "content": 7}, {"role": "user", "content": "hi"}]}, "input"),
+    # echoed as sent, a 200: OpenAI's bounds, typed clients read an object of strings
+    ({"model": "tiny", "input": "hi", "metadata": [1]}, "metadata"),
+    ({"model": "tiny", "input": "hi", "metadata": {"n": 1}}, "metadata"),
+    ({"model": "tiny", "input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ({"model": "tiny", "input": "hi", "metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"model": "tiny", "input": "hi", "metadata": {"k": "v" * 513}}, "metadata"),
     ({"model": "tiny", "input": "hi", "reasoning": {"effort": ["high"]}}, "reasoning"),  # was a 500
     ({"model": "tiny", "input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning"),  # reached the backend
     ({"model": "tiny", "input": "hi", "tools": [{"type": "custom", "name": "c", "format": "lark"}]}, "format"),  # 500s
