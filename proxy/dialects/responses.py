@@ -449,12 +449,13 @@ def usage_object(usage: Usage | None) -> dict[str, Any]:
 def response_object(resp_id: str, parsed: Parsed, created_at: float, status: str, output: list[dict[str, Any]],
                     usage: Usage | None = None, error: VeloError | None = None,
                     finish: FinishReason | None = None) -> dict[str, Any]:
-    """`finish`: the answer's finish reason, which says why an incomplete one is (its output limit by default)."""
+    """`finish`: the answer's finish reason, which says why an incomplete one is (its output limit by default). A
+    response not yet ended, queued as in progress, has no usage yet (null, as OpenAI's): a queued one said 0 tokens."""
     incomplete = None if status != "incomplete" else {"reason": _INCOMPLETE.get(finish or "length",
                                                                                 "max_output_tokens")}
     return {"id": resp_id, "object": "response", "created_at": int(created_at), "status": status,
             "error": error_body(error) if error else None, "incomplete_details": incomplete, "model": parsed.model,
-            "output": output, "usage": usage_object(usage) if status != "in_progress" else None,
+            "output": output, "usage": None if status in ("queued", "in_progress") else usage_object(usage),
             **parsed.echo, "completed_at": int(time.time()) if status == "completed" else None}
 
 

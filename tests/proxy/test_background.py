@@ -45,7 +45,7 @@ async def test_a_background_response_returns_queued_and_is_polled_to_its_answer(
     scripted.script.pieces, scripted.script.delay = ["a"] * 40, 0.05
     sdk = _client(base_url)
     queued = await sdk.responses.create(model="tiny", input="hi", background=True)
-    assert (queued.status, queued.output, queued.background) == ("queued", [], True)
+    assert (queued.status, queued.output, queued.background, queued.usage) == ("queued", [], True, None)
     assert (await sdk.responses.retrieve(queued.id)).status in ("queued", "in_progress")
     done = await _until(sdk, queued.id, "completed")
     assert done.output_text == "a" * 40 and done.usage.output_tokens == 40
