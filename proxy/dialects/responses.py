@@ -521,20 +521,24 @@ _ID_PREFIXES = {"message": "msg", "function_call": "fc", "custom_tool_call": "ct
 _PAGE_SIZE, _MAX_PAGE = 20, 100  # OpenAI's default and largest `limit` for input_items
 
 
+# fields the SDK's content part types require, as OpenAI lists a part sent without them
+_PART_DEFAULTS: dict[Any, dict[str, Any]] = {"output_text": {"annotations": []}, "input_image": {"detail": "auto"}}
 _LISTED_WITH_STATUS = ("message", "function_call", "function_call_output", "custom_tool_call",
                        "custom_tool_call_output")  # the SDK's `*Item` types that require a status
 
 
 def stored_item(item: dict[str, Any]) -> dict[str, Any]:
     """An input item as `input_items` lists it: with an id of its own (kept, so pages agree) and a status, a
-    message's text as a content part (an assistant's with its annotations), as OpenAI answers them."""
+    message's text as a content part, each part with the fields the SDK's part types require (an assistant's text its
+    annotations, an image its detail), as OpenAI answers them."""
     out = {**item, "id": item.get("id") or new_id(_ID_PREFIXES.get(str(item.get("type")), "item"))}
     if item.get("type") in _LISTED_WITH_STATUS:
         out.setdefault("status", "completed")
-    if item.get("type") == "message" and isinstance(item.get("content"), str):
-        assistant = item.get("role") == "assistant"
-        out["content"] = [{"type": "output_text", "text": item["content"], "annotations": []} if assistant
-                          else {"type": "input_text", "text": item["content"]}]
+    content = item.get("content")
+    if item.get("type") == "message" and isinstance(content, str):
+        content = [{"type": "output_text" if item.get("role") == "assistant" else "input_text", "text": content}]
+    if item.get("type") == "message" and isinstance(content, list):
+        out["content"] = [{**_PART_DEFAULTS.get(p.get("type"), {}), **p} if isinstance(p, dict) else p for p in content]
     return out
 
 
