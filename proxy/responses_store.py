@@ -89,11 +89,22 @@ class ResponseStore:
 
     async def put(self, tenant: str, record: StoredResponse, ttl_s: float | None = None) -> None:
         """The response, and for each of its items the response's id (the AI SDK sends earlier turns back as
-        `item_reference`s to their ids, `store` being on by default); for `ttl_s`, or `[responses] ttl_s`."""
+        `item_reference`s to their ids, `store` being on by default); for `ttl_s`, or `[responses] ttl_s`. An item an
+        earlier response holds (named by a reference, or sent back with its id) stays that response's: taken over,
+        it was gone with the later response's deletion while the earlier one still held it."""
         resp_id, ttl_s = record.response["id"], self.cfg.ttl_s if ttl_s is None else min(ttl_s, self.cfg.ttl_s)
         await self._put(_key(tenant, resp_id), record, dumps(record.__dict__), ttl_s)
         for item in record.items() if record.kept() else []:
-            await self._put(_item_key(tenant, item["id"]), resp_id, resp_id.encode(), ttl_s)
+            key = _item_key(tenant, item["id"])
+            if await self._owner(key) in (None, resp_id):
+                await self._put(key, resp_id, resp_id.encode(), ttl_s)
+
+    async def _owner(self, item_key: str) -> str | None:
+        """The id of the response holding an item; None where no tier can say (the answer was already made)."""
+        try:
+            return await self._get(item_key, bytes.decode)
+        except StoreUnavailable:
+            return None
 
     async def _put(self, key: str, value: Any, payload: bytes, ttl_s: float) -> None:
         """A tier that fails leaves the response in this process only: its answer was already made."""
@@ -149,10 +160,11 @@ class ResponseStore:
         return True
 
     async def delete(self, tenant: str, resp_id: str) -> bool:
-        """The response, and the references to its items."""
+        """The response, and the references to the items it holds (not those an earlier response holds)."""
         if (record := await self.get(tenant, resp_id)) is None:
             return False
-        keys = [_key(tenant, resp_id)] + [_item_key(tenant, i["id"]) for i in record.items()]
+        items = [_item_key(tenant, i["id"]) for i in record.items()]
+        keys = [_key(tenant, resp_id)] + [key for key in items if await self._get(key, bytes.decode) == resp_id]
         deleted = False
         for key in keys:
             for tier in self.tiers:

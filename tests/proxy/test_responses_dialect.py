@@ -189,6 +189,21 @@ async def test_item_references_name_stored_items_of_the_same_key(base_url, scrip
         await mine.responses.create(model="tiny", input=turn)
 
 
+async def test_deleting_a_turn_keeps_the_items_an_earlier_response_holds(base_url, scripted: ScriptedBackend):
+    """A turn naming an earlier response's item (`item_reference`) took the item over: deleting that turn left the
+    item a 404, though the response that made it was still stored. Deleting that one still ends it."""
+    sdk = _client(base_url)
+    first = await sdk.responses.create(model="tiny", input="My name is Ada.")
+    turn = [{"type": "item_reference", "id": first.output[0].id}, {"role": "user", "content": "What is my name?"}]
+    second = await sdk.responses.create(model="tiny", input=turn)
+    await sdk.responses.delete(second.id)
+    await sdk.responses.create(model="tiny", input=turn)
+    assert scripted.requests[-1].messages[0].content == "Hello world"
+    await sdk.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.create(model="tiny", input=turn)
+
+
 async def test_an_empty_answer_keeps_its_text_part(base_url, scripted: ScriptedBackend):
     """n8n's agent read `content: []` after a tool result; OpenAI and Ollama give the message an empty text part."""
     scripted.script.pieces = []
