@@ -389,22 +389,24 @@ def _format(config: dict[str, Any]) -> Any:
 
 # -- answers -------------------------------------------------------------------------------------------------------
 
-def stop_reason(chunk: Chunk, max_tokens: int | None = None) -> str:
-    """`stop_sequence` where the backend said which stop string ended the answer (the engine, vLLM, SGLang);
+def stop_reason(chunk: Chunk, max_tokens: int | None = None, stops: tuple[str, ...] = ()) -> str:
+    """`stop_sequence` where the backend said which of the client's `stops` ended the answer (the engine, vLLM,
+    SGLang, llama-server); a stop string the client did not send (a preset's or a model's `stop` in config.toml) ends
+    it as `end_turn`, as Anthropic names only the request's own `stop_sequences`;
     `model_context_window_exceeded` where the answer was cut before the client's `max_tokens`: the context ran out
     (Claude Code says so, where for `max_tokens` it tells the user to raise its output limit; it asks 32,000 of
     models whose whole window is often 8-32k)."""
     if chunk.tool_calls:
         return "tool_use"
-    if chunk.stop_sequence is not None and chunk.finish_reason == "stop":
+    if chunk.stop_sequence in stops and chunk.finish_reason == "stop":
         return "stop_sequence"
     if chunk.finish_reason == "length" and max_tokens and chunk.usage and chunk.usage.completion_tokens < max_tokens:
         return "model_context_window_exceeded"
     return _STOP_REASONS.get(chunk.finish_reason or "stop", "end_turn")
 
 
-def _matched(chunk: Chunk) -> str | None:
-    return chunk.stop_sequence if stop_reason(chunk) == "stop_sequence" else None
+def _matched(chunk: Chunk, stops: tuple[str, ...]) -> str | None:
+    return chunk.stop_sequence if stop_reason(chunk, stops=stops) == "stop_sequence" else None
 
 
 def usage_object(usage: Usage | None) -> dict[str, int]:
@@ -427,8 +429,9 @@ def context_management_object(applied: list[Applied]) -> dict[str, Any]:
 
 
 def message_object(msg_id: str, model: str, whole: Chunk, max_tokens: int | None,
-                   context: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A whole non-streamed answer (with `context_management` where the request asked for context editing)."""
+                   context: dict[str, Any] | None = None, stops: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A whole non-streamed answer (with `context_management` where the request asked for context editing);
+    `max_tokens` and `stops` are the client's own."""
     content: list[dict[str, Any]] = []
     if whole.thinking:
         content.append({"type": "thinking", "thinking": whole.thinking, "signature": ""})
@@ -436,7 +439,7 @@ def message_object(msg_id: str, model: str, whole: Chunk, max_tokens: int | None
         content.append({"type": "text", "text": whole.text})
     content += [_tool_use(c) for c in whole.tool_calls]
     out = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-           "stop_reason": stop_reason(whole, max_tokens), "stop_sequence": _matched(whole),
+           "stop_reason": stop_reason(whole, max_tokens, stops), "stop_sequence": _matched(whole, stops),
            "usage": usage_object(whole.usage)}
     return out if context is None else {**out, "context_management": context}
 
@@ -457,6 +460,7 @@ class MessageStream:
     max_tokens: int | None = None  # the client's, which tells a cut by the context window from one by the limit
     context: Callable[[], dict[str, Any]] | None = None  # message_delta's `context_management`, when asked for
     input_tokens: int = 0  # message_start's: an estimate (as Ollama's); message_delta has the backend's count
+    stops: tuple[str, ...] = ()  # the client's `stop_sequences`, the only ones a `stop_sequence` names
     started: bool = False
     done: bool = False
     index: int = -1
@@ -480,7 +484,7 @@ class MessageStream:
             out += self._block("tool_use", {**block, "input": {}}, fresh=True)
             out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments_json()}))
         if chunk.finish_reason is not None:
-            out += self._end(stop_reason(chunk, self.max_tokens), chunk.usage, _matched(chunk))
+            out += self._end(stop_reason(chunk, self.max_tokens, self.stops), chunk.usage, _matched(chunk, self.stops))
         return b"".join(out)
 
     def finish(self) -> bytes:

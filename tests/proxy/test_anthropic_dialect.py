@@ -10,9 +10,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.errors import BackendTimeout, BackendUnavailable
-from adapters.protocol import ModelInfo, ToolCall
+from adapters.protocol import Chunk, ModelInfo, ToolCall, Usage
 from proxy.app import make_app
-from proxy.config import Config, ServerConfig
+from proxy.config import Config, ModelConfig, ServerConfig
 from proxy import context_edits
 from proxy.dialects import anthropic as anthropic_dialect
 from proxy.token_count import estimate
@@ -410,6 +410,36 @@ async def test_an_answer_cut_by_the_context_window_says_so(base_url, scripted: S
     async with sdk.messages.stream(model="tiny", max_tokens=32000, messages=USER) as stream:
         assert (await stream.get_final_message()).stop_reason == "model_context_window_exceeded"
     assert (await sdk.messages.create(model="tiny", max_tokens=3, messages=USER)).stop_reason == "max_tokens"
+
+
+class _StopsAtItsStop(ScriptedBackend):
+    """Ends every answer at the first stop string it was sent, and says which, as the engine and llama-server do."""
+
+    def chat(self, req):
+        self.requests.append(req)
+        return self._stopped(req.options.stop[0] if req.options.stop else None)
+
+    async def _stopped(self, stop):
+        yield Chunk(text="Hi", finish_reason="stop", stop_sequence=stop,
+                    usage=Usage(prompt_tokens=5, completion_tokens=1))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_only_the_clients_own_stop_sequence_is_named(stream):
+    """A model's `stop` in config.toml (or a preset's) is no stop sequence of the client's: the answer it ends is
+    `end_turn`, as Anthropic names only the request's `stop_sequences`; it said `stop_sequence: "<|end|>"` to a
+    client that sent none."""
+    config = Config(models={"tiny": ModelConfig(options={"stop": ["<|end|>"]})})
+    async with TestClient(TestServer(make_app(config, {"s": _StopsAtItsStop("s")}))) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        for asked, reason, matched in (([], "end_turn", None), (["END"], "stop_sequence", "END")):
+            args = dict(model="tiny", max_tokens=8, messages=USER, stop_sequences=asked)
+            if stream:
+                async with sdk.messages.stream(**args) as s:
+                    msg = await s.get_final_message()
+            else:
+                msg = await sdk.messages.create(**args)
+            assert (msg.stop_reason, msg.stop_sequence) == (reason, matched)
 
 
 async def test_errors_name_their_request_as_anthropics_do():
