@@ -66,15 +66,16 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
         if max_tokens < 1:
             raise BadRequest("max_tokens: must be at least 1", param="max_tokens")
     raw_messages = get(body, "messages", list, required=True)
-    if not raw_messages:  # Anthropic's 400; a model asked nothing writes on at random
-        raise BadRequest("messages: at least one message is required", param="messages")
     messages = _system(body.get("system"))
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool results that answer them
     for i, raw in enumerate(raw_messages):
         messages += _message(raw, f"messages.{i}", names)
     messages = _combined(messages)
-    if messages[-1].empty_assistant:  # allowed last, and answered as without it; passed on, vLLM's template wrote
-        messages.pop()  # it as a closed empty turn before the model's own
+    if messages and messages[-1].empty_assistant:  # allowed last, and answered as without it; passed on, vLLM's
+        messages.pop()  # template wrote it as a closed empty turn before the model's own
+    if all(m.role == "system" for m in messages):  # Anthropic's 400; a model asked nothing writes on at random (an
+        # empty assistant turn alone went on as an empty chat, which Ollama answers with nothing: a model load)
+        raise BadRequest("messages: at least one message is required", param="messages")
     tools, ignored = _tools(body)
     config = get(body, "output_config", dict, {})
     choice, parallel = _tool_choice(body.get("tool_choice"))

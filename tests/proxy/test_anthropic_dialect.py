@@ -352,6 +352,10 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
         {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}, "source"),
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]}, "role"),
     ({"model": "tiny", "max_tokens": 8, "messages": []}, "at least one message"),
+    # answered as without the empty last turn, so as `[]`: they went on as an empty chat (Ollama's: a model load)
+    ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "assistant", "content": ""}]}, "at least one message"),
+    ({"model": "tiny", "max_tokens": 8, "system": "Be brief.", "messages": [{"role": "system", "content": "x"}]},
+     "at least one message"),
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": "sometimes"}}, "tool_choice"),
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "tool_choice": {"type": [1]}}, "tool_choice"),  # was a 500
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": 1024},
