@@ -78,6 +78,7 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
         raise BadRequest("messages: at least one message is required", param="messages")
     tools, ignored = _tools(body)
     config = get(body, "output_config", dict, {})
+    get(body, "metadata", dict)  # read by no backend; Anthropic's 400 where it is no object, as for any field
     choice, parallel = _tool_choice(body.get("tool_choice"))
     return Parsed(ChatRequest(model=get_model(body), messages=messages, options=opts, tools=tools,
                               tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(config),
@@ -174,7 +175,7 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
     """Adds one content block to `turn`; a tool result instead comes back as its own "tool" message."""
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text":
-        turn.content += get(block, "text", str, "")
+        turn.content += get(block, "text", str, required=True)
     elif kind == "image":
         turn.images.append(_image(block.get("source"), where))
     elif kind in ("tool_use", "server_tool_use"):  # a server tool's call stays in the history, as Ollama keeps it
@@ -188,7 +189,7 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         call_id = get(block, "tool_use_id", str, required=True)
         result = Message("tool", tool_call_id=call_id, tool_name=names.get(call_id, ""))
         _tool_result(block.get("content") or "", f"{where}.content", result)
-        if block.get("is_error") is True:  # the internal model has no error flag; the model must still see it failed
+        if get(block, "is_error", bool, False):  # the internal model has no error flag; the model must see it failed
             result.content = f"Error: {result.content}"
         return [result]
     elif isinstance(kind, str) and kind.endswith("_tool_result"):  # web_search_tool_result, web_fetch_..., ...
@@ -367,6 +368,7 @@ def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     thinking = get(body, "thinking", dict)
     kind = thinking.get("type") if thinking else None
     if kind == "enabled":
+        get(thinking, "budget_tokens", int)  # no backend takes a budget, but its type is checked as Anthropic does
         effort = config.get("effort")
         # another level reached the backend as sent, where OpenAI's is a 400; a list was a 500 (unhashable)
         if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):

@@ -364,6 +364,16 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
       "output_config": {"effort": ["high"]}}, "effort"),  # was a 500
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "document"),
+    # fields no backend reads, of the wrong type, went by unchecked: an error result said "yes" was read as a success
+    ({"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "no such file",
+                                      "is_error": "yes"}]}]}, "is_error must be a boolean"),
+    ({"model": "tiny", "max_tokens": 2048, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": "1k"}},
+     "budget_tokens must be an integer"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "metadata": "user-1"}, "metadata must be an object"),
+    ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "text is required"),
     ({"model": "tiny", "max_tokens": 8, "messages": [  # Anthropic's own 400; a context edit cleared both results
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
