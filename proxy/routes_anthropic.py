@@ -34,12 +34,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     def headers() -> dict[str, str]:
         return {**job.outcome.headers(), **ignored_tools_header(parsed.ignored_tools)}
 
-    stops = tuple(req.options.stop)
+    stops, guess = tuple(req.options.stop), estimate(req)
     if not req.stream:
         whole = aggregate(await collect(stream))
         return json_response(anthropic.message_object(msg_id, req.model, whole, req.options.max_tokens,
-                                                      asked() if asked else None, stops), headers=headers())
-    writer = anthropic.MessageStream(msg_id, req.model, req.options.max_tokens, asked, input_tokens=estimate(req),
+                                                      asked() if asked else None, stops, guess), headers=headers())
+    writer = anthropic.MessageStream(msg_id, req.model, req.options.max_tokens, asked, input_tokens=guess,
                                      stops=stops)
 
     async def finish() -> bytes:

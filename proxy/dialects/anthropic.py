@@ -412,10 +412,12 @@ def _matched(chunk: Chunk, stops: tuple[str, ...]) -> str | None:
     return chunk.stop_sequence if stop_reason(chunk, stops=stops) == "stop_sequence" else None
 
 
-def usage_object(usage: Usage | None) -> dict[str, int]:
+def usage_object(usage: Usage | None, estimate: int = 0) -> dict[str, int]:
     """Anthropic's split, as llama-server's own Messages API makes it: the prompt tokens a prefix cache served are
-    `cache_read_input_tokens`, the rest `input_tokens` (clients add the two for the context used)."""
-    u = usage or Usage()
+    `cache_read_input_tokens`, the rest `input_tokens` (clients add the two for the context used). Where the backend
+    counted nothing (an OpenAI-compatible server that ignores `stream_options`), the input is `estimate`, as
+    message_start has it: message_delta's 0 replaced it, and the SDK and Claude Code took the context for empty."""
+    u = usage or Usage(prompt_tokens=estimate)
     return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
 
@@ -432,9 +434,10 @@ def context_management_object(applied: list[Applied]) -> dict[str, Any]:
 
 
 def message_object(msg_id: str, model: str, whole: Chunk, max_tokens: int | None,
-                   context: dict[str, Any] | None = None, stops: tuple[str, ...] = ()) -> dict[str, Any]:
+                   context: dict[str, Any] | None = None, stops: tuple[str, ...] = (),
+                   input_tokens: int = 0) -> dict[str, Any]:
     """A whole non-streamed answer (with `context_management` where the request asked for context editing);
-    `max_tokens` and `stops` are the client's own."""
+    `max_tokens` and `stops` are the client's own, `input_tokens` the estimate for a backend that counts none."""
     content: list[dict[str, Any]] = []
     if whole.thinking:
         content.append({"type": "thinking", "thinking": whole.thinking, "signature": ""})
@@ -443,7 +446,7 @@ def message_object(msg_id: str, model: str, whole: Chunk, max_tokens: int | None
     content += [_tool_use(c) for c in whole.tool_calls]
     out = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
            "stop_reason": stop_reason(whole, max_tokens, stops), "stop_sequence": _matched(whole, stops),
-           "usage": usage_object(whole.usage)}
+           "usage": usage_object(whole.usage, input_tokens)}
     return out if context is None else {**out, "context_management": context}
 
 
@@ -543,7 +546,7 @@ class MessageStream:
         self.done = True
         out = (self._block("text", {"text": ""}) if self.index < 0 else []) + self._close()
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
-                 "usage": usage_object(usage)}
+                 "usage": usage_object(usage, self.input_tokens)}
         if self.context is not None:
             delta["context_management"] = self.context()
         out.append(event("message_delta", delta))

@@ -456,6 +456,33 @@ async def test_only_the_clients_own_stop_sequence_is_named(stream):
             assert (msg.stop_reason, msg.stop_sequence) == (reason, matched)
 
 
+class _Uncounted(ScriptedBackend):
+    """An OpenAI-compatible server that ignores `stream_options`: its answer comes with no counts."""
+
+    def chat(self, req):
+        self.requests.append(req)
+        return self._uncounted()
+
+    async def _uncounted(self):
+        yield Chunk(text="Hi")
+        yield Chunk(finish_reason="stop")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_backend_that_counts_nothing_leaves_the_estimate_not_zero(stream):
+    """message_delta's input tokens were 0 where the backend counted none, and replaced message_start's estimate:
+    the SDK's final message (and Claude Code's count of the context it fills) said 0."""
+    async with TestClient(TestServer(make_app(Config(), {"s": _Uncounted("s")}))) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        args = dict(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Summarise this file. " * 20}])
+        if stream:
+            async with sdk.messages.stream(**args) as s:
+                msg = await s.get_final_message()
+        else:
+            msg = await sdk.messages.create(**args)
+    assert msg.usage.input_tokens == estimate(anthropic_dialect.parse_messages(args).request) > 100
+
+
 async def test_errors_name_their_request_as_anthropics_do():
     """Anthropic's `request_id` in the body and its `request-id` header (the SDK's `e.request_id`); Velo's id in
     Anthropic's form, the same as X-Velo-Request-Id. A hung backend's 504 is `timeout_error` (was api_error)."""
