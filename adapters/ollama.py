@@ -54,11 +54,14 @@ def _common(body: dict[str, Any], req: ChatRequest | CompletionRequest) -> dict[
 
 
 def chat_to_wire(req: ChatRequest) -> dict[str, Any]:
+    """Ollama has no `tool_choice`: under "none" the tools stay out, so it parses no call the client said not to
+    make (the model's calls reached the client as calls) and a model without the `tools` capability is not refused
+    ("does not support tools"); the other backends are sent the tools with `tool_choice: none`."""
     if req.tools_in_prompt:
         req = in_prompt(req)
     names = {c.id: c.name for m in req.messages for c in m.tool_calls if c.id}
     body: dict[str, Any] = {"messages": [message_to_wire(m, names) for m in req.messages]}
-    if req.tools:
+    if req.tools and req.tool_choice != "none":
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                            "parameters": t.parameters}} for t in req.tools]
     return _common(body, req)

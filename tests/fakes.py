@@ -305,11 +305,12 @@ class OllamaDouble(FakeServer):
         words, reason = self._reply_tokens(body, self.script.reply)
         prompt_words = sum(len(tokens(m.get("content") or "")) for m in body["messages"])
         think = self.script.thinking if body.get("think") else ""
+        calls = bool(self.script.tool_calls and body.get("tools"))  # Ollama parses calls only when given tools
         if body.get("stream", True) is False:  # api.md "Chat request (No streaming)"
             msg = {"role": "assistant", "content": "".join(words)}
             if think:
                 msg["thinking"] = think
-            if self.script.tool_calls:
+            if calls:
                 msg["tool_calls"] = self._tool_calls()
             return web.json_response({**head, "message": msg, **_logprobs(body, words),
                                       **self._final(body, prompt_words, len(words), started, reason)})
@@ -321,7 +322,7 @@ class OllamaDouble(FakeServer):
             for word in words:
                 yield _ndjson({**head, "message": {"role": "assistant", "content": word}, **_logprobs(body, [word]),
                                "done": False})
-            if self.script.tool_calls:
+            if calls:
                 yield _ndjson({**head, "message": {"role": "assistant", "content": "",
                                                    "tool_calls": self._tool_calls()}, "done": False})
             yield _ndjson({**head, "message": {"role": "assistant", "content": ""},

@@ -62,7 +62,7 @@ async def test_with_always_stream_off_one_answer_is_asked_as_one_and_reads_as_th
     assert (whole.text, whole.finish_reason, whole.usage.completion_tokens) == ("All at once", "stop", 3)
     ollama_double.script.reply = ""
     ollama_double.script.tool_calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
-    calls = aggregate(await collect(plain.chat(chat(stream=False))))
+    calls = aggregate(await collect(plain.chat(chat(stream=False, tools=[Tool("get_weather")]))))
     [call] = calls.tool_calls
     assert (call.name, call.arguments, call.id.startswith("call_")) == ("get_weather", {"city": "Paris"}, True)
     assert calls.finish_reason == "tool_calls"

@@ -246,3 +246,22 @@ async def test_anthropic_empty_last_assistant_turn_is_left_out(velo, empty):
         {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": empty}])
     sent = fake.last("/api/chat" if kind == "ollama" else "/v1/chat/completions")["messages"]
     assert [m["role"] for m in sent] == ["user"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_tool_choice_none_makes_no_call_on_ollama(velo, stream):
+    """Ollama has no tool_choice: sent the tools under "none", its model called one and the client got a tool_use
+    block it had ruled out (and a model without the `tools` capability would be refused). Now it gets no tools."""
+    url, kind, fake = velo
+    if kind != "ollama":
+        pytest.skip("OpenAI-compatible servers take tool_choice themselves")
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
+    args = dict(model=MODELS[kind], max_tokens=32, messages=[{"role": "user", "content": "Read a.py"}], tools=[READ],
+                tool_choice={"type": "none"})
+    if stream:
+        async with client.messages.stream(**args) as s:
+            msg = await s.get_final_message()
+    else:
+        msg = await client.messages.create(**args)
+    assert [b.type for b in msg.content] == ["text"] and msg.stop_reason == "end_turn"
+    assert "tools" not in fake.last("/api/chat")
