@@ -374,6 +374,13 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "metadata": "user-1"}, "metadata must be an object"),
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "text is required"),
+    # a call names its tool: two of one name were both offered, and its call checked against the last one's schema
+    ({"model": "tiny", "max_tokens": 8, "messages": USER,
+      "tools": [READ, {**READ, "input_schema": {"type": "object"}}]},
+     "tools: tool names must be unique, 'read_file' is given twice"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER,
+      "tools": [READ, {"type": "bash_20250124", "name": "read_file"}]}, "tools: tool names must be unique"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "tools": [{**READ, "name": ""}]}, "name must not be empty"),
     ({"model": "tiny", "max_tokens": 8, "messages": [  # Anthropic's own 400; a context edit cleared both results
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
