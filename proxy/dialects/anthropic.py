@@ -178,14 +178,15 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         turn.content += get(block, "text", str, required=True)
     elif kind == "image":
         turn.images.append(_image(block.get("source"), where))
-    elif kind in ("tool_use", "server_tool_use"):  # a server tool's call stays in the history, as Ollama keeps it
+    elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):  # a server tool's (or the MCP connector's) call
+        # stays in the history, as Ollama keeps a server tool's
         call = ToolCall(get(block, "name", str, required=True), get(block, "input", dict, {}),
                         get(block, "id", str, required=True))
         if call.id in names:  # Anthropic's 400: which call a result answers, and which results an edit clears, is
             raise BadRequest(f"{where}: `tool_use` ids must be unique", param="messages")  # by the id
         names[call.id] = call.name
         turn.tool_calls.append(call)
-    elif kind == "tool_result":
+    elif kind in ("tool_result", "mcp_tool_result"):  # the MCP connector's result has a tool result's shape
         call_id = get(block, "tool_use_id", str, required=True)
         result = Message("tool", tool_call_id=call_id, tool_name=names.get(call_id, ""))
         _tool_result(block.get("content") or "", f"{where}.content", result)

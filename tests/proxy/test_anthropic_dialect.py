@@ -245,6 +245,24 @@ async def test_a_server_tools_call_and_result_stay_in_the_history(client, script
                    ("tool", "web_search_tool_result_error: max_uses_exceeded", []), ("user", "Thanks", [])]
 
 
+async def test_an_mcp_connector_call_and_result_stay_in_the_history(client, scripted):
+    """A history from Anthropic's MCP connector (beta mcp-client): its call and its result (text blocks, as a tool
+    result's) read as a call and its result; the call was a 400 "not supported" while its result was taken, as JSON."""
+    body = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Which issues are open?"},
+        {"role": "assistant", "content": [
+            {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "list_issues", "server_name": "github",
+             "input": {"state": "open"}},
+            {"type": "mcp_tool_result", "tool_use_id": "mcptoolu_1", "is_error": False,
+             "content": [{"type": "text", "text": "#12 crash on start"}]}]},
+        {"role": "user", "content": "Thanks"}]}
+    resp = await client.post("/v1/messages", json=body)
+    assert resp.status == 200, await resp.text()
+    got = [(m.role, m.content, [c.name for c in m.tool_calls]) for m in scripted.requests[0].messages]
+    assert got == [("user", "Which issues are open?", []), ("assistant", "", ["list_issues"]),
+                   ("tool", "#12 crash on start", []), ("user", "Thanks", [])]
+
+
 @pytest.mark.parametrize("choice, internal", [
     ({"type": "auto"}, None), ({"type": "any"}, "required"), ({"type": "none"}, "none"),
     ({"type": "tool", "name": "read_file"}, {"type": "function", "function": {"name": "read_file"}})])
