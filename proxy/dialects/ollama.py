@@ -76,7 +76,8 @@ def _tool_call(raw: Any) -> ToolCall:
     fn = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise BadRequest("tool_calls entries must be {function: {name, arguments}}", param="messages")
-    args = fn.get("arguments", {})
+    args = fn.get("arguments")
+    args = {} if args is None else args  # null is no arguments, as Go's JSON reads it (api/types.go orderedmap)
     if not isinstance(args, dict):
         raise BadRequest("tool call arguments must be an object", param="messages")
     called = raw.get("id")  # null is no id ("None" gave two calls one id, and the second's result the first's)

@@ -357,6 +357,17 @@ def test_a_tool_call_id_of_null_is_no_id():
     assert [c.id for c in message.tool_calls] == ["", "", "7"]
 
 
+async def test_a_tool_call_whose_arguments_are_null_is_a_call_without_arguments(client, scripted):
+    """Go reads a null into the arguments' map as no arguments (api/types.go ToolCallFunctionArguments), so Ollama
+    answers such a history; Velo refused it with a 400 "tool call arguments must be an object"."""
+    call = {"function": {"name": "now", "arguments": None}}
+    resp = await client.post("/api/chat", json={"model": "tiny", "stream": False, "messages": [
+        {"role": "user", "content": "time?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "noon", "tool_name": "now"}]})
+    assert resp.status == 200, await resp.text()
+    assert [(c.name, c.arguments) for c in scripted.requests[0].messages[1].tool_calls] == [("now", {})]
+
+
 async def test_a_model_that_only_embeds_is_refused_a_chat_or_a_generation_as_ollama_refuses_it():
     """Its bare load answered "load", and a chat went to the backend: Ollama answers 400 `"emb" does not support
     chat` (or `generate`) before loading it. Its embeddings' own bare load still loads."""
