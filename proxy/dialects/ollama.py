@@ -196,8 +196,10 @@ def parse_generate(body: Any) -> CompletionRequest:
 def parse_embed(body: Any) -> EmbedRequest:
     body = body_object(body)
     inputs = [] if body.get("input") == "" else string_list(body, "input")  # Ollama embeds no empty string
+    dimensions = get(body, "dimensions", int)  # Ollama shortens only by a positive count (server/routes.go)
     return EmbedRequest(model=get_model(body), inputs=inputs, truncate=get(body, "truncate", bool, True),
-                        dimensions=get(body, "dimensions", int), options=get(body, "options", dict, {}),
+                        dimensions=dimensions if dimensions and dimensions > 0 else None,
+                        options=get(body, "options", dict, {}),
                         keep_alive=parse_keep_alive(body))
 
 

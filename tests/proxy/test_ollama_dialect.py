@@ -222,6 +222,15 @@ async def test_tags_lists_the_newest_first(client):
     assert names[0] == "pirate:latest" and len(names) > 1
 
 
+async def test_embed_dimensions_of_zero_or_less_ask_for_the_whole_vector(client, scripted):
+    """EmbedHandler shortens only where 0 < dimensions (server/routes.go); Velo passed -1 on, which an
+    OpenAI-compatible server refuses (OpenAI's and vLLM's 400) where Ollama answers the whole vector."""
+    for dimensions in (-1, 0):
+        resp = await client.post("/api/embed", json={"model": "tiny", "input": "a", "dimensions": dimensions})
+        assert resp.status == 200
+    assert [r.dimensions for r in scripted.requests] == [None, None]
+
+
 async def test_legacy_embeddings_and_version_and_root(client):
     resp = await client.post("/api/embeddings", json={"model": "tiny", "prompt": "abcd"})
     assert (await resp.json())["embedding"][0] == 4.0
