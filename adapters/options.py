@@ -92,6 +92,11 @@ def names(wire: str) -> set[str]:
     return {name for _, name in _ON[wire]}
 
 
+def kinds(wire: str) -> dict[str, type]:
+    """The keys `wire` has knobs for, with the knob's type."""
+    return {name: knob.kind for knob, name in _ON[wire]}
+
+
 def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> SamplingOptions:
     """The knobs `raw` (a client's body or options object) sets, type-checked; a value outside the range the
     wire's API documents is a 400 naming the field. `cut_fractions`: an integer knob takes any number (`_whole`).

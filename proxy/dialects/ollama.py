@@ -22,11 +22,16 @@ from adapters.fields import body_object, get, get_model, string_list
 from .ollama_names import full_name, go_quoted
 
 _MAX_TOP_LOGPROBS = 20  # server/routes.go
-# Ollama's options outside the sampling table (api/types.go Options and Runner, and mirostat, tfs_z and
-# penalize_newline of older versions, which llama-server still honours): passed on in `extra`.
-OTHER_OPTIONS = frozenset({"num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
-                           "draft_num_predict", "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z",
-                           "penalize_newline"})
+# Ollama's options outside the sampling table (api/types.go Options and Runner) with the type its Options.FromMap
+# takes, and mirostat, tfs_z and penalize_newline of older versions, which llama-server still honours and Ollama no
+# longer reads (None: nothing to check): passed on in `extra`.
+_OTHER_TYPES: dict[str, type | None] = {
+    "num_keep": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "use_mmap": bool, "num_thread": int,
+    "draft_num_predict": int, "mirostat": None, "mirostat_tau": None, "mirostat_eta": None, "tfs_z": None,
+    "penalize_newline": None}
+OTHER_OPTIONS = frozenset(_OTHER_TYPES)
+_OPTION_TYPES = options.kinds("ollama") | _OTHER_TYPES
+_GO_TYPE_NAMES = {int: "integer", float: "float32", bool: "boolean", list: "array"}  # as FromMap names them
 
 
 # Knobs a client puts beside `options`, as ollama-ai-provider-v2 does (Cherry Studio and other AI SDK apps): Ollama
@@ -39,11 +44,27 @@ def parse_options(body: dict[str, Any]) -> SamplingOptions:
     """The `options` object: knobs by the options table, anything else passed on untouched in `extra`."""
     beside = {name: value for key, name in _BESIDE_OPTIONS.items()
               if isinstance(value := body.get(key), (int, float)) and not isinstance(value, bool)}  # else ignored
-    raw = beside | get(body, "options", dict, {})
+    raw = beside | _typed_options(get(body, "options", dict, {}))
     opts = options.read("ollama", raw, cut_fractions=True)
     known = options.names("ollama")
     opts.extra = {k: v for k, v in raw.items() if k not in known}
     return opts  # num_predict -1 (until done) and -2 (fill the context) stay, for the fit stage
+
+
+def _typed_options(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw`, once each option Ollama reads has its type, else Ollama's refusal in its words (api/types.go
+    Options.FromMap, which every handler applies; Ollama answers 500, a client's mistake a 400 here): a number of
+    either kind for an integer or a float, null unset. A string `stop` stays Velo's one stop word."""
+    for key, value in raw.items():
+        kind = _OPTION_TYPES.get(key)
+        if kind is None or value is None or kind is list and isinstance(value, str):
+            continue
+        if not isinstance(value, kind if kind in (bool, list) else (int, float)) \
+                or isinstance(value, bool) != (kind is bool):
+            raise BadRequest(f"option {go_quoted(key)} must be of type {_GO_TYPE_NAMES[kind]}", param=key)
+        if kind is list and not all(isinstance(v, str) for v in value):
+            raise BadRequest(f"option {go_quoted(key)} must be of an array of strings", param=key)
+    return raw
 
 
 def parse_top_logprobs(body: dict[str, Any], key: str = "top_logprobs", most: int = _MAX_TOP_LOGPROBS) -> int:
@@ -199,14 +220,15 @@ def parse_embed(body: Any) -> EmbedRequest:
     dimensions = get(body, "dimensions", int)  # Ollama shortens only by a positive count (server/routes.go)
     return EmbedRequest(model=get_model(body), inputs=inputs, truncate=get(body, "truncate", bool, True),
                         dimensions=dimensions if dimensions and dimensions > 0 else None,
-                        options=get(body, "options", dict, {}),
+                        options=_typed_options(get(body, "options", dict, {})),
                         keep_alive=parse_keep_alive(body))
 
 
 def parse_legacy_embeddings(body: Any) -> EmbedRequest:
     body = body_object(body)
     return EmbedRequest(model=get_model(body), inputs=[get(body, "prompt", str, "")],
-                        options=get(body, "options", dict, {}), keep_alive=parse_keep_alive(body), normalize=False)
+                        options=_typed_options(get(body, "options", dict, {})), keep_alive=parse_keep_alive(body),
+                        normalize=False)
 
 
 def now_iso() -> str:

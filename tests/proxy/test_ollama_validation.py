@@ -23,6 +23,14 @@ CHAT = [{"role": "user", "content": "hi"}]
      "illegal base64 data at input byte 5"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": [7]}]}, 400, "base64 strings"),
     ("/api/chat", {"messages": CHAT, "options": {"num_predict": 1e300}}, 400, "out of range"),  # was a 500
+    # api/types.go Options.FromMap's words (Ollama answers them 500); runner options went on unchecked
+    ("/api/chat", {"messages": CHAT, "options": {"temperature": "hot"}}, 400,
+     'option "temperature" must be of type float32'),
+    ("/api/generate", {"prompt": "x", "options": {"num_gpu": "all"}}, 400, 'option "num_gpu" must be of type integer'),
+    ("/api/chat", {"messages": CHAT, "options": {"use_mmap": 1}}, 400, 'option "use_mmap" must be of type boolean'),
+    ("/api/chat", {"messages": CHAT, "options": {"top_k": True}}, 400, 'option "top_k" must be of type integer'),
+    ("/api/chat", {"messages": CHAT, "options": {"stop": [1]}}, 400, 'option "stop" must be of an array of strings'),
+    ("/api/embed", {"input": "x", "options": {"num_ctx": "8k"}}, 400, 'option "num_ctx" must be of type integer'),
 ])
 async def test_refused_as_ollama_refuses(client, scripted: ScriptedBackend, path, body, status, error):
     resp = await client.post(path, json={"model": "tiny", "stream": False, **body})
