@@ -98,10 +98,11 @@ async def _safe_running(backend: Backend, wait: float) -> list[RunningModel]:
 
 
 async def _load_or_unload(request: web.Request, model: str, keep: Any, think: Any = None,
-                          generates: str | None = None) -> tuple[str, int]:
+                          generates: str | None = None, inserts: bool = False) -> tuple[str, int]:
     """Ollama's bare request (no messages, no prompt): loads the model, or with `keep_alive: 0` unloads it. Asking
     a model that cannot think to think is Ollama's 400 already here: `ollama run --think` sends it with its load
-    request "so we fail before getting to the chat prompt" (cmd/cmd.go)."""
+    request "so we fail before getting to the chat prompt" (cmd/cmd.go); so is a suffix (`inserts`) for a model
+    that cannot fill in the middle, as GenerateHandler checks its capabilities before it loads."""
     router, residency = request[ROUTER], request[PIPELINE].residency
     target = await router.resolve(model)
     if keep_alive.unloads(keep):
@@ -112,6 +113,8 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
     if (completes or thinks) and (info := await router.model_info(target)) is not None:  # an embed load asks nothing
         if completes:
             lacks_completion(model, info, generates == "chat")  # an embedding model's chat "load" (Ollama: a 400)
+            if inserts and "insert" not in info.capabilities:
+                raise ModelLacks(model, "insert")
         if thinks and "thinking" not in info.capabilities:
             raise ModelLacks(model, "thinking")
     return "load", await residency.load(target, keep)
@@ -163,8 +166,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, started = ollama.parse_generate(body), time.perf_counter_ns()
     with _named_in_ollamas_grammar(req.model):
-        if not req.prompt and not req.suffix and not req.images:
-            reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "generate")
+        if not req.prompt:  # a suffix or images beside it too (GenerateHandler: `req.Prompt == ""`)
+            reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "generate",
+                                                    req.suffix is not None)
             return json_response(ollama.load_object(req.model, reason, load_ns))
         return await _answer(request, job_for(request, req, body),
                              lambda c: ollama.generate_object(req.model, c, started))

@@ -156,6 +156,25 @@ async def test_generate_context_and_load_only(client, scripted: ScriptedBackend)
     assert body["response"] == "Hello world" and scripted.requests[0].context == [1, 2]
 
 
+async def test_an_empty_prompt_only_loads_whatever_else_the_generate_holds(client, scripted: ScriptedBackend):
+    """GenerateHandler loads the model on an empty prompt (with keep_alive 0 unloads it), a suffix or images beside
+    it too (server/routes.go `req.Prompt == ""`); Velo generated from the suffix or the images, and so answered a
+    request to unload with a completion and left the model loaded."""
+    for beside in ({"suffix": "    return x"}, {"images": ["aGVsbG8="]}):
+        for keep, reason in ((None, "load"), (0, "unload")):
+            resp = await client.post("/api/generate", json={"model": "tiny", "prompt": "", "keep_alive": keep,
+                                                            "stream": False, **beside})
+            assert (await resp.json())["done_reason"] == reason
+    assert scripted.requests == []
+
+
+async def test_an_empty_prompts_suffix_is_refused_by_a_model_that_cannot_insert(client, scripted):
+    """GenerateHandler checks the model's capabilities, `insert` for a suffix, before it loads it."""
+    scripted.capabilities = ["completion"]
+    resp = await client.post("/api/generate", json={"model": "tiny", "prompt": "", "suffix": "x"})
+    assert (resp.status, await resp.json()) == (400, {"error": '"tiny" does not support insert'})
+
+
 async def test_the_ollama_clis_empty_suffix_system_and_template_are_none(client, scripted: ScriptedBackend):
     """`ollama run MODEL "prompt"` sends `suffix`, `system` and `template` empty with every prompt (api/types.go has
     no omitempty there): Ollama reads "" as none. Read as an empty template override, the prompt was lost."""
