@@ -136,13 +136,11 @@ def _named_in_ollamas_grammar(model: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _missing_as_embedding_handlers_say(model: str) -> Iterator[None]:
-    """EmbedHandler and EmbeddingsHandler answer a model they cannot find through handleScheduleError (server/
-    routes.go): 404 `model "x" not found, try pulling it first`, where the chat, generate and show handlers say
-    `model 'x' not found`; embedding clients match on "try pulling it first" to tell the user to pull."""
+    """EmbedHandler and EmbeddingsHandler answer a model they cannot find through handleScheduleError."""
     try:
         yield
     except ModelNotFound as e:
-        raise ModelNotFound(model, f"model {ollama_names.go_quoted(model)} not found, try pulling it first") from e
+        raise ollama.not_pulled(model) from e
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

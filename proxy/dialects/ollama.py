@@ -189,13 +189,21 @@ def parse_chat(body: Any) -> ChatRequest:
     return ChatRequest(model=get_model(body), messages=messages, **_shared(body), tools=parse_tools(body))
 
 
-def _generated_model(body: dict[str, Any]) -> str:
-    """GenerateHandler answers a missing or blank model as a model it cannot find (server/routes.go: 404 `model ''
-    not found`), where ChatHandler says 400 "model is required"."""
+def _generated_model(body: dict[str, Any], embeds: bool = False) -> str:
+    """GenerateHandler and EmbedHandler answer a missing or blank model as a model they cannot find (server/routes.go:
+    404 `model '' not found`, EmbedHandler's through handleScheduleError), where ChatHandler says 400 "model is
+    required"."""
     model = get(body, "model", str, "")
     if not model.strip():
-        raise ModelNotFound(model)
+        raise not_pulled(model) if embeds else ModelNotFound(model)
     return get_model(body)
+
+
+def not_pulled(model: str) -> ModelNotFound:
+    """handleScheduleError's 404 (server/routes.go), which the embedding handlers answer for a model they cannot
+    find, where the chat, generate and show handlers say `model 'x' not found`: embedding clients match on "try
+    pulling it first" to tell the user to pull."""
+    return ModelNotFound(model, f"model {go_quoted(model)} not found, try pulling it first")
 
 
 def parse_generate(body: Any) -> CompletionRequest:
@@ -218,7 +226,8 @@ def parse_embed(body: Any) -> EmbedRequest:
     body = body_object(body)
     inputs = [] if body.get("input") == "" else string_list(body, "input")  # Ollama embeds no empty string
     dimensions = get(body, "dimensions", int)  # Ollama shortens only by a positive count (server/routes.go)
-    return EmbedRequest(model=get_model(body), inputs=inputs, truncate=get(body, "truncate", bool, True),
+    return EmbedRequest(model=_generated_model(body, embeds=True), inputs=inputs,
+                        truncate=get(body, "truncate", bool, True),
                         dimensions=dimensions if dimensions and dimensions > 0 else None,
                         options=_typed_options(get(body, "options", dict, {})),
                         keep_alive=parse_keep_alive(body))

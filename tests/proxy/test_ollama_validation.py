@@ -54,10 +54,13 @@ async def test_a_whole_number_option_of_null_is_unset_as_ollama_skips_it(client,
     ("/api/generate", {"prompt": "x", "raw": True, "system": "s"}, 404, "model '' not found"),  # the model first
     ("/api/chat", {"messages": CHAT}, 400, "model is required"),
     ("/api/chat", {"model": " ", "messages": []}, 400, "model is required"),
+    ("/api/embed", {"input": "hi"}, 404, 'model "" not found, try pulling it first'),
+    ("/api/embed", {"model": " ", "input": []}, 404, 'model " " not found, try pulling it first'),
+    ("/api/embeddings", {"prompt": "hi"}, 400, "model is required"),
 ])
 async def test_a_missing_model_is_refused_as_each_handler_refuses_it(client, scripted, path, body, status, error):
-    """server/routes.go: GenerateHandler answers it as a model it cannot find (Velo said 400 "model is required"),
-    ChatHandler as a bad request."""
+    """server/routes.go: GenerateHandler and EmbedHandler (through handleScheduleError) answer it as a model they
+    cannot find (Velo said 400 "model is required"), ChatHandler and EmbeddingsHandler as a bad request."""
     resp = await client.post(path, json=body)
     assert (resp.status, await resp.json()) == (status, {"error": error})
     assert scripted.requests == []
