@@ -197,9 +197,11 @@ class OllamaBackend(Backend):
                                     parse=lambda obj: model_info_from_wire(model, self.name, obj))
 
     async def load(self, model: str, keep: Any) -> int:
-        """Ollama's own load request, passed on: an empty /api/generate."""
+        """Ollama's own load request, passed on: an empty /api/generate, or for a model that only embeds an empty
+        /api/embed, as GenerateHandler refuses such a model even a load (`"x" does not support generate`)."""
+        embeds = "completion" not in (await self.show(model)).capabilities
         body = {"model": model} | ({} if keep is None else {"keep_alive": keep})
-        return await self.http.call("POST", "/api/generate", body, model=model,
+        return await self.http.call("POST", "/api/embed" if embeds else "/api/generate", body, model=model,
                                     parse=lambda obj: count(obj, "load_duration"))
 
     async def unload(self, model: str) -> None:

@@ -292,12 +292,20 @@ class OllamaDouble(FakeServer):
                  "function": {"index": i, "name": c["name"], "arguments": c["arguments"]}}
                 for i, c in enumerate(self.script.tool_calls)]
 
+    def _refused(self, name: str, route: str) -> web.Response | None:
+        """server/routes.go: a model that only embeds is refused a chat or a generation, its load included."""
+        if "completion" in self.models[name].capabilities:
+            return None
+        return self.error(400, f'"{name}" does not support {route}')
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         body = await request.json()
         head = {"model": body.get("model", ""), "created_at": _now()}
         if body.get("model") not in self.models:
             return self._missing(body.get("model", ""))
+        if (refused := self._refused(body["model"], "chat")) is not None:
+            return refused
         if not body.get("messages"):  # api.md "Load a model" / "Unload a model" for chat
             reason = "unload" if body.get("keep_alive") == 0 else "load"
             return web.json_response({**head, "message": {"role": "assistant", "content": ""},
@@ -335,6 +343,9 @@ class OllamaDouble(FakeServer):
         head = {"model": body.get("model", ""), "created_at": _now()}
         if body.get("model") not in self.models:
             return self._missing(body.get("model", ""))
+        unloads = not body.get("prompt") and body.get("keep_alive") == 0  # before the capabilities, as Ollama
+        if not unloads and (refused := self._refused(body["model"], "generate")) is not None:
+            return refused
         if not body.get("prompt"):  # api.md "Load a model" / "Unload a model"
             extra = {"done_reason": "unload"} if body.get("keep_alive") == 0 else {}
             return web.json_response({**head, "response": "", "done": True, **extra})
@@ -357,7 +368,10 @@ class OllamaDouble(FakeServer):
         body = await request.json()  # api.md "Generate Embeddings"
         if body.get("model") not in self.models:
             return self._missing(body.get("model", ""))
-        inputs = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        raw = body.get("input")
+        inputs = ([raw] if raw else []) if raw is None or isinstance(raw, str) else raw
+        if not inputs:  # EmbedHandler: a request without input loads the model, and says nothing more
+            return web.json_response({"model": body["model"], "embeddings": []})
         dims = body.get("dimensions") or 8
         return web.json_response({"model": body["model"], "embeddings": [fake_embedding(t, dims) for t in inputs],
                                   "total_duration": 14143917, "load_duration": 1019500,

@@ -417,6 +417,32 @@ async def test_a_model_that_only_embeds_is_refused_a_chat_or_a_generation_as_oll
     assert not [r for r in emb.requests if not hasattr(r, "inputs")]
 
 
+async def test_a_model_that_only_embeds_loads_on_ollama_as_its_embed_handler_loads_it():
+    """GenerateHandler refuses such a model even a bare load (`"x" does not support generate`, server/routes.go), and
+    Velo loaded every model through it: /api/embed without input and /api/embeddings with an empty prompt, which
+    Ollama answers by loading the model, were that 400 for an embedding model on an Ollama backend."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from adapters.base import BackendConfig
+    from proxy.app import make_app
+    from proxy.cache.config import CacheConfig
+    from proxy.config import Config
+    from tests.fakes import OllamaDouble
+    async with OllamaDouble() as fake:
+        fake.models["all-minilm:latest"].capabilities = ["embedding"]
+        cfg = Config(backends=[BackendConfig(name="up", kind="ollama", urls=[fake.url])],
+                     cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(cfg))) as c:
+            embed = await c.post("/api/embed", json={"model": "all-minilm", "keep_alive": "10m"})
+            assert (embed.status, await embed.json()) == (200, {"model": "all-minilm", "embeddings": []})
+            legacy = await c.post("/api/embeddings", json={"model": "all-minilm", "prompt": ""})
+            assert (legacy.status, await legacy.json()) == (200, {"embedding": []})
+            assert fake.last("/api/embed") == {"model": "all-minilm:latest"}
+            unload = await c.post("/api/embed", json={"model": "all-minilm", "keep_alive": 0})  # as Ollama unloads
+            assert unload.status == 200
+            assert fake.last("/api/generate") == {"model": "all-minilm:latest", "keep_alive": 0}
+
+
 async def test_ps_shows_the_others_when_a_backend_does_not_answer():
     """Each backend was asked in turn with no limit: one that hung held /api/ps for its total_timeout. It is waited
     for as long as the router waits for a listing."""
