@@ -16,7 +16,7 @@ from adapters.fields import body_object, get
 from adapters.protocol import Chunk, ModelInfo, RunningModel, aggregate, epoch
 
 from .auth import CALLER
-from .dialects import ollama, ollama_names
+from .dialects import ollama, ollama_models, ollama_names
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
 from .presets import parameters_over
@@ -39,7 +39,7 @@ async def version(request: web.Request) -> web.Response:
 async def tags(request: web.Request) -> web.Response:
     """Newest first, as Ollama lists them (server/model_list_cache.go): a model just created comes first."""
     models = sorted(await request[ROUTER].list_models(), key=lambda m: epoch(m.modified_at), reverse=True)
-    return json_response({"models": [ollama.tag_object(m) for m in models]})
+    return json_response({"models": [ollama_models.tag_object(m) for m in models]})
 
 
 async def show(request: web.Request) -> web.Response:
@@ -61,7 +61,7 @@ async def show(request: web.Request) -> web.Response:
     model = preset.shown(info) if preset else info
     # `parameters` are the model's own (Ollama's ShowHandler lists them before it applies the request's options):
     # `ollama run`'s /show parameters prints them as "Model defined", the session's /set ones after them
-    shown = ollama.show_object(_as_asked(model, body)) | {"parameters": model.parameters}
+    shown = ollama_models.show_object(_as_asked(model, body)) | {"parameters": model.parameters}
     # a preset's conversation, which `ollama run` prints before its prompt
     return json_response({**shown, "messages": preset.messages} if preset and preset.messages else shown)
 
@@ -85,7 +85,7 @@ async def ps(request: web.Request) -> web.Response:
                 model.expires_at = residency.expires_at(backend.name, model.name) or model.expires_at
             running.append(model)
     running.sort(key=lambda m: epoch(m.expires_at), reverse=True)  # the longest left first, as PsHandler sorts them
-    return json_response({"models": [ollama.ps_object(m) for m in running]})
+    return json_response({"models": [ollama_models.ps_object(m) for m in running]})
 
 
 async def _safe_running(backend: Backend, wait: float) -> list[RunningModel]:

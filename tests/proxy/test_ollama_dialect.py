@@ -7,7 +7,8 @@ import orjson
 import pytest
 
 from adapters.protocol import Chunk, ModelInfo, TokenLogprob, ToolCall
-from proxy.dialects.ollama import generate_object, show_object
+from proxy.dialects.ollama import generate_object
+from proxy.dialects.ollama_models import show_object
 from tests.scripted import ScriptedBackend
 
 
