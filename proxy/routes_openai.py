@@ -147,16 +147,22 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
     opened: set[int] = set()
 
+    def event(obj: dict) -> bytes:
+        """With include_usage, every chunk before the usage chunk has `usage: null`, as OpenAI sends them."""
+        if include_usage:
+            obj["usage"] = None
+        return sse(obj)
+
     def encode(index: int, chunk: Chunk) -> bytes:
         if chunk.usage is not None:
             usages.append((index, chunk.usage))
         head = b""
         if opening and index not in opened:  # OpenAI opens each choice with a role delta
             opened.add(index)
-            head = sse(openai.chat_chunk(ids, model_name, index, None, first=True))
+            head = event(openai.chat_chunk(ids, model_name, index, None, first=True))
         if chunk.heartbeat:
             return head or SSE_KEEPALIVE
-        return head + sse(shape(index, chunk))
+        return head + event(shape(index, chunk))
 
     unfinished = len(streams)  # choices still answering
 

@@ -50,6 +50,21 @@ async def test_chat_stream_with_usage_and_tool_calls(base_url, scripted: Scripte
     assert {c.system_fingerprint for c in chunks} == {"velo"}  # the usage chunk's too, as every other chunk's
 
 
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                                        ("/v1/completions", {"prompt": "hi"})])
+async def test_with_include_usage_every_other_chunk_has_a_null_usage(client, path, body):
+    """OpenAI's reference: with `include_usage`, "all other chunks will also include a usage field, but with a null
+    value"; they had none. Without it, no chunk has the field."""
+    for include in (True, False):
+        resp = await client.post(path, json={"model": "tiny", "stream": True, "n": 2, **body,
+                                             "stream_options": {"include_usage": include}})
+        events = [orjson.loads(line[6:]) for line in (await resp.read()).splitlines() if line.startswith(b"data: {")]
+        *choices, last = events
+        assert all(("usage" in e, e.get("usage")) == (include, None) for e in choices) and len(choices) > 2
+        assert (last["choices"], last.get("usage", {}).get("total_tokens")) == (([], 11) if include else
+                                                                                (last["choices"], None))
+
+
 async def test_parallel_calls_stream_one_an_event_index_counting_on(client, scripted: ScriptedBackend):
     """OpenAI, llama-server and vLLM stream each call in an event of its own; gptel reads only an event's first call
     (`tool_calls[0]`) and ran one of two."""
