@@ -355,7 +355,11 @@ def as_tools(body: dict[str, Any]) -> dict[str, Any]:
         raise BadRequest("functions entries must be objects {name, description, parameters}", param="functions")
     choice = body.get("function_call")
     if isinstance(choice, dict):
-        choice = {"type": "function", "function": {"name": get(choice, "name", str, required=True)}}
+        name = get(choice, "name", str, required=True)
+        if name not in {f.get("name") for f in functions}:  # else tool_choice's 400, naming a field not sent
+            raise BadRequest(f"Invalid value for 'function_call': no function named {name!r} was specified in the "
+                             "'functions' parameter.", param="function_call")
+        choice = {"type": "function", "function": {"name": name}}
     elif choice not in (None, "none", "auto"):
         raise BadRequest('function_call must be "none", "auto" or {"name": ...}', param="function_call")
     return {**body, "tools": [{"type": "function", "function": f} for f in functions], "tool_choice": choice,

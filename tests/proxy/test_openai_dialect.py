@@ -429,6 +429,10 @@ async def test_the_legacy_functions_form_is_answered_in_it(base_url, scripted):
         await sdk.chat.completions.create(model="tiny", messages=history[:1], functions=[WEATHER_FN],
                                           function_call="always")
     assert e.value.param == "function_call"
+    with pytest.raises(openai.BadRequestError) as e:  # it named `tool_choice`, a field the client never sent
+        await sdk.chat.completions.create(model="tiny", messages=history[:1], functions=[WEATHER_FN],
+                                          function_call={"name": "get_time"})
+    assert e.value.param == "function_call" and "no function named 'get_time'" in e.value.message
     plain = await sdk.chat.completions.create(model="tiny", messages=history[:1], extra_body={"functions": None})
     assert plain.choices[0].finish_reason == "tool_calls" and scripted.requests[-1].tools == []  # was a 500
 
