@@ -331,12 +331,26 @@ def parse_chat(body: Any) -> ChatRequest:
     _text_only(body)
     tools, choice = parse_tool_choice(body.get("tool_choice"), parse_tools(body))
     kwargs = template_kwargs(body)
-    return ChatRequest(model=get_model(body), messages=[parse_message(m) for m in messages],
+    return ChatRequest(model=get_model(body), messages=_messages(messages),
                        options=parse_options(body), tools=tools, tool_choice=tool_choice.checked(choice, tools),
                        format=parse_response_format(body),
                        stream=_stream(body), n=_n(body), think=parse_think(body, kwargs),
                        parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), template_kwargs=kwargs,
                        truncate=get(body, "truncate", bool))  # Ollama's field: `true` trims as Ollama's /v1 does
+
+
+def _messages(raw: list[Any]) -> list[Message]:
+    """Each message parsed; a fault in one of its own fields is named by its path, as OpenAI names it
+    (`messages[1].role`): it named `role` or `tool_call_id`, as if the request had such a field."""
+    out = []
+    for i, m in enumerate(raw):
+        try:
+            out.append(parse_message(m))
+        except BadRequest as e:
+            if e.param in (None, "messages"):
+                raise
+            raise BadRequest(f"messages[{i}].{e.message}", param=f"messages[{i}].{e.param}") from e
+    return out
 
 
 def legacy_functions(body: dict[str, Any]) -> bool:

@@ -492,6 +492,11 @@ async def test_an_allowed_tools_choice_offers_only_the_tools_it_names(base_url, 
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy"}},
      "audio output", "modalities"),
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "Invalid value: 'wizard'", "messages"),
+    # a message's own field by its path, as OpenAI names it: `role`, `tool_call_id` named no field of the request
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}, {"content": "y"}]},
+     "messages[1].role is required", "messages[1].role"),
+    ({"model": "tiny", "messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]},
+     "messages[0].tool_call_id must be a string", "messages[0].tool_call_id"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
      "no tools are given", "tool_choice"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": {
