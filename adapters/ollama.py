@@ -72,7 +72,7 @@ def generate_to_wire(req: CompletionRequest) -> dict[str, Any]:
     for key in ("suffix", "system", "template", "context"):
         if (value := getattr(req, key)) is not None:
             body[key] = value
-    if req.raw:
+    if req.raw and not req.suffix:  # Ollama builds a fill-in-the-middle only in the model's template, which raw skips
         body["raw"] = True
     if req.images:
         body["images"] = req.images
@@ -141,9 +141,12 @@ class _StreamState:
 
     saw_tool_calls: bool = False
     done: bool = False
+    raw: bool = False  # a raw generate's answer has no context (a raw fill-in-the-middle goes as one that is not raw)
 
     def take(self, chunk: Chunk) -> Chunk:
         self.saw_tool_calls |= bool(chunk.tool_calls)
+        if self.raw:
+            chunk.context = None
         if chunk.finish_reason:
             self.done = True
             if self.saw_tool_calls and chunk.finish_reason == "stop":
@@ -227,13 +230,13 @@ class OllamaBackend(Backend):
         if req.prompt_ids is not None:  # /api/generate's prompt is text, and its /v1/completions' a string too
             raise Unsupported(f"backend {self.name!r} (ollama) cannot complete token ids: Ollama takes the prompt as "
                               "text only; send it as a string or an array of strings", param="prompt")
-        stream = self._generate("/api/generate", generate_to_wire(asked_of(req, self.config)), req.model)
+        stream = self._generate("/api/generate", generate_to_wire(asked_of(req, self.config)), req.model, req.raw)
         return stream if req.stream else one_answer(stream)
 
-    async def _generate(self, path: str, body: dict[str, Any], model: str) -> AsyncIterator[Chunk]:
+    async def _generate(self, path: str, body: dict[str, Any], model: str, raw: bool = False) -> AsyncIterator[Chunk]:
         """A stream from Ollama, whatever the client asked, unless `always_stream = false` (see adapters/http.py);
         its one answer is the stream's last line with everything in it."""
-        state = _StreamState()
+        state = _StreamState(raw=raw)
         async with aclosing(self.http.generation(
                 path, body, model=model, ndjson=True, parse=lambda obj: state.take(chunk_from_wire(obj)),
                 whole=lambda answer: state.take(chunk_from_wire(json_object(answer))),

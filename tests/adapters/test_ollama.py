@@ -1,6 +1,7 @@
 """The ollama adapter against `OllamaDouble`, the protocol double of Ollama's documented API (docs/api.md of
 ollama/ollama; see tests/fakes.py for which section each shape comes from). Ollama itself cannot run here."""
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -131,13 +132,19 @@ async def test_tool_calls_both_ways(backend, ollama_double):
 
 
 async def test_generate_raw_suffix_and_context_round_trip(backend, ollama_double):
+    """A raw fill-in-the-middle (OpenAI's /v1/completions with `suffix`) goes without `raw`: Ollama builds the middle's
+    prompt only in the model's template, which raw mode skips (server/routes.go GenerateHandler), so the suffix was
+    dropped and the prefix continued as if the file ended there. Its answer still has no context, as a raw one."""
     ollama_double.script.reply = "return a + b"
     fim = CompletionRequest(model=MODEL, prompt="def add(a, b):\n    ", suffix="\n", raw=True,
                             options=SamplingOptions(max_tokens=16, stop=["\n\n"]))
-    out = aggregate(await collect(backend.complete(fim)))
-    assert out.text == "return a + b" and out.context is None  # raw mode returns no context
-    sent = ollama_double.last("/api/generate")
-    assert (sent["raw"], sent["suffix"], sent["options"]) == (True, "\n", {"num_predict": 16, "stop": ["\n\n"]})
+    for stream in (True, False):
+        out = aggregate(await collect(backend.complete(replace(fim, stream=stream))))
+        assert out.text == "return a + b" and out.context is None
+        sent = ollama_double.last("/api/generate")
+        assert ("raw" in sent, sent["suffix"], sent["options"]) == (False, "\n", {"num_predict": 16, "stop": ["\n\n"]})
+    await collect(backend.complete(replace(fim, suffix="")))  # an empty suffix asks for no middle: raw it stays
+    assert ollama_double.last("/api/generate")["raw"] is True
 
     first = aggregate(await collect(backend.complete(CompletionRequest(model=MODEL, prompt="Hi", system="Be brief"))))
     assert first.context

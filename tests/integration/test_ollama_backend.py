@@ -73,6 +73,7 @@ async def test_openai_client_options_survive_to_ollama(velo, ollama_double):
     assert comp.choices[0].text == "one two three"
     sent = ollama_double.last("/api/generate")
     assert sent["suffix"] == "\n" and sent["options"]["num_predict"] == 3
+    assert "raw" not in sent  # in raw mode Ollama drops the suffix: only the model's template builds the middle
 
 
 async def test_presets_over_ollama_are_velos_and_ollamas_defaults_are_not_doubled(velo, ollama_double):
