@@ -355,8 +355,9 @@ def _messages(raw: list[Any]) -> list[Message]:
 
 def legacy_functions(body: dict[str, Any]) -> bool:
     """Whether the request uses the form before tools (`functions`, `function_call`), answered in that form (a
-    `functions: null`, which clients send for "none", is not: it was a 500)."""
-    return body.get("functions") is not None and "tools" not in body
+    `functions: null`, which clients send for "none", is not: it was a 500). A `tools` that is null or empty is none,
+    as a client that writes every field sends it: it dropped the functions, and the model answered without them."""
+    return body.get("functions") is not None and not body.get("tools")
 
 
 def as_tools(body: dict[str, Any]) -> dict[str, Any]:

@@ -437,6 +437,19 @@ async def test_the_legacy_functions_form_is_answered_in_it(base_url, scripted):
     assert plain.choices[0].finish_reason == "tool_calls" and scripted.requests[-1].tools == []  # was a 500
 
 
+@pytest.mark.parametrize("tools", [None, []])
+async def test_functions_beside_a_null_or_empty_tools_are_offered(client, scripted, tools):
+    """A client that writes every field sends `tools: null` beside its `functions`: they were dropped, and the model
+    was asked without them."""
+    scripted.script.tool_calls = [ToolCall(name="get_weather", arguments={"city": "Paris"}, id="call_1")]
+    resp = await client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "Weather?"}], "functions": [WEATHER_FN],
+        "function_call": "auto", "tools": tools, "tool_choice": None})
+    choice = (await resp.json())["choices"][0]
+    assert [t.name for t in scripted.requests[0].tools] == ["get_weather"]
+    assert choice["finish_reason"] == "function_call" and choice["message"]["function_call"]["name"] == "get_weather"
+
+
 async def test_an_assistants_refusal_in_the_history_reads_as_what_it_said(client, scripted):
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "refusal",
                                                                                      "refusal": "I can't."}]},
