@@ -136,9 +136,11 @@ def error_message(body: bytes) -> str:
 #           request has 2100 input tokens" / "... for a total of at least 2100 tokens"
 #   SGLang  "Requested token count exceeds the model's maximum context length of 2048 tokens. You requested a total
 #           of 2100 tokens: ..." / "Input length (2100 tokens) exceeds the maximum allowed length (2048 tokens)."
+#   OpenAI  "This model's maximum context length is 2048 tokens. However, your messages resulted in 2100 tokens." (an
+#           upstream that words it as OpenAI does, Velo's own dialect included)
 _WINDOW = re.compile(r"maximum (?:context length|allowed length)(?: is| of| \()\s*(\d+)")
 _PROMPT = re.compile(r"\((\d+) in the messages|(\d+) input tokens|(\d+) tokens from the input|Input length \((\d+)"
-                     r"|requested (\d+) tokens in the messages")
+                     r"|requested (\d+) tokens in the messages|resulted in (\d+) tokens")
 _TOTAL = re.compile(r"total of (?:at least )?(\d+)|you requested (\d+) tokens")
 # llama-server refuses media for a model loaded without its projector with a 500 ("image input is not supported -
 # hint: ... mmproj"), which SDKs retry three times; it is the request's to fix: Ollama's 400 "does not support vision".

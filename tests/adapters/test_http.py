@@ -62,9 +62,13 @@ def upstream(server: asyncio.Server) -> Upstream:
                                     "100 tokens for the completion. Please reduce the number of tokens in the input "
                                     "messages or the completion to fit within the limit."}, 2100, 2048),
     ({"object": "error", "message": "Input length (2100 tokens) exceeds the maximum allowed length (2048 tokens). Use "
-                                    "a shorter input or enable --allow-auto-truncate."}, 2100, 2048)])
+                                    "a shorter input or enable --allow-auto-truncate."}, 2100, 2048),
+    # OpenAI's own words, as an upstream that speaks as OpenAI does (another Velo too) sends them: a plain 400 it was
+    ({"error": {"message": "This model's maximum context length is 2048 tokens. However, your messages resulted in "
+                           "2100 tokens. Please reduce the length of the messages.", "type": "invalid_request_error",
+                "param": "messages", "code": "context_length_exceeded"}}, 2100, 2048)])
 async def test_vllms_and_sglangs_overflow_sentences_are_velos(aiohttp_server, body, tokens, limit):
-    """vLLM (its wordings over the versions) and SGLang say their counts only in words; read, they become the
+    """vLLM (its wordings over the versions), SGLang and OpenAI say their counts only in words; read, they become the
     overflow each dialect words as its agents recognise, where a plain 400 stopped Claude Code and Codex."""
     up = await refusing(aiohttp_server, "openai", {"/v1/chat/completions": body, "/v1/completions": body})
     try:
