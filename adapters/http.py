@@ -340,16 +340,17 @@ class Upstream:
             raise BadRequest(f"{where} rejected the request: {message}")
         if resp.status == 413:  # the body Velo passed on was the client's, and too large for a proxy in front
             raise PayloadTooLarge(f"{where} refused the request as too large: {message}")
+        # its Retry-After (seconds) goes on to the client, for a 503 as for a 429: RFC 9110 gives it to both
+        retry = resp.headers.get("Retry-After", "")
+        retry_after = float(retry) if retry.isdigit() else None
         if resp.status == 429:
-            retry = resp.headers.get("Retry-After", "")
-            raise Overloaded(f"{where} is overloaded: {message}",
-                             retry_after=float(retry) if retry.isdigit() else None)
+            raise Overloaded(f"{where} is overloaded: {message}", retry_after=retry_after)
         if resp.status == 501:
             raise Unsupported(f"{where} cannot do {path}: {message}")
         if resp.status == 503 and message == _LOADING:
             raise Loading(f"{where} is still loading its model")
         if resp.status == 503:
-            raise BackendUnavailable(f"{where} is unavailable: {message}")
+            raise BackendUnavailable(f"{where} is unavailable: {message}", retry_after=retry_after)
         raise BackendError(f"{where} answered {resp.status} on {path}: {message}")
 
     async def _error_body(self, resp: aiohttp.ClientResponse) -> bytes:

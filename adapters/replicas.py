@@ -448,17 +448,17 @@ class ReplicaSet(Backend):
 
     def _every_failed(self, errors: list[VeloError]) -> VeloError:
         """What the client is told when each replica tried failed: a 404 when none has the model, a 504 when each
-        timed out, a 429 (with the soonest `Retry-After`) when each was busy, else a 503; one status for all hid a
-        hung set behind "down"."""
+        timed out, a 429 when each was busy, else a 503, each with the soonest `Retry-After` a replica gave; one
+        status for all hid a hung set behind "down"."""
         what = f"every replica of backend {self.name!r} failed: {errors[-1]}"
         if all(isinstance(e, ModelNotFound) for e in errors):
             return errors[-1]
         if all(isinstance(e, BackendTimeout) for e in errors):
             return BackendTimeout(what)
+        soonest = min((e.retry_after for e in errors if e.retry_after is not None), default=None)
         if all(isinstance(e, Overloaded) for e in errors):
-            waits = [e.retry_after for e in errors if e.retry_after is not None]
-            return Overloaded(what, retry_after=min(waits, default=None))
-        return BackendUnavailable(what)
+            return Overloaded(what, retry_after=soonest)
+        return BackendUnavailable(what, retry_after=soonest)
 
     def _succeeded(self, replica: Replica) -> None:
         if replica.succeeded():

@@ -46,6 +46,7 @@ class Script:
     token_delay: float = 0.0  # seconds before each streamed chunk (OpenAI's one answer: per word, before it)
     fail_status: int | None = None  # answer every request with this error status
     fail_message: str = "simulated failure"
+    fail_retry_after: str | None = None  # the failing answer's Retry-After header, as a busy server sends it
     cut_after: int | None = None  # drop the connection after this many streamed chunks
     malformed: bytes | None = None  # a streamed line sent in place of the one at `malformed_at` (then the rest)
     malformed_at: int = 2
@@ -112,7 +113,10 @@ class FakeServer:
         body = json.loads(raw) if raw else None  # as a Python server reads it: integers whole
         self.requests.append(Received(request.method, request.path, dict(request.headers), body))
         if self.script.fail_status:
-            return self.error(self.script.fail_status, self.script.fail_message)
+            failed = self.error(self.script.fail_status, self.script.fail_message)
+            if self.script.fail_retry_after is not None:
+                failed.headers["Retry-After"] = self.script.fail_retry_after
+            return failed
         if self.script.answer is not None and request.method == "POST":
             return web.json_response(self.script.answer)
         if isinstance(body, dict) and self.script.refused_field in body:

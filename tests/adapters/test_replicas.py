@@ -630,6 +630,20 @@ async def test_every_replica_busy_says_the_soonest_retry_after():
     assert info.value.status == 429 and info.value.retry_after == 1.0
 
 
+async def test_replicas_down_and_busy_say_the_soonest_retry_after_either_gave():
+    """One replica down for 5 s (a 503 saying so), the other busy for 3 s (a 429): the set's 503 went out without a
+    Retry-After, where each alone passes its own on."""
+    async with FakeOpenAI(models=["m"]) as a, FakeOpenAI(models=["m"]) as b:
+        a.script.fail_status, a.script.fail_retry_after = 503, "5"
+        b.script.fail_status, b.script.fail_retry_after = 429, "3"
+        cfg = BackendConfig(name="pool", kind="openai", urls=[a.url, b.url], options={"affinity": "none"})
+        app = make_app(Config(default_backend="pool", backends=[cfg]), {"pool": make_backend(cfg)})
+        async with TestClient(TestServer(app)) as c:
+            resp = await c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user",
+                                                                                          "content": "hi"}]})
+            assert resp.status == 503 and resp.headers.get("Retry-After") == "3", await resp.text()
+
+
 async def _taking_server(cut_body: bool) -> tuple[asyncio.Server, str, list[bytes]]:
     """A replica that reads each POST whole, then drops the connection (crashing on it), or with `cut_body` sends
     the head and part of a whole answer first (cut mid-generation)."""

@@ -203,6 +203,23 @@ async def test_full_queue_answers_429_with_retry_after():
         assert ollama.status == 200
 
 
+BUSY = {"/api/chat": (CHAT, 503), "/v1/chat/completions": ({**CHAT, "stream": True}, 503),
+        "/v1/messages": ({**CHAT, "max_tokens": 50}, 529), "/v1/responses": ({"model": "m", "input": "hi"}, 503),
+        "/v1/embeddings": ({"model": "m", "input": "hi"}, 503)}
+
+
+@pytest.mark.parametrize("path", list(BUSY))
+async def test_a_backends_503_passes_its_retry_after_on_in_every_dialect(path: str):
+    """A server down for a while says when to come back (RFC 9110 Retry-After, which the SDKs honour on a 503 and
+    Anthropic's 529): passed on for a 429, it was dropped for a 503, so clients retried at once and blindly."""
+    async with FakeOpenAI(models=["m"]) as up:
+        up.script.fail_status, up.script.fail_message, up.script.fail_retry_after = 503, "draining", "7"
+        async with velo(velo_config(up.url)) as c:
+            body, status = BUSY[path]
+            resp = await c.post(path, json=body)
+            assert resp.status == status and resp.headers.get("Retry-After") == "7", await resp.text()
+
+
 async def wait_for(condition, timeout: float = 2.0) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not condition():
