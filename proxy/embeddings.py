@@ -44,7 +44,8 @@ class Embeddings:
             slot = functools.partial(controller.slot, NORMAL, "embeddings") if controller else contextlib.nullcontext
             self.batchers[backend.name] = EmbedBatcher(backend.embed, batching.embed_window_ms,
                                                        batching.embed_max_inputs,
-                                                       self.calls.setdefault(backend.name, Tally()), slot=slot)
+                                                       self.calls.setdefault(backend.name, Tally()), slot=slot,
+                                                       name=backend.name)
 
     async def close(self) -> None:
         for batcher in self.batchers.values():

@@ -42,6 +42,7 @@ class EmbedBatcher:
     # one of the backend's slots (its admission queue), held for each call: a batch takes its callers' inputs once
     # it has one, so a caller that left while the batch waited for it is not sent
     slot: Slot = contextlib.nullcontext
+    name: str = ""  # the backend's, for its errors: with several backends, "backend returned ..." named none
     _open: dict[str, _Batch] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
@@ -103,7 +104,7 @@ class EmbedBatcher:
                 self.calls.n += 1
                 result = await self.call(merged)
             if len(result.embeddings) != len(merged.inputs):
-                raise BackendError(f"backend returned {counted(len(result.embeddings), 'embedding')} "
+                raise BackendError(f"backend {self.name!r} returned {counted(len(result.embeddings), 'embedding')} "
                                    f"for {counted(len(merged.inputs), 'input')}")
             parts = _split(result, [batch.requests[i] for i in live])  # failing, it fails each caller: none hangs
         except asyncio.CancelledError:

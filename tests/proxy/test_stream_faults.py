@@ -136,6 +136,19 @@ async def test_fewer_vectors_than_inputs_is_the_backends_502_in_a_request_too_la
 
 
 @pytest.mark.parametrize("kind", ["openai", "ollama"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
+async def test_a_batched_request_given_no_vectors_names_the_backend(kind: str, path: str) -> None:
+    """A request small enough to be batched was told "backend returned 0 embeddings for 1 input", naming no backend
+    where a request too large to batch names it; with several backends the client could not tell which failed."""
+    async with upstream(kind) as up, velo(kind, up.url) as c:
+        up.script.answer = {"object": "list", "data": []} if kind == "openai" else {"model": "m", "embeddings": []}
+        resp = await c.post(path, json={"model": "m", "input": "hello"})
+        body = await resp.json()
+        message = body["error"] if path.startswith("/api/") else body["error"]["message"]
+        assert resp.status == 502 and message == "backend 'up' returned 0 embeddings for 1 input", body
+
+
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
 async def test_a_vector_count_of_one_says_so_in_the_singular(kind: str) -> None:
     """The 502 counts as a person writes ("1 input", where it said "1 inputs"), for a batch too."""
     async with upstream(kind) as up, velo(kind, up.url) as c:
