@@ -89,10 +89,10 @@ def logprobs_from_wire(items: list[dict[str, Any]] | None) -> list[TokenLogprob]
     return [TokenLogprob.from_wire(i) for i in items or []]
 
 
-def chunk_from_wire(obj: dict[str, Any]) -> Chunk:
-    """One `/api/chat` or `/api/generate` line as a Chunk."""
+def chunk_from_wire(obj: dict[str, Any], backend: str) -> Chunk:
+    """One `/api/chat` or `/api/generate` line of `backend`'s as a Chunk."""
     if "error" in obj:
-        raise BackendError(f"ollama failed mid-stream: {obj['error']}")
+        raise BackendError(f"backend {backend!r} failed mid-stream: {obj['error']}")
     msg = obj.get("message") or {}
     chunk = Chunk(text=wire_text(msg.get("content")) or wire_text(obj.get("response")),
                   thinking=wire_text(msg.get("thinking")) or wire_text(obj.get("thinking")),
@@ -238,8 +238,8 @@ class OllamaBackend(Backend):
         its one answer is the stream's last line with everything in it."""
         state = _StreamState(raw=raw)
         async with aclosing(self.http.generation(
-                path, body, model=model, ndjson=True, parse=lambda obj: state.take(chunk_from_wire(obj)),
-                whole=lambda answer: state.take(chunk_from_wire(json_object(answer))),
+                path, body, model=model, ndjson=True, parse=lambda obj: state.take(chunk_from_wire(obj, self.name)),
+                whole=lambda answer: state.take(chunk_from_wire(json_object(answer), self.name)),
                 last=lambda _: state.done)) as events:
             async for chunk in events:
                 yield chunk

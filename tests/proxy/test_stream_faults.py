@@ -79,6 +79,19 @@ async def test_a_malformed_event_mid_stream_ends_it_with_the_dialects_error(kind
         assert after.status == 200 and stream_error(path, await after.read()) is None
 
 
+@pytest.mark.parametrize("path", list(REQUESTS))
+async def test_ollamas_error_line_mid_stream_names_the_backend(path: str) -> None:
+    """Ollama ends a stream whose runner died with an `error` line (server/routes.go); Velo said "ollama failed
+    mid-stream: ...", naming no backend, where every other backend's failure names it (with several Ollama servers, or
+    replicas of one, the client could not tell which had failed)."""
+    async with upstream("ollama") as up, velo("ollama", up.url) as c:
+        up.script.reply = "one two three four five six"
+        up.script.malformed = b'{"error": "llama runner process has terminated: exit status 2"}\n'
+        resp = await c.post(path, json=REQUESTS[path])
+        message = stream_error(path, await asyncio.wait_for(resp.read(), HANG_S))
+        assert message == "backend 'up' failed mid-stream: llama runner process has terminated: exit status 2"
+
+
 @pytest.mark.parametrize("kind,path,answer", [
     ("openai", "/v1/embeddings", {"object": "list", "data": [{"index": 0}]}),
     ("openai", "/api/embed", {"object": "list", "data": [{"index": 0, "embedding": None}]}),
