@@ -46,7 +46,7 @@ async def errors_in_dialect(request: web.Request, handler: Handler) -> web.Strea
         if reason is None:
             raise
         uncancel()
-        return request.get(STREAM) or error_response(reason, dialect_of(request.path, request.headers))
+        return request.get(STREAM) or _answer(request, reason)
     except ConnectionResetError:
         raise
     except web.HTTPNotFound as e:

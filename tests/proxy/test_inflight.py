@@ -72,6 +72,25 @@ async def test_a_request_not_answering_yet_is_cancelled_with_a_499_in_its_dialec
     assert backend.cancelled == 1
 
 
+async def test_an_anthropic_request_ended_by_velo_names_its_id_as_every_anthropic_error_does() -> None:
+    """A request an admin (or a shutdown) ends before its first byte was answered without `request_id` and the
+    `request-id` header, which every other Anthropic error carries (the SDK's `e.request_id` was None)."""
+    backend = ScriptedBackend("s", script=Script(pieces=["x"], delay=5))
+    app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
+    async with TestClient(TestServer(app, handler_cancellation=True)) as c:
+        pending = asyncio.create_task(c.post("/v1/messages", json={**CHAT, "max_tokens": 5}))
+        for _ in range(200):
+            listed = (await (await c.get("/velo/requests")).json())["requests"]
+            if listed:
+                break
+            await asyncio.sleep(0.02)
+        await c.delete(f"/velo/requests/{listed[0]['id']}")
+        resp = await asyncio.wait_for(pending, 10)
+        said = await resp.json()
+        assert resp.status == 499 and said["type"] == "error" and "administrator" in said["error"]["message"]
+        assert said.get("request_id") == resp.headers.get("request-id") == listed[0]["id"], (said, resp.headers)
+
+
 async def test_an_answer_refused_before_it_is_listed_names_its_id_too() -> None:
     """401, 403 and 413 came from the middlewares before the list of requests, without an id; Anthropic's error
     body named one that no header did."""
