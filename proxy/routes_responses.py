@@ -53,7 +53,10 @@ async def create(request: web.Request) -> web.StreamResponse:
         return {**job.outcome.headers(), **ignored_tools_header(parsed.ignored_tools)}
 
     if parsed.echo.get("background"):
-        job = replace(job, caller=replace(job.caller, request_id=resp_id))  # listed under the response's id
+        # listed under the response's id, and streamed whatever the client asked: its events are written as they
+        # come, so a poll finds it in progress with its output so far, and a cancel keeps that output (asked as one
+        # answer, it stayed `queued` until its end and was cancelled with none)
+        job = replace(job, caller=replace(job.caller, request_id=resp_id), request=replace(job.request, stream=True))
         return await _in_background(request, parsed, history, job, headers)
     stream = request[PIPELINE].generate(job)
     if not parsed.stream:

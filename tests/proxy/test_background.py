@@ -10,9 +10,11 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.base import BackendConfig
 from adapters.protocol import ToolCall
 from proxy.app import make_app
 from proxy.batching.config import BatchingConfig
+from proxy.cache.config import CacheConfig
 from proxy.cache.redis_store import RedisStore
 from proxy.config import Config, ServerConfig
 from proxy.limits import LimitsConfig
@@ -20,6 +22,7 @@ from proxy.inflight import Cancelled, ShuttingDown
 from proxy.responses_store import ResponsesConfig
 from proxy.stages.admit import Admit
 from proxy.state import BACKGROUND, GENERATIONS, RESPONSES
+from tests.fakes import FakeOpenAI, FakeServer, OllamaDouble
 from tests.proxy.test_metrics import samples
 from tests.proxy.test_responses_dialect import sse_events
 from tests.scripted import Script, ScriptedBackend
@@ -71,6 +74,27 @@ async def test_cancelling_ends_the_backends_work_and_keeps_what_was_written(base
         await sdk.responses.cancel(plain.id)
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.cancel("resp_missing")
+
+
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
+async def test_a_polled_response_is_in_progress_and_keeps_its_output_so_far_when_cancelled(kind: str):
+    """A background response created without `stream` was asked of the backend as one answer, folded whole at its
+    end: polled, it stayed `queued` all the while the backend wrote it, and a cancel kept none of its output (the
+    scripted backend, which streams whatever it is asked, hid it)."""
+    up: FakeServer = FakeOpenAI(models=["m"]) if kind == "openai" else OllamaDouble(models=["m"])
+    async with up:
+        up.script.reply, up.script.token_delay = " ".join(["word"] * 200), 0.01
+        cfg = Config(backends=[BackendConfig(name="up", kind=kind, urls=[up.url])], default_backend="up",
+                     cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(cfg))) as c:
+            sdk = _client(str(c.make_url("")).rstrip("/"))
+            running = await sdk.responses.create(model="m", input="hi", background=True)
+            await _until(sdk, running.id, "in_progress")
+            await asyncio.sleep(0.3)  # a few words written, of the 200 that take 2 s
+            cancelled = await sdk.responses.cancel(running.id)
+            assert cancelled.status == "cancelled" and cancelled.output[0].status == "incomplete"
+            assert cancelled.output_text.startswith("word word") and len(cancelled.output_text) < len(up.script.reply)
+            assert (await sdk.responses.retrieve(running.id)).output_text == cancelled.output_text
 
 
 async def test_a_dropped_stream_goes_on_and_is_followed_again_from_where_it_broke(client, base_url,
