@@ -276,7 +276,7 @@ class CacheLayer:
         expires_at = self.clock() + policy.ttl_s
         self.memory.put_encoded(key, decode_chunks(payload), len(payload), policy.ttl_s)
         await asyncio.gather(*(self._put(store, key, payload, expires_at, label) for store in self.stores))
-        if policy.semantic and self.embedder is not None:
+        if policy.semantic and self.embedder is not None and not _carries_prompt(chunks):
             await self._store_semantic(asked, payload, expires_at)
         self.counters.count("all", label, "store")
         return True
@@ -334,3 +334,10 @@ class CacheLayer:
                 **{s.name: s.bytes_used for s in self.stores if hasattr(s, "bytes_used")},
                 "semantic_entries": self.semantic_entries, "semantic_scopes": len(self.indexes)}
         return self.counters.snapshot(used)
+
+
+def _carries_prompt(chunks: list[Chunk]) -> bool:
+    """Whether the answer holds its own prompt: Ollama's `context` (a generate's prompt and answer as token ids, which
+    the client sends back as its next turn's start). It answers that prompt alone: served on a semantic hit, the
+    client went on from another question's words."""
+    return any(c.context for c in chunks)

@@ -6,7 +6,7 @@ import time
 
 import orjson
 
-from adapters.protocol import ChatRequest, Chunk, Message, SamplingOptions, Usage
+from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, SamplingOptions, Usage
 from proxy.cache import CacheConfig, CacheLayer
 from proxy.cache.semantic import Embedder
 
@@ -116,6 +116,21 @@ async def test_no_semantic_hit_for_a_conversion_the_other_way(embedder: Embedder
     assert await layer.lookup(layer.asked(_ask("How much is 20 EUR in USD?"), "t")) is None
     assert (await layer.lookup(layer.asked(_ask("How much are 20 USD in EUR?"), "t"))).kind == "semantic"
     await layer.close()
+
+async def test_an_answer_that_carries_its_prompt_is_no_semantic_entry(embedder: Embedder):
+    """Ollama's /api/generate answer ends with `context`: its prompt's token ids and its own, which the client sends
+    back as the next turn's start. Served on a semantic hit, another question's ids went back to the client, and its
+    next turn went on from a prompt it never sent. Only the exact tier, the same prompt, may replay it."""
+    layer = await CacheLayer.create(CacheConfig(semantic=True), embedder=embedder)
+    ask = lambda text: CompletionRequest("tiny", text, options=SamplingOptions(temperature=0))  # noqa: E731
+    carried = [Chunk("Hel"), Chunk("lo", finish_reason="stop", usage=Usage(3, 2), context=[7, 8, 9])]
+    await layer.store(layer.asked(ask("How do I learn Python quickly?"), "t"), carried)
+    assert await layer.lookup(layer.asked(ask("How can I learn Python fast?"), "t")) is None
+    assert (await layer.lookup(layer.asked(ask("How do I learn Python quickly?"), "t"))).kind == "exact"
+    await layer.store(layer.asked(ask("How do I learn Rust quickly?"), "t"), ANSWER)  # none: the tier is open to it
+    assert (await layer.lookup(layer.asked(ask("How can I learn Rust fast?"), "t"))).kind == "semantic"
+    await layer.close()
+
 
 async def test_a_miss_works_out_its_key_and_semantic_query_once(embedder: Embedder, monkeypatch):
     """A miss's lookup, skip reason and store used to compute the canonical form and its hash again each (108 µs a
