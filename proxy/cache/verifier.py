@@ -118,12 +118,25 @@ def disagreement(a: Reading, b: Reading) -> str | None:
 
 
 def _is_opposite(x: str, y: str) -> bool:
-    if y in OPPOSITES.get(x, ()):
+    if any(b in OPPOSITES.get(a, ()) for a in _plain_degree(x) for b in _plain_degree(y)):
         return True
     for p in _PREFIXES:
         if (y == p + x or x == p + y) and min(len(x), len(y)) >= 4:
             return True
     return x.endswith("ful") and y == x[:-3] + "less" or y.endswith("ful") and x == y[:-3] + "less"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _plain_degree(word: str) -> tuple[str, ...]:
+    """The word, and what it may be the comparative or superlative of ("fastest" fast, "largest" large, "hottest"
+    hot, "earliest" early), for the pairs listed in their plainest form: "fastest" and "slowest" were no opposites
+    to the stemmer, and a question's -est word swapped for its opposite was served the other's answer."""
+    for ending in ("est", "er"):
+        root = word[:-len(ending)]
+        if word.endswith(ending) and len(root) >= 2:
+            undoubled = (root[:-1],) if len(root) > 2 and root[-1] == root[-2] else ()
+            return (word, root, root + "e", *undoubled, *((root[:-1] + "y",) if root.endswith("i") else ()))
+    return (word,)
 
 
 def _opposite(a: Reading, b: Reading) -> bool:

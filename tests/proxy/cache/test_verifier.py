@@ -20,6 +20,16 @@ MUST_MISS = {
         ("What is the best way and best book for cost accounting?",
          "What is the worst way and best book for cost accounting?"),
         ("Is a careful driver a good driver?", "Is a careless driver a good driver?"),
+        # the degrees of a listed pair (cosine 0.98 for the first: the embedding reads the rest)
+        ("I run a small online shop selling handmade candles and soaps and want to grow my customer base through "
+         "social media and email, what is the fastest way to do it",
+         "I run a small online shop selling handmade candles and soaps and want to grow my customer base through "
+         "social media and email, what is the slowest way to do it"),
+        ("What is the largest lake in Canada?", "What is the smallest lake in Canada?"),
+        ("Which planet is the hottest?", "Which planet is the coldest?"),
+        ("Who is the oldest person alive?", "Who is the youngest person alive?"),
+        ("When is the earliest I can retire?", "When is the latest I can retire?"),
+        ("Is a bigger engine better?", "Is a smaller engine better?"),
     ],
     "swapped": [
         ("How do I convert rows to columns in Excel?", "How do I convert columns to rows in Excel?"),
