@@ -41,7 +41,9 @@ _DIRECTIONAL = frozenset("to in into onto from than toward towards over before a
                          "beats beat vs".split()) - {"vs", "versus"}
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())
-_MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole daily proper right".split())
+_MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole proper right".split())
+# -ly words that say how often, which changes the answer ("take it daily" / "take it monthly"), not how
+_FREQUENCIES = frozenset("hourly daily nightly weekly biweekly fortnightly monthly quarterly yearly annually".split())
 _PIVOT_SPAN = 6  # tokens from one swapped word to the other: wider, it is clauses that moved, not roles
 _NEGATED_SPELLINGS = frozenset("dont doesnt cant wont isnt arent didnt shouldnt wouldnt couldnt".split())
 _POSSESSIVE = re.compile(r"'s?$")
@@ -226,7 +228,7 @@ def _one_word_replaced(a: Reading, b: Reading) -> bool:
     if x.startswith(y[:4]) or y.startswith(x[:4]):  # a form of the same word, or a typo at its end
         return False
     i = a.content.index(x)
-    return not (_modifier(a.tokens[a.where[i]]) or _modifier(b.tokens[b.where[i]]))
+    return not (_modifier(a.tokens[a.where[i]]) and _modifier(b.tokens[b.where[i]]))
 
 
 def _words_added(a: Reading, b: Reading) -> bool:
@@ -244,5 +246,7 @@ def _words_added(a: Reading, b: Reading) -> bool:
 
 
 def _modifier(word: str) -> bool:
-    """Adverbs and gradable adjectives change how, not what: "learn Python quickly" / "learn Python fast"."""
-    return word.endswith(("ly", "est")) or word in _MODIFIERS
+    """Adverbs and gradable adjectives change how, not what: "learn Python quickly" / "learn Python fast". Only one
+    modifier for another: one replaced by a word that is none ("in a simple way" / "in a detailed way") asks
+    another thing."""
+    return word.endswith(("ly", "est")) and word not in _FREQUENCIES or word in _MODIFIERS

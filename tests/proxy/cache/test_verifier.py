@@ -51,6 +51,13 @@ MUST_MISS = {
         ("How do I cook rice in a pressure cooker?", "How do I cook pasta in a pressure cooker?"),
         ("How can I lose weight without exercise?", "How can I lose height without exercise?"),
         ("How do I become a designer at Google?", "How do I become an engineer at Google?"),
+        # a modifier replaced by a word that is none (cosine 0.988), and how often, which is no modifier (0.968)
+        ("Summarize the following paragraph about the history of the Roman empire, its rise, its emperors and its "
+         "fall, in a simple way", "Summarize the following paragraph about the history of the Roman empire, its rise, "
+         "its emperors and its fall, in a detailed way"),
+        ("My doctor told me to watch my diet because of my blood pressure, should I take fish oil daily?",
+         "My doctor told me to watch my diet because of my blood pressure, should I take fish oil monthly?"),
+        ("Should I water my lawn weekly?", "Should I water my lawn daily?"),
     ],
     "added": [  # an instruction on the answer's shape, or a condition, after the same question
         (_LONG, _LONG + " Respond only with yes or no."),
