@@ -61,7 +61,7 @@ class Reading:
     tokens: tuple[str, ...]
     stems: tuple[str, ...]
     content: tuple[str, ...]
-    where: tuple[int, ...]  # content[i] is stems[where[i]]
+    where: tuple[int, ...]  # content[i] is _form(stems[where[i]])
     clauses: tuple[tuple[frozenset[str], bool], ...]  # (content stems of the clause, has a negation)
 
 
@@ -72,6 +72,20 @@ def stem(word: str) -> str:
         if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
             return word[: len(word) - len(suffix)] + repl
     return word
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _form(stem: str) -> str:
+    """A content word as the texts are aligned by: without a silent e, which its -ing and -ed forms drop ("take",
+    "taking": tak; "use", "using", "used": use). Apart, "should she stop taking" read as "take" replaced by "stop" and
+    "tak" put in, no run of words added, and was served the answer to "should she take"."""
+    if len(stem) >= 4 and stem.endswith("e"):
+        return stem[:-1]
+    for ending in ("ing", "ed"):
+        root = stem[:-len(ending)]
+        if stem.endswith(ending) and len(root) == 2 and root[0] in "aeiou" and root[1] not in "aeiouy":
+            return root + "e"
+    return stem
 
 
 def read(text: str) -> Reading:
@@ -88,9 +102,9 @@ def read(text: str) -> Reading:
         elif tok in _NEGATION or tok.endswith("n't") or tok in _NEGATED_SPELLINGS:
             negated = True
         elif tok not in _STOP and tok.isalnum():
-            content.append(stems[i])
+            content.append(form := _form(stems[i]))
             where.append(i)
-            clause.add(stems[i])
+            clause.add(form)
     if clause or negated:
         clauses.append((frozenset(clause), negated))
     return Reading(signature(text), tokens, stems, tuple(content), tuple(where), tuple(clauses))

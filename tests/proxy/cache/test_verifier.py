@@ -68,6 +68,14 @@ MUST_MISS = {
          "step by step"),
         ("Explain how photosynthesis works in plants", "Explain briefly how photosynthesis works in plants"),
         ("Summarize this text: " + _LONG, "Summarize this text in bullet points: " + _LONG),
+        # a verb's -ing form after the word put in, its plain form before (cosine 0.969 and 0.966)
+        ("My grandmother has been feeling tired lately and she has trouble sleeping at night, which vitamins should "
+         "she take?", "My grandmother has been feeling tired lately and she has trouble sleeping at night, which "
+         "vitamins should she stop taking?"),
+        ("I work from home most days and my internet provider sometimes throttles my connection in the evening, "
+         "should I use a VPN?", "I work from home most days and my internet provider sometimes throttles my "
+         "connection in the evening, should I stop using a VPN?"),
+        ("Why should I write tests?", "Why should I stop writing tests?"),
     ],
 }
 
@@ -100,3 +108,8 @@ def test_stem_matches_inflections_only():
     assert stem("increases") == stem("increase") == "increase"
     assert stem("studying") == stem("study") == "study"
     assert stem("class") == "class"
+
+
+def test_content_words_match_their_forms_that_drop_a_silent_e():
+    assert read("take it, use it, write it").content == read("taking it, using it, writing it").content
+    assert read("used").content == read("uses").content
