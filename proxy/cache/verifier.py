@@ -7,7 +7,8 @@ adds five checks on the content words of both texts, aligned in order:
 - opposites: a word of one text whose opposite (opposites.py, or an un-/in-/dis-/non- prefix, -ful/-less)
   stands in the other in its place;
 - swapped roles: two words shared by both texts whose order flips across a directional word ("to", "than",
-  "from") or across a third shared word that stays between them ("Python beats Java" / "Java beats Python");
+  "from") or across a third shared word that stays between them ("Python beats Java" / "Java beats Python"), or
+  a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him");
 - moved negation: a negation that sits in another clause in the other text;
 - one word replaced: the texts align word for word but for one content word that is not a form of the other
   ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
@@ -39,6 +40,9 @@ s t way ways thing things someone something anyone anything people person best g
 _NEGATION = frozenset("not no never none nobody nothing neither nor nowhere without cannot".split())
 _DIRECTIONAL = frozenset("to in into onto from than toward towards over before after above below under versus "
                          "beats beat vs".split()) - {"vs", "versus"}
+# Whose: the asker's side (I, you, we: paraphrases trade these freely) and a third person's
+_ASKER = frozenset("i me my mine myself you your yours yourself yourselves we us our ours ourselves".split())
+_THIRD = frozenset("he him his himself she her hers herself".split())
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())
 _MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole proper right".split())
@@ -122,7 +126,7 @@ def disagreement(a: Reading, b: Reading) -> str | None:
         return None
     if _opposite(a, b):
         return "opposite"
-    if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b):
+    if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b) or _other_person(a, b):
         return "swapped"
     if _moved_negation(a, b) or _moved_negation(b, a):
         return "negation"
@@ -192,6 +196,14 @@ def _reversed(a: Reading, b: Reading) -> bool:
     da, db = _directions(a), _directions(b)
     return any((y, d, x) in db and (x, d, y) not in db and x != y for x, d, y in da) or \
         any((y, d, x) in da and (x, d, y) not in da and x != y for x, d, y in db)
+
+
+def _other_person(a: Reading, b: Reading) -> bool:
+    """Texts alike word for word but where one has the asker (I, my, you) the other has a third person (he, her):
+    pronouns are stop words to the other checks, so "... can he evict me?" was served the answer to "... can I evict
+    him?" (cosine 0.979), "what are his rights?" the one to "what are my rights?"."""
+    return len(a.tokens) == len(b.tokens) and any(
+        x in _ASKER and y in _THIRD or x in _THIRD and y in _ASKER for x, y in zip(a.tokens, b.tokens))
 
 
 def _once(content: tuple[str, ...]) -> dict[str, int]:

@@ -8,6 +8,7 @@ from proxy.cache.verifier import agrees, disagreement, read, stem
 
 _LONG = ("What are the main differences between the way Python and Go handle concurrency, including goroutines, "
          "threads, the global interpreter lock and asyncio event loops?")
+_LEASE = "My landlord wants to raise the rent by a lot next month and says I have to sign a new lease, "
 MUST_MISS = {
     "opposite": [
         ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
@@ -41,6 +42,10 @@ MUST_MISS = {
          "Why are Dell products more expensive than Apple products?"),
         ("What is the journey from failure to topper?", "What is the journey from topper to failure?"),
         ("Will Britain return the diamond to India?", "Will India return the diamond to Britain?"),
+        # whose: a pronoun is a stop word to the other checks (cosine 0.963, 0.981 and 0.962)
+        (_LEASE + "can he do that without notice?", _LEASE + "can I do that without notice?"),
+        (_LEASE + "can he evict me?", _LEASE + "can I evict him?"),
+        (_LEASE + "what are my rights?", _LEASE + "what are his rights?"),
     ],
     "negation": [
         ("Why can't I sleep when I am tired?", "Why can I sleep when I am not tired?"),
