@@ -47,7 +47,9 @@ _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but y
                           "after before so that".split())
 _MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole proper right".split())
 # -ly words that say how often, which changes the answer ("take it daily" / "take it monthly"), not how
-_FREQUENCIES = frozenset("hourly daily nightly weekly biweekly fortnightly monthly quarterly yearly annually".split())
+_FREQUENCIES = frozenset("hourly daily nightly weekly biweekly fortnightly monthly quarterly yearly annually usually "
+                         "rarely frequently occasionally normally generally typically commonly regularly "
+                         "constantly".split())
 _PIVOT_SPAN = 6  # tokens from one swapped word to the other: wider, it is clauses that moved, not roles
 _NEGATED_SPELLINGS = frozenset("dont doesnt cant wont isnt arent didnt shouldnt wouldnt couldnt".split())
 _POSSESSIVE = re.compile(r"'s?$")

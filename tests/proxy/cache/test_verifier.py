@@ -9,6 +9,8 @@ from proxy.cache.verifier import agrees, disagreement, read, stem
 _LONG = ("What are the main differences between the way Python and Go handle concurrency, including goroutines, "
          "threads, the global interpreter lock and asyncio event loops?")
 _LEASE = "My landlord wants to raise the rent by a lot next month and says I have to sign a new lease, "
+_KITTEN = ("I adopted a kitten from the shelter last month and I am trying to understand her behaviour and her "
+           "sleeping habits, ")
 MUST_MISS = {
     "opposite": [
         ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
@@ -63,6 +65,10 @@ MUST_MISS = {
         ("My doctor told me to watch my diet because of my blood pressure, should I take fish oil daily?",
          "My doctor told me to watch my diet because of my blood pressure, should I take fish oil monthly?"),
         ("Should I water my lawn weekly?", "Should I water my lawn daily?"),
+        # how often (cosine 0.972 and 0.992 after the preamble)
+        (_KITTEN + "do cats usually sleep during the day?", _KITTEN + "do cats rarely sleep during the day?"),
+        (_KITTEN + "why do cats frequently sleep during the day?",
+         _KITTEN + "why do cats occasionally sleep during the day?"),
     ],
     "added": [  # an instruction on the answer's shape, or a condition, after the same question
         (_LONG, _LONG + " Respond only with yes or no."),
