@@ -38,7 +38,7 @@ encode decode, read write, reader writer, readable writable, get set, getter set
 head tail, prefix suffix, prepend append, leading trailing, before after, previous next, prev next,
 ancestor descendant, parent child, superclass subclass, superset subset, union intersection, merge split,
 join split, combine separate, together apart, same different, similar different, equal unequal, agree disagree,
-always never, everything nothing, everyone nobody, all none, any none, some none, 
+always never, everything nothing, everyone nobody, all none, any none, some none, all some, every some,
 legal illegal, valid invalid, safe dangerous, safe unsafe, healthy unhealthy, clean dirty, pure impure,
 sweet sour, sweet bitter, asleep awake, sleep wake, present absent, arrival departure, question answer,
 ask answer, cause effect, input output, source target, source destination, origin destination, sender recipient,

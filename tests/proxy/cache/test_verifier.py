@@ -23,6 +23,7 @@ MUST_MISS = {
         ("What is the best way and best book for cost accounting?",
          "What is the worst way and best book for cost accounting?"),
         ("Is a careful driver a good driver?", "Is a careless driver a good driver?"),
+        (_KITTEN + "do all cats sleep during the day?", _KITTEN + "do some cats sleep during the day?"),  # 0.983
         # the degrees of a listed pair (cosine 0.98 for the first: the embedding reads the rest)
         ("I run a small online shop selling handmade candles and soaps and want to grow my customer base through "
          "social media and email, what is the fastest way to do it",
