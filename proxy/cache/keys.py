@@ -12,7 +12,6 @@ import functools
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
-import orjson
 import xxhash
 
 from adapters.exact_json import dumps
@@ -66,9 +65,11 @@ def _options(opts: SamplingOptions) -> dict[str, Any]:
     out = _plain(opts)
     for name in _FLOAT_OPTIONS & out.keys():
         out[name] = float(out[name])  # `0` from one dialect and `0.0` from another are the same temperature
-    extra = {k: v for k, v in out.pop("extra", {}).items() if k not in _PERFORMANCE_KNOBS}
+    extra = {k: v for k, v in sorted(out.pop("extra", {}).items()) if k not in _PERFORMANCE_KNOBS}
     if extra:
         out["extra"] = extra
+    if "logit_bias" in out:
+        out["logit_bias"] = dict(sorted(out["logit_bias"].items()))
     return out
 
 
@@ -79,6 +80,8 @@ def canonical(req: Request) -> dict[str, Any]:
     out["options"] = _options(req.options)
     if isinstance(req, ChatRequest):
         _link_results(req.messages, out["messages"])
+        if "template_kwargs" in out:
+            out["template_kwargs"] = dict(sorted(out["template_kwargs"].items()))
     return out
 
 
@@ -96,8 +99,11 @@ def _link_results(messages: list[Message], plain: list[dict[str, Any]]) -> None:
 
 
 def digest(value: Any) -> str:
-    """XXH3-128 of the sorted-key orjson encoding, as hex."""
-    return xxhash.xxh3_128_hexdigest(dumps(value, option=orjson.OPT_SORT_KEYS))
+    """XXH3-128 of the orjson encoding, as hex. Keys stay in the order given: a backend writes an object's keys in
+    its schema's order and a template renders a tool's parameters as listed, so sorted, a format asking for "answer"
+    then "reasoning" was served the answer written in the other order. Maps whose order means nothing (Ollama's
+    options, logit_bias, template variables) are sorted by `canonical`; a dataclass's fields come in their order."""
+    return xxhash.xxh3_128_hexdigest(dumps(value))
 
 
 def exact_key(req: Request, scope: str) -> str:

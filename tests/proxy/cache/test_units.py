@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, Message, SamplingOptions, TokenLogprob,
-                               ToolCall, Usage)
+                               Tool, ToolCall, Usage)
 from proxy.cache.codec import decode_chunks, encode_chunks
-from proxy.cache.keys import exact_key, semantic_query
+from proxy.cache.keys import digest, exact_key, semantic_query
 from proxy.cache.memory import MemoryLRU
 from proxy.cache.policy import Policy, RoutePolicy, bypass_requested, complete_stream
 from proxy.dialects import ollama, openai
@@ -226,3 +226,19 @@ def test_a_turn_of_more_words_than_the_window_is_neither_split_whole_nor_tokeniz
     assert not fits(Counting(), 256, "word " * 255)  # 255 word pieces and the two special tokens: 257
     assert not fits(Counting(), 256, "a" * 101)  # one [UNK], unread
     assert fits(Counting(), 256, "How do I learn Python quickly?")  # shorter in characters than the window
+
+
+def test_the_order_of_a_schemas_properties_is_in_the_key_and_that_of_options_is_not():
+    """A backend writes an object's keys in its schema's order (llguidance, llama.cpp's grammar), and a chat template
+    renders a tool's parameters as listed: {"reasoning", "answer"} has the model reason before it answers, {"answer",
+    "reasoning"} after. The key was of sorted JSON, and the second was served the first's answer."""
+    free = _chat(temperature=0)
+    props = [("reasoning", {"type": "string"}), ("answer", {"type": "string"})]
+    ask = lambda order: ChatRequest("tiny", free.messages, options=free.options,  # noqa: E731
+                                    format={"type": "object", "properties": dict(order)},
+                                    tools=[Tool("f", parameters={"type": "object", "properties": dict(order)})])
+    assert exact_key(ask(props), "t") != exact_key(ask(props[::-1]), "t")
+    assert digest(semantic_query(ask(props))[1]) != digest(semantic_query(ask(props[::-1]))[1])  # its scope
+    knobs = exact_key(_chat(temperature=0, extra={"mirostat": 1, "mirostat_tau": 4.0}, logit_bias={1: -5, 2: 3}), "t")
+    assert exact_key(_chat(temperature=0, extra={"mirostat_tau": 4.0, "mirostat": 1}, logit_bias={2: 3, 1: -5}),
+                     "t") == knobs
