@@ -8,7 +8,8 @@ adds five checks on the content words of both texts, aligned in order:
   stands in the other in its place;
 - swapped roles: two words shared by both texts whose order flips across a directional word ("to", "than",
   "from") or across a third shared word that stays between them ("Python beats Java" / "Java beats Python"), or
-  a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him");
+  a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him"),
+  or the same pronouns with their roles traded ("should I pay them" / "should they pay me");
 - moved negation: a negation that sits in another clause in the other text;
 - one word replaced: the texts align word for word but for one content word that is not a form of the other
   ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
@@ -43,6 +44,7 @@ _DIRECTIONAL = frozenset("to in into onto from than toward towards over before a
 # Whose: the asker's side (I, you, we: paraphrases trade these freely) and a third person's
 _ASKER = frozenset("i me my mine myself you your yours yourself yourselves we us our ours ourselves".split())
 _THIRD = frozenset("he him his himself she her hers herself".split())
+_THEY = frozenset("they them their theirs themselves".split())  # a third person, or people in general
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())
 _MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole proper right".split())
@@ -203,9 +205,18 @@ def _reversed(a: Reading, b: Reading) -> bool:
 def _other_person(a: Reading, b: Reading) -> bool:
     """Texts alike word for word but where one has the asker (I, my, you) the other has a third person (he, her):
     pronouns are stop words to the other checks, so "... can he evict me?" was served the answer to "... can I evict
-    him?" (cosine 0.979), "what are his rights?" the one to "what are my rights?"."""
-    return len(a.tokens) == len(b.tokens) and any(
-        x in _ASKER and y in _THIRD or x in _THIRD and y in _ASKER for x, y in zip(a.tokens, b.tokens))
+    him?" (cosine 0.979), "what are his rights?" the one to "what are my rights?". Or the same pronouns with their
+    roles traded: "should they pay me" was served the answer to "should I pay them" (0.981)."""
+    if len(a.tokens) == len(b.tokens) and any(
+            x in _ASKER and y in _THIRD or x in _THIRD and y in _ASKER for x, y in zip(a.tokens, b.tokens)):
+        return True
+    roles_a, roles_b = _roles(a), _roles(b)
+    return roles_a != roles_b and sorted(roles_a) == sorted(roles_b) and len(set(roles_a)) > 1
+
+
+def _roles(r: Reading) -> list[bool]:
+    """Whose each pronoun is, in order: True for the asker's (I, you, we), False for a third person's."""
+    return [t in _ASKER for t in r.tokens if t in _ASKER or t in _THIRD or t in _THEY]
 
 
 def _once(content: tuple[str, ...]) -> dict[str, int]:

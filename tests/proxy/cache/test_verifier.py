@@ -11,6 +11,7 @@ _LONG = ("What are the main differences between the way Python and Go handle con
 _LEASE = "My landlord wants to raise the rent by a lot next month and says I have to sign a new lease, "
 _KITTEN = ("I adopted a kitten from the shelter last month and I am trying to understand her behaviour and her "
            "sleeping habits, ")
+_BAKERY = "I run a small bakery with three employees and we are trying to cut costs without lowering quality, "
 MUST_MISS = {
     "opposite": [
         ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
@@ -49,6 +50,10 @@ MUST_MISS = {
         (_LEASE + "can he do that without notice?", _LEASE + "can I do that without notice?"),
         (_LEASE + "can he evict me?", _LEASE + "can I evict him?"),
         (_LEASE + "what are my rights?", _LEASE + "what are his rights?"),
+        # the same pronouns, their roles traded (cosine 0.981 and 0.986)
+        (_BAKERY + "how much should I pay them per hour?", _BAKERY + "how much should they pay me per hour?"),
+        (_BAKERY + "can I pay them less than the minimum wage?",
+         _BAKERY + "can they pay me less than the minimum wage?"),
     ],
     "negation": [
         ("Why can't I sleep when I am tired?", "Why can I sleep when I am not tired?"),
