@@ -3,7 +3,7 @@
 An embedding reads a question as a bag of meaning, so it scores "rows to columns" against "columns to rows" at
 ~0.99, "increase" against "decrease" at ~0.97, and does not see a negation move from one clause to another.
 The guard (guard.py) already refuses texts whose numbers, names, code or count of negations differ. This module
-adds five checks on the content words of both texts, aligned in order:
+adds six checks on the words of both texts, aligned in order:
 - opposites: a word of one text whose opposite (opposites.py, or an un-/in-/dis-/non- prefix, -ful/-less)
   stands in the other in its place;
 - swapped roles: two words shared by both texts whose order flips across a directional word ("to", "than",
@@ -11,6 +11,7 @@ adds five checks on the content words of both texts, aligned in order:
   a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him"),
   or the same pronouns with their roles traded ("should I pay them" / "should they pay me");
 - moved negation: a negation that sits in another clause in the other text;
+- tense: what happened in one where the other asks what will ("why did it fall" / "why will it fall");
 - one word replaced: the texts align word for word but for one content word that is not a form of the other
   ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
   threshold, so everything else about them agrees;
@@ -44,6 +45,9 @@ _DIRECTIONAL = frozenset("to in into onto from than toward towards over before a
 # Whose: the asker's side (I, you, we: paraphrases trade these freely) and a third person's
 _ASKER = frozenset("i me my mine myself you your yours yourself yourselves we us our ours ourselves".split())
 _THIRD = frozenset("he him his himself she her hers herself".split())
+# What happened and what will: auxiliaries, stop words to the other checks
+_PAST = frozenset("did was were had".split())
+_FUTURE = frozenset("will shall".split())
 _THEY = frozenset("they them their theirs themselves".split())  # a third person, or people in general
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())
@@ -134,6 +138,8 @@ def disagreement(a: Reading, b: Reading) -> str | None:
         return "swapped"
     if _moved_negation(a, b) or _moved_negation(b, a):
         return "negation"
+    if _aligned_swap(a, b, _PAST, _FUTURE):
+        return "tense"
     if _one_word_replaced(a, b):
         return "replaced"
     if _words_added(a, b):
@@ -207,11 +213,17 @@ def _other_person(a: Reading, b: Reading) -> bool:
     pronouns are stop words to the other checks, so "... can he evict me?" was served the answer to "... can I evict
     him?" (cosine 0.979), "what are his rights?" the one to "what are my rights?". Or the same pronouns with their
     roles traded: "should they pay me" was served the answer to "should I pay them" (0.981)."""
-    if len(a.tokens) == len(b.tokens) and any(
-            x in _ASKER and y in _THIRD or x in _THIRD and y in _ASKER for x, y in zip(a.tokens, b.tokens)):
+    if _aligned_swap(a, b, _ASKER, _THIRD):
         return True
     roles_a, roles_b = _roles(a), _roles(b)
     return roles_a != roles_b and sorted(roles_a) == sorted(roles_b) and len(set(roles_a)) > 1
+
+
+def _aligned_swap(a: Reading, b: Reading, these: frozenset[str], those: frozenset[str]) -> bool:
+    """Texts alike in length where one has a word of `these` in the place the other has one of `those`: "why did
+    tech stocks fall?" was served the answer to "why will tech stocks fall?" (cosine 0.960, after a preamble)."""
+    return len(a.tokens) == len(b.tokens) and any(
+        x in these and y in those or x in those and y in these for x, y in zip(a.tokens, b.tokens))
 
 
 def _roles(r: Reading) -> list[bool]:

@@ -60,6 +60,12 @@ MUST_MISS = {
         ("I don't love myself, what should I do to love myself?",
          "I do love myself, what should I not do to love myself?"),
     ],
+    "tense": [  # cosine 0.960
+        ("I have been investing a small part of my salary in index funds and a few tech stocks for the past two years, "
+         "why did tech stocks fall?", "I have been investing a small part of my salary in index funds and a few tech "
+         "stocks for the past two years, why will tech stocks fall?"),
+        ("What did the central bank do about inflation?", "What will the central bank do about inflation?"),
+    ],
     "replaced": [
         ("How do I cook rice in a pressure cooker?", "How do I cook pasta in a pressure cooker?"),
         ("How can I lose weight without exercise?", "How can I lose height without exercise?"),
