@@ -56,6 +56,10 @@ _MODIFIERS = frozenset("fast quick easy simple great nice cool new real whole pr
 _FREQUENCIES = frozenset("hourly daily nightly weekly biweekly fortnightly monthly quarterly yearly annually usually "
                          "rarely frequently occasionally normally generally typically commonly regularly "
                          "constantly".split())
+# What a word's form may add to it, after `stem` and `_form` have taken off what they do ("meditat" + "ion")
+_ENDINGS = frozenset("s es e d ed ing er ers or ors est ly ily y ies al ally ic ical ment ments ement ness ion ions "
+                     "ation ations ition ize ise ity ive iv ful less able ible ism ist ists ian ish ent ence ant ance "
+                     "ship th ag age ure ture ous ious".split())
 _PIVOT_SPAN = 6  # tokens from one swapped word to the other: wider, it is clauses that moved, not roles
 _NEGATED_SPELLINGS = frozenset("dont doesnt cant wont isnt arent didnt shouldnt wouldnt couldnt".split())
 _POSSESSIVE = re.compile(r"'s?$")
@@ -276,10 +280,24 @@ def _one_word_replaced(a: Reading, b: Reading) -> bool:
     if len(differ) != 1:
         return False
     x, y = differ[0]
-    if x.startswith(y[:4]) or y.startswith(x[:4]):  # a form of the same word, or a typo at its end
+    if _forms_of_one_word(x, y):
         return False
     i = a.content.index(x)
     return not (_modifier(a.tokens[a.where[i]]) and _modifier(b.tokens[b.where[i]]))
+
+
+def _forms_of_one_word(x: str, y: str) -> bool:
+    """Whether two words that differ are forms of one (or one a typo of the other at its end): they start alike, and
+    where one is the other with letters put on, those are an ending. Another name may start with a whole name:
+    "swiftui" and "swift", "vuex" and "vue", "javascript" and "java", "nigeria" and "niger" were one word, and a
+    question about one was served the answer about the other."""
+    short, long = sorted((x, y), key=len)
+    if long.startswith(short):
+        put_on = long[len(short):]
+        if len(put_on) == 1 and len(short) >= 5:  # a typo at its end, or "learnt": not "vue" and "vuex"
+            return True
+        return put_on.removeprefix(short[-1]) in _ENDINGS | {""}  # a consonant doubled: "programm", "program"
+    return long.startswith(short[:4])
 
 
 def _words_added(a: Reading, b: Reading) -> bool:

@@ -77,6 +77,17 @@ MUST_MISS = {
         ("My doctor told me to watch my diet because of my blood pressure, should I take fish oil daily?",
          "My doctor told me to watch my diet because of my blood pressure, should I take fish oil monthly?"),
         ("Should I water my lawn weekly?", "Should I water my lawn daily?"),
+        # a name that another starts with (cosine 0.965 and 0.967)
+        ("I am building my first iPhone app for tracking my running workouts and I want to show the list of past "
+         "runs with dates and distances, how do I make a list in swift?", "I am building my first iPhone app for "
+         "tracking my running workouts and I want to show the list of past runs with dates and distances, how do I "
+         "make a list in swiftui?"),
+        ("I am building a small dashboard for my team with charts, tables and a login page, and I want to keep the "
+         "state of the filters in one place, how do I manage state in vue?", "I am building a small dashboard for my "
+         "team with charts, tables and a login page, and I want to keep the state of the filters in one place, how "
+         "do I manage state in vuex?"),
+        ("how do I reverse a string in java", "how do I reverse a string in javascript"),
+        ("what is the capital of niger", "what is the capital of nigeria"),
         # how often (cosine 0.972 and 0.992 after the preamble)
         (_KITTEN + "do cats usually sleep during the day?", _KITTEN + "do cats rarely sleep during the day?"),
         (_KITTEN + "why do cats frequently sleep during the day?",
@@ -112,6 +123,8 @@ MAY_HIT = [
     ("Why is it that everybody wants to go to heaven yet no one wants to die?",
      "Why is it that everyone wants to go to heaven, but nobody wants to die?"),
     ("Explain how a hash map works", "explain how a hash map works."),
+    ("What are the benefits of meditation?", "What are the benefits of meditating?"),  # forms of one word
+    ("What is the best programing language to learn?", "What is the best programming language to learn?"),
 ]
 
 
