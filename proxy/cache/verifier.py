@@ -11,7 +11,8 @@ adds six checks on the words of both texts, aligned in order:
   a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him"),
   or the same pronouns with their roles traded ("should I pay them" / "should they pay me");
 - moved negation: a negation that sits in another clause in the other text;
-- tense: what happened in one where the other asks what will ("why did it fall" / "why will it fall");
+- tense: what happened in one where the other asks what will ("why did it fall" / "why will it fall"), and
+  what one may do where the other asks what one must ("can I eat sushi" / "must I eat sushi");
 - one word replaced: the texts align word for word but for one content word that is not a form of the other
   ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
   threshold, so everything else about them agrees;
@@ -48,6 +49,9 @@ _THIRD = frozenset("he him his himself she her hers herself".split())
 # What happened and what will: auxiliaries, stop words to the other checks
 _PAST = frozenset("did was were had".split())
 _FUTURE = frozenset("will shall".split())
+# What one may do and what one must (not "should", which paraphrases trade for "can": "what can/should I do")
+_MAY = frozenset("can could may might".split())
+_MUST = frozenset(["must"])
 _THEY = frozenset("they them their theirs themselves".split())  # a third person, or people in general
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())
@@ -144,6 +148,8 @@ def disagreement(a: Reading, b: Reading) -> str | None:
         return "negation"
     if _aligned_swap(a, b, _PAST, _FUTURE):
         return "tense"
+    if _aligned_swap(a, b, _MAY, _MUST):
+        return "modal"
     if _one_word_replaced(a, b):
         return "replaced"
     if _words_added(a, b):

@@ -66,6 +66,11 @@ MUST_MISS = {
          "stocks for the past two years, why will tech stocks fall?"),
         ("What did the central bank do about inflation?", "What will the central bank do about inflation?"),
     ],
+    "modal": [  # may or must (cosine 0.978)
+        ("I am pregnant with my first baby and trying to eat healthy, avoid alcohol and get enough sleep, can I eat "
+         "sushi?", "I am pregnant with my first baby and trying to eat healthy, avoid alcohol and get enough sleep, "
+         "must I eat sushi?"),
+    ],
     "replaced": [
         ("How do I cook rice in a pressure cooker?", "How do I cook pasta in a pressure cooker?"),
         ("How can I lose weight without exercise?", "How can I lose height without exercise?"),
