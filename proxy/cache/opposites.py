@@ -39,6 +39,7 @@ head tail, prefix suffix, prepend append, leading trailing, before after, previo
 ancestor descendant, parent child, superclass subclass, superset subset, union intersection, merge split,
 join split, combine separate, together apart, same different, similar different, equal unequal, agree disagree,
 always never, everything nothing, everyone nobody, all none, any none, some none, all some, every some,
+since until, before during, after during, before while, after while,
 legal illegal, valid invalid, safe dangerous, safe unsafe, healthy unhealthy, clean dirty, pure impure,
 sweet sour, sweet bitter, asleep awake, sleep wake, present absent, arrival departure, question answer,
 ask answer, cause effect, input output, source target, source destination, origin destination, sender recipient,

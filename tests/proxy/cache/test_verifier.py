@@ -25,6 +25,14 @@ MUST_MISS = {
          "What is the worst way and best book for cost accounting?"),
         ("Is a careful driver a good driver?", "Is a careless driver a good driver?"),
         (_KITTEN + "do all cats sleep during the day?", _KITTEN + "do some cats sleep during the day?"),  # 0.983
+        # when, against another time (cosine 0.988 and 0.968)
+        ("I am writing a report for my economics class about Germany, its industry, its exports and its "
+         "unemployment, what happened to the economy since 2010?", "I am writing a report for my economics class "
+         "about Germany, its industry, its exports and its unemployment, what happened to the economy until 2010?"),
+        ("I am trying to eat healthier and lose some weight before my wedding in the summer, what should I eat before "
+         "running?", "I am trying to eat healthier and lose some weight before my wedding in the summer, what should "
+         "I eat while running?"),
+        ("What should I drink during a marathon?", "What should I drink after a marathon?"),
         # the degrees of a listed pair (cosine 0.98 for the first: the embedding reads the rest)
         ("I run a small online shop selling handmade candles and soaps and want to grow my customer base through "
          "social media and email, what is the fastest way to do it",
