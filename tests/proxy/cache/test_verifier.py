@@ -12,6 +12,7 @@ _LEASE = "My landlord wants to raise the rent by a lot next month and says I hav
 _KITTEN = ("I adopted a kitten from the shelter last month and I am trying to understand her behaviour and her "
            "sleeping habits, ")
 _BAKERY = "I run a small bakery with three employees and we are trying to cut costs without lowering quality, "
+_ROME = "For my history homework about the Roman republic and its fall, "
 MUST_MISS = {
     "opposite": [
         ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
@@ -58,6 +59,9 @@ MUST_MISS = {
         (_LEASE + "can he do that without notice?", _LEASE + "can I do that without notice?"),
         (_LEASE + "can he evict me?", _LEASE + "can I evict him?"),
         (_LEASE + "what are my rights?", _LEASE + "what are his rights?"),
+        # who did it, or who it was done to (cosine 0.978 and 0.963)
+        (_ROME + "who killed Caesar?", _ROME + "who did Caesar kill?"),
+        (_ROME + "who did Brutus betray?", _ROME + "who betrayed Brutus?"),
         # the same pronouns, their roles traded (cosine 0.981 and 0.986)
         (_BAKERY + "how much should I pay them per hour?", _BAKERY + "how much should they pay me per hour?"),
         (_BAKERY + "can I pay them less than the minimum wage?",
