@@ -10,7 +10,8 @@ adds six checks on the words of both texts, aligned in order:
   "from") or across a third shared word that stays between them ("Python beats Java" / "Java beats Python"), or
   a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him"),
   or the same pronouns with their roles traded ("should I pay them" / "should they pay me"), or who did it against
-  whom it was done to ("who killed Caesar" / "who did Caesar kill");
+  whom it was done to ("who killed Caesar" / "who did Caesar kill"; "did Brutus kill Caesar" / "was Brutus killed
+  by Caesar");
 - moved negation: a negation that sits in another clause in the other text;
 - tense: what happened in one where the other asks what will ("why did it fall" / "why will it fall"), and
   what one may do where the other asks what one must ("can I eat sushi" / "must I eat sushi");
@@ -54,6 +55,7 @@ _FUTURE = frozenset("will shall".split())
 _MAY = frozenset("can could may might".split())
 _MUST = frozenset(["must"])
 _DO = frozenset("did does do".split())
+_BE = frozenset("is are was were be been being get gets got".split())
 _THEY = frozenset("they them their theirs themselves".split())  # a third person, or people in general
 _CLAUSE_BREAK = frozenset("? ! . ; , when if because while although though but yet unless whereas since until "
                           "after before so that".split())
@@ -145,7 +147,8 @@ def disagreement(a: Reading, b: Reading) -> str | None:
     if _opposite(a, b):
         return "opposite"
     if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b) or _other_person(a, b) \
-            or _asks_object(a) != _asks_object(b) and _asks_subject(a) != _asks_subject(b):
+            or _asks_object(a) != _asks_object(b) and _asks_subject(a) != _asks_subject(b) \
+            or _by_agent(a) != _by_agent(b) and Counter(a.content) == Counter(b.content):
         return "swapped"
     if _moved_negation(a, b) or _moved_negation(b, a):
         return "negation"
@@ -242,6 +245,15 @@ def _asks_subject(r: Reading) -> bool:
     text asking whom (`_asks_object`), the same words ask the other side: "who did Caesar kill?" was served the
     answer to "who killed Caesar?" (cosine 0.978, after a preamble)."""
     return any(t == "who" and nxt.isalpha() and nxt not in _STOP for t, nxt in zip(r.tokens, r.tokens[1:]))
+
+
+def _by_agent(r: Reading) -> bool:
+    """Whether it is passive with its agent ("was Brutus killed by Caesar"): "by" after a participle, a form of "be"
+    before. With the same words active in the other text, the roles are the other way round: "did Brutus kill
+    Caesar?" and "was Brutus killed by Caesar?" (cosine 0.981) shared an answer."""
+    t = r.tokens
+    return any(w == "by" and i and t[i - 1].endswith(("ed", "en")) and not _BE.isdisjoint(t[:i])
+               for i, w in enumerate(t))
 
 
 def _aligned_swap(a: Reading, b: Reading, these: frozenset[str], those: frozenset[str]) -> bool:

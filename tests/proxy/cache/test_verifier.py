@@ -62,6 +62,7 @@ MUST_MISS = {
         # who did it, or who it was done to (cosine 0.978 and 0.963)
         (_ROME + "who killed Caesar?", _ROME + "who did Caesar kill?"),
         (_ROME + "who did Brutus betray?", _ROME + "who betrayed Brutus?"),
+        (_ROME + "did Brutus kill Caesar?", _ROME + "was Brutus killed by Caesar?"),  # the passive's agent (0.981)
         # the same pronouns, their roles traded (cosine 0.981 and 0.986)
         (_BAKERY + "how much should I pay them per hour?", _BAKERY + "how much should they pay me per hour?"),
         (_BAKERY + "can I pay them less than the minimum wage?",
