@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Awaitable
 
 import orjson
 import pytest
+from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.auth import tenant_of
@@ -55,18 +57,23 @@ async def test_a_running_stream_is_listed_then_cancelled_with_its_dialects_error
     assert backend.cancelled == 1 and backend.completed == 0
 
 
+async def _cancelled_by_admin(c: TestClient, sent: Awaitable[ClientResponse]) -> tuple[ClientResponse, str]:
+    """The answer to `sent` once an admin's DELETE /velo/requests/{id} ended it, and that id."""
+    pending = asyncio.ensure_future(sent)
+    for _ in range(200):
+        listed = (await (await c.get("/velo/requests")).json())["requests"]
+        if listed:
+            break
+        await asyncio.sleep(0.02)
+    await c.delete(f"/velo/requests/{listed[0]['id']}")
+    return await asyncio.wait_for(pending, 10), listed[0]["id"]
+
+
 async def test_a_request_not_answering_yet_is_cancelled_with_a_499_in_its_dialect() -> None:
     backend = ScriptedBackend("s", script=Script(pieces=["x"], delay=5))  # not a byte before 5 s
     app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
     async with TestClient(TestServer(app, handler_cancellation=True)) as c:
-        pending = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
-        for _ in range(200):
-            listed = (await (await c.get("/velo/requests")).json())["requests"]
-            if listed:
-                break
-            await asyncio.sleep(0.02)
-        await c.delete(f"/velo/requests/{listed[0]['id']}")
-        resp = await asyncio.wait_for(pending, 10)
+        resp, _ = await _cancelled_by_admin(c, c.post("/v1/chat/completions", json=CHAT))
         error = (await resp.json())["error"]
         assert resp.status == 499 and error["type"] == "request_cancelled" and "administrator" in error["message"]
     assert backend.cancelled == 1
@@ -78,17 +85,10 @@ async def test_an_anthropic_request_ended_by_velo_names_its_id_as_every_anthropi
     backend = ScriptedBackend("s", script=Script(pieces=["x"], delay=5))
     app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": backend})
     async with TestClient(TestServer(app, handler_cancellation=True)) as c:
-        pending = asyncio.create_task(c.post("/v1/messages", json={**CHAT, "max_tokens": 5}))
-        for _ in range(200):
-            listed = (await (await c.get("/velo/requests")).json())["requests"]
-            if listed:
-                break
-            await asyncio.sleep(0.02)
-        await c.delete(f"/velo/requests/{listed[0]['id']}")
-        resp = await asyncio.wait_for(pending, 10)
+        resp, request_id = await _cancelled_by_admin(c, c.post("/v1/messages", json={**CHAT, "max_tokens": 5}))
         said = await resp.json()
         assert resp.status == 499 and said["type"] == "error" and "administrator" in said["error"]["message"]
-        assert said.get("request_id") == resp.headers.get("request-id") == listed[0]["id"], (said, resp.headers)
+        assert said.get("request_id") == resp.headers.get("request-id") == request_id, (said, resp.headers)
 
 
 async def test_an_answer_refused_before_it_is_listed_names_its_id_too() -> None:
