@@ -146,9 +146,8 @@ def disagreement(a: Reading, b: Reading) -> str | None:
         return None
     if _opposite(a, b):
         return "opposite"
-    if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b) or _other_person(a, b) \
-            or _asks_object(a) != _asks_object(b) and _asks_subject(a) != _asks_subject(b) \
-            or _by_agent(a) != _by_agent(b) and Counter(a.content) == Counter(b.content):
+    if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b) \
+            or _other_person(a, b) or _doer_and_done_to(a, b):
         return "swapped"
     if _moved_negation(a, b) or _moved_negation(b, a):
         return "negation"
@@ -233,6 +232,13 @@ def _other_person(a: Reading, b: Reading) -> bool:
         return True
     roles_a, roles_b = _roles(a), _roles(b)
     return roles_a != roles_b and sorted(roles_a) == sorted(roles_b) and len(set(roles_a)) > 1
+
+
+def _doer_and_done_to(a: Reading, b: Reading) -> bool:
+    """Whether one text asks who did it and the other whom it was done to, or one is active and the other passive
+    with its agent, over the same words (`_asks_object`, `_asks_subject`, `_by_agent`)."""
+    return _asks_object(a) != _asks_object(b) and _asks_subject(a) != _asks_subject(b) \
+        or _by_agent(a) != _by_agent(b) and Counter(a.content) == Counter(b.content)
 
 
 def _asks_object(r: Reading) -> bool:
