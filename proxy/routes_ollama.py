@@ -20,7 +20,7 @@ from .dialects import ollama, ollama_models, ollama_names
 from .http_io import job_for, json_response, ndjson, read_json, write_stream
 from .job import Job
 from .presets import parameters_over
-from .stages.fit import lacks_completion
+from .stages.fit import refuse_lacking
 from .state import PIPELINE, ROUTER
 from .stream_ends import as_streamed
 from .streams import collect
@@ -112,9 +112,7 @@ async def _load_or_unload(request: web.Request, model: str, keep: Any, think: An
     thinks = think not in (None, False)
     if (completes or thinks) and (info := await router.model_info(target)) is not None:  # an embed load asks nothing
         if completes:
-            lacks_completion(model, info, generates == "chat")  # an embedding model's chat "load" (Ollama: a 400)
-            if inserts and "insert" not in info.capabilities:
-                raise ModelLacks(model, "insert")
+            refuse_lacking(model, info, generates == "chat", inserts)  # an embedding model's chat "load": a 400
         if thinks and "thinking" not in info.capabilities:
             raise ModelLacks(model, "thinking")
     return "load", await residency.load(target, keep)

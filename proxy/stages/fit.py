@@ -56,11 +56,14 @@ def as_seen(req: Request, info: ModelInfo, backend: Backend, dialect: str) -> Re
     return replace(req, messages=[_unseen(m) if m.images else m for m in req.messages])
 
 
-def lacks_completion(model: str, info: ModelInfo, chat: bool) -> None:
-    """Ollama's 400 for a model that only embeds: `"emb" does not support chat` (or `generate`), as its handlers
-    answer before loading it (server/routes.go)."""
+def refuse_lacking(model: str, info: ModelInfo, chat: bool, inserts: bool = False) -> None:
+    """Ollama's 400s for what the model cannot do, as its handlers answer them before loading it (server/routes.go):
+    a model that only embeds, `"emb" does not support chat` (or `generate`); a suffix (`inserts`) for one that
+    cannot fill in the middle, `does not support insert`."""
     if info.capabilities and "completion" not in info.capabilities:
         raise ModelLacks(model, "chat" if chat else "generate")
+    if inserts and "insert" not in info.capabilities:
+        raise ModelLacks(model, "insert")
 
 
 class Fit(Prepare):
@@ -104,9 +107,8 @@ class Fit(Prepare):
         assert job.target is not None
         if not job.target.backend.knows_capabilities:
             return
-        lacks_completion(req.model, info, isinstance(req, ChatRequest))
-        if isinstance(req, CompletionRequest) and req.suffix is not None and "insert" not in info.capabilities:
-            raise ModelLacks(req.model, "insert")
+        refuse_lacking(req.model, info, isinstance(req, ChatRequest),
+                       isinstance(req, CompletionRequest) and req.suffix is not None)
 
     @staticmethod
     def _thinking(req: Request, info: ModelInfo, job: Job) -> Request:
