@@ -147,12 +147,12 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
     opened: set[int] = set()
 
-    def event(obj: dict) -> bytes:
+    def null_usage(obj: dict) -> bytes:
         """With include_usage, every chunk before the usage chunk has `usage: null`, as OpenAI sends them."""
-        if include_usage:
-            obj["usage"] = None
+        obj["usage"] = None
         return sse(obj)
 
+    event = null_usage if include_usage else sse  # chosen once: a call more for each piece of every stream else
     def encode(index: int, chunk: Chunk) -> bytes:
         if chunk.usage is not None:
             usages.append((index, chunk.usage))
