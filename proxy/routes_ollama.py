@@ -61,7 +61,7 @@ async def show(request: web.Request) -> web.Response:
     model = preset.shown(info) if preset else info
     # `parameters` are the model's own (Ollama's ShowHandler lists them before it applies the request's options):
     # `ollama run`'s /show parameters prints them as "Model defined", the session's /set ones after them
-    shown = ollama_models.show_object(_as_asked(model, body)) | {"parameters": model.parameters}
+    shown = ollama_models.show_object(_as_asked(model, body), model.parameters)
     # a preset's conversation, which `ollama run` prints before its prompt
     return json_response({**shown, "messages": preset.messages} if preset and preset.messages else shown)
 

@@ -31,10 +31,10 @@ def _digest(name: str, digest: str) -> str:
 def tag_object(info: ModelInfo) -> dict[str, Any]:
     """Named with its tag, as Ollama lists every model: Open WebUI adds `:latest` to a name without one before it
     looks the name up in this listing, and found no model a llama-server or an OpenAI-compatible server named."""
-    name = full_name(info.name)
-    return {"name": name, "model": name, "modified_at": info.modified_at, "size": info.size,
-            "digest": _digest(info.name, info.digest), "details": _details(info),
-            "capabilities": shown_capabilities(info.capabilities)}
+    name, capabilities = full_name(info.name), shown_capabilities(info.capabilities)
+    listed = {"name": name, "model": name, "modified_at": info.modified_at, "size": info.size,
+              "digest": _digest(info.name, info.digest), "details": _details(info)}
+    return {**listed, "capabilities": capabilities} if capabilities else listed  # omitempty, as in /api/show
 
 
 def shown_capabilities(capabilities: list[str]) -> list[str]:
@@ -56,7 +56,13 @@ def _modelfile(info: ModelInfo) -> str:
             f'TEMPLATE """{info.template}"""\n{system}{params}')
 
 
-def show_object(info: ModelInfo) -> dict[str, Any]:
+# ShowResponse's `omitempty` fields that Velo fills (api/types.go): Ollama leaves an empty one out, where Velo sent
+# `"template": ""`, `"parameters": ""` and `"capabilities": []`
+_SHOW_OMITEMPTY = ("license", "modelfile", "parameters", "template", "system", "capabilities")
+
+
+def show_object(info: ModelInfo, parameters: str | None = None) -> dict[str, Any]:
+    """`parameters`: the model's own, where `info`'s hold a request's options too (routes_ollama.show)."""
     model_info = dict(info.model_info)
     arch = model_info.setdefault("general.architecture", info.family or "llama")
     if info.context_length:
@@ -64,12 +70,12 @@ def show_object(info: ModelInfo) -> dict[str, Any]:
         # num_ctx (llama-index, LiteLLM for Aider), which Ollama grants up to the file's figure; a llama-server slot
         # (its -c over its -np) or the engine's KV memory cannot grow
         model_info[f"{arch}.context_length"] = info.context_length
-    shown = {"modelfile": _modelfile(info), "parameters": info.parameters, "template": info.template,
-             "details": _details(info), "model_info": model_info,
+    license = model_info.get("general.license")  # the file's, where Ollama has a LICENSE layer
+    shown = {"license": license if isinstance(license, str) else "", "modelfile": _modelfile(info),
+             "parameters": info.parameters if parameters is None else parameters, "template": info.template,
+             "system": info.system, "details": _details(info), "model_info": model_info,
              "capabilities": shown_capabilities(info.capabilities), "modified_at": info.modified_at}
-    if isinstance(license := model_info.get("general.license"), str):  # the file's, where Ollama has a LICENSE layer
-        shown["license"] = license
-    return {**shown, "system": info.system} if info.system else shown
+    return {k: v for k, v in shown.items() if v or k not in _SHOW_OMITEMPTY}
 
 
 def ps_object(model: RunningModel) -> dict[str, Any]:

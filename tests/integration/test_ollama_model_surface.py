@@ -209,7 +209,7 @@ async def test_openai_backend_show_says_what_it_can(openai_fake):
     async with serve(config(BackendConfig(name="oai", kind="openai", urls=[openai_fake.url]))) as url:
         _, c = clients(url)
         shown = await c.show("fake-gpt")
-        assert shown.template == "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}" and shown.parameters == ""
+        assert shown.template == "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}" and shown.parameters is None
         assert shown.capabilities == ["completion", "tools", "thinking"]
         with pytest.raises(ollama.ResponseError) as e:
             await c.pull("fake-gpt2")

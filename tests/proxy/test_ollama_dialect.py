@@ -371,6 +371,20 @@ def test_show_carries_the_files_license():
     assert "license" not in show_object(ModelInfo(name="m"))
 
 
+async def test_show_and_tags_leave_out_what_ollama_omits_when_empty(client, scripted: ScriptedBackend):
+    """ShowResponse's license, modelfile, parameters, template, system and capabilities, and ListModelResponse's
+    capabilities, are `omitempty` (api/types.go); Velo sent `"template": ""`, `"parameters": ""` and
+    `"capabilities": []` for a model with none."""
+    scripted.capabilities = []
+    shown = await (await client.post("/api/show", json={"model": "tiny"})).json()
+    assert not {"license", "parameters", "template", "system", "capabilities"} & set(shown)
+    assert {"modelfile", "details", "model_info", "modified_at"} <= set(shown)
+    [listed] = [m for m in (await (await client.get("/api/tags")).json())["models"] if m["name"] == "tiny:latest"]
+    assert "capabilities" not in listed
+    asked = await (await client.post("/api/show", json={"model": "tiny", "options": {"num_ctx": 4096}})).json()
+    assert "parameters" not in asked and "PARAMETER num_ctx" in asked["modelfile"]  # the request's, there only
+
+
 def test_a_token_that_is_part_of_a_character_gives_its_own_bytes():
     part = TokenLogprob("\ufffd", -0.1, [TokenLogprob("\ufffd", -0.1, raw=b"\xe6\x97")], raw=b"\xe6\x97")
     [entry] = generate_object("tiny", Chunk(logprobs=[part]), 0)["logprobs"]
