@@ -40,6 +40,9 @@ class Stay:
 class Residency:
     def __init__(self) -> None:
         self.stays: dict[tuple[str, str], tuple[Target, Stay]] = {}
+        # unloads held back for requests in flight on a backend that unloads for itself, sent by the timer once
+        # they are done: only Velo's timer unloads later, so without it the unload was never sent
+        self.owed: dict[tuple[str, str], Target] = {}
         self._wake = asyncio.Event()
         self._timer: asyncio.Task | None = None
 
@@ -67,13 +70,16 @@ class Residency:
             stay.last_used = time.time()
             keep = target.backend.default_keep_alive if keep is None else keep
             stay.keep_s = 0.0 if stay.unloading else keep_alive.seconds(keep)
-            stay.unloading = stay.unloading and stay.in_flight > 0
+            owed, stay.unloading = stay.unloading and not stay.in_flight, stay.unloading and stay.in_flight > 0
             if target.backend.idle_unload:
                 self._wake.set()
             elif not stay.in_flight and self.stays.get(_key(target), (None, None))[1] is stay:
                 # a backend that unloads for itself needs its stay only while requests run: kept, every name a
                 # client made up (answered by a backend that takes any name, or refused by a later stage) stayed
                 del self.stays[_key(target)]
+                if owed:
+                    self.owed[_key(target)] = target
+                    self._wake.set()
 
     async def adopt(self, backends: Iterable[Backend]) -> None:
         """Models loaded before any request (the engine loads its model as Velo starts) stay their backend's
@@ -97,13 +103,18 @@ class Residency:
 
     async def unload(self, target: Target) -> None:
         """`keep_alive: 0` with no prompt: unloaded now, or as soon as the requests in flight are done."""
+        if not self.unload_after(target):
+            self.stays.pop(_key(target), None)
+            await target.backend.unload(target.model)
+
+    def unload_after(self, target: Target) -> bool:
+        """Whether requests run on the model: then it is unloaded once they are done, and this says True."""
         held = self.stays.get(_key(target))
-        if held is not None and held[1].in_flight:
-            stay = held[1]
-            stay.keep_s, stay.last_used, stay.unloading = 0.0, time.time(), True
-            return
-        self.stays.pop(_key(target), None)
-        await target.backend.unload(target.model)
+        if held is None or not held[1].in_flight:
+            return False
+        stay = held[1]
+        stay.keep_s, stay.last_used, stay.unloading = 0.0, time.time(), True
+        return True
 
     def expires_at(self, backend: str, model: str) -> str | None:
         """RFC 3339 time the model is due to unload, as /api/ps says it; None when no request used it yet."""
@@ -126,6 +137,9 @@ class Residency:
 
     async def _expire_forever(self) -> None:
         while True:
+            self._wake.clear()  # before the work: a request that ends during an unload wakes the next round
+            while self.owed:
+                await self._unload(self.owed.pop(next(iter(self.owed))))
             now = time.time()
             mine = [(t, s) for t, s in self.stays.values() if t.backend.idle_unload]
             for target, stay in mine:
@@ -133,16 +147,18 @@ class Residency:
                 # begun another under the same key
                 if stay.expires <= now and self.stays.get(_key(target), (None, None))[1] is stay:
                     del self.stays[_key(target)]
-                    try:
-                        await target.backend.unload(target.model)
-                    except Exception:  # noqa: BLE001 - a failed unload leaves the model loaded, nothing worse
-                        log.exception("unloading %s from %r failed", target.model, target.backend.name)
+                    await self._unload(target)
             soonest = min((s.expires for t, s in mine if s.expires > now), default=math.inf) - time.time()
-            self._wake.clear()
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the cancel that close() sends
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(None if math.isinf(soonest) else max(soonest, 0.05)):
                     await self._wake.wait()
+
+    async def _unload(self, target: Target) -> None:
+        try:
+            await target.backend.unload(target.model)
+        except Exception:  # noqa: BLE001 - a failed unload leaves the model loaded, nothing worse
+            log.exception("unloading %s from %r failed", target.model, target.backend.name)
 
 
 def _key(target: Target) -> tuple[str, str]:

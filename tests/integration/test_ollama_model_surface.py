@@ -214,3 +214,23 @@ async def test_openai_backend_show_says_what_it_can(openai_fake):
         with pytest.raises(ollama.ResponseError) as e:
             await c.pull("fake-gpt2")
         assert e.value.status_code == 400 and "config.toml" in e.value.error
+
+
+async def test_a_bare_unload_reaches_ollama_while_velo_streams_from_the_model(ollama_double):
+    """A bare `keep_alive: 0` while a request streams from the model unloads it once the request is done (as Ollama
+    does, server/sched.go expireRunner); Velo held the unload back for the request in flight and then, the backend
+    being one that unloads for itself, never sent it: the model stayed loaded for the streaming request's
+    keep_alive."""
+    ollama_double.script.token_delay = 0.05
+    async with serve(config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))) as url:
+        _, c = clients(url)
+        stream = await c.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+        first = await anext(stream)
+        assert (await c.chat(model=CHAT_MODEL, messages=[], keep_alive=0)).done_reason == "unload"
+        assert first.message.content + "".join([p.message.content async for p in stream]) == ollama_double.script.reply
+        for _ in range(50):
+            if any(r.path == "/api/generate" for r in ollama_double.requests):
+                break
+            await asyncio.sleep(0.02)
+        assert ollama_double.last("/api/generate") == {"model": CHAT_MODEL, "keep_alive": 0}
+
