@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+from adapters import keep_alive
+
 from ..job import Job
 from ..residency import Residency
 from .base import Prepare, Services
@@ -23,7 +25,16 @@ class KeepLoaded(Prepare):
     async def prepare(self, job: Job, held: AsyncExitStack) -> Job:
         assert job.target is not None
         held.enter_context(self.residency.use(job.target, job.request.keep_alive))
+        if keep_alive.unloads(job.request.keep_alive):
+            held.callback(self._unload_if_answered_here, job)  # runs first, with the request still in flight
         return job
+
+    def _unload_if_answered_here(self, job: Job) -> None:
+        """An answer from the cache never reaches the backend, nor its `keep_alive: 0`: an Ollama backend kept the
+        model loaded. The model is unloaded once the requests on it are done, as after a bare unload request."""
+        assert job.target is not None
+        if job.outcome.cache in ("exact", "semantic"):
+            self.residency.unload_after(job.target)
 
 
 async def _close(residency: Residency) -> None:

@@ -234,3 +234,30 @@ async def test_a_bare_unload_reaches_ollama_while_velo_streams_from_the_model(ol
             await asyncio.sleep(0.02)
         assert ollama_double.last("/api/generate") == {"model": CHAT_MODEL, "keep_alive": 0}
 
+
+
+async def test_keep_alive_zero_answered_from_the_cache_still_unloads_the_ollama_model(ollama_double):
+    """A cache hit never reaches the backend, so its `keep_alive: 0` did not either and the model stayed loaded;
+    the answer still comes from the cache."""
+    cfg = config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))
+    cfg.cache.enabled = True
+    unload = {"model": CHAT_MODEL, "keep_alive": 0}
+
+    async def unloads(wanted: int) -> int:
+        for _ in range(50):
+            if (sent := sum(r.body == unload for r in ollama_double.requests)) >= wanted:
+                break
+            await asyncio.sleep(0.02)
+        return sent
+    async with serve(cfg) as url:
+        _, c = clients(url)
+        chat = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "options": {"temperature": 0}}
+        generate = {"model": CHAT_MODEL, "prompt": "hi", "options": {"temperature": 0}}
+        for call, asked in ((c.chat, chat), (c.generate, generate)):
+            await call(**asked, keep_alive="10m")
+            for keep in (0, "0s"):
+                before = await unloads(0)
+                assert (await call(**asked, keep_alive=keep)).done_reason == "stop"
+                assert await unloads(before + 1) == before + 1
+        assert await unloads(5) == 4
+        assert len([r for r in ollama_double.requests if r.path in ("/api/chat", "/api/generate")]) == 2 + 4
