@@ -130,8 +130,10 @@ def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelI
     # that is not a string is left out instead, which costs the listing nothing
     if isinstance(modified := obj.get("modified_at"), str) and modified:
         info.modified_at = modified
-    if isinstance(capabilities := obj.get("capabilities"), list) and capabilities:
-        info.capabilities = [c for c in capabilities if isinstance(c, str)]
+    # none where Ollama says none, as its /api/tags before v0.30.0: Velo's assumed "completion" listed an embedding
+    # model as `["completion", "tools"]` where Ollama's /api/show says `["embedding"]`
+    capabilities = obj.get("capabilities")
+    info.capabilities = [c for c in capabilities if isinstance(c, str)] if isinstance(capabilities, list) else []
     return info
 
 

@@ -193,6 +193,18 @@ async def test_ollama_backend_passes_show_unload_and_pull_through(ollama_double)
         assert progress[1].total == 2142590208
 
 
+async def test_tags_from_an_ollama_that_lists_no_capabilities_claim_none(ollama_double):
+    """Ollama's /api/tags lists capabilities only since v0.30.0; for an older one (the double) Velo assumed
+    "completion" and listed every model, an embedding model too, as `["completion", "tools"]`."""
+    ollama_double.models["all-minilm:latest"].capabilities = ["embedding"]
+    async with serve(config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))) as url:
+        _, c = clients(url)
+        async with aiohttp.ClientSession() as s, s.get(url + "/api/tags") as resp:
+            assert [m.get("capabilities") for m in (await resp.json())["models"]] == [None, None]
+        assert (await c.show("all-minilm")).capabilities == ["embedding"]
+        assert (await c.show(CHAT_MODEL)).capabilities == ["completion", "tools", "insert"]
+
+
 async def test_legacy_embeddings_with_no_prompt_loads_or_unloads_as_ollama_does(ollama_double):
     """EmbeddingsHandler loads the model for an empty prompt ("an empty request loads the model"), under its
     keep_alive, so 0 unloads it; Velo only looked the name up, so the model stayed loaded, or was not loaded."""
