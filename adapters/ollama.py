@@ -125,7 +125,8 @@ def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelI
                      quantization_level=wire_text(details.get("quantization_level")),
                      context_length=context or count(obj, "context_length", None),
                      template=wire_text(obj.get("template")), parameters=wire_text(obj.get("parameters")),
-                     system=wire_text(obj.get("system")), model_info=model_info)
+                     system=wire_text(obj.get("system")), license=wire_text(obj.get("license")),
+                     model_info=model_info)
     # read here, in the call's parse, where a wrong type is a 502 rather than a 500 later; a date or a capability
     # that is not a string is left out instead, which costs the listing nothing
     if isinstance(modified := obj.get("modified_at"), str) and modified:

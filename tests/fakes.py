@@ -202,6 +202,7 @@ class FakeModel:
     capabilities: list[str] = field(default_factory=lambda: ["completion", "tools", "insert"])
     size: int = 98_000_000
     system: str = ""  # its Modelfile's SYSTEM (a CreateRequest's `system`)
+    license: str = ""  # its LICENSE layer's text (ShowResponse `license`, omitempty)
 
     @property
     def digest(self) -> str:
@@ -264,7 +265,7 @@ class OllamaDouble(FakeServer):
             "details": m.details, "capabilities": m.capabilities, "modified_at": "2025-01-01T00:00:00Z",
             "model_info": {"general.architecture": m.family, "general.parameter_count": 134_515_008,
                            f"{m.family}.context_length": m.context_length, f"{m.family}.embedding_length": 576},
-            **({"system": m.system} if m.system else {})})
+            **({"system": m.system} if m.system else {}), **({"license": m.license} if m.license else {})})
 
     async def ps(self, request: web.Request) -> web.Response:
         # api.md "List Running Models" (+ `context_length` from the client's ProcessResponse).

@@ -70,8 +70,8 @@ def show_object(info: ModelInfo, parameters: str | None = None) -> dict[str, Any
         # num_ctx (llama-index, LiteLLM for Aider), which Ollama grants up to the file's figure; a llama-server slot
         # (its -c over its -np) or the engine's KV memory cannot grow
         model_info[f"{arch}.context_length"] = info.context_length
-    license = model_info.get("general.license")  # the file's, where Ollama has a LICENSE layer
-    shown = {"license": license if isinstance(license, str) else "", "modelfile": _modelfile(info),
+    named = model_info.get("general.license")  # the file's name for it, where no text is known
+    shown = {"license": info.license or (named if isinstance(named, str) else ""), "modelfile": _modelfile(info),
              "parameters": info.parameters if parameters is None else parameters, "template": info.template,
              "system": info.system, "details": _details(info), "model_info": model_info,
              "capabilities": shown_capabilities(info.capabilities), "modified_at": info.modified_at}

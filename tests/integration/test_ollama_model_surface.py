@@ -205,6 +205,16 @@ async def test_tags_from_an_ollama_that_lists_no_capabilities_claim_none(ollama_
         assert (await c.show(CHAT_MODEL)).capabilities == ["completion", "tools", "insert"]
 
 
+async def test_show_passes_an_ollama_models_license_text_on(ollama_double):
+    """`ollama show --license` prints ShowResponse.license, Ollama's LICENSE layer; Velo dropped an Ollama backend's
+    and showed the GGUF's `general.license` name in its place, or no license at all."""
+    ollama_double.models[CHAT_MODEL].license = "Apache License\nVersion 2.0, January 2004"
+    async with serve(config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))) as url:
+        _, c = clients(url)
+        assert (await c.show(CHAT_MODEL)).license == "Apache License\nVersion 2.0, January 2004"
+        assert (await c.show("all-minilm")).license is None
+
+
 async def test_legacy_embeddings_with_no_prompt_loads_or_unloads_as_ollama_does(ollama_double):
     """EmbeddingsHandler loads the model for an empty prompt ("an empty request loads the model"), under its
     keep_alive, so 0 unloads it; Velo only looked the name up, so the model stayed loaded, or was not loaded."""
