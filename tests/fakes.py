@@ -351,9 +351,9 @@ class OllamaDouble(FakeServer):
         unloads = not body.get("prompt") and body.get("keep_alive") == 0  # before the capabilities, as Ollama
         if not unloads and (refused := self._refused(body["model"], "generate")) is not None:
             return refused
-        if not body.get("prompt"):  # api.md "Load a model" / "Unload a model"
-            extra = {"done_reason": "unload"} if body.get("keep_alive") == 0 else {}
-            return web.json_response({**head, "response": "", "done": True, **extra})
+        if not body.get("prompt"):  # GenerateHandler: "unload" for keep_alive 0, else "load"
+            reason = "unload" if body.get("keep_alive") == 0 else "load"
+            return web.json_response({**head, "response": "", "done": True, "done_reason": reason})
         reply, logprob = self.reply()
         words, reason = self._reply_tokens(body, reply)
         final = self._final(body, len(tokens(body["prompt"])), len(words), started, reason)
@@ -386,7 +386,9 @@ class OllamaDouble(FakeServer):
         body = await request.json()  # api.md "Generate Embedding" (legacy, superseded by /api/embed)
         if body.get("model") not in self.models:
             return self._missing(body.get("model", ""))
-        return web.json_response({"embedding": fake_embedding(body.get("prompt", ""), 8)})
+        if not body.get("prompt"):  # EmbeddingsHandler: "an empty request loads the model"
+            return web.json_response({"embedding": []})
+        return web.json_response({"embedding": fake_embedding(body["prompt"], 8)})
 
     async def _progress(self, request: web.Request, statuses: list[dict[str, Any]]) -> web.StreamResponse:
         body = await request.json()
