@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import re
 import time
@@ -75,7 +76,7 @@ def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = 
 
 
 async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode: Callable[[Any], bytes],
-                       on_error: Callable[[VeloError], bytes | None], content_type: str,
+                       on_error: Callable[[VeloError], bytes | None | Awaitable[bytes]], content_type: str,
                        headers: Callable[[], dict[str, str]] = dict, trailer: bytes = b"",
                        finish: Callable[[], Awaitable[bytes]] | None = None,
                        streamed_errors: tuple[type[VeloError], ...] = (), heartbeat: Any = None,
@@ -83,8 +84,9 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
     """Streams `stream` item by item through `encode`; the first item is awaited before the headers (`headers()`,
     read then: the pipeline has decided the cache outcome by its first chunk) go out. A failure before that
     propagates (the error middleware answers in the dialect), unless it is one of `streamed_errors`, which the
-    dialect reports inside its stream; after it, `on_error` ends the stream, or, where it has no words for a failure
-    (None: a whole answer passed on as it comes), the connection is cut before the body's end (`_end_with`).
+    dialect reports inside its stream; after it, `on_error` ends the stream (awaited, where it stores the failure
+    first), or, where it has no words for a failure (None: a whole answer passed on as it comes), the connection is
+    cut before the body's end (`_end_with`).
 
     `heartbeat`: the item `encode` makes the dialect's empty event of, written (the headers first) whenever the
     stream has sent nothing for `server.heartbeat_s`, by a timer beside the handler's task: the pipeline stays in
@@ -218,14 +220,16 @@ def _mid_stream(request: web.Request, e: BaseException) -> VeloError | None:
     return VeloError("internal error in Velo; see its log")
 
 
-async def _end_with(request: web.Request, resp: web.StreamResponse, on_error: Callable[[VeloError], bytes | None],
-                    err: VeloError) -> bool:
+async def _end_with(request: web.Request, resp: web.StreamResponse,
+                    on_error: Callable[[VeloError], bytes | None | Awaitable[bytes]], err: VeloError) -> bool:
     """The dialect's error event, and True: the stream's end follows (a complete chunked body: the connection stays
     usable, as a client that pooled it expects). Where the body cannot say it failed (`on_error` gives None: a whole
     JSON answer passed on as it comes), False: the connection closes before the body's end, so the client's read
     fails, as behind nginx when its upstream closes early; ended, the cut answer looked whole (a 200)."""
     try:
         event = on_error(err)
+        if inspect.isawaitable(event):
+            event = await event
     except Exception:  # noqa: BLE001 - a writer that cannot word the error still ends the stream
         log.exception("the %s stream's error event could not be written", request.path)
         return True

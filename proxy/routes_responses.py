@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable
 
 from aiohttp import web
 
-from adapters.errors import BadRequest, ContextOverflow, NotFound, Overloaded
+from adapters.errors import BadRequest, ContextOverflow, NotFound, Overloaded, VeloError
 from adapters.fields import get
 from adapters.protocol import Chunk, aggregate
 
@@ -72,9 +72,9 @@ async def create(request: web.Request) -> web.StreamResponse:
     async def kept(events: bytes) -> bytes:
         """The response's last events, once it is stored (once): a client that continued at once
         (`previous_response_id`) found no response, `response.completed` having gone out before the pipeline's work
-        after the answer."""
+        after the answer. A failed one too, as OpenAI keeps it (status and error): retrieving it was a 404."""
         nonlocal stored
-        if not stored and writer.final is not None and writer.final["status"] != "failed":
+        if not stored and writer.final is not None:
             stored = True
             await _keep(request, parsed, history, writer.final)
         return events
@@ -86,7 +86,10 @@ async def create(request: web.Request) -> web.StreamResponse:
 
     async def finish() -> bytes:
         return await kept(writer.finish())
-    return await write_stream(request, stored_first(stream), _encoded_or(writer.encode), writer.fail,
+
+    async def failed(err: VeloError) -> bytes:
+        return await kept(writer.fail(err))
+    return await write_stream(request, stored_first(stream), _encoded_or(writer.encode), failed,
                               "text/event-stream", headers, finish=finish, streamed_errors=(ContextOverflow,),
                               heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
 

@@ -418,6 +418,27 @@ async def test_failure_mid_stream_fails_the_response():
     assert (reasoning["type"], reasoning["status"]) == ("reasoning", "incomplete")
 
 
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(fail_after=1))])
+async def test_a_stream_that_fails_is_stored_failed(base_url, client: TestClient) -> None:
+    """`store: true`: OpenAI keeps a response that failed, with its status and error, under the id its stream gave; a
+    retrieve of it was a 404. Stored before `response.failed` is sent, as a completed one is before its end."""
+    resp = await client.post("/v1/responses", json={"model": "tiny", "input": "hi", "stream": True},
+                             headers={"Authorization": "Bearer sk-test"})
+    async for line in resp.content:
+        if line.startswith(b'data: {"type":"response.failed"'):
+            failed = orjson.loads(line.removeprefix(b"data: "))["response"]
+            break
+    raw = await client.get(f"/v1/responses/{failed['id']}", headers={"Authorization": "Bearer sk-test"})
+    assert raw.status == 200 and await raw.json() == failed and not resp.content.at_eof()
+    await resp.read()
+    kept = await _client(base_url).responses.retrieve(failed["id"])
+    assert (kept.status, kept.error.code, kept.error.message) == ("failed", "server_error",
+                                                                   "scripted backend broke mid-stream")
+    assert kept.output[0].status == "incomplete"
+    items = await _client(base_url).responses.input_items.list(failed["id"])
+    assert [i.content[0].text for i in items.data] == ["hi"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"model": "tiny", "input": 5}, "input"),
     ({"model": "tiny", "input": "hi", "temperature": 3}, "temperature"),
