@@ -130,7 +130,7 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     body = body_object(body)
     raw_tools = get(body, "tools", list, [])
     tools, names, ignored = _tools(raw_tools)
-    hosted = {t["type"] for t in raw_tools if isinstance(t, dict) and isinstance(t.get("type"), str)} - _OWN_TOOLS
+    hosted = {t["type"] for t in raw_tools} - _OWN_TOOLS  # each an object with a type (`_tools`)
     tools, choice = _tool_choice(body.get("tool_choice"), tools, hosted)
     reasoning = get(body, "reasoning", dict, {})
     text = get(body, "text", dict, {})
@@ -364,7 +364,12 @@ _OWN_TOOLS = {"function", "custom", "namespace"}  # tool types the model is offe
 def _tools(raw: list[Any]) -> tuple[list[Tool], dict[str, ToolName], list[str]]:
     tools, names, ignored = [], {}, []
     for i, tool in enumerate(raw):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict):
+            raise BadRequest(f"tools.{i}: must be an object", param="tools")
+        kind = tool.get("type")
+        if not isinstance(kind, str):  # taken for a hosted tool, it was left out: the model answered without it
+            raise BadRequest(f"tools.{i}.type: required, a string (function, custom, namespace or a hosted tool's)",
+                             param="tools")
         if kind == "namespace":
             members, member_names, member_ignored = _tools(get(tool, "tools", list, []))
             prefix = get(tool, "name", str, required=True)
@@ -380,10 +385,8 @@ def _tools(raw: list[Any]) -> tuple[list[Tool], dict[str, ToolName], list[str]]:
             name = get(tool, "name", str, required=True)
             names[name] = ToolName(name, custom=True)
             tools.append(Tool(name, _freeform_description(tool), FREEFORM))
-        elif isinstance(tool, dict):  # hosted tools (web_search, file_search, mcp, ...) run on OpenAI's side
+        else:  # hosted tools (web_search, file_search, mcp, ...) run on OpenAI's side
             ignored.append(str(tool.get("name") or kind))
-        else:
-            raise BadRequest(f"tools.{i}: must be an object", param="tools")
     return tools, names, ignored
 
 
