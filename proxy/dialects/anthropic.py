@@ -28,7 +28,7 @@ from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
 from . import tool_choice
 from .anthropic_tools import client_tool
 from .openai import EFFORTS
-from .paging import position, query_int
+from .paging import query_int, window
 
 # A stream's heartbeats before its first block are Anthropic's `ping` for this long, then empty text deltas: Claude
 # Code's idle watchdog skips pings and gave up after 90 s in its older versions (300 s now), and a text block opened
@@ -600,16 +600,9 @@ def model_page(infos: list[ModelInfo], query: Mapping[str, str]) -> dict[str, An
     """GET /v1/models: one page of `limit` models, after `after_id` or before `before_id`, in Velo's listing order;
     `has_more` looks the way the page went, as Anthropic's cursor pagination (and its SDK's iterator) reads it."""
     limit = query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
-    after, before = query.get("after_id"), query.get("before_id")
-    if after is not None and before is not None:
-        raise BadRequest("after_id, before_id: give at most one", param="before_id")
-    names = [info.name for info in infos]
-    if before is not None:
-        end = position(names, before, "before_id", "model")
-        page, more = infos[max(0, end - limit):end], end > limit
-    else:
-        start = 0 if after is None else position(names, after, "after_id", "model") + 1
-        page, more = infos[start:start + limit], start + limit < len(infos)
+    start, end, more = window([info.name for info in infos], limit, query.get("after_id"), query.get("before_id"),
+                              ("after_id", "before_id"), "model")
+    page = infos[start:end]
     return {"data": [model_object(info) for info in page], "has_more": more,
             "first_id": page[0].name if page else None, "last_id": page[-1].name if page else None}
 

@@ -25,3 +25,17 @@ def position(ids: list[str], cursor: str, key: str, what: str = "item") -> int:
     if cursor not in ids:
         raise BadRequest(f"{key}: no {what} {cursor!r} in the list", param=key)
     return ids.index(cursor)
+
+
+def window(ids: list[str], limit: int, after: str | None, before: str | None, keys: tuple[str, str],
+           what: str = "item") -> tuple[int, int, bool]:
+    """The page's bounds in `ids`: `limit` after the `after` cursor, or the `limit` just before the `before` one
+    (`keys` name the two in the query); and whether more lie the way the page went, as `has_more` reads in OpenAI's
+    and Anthropic's cursor pagination."""
+    if after is not None and before is not None:
+        raise BadRequest(f"{keys[0]}, {keys[1]}: give at most one", param=keys[1])
+    if before is not None:
+        end = position(ids, before, keys[1], what)
+        return max(0, end - limit), end, end > limit
+    start = 0 if after is None else position(ids, after, keys[0], what) + 1
+    return start, start + limit, start + limit < len(ids)

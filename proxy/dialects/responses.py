@@ -28,7 +28,7 @@ from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, Sampli
 from . import tool_choice
 from .ollama import parse_top_logprobs
 from .openai import EFFORTS, data_url_image, error_object, token_logprobs
-from .paging import position, query_int
+from .paging import query_int, window
 
 
 FREEFORM = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -546,14 +546,15 @@ def stored_item(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def input_page(items: list[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:
-    """GET /v1/responses/{id}/input_items: `order` (desc, OpenAI's default, or asc), `limit` items after `after`."""
+    """GET /v1/responses/{id}/input_items: `order` (desc, OpenAI's default, or asc), `limit` items after `after`, or
+    before `before` (in Azure's reference and older SDKs: ignored, it gave the first page)."""
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise BadRequest("order: must be 'asc' or 'desc'", param="order")
     listed = items[::-1] if order == "desc" else items
     limit = query_int(query, "limit", _PAGE_SIZE, 1, _MAX_PAGE)
-    after = query.get("after")
-    start = 0 if after is None else position([i["id"] for i in listed], after, "after") + 1
-    page = listed[start:start + limit]
+    start, end, more = window([i["id"] for i in listed], limit, query.get("after"), query.get("before"),
+                              ("after", "before"))
+    page = listed[start:end]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(listed)}
+            "last_id": page[-1]["id"] if page else None, "has_more": more}

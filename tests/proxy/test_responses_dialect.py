@@ -242,7 +242,15 @@ async def test_input_items_page_as_openai_lists_them(base_url):
     assert [i.content[0].text for i in rest.data] == ["Be brief."] and not rest.has_more
     every = [i async for i in sdk.responses.input_items.list(r.id, order="asc", limit=1)]  # the SDK walks the pages
     assert [i.id for i in every] == [i.id for i in [*newest.data, *rest.data][::-1]]
-    for query, param in (({"order": "up"}, "order"), ({"limit": "0"}, "limit"), ({"after": "msg_x"}, "after")):
+    # `before` (Azure's reference, older SDKs' parameter): the page just before that item; it was ignored, and the
+    # first page came back
+    back = await sdk.responses.input_items.list(r.id, limit=1, extra_query={"before": rest.first_id})
+    assert [i.content[0].text for i in back.data] == ["Hi"] and back.has_more
+    back = await sdk.responses.input_items.list(r.id, limit=5, extra_query={"before": rest.first_id})
+    assert [i.content[0].text for i in back.data] == ["There?", "Hi"] and not back.has_more
+    for query, param in (({"order": "up"}, "order"), ({"limit": "0"}, "limit"), ({"after": "msg_x"}, "after"),
+                         ({"extra_query": {"before": "msg_x"}}, "before"),
+                         ({"after": every[0].id, "extra_query": {"before": every[1].id}}, "before")):
         with pytest.raises(openai.BadRequestError) as e:
             await sdk.responses.input_items.list(r.id, **query)
         assert e.value.param == param
