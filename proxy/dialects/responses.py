@@ -36,7 +36,9 @@ _UNHELD = {"conversation": "Velo keeps no conversations; send the history in `in
                             "`previous_response_id`",
            "prompt": "Velo keeps no stored prompts; send the prompt's text as `instructions`"}
 _LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
-_ECHOED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "max_tool_calls")  # as sent, or null
+# echoed as sent, or null; checked first, as typed clients read them back (as strings, a number)
+_ECHOED = {"prompt_cache_key": str, "prompt_cache_retention": str, "safety_identifier": str, "max_tool_calls": int,
+           "user": str}
 
 
 def new_id(prefix: str) -> str:
@@ -144,14 +146,16 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
             "parallel_tool_calls": get(body, "parallel_tool_calls", bool, True),
             "text": {"format": text.get("format") or {"type": "text"},
                      "verbosity": get(text, "verbosity", str, "medium")},
-            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+            "reasoning": {"effort": reasoning.get("effort"), "summary": get(reasoning, "summary", str)},
             "truncation": get(body, "truncation", str, "disabled"), "metadata": _metadata(body),
-            "user": body.get("user"), "previous_response_id": body.get("previous_response_id"),
+            "previous_response_id": body.get("previous_response_id"),
             "store": get(body, "store", bool, True), "top_logprobs": parse_top_logprobs(body),
             "background": get(body, "background", bool, False), "service_tier": "default",  # the one tier here
-            **{key: body.get(key) for key in _ECHOED}}
+            **{key: get(body, key, kind) for key, kind in _ECHOED.items()}}
     if echo["truncation"] not in ("auto", "disabled"):
         raise BadRequest("truncation: must be 'auto' or 'disabled'", param="truncation")
+    if echo["text"]["verbosity"] not in ("low", "medium", "high"):
+        raise BadRequest("text.verbosity: must be 'low', 'medium' or 'high'", param="verbosity")
     for unheld in ("conversation", "prompt"):  # answering without them would answer another question
         if body.get(unheld) is not None:
             raise BadRequest(f"{unheld}: {_UNHELD[unheld]}", param=unheld)

@@ -480,6 +480,12 @@ async def test_a_stream_that_fails_is_stored_failed(base_url, client: TestClient
     ({"model": "tiny", "input": "hi", "tools": [{"type": 5, "name": "f"}]}, "tools"),
     ({"model": "tiny", "input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"name": "f"}]}]},
      "tools"),
+    # echoed as sent, a 200, where typed clients read these as strings (an enum) and numbers
+    ({"model": "tiny", "input": "hi", "text": {"verbosity": "extreme"}}, "verbosity"),
+    ({"model": "tiny", "input": "hi", "reasoning": {"summary": 5}}, "summary"),
+    ({"model": "tiny", "input": "hi", "user": 5}, "user"),
+    ({"model": "tiny", "input": "hi", "prompt_cache_key": ["k"]}, "prompt_cache_key"),
+    ({"model": "tiny", "input": "hi", "max_tool_calls": "3"}, "max_tool_calls"),
 ])
 async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     resp = await client.post("/v1/responses", json=body)
