@@ -238,9 +238,6 @@ def parse_tool_choice(raw: Any, tools: list[Tool]) -> tuple[list[Tool], Any]:
 def _allowed_tools(allowed: dict[str, Any], tools: list[Tool]) -> tuple[list[Tool], Any]:
     """`{mode, tools: [{type: "function", function: {name}}]}`: the tools named, each one of those given."""
     mode = get(allowed, "mode", str, required=True)
-    if mode not in ("auto", "required"):
-        raise BadRequest(f"tool_choice.allowed_tools.mode must be 'auto' or 'required', got {mode!r}",
-                         param="tool_choice")
     names = set()
     for entry in get(allowed, "tools", list, required=True):
         fn = entry.get("function") if isinstance(entry, dict) else None

@@ -27,5 +27,9 @@ def checked(choice: Any, tools: list[Tool], ignored: Collection[str] = ()) -> An
 
 def allowed(tools: list[Tool], names: Collection[str], mode: Any) -> tuple[list[Tool], Any]:
     """An `allowed_tools` choice (OpenAI chat's and the Responses API's): only the tools it names are offered, and a
-    call among them is required where `mode` is "required", else left to the model."""
+    call among them is required where `mode` is "required", left to the model where "auto"; any other mode (none
+    given, a misspelt one) is OpenAI's 400, where the Responses API's was taken for auto."""
+    if mode not in ("auto", "required"):
+        raise BadRequest(f"tool_choice: an allowed_tools mode must be 'auto' or 'required', got {mode!r}",
+                         param="tool_choice")
     return [t for t in tools if t.name in names], "required" if mode == "required" else None

@@ -486,6 +486,11 @@ async def test_a_stream_that_fails_is_stored_failed(base_url, client: TestClient
     ({"model": "tiny", "input": "hi", "user": 5}, "user"),
     ({"model": "tiny", "input": "hi", "prompt_cache_key": ["k"]}, "prompt_cache_key"),
     ({"model": "tiny", "input": "hi", "max_tool_calls": "3"}, "max_tool_calls"),
+    # an allowed_tools mode that is neither auto nor required was auto, and one left out was a 200 too
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {
+        "type": "allowed_tools", "mode": "requried", "tools": [{"type": "function", "name": "f"}]}}, "tool_choice"),
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {
+        "type": "allowed_tools", "tools": [{"type": "function", "name": "f"}]}}, "tool_choice"),
 ])
 async def test_bad_requests_are_400_in_openais_shape(client, body, param):
     resp = await client.post("/v1/responses", json=body)
