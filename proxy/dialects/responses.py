@@ -36,6 +36,7 @@ _UNHELD = {"conversation": "Velo keeps no conversations; send the history in `in
                             "`previous_response_id`",
            "prompt": "Velo keeps no stored prompts; send the prompt's text as `instructions`"}
 _LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
+_CALL_OUTPUTS = ("function_call_output", "custom_tool_call_output")  # input items answering a call
 # echoed as sent, or null; checked first, as typed clients read them back (as strings, a number)
 _ECHOED = {"prompt_cache_key": str, "prompt_cache_retention": str, "safety_identifier": str, "max_tool_calls": int,
            "user": str}
@@ -230,7 +231,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[Message]:
             else:
                 out.append(Message("assistant", thinking=thinking, tool_calls=[call]))
                 thinking = ""
-        elif kind in ("function_call_output", "custom_tool_call_output"):
+        elif kind in _CALL_OUTPUTS:
             call_id = get(item, "call_id", str, required=True)
             text, images = _output(item.get("output"), where)
             out.append(Message("tool", text, images=images, tool_call_id=call_id, tool_name=names.get(call_id, "")))
@@ -530,14 +531,14 @@ _PAGE_SIZE, _MAX_PAGE = 20, 100  # OpenAI's default and largest `limit` for inpu
 
 # fields the SDK's content part types require, as OpenAI lists a part sent without them
 _PART_DEFAULTS: dict[Any, dict[str, Any]] = {"output_text": {"annotations": []}, "input_image": {"detail": "auto"}}
-_LISTED_WITH_STATUS = ("message", "function_call", "function_call_output", "custom_tool_call",
-                       "custom_tool_call_output")  # the SDK's `*Item` types that require a status
+# the SDK's `*Item` types that require a status
+_LISTED_WITH_STATUS = ("message", "function_call", "custom_tool_call", *_CALL_OUTPUTS)
 
 
 def stored_item(item: dict[str, Any]) -> dict[str, Any]:
     """An input item as `input_items` lists it: with an id of its own (kept, so pages agree) and a status, a
-    message's text as a content part, each part with the fields the SDK's part types require (an assistant's text its
-    annotations, an image its detail), as OpenAI answers them."""
+    message's text as a content part, each part of a message or of a call's output with the fields the SDK's part
+    types require (an assistant's text its annotations, an image its detail), as OpenAI answers them."""
     out = {**item, "id": item.get("id") or new_id(_ID_PREFIXES.get(str(item.get("type")), "item"))}
     if item.get("type") in _LISTED_WITH_STATUS:
         out.setdefault("status", "completed")
@@ -545,8 +546,14 @@ def stored_item(item: dict[str, Any]) -> dict[str, Any]:
     if item.get("type") == "message" and isinstance(content, str):
         content = [{"type": "output_text" if item.get("role") == "assistant" else "input_text", "text": content}]
     if item.get("type") == "message" and isinstance(content, list):
-        out["content"] = [{**_PART_DEFAULTS.get(p.get("type"), {}), **p} if isinstance(p, dict) else p for p in content]
+        out["content"] = _with_defaults(content)
+    if item.get("type") in _CALL_OUTPUTS and isinstance(item.get("output"), list):
+        out["output"] = _with_defaults(item["output"])
     return out
+
+
+def _with_defaults(parts: list[Any]) -> list[Any]:
+    return [{**_PART_DEFAULTS.get(p.get("type"), {}), **p} if isinstance(p, dict) else p for p in parts]
 
 
 def input_page(items: list[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:

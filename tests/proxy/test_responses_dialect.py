@@ -260,7 +260,8 @@ async def test_input_items_have_the_fields_openai_lists_them_with(base_url):
     """Every listed item has its `status`, which the SDK's `*Item` types require of a call and of a call's output as
     of a message, and an assistant's text its `annotations`: calls and outputs were listed without a status, and an
     assistant's text sent as a string without annotations (the SDK read None; typed clients fail on them), nor as a
-    part without them, nor an image part without its `detail`."""
+    part without them, nor an image part without its `detail` (in a message, or a call's output: Codex's view_image
+    answers with one)."""
     sdk = _client(base_url)
     image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
     r = await sdk.responses.create(model="tiny", input=[
@@ -270,16 +271,23 @@ async def test_input_items_have_the_fields_openai_lists_them_with(base_url):
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": "42"},
         {"type": "custom_tool_call", "call_id": "c2", "name": "g", "input": "x"},
-        {"type": "custom_tool_call_output", "call_id": "c2", "output": "y"}])
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "y"},
+        {"type": "function_call", "call_id": "c3", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c3", "output": [image, {"type": "input_text", "text": "a"}]},
+        {"type": "custom_tool_call", "call_id": "c4", "name": "g", "input": "x"},
+        {"type": "custom_tool_call_output", "call_id": "c4", "output": [image]}])
     items = (await sdk.responses.input_items.list(r.id, order="asc")).data
     assert [(i.type, i.status) for i in items] == [
         ("message", "completed"), ("message", "completed"), ("message", "completed"), ("message", "completed"),
         ("function_call", "completed"),
         ("function_call_output", "completed"), ("custom_tool_call", "completed"),
+        ("custom_tool_call_output", "completed")] + [
+        ("function_call", "completed"), ("function_call_output", "completed"), ("custom_tool_call", "completed"),
         ("custom_tool_call_output", "completed")]
     assert [(p.type, p.text, p.annotations) for p in items[1].content] == [("output_text", "Which file?", [])]
     assert [(p.type, p.text, p.annotations) for p in items[2].content] == [("output_text", "This one?", [])]
     assert [p.detail for p in items[3].content] == ["auto", "low"]
+    assert (items[9].output[0].detail, items[9].output[1].text, items[11].output[0].detail) == ("auto", "a", "auto")
 
 
 async def test_stored_responses_belong_to_their_api_key(base_url):
