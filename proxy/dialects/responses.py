@@ -205,6 +205,9 @@ def _items(raw: Any) -> list[dict[str, Any]]:
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
     if not isinstance(raw, list) or not all(isinstance(i, dict) for i in raw):
         raise BadRequest("input: must be a string or an array of items", param="input")
+    for n, item in enumerate(raw):
+        if item.get("id") is not None and not isinstance(item["id"], str):  # kept, and listed back, as the id
+            raise BadRequest(f"input.{n}.id: must be a string", param="input")
     return [{"type": "message", **i} if "type" not in i and "role" in i else i for i in raw]
 
 

@@ -494,6 +494,9 @@ async def test_a_stream_that_fails_is_stored_failed(base_url, client: TestClient
     ({"model": "tiny", "input": "hi", "user": 5}, "user"),
     ({"model": "tiny", "input": "hi", "prompt_cache_key": ["k"]}, "prompt_cache_key"),
     ({"model": "tiny", "input": "hi", "max_tool_calls": "3"}, "max_tool_calls"),
+    # an item's id that is no string was kept, stored and listed as sent (typed clients read a string)
+    ({"model": "tiny", "input": [{"role": "user", "content": "hi", "id": 5}]}, "input"),
+    ({"model": "tiny", "input": [{"role": "user", "content": "hi", "id": {"a": 1}}]}, "input"),
     # an allowed_tools mode that is neither auto nor required was auto, and one left out was a 200 too
     ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {
         "type": "allowed_tools", "mode": "requried", "tools": [{"type": "function", "name": "f"}]}}, "tool_choice"),
