@@ -295,20 +295,8 @@ def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
             continue
         schema = get(raw, "input_schema", dict, required=True)
         tools.append(Tool(get(raw, "name", str, required=True), get(raw, "description", str, ""), schema))
-    _named_apart(tools)
+    tool_choice.named_apart(tools)
     return tools, ignored
-
-
-def _named_apart(tools: list[Tool]) -> None:
-    """Anthropic's 400 for a tool without a name or with another's: a call names its tool, and the schema it is
-    checked (and constrained) against is the one of that name."""
-    seen: set[str] = set()
-    for tool in tools:
-        if not tool.name:
-            raise BadRequest("tools: a tool's name must not be empty", param="tools")
-        if tool.name in seen:
-            raise BadRequest(f"tools: tool names must be unique, {tool.name!r} is given twice", param="tools")
-        seen.add(tool.name)
 
 
 def _tool_choice(raw: Any) -> tuple[Any, bool]:

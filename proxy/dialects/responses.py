@@ -133,6 +133,7 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     body = body_object(body)
     raw_tools = get(body, "tools", list, [])
     tools, names, ignored = _tools(raw_tools)
+    tool_choice.named_apart(tools)  # a namespace's members by their qualified names, which a function's may take
     hosted = {t["type"] for t in raw_tools} - _OWN_TOOLS  # each an object with a type (`_tools`)
     tools, choice = _tool_choice(body.get("tool_choice"), tools, hosted)
     reasoning = get(body, "reasoning", dict, {})

@@ -1,7 +1,8 @@
-"""A `tool_choice` the tools can satisfy. Forcing a call with no tools, or naming a tool that was not given, is the
-400 OpenAI and Anthropic answer: passed on, it forced the model into a call it has no tool for (the engine's grammar
-then wrote a call to another tool). A choice that forces only tools Velo left out (a hosted or server tool, named in
-X-Velo-Tools-Ignored) becomes "auto", as those tools did: the model answers without them."""
+"""Tools each of its own name, and a `tool_choice` the tools can satisfy. Forcing a call with no tools, or naming a
+tool that was not given, is the 400 OpenAI and Anthropic answer: passed on, it forced the model into a call it has no
+tool for (the engine's grammar then wrote a call to another tool). A choice that forces only tools Velo left out (a
+hosted or server tool, named in X-Velo-Tools-Ignored) becomes "auto", as those tools did: the model answers without
+them."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -33,3 +34,15 @@ def allowed(tools: list[Tool], names: Collection[str], mode: Any) -> tuple[list[
         raise BadRequest(f"tool_choice: an allowed_tools mode must be 'auto' or 'required', got {mode!r}",
                          param="tool_choice")
     return [t for t in tools if t.name in names], "required" if mode == "required" else None
+
+
+def named_apart(tools: list[Tool]) -> None:
+    """The 400 (Anthropic's, OpenAI's) for a tool without a name or with another's: a call names its tool, and the
+    schema it is checked (and constrained) against is the one of that name."""
+    seen: set[str] = set()
+    for tool in tools:
+        if not tool.name:
+            raise BadRequest("tools: a tool's name must not be empty", param="tools")
+        if tool.name in seen:
+            raise BadRequest(f"tools: tool names must be unique, {tool.name!r} is given twice", param="tools")
+        seen.add(tool.name)

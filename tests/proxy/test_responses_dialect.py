@@ -494,6 +494,15 @@ async def test_a_stream_that_fails_is_stored_failed(base_url, client: TestClient
     ({"model": "tiny", "input": "hi", "user": 5}, "user"),
     ({"model": "tiny", "input": "hi", "prompt_cache_key": ["k"]}, "prompt_cache_key"),
     ({"model": "tiny", "input": "hi", "max_tool_calls": "3"}, "max_tool_calls"),
+    # tools of one name (or none) were all offered, and a call was checked against one's schema: a function's call
+    # named as a custom tool was answered as a custom_tool_call
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f",
+                                                 "parameters": {"type": "object"}}]}, "tools"),
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "f"}]},
+     "tools"),
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "files.read"}, {
+        "type": "namespace", "name": "files", "tools": [{"type": "function", "name": "read"}]}]}, "tools"),
+    ({"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": ""}]}, "tools"),
     # an item's id that is no string was kept, stored and listed as sent (typed clients read a string)
     ({"model": "tiny", "input": [{"role": "user", "content": "hi", "id": 5}]}, "input"),
     ({"model": "tiny", "input": [{"role": "user", "content": "hi", "id": {"a": 1}}]}, "input"),
