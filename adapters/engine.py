@@ -133,7 +133,7 @@ def _fills_middle(req: CompletionRequest) -> bool:
 def _rendered(engine: LLMEngine, req: CompletionRequest) -> str:
     """A non-raw generate's prompt: the client's Go `template`, else the model's chat template."""
     if req.template is not None:
-        return go_template.render(req.template, req.prompt, req.system, req.suffix)
+        return go_template.render_request(req)
     return chat_template.render(engine.tokenizer, as_chat(req))
 
 

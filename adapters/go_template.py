@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import BadRequest
+from .protocol import CompletionRequest
 
 _SPACE = " \t\r\n"  # what Go's trim markers trim: ASCII white space only (a no-break space stays)
 # A Go string ("..." with escapes, `...` raw), a parenthesis, a pipe, a declaration or assignment, or a word
@@ -496,3 +497,10 @@ def render(template: str, prompt: str, system: str | None = None, suffix: str | 
     except RecursionError:  # actions or parentheses nested a thousand deep
         raise _fail("nested too deeply") from None
     return "".join(out.parts)
+
+
+def render_request(req: CompletionRequest, lead: str = "") -> str:
+    """A generate's prompt from the client's own `template` (set), with `lead` ahead of the prompt (llama-server's
+    image markers): one place that says which of the request's fields fill the template, for every adapter."""
+    assert req.template is not None
+    return render(req.template, lead + req.prompt, req.system, req.suffix)

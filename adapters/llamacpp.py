@@ -524,7 +524,7 @@ class LlamaCppBackend(OpenAIBackend):
         the server's marker where each image part is; a client's Go template gets them ahead of the prompt, where
         Ollama puts its "[img-N]" tags (server/routes.go)."""
         if req.template is not None:
-            return go_template.render(req.template, marker * len(req.images) + req.prompt, req.system, req.suffix)
+            return go_template.render_request(req, marker * len(req.images))
         return await self._applied(as_chat(req))
 
     async def _applied(self, chat: ChatRequest) -> str:

@@ -32,7 +32,7 @@ def _go_rendered(req: CompletionRequest) -> CompletionRequest:
     """Ollama's template override: the prompt its Go `template` renders, sent (and so counted) raw."""
     if req.template is None or req.raw:
         return req
-    prompt = go_template.render(req.template, req.prompt, req.system, req.suffix)
+    prompt = go_template.render_request(req)
     return replace(req, prompt=prompt, raw=True, suffix=None, system=None, template=None)
 
 
