@@ -7,12 +7,16 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.base import BackendConfig
 from proxy.app import make_app
+from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
+from tests.fakes import FakeOpenAI
 from tests.scripted import ScriptedBackend
 
 SERVICES = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
@@ -33,6 +37,23 @@ async def client(scripted: ScriptedBackend, config: Config):
     app = make_app(config, {"scripted": scripted})
     async with TestClient(TestServer(app, handler_cancellation=True)) as c:
         yield c
+
+
+@pytest.fixture
+def served_cache() -> CacheConfig:
+    """The response cache of `served`'s Velo: off, so every request reaches the fake; a module on the cache overrides
+    this fixture."""
+    return CacheConfig(enabled=False)
+
+
+@pytest.fixture
+async def served(served_cache: CacheConfig) -> AsyncIterator[tuple[TestClient, FakeOpenAI]]:
+    """Velo over one FakeOpenAI backend ("up", model "m"): the client, and the fake whose requests tests read."""
+    async with FakeOpenAI(models=["m"]) as up:
+        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
+                        cache=served_cache)
+        async with TestClient(TestServer(make_app(config))) as c:
+            yield c, up
 
 
 @pytest.fixture

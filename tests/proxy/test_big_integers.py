@@ -4,18 +4,13 @@ arguments as text and Python's json (vLLM's, the SDKs') keeps them whole. Each i
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
 
 import anthropic
 import ollama
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from adapters.base import BackendConfig
-from proxy.app import make_app
-from proxy.cache.config import CacheConfig
-from proxy.config import Config
 from tests.fakes import FakeOpenAI
 
 BIG = 12345678901234567890123
@@ -23,15 +18,6 @@ TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"id": {"type": "integer", "maximum": BIG}}}}}
 RESPONSES_TOOL = {"type": "function", **TOOL["function"]}
 ASK = [{"role": "user", "content": "look it up"}]
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[TestClient, FakeOpenAI]]:
-    async with FakeOpenAI(models=["m"]) as up:
-        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
-                        cache=CacheConfig(enabled=False))
-        async with TestClient(TestServer(make_app(config))) as c:
-            yield c, up
 
 
 def _sent_arguments(up: FakeOpenAI) -> dict:

@@ -4,15 +4,12 @@ went back as `{"path":"café.txt","n":1.0}`, which llama-server's prompt cache a
 tokens) no longer matched from that turn on. Calls a dialect carries as objects (Anthropic's) are written anew."""
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from adapters.base import BackendConfig
-from proxy.app import make_app
 from proxy.cache.config import CacheConfig
-from proxy.config import Config
 from tests.fakes import FakeOpenAI
 
 RAW = '{"path": "caf\\u00e9.txt",  "n": 1.0}'
@@ -21,12 +18,9 @@ TOOL = {"type": "function", "function": {"name": "read", "parameters": PARAMETER
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[TestClient, FakeOpenAI]]:
-    async with FakeOpenAI(models=["m"]) as up:
-        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
-                        cache=CacheConfig())
-        async with TestClient(TestServer(make_app(config))) as c:
-            yield c, up
+def served_cache() -> CacheConfig:
+    """The cache on: a history call spelled otherwise must be another entry."""
+    return CacheConfig()
 
 
 def _history(arguments: str) -> list[dict[str, Any]]:

@@ -7,11 +7,8 @@ import gzip
 import json
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from adapters.base import BackendConfig
-from proxy.app import make_app
-from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
 from tests.fakes import FakeOpenAI
 
@@ -72,15 +69,11 @@ async def test_odd_field_types_are_a_400_naming_the_field(client: TestClient, bo
     assert status == 400 and where in answer["error"]["message"], answer
 
 
-async def test_a_seed_at_the_top_of_64_bits_with_several_choices_wraps() -> None:
-    async with FakeOpenAI(models=["m"]) as up:
-        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
-                        cache=CacheConfig(enabled=False))
-        async with TestClient(TestServer(make_app(config))) as c:
-            resp = await c.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "n": 3,
-                                                              "seed": 2**64 - 1})
-            assert resp.status == 200 and len((await resp.json())["choices"]) == 3
-        assert sorted(r.body["seed"] for r in up.requests if r.method == "POST") == [0, 1, 2**64 - 1]
+async def test_a_seed_at_the_top_of_64_bits_with_several_choices_wraps(served: tuple[TestClient, FakeOpenAI]) -> None:
+    c, up = served
+    resp = await c.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "n": 3, "seed": 2**64 - 1})
+    assert resp.status == 200 and len((await resp.json())["choices"]) == 3
+    assert sorted(r.body["seed"] for r in up.requests if r.method == "POST") == [0, 1, 2**64 - 1]
 
 
 async def test_a_wrong_method_says_which_are_allowed(client: TestClient) -> None:

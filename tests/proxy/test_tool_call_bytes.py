@@ -5,7 +5,6 @@ to keep, only values: 1.0 stays a float, an integer past 64 bits whole. Argument
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -25,13 +24,10 @@ ASK = [{"role": "user", "content": "go"}]
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[TestClient, FakeOpenAI]]:
-    async with FakeOpenAI(models=["m"]) as up:
-        up.script.tool_calls = [{"name": "f", "arguments": RAW}]
-        config = Config(backends=[BackendConfig(name="up", kind="openai", urls=[up.url])], default_backend="up",
-                        cache=CacheConfig(enabled=False))
-        async with TestClient(TestServer(make_app(config))) as c:
-            yield c, up
+def served(served: tuple[TestClient, FakeOpenAI]) -> tuple[TestClient, FakeOpenAI]:
+    """conftest's Velo over a fake, whose model calls the tool with RAW's arguments."""
+    served[1].script.tool_calls = [{"name": "f", "arguments": RAW}]
+    return served
 
 
 def _events(text: str) -> list[dict]:
