@@ -43,9 +43,7 @@ async def tags(request: web.Request) -> web.Response:
 
 
 async def show(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+    body = body_object(await read_json(request))
     name = body.get("model") or body.get("name")  # older clients send "name"
     if not isinstance(name, str) or not name:
         raise BadRequest("model is required", param="model")
@@ -204,9 +202,7 @@ async def embeddings(request: web.Request) -> web.Response:
 
 async def manage(request: web.Request) -> web.StreamResponse:
     """/api/pull, /api/push, /api/create, /api/copy, /api/delete: passed through to an Ollama backend."""
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+    body = body_object(await read_json(request))
     backend = await _ollama_backend_for(request, body.get("model") or body.get("name") or body.get("source"))
     path = request.path
     stream = backend.manage(request.method, path, body)

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from adapters.errors import BadRequest, ModelNotFound
-from adapters.fields import get
+from adapters.fields import body_object, get
 from adapters.protocol import ModelInfo
 
 from .dialects.ollama import now_iso, parse_message, parse_options
@@ -40,7 +40,7 @@ _CREATED = ({"status": "writing manifest"}, {"status": "success"})
 
 
 async def create(request: web.Request) -> web.StreamResponse:
-    body = await _body(request)
+    body = body_object(await read_json(request))
     name = _valid(_name(body, "model", "name"))
     if any(body.get(k) for k in _OLLAMA_ONLY):
         return await _on_ollama(request, "a model from files, adapters or quantize")
@@ -65,7 +65,7 @@ async def create(request: web.Request) -> web.StreamResponse:
 
 
 async def copy(request: web.Request) -> web.StreamResponse:
-    body = await _body(request)
+    body = body_object(await read_json(request))
     source, destination = _name(body, "source"), _name(body, "destination")
     if not _VALID_NAME.fullmatch(destination):  # CopyHandler's words
         raise BadRequest(f"destination {go_quoted(destination)} is invalid", param="destination")
@@ -86,7 +86,7 @@ async def copy(request: web.Request) -> web.StreamResponse:
 
 
 async def delete(request: web.Request) -> web.StreamResponse:
-    body = await _body(request)
+    body = body_object(await read_json(request))
     name = _name(body, "model", "name")
     router = request[ROUTER]
     if await router.presets.delete(name):  # any name a preset has, one an earlier Velo let through included
@@ -110,13 +110,6 @@ def _refuse_a_presets_base(router: Router, name: str) -> None:
     if over:
         raise BadRequest(f"model '{name}' is the base of {', '.join(over)}: delete {'them' if len(over) > 1 else 'it'}"
                          " first", param="model")
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
 
 
 def _name(body: dict[str, Any], *keys: str) -> str:
