@@ -12,7 +12,7 @@ from adapters.protocol import Chunk, aggregate
 
 from . import context_edits
 from .count_request import as_sent
-from .dialects import anthropic
+from .dialects import anthropic, new_id
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .state import PIPELINE, ROUTER
 from .streams import collect
@@ -25,7 +25,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     req, job = parsed.request, job_for(request, parsed.request, body)
     job.context_edits = parsed.edits or ()
     stream = request[PIPELINE].generate(job)
-    msg_id = anthropic.new_id("msg")
+    msg_id = new_id("msg")
 
     def context() -> dict[str, Any]:
         return anthropic.context_management_object(job.outcome.context_edits)

@@ -28,7 +28,7 @@ from adapters.protocol import Chunk, aggregate
 from .auth import CALLER
 from .background import POLL_KEEP_S, Run, unpack_events
 from .count_request import as_sent
-from .dialects import responses
+from .dialects import new_id, responses
 from .dialects.paging import query_int
 from .dialects.responses_stream import ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
@@ -47,7 +47,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
     job = job_for(request, parsed.summary(history) if parsed.compact else parsed.chat(history), body)
-    resp_id = responses.new_id("resp")
+    resp_id = new_id("resp")
 
     def headers() -> dict[str, str]:
         return {**job.outcome.headers(), **ignored_tools_header(parsed.ignored_tools)}
@@ -147,7 +147,7 @@ async def compact(request: web.Request) -> web.Response:
     job = job_for(request, parsed.summary(history), body)
     whole = aggregate(await collect(request[PIPELINE].generate(job)))
     output = responses.user_items(history + parsed.items) + [responses.compaction_item(whole.text)]
-    return json_response({"id": responses.new_id("resp"), "object": "response.compaction",
+    return json_response({"id": new_id("resp"), "object": "response.compaction",
                           "created_at": int(time.time()), "output": output,
                           "usage": responses.usage_object(whole.usage)}, headers=job.outcome.headers())
 

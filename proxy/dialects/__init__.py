@@ -2,10 +2,16 @@
 beyond the request itself."""
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 SSE_KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every SSE parser skips it, every read timeout sees bytes
+
+
+def new_id(prefix: str) -> str:
+    """An id for what Velo makes in an answer (`msg_...`, `resp_...`, `toolu_...`): its API's prefix, 24 random hex."""
+    return f"{prefix}_{os.urandom(12).hex()}"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ blocks in a user turn, and become internal "tool" messages ahead of that turn's 
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, Tool
 
 from .. import context_edits
 from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
-from . import tool_choice
+from . import new_id, tool_choice
 from .anthropic_tools import client_tool
 from .openai import EFFORTS
 from .paging import query_int, window
@@ -40,10 +39,6 @@ _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "content_filt
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",
                 529: "overloaded_error"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(12).hex()}"
 
 
 # -- requests ------------------------------------------------------------------------------------------------------

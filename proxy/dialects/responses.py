@@ -11,7 +11,6 @@ back gives the model its thinking again.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -25,7 +24,7 @@ from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, SamplingOptions, TokenLogprob, Tool, ToolCall,
                                Usage)
 
-from . import tool_choice
+from . import new_id, tool_choice
 from .ollama import parse_top_logprobs
 from .openai import EFFORTS, data_url_image, error_object, token_logprobs
 from .paging import query_int, window
@@ -40,10 +39,6 @@ _CALL_OUTPUTS = ("function_call_output", "custom_tool_call_output")  # input ite
 # echoed as sent, or null; checked first, as typed clients read them back (as strings, a number)
 _ECHOED = {"prompt_cache_key": str, "prompt_cache_retention": str, "safety_identifier": str, "max_tool_calls": int,
            "user": str}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(12).hex()}"
 
 
 class ItemNotFound(NotFound):

@@ -29,9 +29,9 @@ from adapters.errors import BackendError, VeloError
 from adapters.exact_json import dumps
 from adapters.protocol import Chunk, FinishReason, TokenLogprob, Usage
 
+from . import new_id
 from .openai import error_object, token_logprobs
-from .responses import (Parsed, call_item, compaction_item, message_item, new_id, reasoning_item, response_object,
-                        status_of)
+from .responses import (Parsed, call_item, compaction_item, message_item, reasoning_item, response_object, status_of)
 
 
 @dataclass
