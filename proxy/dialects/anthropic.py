@@ -26,7 +26,7 @@ from .. import context_edits
 from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
 from . import new_id, tool_choice
 from .anthropic_tools import client_tool
-from .openai import EFFORTS
+from .openai import effort_level
 from .paging import query_int, window
 
 # A stream's heartbeats before its first block are Anthropic's `ping` for this long, then empty text deltas: Claude
@@ -366,11 +366,8 @@ def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     kind = thinking.get("type") if thinking else None
     if kind == "enabled":
         get(thinking, "budget_tokens", int)  # no backend takes a budget, but its type is checked as Anthropic does
-        effort = config.get("effort")
-        # another level reached the backend as sent, where OpenAI's is a 400; a list was a 500 (unhashable)
-        if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
-            raise BadRequest(f"output_config.effort: must be one of {', '.join(EFFORTS)}", param="output_config")
-        return True if effort is None else EFFORTS[effort]
+        level = effort_level(config.get("effort"), "output_config.effort:", "output_config")
+        return True if level is None else level
     if kind == "disabled":
         return False
     if kind not in (None, "adaptive"):

@@ -265,8 +265,17 @@ def parse_think(body: dict[str, Any], kwargs: dict[str, Any]) -> bool | str | No
     effort = get(body, "reasoning_effort", str)
     if effort is None:
         return False if get(kwargs, "enable_thinking", bool) is False else None
-    if effort not in EFFORTS:
-        raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
+    return effort_level(effort, "reasoning_effort", "reasoning_effort")
+
+
+def effort_level(effort: Any, subject: str, param: str) -> bool | str | None:
+    """An effort level as the think switch (None where none is given), for every dialect that takes one; another value
+    is a 400 whose message starts with `subject`, as each dialect words it (an unknown level reached the backend as
+    sent, a list was a 500: unhashable)."""
+    if effort is None:
+        return None
+    if not isinstance(effort, str) or effort not in EFFORTS:
+        raise BadRequest(f"{subject} must be one of {', '.join(EFFORTS)}", param=param)
     return EFFORTS[effort]
 
 

@@ -26,7 +26,7 @@ from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, Sampli
 
 from . import new_id, tool_choice
 from .ollama import parse_top_logprobs
-from .openai import EFFORTS, data_url_image, error_object, token_logprobs
+from .openai import data_url_image, effort_level, error_object, token_logprobs
 from .paging import query_int, window
 
 
@@ -167,8 +167,9 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     return Parsed(model=get_model(body), items=items[:-1] if compact else items,
                   instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
                   tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")),
-                  think=_think(reasoning), sampling=sampling, stream=get(body, "stream", bool, False),
-                  store=echo["store"], previous_response_id=get(body, "previous_response_id", str), echo=echo,
+                  think=effort_level(reasoning.get("effort"), "reasoning.effort:", "reasoning"), sampling=sampling,
+                  stream=get(body, "stream", bool, False), store=echo["store"],
+                  previous_response_id=get(body, "previous_response_id", str), echo=echo,
                   compact=compact, parallel_tool_calls=echo["parallel_tool_calls"],
                   truncate=echo["truncation"] == "auto")
 
@@ -430,17 +431,6 @@ def _format(fmt: Any) -> Any:
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
         return fmt["schema"]
     raise BadRequest("text.format: must be {type: text | json_object | json_schema, ...}", param="text")
-
-
-def _think(reasoning: dict[str, Any]) -> bool | str | None:
-    """`reasoning.effort` as OpenAI chat's `reasoning_effort` reads it (EFFORTS); another value is OpenAI's 400, where
-    a list was a 500 and an unknown level reached the backend as sent."""
-    effort = reasoning.get("effort")
-    if effort is None:
-        return None
-    if not isinstance(effort, str) or effort not in EFFORTS:
-        raise BadRequest(f"reasoning.effort: must be one of {', '.join(EFFORTS)}", param="reasoning")
-    return EFFORTS[effort]
 
 
 # -- answers -------------------------------------------------------------------------------------------------------
