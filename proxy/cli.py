@@ -20,7 +20,7 @@ from adapters.wording import counted
 from .app import make_app
 from .browser_guard import is_loopback
 from .commands import bench, chat, doctor
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, ServerConfig, load_config
 from .default_backend import default_config
 from .inflight import InFlight, ShuttingDown
 from .log_setup import AccessLog, configure_logging
@@ -78,38 +78,49 @@ async def serve(config: Config, stop: asyncio.Event | None = None, config_path: 
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hangup)
     try:
-        try:
-            await _set_up(runner, stop)
-        except Exception as e:  # a backend, a cache tier or a model that cannot open: one line, as a config error
-            log.debug("start-up failed", exc_info=True)
-            raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)",
-                              app[GENERATIONS].loading) from e
-        if stop.is_set():  # Ctrl-C or SIGTERM while a model loaded: it was "listening" and served for a moment
-            log.info("stopped while starting: not listening")
-        else:
-            await web.TCPSite(runner, config.server.host, config.server.port).start()
-            _freeze_the_heap()
-            log.info("Velo listening on http://%s", _address(config.server.host, config.server.port))
-            hangup.serving()
-            await stop.wait()
+        await _start_and_wait(runner, config.server, stop, hangup)
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
         if reloader is not None:
             reloader.stop()
-        hurry = asyncio.Event()  # a second Ctrl-C or SIGTERM: what is left ends now (it printed a traceback)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, hurry.set)
-        gc.unfreeze()  # collectable again once it is no longer served (a process that serves again, tests)
-        try:
-            if runner.server is None:  # it never started: nothing in flight
-                await runner.cleanup()
-            else:
-                await _shut_down(runner, app[GENERATIONS].current.pipeline.inflight,
-                                 config.server.shutdown_grace_s, hurry)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+        await _wind_down(runner, config.server.shutdown_grace_s)
     return app[GENERATIONS].loading
+
+
+async def _start_and_wait(runner: web.AppRunner, server: ServerConfig, stop: asyncio.Event, hangup: _Hangup) -> None:
+    """Starts the app, then listens until `stop`; a start that fails is one line, as a config error."""
+    try:
+        await _set_up(runner, stop)
+    except Exception as e:  # a backend, a cache tier or a model that cannot open
+        log.debug("start-up failed", exc_info=True)
+        raise StartFailed(f"could not start: {e} (--log-level DEBUG shows where)",
+                          runner.app[GENERATIONS].loading) from e
+    if stop.is_set():  # Ctrl-C or SIGTERM while a model loaded: it was "listening" and served for a moment
+        log.info("stopped while starting: not listening")
+        return
+    await web.TCPSite(runner, server.host, server.port).start()
+    _freeze_the_heap()
+    log.info("Velo listening on http://%s", _address(server.host, server.port))
+    hangup.serving()
+    await stop.wait()
+
+
+async def _wind_down(runner: web.AppRunner, grace_s: float) -> None:
+    """Ends what started: requests in flight get `grace_s`, and a second Ctrl-C or SIGTERM ends what is left now
+    (it printed a traceback)."""
+    loop = asyncio.get_running_loop()
+    hurry = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, hurry.set)
+    gc.unfreeze()  # collectable again once it is no longer served (a process that serves again, tests)
+    try:
+        if runner.server is None:  # it never started: nothing in flight
+            await runner.cleanup()
+        else:
+            await _shut_down(runner, runner.app[GENERATIONS].current.pipeline.inflight, grace_s, hurry)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 async def _set_up(runner: web.AppRunner, stop: asyncio.Event) -> None:
