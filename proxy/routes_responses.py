@@ -60,13 +60,26 @@ async def create(request: web.Request) -> web.StreamResponse:
         return await _in_background(request, parsed, history, job, headers)
     stream = request[PIPELINE].generate(job)
     if not parsed.stream:
-        created, whole = time.time(), aggregate(await collect(stream))
-        output = [responses.compaction_item(whole.text)] if parsed.compact else \
-            responses.output_items(whole, parsed.names)
-        obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole), output, whole.usage,
-                                        finish=whole.finish_reason)
-        await _keep(request, parsed, history, obj)
-        return json_response(obj, headers=headers())
+        return await _whole(request, parsed, history, stream, resp_id, headers)
+    return await _streamed(request, parsed, history, stream, resp_id, headers)
+
+
+async def _whole(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
+                 stream: AsyncIterator[Chunk], resp_id: str, headers: Callable[[], dict[str, str]]) -> web.Response:
+    """The answer as one response object, stored before it is returned; `headers()` read once the pipeline has run."""
+    created, whole = time.time(), aggregate(await collect(stream))
+    output = [responses.compaction_item(whole.text)] if parsed.compact else \
+        responses.output_items(whole, parsed.names)
+    obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole), output, whole.usage,
+                                    finish=whole.finish_reason)
+    await _keep(request, parsed, history, obj)
+    return json_response(obj, headers=headers())
+
+
+async def _streamed(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
+                    stream: AsyncIterator[Chunk], resp_id: str,
+                    headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
+    """The answer as the Responses API's events, the response stored before its last ones go out."""
     writer, stored = ResponseStream(resp_id, parsed, compacting=parsed.compact), False
 
     async def kept(events: bytes) -> bytes:
