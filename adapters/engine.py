@@ -435,10 +435,7 @@ class EngineBackend(Backend):
                     if out.finished and context is not None:
                         chunk.context = [*ids, *_said(engine, made, "".join(text), out)]
                     if thinking is not None:
-                        chunk.thinking, chunk.text = thinking.feed(chunk.text)
-                        if out.finished:
-                            held_thinking, held_text = thinking.flush()
-                            chunk.thinking, chunk.text = chunk.thinking + held_thinking, chunk.text + held_text
+                        thinking.split(chunk, out.finished)
                     if out.finished:
                         chunk.usage = _usage(out, start, first, load_ns)
                     yield chunk

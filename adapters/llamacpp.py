@@ -513,10 +513,7 @@ class LlamaCppBackend(OpenAIBackend):
                 said += chunk.context or []
                 chunk.context = said if chunk.finish_reason else None
                 if thinking is not None:
-                    chunk.thinking, chunk.text = thinking.feed(chunk.text)
-                    if chunk.finish_reason:
-                        held = thinking.flush()
-                        chunk.thinking, chunk.text = chunk.thinking + held[0], chunk.text + held[1]
+                    thinking.split(chunk, bool(chunk.finish_reason))
                 yield chunk
 
     async def _rendered(self, req: CompletionRequest, marker: str) -> str:

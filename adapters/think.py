@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
 
+from .protocol import Chunk
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -52,6 +54,13 @@ class ThinkSplitter:
     def flush(self) -> tuple[str, str]:
         held, self.held = self.held, ""
         return (held, "") if self.state == _THINKING else ("", held if self.state == _START else self._lead(held))
+
+    def split(self, chunk: Chunk, last: bool) -> None:
+        """A streamed chunk's text as thinking and answer, in place; the `last` one's with what was held back."""
+        chunk.thinking, chunk.text = self.feed(chunk.text)
+        if last:
+            held_thinking, held_text = self.flush()
+            chunk.thinking, chunk.text = chunk.thinking + held_thinking, chunk.text + held_text
 
     def _lead(self, text: str) -> str:
         if self.skip_space:
