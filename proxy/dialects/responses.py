@@ -136,7 +136,28 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
     sampling = _with_logprobs(options.read("responses", body), body)
     if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise BadRequest("max_output_tokens: must be at least 1", param="max_output_tokens")
-    echo = {"instructions": body.get("instructions"), "max_output_tokens": sampling.max_tokens,
+    echo = _echo(body, sampling, text, reasoning)
+    if echo["truncation"] not in ("auto", "disabled"):
+        raise BadRequest("truncation: must be 'auto' or 'disabled'", param="truncation")
+    if echo["text"]["verbosity"] not in ("low", "medium", "high"):
+        raise BadRequest("text.verbosity: must be 'low', 'medium' or 'high'", param="verbosity")
+    _check_input(body, counting)
+    items = _items(body.get("input"))
+    compact = bool(items) and items[-1].get("type") == TRIGGER
+    return Parsed(model=get_model(body), items=items[:-1] if compact else items,
+                  instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
+                  tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")),
+                  think=effort_level(reasoning.get("effort"), "reasoning.effort:", "reasoning"), sampling=sampling,
+                  stream=get(body, "stream", bool, False), store=echo["store"],
+                  previous_response_id=get(body, "previous_response_id", str), echo=echo,
+                  compact=compact, parallel_tool_calls=echo["parallel_tool_calls"],
+                  truncate=echo["truncation"] == "auto")
+
+
+def _echo(body: dict[str, Any], sampling: SamplingOptions, text: dict[str, Any],
+          reasoning: dict[str, Any]) -> dict[str, Any]:
+    """The request's settings as the response object echoes them, OpenAI's defaults where it leaves one unset."""
+    return {"instructions": body.get("instructions"), "max_output_tokens": sampling.max_tokens,
             "temperature": _DEFAULTS.temperature if sampling.temperature is None else sampling.temperature,
             "top_p": _DEFAULTS.top_p if sampling.top_p is None else sampling.top_p,
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
@@ -149,10 +170,10 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
             "store": get(body, "store", bool, True), "top_logprobs": parse_top_logprobs(body),
             "background": get(body, "background", bool, False), "service_tier": "default",  # the one tier here
             **{key: get(body, key, kind) for key, kind in _ECHOED.items()}}
-    if echo["truncation"] not in ("auto", "disabled"):
-        raise BadRequest("truncation: must be 'auto' or 'disabled'", param="truncation")
-    if echo["text"]["verbosity"] not in ("low", "medium", "high"):
-        raise BadRequest("text.verbosity: must be 'low', 'medium' or 'high'", param="verbosity")
+
+
+def _check_input(body: dict[str, Any], counting: bool) -> None:
+    """OpenAI's 400s for a conversation Velo does not hold, and for no input where no earlier response carries one."""
     for unheld in ("conversation", "prompt"):  # answering without them would answer another question
         if body.get(unheld) is not None:
             raise BadRequest(f"{unheld}: {_UNHELD[unheld]}", param=unheld)
@@ -162,16 +183,6 @@ def parse_request(body: Any, *, counting: bool = False) -> Parsed:
         if body["input"] == []:  # the same empty conversation (pydantic-ai sends a blank message so OpenAI takes it)
             raise BadRequest("input must not be an empty array unless previous_response_id carries the conversation",
                              param="input")
-    items = _items(body.get("input"))
-    compact = bool(items) and items[-1].get("type") == TRIGGER
-    return Parsed(model=get_model(body), items=items[:-1] if compact else items,
-                  instructions=get(body, "instructions", str), tools=tools, names=names, ignored_tools=ignored,
-                  tool_choice=tool_choice.checked(choice, tools, ignored), format=_format(text.get("format")),
-                  think=effort_level(reasoning.get("effort"), "reasoning.effort:", "reasoning"), sampling=sampling,
-                  stream=get(body, "stream", bool, False), store=echo["store"],
-                  previous_response_id=get(body, "previous_response_id", str), echo=echo,
-                  compact=compact, parallel_tool_calls=echo["parallel_tool_calls"],
-                  truncate=echo["truncation"] == "auto")
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, str]:
