@@ -146,19 +146,28 @@ async def write_stream(request: web.Request, stream: AsyncIterator[Any], encode:
         err = _mid_stream(request, e) if out.resp is not None else None  # (which logs what failed)
         if err is None:
             raise
-        if ended:  # an admin's cancel, a shutdown or `finish` failing after the answer's end: its end, no error
-            if finish is not None and not finished:
-                with contextlib.suppress(Exception):  # the usage chunk an OpenAI client asked for, if it can be had
-                    data, finished = await finish(), True
-                    await out.resp.write(data)  # type: ignore[union-attr]
-            if not trailed:
-                await out.resp.write(trailer)  # type: ignore[union-attr]
+        if ended:
+            await _end_quietly(out.resp, None if finished else finish,  # type: ignore[arg-type]
+                               None if trailed else trailer)
         elif not await _end_with(request, out.resp, on_error, err):  # type: ignore[arg-type]
             return out.resp  # type: ignore[return-value]
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     await out.resp.write_eof()  # type: ignore[union-attr]
     return out.resp  # type: ignore[return-value]
+
+
+async def _end_quietly(resp: web.StreamResponse, finish: Callable[[], Awaitable[bytes]] | None,
+                       trailer: bytes | None) -> None:
+    """An answer that had ended when what followed failed (an admin's cancel, a shutdown, `finish` itself): its end,
+    no error. `finish` and `trailer` where not yet written: the usage chunk an OpenAI client asked for, if it can be
+    had, then the dialect's last bytes."""
+    if finish is not None:
+        with contextlib.suppress(Exception):
+            data = await finish()
+            await resp.write(data)
+    if trailer is not None:
+        await resp.write(trailer)
 
 
 def _after_the_end(request: web.Request, e: BaseException) -> None:
