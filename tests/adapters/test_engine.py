@@ -15,7 +15,7 @@ from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Mes
                                aggregate)
 from engine import LLMEngine, RequestOutput
 from engine.tokenizer import FIM_ENDS
-from tests.engine.tiny import byte_tokenizer, write_tiny_model
+from tests.engine.tiny import byte_tokenizer, engine_options, write_tiny_model
 from tests.loop_watch import loop_gaps
 
 NAME = "tiny"
@@ -28,9 +28,7 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 async def backend(model_dir):
-    b = EngineBackend(BackendConfig(name="engine", kind="engine",
-                                    options={"model": model_dir, "name": NAME, "progress": False, "block_size": 4,
-                                             "kv_memory": 8 * 2**20}))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options=engine_options(model_dir)))
     await b.start()
     yield b
     await b.close()
@@ -59,9 +57,7 @@ async def test_lists_and_shows_the_model(backend, model_dir):
 async def test_the_window_shown_is_what_the_kv_memory_holds(model_dir):
     """Continue sizes its history by /api/show's num_ctx and the fit stage trims to the listed window: a KV memory
     smaller than the model's 512 tokens is the window both must see, or the engine refuses what they send."""
-    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": model_dir, "name": NAME,
-                                                                         "progress": False, "block_size": 4,
-                                                                         "kv_memory": 2**15}))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options=engine_options(model_dir, kv_memory=2**15)))
     try:
         info = await b.show(NAME)
         assert info.context_length == b.engine.max_context < 512
@@ -312,8 +308,7 @@ async def test_token_ids_past_the_models_embedding_are_the_clients_400(tmp_path)
     between the two passed the check against the tokenizer and indexed past the embedding table, a 502 ("index out
     of range in self") on a CPU, and on a GPU a device-side assert that ends the engine."""
     model = write_tiny_model(str(tmp_path), "qwen2", vocab_size=byte_tokenizer().get_vocab_size() - 3)
-    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={
-        "model": model, "name": NAME, "progress": False, "block_size": 4, "kv_memory": 8 * 2**20}))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options=engine_options(model)))
     await b.start()
     try:
         past = b.engine.runner.model.cfg.vocab_size
@@ -462,9 +457,7 @@ async def test_a_load_whose_request_left_is_kept_not_loaded_again(model_dir, mon
         gate.wait(30)
         return real(*args, **kwargs)
     monkeypatch.setattr(LLMEngine, "from_pretrained", held_load)
-    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": model_dir, "name": NAME,
-                                                                         "progress": False, "block_size": 4,
-                                                                         "kv_memory": 8 * 2**20}))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options=engine_options(model_dir)))
     left = asyncio.ensure_future(b.load(NAME, None))
     while not loads:
         await asyncio.sleep(0.01)
@@ -591,8 +584,7 @@ async def test_a_request_preempted_for_kv_memory_waits_under_the_first_token_tim
     take minutes)."""
     def engine(kv_memory: int) -> EngineBackend:
         return EngineBackend(BackendConfig(name="engine", kind="engine", first_token_timeout=60, idle_timeout=0.3,
-                                           options={"model": model_dir, "name": NAME, "progress": False,
-                                                    "block_size": 4, "kv_memory": kv_memory, "dtype": "float32"}))
+                                           options=engine_options(model_dir, kv_memory=kv_memory, dtype="float32")))
     probe = engine(8 * 2**20)
     await probe.start()
     slot = probe.engine.runner.kv[:, :, 0].numel() * probe.engine.runner.kv.element_size()
@@ -620,9 +612,7 @@ async def test_unloading_the_model_gives_its_memory_back_once_the_engine_is_gone
     resident after each cycle of SmolLM2 (696 -> 1,051 -> 1,363 MB); engine/heap.py gives it back, which only works
     once nothing holds the engine."""
     import weakref
-    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": model_dir, "name": NAME,
-                                                                         "progress": False, "block_size": 4,
-                                                                         "kv_memory": 8 * 2**20}))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options=engine_options(model_dir)))
     await b.start()
     engine, given_back = weakref.ref(b.engine), []
     monkeypatch.setattr("adapters.engine.heap.give_back", lambda: given_back.append(engine() is None))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -14,6 +15,12 @@ from tokenizers.pre_tokenizers import ByteLevel
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def engine_options(model: str, **over: Any) -> dict[str, Any]:
+    """The engine backend's options over a tiny model at `model`, as the adapter and proxy tests run it: named
+    "tiny", no progress bar, 4-token KV blocks in 8 MiB (a few short prompts fill them); `over` changes any."""
+    return {"model": model, "name": "tiny", "progress": False, "block_size": 4, "kv_memory": 8 * 2**20, **over}
 
 
 def byte_tokenizer(added: tuple[str, ...] = ()) -> Tokenizer:

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from adapters.base import BackendConfig
 from adapters.engine import EngineBackend
 from proxy.app import make_app
-from tests.engine.tiny import write_tiny_model
+from tests.engine.tiny import engine_options, write_tiny_model
 from tests.integration.conftest import CHAT_MODEL, EMBED_MODEL, clients, config, serve
 from tests.llama_server import model_path
 
@@ -28,8 +28,7 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 async def velo_engine(model_dir):
-    engine = EngineBackend(BackendConfig(name="engine", kind="engine", options={
-        "model": model_dir, "name": TINY, "progress": False, "block_size": 4, "kv_memory": 8 * 2**20}))
+    engine = EngineBackend(BackendConfig(name="engine", kind="engine", options=engine_options(model_dir)))
     server = TestServer(make_app(config(), {"engine": engine}), host="127.0.0.1", port=0)
     await server.start_server()
     try:

@@ -9,16 +9,15 @@ from adapters.base import BackendConfig
 from adapters.engine import EngineBackend
 from proxy.app import make_app
 from proxy.config import Config
-from tests.engine.tiny import write_tiny_model
+from tests.engine.tiny import engine_options, write_tiny_model
 from tests.proxy.test_metrics import samples, value
 from tests.scripted import ScriptedBackend
 
 
 async def test_the_engines_batch_kv_cache_and_tokens_are_on_metrics(tmp_path):
     """They were only in LLMEngine.metrics(), which nothing outside Velo's process could read."""
-    engine = EngineBackend(BackendConfig(name="engine", kind="engine", options={
-        "model": write_tiny_model(str(tmp_path), "qwen2"), "name": "tiny", "progress": False, "block_size": 4,
-        "kv_memory": 8 * 2**20}))
+    engine = EngineBackend(BackendConfig(name="engine", kind="engine",
+                                         options=engine_options(write_tiny_model(str(tmp_path), "qwen2"))))
     wire = ScriptedBackend("wire", models=("other",))
     async with TestClient(TestServer(make_app(Config(default_backend="engine"),
                                               {"engine": engine, "wire": wire}))) as c:
