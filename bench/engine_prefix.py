@@ -84,7 +84,8 @@ def run(path: str, cache: bool, args, while_answering: bool | None) -> float:
             ttft(engine, prompts[0])  # warm-up; with the cache on it also fills the cache
         answers = [ttft(engine, p) for p in prompts[1:]] if while_answering is False else \
             ttfts_at_once(engine, prompts[1:] if while_answering else prompts)
-        how = {False: "", True: ", sent at once, the first still answering", None: ", all sent at once"}[while_answering]
+        how = {False: "", True: ", sent at once, the first still answering",
+               None: ", all sent at once"}[while_answering]
         for p, (seconds, cached) in zip(prompts[-len(answers):], answers):
             print(f"cache {'on ' if cache else 'off'}{how}: {len(p)} prompt tokens, {cached} from cache, "
                   f"TTFT {seconds * 1000:.0f} ms", flush=True)

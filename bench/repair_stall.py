@@ -2,8 +2,9 @@
 
 A scripted backend answers with `N` characters of `{` (what a small model stuck in a loop writes when it is
 offered tools or asked for JSON), once as one chunk (a non-streamed backend answer) and once in 16-character
-pieces (a stream, handing the loop back between pieces as a socket read does); while that request runs, a probe on the same event loop sleeps 5 ms at a time and records
-how late it wakes up: the longest lateness is the stall every other client of this Velo would have felt. The
+pieces (a stream, handing the loop back between pieces as a socket read does); while that request runs, a probe
+on the same event loop sleeps 5 ms at a time and records how late it wakes up: the longest lateness is the stall
+every other client of this Velo would have felt. The
 request's wall time, status and `X-Velo-Repair` header are printed beside it.
 
     python bench/repair_stall.py [--sizes 32768,2097152] [--timeout 300]

@@ -68,8 +68,8 @@ def _word_swap(pairs: list[tuple[str, str]]) -> Callable[[str], str | None]:
 
 def _order_swap(text: str) -> str | None:
     m = _COMPARED.search(text)
-    if m and m.group(1).lower() not in _SKIP_AS_WORD and m.group(1)[0].isalpha() and m.group(3).lower() not in _SKIP_AS_WORD \
-            and m.group(1).lower() != m.group(3).lower():
+    if m and m.group(1).lower() not in _SKIP_AS_WORD and m.group(1)[0].isalpha() \
+            and m.group(3).lower() not in _SKIP_AS_WORD and m.group(1).lower() != m.group(3).lower():
         return text[:m.start()] + f"{m.group(3)} {m.group(2)} {m.group(1)}" + text[m.end():]
     m = _DIRECTED.search(text)
     if m is None:

@@ -43,7 +43,8 @@ TOOLS = [
         "city": {"type": "string"}, "days": {"type": "integer"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}),
     Tool("search", "", {"type": "object", "properties": {
-        "query": {"type": "string"}, "limit": {"type": "integer"}, "safe": {"type": "boolean"}}, "required": ["query"]}),
+        "query": {"type": "string"}, "limit": {"type": "integer"}, "safe": {"type": "boolean"}},
+        "required": ["query"]}),
     Tool("send_email", "", {"type": "object", "properties": {
         "to": {"type": "array", "items": {"type": "string"}}, "subject": {"type": "string"},
         "body": {"type": "string"}}, "required": ["to", "subject"]}),

@@ -132,7 +132,8 @@ def load_draft(path: str, target: LlamaModel, target_tokenizer: Tokenizer, num_b
     """Load a draft model; its vocabulary must be the target's, token for token."""
     loaded = load(path, dtype, device, progress=progress, int4=int4)
     if loaded.model.cfg.vocab_size != target.cfg.vocab_size or \
-            loaded.tokenizer.tk.get_vocab(with_added_tokens=True) != target_tokenizer.tk.get_vocab(with_added_tokens=True):
+            loaded.tokenizer.tk.get_vocab(with_added_tokens=True) != \
+            target_tokenizer.tk.get_vocab(with_added_tokens=True):
         raise ValueError(f"draft model {path}: its vocabulary differs from the target model's")
     return DraftModelProposer.for_target(loaded.model, target, num_blocks, block_size, vocab, cuda_graphs, max_batch)
 

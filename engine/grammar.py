@@ -70,7 +70,8 @@ def _grammar(format, tools, tool_choice) -> str | None:
         return json_grammar(call)
     if format is not None:
         answer = _lark_json(format if isinstance(format, dict) else {"type": "object"})
-        return llguidance.LLMatcher.grammar_from_lark(f"start: answer | call\nanswer: {answer}\ncall: {_lark_json(call)}\n")
+        return llguidance.LLMatcher.grammar_from_lark(
+            f"start: answer | call\nanswer: {answer}\ncall: {_lark_json(call)}\n")
     return llguidance.LLMatcher.grammar_from_lark(_LAZY_CALLS.format(call=_lark_json(call)))
 
 

@@ -196,7 +196,8 @@ def _sentencepiece_bpe(tokens: list[str], scores: list[float]) -> HFTokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
     for piece, score in zip(tokens, scores):
-        splits = [(piece[:i], piece[i:], score) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        splits = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
+                  if piece[:i] in vocab and piece[i:] in vocab]
         merges += sorted(splits, key=lambda m: (vocab[m[0]], vocab[m[1]]))
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable: ties keep vocabulary order
     tk = HFTokenizer(models.BPE(vocab, [(a, b) for a, b, _ in merges], fuse_unk=True, byte_fallback=True))

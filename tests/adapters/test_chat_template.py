@@ -111,7 +111,8 @@ def test_an_earlier_turns_thinking_reaches_templates_that_read_it():
              "</think>{% endif %}{% if m.thinking %}({{ m.thinking }}){% endif %}{{ m.content }}]{% endfor %}")
     req = ChatRequest(model="m", messages=[Message("user", "hi"), Message("assistant", "ok", thinking="they said hi"),
                                            Message("user", "and?")])
-    assert render(tokenizer(reads), req) == "[user:hi][assistant:<think>they said hi</think>(they said hi)ok][user:and?]"
+    assert render(tokenizer(reads), req) == \
+        "[user:hi][assistant:<think>they said hi</think>(they said hi)ok][user:and?]"
 
 
 def test_a_template_that_marks_the_assistants_text_for_training_renders():
@@ -126,7 +127,8 @@ def test_thinking_beside_content_and_calls_is_not_given_as_gpt_oss_refuses_it():
     """gpt-oss's template raises on an assistant turn with calls and both content and `thinking`: that chat was a
     400 once thinking was passed on."""
     gpt_oss_like = ("{% for m in messages %}{% if m.tool_calls and m.content and m.thinking %}"
-                    "{{ raise_exception('Cannot pass both content and thinking in an assistant message with tool calls!') }}"
+                    "{{ raise_exception('Cannot pass both content and thinking in an assistant message with tool "
+                    "calls!') }}"
                     "{% endif %}[{{ m.role }}:{{ m.reasoning_content or '' }}]{% endfor %}")
     call = ToolCall("read_file", {"path": "a"}, "c1")
     req = ChatRequest(model="m", messages=[Message("user", "hi"),

@@ -28,7 +28,8 @@ def test_unknown_kind_names_the_known_ones():
 
 def test_http_backends_do_not_load_torch():
     code = ("import sys; from adapters.registry import make_backend; from adapters.base import BackendConfig; "
-            "[make_backend(BackendConfig(name=k, kind=k, urls=['http://h'])) for k in ('ollama', 'llamacpp', 'openai')]; "
+            "[make_backend(BackendConfig(name=k, kind=k, urls=['http://h'])) "
+            "for k in ('ollama', 'llamacpp', 'openai')]; "
             "print(sorted(m for m in ('torch', 'adapters.engine') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

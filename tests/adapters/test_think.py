@@ -42,7 +42,8 @@ def test_a_prompt_that_names_the_tag_does_not_open_the_block():
 
 @pytest.mark.parametrize("text, fields", [
     # after the block, a tag is the answer's text (a code sample, nested or repeated tags): it went back to thinking
-    ("<think>r</think>Use the `<think>` tag: <think>x</think> done", ("r", "Use the `<think>` tag: <think>x</think> done")),
+    ("<think>r</think>Use the `<think>` tag: <think>x</think> done",
+     ("r", "Use the `<think>` tag: <think>x</think> done")),
     ("<think>a<think>b</think>c</think>d", ("a<think>b", "c</think>d")),
     # a tag after other text opens nothing, as in Ollama
     ("```html\n<think>hi</think>\n```", ("", "```html\n<think>hi</think>\n```")),

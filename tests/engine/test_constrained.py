@@ -104,7 +104,8 @@ def test_an_invalid_tool_schema_is_named_without_velos_grammar():
     """A tool's `"required": {}` is the client's mistake: the message says what, not where in Velo's grammar."""
     with pytest.raises(ValueError) as e:
         grammar_for(tools=[{"name": "f", "parameters": {"type": "object", "required": {}}}])
-    assert str(e.value) == "invalid output grammar: failed to compile JSON schema: Expected array for 'required', got {}"
+    assert str(e.value) == \
+        "invalid output grammar: failed to compile JSON schema: Expected array for 'required', got {}"
 
 
 def test_an_invalid_pattern_is_named_with_its_reason():

@@ -38,7 +38,8 @@ def test_a_part_vocabulary_draft_scores_low_ids_and_the_sequences_own(tiny_draft
 def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
     other = write_tiny_model(str(tmp_path), "llama", vocab_size=300)
     with pytest.raises(ValueError, match="vocabulary differs"):
-        LLMEngine.from_pretrained(tiny_llama, EngineConfig(progress=False, speculative=SpeculativeConfig("draft", 4, other)))
+        LLMEngine.from_pretrained(tiny_llama,
+                                  EngineConfig(progress=False, speculative=SpeculativeConfig("draft", 4, other)))
 
 
 @pytest.mark.parametrize("graphs,vocab,expected", [(False, 0, False), (True, 0, True), (True, PART, False)])

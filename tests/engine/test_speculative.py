@@ -1,4 +1,5 @@
-"""Speculative decoding: prompt lookup, adaptive k, exact verification (greedy and rejection sampling), in the engine."""
+"""Speculative decoding: prompt lookup, adaptive k, exact verification (greedy and rejection sampling), in the
+engine."""
 
 from __future__ import annotations
 

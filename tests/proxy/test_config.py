@@ -28,7 +28,8 @@ def test_minimal_backend_and_url_shorthand():
     ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "colour": 1}]}, "backends[0].colour"),
     # two Authorization headers, which aiohttp refused with a 500 at each request
     ({"backends": [{"name": "x", "kind": "openai", "url": "http://me:pw@h:1", "api_key": "k"}]}, "backends[0].api_key"),
-    ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "max_concurrency": "4"}]}, "backends[0].max_concurrency"),
+    ({"backends": [{"name": "x", "kind": "ollama", "url": "u", "max_concurrency": "4"}]},
+     "backends[0].max_concurrency"),
     ({"server": {"port": "8000"}}, "server.port"),
     ({"backends": [{"name": "x", "kind": "openai", "url": "http://h:1", "idle_timeout": 0}]},
      "backends[0].idle_timeout"),
@@ -48,7 +49,8 @@ def test_minimal_backend_and_url_shorthand():
      "backends[0].options.ttl_s"),
     ({"backends": [{"name": "e", "kind": "engine", "options": {"kv_memroy": 1}}]}, "backends[0].options"),
     ({"backends": [{"name": "e", "kind": "engine",
-                    "options": {"speculative": {"method": "ngram", "draft_vocab": -1}}}]}, "backends[0].options.speculative"),
+                    "options": {"speculative": {"method": "ngram", "draft_vocab": -1}}}]},
+     "backends[0].options.speculative"),
     ({"backends": [{"name": "e", "kind": "engine", "options": {"speculative": {"methd": "ngram"}}}]},
      "backends[0].options.speculative"),
     # a traceback once `velo serve` started loading it

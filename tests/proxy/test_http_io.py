@@ -214,7 +214,8 @@ async def test_anthropic_sends_empty_text_deltas_while_the_call_is_written(clien
     events = [orjson.loads(b.split(b"data: ", 1)[1]) for b in (await resp.read()).split(b"\n\n") if b]
     kinds = [e["type"] for e in events]
     call = next(i for i, e in enumerate(events) if e.get("content_block", {}).get("type") == "tool_use")
-    assert kinds[:3] == ["message_start", "ping", "content_block_start"] and events[2]["content_block"]["type"] == "text"
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"] \
+        and events[2]["content_block"]["type"] == "text"
     beats = [e for e in events[3:call - 1] if e["type"] == "content_block_delta"]
     assert len(beats) >= 3 and all(e["delta"] == {"type": "text_delta", "text": ""} for e in beats)
     sdk = anthropic.AsyncAnthropic(base_url=base_url, api_key="sk-test", max_retries=0)

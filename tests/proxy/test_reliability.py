@@ -464,7 +464,8 @@ async def test_real_llama_server_slots_and_being_killed_mid_stream():
         backend = BackendConfig(name="llama", kind="llamacpp", urls=[server.url])
         app = make_app(Config(backends=[backend], default_backend="llama", cache=CacheConfig(enabled=False)))
         async with TestClient(TestServer(app, handler_cancellation=True)) as c:
-            assert app[GENERATIONS].current.pipeline.stage(Admit).controllers["llama"].limit == 2  # from llama-server's /props total_slots
+            # from llama-server's /props total_slots
+            assert app[GENERATIONS].current.pipeline.stage(Admit).controllers["llama"].limit == 2
             resp = await c.post("/api/generate", json={"model": "smollm2", "prompt": "Once upon a time",
                                                        "options": {"num_predict": 4000, "ignore_eos": True}})
             assert resp.status == 200

@@ -18,7 +18,8 @@ ONE_LLAMA = {"backends": [{"name": "b", "kind": "llamacpp", "url": "http://v:1"}
 def _router(**extra) -> tuple[Router, ScriptedBackend, ScriptedBackend]:
     cfg = parse_config({"backends": [{"name": "a", "kind": "ollama", "url": "http://u:1"},
                                      {"name": "b", "kind": "llamacpp", "url": "http://v:1"}], **extra})
-    a, b = ScriptedBackend("a", ("llama3:latest", "shared:latest")), ScriptedBackend("b", ("qwen-coder", "shared:latest"))
+    a, b = (ScriptedBackend("a", ("llama3:latest", "shared:latest")),
+            ScriptedBackend("b", ("qwen-coder", "shared:latest")))
     return Router(cfg, {"a": a, "b": b}), a, b
 
 

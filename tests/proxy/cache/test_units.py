@@ -110,7 +110,8 @@ def test_codec_round_trips_every_chunk_field():
 
 
 def test_codec_reads_alternatives_as_entries_before_raw_bytes_were_kept():
-    old = b'[{"text":"Hel","thinking":"","tool_calls":[],"logprobs":[{"token":"Hel","logprob":-0.1,"top":[["He",-2.0]]}],' \
+    old = b'[{"text":"Hel","thinking":"","tool_calls":[],' \
+          b'"logprobs":[{"token":"Hel","logprob":-0.1,"top":[["He",-2.0]]}],' \
           b'"finish_reason":null,"usage":null,"context":null}]'
     assert decode_chunks(old)[0].logprobs == [TokenLogprob("Hel", -0.1, [TokenLogprob("He", -2.0)])]
 

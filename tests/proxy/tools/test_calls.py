@@ -119,7 +119,8 @@ def test_structured_calls_are_items_and_text_that_repeats_them_is_deduped() -> N
 
 
 @pytest.mark.parametrize("separator", ["\n", ",\n", ", ", "", "\n\n", "; "])
-@pytest.mark.parametrize("wrap", [lambda body: f"<tool_call>\n{body}\n</tool_call>", lambda body: f"```json\n{body}\n```",
+@pytest.mark.parametrize("wrap", [lambda body: f"<tool_call>\n{body}\n</tool_call>",
+                                  lambda body: f"```json\n{body}\n```",
                                   lambda body: f"<|python_tag|>{body}<|eom_id|>", lambda body: f"[TOOL_CALLS] {body}"])
 def test_every_call_in_one_block_is_kept_whatever_separates_them(separator: str, wrap) -> None:
     calls = [f'{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}' for c in ("Paris", "Rome", "Oslo")]
@@ -229,7 +230,8 @@ def test_a_schema_with_a_remote_ref_is_never_fetched_and_its_calls_go_out_unchec
 def test_a_tool_definition_echoed_in_a_fence_is_text_not_a_failed_call() -> None:
     """Qwen2.5-Coder-0.5B answered a read-this-file request with the tool's signature in a json fence."""
     echo = ('```json\n{"type": "function", "function": {"name": "search", "description": "Web search", '
-            '"parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}\n```')
+            '"parameters": {"type": "object", "properties": {"query": {"type": "string"}}, '
+            '"required": ["query"]}}}\n```')
     content, calls, report = repair_message(echo, [], TOOLS)
     assert calls == [] and content == echo and not report.invalid
 

@@ -77,7 +77,8 @@ def test_structured_output_too_large_is_passed_through_unrepaired() -> None:
 
 
 async def test_past_the_budget_the_turn_passes_through_unrepaired() -> None:
-    broken = "{" + ", ".join(f"'k{i}': {i}" for i in range(12000)) + ",}"  # ~48,000 tokens for the fast pass, under the size limit
+    # ~48,000 tokens for the fast pass, under the size limit
+    broken = "{" + ", ".join(f"'k{i}': {i}" for i in range(12000)) + ",}"
     text = f'<tool_call>{{"name": "search", "arguments": {broken}}}</tool_call>'
     report = RepairReport()
 
