@@ -364,9 +364,9 @@ def _think(body: dict[str, Any], config: dict[str, Any]) -> bool | str | None:
     Claude Code sends) leaves it to the model, so a model that cannot think still answers."""
     thinking = get(body, "thinking", dict)
     kind = thinking.get("type") if thinking else None
+    level = effort_level(config.get("effort"), "output_config.effort:", "output_config")  # whatever `thinking` says
     if kind == "enabled":
         get(thinking, "budget_tokens", int)  # no backend takes a budget, but its type is checked as Anthropic does
-        level = effort_level(config.get("effort"), "output_config.effort:", "output_config")
         return True if level is None else level
     if kind == "disabled":
         return False

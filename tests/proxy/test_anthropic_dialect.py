@@ -380,6 +380,11 @@ async def test_tool_choice_must_name_a_tool_given(client, scripted):
       "output_config": {"effort": "bogus"}}, "effort"),  # it went on to the backend as sent
     ({"model": "tiny", "max_tokens": 8, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": 1024},
       "output_config": {"effort": ["high"]}}, "effort"),  # was a 500
+    # checked beside adaptive thinking (Claude Code's) and none too, as Anthropic checks it: both went by unread
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "thinking": {"type": "adaptive"},
+      "output_config": {"effort": "bogus"}}, "output_config.effort: must be one of"),
+    ({"model": "tiny", "max_tokens": 8, "messages": USER, "output_config": {"effort": ["high"]}},
+     "output_config.effort: must be one of"),
     ({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "document"),
     # fields no backend reads, of the wrong type, went by unchecked: an error result said "yes" was read as a success
