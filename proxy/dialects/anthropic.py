@@ -65,7 +65,7 @@ def parse_messages(body: Any, count_only: bool = False) -> Parsed:
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool results that answer them
     for i, raw in enumerate(raw_messages):
         messages += _message(raw, f"messages.{i}", names)
-    messages = _combined(messages)
+    messages = _combined(_in_place(messages))
     if messages and messages[-1].empty_assistant:  # allowed last, and answered as without it; passed on, vLLM's
         messages.pop()  # template wrote it as a closed empty turn before the model's own
     if all(m.role == "system" for m in messages):  # Anthropic's 400; a model asked nothing writes on at random (an
@@ -130,18 +130,33 @@ def _text_of(blocks: Any, where: str) -> str:
     return "\n".join(texts)
 
 
+def _in_place(messages: list[Message]) -> list[Message]:
+    """`role: "system"` messages inside `messages`, which Claude Code sends since 2.1.154 (its reminders, one more
+    each turn, where it wrote them into user turns before; Anthropic places one after a user turn or a tool result):
+    one ahead of the conversation joins the system prompt (`_combined`), a later one is user text where it stands.
+    Kept as system turns, they were a 400 from every template that wants the roles to alternate after the system
+    prompt (Gemma's, Mistral's: "Conversation roles must alternate"); moved into the system prompt, they would change
+    the prompt ahead of the whole conversation each turn, and no prefix cache could reuse any of it."""
+    begun = False
+    out = []
+    for m in messages:
+        begun = begun or m.role != "system"
+        out.append(replace(m, role="user") if begun and m.role == "system" else m)
+    return out
+
+
 def _combined(messages: list[Message]) -> list[Message]:
-    """Consecutive user or assistant turns as one, as Anthropic's API combines them: a chat template that wants
-    the roles to alternate (Gemma's, Mistral's) refused two user turns in a row, which Anthropic answers. User
-    turns stay paragraphs of their own; assistant text joins as its blocks do, so that a prefill split over two
-    turns is continued where its text ends."""
+    """Consecutive system, user or assistant turns as one, as Anthropic's API combines them: a chat template that
+    wants the roles to alternate (Gemma's, Mistral's) refused two user turns in a row, which Anthropic answers.
+    System and user turns stay paragraphs of their own; assistant text joins as its blocks do, so that a prefill
+    split over two turns is continued where its text ends."""
     out: list[Message] = []
     for m in messages:
         last = out[-1] if out else None
-        if last is None or m.role != last.role or m.role not in ("user", "assistant"):
+        if last is None or m.role != last.role or m.role not in ("system", "user", "assistant"):
             out.append(m)
             continue
-        apart = "\n\n" if m.role == "user" and last.content and m.content else ""
+        apart = "\n\n" if m.role != "assistant" and last.content and m.content else ""
         out[-1] = replace(last, content=last.content + apart + m.content, images=last.images + m.images,
                           tool_calls=last.tool_calls + m.tool_calls, thinking=last.thinking + m.thinking)
     return out

@@ -9,12 +9,14 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.chat_template import message_dict
 from adapters.errors import BackendTimeout, BackendUnavailable
 from adapters.protocol import Chunk, ModelInfo, ToolCall, Usage
 from proxy.app import make_app
 from proxy.config import Config, ModelConfig, ServerConfig
 from proxy import context_edits
 from proxy.dialects import anthropic as anthropic_dialect
+from engine.chat_jinja import chat_template_env
 from proxy.token_count import estimate
 from tests.scripted import Script, ScriptedBackend
 
@@ -147,12 +149,12 @@ async def test_a_claude_code_turn_converts_to_the_internal_conversation(client, 
     assert resp.status == 200, await resp.text()
     req = scripted.requests[0]
     assert [(m.role, m.content) for m in req.messages] == [
-        ("system", "You are Claude Code.\nBe brief."), ("system", "Reminder."), ("user", "Read a.py"),
+        ("system", "You are Claude Code.\nBe brief.\n\nReminder."), ("user", "Read a.py"),
         ("assistant", "Reading."), ("tool", "1\tprint(1)"), ("tool", "Error: no such file"), ("user", "Go on.")]
-    assert req.messages[2].images == ["QUJD"] and req.messages[3].thinking == "I should read it."
-    assert [(c.id, c.arguments) for c in req.messages[3].tool_calls] == [("toolu_1", {"path": "a.py"}),
+    assert req.messages[1].images == ["QUJD"] and req.messages[2].thinking == "I should read it."
+    assert [(c.id, c.arguments) for c in req.messages[2].tool_calls] == [("toolu_1", {"path": "a.py"}),
                                                                         ("toolu_2", {"path": "b.py"})]
-    assert [(m.tool_call_id, m.tool_name) for m in req.messages[4:6]] == [("toolu_1", "read_file"),
+    assert [(m.tool_call_id, m.tool_name) for m in req.messages[3:5]] == [("toolu_1", "read_file"),
                                                                          ("toolu_2", "read_file")]
     assert req.think is None and req.options.max_tokens == 32000
 
@@ -221,6 +223,34 @@ async def test_consecutive_turns_of_one_role_are_combined_as_anthropic_combines_
     sent = [(m.role, m.content, [c.name for c in m.tool_calls]) for m in scripted.requests[0].messages]
     assert sent == [("user", "Read this.\n\nThen answer.", []), ("assistant", "", ["look"]), ("tool", "seen", []),
                     ("user", "Go on.\n\nBriefly.", []), ("assistant", "Sure, here", [])]
+
+
+# The rule of Gemma's and Mistral's chat templates: after the system prompt, user and assistant turns alternate.
+ALTERNATING = ("{% set turns = messages[1:] if messages[0]['role'] == 'system' else messages %}"
+               "{% for m in turns %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+               "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+               "{% endif %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+
+
+async def test_system_messages_inside_messages_are_the_system_prompt_or_user_text_where_they_stand(client, scripted):
+    """Claude Code (2.1.154 and later) sends its reminders as `role: "system"` messages after a user turn or a tool
+    result, one more each turn. Passed on as system turns, every such request was a 400 from a template that wants
+    the roles to alternate (llama-server's and the engine's "Conversation roles must alternate"); in the system
+    prompt they would change the prompt ahead of the whole conversation each turn, so they stay where they stand."""
+    body = {"model": "tiny", "max_tokens": 8, "system": "You are Claude Code.", "messages": [
+        {"role": "system", "content": "Ahead of it all."},
+        {"role": "user", "content": "Read a.py"},
+        {"role": "system", "content": [{"type": "text", "text": "<reminder 1>"}]},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Thanks"},
+        {"role": "system", "content": "<reminder 2>"}]}
+    resp = await client.post("/v1/messages", json=body)
+    assert resp.status == 200, await resp.text()
+    sent = scripted.requests[0].messages
+    assert [(m.role, m.content) for m in sent] == [
+        ("system", "You are Claude Code.\n\nAhead of it all."), ("user", "Read a.py\n\n<reminder 1>"),
+        ("assistant", "Done."), ("user", "Thanks\n\n<reminder 2>")]
+    chat_template_env().from_string(ALTERNATING).render(messages=[message_dict(m) for m in sent])
 
 
 async def test_a_server_tools_call_and_result_stay_in_the_history(client, scripted):
