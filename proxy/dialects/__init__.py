@@ -49,13 +49,15 @@ UNVERSIONED = ("/models", "/chat/completions", "/completions", "/embeddings")
 
 
 def dialect_of(path: str, headers: Mapping[str, str]) -> str:
-    """By the URL path; `/v1/models`, which OpenAI and Anthropic share, by `anthropic-version`, which Anthropic's
-    clients send on every request and OpenAI's never do. llama-server's own routes answer errors as it does, in
-    OpenAI's shape."""
-    if path.startswith("/v1/messages") or (path.startswith("/v1/models") and "anthropic-version" in headers):
-        return "anthropic"
+    """By the URL path; a /v1 path that is not OpenAI's own by `anthropic-version`, which Anthropic's clients send on
+    every request and OpenAI's never do: `/v1/models`, which OpenAI and Anthropic share, and a path no route serves
+    (Anthropic's files API, /v1/v1/messages from a base URL given with its /v1), whose 404 or 401 the anthropic
+    SDK reads as Anthropic's (`e.type`). llama-server's own routes answer errors as it does, in OpenAI's shape."""
     if path.startswith("/v1/responses"):
         return "responses"
     llama_servers = path in LLAMA_SERVER_PATHS or path.startswith("/slots/")
+    openais = path != "/v1/models" and path.removeprefix("/v1") in UNVERSIONED or llama_servers
+    if path.startswith("/v1/messages") or (path.startswith("/v1/") and "anthropic-version" in headers and not openais):
+        return "anthropic"
     openai = path.startswith("/v1/") or path == "/v1" or path in UNVERSIONED or llama_servers
     return "openai" if openai else "ollama"

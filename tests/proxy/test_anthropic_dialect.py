@@ -560,6 +560,30 @@ async def test_errors_name_their_request_as_anthropics_do():
         assert (await refused.json())["request_id"] == refused.headers["request-id"]
 
 
+async def test_an_anthropic_client_off_velos_routes_gets_anthropics_errors():
+    """A route of Anthropic's that Velo lacks (the files API), or a base URL given with its /v1 (Claude Code then
+    asks /v1/v1/messages): the `anthropic-version` every Anthropic client sends marks the 404 and the 401 as
+    Anthropic's, whose `type` the SDK reads (`e.type`); both were OpenAI's `invalid_request_error`. OpenAI's own
+    routes keep OpenAI's errors whatever the headers."""
+    config = Config()
+    config.server.api_keys = ["good"]
+    async with TestClient(TestServer(make_app(config, {"s": ScriptedBackend("s")}))) as c:
+        base = str(c.make_url("")).rstrip("/")
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await anthropic.AsyncAnthropic(base_url=base, api_key="good", max_retries=0).beta.files.list()
+        with pytest.raises(anthropic.NotFoundError) as doubled:
+            await anthropic.AsyncAnthropic(base_url=base + "/v1", api_key="good", max_retries=0).messages.create(
+                model="tiny", max_tokens=8, messages=USER)
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            await anthropic.AsyncAnthropic(base_url=base + "/v1", api_key="bad", max_retries=0).messages.create(
+                model="tiny", max_tokens=8, messages=USER)
+        openai = await c.post("/v1/chat/completions", json={}, headers={"anthropic-version": "2023-06-01",
+                                                                         "Authorization": "Bearer good"})
+        assert openai.status == 400 and (await openai.json())["error"]["param"] == "messages"
+    assert [e.value.type for e in (missing, doubled, refused)] == [
+        "not_found_error", "not_found_error", "authentication_error"]
+
+
 async def test_an_answer_names_its_request_not_its_message(base_url):
     raw = await _client(base_url).messages.with_raw_response.create(model="tiny", max_tokens=8, messages=USER)
     assert raw.request_id == raw.headers["X-Velo-Request-Id"] and raw.request_id != (await raw.parse()).id
