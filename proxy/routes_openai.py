@@ -145,7 +145,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
     async def finish() -> bytes:
         return sse(openai.usage_chunk(ids, model_name, obj, usages, n)) if include_usage else b""
 
-    opened: set[int] = set()
+    opened = 0  # choices opened, which open in index order
 
     def null_usage(obj: dict) -> bytes:
         """With include_usage, every chunk before the usage chunk has `usage: null`, as OpenAI sends them."""
@@ -154,12 +154,16 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
     event = null_usage if include_usage else sse  # chosen once: a call more for each piece of every stream else
     def encode(index: int, chunk: Chunk) -> bytes:
+        nonlocal opened
         if chunk.usage is not None:
             usages.append((index, chunk.usage))
         head = b""
-        if opening and index not in opened:  # OpenAI opens each choice with a role delta
-            opened.add(index)
-            head = event(openai.chat_chunk(ids, model_name, index, None, first=True))
+        if opening and index >= opened:  # OpenAI opens each choice with a role delta; the openai package's stream
+            # helper files a choice where it first appears, so choices before this one open first (choice 1 first
+            # was its IndexError)
+            head = b"".join(event(openai.chat_chunk(ids, model_name, i, None, first=True))
+                            for i in range(opened, index + 1))
+            opened = index + 1
         if chunk.heartbeat:
             return head or SSE_KEEPALIVE
         return head + event(shape(index, chunk))

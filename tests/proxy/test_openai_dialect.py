@@ -1,6 +1,7 @@
 """The OpenAI API under /v1, driven by the real `openai` client package, plus raw-wire checks of the SSE shape."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 
@@ -108,6 +109,36 @@ async def test_n_choices_and_multimodal_parts(base_url, scripted: ScriptedBacken
     assert scripted.requests[0].messages[0].content == "what is this?"
     assert scripted.requests[0].messages[0].images == ["QUJD"]
     assert {r.options.seed for r in scripted.requests} == {1, 2}
+
+
+class _FirstSeedLate(ScriptedBackend):
+    """Choice 0 (the request's own seed) starts answering after choice 1 has, as on a busier slot."""
+
+    def chat(self, req):
+        stream = super().chat(req)
+        return _late(stream) if req.options.seed == 1 else stream
+
+
+async def _late(stream):
+    await asyncio.sleep(0.2)
+    async for chunk in stream:
+        yield chunk
+
+
+async def test_streamed_choices_open_in_index_order_whichever_answers_first():
+    """The openai package's stream helper files each choice where it first appears (its first chunk's choices by
+    index, then appended): choice 1's role delta first, as it came first from the backend, failed
+    `chat.completions.stream(n=2)` with an IndexError, and a third choice would have been merged into the second."""
+    late = _FirstSeedLate()
+    async with TestClient(TestServer(make_app(Config(cache=CacheConfig(enabled=False)), {"s": late}))) as c:
+        oai = _client(str(c.make_url("")).rstrip("/"))
+        async with oai.chat.completions.stream(model="tiny", n=3, seed=1,
+                                               messages=[{"role": "user", "content": "hi"}]) as stream:
+            indexes = [e.chunk.choices[0].index async for e in stream if e.type == "chunk" and e.chunk.choices]
+            answer = await stream.get_final_completion()
+    assert list(dict.fromkeys(indexes)) == [0, 1, 2] and indexes[-1] == 0  # choice 0 answered last
+    assert [(c.index, c.message.content, c.finish_reason) for c in answer.choices] == [
+        (i, "Hello world", "stop") for i in range(3)]
 
 
 async def test_the_choices_seeds_stay_signed_64_bit_integers(base_url, scripted: ScriptedBackend):
@@ -766,7 +797,6 @@ async def test_a_schema_only_llguidance_cannot_compile_is_left_to_the_backend(cl
 
 async def test_a_schema_no_output_can_match_does_not_wait_for_a_busy_backends_slot():
     """Checked where the backend was called, after its queue: behind a long answer it waited for a slot first."""
-    import asyncio
     import time
 
     from tests.scripted import Script
