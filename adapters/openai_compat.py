@@ -7,7 +7,7 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, AsyncIterator
 
-from . import go_template, model_card
+from . import embed_shape, go_template, model_card
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, VeloError
 from .http import Upstream, asked_of
@@ -184,10 +184,14 @@ class OpenAIBackend(Backend):
             return None
 
     async def embed(self, req: EmbedRequest) -> EmbedResult:
+        """`dimensions` is the server's to do, and done here where it gave more (llama-server ignores it:
+        576 values came back for 4), as Ollama does it."""
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if req.dimensions is not None:
             body["dimensions"] = req.dimensions
-        return await self.embed_body(body, req.model)
+        result = await self.embed_body(body, req.model)
+        result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
+        return result
 
     async def embed_body(self, body: dict[str, Any], model: str) -> EmbedResult:
         return await self.http.call("POST", "/v1/embeddings", body, model=model, parse=embeddings_from_wire)

@@ -119,6 +119,20 @@ async def test_embeddings_both_dialects_agree(velo_llama):
         assert mine == pytest.approx(theirs, abs=1e-6)
 
 
+async def test_dimensions_hold_where_an_openai_compatible_upstream_ignores_them(llama_embed):
+    """llama-server's /v1/embeddings ignores `dimensions` (576 values for 4): through the openai kind the vectors
+    came back whole, a length the client did not ask for (a pgvector(4) column refuses it). Shortened as Ollama does
+    (engine and llamacpp backends alike)."""
+    cfg = config(BackendConfig(name="compat", kind="openai", urls=[llama_embed.url + "/v1"], models=[EMBED_MODEL]))
+    async with serve(cfg) as url:
+        oai, _ = clients(url)
+        whole = (await oai.embeddings.create(model=EMBED_MODEL, input="a cat", encoding_format="float")).data[0]
+        short = (await oai.embeddings.create(model=EMBED_MODEL, input="a cat", dimensions=4)).data[0]
+    norm = sum(x * x for x in whole.embedding[:4]) ** 0.5
+    assert len(whole.embedding) == 576
+    assert short.embedding == pytest.approx([x / norm for x in whole.embedding[:4]], abs=1e-5)
+
+
 async def test_model_listing_and_show(velo_llama):
     oai, oll = clients(velo_llama)
     # Ollama lists every name with its tag
