@@ -52,7 +52,6 @@ def _created(model: dict[str, Any]) -> dict[str, str]:
 
 
 class OpenAIBackend(Backend):
-    forces_tool_choice = True  # vLLM and SGLang force calls with guided decoding
     pools_connections = True
     knows_capabilities = False  # _ASSUMED: suffix and images go to the server, which answers for itself
 
@@ -93,6 +92,13 @@ class OpenAIBackend(Backend):
 
     @property
     def refuses_output_past_window(self) -> bool:  # type: ignore[override]
+        return self.server is not None
+
+    @property
+    def forces_tool_choice(self) -> bool:  # type: ignore[override]
+        """vLLM and SGLang force a required or named call with guided decoding; llama-server's /v1 answered
+        `tool_choice: "required"` in prose (and Ollama's has no tool_choice), so any other server gets the call's
+        schema as its output format instead (proxy/tools/offer.py)."""
         return self.server is not None
 
     def _info(self, listed: dict[str, Any]) -> ModelInfo:

@@ -280,6 +280,7 @@ async def test_a_prefilled_turn_is_continued_on_servers_that_said_they_are_vllm_
         await collect(b.chat(chat()))
         assert "continue_final_message" not in openai_fake.last("/v1/chat/completions")
         assert b.refuses_output_past_window == bool(wanted)  # both check prompt + max_tokens against the window
+        assert b.forces_tool_choice == bool(wanted)  # and force a required call with guided decoding
     finally:
         await b.close()
 

@@ -569,7 +569,7 @@ async def test_the_queue_holds_what_the_replicas_out_of_service_would_have_taken
 @pytest.mark.parametrize("kind, traits", [
     ("llamacpp", {"answers_unlisted_names": True, "constrains_format": True, "fits_context": False}),
     ("ollama", {"answers_unlisted_names": False, "fits_context": True, "own_defaults": "ollama"}),
-    ("openai", {"answers_unlisted_names": False, "constrains_format": False, "forces_tool_choice": True})])
+    ("openai", {"answers_unlisted_names": False, "constrains_format": False, "forces_tool_choice": False})])
 def test_a_replica_set_has_the_traits_of_the_servers_it_stands_for(kind, traits):
     backend = make_backend(BackendConfig(name="pool", kind=kind, urls=["http://a:1", "http://b:2"]))
     assert isinstance(backend, ReplicaSet)

@@ -131,7 +131,7 @@ async def test_errors(velo, body, status, code, param):
     assert err["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("backend", ["engine", "llamacpp"])
+@pytest.mark.parametrize("backend", ["engine", "llamacpp", "openai"])
 async def test_forced_tool_calls(velo, backend):
     """A forced call: `tool_calls` with string arguments, finish_reason "tool_calls", alone in the last chunk."""
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -133,6 +133,20 @@ async def test_dimensions_hold_where_an_openai_compatible_upstream_ignores_them(
     assert short.embedding == pytest.approx([x / norm for x in whole.embedding[:4]], abs=1e-5)
 
 
+async def test_a_required_call_through_the_openai_kind_to_llama_server_is_a_call(llama_chat):
+    """The openai kind trusted every server to force `tool_choice: "required"` as vLLM and SGLang do; llama-server's
+    /v1 (as Ollama's, which has no tool_choice) answered in prose ("Here's a JSON object with the weather in
+    Paris: ..." to the length limit), and the client got no call. A server that has not said it is one of those
+    gets the call's schema as its output format, as the llamacpp kind does."""
+    cfg = config(BackendConfig(name="compat", kind="openai", urls=[llama_chat.url + "/v1"], models=[CHAT_MODEL]))
+    async with serve(cfg) as url:
+        oai, _ = clients(url)
+        out = await oai.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "Weather?"}],
+                                                tools=[WEATHER], tool_choice="required", max_tokens=40, temperature=0)
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in out.choices[0].message.tool_calls] == ["get_weather"]
+
+
 async def test_model_listing_and_show(velo_llama):
     oai, oll = clients(velo_llama)
     # Ollama lists every name with its tag
