@@ -452,6 +452,12 @@ class Upstream:
         async with self.request(method, path, body, wait=wait, model=model) as resp:
             return self.shaped(parse, await self.read_json(resp, wait), path)
 
+    def embedding_wait(self, inputs: int) -> float:
+        """How long an embedding call may take: its answer comes whole, so there is no first token to time, but each
+        input is a prompt to read, which `first_token_timeout` bounds for a generation; so that much an input, within
+        `total_timeout`. A hung server held a one-input call (a search query's) for `total_timeout`, 1,800 s."""
+        return min(self.config.total_timeout, self.config.first_token_timeout * max(1, inputs))
+
     def generation(self, path: str, body: dict[str, Any], *, model: str, parse: Callable[[Any], T | None],
                    whole: Callable[[Any], T | None] | None = None, ndjson: bool = False,
                    last: Callable[[T], bool] | None = None,

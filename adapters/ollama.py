@@ -264,7 +264,8 @@ class OllamaBackend(Backend):
             if value is not None:
                 body[key] = value
         try:
-            return await self.http.call("POST", "/api/embed", body, model=req.model, parse=_embeddings)
+            return await self.http.call("POST", "/api/embed", body, model=req.model, parse=_embeddings,
+                                        wait=self.http.embedding_wait(len(req.inputs)))
         except BadRequest as e:  # the model's fault, not the client's: as a vector from any other backend
             if _NON_FINITE not in e.message:
                 raise
@@ -277,7 +278,8 @@ class OllamaBackend(Backend):
             body = {"model": req.model, "prompt": text} | ({"options": req.options} if req.options else {})
             if req.keep_alive is not None:
                 body["keep_alive"] = req.keep_alive
-            vectors.append(await self.http.call("POST", "/api/embeddings", body, model=req.model, parse=_embedding))
+            vectors.append(await self.http.call("POST", "/api/embeddings", body, model=req.model, parse=_embedding,
+                                                wait=self.http.embedding_wait(1)))
         return EmbedResult(embeddings=vectors)
 
     async def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

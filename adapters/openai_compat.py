@@ -200,4 +200,5 @@ class OpenAIBackend(Backend):
         return result
 
     async def embed_body(self, body: dict[str, Any], model: str) -> EmbedResult:
-        return await self.http.call("POST", "/v1/embeddings", body, model=model, parse=embeddings_from_wire)
+        return await self.http.call("POST", "/v1/embeddings", body, model=model, parse=embeddings_from_wire,
+                                    wait=self.http.embedding_wait(len(body["input"])))

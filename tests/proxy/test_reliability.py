@@ -142,6 +142,50 @@ async def test_a_non_streamed_request_has_the_first_token_and_idle_timeouts_too(
             assert resp.status == 504 and "no data between chunks within 0.3s" in (await resp.json())["error"]
 
 
+class SilentEmbedder:
+    """A backend that lists its model at once and never answers an embedding (a hung server)."""
+
+    async def listed(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}], "models": [{"name": "m", "model": "m"}]})
+
+    async def never(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(60)
+        return web.json_response({})
+
+    async def __aenter__(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.listed)
+        app.router.add_get("/api/tags", self.listed)
+        for path in ("/v1/embeddings", "/api/embed", "/api/embeddings", "/api/show"):
+            app.router.add_post(path, self.never)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        return "http://127.0.0.1:%d" % self.runner.addresses[0][1]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+
+@pytest.mark.parametrize("kind,path", [("openai", "/v1/embeddings"), ("ollama", "/api/embed"),
+                                       ("ollama", "/api/embeddings")])
+async def test_an_embedding_from_a_hung_backend_is_a_504_after_first_token_timeout_for_each_input(kind, path):
+    """An embedding's answer comes whole: it waited `total_timeout` (1,800 s) for a hung backend. Each input is a
+    prompt to read, as a generation's, so it gets `first_token_timeout` an input."""
+    async with SilentEmbedder() as url:
+        backend = BackendConfig(name="up", kind=kind, urls=[url], models=["m"], first_token_timeout=0.2,
+                                total_timeout=30)
+        config = Config(backends=[backend], default_backend="up", cache=CacheConfig(enabled=False))
+        async with velo(config) as c:
+            inputs = ["a", "b", "c"] if path != "/api/embeddings" else "a"
+            body = {"model": "m", "input": inputs, "prompt": "a"}
+            resp = await asyncio.wait_for(c.post(path, json=body), 5)
+            error = (await resp.json())["error"]
+            waited = "0.6s" if path != "/api/embeddings" else "0.2s"
+            assert resp.status == 504 and f"did not answer {path} within {waited}" in str(error)
+
+
 async def test_client_leaving_a_non_streamed_request_cancels_the_backends_work():
     async with FakeOpenAI(models=["m"]) as up:
         up.script.reply = " ".join(["w"] * 100)
