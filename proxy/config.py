@@ -71,6 +71,11 @@ class ServerConfig:
                                       "(or of its previous answer), else it is closed: slow clients cannot hold "
                                       "connections open; idle keep-alive connections close after it too", min=0.1)
     body_timeout_s: float = setting(60.0, "a request's whole body must arrive within this long, else 408", min=0.1)
+    # nginx's send_timeout, 60 s: a client that takes nothing of a stream for that long is not reading it
+    send_timeout_s: float = setting(60.0, "a stream's client must take each piece of it within this long, else it "
+                                    "is taken for gone: its connection is closed and its backend work cancelled "
+                                    "(a client that kept its connection but stopped reading held a backend slot "
+                                    "for good)", min=0.1)
     # Clients' read timeouts: the openai Agents SDK was seen to give up on a held call at 300 s, as Node's fetch
     # (the AI SDK, Continue) would; nginx's proxy_read_timeout is 60 s, Cloudflare's 100 s.
     heartbeat_s: float = setting(15.0, "a stream that has sent nothing for this long (waiting for a backend's slot, "

@@ -457,6 +457,33 @@ async def test_slow_clients_cannot_hold_connections():
             await asyncio.wait_for(task, 10)
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/messages", {"model": "tiny", "max_tokens": 10**6, "messages": CHAT["messages"], "stream": True}),
+    ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True}),
+    ("/v1/chat/completions", {**CHAT, "model": "tiny", "stream": True, "max_tokens": 10**6}),
+    ("/api/chat", {**CHAT, "model": "tiny", "options": {"num_predict": 10**6}})])
+async def test_a_client_that_stops_reading_is_let_go_and_its_backend_work_cancelled(path: str, body: dict):
+    """A client that keeps its connection but takes nothing more of the answer (a suspended process): the write
+    waited for it for good, holding the backend's slot, past every timeout (before: still running after 12 s of a
+    3 s `total_timeout`)."""
+    scripted = ScriptedBackend(script=Script(pieces=["word "] * 200_000))
+    config = Config(server=ServerConfig(send_timeout_s=0.5), cache=CacheConfig(enabled=False))
+    async with velo(config, {"scripted": scripted}) as c:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes a little, then nothing
+        client.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(client, (c.host, c.port))
+        data = orjson.dumps(body)
+        await loop.sock_sendall(client, b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+        try:
+            await wait_for(lambda: scripted.cancelled == 1, timeout=10)
+            assert scripted.completed == 0
+        finally:
+            client.close()
+
+
 async def test_a_browsers_many_localhost_cookies_are_read_and_a_huge_header_is_refused():
     """A browser sends every cookie of `localhost`, whatever the port: a developer's 20 KB of them passed aiohttp's
     8,190-byte line and got a plain-text 400, where Ollama answers. A header past 64 KiB is still refused."""
