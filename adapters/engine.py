@@ -337,8 +337,7 @@ class EngineBackend(Backend):
         jinja = tk.chat_template or ""
         path = meta["path"]
         file = model_file(path)  # None once the file is deleted from under a running engine
-        fim = model_card.fim_style(lambda t: tk.tk.token_to_id(t) is not None) \
-            if "insert" in self.capabilities else None
+        fim = tk.fim_tokens if "insert" in self.capabilities else None  # the markers `insert` and prompts use
         shape = model_card.Shape(
             meta["architecture"], meta["parameters"], meta["context_length"], cfg.hidden_size, cfg.num_layers,
             cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.rope_theta)
@@ -351,7 +350,8 @@ class EngineBackend(Backend):
             family=meta["architecture"],
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
-            context_length=window, template=model_card.go_template(jinja, fim),
+            context_length=window,
+            template=model_card.go_template(jinja, fim and (fim.prefix, fim.suffix, fim.middle)),
             parameters=model_card.parameters(window, model_card.stop_words(jinja)),
             capabilities=list(self.capabilities), file=path,
             model_info=meta.get("general", {}) | model_card.model_info(shape))

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from adapters import go_template
 from adapters.base import BackendConfig
 from adapters.engine import DEFAULT_NAME, EngineBackend, sampling_params
 from adapters.errors import BackendError, BackendTimeout, BadRequest, ModelLacks, ModelNotFound
@@ -14,7 +15,7 @@ from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
 from engine import LLMEngine, RequestOutput
-from engine.tokenizer import FIM_ENDS
+from engine.tokenizer import FIM_ENDS, FIM_MARKERS
 from tests.engine.tiny import byte_tokenizer, engine_options, write_tiny_model
 from tests.loop_watch import loop_gaps
 
@@ -369,6 +370,23 @@ async def test_a_suffix_asks_a_fim_model_for_the_middle(tmp_path):
         assert {tk.tk.token_to_id("<|im_end|>"), tk.tk.token_to_id(FIM_ENDS[0])} <= set(params.stop_token_ids)
         empty = aggregate(await collect(b.complete(dataclasses.replace(req, suffix=""))))  # Ollama: no suffix
         assert empty.usage.prompt_tokens > 7  # through the chat template
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize("markers", FIM_MARKERS,
+                         ids=["qwen", "starcoder", "santacoder", "deepseek", "codellama", "pre", "glm"])
+async def test_a_fim_models_template_fills_the_middle_as_its_prompt_is_built(tmp_path, markers):
+    """/api/show's `insert` and its template's `.Suffix` branch (what Ollama clients decide FIM by) come from the
+    markers the prompt is built from: a DeepSeek-Coder, CodeLlama or GLM model said `insert` with no `.Suffix`."""
+    path = write_tiny_model(str(tmp_path), "qwen2", added=tuple(markers))
+    b = EngineBackend(BackendConfig(name="engine", kind="engine", options={"model": path, "name": NAME,
+                                                                           "progress": False, "kv_memory": 2**20}))
+    await b.start()
+    try:
+        shown, fim = await b.show(NAME), b.engine.tokenizer.fim_tokens
+        assert "insert" in shown.capabilities and tuple(markers) == (fim.prefix, fim.suffix, fim.middle)
+        assert go_template.render(shown.template, "ab", suffix="cd") == fim.prompt("ab", "cd")
     finally:
         await b.close()
 
