@@ -13,7 +13,7 @@ engine masks every step so the answer parses and matches the schema; a forced or
 out as a bare `{"name": ..., "arguments": {...}}` object, which the proxy's tool-call extraction reads.
 
 A completion with a `suffix` (IDE autocomplete) is a fill-in-the-middle prompt built from the model's FIM markers
-(engine.tokenizer.FimTokens: Qwen2.5-Coder's `<|fim_prefix|>`...); a model without them (the shipped SmolLM2)
+(engine.fim.FimTokens: Qwen2.5-Coder's `<|fim_prefix|>`...); a model without them (the shipped SmolLM2)
 answers Ollama's 400 `"<model>" does not support insert`, and lacks the `insert` capability.
 """
 from __future__ import annotations
@@ -351,7 +351,7 @@ class EngineBackend(Backend):
             format="gguf" if path.endswith(".gguf") else "safetensors",
             parameter_size=f"{meta['parameters'] / 1e6:.1f}M", quantization_level=meta["quantization"],
             context_length=window,
-            template=model_card.go_template(jinja, fim and (fim.prefix, fim.suffix, fim.middle)),
+            template=model_card.go_template(jinja, fim),
             parameters=model_card.parameters(window, model_card.stop_words(jinja)),
             capabilities=list(self.capabilities), file=path,
             model_info=meta.get("general", {}) | model_card.model_info(shape))

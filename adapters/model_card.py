@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+
+from engine.fim import FIM_MARKERS, GGUF_FIM_KEYS, FimTokens, fim_markers
 
 from .gguf_header import read_metadata
 
@@ -42,10 +44,7 @@ FAMILIES = {
 }
 PLAIN = "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"  # a base model: the prompt as it is
 
-# Fill-in-the-middle token triples (prefix, suffix, middle), most specific first: Qwen2.5-Coder, StarCoder and
-# SmolLM2 (whose tokenizer has StarCoder's), CodeLlama.
-FIM_STYLES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-              ("<PRE>", "<SUF>", "<MID>"))
+FIM_STYLES = FIM_MARKERS  # the one table of fill-in-the-middle families (engine/fim.py), as /api/show reads it
 _PARAM_COLUMN = 30  # Ollama writes `fmt.Sprintf("%-*s %#v", 30, key, value)` (server/routes.go, GetModelInfo)
 
 
@@ -53,12 +52,7 @@ def family(jinja: str) -> Family | None:
     return next((f for f in FAMILIES.values() if f.marker in (jinja or "")), None)
 
 
-def fim_style(has_token: Callable[[str], bool]) -> tuple[str, str, str] | None:
-    """The FIM tokens a vocabulary has, or None."""
-    return next((style for style in FIM_STYLES if all(has_token(t) for t in style)), None)
-
-
-def go_template(jinja: str, fim: tuple[str, str, str] | None = None) -> str:
+def go_template(jinja: str, fim: FimTokens | None = None) -> str:
     """An Ollama-style template for a model whose chat template is `jinja`; with a `.Suffix` branch iff `fim`, and a
     `.Tools` block, as Ollama's own templates have, for every chat model: Velo writes tools into the prompt of one
     whose template cannot (adapters/tool_prompt.py), and /api/show says `tools` for all. LiteLLM decides whether an
@@ -68,8 +62,7 @@ def go_template(jinja: str, fim: tuple[str, str, str] | None = None) -> str:
     body = fam.tools + fam.turns if fam else PLAIN
     if fim is None:
         return body
-    prefix, suffix, middle = fim
-    fill = f"{prefix}{{{{ .Prompt }}}}{suffix}{{{{ .Suffix }}}}{middle}"
+    fill = fim.prompt("{{ .Prompt }}", "{{ .Suffix }}")
     return f"{{{{- if .Suffix }}}}{fill}{{{{ else }}}}{body}{{{{ end }}}}"
 
 
@@ -128,7 +121,7 @@ class GgufFacts:
     vocabulary, and the chat template, left out), the FIM tokens its vocabulary has, and its chat template."""
 
     info: dict[str, Any]
-    fim: tuple[str, str, str] | None
+    fim: FimTokens | None
     jinja: str
 
 
@@ -137,9 +130,9 @@ def gguf_facts(path: str) -> GgufFacts:
     vocab = meta.pop("tokenizer.ggml.tokens", None) or []
     jinja = meta.pop("tokenizer.chat_template", None)
     info = {k: v for k, v in meta.items() if v is not None}
-    roles = [info.get(f"tokenizer.ggml.fim_{r}_token_id") for r in ("pre", "suf", "mid")]  # llama.cpp's own keys
+    roles = [info.get(key) for key in GGUF_FIM_KEYS]  # llama.cpp's own keys
     if all(isinstance(i, int) and 0 <= i < len(vocab) for i in roles):
-        fim: tuple[str, str, str] | None = (vocab[roles[0]], vocab[roles[1]], vocab[roles[2]])
+        fim: FimTokens | None = FimTokens(*(vocab[i] for i in roles))
     else:
-        fim = fim_style(set(vocab).__contains__)
+        fim = fim_markers(set(vocab).__contains__)
     return GgufFacts(info, fim, jinja if isinstance(jinja, str) else "")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from functools import cached_property
 
 import jinja2
@@ -18,6 +17,8 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as HFTokenizer
 
 from .chat_jinja import chat_template_env
+from .fim import FIM_ENDS, GGUF_FIM_KEYS, FimTokens, fim_markers
+from .fim import FIM_MARKERS  # noqa: F401 - the families fim_tokens reads, where the tokenizer's users look
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (llama.cpp's names).
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -25,21 +26,6 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 _SPLIT_REGEX = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2}
 
-# Fill-in-the-middle markers (prefix, suffix, middle) by family, the names llama.cpp's vocabulary scan knows.
-FIM_MARKERS = (
-    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
-    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, Granite
-    ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
-    ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"),  # DeepSeek-Coder
-    ("\u2581<PRE>", "\u2581<SUF>", "\u2581<MID>"),  # CodeLlama (SentencePiece)
-    ("<PRE>", "<SUF>", "<MID>"),
-    ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),  # GLM-4.5
-)
-# Tokens that end a fill-in-the-middle answer besides EOS, as in llama.cpp's end-of-generation set: Qwen2.5-Coder
-# ends a middle with <|endoftext|>, which its EOS (<|im_end|>) is not, and goes on with more code otherwise.
-FIM_ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<file_sep>", "<EOT>", "\u2581<EOT>",
-            "<\uff5cend\u2581of\u2581sentence\uff5c>")
-_GGUF_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -52,19 +38,6 @@ def _gpt2_bytes() -> dict[str, int]:
 
 
 _GPT2_BYTES = _gpt2_bytes()
-
-
-@dataclass(frozen=True)
-class FimTokens:
-    """A model's fill-in-the-middle markers, each the text of one special token of its vocabulary."""
-    prefix: str
-    suffix: str
-    middle: str
-
-    def prompt(self, prefix: str, suffix: str) -> str:
-        """The prompt asking for the text between prefix and suffix, in prefix-suffix-middle order as llama.cpp's
-        /infill builds it; the model's BOS is added when it is encoded."""
-        return f"{self.prefix}{prefix}{self.suffix}{suffix}{self.middle}"
 
 
 class Tokenizer:
@@ -120,9 +93,8 @@ class Tokenizer:
         added = {t.content: i for i, t in self.tk.get_added_tokens_decoder().items()}
         if self.fim_token_ids is not None:
             found = FimTokens(*(self.tk.id_to_token(i) for i in self.fim_token_ids))
-            return found if all(added.get(m) == i for m, i in zip((found.prefix, found.suffix, found.middle),
-                                                                    self.fim_token_ids)) else None
-        return next((FimTokens(*m) for m in FIM_MARKERS if all(t in added for t in m)), None)
+            return found if all(added.get(m) == i for m, i in zip(found, self.fim_token_ids)) else None
+        return fim_markers(added.__contains__)
 
     @cached_property
     def fim_stop_ids(self) -> list[int]:
@@ -178,7 +150,7 @@ class Tokenizer:
         if meta.get("tokenizer.ggml.add_bos_token", kind == "llama") and bos is not None:
             tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
         eos_ids = [i for i in (eos_id, meta.get("tokenizer.ggml.eot_token_id")) if i is not None]
-        fim = tuple(meta[k] for k in _GGUF_FIM_KEYS) if all(k in meta for k in _GGUF_FIM_KEYS) else None
+        fim = tuple(meta[k] for k in GGUF_FIM_KEYS) if all(k in meta for k in GGUF_FIM_KEYS) else None
         return cls(tk, meta.get("tokenizer.chat_template"), bos, tokens[eos_id] if eos_id is not None else None,
                    list(dict.fromkeys(eos_ids)), fim)
 

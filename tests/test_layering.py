@@ -63,3 +63,11 @@ def test_engine_bookkeeping_loads_without_torch():
     code = f"import sys\nfor m in {modules}: __import__(m)\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_fim_table_loads_without_torch_or_tokenizers():
+    """engine/fim.py is the one table of fill-in-the-middle markers; adapters/model_card.py reads it for /api/show
+    of llama-server models, which must not load the tokenizer library (engine/tokenizer.py) or torch to say it."""
+    code = "import sys, engine.fim, adapters.model_card\nprint(sorted({'torch', 'tokenizers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,7 +1,11 @@
 """A managed llama-server while it is stopped: what its model file tells, without starting it."""
+import pytest
+
+from adapters import go_template
 from adapters.base import BackendConfig
 from adapters.llamacpp_managed import ManagedLlamaCpp
 from adapters.swaps import Swaps
+from engine.fim import FIM_MARKERS
 from tests.adapters.test_model_card import gguf_file
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -21,6 +25,19 @@ async def test_a_stopped_server_shows_the_template_and_fim_its_file_has(tmp_path
     assert "{{ .Suffix }}" in shown.template and "<|fim_prefix|>" in shown.template
     assert "<|im_start|>" in shown.template and '"<|im_end|>"' in shown.parameters
     assert shown.model_info["qwen2.context_length"] == 4096
+
+
+@pytest.mark.parametrize("markers", FIM_MARKERS,
+                         ids=["qwen", "starcoder", "santacoder", "deepseek", "codellama", "pre", "glm"])
+async def test_a_stopped_server_offers_insert_for_every_fim_family_llama_cpp_knows(tmp_path, markers):
+    """llama-server fills in the middle (/infill) for every family its vocabulary scan knows (llama-vocab.cpp), in
+    prefix-suffix-middle order: the stopped listing knew three (no DeepSeek-Coder, CodeLlama's ▁<PRE>, GLM, ...),
+    so those said no `insert` until the server ran, and Continue decided on no FIM from its one /api/show."""
+    path = gguf_file(str(tmp_path / "coder.gguf"), ["a", "<|im_start|>", "<|im_end|>", *markers], CHATML)
+    backend = ManagedLlamaCpp(BackendConfig(name="coder", kind="llamacpp", model=path), Swaps())
+    shown = await backend.show("coder")
+    assert "insert" in shown.capabilities
+    assert go_template.render(shown.template, "ab", suffix="cd") == f"{markers[0]}ab{markers[1]}cd{markers[2]}"
 
 
 async def test_a_stopped_server_lists_thinking_when_its_template_thinks(tmp_path):
