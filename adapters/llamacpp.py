@@ -13,6 +13,8 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 from urllib.parse import quote
 
+from engine.fim import FIM_MARKERS
+
 from . import embed_shape, go_template, model_card, options
 from .base import IMAGE_TOKENS, BackendConfig
 from .chat_template import renders_tools
@@ -323,7 +325,7 @@ class LlamaCppBackend(OpenAIBackend):
         family = str((await self.gguf_facts(path)).info.get("general.architecture", "")) if file else ""
         # llama-server writes the FIM prompt itself (/infill): the template's tokens only document it, and tell
         # clients that FIM works; until the file says which (show), StarCoder's, which llama.cpp also recognises.
-        fim = model_card.FIM_STYLES[1] if infill else None
+        fim = FIM_MARKERS[1] if infill else None
         own = [n for n in (props.get("model_alias"), path, *(e["id"] for e in entries)) if n and n not in names]
         return [ModelInfo(name=n, backend=self.name, size=meta.get("size", 0), format="gguf", family=family, **dated,
                           served_as=list(dict.fromkeys(own)),

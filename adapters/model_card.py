@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.fim import FIM_MARKERS, GGUF_FIM_KEYS, FimTokens, fim_markers
+from engine.fim import GGUF_FIM_KEYS, FimTokens, fim_markers
 
 from .gguf_header import read_metadata
 
@@ -44,7 +44,6 @@ FAMILIES = {
 }
 PLAIN = "{{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"  # a base model: the prompt as it is
 
-FIM_STYLES = FIM_MARKERS  # the one table of fill-in-the-middle families (engine/fim.py), as /api/show reads it
 _PARAM_COLUMN = 30  # Ollama writes `fmt.Sprintf("%-*s %#v", 30, key, value)` (server/routes.go, GetModelInfo)
 
 

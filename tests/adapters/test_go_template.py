@@ -5,6 +5,7 @@ import pytest
 
 from adapters import go_template, model_card
 from adapters.errors import BadRequest
+from engine.fim import FIM_MARKERS
 
 
 def test_classic_template_with_system_branch():
@@ -14,7 +15,7 @@ def test_classic_template_with_system_branch():
 
 
 def test_messages_range_trim_markers_and_else_if():
-    chatml = model_card.go_template("<|im_start|>", model_card.FIM_STYLES[0])
+    chatml = model_card.go_template("<|im_start|>", FIM_MARKERS[0])
     assert go_template.render(chatml, "hi", "sys") == \
         "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert go_template.render(chatml, "def f(", suffix="\n  return 1") == \
@@ -134,6 +135,6 @@ def test_a_render_that_would_not_end_or_not_fit_in_memory_is_a_400_at_once(templ
 
 
 def test_a_long_prompt_through_a_real_template_renders_whole():
-    chatml = model_card.go_template("<|im_start|>", model_card.FIM_STYLES[0])
+    chatml = model_card.go_template("<|im_start|>", FIM_MARKERS[0])
     prompt = "word " * 2_000_000
     assert prompt in go_template.render(chatml, prompt, "sys " * 100_000)

@@ -8,6 +8,7 @@ import pytest
 from adapters import go_template, model_card
 from adapters.gguf_header import read_metadata
 from engine import default_model_path
+from engine.fim import FIM_MARKERS
 
 CHATML_JINJA = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
@@ -29,7 +30,7 @@ def test_parameters_are_ollama_modelfile_lines():
 def test_template_has_suffix_exactly_when_fim_works(jinja, marker):
     plain = model_card.go_template(jinja)
     assert marker in plain and ".Suffix" not in plain
-    fim = model_card.go_template(jinja, model_card.FIM_STYLES[0])
+    fim = model_card.go_template(jinja, FIM_MARKERS[0])
     assert "{{ .Suffix }}" in fim and "<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>" in fim
     assert marker in fim
 
@@ -40,7 +41,7 @@ def test_every_chat_models_template_offers_tools_as_its_capabilities_say(jinja):
     "tools" in its template (llms/ollama/common_utils.py). /api/show says `tools` for every chat model (Velo writes
     them into the prompt where the template cannot); the template said so only where the model rendered them, and
     Open Interpreter ran the engine's SmolLM2 in text mode."""
-    offered = model_card.go_template(jinja, model_card.FIM_STYLES[0])
+    offered = model_card.go_template(jinja, FIM_MARKERS[0])
     assert "{{- if .Tools }}" in offered and "{{ .Suffix }}" in offered
     assert "tools" not in go_template.render(offered, "hi").lower()  # no tools asked: none offered
 
