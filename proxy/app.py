@@ -26,8 +26,9 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, new_registry, render
 from .reload import Reloader
 from .request_bounds import refuse_oversized
 from .background import BackgroundRuns
+from .dialects.documents import Documents
 from .responses_store import ResponseStore
-from .state import BACKGROUND, GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
+from .state import BACKGROUND, DOCUMENTS, GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
 
 APP_METRICS = web.AppKey("app_metrics", CollectorRegistry)  # what outlives generations (config reloads)
 
@@ -102,6 +103,12 @@ async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
     await app[RESPONSES].close()
 
 
+async def _documents_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[DOCUMENTS] = Documents()
+    yield
+    app[DOCUMENTS].close()
+
+
 def make_app(config: Config, backends: dict[str, Backend] | None = None,
              config_path: str | Path | None = None) -> web.Application:
     """Builds the app; `backends` may be given ready-made (tests), else they come from the config. With
@@ -117,6 +124,7 @@ def make_app(config: Config, backends: dict[str, Backend] | None = None,
     app[GENERATIONS], app[APP_METRICS] = generations, new_registry()
     app.cleanup_ctx.append(generations.lifetime)
     app.cleanup_ctx.append(_responses_ctx)
+    app.cleanup_ctx.append(_documents_ctx)
     if config_path is not None:
         app[RELOADER] = Reloader(config_path, generations, keep)
         app[APP_METRICS].register(app[RELOADER])

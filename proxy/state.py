@@ -8,6 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from .background import BackgroundRuns
+from .dialects.documents import Documents
 from .generation import Generation, Generations
 from .pipeline import Pipeline
 from .reload import Reloader
@@ -18,6 +19,7 @@ GENERATIONS = web.AppKey("generations", Generations)
 RELOADER = web.AppKey("reloader", Reloader)
 RESPONSES = web.AppKey("responses", ResponseStore)
 BACKGROUND = web.AppKey("background", BackgroundRuns)
+DOCUMENTS = web.AppKey("documents", Documents)
 GENERATION = web.RequestKey("generation", Generation)
 PIPELINE = web.RequestKey("pipeline", Pipeline)
 ROUTER = web.RequestKey("router", Router)

@@ -24,7 +24,7 @@ from adapters.protocol import ChatRequest, Chunk, Message, ModelInfo, Tool, Tool
 
 from .. import context_edits
 from ..context_edits import Applied, ClearThinking, ClearToolUses, Edit
-from . import new_id, tool_choice
+from . import documents, new_id, tool_choice
 from .anthropic_tools import client_tool
 from .openai import effort_level
 from .paging import query_int, window
@@ -214,8 +214,8 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
         return [Message("tool", _server_result(block.get("content")), tool_call_id=call_id,
                         tool_name=names.get(call_id, ""))]
     elif kind in ("document", "search_result"):
-        apart = "\n\n" if turn.content and not turn.content.endswith("\n") else ""  # from the text before it
-        turn.content += apart + (_document(block, where) if kind == "document" else _search_result(block, where))
+        text = _document(block, where) if kind == "document" else _search_result(block, where)
+        turn.content += documents.apart(turn.content) + text
     elif kind == "thinking":
         turn.thinking += get(block, "thinking", str, "")
     elif kind != "redacted_thinking":  # encrypted by Anthropic: nothing a local model can read
@@ -225,7 +225,7 @@ def _block(block: Any, where: str, turn: Message, names: dict[str, str]) -> list
 
 def _tool_result(content: Any, where: str, result: Message) -> None:
     """A tool result's text and images (Claude Code's Read of a picture), as Ollama's Anthropic API reads them; a
-    plain-text document, a search result (its title, source and text) and a tool reference (tool search's answer:
+    document (documents.py), a search result (its title, source and text) and a tool reference (tool search's answer:
     the tool's name) as text."""
     if not isinstance(content, list):
         result.content = _text_of(content, where)
@@ -264,18 +264,25 @@ def _server_result(content: Any) -> str:
 
 
 def _document(block: dict[str, Any], where: str) -> str:
-    """A plain-text document (a `text` source, or `content` of text blocks) as text of the turn, under its title and
-    context, apart from the text around it. A PDF or a file needs a reader that a local model lacks: a 400."""
+    """A document as text of the turn, under its title and context (documents.py): a plain-text one (a `text`
+    source, or `content` of text blocks) as it is, a base64 PDF's text; a URL (which Anthropic fetches: Velo reaches
+    no address a client names) or an uploaded file's id (Velo keeps no files) is a note."""
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "text" and isinstance(source.get("data"), str):
         text = source["data"]
     elif kind == "content":
         text = _text_of(source.get("content"), f"{where}.source.content")
+    elif kind == "base64" and isinstance(source.get("data"), str):
+        text = documents.file_text(source["data"], get(source, "media_type", str, ""))
+    elif kind == "url" and isinstance(source.get("url"), str):
+        text = documents.note(f"the document at {source['url']}", "Velo fetches no URLs")
+    elif kind == "file" and isinstance(source.get("file_id"), str):
+        text = documents.note(f"the file {source['file_id']}", "Velo keeps no uploaded files")
     else:
-        raise BadRequest(f"{where}.source: only plain-text documents are supported (a text or content source)",
+        raise BadRequest(f"{where}.source: a document's source must be text, content, base64, url or file",
                          param="messages")
-    return "\n\n".join([*(get(block, key, str) for key in ("title", "context") if block.get(key)), text]) + "\n\n"
+    return documents.titled(text, *(get(block, key, str) for key in ("title", "context") if block.get(key)))
 
 
 def _search_result(block: dict[str, Any], where: str) -> str:

@@ -161,8 +161,9 @@ async def test_a_claude_code_turn_converts_to_the_internal_conversation(client, 
 
 
 async def test_plain_text_documents_become_text_of_the_turn(client, scripted: ScriptedBackend):
-    """A `text` or `content` document reads as text (title and context first) apart from the text around it; a PDF
-    is a 400 naming the block, not dropped (Ollama drops every document without a word)."""
+    """A `text` or `content` document reads as text (title and context first) apart from the text around it; a
+    source with no data is a 400 naming the block, not dropped (Ollama drops every document without a word). PDFs:
+    test_documents.py."""
     doc = {"type": "document", "title": "notes.txt", "source": {"type": "text", "media_type": "text/plain",
                                                                  "data": "Velo listens on 8000."}}
     parts = {"type": "document", "context": "From the README", "citations": {"enabled": True},
@@ -175,8 +176,8 @@ async def test_plain_text_documents_become_text_of_the_turn(client, scripted: Sc
     after = {**body, "messages": [{"role": "user", "content": [{"type": "text", "text": "Read this:"}, doc]}]}
     assert (await client.post("/v1/messages", json=after)).status == 200  # was "Read this:notes.txt ..."
     assert scripted.requests[1].messages[0].content == "Read this:\n\nnotes.txt\n\nVelo listens on 8000.\n\n"
-    pdf = {**doc, "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
-    resp = await client.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": [pdf]}]})
+    broken = {**doc, "source": {"type": "base64"}}
+    resp = await client.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": [broken]}]})
     error = (await resp.json())["error"]
     assert resp.status == 400 and "messages.0.content.0.source" in error["message"]
 
