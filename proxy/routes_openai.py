@@ -16,7 +16,7 @@ from .best_of import best, candidates
 from .dialects import SSE_KEEPALIVE, openai
 from .http_io import SSE_DONE, ignored_tools_header, job_for, json_response, read_json, sse, write_stream
 from .job import Job, Parts, Request
-from .state import PIPELINE
+from .state import DOCUMENTS, PIPELINE
 from .stream_ends import as_streamed
 from .streams import collect_each, merge
 from .token_count import estimate
@@ -24,7 +24,7 @@ from .token_count import estimate
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    req, functions = openai.parse_chat(body), openai.legacy_functions(body)
+    req, functions = await request.app[DOCUMENTS].parse(openai.parse_chat, body), openai.legacy_functions(body)
     ignored = ignored_tools_header(openai.hosted_tools(body))
     jobs = _parts(_choices(request, req, body))
     streams = [request[PIPELINE].generate(job) for job in jobs]

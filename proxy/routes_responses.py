@@ -37,7 +37,7 @@ from .job import Job, holding
 from .responses_store import StoredResponse
 from .stages.admit import Admit
 from .stages.limit import Limit
-from .state import BACKGROUND, GENERATION, PIPELINE, RESPONSES, ROUTER
+from .state import BACKGROUND, DOCUMENTS, GENERATION, PIPELINE, RESPONSES, ROUTER
 from .streams import collect
 from .token_count import prompt_tokens
 
@@ -46,7 +46,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
-    job = job_for(request, parsed.summary(history) if parsed.compact else parsed.chat(history), body)
+    req = await request.app[DOCUMENTS].parse(parsed.summary if parsed.compact else parsed.chat, history)
+    job = job_for(request, req, body)
     resp_id = new_id("resp")
 
     def headers() -> dict[str, str]:
@@ -157,7 +158,7 @@ async def compact(request: web.Request) -> web.Response:
     body = await read_json(request)
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
-    job = job_for(request, parsed.summary(history), body)
+    job = job_for(request, await request.app[DOCUMENTS].parse(parsed.summary, history), body)
     whole = aggregate(await collect(request[PIPELINE].generate(job)))
     output = responses.user_items(history + parsed.items) + [responses.compaction_item(whole.text)]
     return json_response({"id": new_id("resp"), "object": "response.compaction",
@@ -271,7 +272,8 @@ async def input_items(request: web.Request) -> web.Response:
 async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
     parsed = await _parsed(request, await read_json(request), counting=True)
-    target, info, req = await as_sent(request[ROUTER], parsed.chat(await _history(request, parsed)), "responses")
+    req = await request.app[DOCUMENTS].parse(parsed.chat, await _history(request, parsed))
+    target, info, req = await as_sent(request[ROUTER], req, "responses")
     tokens, exact = await prompt_tokens(target, info, req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},
                          headers={"X-Velo-Token-Count": "exact" if exact else "estimate"})

@@ -1,7 +1,7 @@
-"""Documents a client attaches (Anthropic's `document` block) as text of the turn: a PDF's text read with pypdf, a
-text file as it is. What cannot be read (a scanned page, a broken or oversized PDF, a URL or an uploaded file's id,
-neither of which Velo reaches) becomes a short note in its place, not a 400: an agent's history keeps the document
-(Claude Code's Read of a PDF), so a 400 would fail every later turn.
+"""Documents a client attaches (Anthropic's `document` block, OpenAI's `file` and `input_file` parts) as text of the
+turn: a PDF's text read with pypdf, a text file as it is. What cannot be read (a scanned page, a broken or oversized
+PDF, a URL or an uploaded file's id, neither of which Velo reaches) becomes a short note in its place, not a 400: an
+agent's history keeps the document (Claude Code's Read of a PDF), so a 400 would fail every later turn.
 
 Reading a PDF takes pypdf about a millisecond a page of plain text, and more for a real one, so a parse that meets a
 large PDF not read before runs again on one of the app's `Documents` threads; the texts read are kept under a digest
@@ -24,6 +24,9 @@ from typing import Any, Callable, TypeVar
 
 import pypdf
 import xxhash
+
+from adapters.errors import BadRequest
+from adapters.fields import get
 
 T = TypeVar("T")
 MAX_PDF_BYTES = 32 * 1024 * 1024  # Anthropic's own limits for a PDF: 32 MB and 100 pages
@@ -95,8 +98,28 @@ def note(what: str, why: str) -> str:
     return f"[{what} left out: {why}]"
 
 
+def openai_file(file: Any, where: str, param: str) -> str:
+    """An OpenAI file (a chat `file` part's `file`, a Responses `input_file` part) as text under its name: its
+    `file_data` read, a `file_url` or `file_id` a note (Velo fetches no URLs and keeps no uploaded files)."""
+    if not isinstance(file, dict):
+        raise BadRequest(f"{where}: must be an object", param=param)
+    name = get(file, "filename", str, "")
+    if isinstance(file.get("file_data"), str):
+        text = file_text(file["file_data"])
+    elif isinstance(file.get("file_url"), str):
+        text = note(f"the file at {file['file_url']}", "Velo fetches no URLs")
+    elif isinstance(file.get("file_id"), str):
+        text = note(f"the file {file['file_id']}", "Velo keeps no uploaded files")
+    else:
+        raise BadRequest(f"{where}: needs file_data, file_url or file_id", param=param)
+    return titled(text, name)
+
+
 def file_text(data: str, media_type: str = "") -> str:
     """A base64 file's text: a PDF's (by its media type or its first bytes), a text file's, else a note."""
+    if data.startswith("data:"):  # a data URL, as OpenAI's file_data comes
+        head, _, data = data.partition(",")
+        media_type = head[5:].split(";", 1)[0] or media_type
     if media_type.startswith("text/"):
         try:
             return base64.b64decode(data, validate=True).decode("utf-8", "replace")

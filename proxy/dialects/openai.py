@@ -22,7 +22,7 @@ from adapters.protocol import (ChatRequest, Chunk, CompletionRequest, EmbedReque
 
 from adapters.fields import body_object, get, get_model
 from adapters.llamacpp import NATIVE_SAMPLERS
-from . import ollama, tool_choice
+from . import documents, ollama, tool_choice
 from .ollama import parse_tools, parse_top_logprobs
 
 
@@ -134,7 +134,8 @@ def _vendor_schema(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _content_text(content: Any) -> tuple[str, list[str]]:
-    """String content, or an array of parts: text parts joined, base64 data-URL images collected."""
+    """String content, or an array of parts: text parts joined, base64 data-URL images collected, a file's text
+    (documents.py) apart from the text around it."""
     if content is None or isinstance(content, str):
         return content or "", []
     if not isinstance(content, list):
@@ -151,6 +152,9 @@ def _content_text(content: Any) -> tuple[str, list[str]]:
             images.append(data_url_image(image.get("url"), "image_url.url", "messages"))
         elif kind == "refusal":  # an assistant's refusal, echoed back in the history: what it said
             texts.append(_part_text(part, "refusal"))
+        elif kind == "file":  # a PDF as the openai package sends it: its text
+            before = texts[-1] if texts else ""
+            texts.append(documents.apart(before) + documents.openai_file(part.get("file"), "file", "messages"))
         else:
             raise BadRequest(f"unsupported content part type {kind!r}", param="messages")
     return "".join(texts), images

@@ -24,7 +24,7 @@ from adapters.fields import body_object, get, get_model, string_list
 from adapters.protocol import (ChatRequest, Chunk, FinishReason, Message, SamplingOptions, TokenLogprob, Tool, ToolCall,
                                Usage)
 
-from . import new_id, tool_choice
+from . import documents, new_id, tool_choice
 from .ollama import parse_top_logprobs
 from .openai import data_url_image, effort_level, error_object, token_logprobs
 from .paging import query_int, window
@@ -309,6 +309,9 @@ def _message(item: dict[str, Any], where: str) -> Message:
             message.content += get(part, "text", str, "")
         elif kind == "input_image":
             message.images.append(_image(part, f"{where}.content.{i}"))
+        elif kind == "input_file":
+            message.content += documents.apart(message.content) + documents.openai_file(part, f"{where}.content.{i}",
+                                                                                         "input")
         elif kind != "refusal":
             raise BadRequest(f"{where}.content.{i}: parts of type {kind!r} are not supported", param="input")
     return message
@@ -338,13 +341,19 @@ def _call(item: dict[str, Any], where: str) -> ToolCall:
 
 
 def _output(output: Any, where: str) -> tuple[str, list[str]]:
-    """A tool's output: its text and its images (Codex's view_image answers with an `input_image` part)."""
+    """A tool's output: its text, its files' (documents.py) and its images (Codex's view_image answers with an
+    `input_image` part)."""
     if isinstance(output, str):
         return output, []
     if not isinstance(output, list):
         raise BadRequest(f"{where}.output: must be a string or an array of parts", param="input")
     parts = [(i, p) for i, p in enumerate(output) if isinstance(p, dict)]
-    text = "".join(get(p, "text", str, "") for _, p in parts if p.get("type") in ("input_text", "output_text", "text"))
+    text = ""
+    for i, p in parts:
+        if p.get("type") in ("input_text", "output_text", "text"):
+            text += get(p, "text", str, "")
+        elif p.get("type") == "input_file":
+            text += documents.apart(text) + documents.openai_file(p, f"{where}.output.{i}", "input")
     return text, [_image(p, f"{where}.output.{i}") for i, p in parts if p.get("type") == "input_image"]
 
 

@@ -1,10 +1,12 @@
-"""Documents a client attaches (Anthropic's `document` block) reach the model as text: a PDF's read by pypdf, what cannot be read as a note. The PDFs are written here by hand."""
+"""Documents a client attaches (Anthropic's `document` block, OpenAI's `file` and `input_file` parts) reach the
+model as text: a PDF's read by pypdf, what cannot be read as a note. The PDFs are written here by hand."""
 from __future__ import annotations
 
 import base64
 import threading
 
 import anthropic
+import openai
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -100,3 +102,30 @@ async def test_anthropic_pdf_documents_reach_the_backend_as_text(served: tuple[T
                for d in (doc, as_text)]
     assert counted[0].input_tokens == counted[1].input_tokens  # what is sent, counted
 
+
+async def test_openai_file_parts_reach_the_backend_as_text(served: tuple[TestClient, FakeOpenAI]):
+    """A chat `file` part and a Responses `input_file` part (in a message and in a tool's output), as the openai
+    package sends a PDF: its text, read as Anthropic's documents are; before, a 400 "unsupported content part type
+    'file'" (chat) and "parts of type 'input_file' are not supported" (Responses; in a tool's output, dropped)."""
+    client, up = served
+    sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="k", max_retries=0)
+    data = "data:application/pdf;base64," + b64(pdf("Churn fell to 3%."))
+    await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Summarize:"}, {"type": "file", "file": {"filename": "q3.pdf", "file_data": data}},
+        {"type": "file", "file": {"file_id": "file-abc"}}]}])
+    assert up.last("/v1/chat/completions")["messages"][0]["content"] == (
+        "Summarize:\n\nq3.pdf\n\nChurn fell to 3%.\n\n[the file file-abc left out: Velo keeps no uploaded files]\n\n")
+    await sdk.responses.create(model="m", input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Summarize:"},
+                                     {"type": "input_file", "filename": "q3.pdf", "file_data": data}]},
+        {"type": "function_call", "call_id": "c1", "name": "fetch", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "Fetched."}, {"type": "input_file", "file_url": "https://x.org/a.pdf"}]}])
+    sent = up.last("/v1/chat/completions")["messages"]
+    assert sent[0]["content"] == "Summarize:\n\nq3.pdf\n\nChurn fell to 3%.\n\n"
+    assert sent[2]["content"] == "Fetched.\n\n[the file at https://x.org/a.pdf left out: Velo fetches no URLs]\n\n"
+    resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "file", "file": {"filename": "q3.pdf"}}]}]})
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and (error["message"], error["param"]) == (
+        "file: needs file_data, file_url or file_id", "messages")
