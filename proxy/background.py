@@ -53,7 +53,7 @@ class Run:
 
     writer: ResponseStream
     input: list[dict[str, Any]]  # its request's input items, as stored
-    history: list[dict[str, Any]]  # the conversation before them
+    previous: str | None  # the id of the response it continues
     task: asyncio.Task | None = None
     released: int = 0  # events followers may send
     done: bool = False
@@ -62,7 +62,7 @@ class Run:
     def snapshot(self) -> StoredResponse:
         """In progress until it is stored, as its last events: a client that polled it completed and continued at
         once (`previous_response_id`) found nothing."""
-        return StoredResponse(self.writer.snapshot(ended=self.done), self.input, self.history)
+        return StoredResponse(self.writer.snapshot(ended=self.done), self.input, self.previous)
 
     def release(self) -> None:
         assert self.writer.log is not None
@@ -134,7 +134,7 @@ class BackgroundRuns:
                 writer.fail(BackendError(f"the response failed inside Velo: {type(e).__name__}"))
         assert writer.final is not None and writer.log is not None
         try:  # not listed, so no cancel cuts it: a store cut halfway lost a finished answer from SQLite or Redis
-            await store(StoredResponse(writer.final, run.input, run.history,
+            await store(StoredResponse(writer.final, run.input, run.previous,
                                        await asyncio.to_thread(pack_events, writer.log)))
         except Exception:  # a shared tier down: no one awaits this task, and this process still has it in memory
             log.exception("background response %s could not be stored", writer.resp_id)

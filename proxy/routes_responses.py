@@ -58,27 +58,26 @@ async def create(request: web.Request) -> web.StreamResponse:
         # come, so a poll finds it in progress with its output so far, and a cancel keeps that output (asked as one
         # answer, it stayed `queued` until its end and was cancelled with none)
         job = replace(job, caller=replace(job.caller, request_id=resp_id), request=replace(job.request, stream=True))
-        return await _in_background(request, parsed, history, job, headers)
+        return await _in_background(request, parsed, job, headers)
     stream = request[PIPELINE].generate(job)
     if not parsed.stream:
-        return await _whole(request, parsed, history, stream, resp_id, headers)
-    return await _streamed(request, parsed, history, stream, resp_id, headers)
+        return await _whole(request, parsed, stream, resp_id, headers)
+    return await _streamed(request, parsed, stream, resp_id, headers)
 
 
-async def _whole(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
-                 stream: AsyncIterator[Chunk], resp_id: str, headers: Callable[[], dict[str, str]]) -> web.Response:
+async def _whole(request: web.Request, parsed: responses.Parsed, stream: AsyncIterator[Chunk], resp_id: str,
+                 headers: Callable[[], dict[str, str]]) -> web.Response:
     """The answer as one response object, stored before it is returned; `headers()` read once the pipeline has run."""
     created, whole = time.time(), aggregate(await collect(stream))
     output = [responses.compaction_item(whole.text)] if parsed.compact else \
         responses.output_items(whole, parsed.names)
     obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole), output, whole.usage,
                                     finish=whole.finish_reason)
-    await _keep(request, parsed, history, obj)
+    await _keep(request, parsed, obj)
     return json_response(obj, headers=headers())
 
 
-async def _streamed(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
-                    stream: AsyncIterator[Chunk], resp_id: str,
+async def _streamed(request: web.Request, parsed: responses.Parsed, stream: AsyncIterator[Chunk], resp_id: str,
                     headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
     """The answer as the Responses API's events, the response stored before its last ones go out."""
     writer, stored = ResponseStream(resp_id, parsed, compacting=parsed.compact), False
@@ -90,7 +89,7 @@ async def _streamed(request: web.Request, parsed: responses.Parsed, history: lis
         nonlocal stored
         if not stored and writer.final is not None:
             stored = True
-            await _keep(request, parsed, history, writer.final)
+            await _keep(request, parsed, writer.final)
         return events
 
     async def stored_first(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk | bytes]:
@@ -108,7 +107,7 @@ async def _streamed(request: web.Request, parsed: responses.Parsed, history: lis
                               heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
 
 
-async def _in_background(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]], job: Job,
+async def _in_background(request: web.Request, parsed: responses.Parsed, job: Job,
                          headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
     """The answer is written by a task of its own (proxy/background.py): the request returns the response queued, or
     follows its stream, which goes on if the client leaves. An unknown model is still this request's 404, and a key
@@ -122,7 +121,7 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, history
         job.give_back()
         raise
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
-    run = Run(writer, [responses.stored_item(i) for i in parsed.items], history)
+    run = Run(writer, [responses.stored_item(i) for i in parsed.items], parsed.previous_response_id)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant
 
     async def keep(record: StoredResponse) -> None:
@@ -186,16 +185,16 @@ async def _parsed(request: web.Request, body: Any, counting: bool = False) -> re
 async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[str, Any]]:
     if parsed.previous_response_id is None:
         return []
-    previous = await request.app[RESPONSES].get(request[CALLER].tenant, parsed.previous_response_id)
+    store, tenant = request.app[RESPONSES], request[CALLER].tenant
+    previous = await store.get(tenant, parsed.previous_response_id)
     if previous is None or not previous.kept():
         raise responses.PreviousResponseNotFound(parsed.previous_response_id)
-    return previous.conversation()
+    return await store.conversation(tenant, previous)
 
 
-async def _keep(request: web.Request, parsed: responses.Parsed, history: list[dict[str, Any]],
-                obj: dict[str, Any]) -> None:
+async def _keep(request: web.Request, parsed: responses.Parsed, obj: dict[str, Any]) -> None:
     if parsed.store:
-        stored = StoredResponse(obj, [responses.stored_item(i) for i in parsed.items], history)
+        stored = StoredResponse(obj, [responses.stored_item(i) for i in parsed.items], parsed.previous_response_id)
         await request.app[RESPONSES].put(request[CALLER].tenant, stored)
 
 

@@ -30,8 +30,9 @@ class RedisStore:
         (expires_at,) = _EXPIRY.unpack_from(raw)
         return raw[_EXPIRY.size:], expires_at
 
-    async def holds(self, key: str) -> bool:
-        return bool(await self.client.exists(self.prefix + key))
+    async def holds(self, *keys: str) -> bool:
+        """Whether it holds every one of `keys` (one round trip for all)."""
+        return await self.client.exists(*(self.prefix + key for key in keys)) == len(keys)
 
     async def put(self, key: str, payload: bytes, expires_at: float) -> None:
         ttl_ms = int((expires_at - time.time()) * 1000)

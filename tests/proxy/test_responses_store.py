@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import openai
 import pytest
@@ -12,6 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.app import make_app
 from proxy.cache.redis_store import RedisStore
 from proxy.config import Config
+from adapters.exact_json import dumps
+from proxy.auth import ANONYMOUS
 from proxy.responses_store import ResponsesConfig, ResponseStore, StoredResponse
 from proxy.state import RESPONSES
 from tests.scripted import ScriptedBackend
@@ -22,7 +25,7 @@ async def test_a_response_read_back_from_sqlite_counts_as_much_memory_as_one_wri
     less than the same entry written here: max_bytes could be passed by that much."""
     config = ResponsesConfig(sqlite_path=str(tmp_path / "responses.db"))
     record = StoredResponse({"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "content": "x" * 10_000}]},
-                            [], [])
+                            [])
     here = await ResponseStore.open(config)
     await here.put("t", record)
     elsewhere = await ResponseStore.open(config)
@@ -106,8 +109,8 @@ class RedisBack:
     async def get(self, key: str) -> tuple[bytes, float] | None:
         return self.rows.get(key)
 
-    async def holds(self, key: str) -> bool:
-        return key in self.rows
+    async def holds(self, *keys: str) -> bool:
+        return all(key in self.rows for key in keys)
 
     async def delete(self, key: str) -> bool:
         return self.rows.pop(key, None) is not None
@@ -121,12 +124,74 @@ async def test_a_response_whose_shared_write_failed_is_still_read_here_once_the_
     never took was then dropped as deleted the moment Redis answered again: stored, then a 404."""
     store = await ResponseStore.open(ResponsesConfig())
     store.tiers.append(tier := RedisBack())
-    record = StoredResponse({"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "content": "x"}]}, [], [])
+    record = StoredResponse({"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "content": "x"}]}, [])
     await store.put("t", record)
     tier.down = False
     store.tier_calls.resting.clear()  # the tier's rest after its failure is over
     assert await store.get("t", "resp_1") == record and (await store.item("t", "msg_1"))["id"] == "msg_1"
-    await store.put("t", StoredResponse({**record.response, "id": "resp_2"}, [], []))
+    await store.put("t", StoredResponse({**record.response, "id": "resp_2"}, []))
     assert await store.delete("t", "resp_2") and await store.get("t", "resp_2") is None
     assert await store.delete("t", "resp_1") and await store.get("t", "resp_1") is None
     await store.close()
+
+
+async def _chain(client: TestClient, turns: int, output: str) -> list[str]:
+    """A `previous_response_id` chain of `turns` responses, each sent one tool output after the first."""
+    ids: list[str] = []
+    for n in range(turns):
+        turn = [{"type": "function_call_output", "call_id": f"call_{n}", "output": output}] if ids else "Go"
+        made = await client.post("/v1/responses", json={"model": "tiny", "input": turn, **(
+            {"previous_response_id": ids[-1]} if ids else {})})
+        assert made.status == 200, await made.text()
+        ids.append((await made.json())["id"])
+    return ids
+
+
+async def test_a_long_chain_stores_each_turns_own_items_once(client, scripted):
+    """Each response kept a copy of the conversation before it: a chain of n turns stored O(n^2) bytes (40 turns of
+    4 KB tool output: 3.3 MB for 0.16 MB of items), and a long agent session evicted every other response. Each keeps
+    its own items and a link; the conversation is rebuilt by walking the links, and a row stored whole (before the
+    links) still reads."""
+    ids = await _chain(client, 40, "x" * 4096)
+    store = client.server.app[RESPONSES]
+    stored = [await store.get(ANONYMOUS, resp_id) for resp_id in ids]
+    assert sum(len(dumps(record.__dict__)) for record in stored if record) < 2 * 40 * 4096
+    assert [m.role for m in scripted.requests[-1].messages] == ["user"] + ["assistant", "tool"] * 39
+    legacy = StoredResponse(**{"response": {"id": "resp_old", "output": []}, "input": [{"type": "message"}],
+                               "history": [{"type": "message", "role": "user"}], "events": None})
+    assert await store.conversation(ANONYMOUS, legacy) == [{"type": "message", "role": "user"}, {"type": "message"}]
+
+
+async def test_a_chain_missing_an_earlier_response_is_a_400_that_names_it(client):
+    """With each response holding the whole conversation, deleting an earlier one left later ones answering as if
+    it were there; linked, the chain cannot be rebuilt past it: OpenAI's code (Codex then starts afresh), naming the
+    response that is gone. The later response itself still reads, its input_items its own input only."""
+    first, second, third = await _chain(client, 3, "out")
+    assert (await client.delete(f"/v1/responses/{first}")).status == 200
+    more = await client.post("/v1/responses", json={"model": "tiny", "input": "more", "previous_response_id": third})
+    error = (await more.json())["error"]
+    assert (more.status, error["code"], error["param"]) == (400, "previous_response_not_found", "previous_response_id")
+    assert first in error["message"] and third in error["message"]
+    assert (await (await client.get(f"/v1/responses/{third}")).json())["id"] == third
+    listed = await (await client.get(f"/v1/responses/{third}/input_items")).json()
+    assert [i["type"] for i in listed["data"]] == ["function_call_output"]
+
+
+async def test_a_chain_sees_an_earlier_response_deleted_through_another_process(redis_url: str):
+    """Each process holds copies of the chain's responses; one deleted through the other process is gone from the
+    chain too, though the links are checked against Redis all at once."""
+    cfg = Config(responses=ResponsesConfig(redis_url=redis_url))
+    apps = [TestClient(TestServer(make_app(cfg, {"scripted": ScriptedBackend()}))) for _ in range(2)]
+    for app in apps:
+        await app.start_server()
+    first, second, third = await _chain(apps[0], 3, "out")
+    assert (await _chain_on(apps[0], third)).status == 200
+    assert (await apps[1].delete(f"/v1/responses/{second}")).status == 200
+    more = await _chain_on(apps[0], third)
+    assert more.status == 400 and second in (await more.json())["error"]["message"]
+    for app in apps:
+        await app.close()
+
+
+async def _chain_on(client: TestClient, previous: str) -> Any:
+    return await client.post("/v1/responses", json={"model": "tiny", "input": "more", "previous_response_id": previous})
