@@ -27,8 +27,9 @@ from .reload import Reloader
 from .request_bounds import refuse_oversized
 from .background import BackgroundRuns
 from .dialects.documents import Documents
+from .live_responses import LiveResponses
 from .responses_store import ResponseStore
-from .state import BACKGROUND, DOCUMENTS, GENERATION, GENERATIONS, PIPELINE, RELOADER, RESPONSES, ROUTER
+from .state import BACKGROUND, DOCUMENTS, GENERATION, GENERATIONS, LIVE, PIPELINE, RELOADER, RESPONSES, ROUTER
 
 APP_METRICS = web.AppKey("app_metrics", CollectorRegistry)  # what outlives generations (config reloads)
 
@@ -95,9 +96,11 @@ async def _request_id(request: web.Request, response: web.StreamResponse) -> Non
 
 
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The stored responses, and the background ones being written, which end (stored as cancelled) first."""
+    """The stored responses, the background ones being written, which end (stored as cancelled) first, and the
+    streamed ones being written."""
     app[RESPONSES] = await ResponseStore.open(app[GENERATIONS].current.config.responses)
     app[BACKGROUND] = BackgroundRuns()
+    app[LIVE] = LiveResponses()
     yield
     await app[BACKGROUND].close()
     await app[RESPONSES].close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
@@ -34,10 +34,11 @@ from .dialects.responses_stream import ResponseStream
 from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
 from .inflight import RUNNING, Cancelled
 from .job import Job, holding
+from .live_responses import Live
 from .responses_store import StoredResponse
 from .stages.admit import Admit
 from .stages.limit import Limit
-from .state import BACKGROUND, DOCUMENTS, GENERATION, PIPELINE, RESPONSES, ROUTER
+from .state import BACKGROUND, DOCUMENTS, GENERATION, LIVE, PIPELINE, RESPONSES, ROUTER
 from .streams import collect
 from .token_count import prompt_tokens
 
@@ -73,23 +74,29 @@ async def _whole(request: web.Request, parsed: responses.Parsed, stream: AsyncIt
         responses.output_items(whole, parsed.names)
     obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole), output, whole.usage,
                                     finish=whole.finish_reason)
-    await _keep(request, parsed, obj)
+    await _keep(request, parsed, StoredResponse(obj, [responses.stored_item(i) for i in parsed.items],
+                                                parsed.previous_response_id))
     return json_response(obj, headers=headers())
 
 
 async def _streamed(request: web.Request, parsed: responses.Parsed, stream: AsyncIterator[Chunk], resp_id: str,
                     headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
-    """The answer as the Responses API's events, the response stored before its last ones go out."""
+    """The answer as the Responses API's events, the response stored before its last ones go out; listed while it
+    streams (proxy/live_responses.py), where a DELETE keeps it from being stored."""
     writer, stored = ResponseStream(resp_id, parsed, compacting=parsed.compact), False
+    live = Live(writer, [responses.stored_item(i) for i in parsed.items], parsed.previous_response_id)
+    tenant = request[CALLER].tenant
 
     async def kept(events: bytes) -> bytes:
         """The response's last events, once it is stored (once): a client that continued at once
         (`previous_response_id`) found no response, `response.completed` having gone out before the pipeline's work
         after the answer. A failed one too, as OpenAI keeps it (status and error): retrieving it was a 404."""
         nonlocal stored
-        if not stored and writer.final is not None:
+        if not stored and writer.final is not None and not live.deleted:
             stored = True
-            await _keep(request, parsed, writer.final)
+            await _keep(request, parsed, live.record(ended=True))
+            if live.deleted:  # while it was stored: that DELETE may have found it half there
+                await request.app[RESPONSES].delete(tenant, resp_id)
         return events
 
     async def stored_first(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk | bytes]:
@@ -102,9 +109,10 @@ async def _streamed(request: web.Request, parsed: responses.Parsed, stream: Asyn
 
     async def failed(err: VeloError) -> bytes:
         return await kept(writer.fail(err))
-    return await write_stream(request, stored_first(stream), _encoded_or(writer.encode), failed,
-                              "text/event-stream", headers, finish=finish, streamed_errors=(ContextOverflow,),
-                              heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
+    with request.app[LIVE].listed(tenant, live) if parsed.store else nullcontext():
+        return await write_stream(request, stored_first(stream), _encoded_or(writer.encode), failed,
+                                  "text/event-stream", headers, finish=finish, streamed_errors=(ContextOverflow,),
+                                  heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
 
 
 async def _in_background(request: web.Request, parsed: responses.Parsed, job: Job,
@@ -192,17 +200,18 @@ async def _history(request: web.Request, parsed: responses.Parsed) -> list[dict[
     return await store.conversation(tenant, previous)
 
 
-async def _keep(request: web.Request, parsed: responses.Parsed, obj: dict[str, Any]) -> None:
+async def _keep(request: web.Request, parsed: responses.Parsed, record: StoredResponse) -> None:
     if parsed.store:
-        stored = StoredResponse(obj, [responses.stored_item(i) for i in parsed.items], parsed.previous_response_id)
-        await request.app[RESPONSES].put(request[CALLER].tenant, stored)
+        await request.app[RESPONSES].put(request[CALLER].tenant, record)
 
 
 async def _stored(request: web.Request) -> StoredResponse:
-    """The response as stored, or as it stands while written in the background."""
+    """The response as stored, or as it stands while written in the background or streamed."""
     resp_id, tenant = request.match_info["id"], request[CALLER].tenant
     if (run := request.app[BACKGROUND].get(tenant, resp_id)) is not None:
         return run.snapshot()
+    if (live := request.app[LIVE].get(tenant, resp_id)) is not None:
+        return live.record(ended=False)
     found = await request.app[RESPONSES].get(tenant, resp_id)
     if found is None:
         raise NotFound(f"Response with id '{resp_id}' not found.")
@@ -255,11 +264,13 @@ async def _ended(request: web.Request, run: Run) -> None:
 
 
 async def delete(request: web.Request) -> web.Response:
-    """A background response being written is cancelled first."""
+    """A background response being written is cancelled first; one streamed is not stored at its end (it may be
+    already, its last events still going out)."""
     resp_id, tenant = request.match_info["id"], request[CALLER].tenant
     if (run := request.app[BACKGROUND].get(tenant, resp_id)) is not None:
         await _ended(request, run)
-    if not await request.app[RESPONSES].delete(tenant, resp_id):
+    streaming = request.app[LIVE].delete(tenant, resp_id)
+    if not await request.app[RESPONSES].delete(tenant, resp_id) and not streaming:
         raise NotFound(f"Response with id '{resp_id}' not found.")
     return json_response({"id": resp_id, "object": "response", "deleted": True})
 

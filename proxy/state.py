@@ -10,6 +10,7 @@ from aiohttp import web
 from .background import BackgroundRuns
 from .dialects.documents import Documents
 from .generation import Generation, Generations
+from .live_responses import LiveResponses
 from .pipeline import Pipeline
 from .reload import Reloader
 from .responses_store import ResponseStore
@@ -20,6 +21,7 @@ RELOADER = web.AppKey("reloader", Reloader)
 RESPONSES = web.AppKey("responses", ResponseStore)
 BACKGROUND = web.AppKey("background", BackgroundRuns)
 DOCUMENTS = web.AppKey("documents", Documents)
+LIVE = web.AppKey("live", LiveResponses)
 GENERATION = web.RequestKey("generation", Generation)
 PIPELINE = web.RequestKey("pipeline", Pipeline)
 ROUTER = web.RequestKey("router", Router)

@@ -17,7 +17,7 @@ from adapters.exact_json import dumps
 from proxy.auth import ANONYMOUS
 from proxy.responses_store import ResponsesConfig, ResponseStore, StoredResponse
 from proxy.state import RESPONSES
-from tests.scripted import ScriptedBackend
+from tests.scripted import Script, ScriptedBackend
 
 
 async def test_a_response_read_back_from_sqlite_counts_as_much_memory_as_one_written_here(tmp_path):
@@ -195,3 +195,53 @@ async def test_a_chain_sees_an_earlier_response_deleted_through_another_process(
 
 async def _chain_on(client: TestClient, previous: str) -> Any:
     return await client.post("/v1/responses", json={"model": "tiny", "input": "more", "previous_response_id": previous})
+
+
+async def _streaming(sdk: openai.AsyncOpenAI) -> tuple[Any, str]:
+    """A foreground stream (store on), read up to its first text: the stream, and the response's id."""
+    stream = await sdk.responses.create(model="tiny", input="hi", stream=True)
+    async for event in stream:
+        if event.type == "response.created":
+            resp_id = event.response.id
+        if event.type == "response.output_text.delta":
+            return stream, resp_id
+    raise AssertionError("no text")
+
+
+async def test_a_streamed_response_reads_in_progress_while_it_streams(base_url, scripted):
+    """Not in the background, it was unknown until its end: GET and cancel were 404s. GET reads it in progress with
+    the items done so far; cancel is OpenAI's 400 for a response not in the background; then it is stored."""
+    scripted.script = Script(thinking="Let me think.", pieces=["Hel", "lo", " world"], delay=0.2)
+    sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+    stream, resp_id = await _streaming(sdk)
+    found = await sdk.responses.retrieve(resp_id)
+    assert (found.status, [item.type for item in found.output]) == ("in_progress", ["reasoning"])
+    assert [i.content[0].text for i in (await sdk.responses.input_items.list(resp_id)).data] == ["hi"]
+    with pytest.raises(openai.BadRequestError, match="Only responses created with background: true can be cancelled"):
+        await sdk.responses.cancel(resp_id)
+    async for _ in stream:
+        pass
+    assert (await sdk.responses.retrieve(resp_id)).status == "completed"
+
+
+async def test_a_response_deleted_while_it_streams_stays_deleted(base_url, scripted):
+    """A DELETE during the stream was a 404, and the response stored at its end anyway: the delete is kept."""
+    scripted.script = Script(pieces=["Hel", "lo", " world"], delay=0.2)
+    sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0)
+    stream, resp_id = await _streaming(sdk)
+    await sdk.responses.delete(resp_id)
+    async for event in stream:
+        last = event
+    assert last.type == "response.completed"
+    for read in (lambda: sdk.responses.retrieve(resp_id), lambda: sdk.responses.delete(resp_id)):
+        with pytest.raises(openai.NotFoundError):
+            await read()
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        await sdk.responses.create(model="tiny", input="x", previous_response_id=resp_id)
+    scripted.script = Script(after_finish=0.5)  # stored, its stream still open: the delete finds it in the store
+    stream = await sdk.responses.create(model="tiny", input="hi", stream=True)
+    async for event in stream:
+        if event.type == "response.completed":
+            await sdk.responses.delete(event.response.id)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.retrieve(event.response.id)
