@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import textwrap
 import unicodedata
 from dataclasses import dataclass
 
@@ -56,10 +57,11 @@ class Signature:
     negations: int
     names: frozenset[str]  # folded capitalised words that do not start a sentence
     words: frozenset[str]  # every folded word, to look names up case-insensitively
+    indents: tuple[str, ...]  # outside code spans, each line's indentation, where a line has one (else empty)
 
 
 def signature(text: str) -> Signature:
-    spans = [" ".join(s.strip("`").split()) for s in _CODE_SPAN.findall(text)]
+    spans = [_code_lines(s) for s in _CODE_SPAN.findall(text)]
     prose = _ABBREVIATION.sub(lambda m: m.group().replace(".", ""), OPEN_QUESTION.sub(" ", _CODE_SPAN.sub(" ", text)))
     words = _WORD.findall(prose)
     lowered = [w.lower().replace("’", "'") for w in words]
@@ -68,7 +70,24 @@ def signature(text: str) -> Signature:
     code = [c for c in _CODEISH.findall(prose) if not _NOT_CODE.fullmatch(c)]
     code += ["".join(e.split()) for e in _EXPRESSION.findall(prose)]
     return Signature(tuple(sorted(numbers)), frozenset(spans + code), negations, frozenset(_names(prose)),
-                     frozenset(_fold(w) for w in lowered))
+                     frozenset(_fold(w) for w in lowered), _indents(prose))
+
+
+def _code_lines(span: str) -> str:
+    """A code span as a program reads it: its lines and their indentation kept, only blank lines, spaces at the lines'
+    ends and the indentation all of them share dropped. Folded into one line of single spaces, a loop's body and the
+    statement after it were one code ("for i in x:\n    f(i)\n    g()" / "...\ng()"), and one's answer was served
+    for the other."""
+    return textwrap.dedent("\n".join(line.rstrip() for line in span.strip("`").splitlines() if line.strip()))
+
+
+def _indents(prose: str) -> tuple[str, ...]:
+    """Each non-blank line's leading whitespace past what all of them share, where any line has some: code pasted
+    without backticks, whose indentation says which lines a block holds (Python, YAML, a Makefile's tabs); () for
+    text with none."""
+    lines = textwrap.dedent(prose).splitlines()
+    indents = tuple(line[:len(line) - len(line.lstrip())] for line in lines if line.strip())
+    return indents if any(indents) else ()
 
 
 def _number(m: re.Match) -> str:
@@ -114,6 +133,7 @@ def _names(prose: str) -> list[str]:
 
 
 def compatible(a: Signature, b: Signature) -> bool:
-    """Equal numbers, code and negation count; every name of each text appears (any case) in the other."""
-    return (a.numbers == b.numbers and a.code == b.code and a.negations == b.negations
+    """Equal numbers, code (its indentation too) and negation count; every name of each text appears (any case) in
+    the other."""
+    return (a.numbers == b.numbers and a.code == b.code and a.indents == b.indents and a.negations == b.negations
             and a.names <= b.words and b.names <= a.words)

@@ -21,6 +21,12 @@ MUST_MISS = [
     ("What is 7-3?", "What is 3-7?"),  # the same numbers in another expression
     ("What is 3/4 as a decimal?", "What is 4/3 as a decimal?"),
     ("What is 2 + 3?", "What is 2 * 3?"),
+    # whitespace a program reads: which lines a loop's body holds, fenced or pasted bare
+    ("What does this print?\n```python\nfor i in range(3):\n    print(i)\n    print('done')\n```",
+     "What does this print?\n```python\nfor i in range(3):\n    print(i)\nprint('done')\n```"),
+    ("What does this print?\nfor i in range(3):\n    print(i)\n    print('done')",
+     "What does this print?\nfor i in range(3):\n    print(i)\nprint('done')"),
+    ("Is this valid YAML?\n```\na:\n  b: 1\nc: 2\n```", "Is this valid YAML?\n```\na:\n  b: 1\n  c: 2\n```"),
 ]
 
 MAY_HIT = [
@@ -28,6 +34,8 @@ MAY_HIT = [
     ("What are good tips for self study?", "What are smart tips for self studying?"),
     ("Explain how a hash map works", "explain how a hash map works."),
     ("What is 2 + 2?", "what is 2+2"),
+    ("Fix this: ```x = foo(1)```", "Fix this:\n```\n    x = foo(1)  \n\n```"),  # spaces no program reads
+    ("What does this print?\nfor i in x:\n    f(i)", "  What does this print?\n  for i in x:\n      f(i)\n"),
     ("Why is it unsafe to eat raw eggs?", "Why is it not safe to eat raw eggs?"),
     # number words inside idioms and pronouns are no numbers
     ("How can I read a whole book in one go?", "How can I read an entire book in a single sitting?"),
