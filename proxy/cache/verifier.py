@@ -17,7 +17,9 @@ adds six checks on the words of both texts, aligned in order:
   what one may do where the other asks what one must ("can I eat sushi" / "must I eat sushi");
 - one word replaced: the texts align word for word but for one content word that is not a form of the other
   ("cook rice" / "cook pasta"): a different entity. The embedding already put the two texts above the
-  threshold, so everything else about them agrees;
+  threshold, so everything else about them agrees. Or a run of words in place of another between the same start
+  and end, three times as long as the run at least ("<a pasted report> summarize it" / "<the same report> list
+  its typos");
 - words added: one text is the other with a run of content words put in, an instruction or a condition added to
   the same question ("... Answer in one word.", "Explain briefly ...", "... step by step"): another answer.
 Measured against a small NLI cross-encoder and the embedding of the differing words in bench/semantic_quality.py.
@@ -159,6 +161,8 @@ def disagreement(a: Reading, b: Reading) -> str | None:
         return "replaced"
     if _words_added(a, b):
         return "added"
+    if _run_replaced(a, b):
+        return "replaced"
     return None
 
 
@@ -351,6 +355,28 @@ def _words_added(a: Reading, b: Reading) -> bool:
     start = next((i for i, (x, y) in enumerate(zip(fewer, more)) if x != y), len(fewer))
     end = next((i for i, (x, y) in enumerate(zip(reversed(fewer), reversed(more))) if x != y), len(fewer))
     return start + end >= len(fewer)
+
+
+def _run_replaced(a: Reading, b: Reading) -> bool:
+    """The texts share a start and an end of content words, three times as many as the longer of the runs between
+    them that differ, two or more words in one of them: the same passage followed by another instruction. The
+    passage's words outweigh the instruction's in the embedding: "<a pasted report> summarize the text above" was
+    served the answer to "<the same report> list the spelling mistakes in the text above" (cosine 0.980). One word
+    for one is `_one_word_replaced`'s; modifiers for modifiers ("quickly and easily" / "fast") still agree."""
+    start = next((i for i, (x, y) in enumerate(zip(a.content, b.content)) if x != y), None)
+    if start is None:
+        return False
+    room = min(len(a.content), len(b.content)) - start
+    end = next((i for i, (x, y) in enumerate(zip(reversed(a.content), reversed(b.content))) if x != y or i == room),
+               room)
+    run_a, run_b = range(start, len(a.content) - end), range(start, len(b.content) - end)
+    longest = max(len(run_a), len(run_b))
+    if not (run_a and run_b) or longest < 2 or start + end < 3 * longest:
+        return False
+    words_a, words_b = [a.content[i] for i in run_a], [b.content[i] for i in run_b]
+    if sorted(words_a) == sorted(words_b) or "".join(words_a) == "".join(words_b):
+        return False  # the same words in another order (`_swapped`'s), or a compound written apart ("quick sort")
+    return not all(_modifier(r.tokens[r.where[i]]) for r, run in ((a, run_a), (b, run_b)) for i in run)
 
 
 def _modifier(word: str) -> bool:

@@ -13,6 +13,10 @@ _KITTEN = ("I adopted a kitten from the shelter last month and I am trying to un
            "sleeping habits, ")
 _BAKERY = "I run a small bakery with three employees and we are trying to cut costs without lowering quality, "
 _ROME = "For my history homework about the Roman republic and its fall, "
+_MINUTES = ("The committee met on Tuesday to discuss the budget for the coming year. Several members raised concerns "
+            "about rising costs in the maintenance department, while others argued that investment in new equipment "
+            "would save money over time. After a long debate, the chair proposed a compromise that would split the "
+            "available funds between repairs and purchases.\n\n")
 MUST_MISS = {
     "opposite": [
         ("How do I increase my metabolism?", "How do I decrease my metabolism?"),
@@ -110,6 +114,9 @@ MUST_MISS = {
         (_KITTEN + "do cats usually sleep during the day?", _KITTEN + "do cats rarely sleep during the day?"),
         (_KITTEN + "why do cats frequently sleep during the day?",
          _KITTEN + "why do cats occasionally sleep during the day?"),
+        # the same passage, another instruction of more than one word (cosine 0.980)
+        (_MINUTES + "Summarize the text above.", _MINUTES + "List the spelling mistakes in the text above."),
+        (_MINUTES + "Summarize this.", _MINUTES + "Turn this into a poem."),
     ],
     "added": [  # an instruction on the answer's shape, or a condition, after the same question
         (_LONG, _LONG + " Respond only with yes or no."),
@@ -143,6 +150,10 @@ MAY_HIT = [
     ("Explain how a hash map works", "explain how a hash map works."),
     ("What are the benefits of meditation?", "What are the benefits of meditating?"),  # forms of one word
     ("What is the best programing language to learn?", "What is the best programming language to learn?"),
+    ("How do I learn Python quickly and easily?", "How do I learn Python fast?"),  # modifiers for a modifier
+    ("What's the time complexity of quicksort?", "What is the time complexity of quick sort?"),  # a compound apart
+    ("What is the difference between a list and a tuple in Python?",
+     "What's the difference between tuples and lists in Python?"),
 ]
 
 
