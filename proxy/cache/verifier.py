@@ -330,17 +330,27 @@ def _one_word_replaced(a: Reading, b: Reading) -> bool:
 
 
 def _forms_of_one_word(x: str, y: str) -> bool:
-    """Whether two words that differ are forms of one (or one a typo of the other at its end): they start alike, and
-    where one is the other with letters put on, those are an ending. Another name may start with a whole name:
-    "swiftui" and "swift", "vuex" and "vue", "javascript" and "java", "nigeria" and "niger" were one word, and a
-    question about one was served the answer about the other."""
+    """Whether two words that differ are forms of one (or one a typo of the other): they start alike, and where one
+    is the other with letters put on, those are an ending. Another name may start with a whole name: "swiftui" and
+    "swift", "vuex" and "vue", "javascript" and "java", "nigeria" and "niger" were one word, and a question about one
+    was served the answer about the other. Otherwise they differ in their last two letters at most ("decid",
+    "decision"), or by one letter after their first four ("favourite", "favorite"): words that only start alike are
+    two, "innerHTML" and "innerText" were one word, and "should I set innerText …" was served the answer to "should I
+    set innerHTML …" (cosine 0.967, after a preamble)."""
     short, long = sorted((x, y), key=len)
     if long.startswith(short):
         put_on = long[len(short):]
         if len(put_on) == 1 and len(short) >= 5:  # a typo at its end, or "learnt": not "vue" and "vuex"
             return True
         return put_on.removeprefix(short[-1]) in _ENDINGS | {""}  # a consonant doubled: "programm", "program"
-    return long.startswith(short[:4])
+    return long.startswith(short[:max(4, len(short) - 2)]) or long.startswith(short[:4]) and _one_letter_apart(
+        short, long)
+
+
+def _one_letter_apart(short: str, long: str) -> bool:
+    """One letter left out, put in or changed: a typo or another spelling of the word."""
+    i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i + (len(short) == len(long)):] == long[i + 1:]
 
 
 def _words_added(a: Reading, b: Reading) -> bool:

@@ -13,6 +13,9 @@ _KITTEN = ("I adopted a kitten from the shelter last month and I am trying to un
            "sleeping habits, ")
 _BAKERY = "I run a small bakery with three employees and we are trying to cut costs without lowering quality, "
 _ROME = "For my history homework about the Roman republic and its fall, "
+_PAGE = ("I am building a small web page for my team's internal tools with plain JavaScript and no framework, it has a "
+         "table of servers, a search box, a few buttons that call our API and a panel that shows the details of the "
+         "selected server, and I keep getting confused by the DOM API and its details, ")
 _MINUTES = ("The committee met on Tuesday to discuss the budget for the coming year. Several members raised concerns "
             "about rising costs in the maintenance department, while others argued that investment in new equipment "
             "would save money over time. After a long debate, the chair proposed a compromise that would split the "
@@ -114,6 +117,12 @@ MUST_MISS = {
         (_KITTEN + "do cats usually sleep during the day?", _KITTEN + "do cats rarely sleep during the day?"),
         (_KITTEN + "why do cats frequently sleep during the day?",
          _KITTEN + "why do cats occasionally sleep during the day?"),
+        # words that only start alike (cosine 0.967 and 0.928 after the preamble)
+        (_PAGE + "should I set innerHTML or textContent for the details panel?",
+         _PAGE + "should I set innerText or textContent for the details panel?"),
+        (_PAGE + "is it safe to assign user input to innerHTML?",
+         _PAGE + "is it safe to assign user input to innerText?"),
+        ("when should I use parseInt in javascript?", "when should I use parseFloat in javascript?"),
         # the same passage, another instruction of more than one word (cosine 0.980)
         (_MINUTES + "Summarize the text above.", _MINUTES + "List the spelling mistakes in the text above."),
         (_MINUTES + "Summarize this.", _MINUTES + "Turn this into a poem."),
@@ -150,6 +159,8 @@ MAY_HIT = [
     ("Explain how a hash map works", "explain how a hash map works."),
     ("What are the benefits of meditation?", "What are the benefits of meditating?"),  # forms of one word
     ("What is the best programing language to learn?", "What is the best programming language to learn?"),
+    ("What is your favourite historical movie?", "What is your favorite historical movie?"),  # spellings of one word
+    ("What are the most embarrassing moments in life?", "What are the most embarassing moments in life?"),
     ("How do I learn Python quickly and easily?", "How do I learn Python fast?"),  # modifiers for a modifier
     ("What's the time complexity of quicksort?", "What is the time complexity of quick sort?"),  # a compound apart
     ("What is the difference between a list and a tuple in Python?",
