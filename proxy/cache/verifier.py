@@ -11,7 +11,8 @@ adds six checks on the words of both texts, aligned in order:
   a pronoun of the asker's in one where the other has a third person's ("can he evict me" / "can I evict him"),
   or the same pronouns with their roles traded ("should I pay them" / "should they pay me"), or who did it against
   whom it was done to ("who killed Caesar" / "who did Caesar kill"; "did Brutus kill Caesar" / "was Brutus killed
-  by Caesar");
+  by Caesar"), or clauses that traded their words or their "when" ("why am I tired when I wake up" / "why do I wake
+  up when I am tired");
 - moved negation: a negation that sits in another clause in the other text;
 - tense: what happened in one where the other asks what will ("why did it fall" / "why will it fall"), and
   what one may do where the other asks what one must ("can I eat sushi" / "must I eat sushi");
@@ -89,6 +90,7 @@ class Reading:
     content: tuple[str, ...]
     where: tuple[int, ...]  # content[i] is _form(stems[where[i]])
     clauses: tuple[tuple[frozenset[str], bool], ...]  # (content stems of the clause, has a negation)
+    openers: tuple[str, ...]  # the word that opened each clause ("when", "if"); "" at the start or after punctuation
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a question's words come back often: read() at half the cost
@@ -119,12 +121,13 @@ def read(text: str) -> Reading:
                    for t in _WORD.findall(OPEN_QUESTION.sub(" ", text)))
     stems = tuple(stem(t) for t in tokens)
     content, where = [], []
-    clauses, clause, negated = [], set(), False
+    clauses, clause, negated, openers, opener = [], set(), False, [], ""
     for i, tok in enumerate(tokens):
         if tok in _CLAUSE_BREAK:
             if clause or negated:
                 clauses.append((frozenset(clause), negated))
-            clause, negated = set(), False
+                openers.append(opener)
+            clause, negated, opener = set(), False, tok if tok.isalpha() else ""
         elif tok in _NEGATION or tok.endswith("n't") or tok in _NEGATED_SPELLINGS:
             negated = True
         elif tok not in _STOP and tok.isalnum():
@@ -133,7 +136,8 @@ def read(text: str) -> Reading:
             clause.add(form)
     if clause or negated:
         clauses.append((frozenset(clause), negated))
-    return Reading(signature(text), tokens, stems, tuple(content), tuple(where), tuple(clauses))
+        openers.append(opener)
+    return Reading(signature(text), tokens, stems, tuple(content), tuple(where), tuple(clauses), tuple(openers))
 
 
 def agrees(a: Reading, b: Reading) -> bool:
@@ -149,7 +153,7 @@ def disagreement(a: Reading, b: Reading) -> str | None:
     if _opposite(a, b):
         return "opposite"
     if _swapped(a, b) or _swapped(b, a) or _directions(a) != _directions(b) and _reversed(a, b) \
-            or _other_person(a, b) or _doer_and_done_to(a, b):
+            or _other_person(a, b) or _doer_and_done_to(a, b) or _clauses_traded(a, b):
         return "swapped"
     if _moved_negation(a, b) or _moved_negation(b, a):
         return "negation"
@@ -243,6 +247,49 @@ def _doer_and_done_to(a: Reading, b: Reading) -> bool:
     with its agent, over the same words (`_asks_object`, `_asks_subject`, `_by_agent`)."""
     return _asks_object(a) != _asks_object(b) and _asks_subject(a) != _asks_subject(b) \
         or _by_agent(a) != _by_agent(b) and Counter(a.content) == Counter(b.content)
+
+
+def _clauses_traded(a: Reading, b: Reading) -> bool:
+    """The same content words in clauses that traded what they hold (`_words_traded`) or how they are joined
+    (`_opener_moved`): "what time is it in new york when it is noon in london?" was served the answer to "what time
+    is it in london when it is noon in new york?" (cosine 0.986), "why do I feel tired when I wake up early?" the one
+    to "why do I wake up early when I feel tired?" (0.975): words too far apart for `_swapped`."""
+    return Counter(a.content) == Counter(b.content) and (_words_traded(a, b) or _opener_moved(a, b))
+
+
+def _words_traded(a: Reading, b: Reading) -> bool:
+    """Two clauses of one text that each share words with the same two clauses of the other. One word moved to
+    another clause ("what would happen if X was banned" / "what will happen to X if it is banned") touches one
+    clause of the other text from the first: the same question."""
+    in_a, in_b = _clause_of(a), _clause_of(b)
+    touches: dict[int, set[int]] = {}
+    for word in in_a.keys() & in_b.keys():
+        touches.setdefault(in_a[word], set()).add(in_b[word])
+    groups = [g for g in touches.values() if len(g) > 1]
+    return any(len(g & h) > 1 for i, g in enumerate(groups) for h in groups[i + 1:])
+
+
+def _opener_moved(a: Reading, b: Reading) -> bool:
+    """The same clauses and the same words opening them ("when", "if"), but on other clauses. A clause moved whole
+    with its opener ("when ..., what ...?") is the same question; another opener ("when" / "if") is left to the
+    embedding."""
+    opened_a, opened_b = _opened(a), _opened(b)
+    return opened_a != opened_b and sorted(opened_a.values()) == sorted(opened_b.values()) \
+        and {w for w, _ in a.clauses if w} == {w for w, _ in b.clauses if w}
+
+
+def _opened(r: Reading) -> dict[frozenset[str], str]:
+    """The words of each clause a word opened ("when", "if") -> that word."""
+    return {words: opener for (words, _), opener in zip(r.clauses, r.openers) if words and opener}
+
+
+def _clause_of(r: Reading) -> dict[str, int]:
+    """Each content word that is in one clause only -> that clause's place."""
+    seen: dict[str, int] = {}
+    for place, (words, _) in enumerate(r.clauses):
+        for word in words:
+            seen[word] = -1 if word in seen else place
+    return {w: place for w, place in seen.items() if place >= 0}
 
 
 def _asks_object(r: Reading) -> bool:

@@ -74,6 +74,10 @@ MUST_MISS = {
         (_BAKERY + "how much should I pay them per hour?", _BAKERY + "how much should they pay me per hour?"),
         (_BAKERY + "can I pay them less than the minimum wage?",
          _BAKERY + "can they pay me less than the minimum wage?"),
+        # clauses that traded their words, or their "when" (cosine 0.986 and 0.975)
+        ("what time is it in new york when it is noon in london?",
+         "what time is it in london when it is noon in new york?"),
+        ("why do I feel tired when I wake up early?", "why do I wake up early when I feel tired?"),
     ],
     "negation": [
         ("Why can't I sleep when I am tired?", "Why can I sleep when I am not tired?"),
@@ -163,6 +167,10 @@ MAY_HIT = [
     ("What are the most embarrassing moments in life?", "What are the most embarassing moments in life?"),
     ("How do I learn Python quickly and easily?", "How do I learn Python fast?"),  # modifiers for a modifier
     ("What's the time complexity of quicksort?", "What is the time complexity of quick sort?"),  # a compound apart
+    ("what time is it in new york when it is noon in london?",  # a clause moved whole, with its "when"
+     "when it is noon in london, what time is it in new york?"),
+    ("If Quora was banned in India, what would happen?", "What would happen if Quora was banned in India?"),
+    ("What would happen if Quora was banned in India?", "What will happen to Quora if it is banned in India?"),
     ("What is the difference between a list and a tuple in Python?",
      "What's the difference between tuples and lists in Python?"),
 ]
