@@ -71,6 +71,9 @@ _FREQUENCIES = frozenset("hourly daily nightly weekly biweekly fortnightly month
 _ENDINGS = frozenset("s es e d ed ing er ers or ors est ly ily y ies al ally ic ical ment ments ement ness ion ions "
                      "ation ations ition ize ise ity ive iv ful less able ible ism ist ists ian ish ent ence ant ance "
                      "ship th ag age ure ture ous ious".split())
+# Prepositions: what they stand between plays a part in a relation ("replace tabs with spaces"), so two words that
+# trade places across one trade parts; "and", "or", articles and the like join or mark things either way round
+_RELATIONS = _DIRECTIONAL | frozenset("with of by for on at as".split())
 _PIVOT_SPAN = 6  # tokens from one swapped word to the other: wider, it is clauses that moved, not roles
 _NEGATED_SPELLINGS = frozenset("dont doesnt cant wont isnt arent didnt shouldnt wouldnt couldnt".split())
 _POSSESSIVE = re.compile(r"'s?$")
@@ -334,16 +337,21 @@ def _once(content: tuple[str, ...]) -> dict[str, int]:
 
 def _swapped(a: Reading, b: Reading) -> bool:
     """Two nearby shared words in one order in `a` and the other in `b`, across a shared word that stays between
-    them in both ("does a dog chase a cat" / "does a cat chase a dog"); directional words are `_reversed`'s."""
+    them in both ("does a dog chase a cat" / "does a cat chase a dog"), or a preposition ("replace tabs with spaces"
+    / "replace spaces with tabs", "merge the feature branch into main" / "merge main into the feature branch": cosine
+    0.991 and 0.984; `_reversed` reads only the words next to a directional one)."""
     pos_a, pos_b = _once(a.content), _once(b.content)
     shared = sorted((w for w in pos_a if w in pos_b), key=pos_a.get)
     for i, x in enumerate(shared):
         for y in shared[i + 1:]:
             if pos_b[x] < pos_b[y]:
                 continue
-            near = b.where[pos_b[x]] - b.where[pos_b[y]] <= _PIVOT_SPAN >= a.where[pos_a[y]] - a.where[pos_a[x]]
+            xa, ya, xb, yb = a.where[pos_a[x]], a.where[pos_a[y]], b.where[pos_b[x]], b.where[pos_b[y]]
+            if not xb - yb <= _PIVOT_SPAN >= ya - xa:
+                continue
             pivots = {w for w in a.content[pos_a[x] + 1:pos_a[y]] if w in pos_b and w in pos_a}
-            if near and any(pos_b[y] < pos_b[p] < pos_b[x] for p in pivots):
+            if any(pos_b[y] < pos_b[p] < pos_b[x] for p in pivots) \
+                    or _RELATIONS.intersection(a.tokens[xa + 1:ya], b.tokens[yb + 1:xb]):
                 return True
     return False
 

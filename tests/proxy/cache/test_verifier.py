@@ -16,6 +16,8 @@ _ROME = "For my history homework about the Roman republic and its fall, "
 _PAGE = ("I am building a small web page for my team's internal tools with plain JavaScript and no framework, it has a "
          "table of servers, a search box, a few buttons that call our API and a panel that shows the details of the "
          "selected server, and I keep getting confused by the DOM API and its details, ")
+_LEGACY = ("I am cleaning up a big legacy codebase at work with lots of old modules and I am trying to plan the "
+           "refactoring carefully with my team, ")
 _MINUTES = ("The committee met on Tuesday to discuss the budget for the coming year. Several members raised concerns "
             "about rising costs in the maintenance department, while others argued that investment in new equipment "
             "would save money over time. After a long debate, the chair proposed a compromise that would split the "
@@ -74,6 +76,13 @@ MUST_MISS = {
         (_BAKERY + "how much should I pay them per hour?", _BAKERY + "how much should they pay me per hour?"),
         (_BAKERY + "can I pay them less than the minimum wage?",
          _BAKERY + "can they pay me less than the minimum wage?"),
+        # across a preposition, the words next to it not the ones swapped (cosine 0.991, 0.984 and 0.992)
+        (_LEGACY + "how do I replace tabs with spaces in every file?",
+         _LEGACY + "how do I replace spaces with tabs in every file?"),
+        (_LEGACY + "how do I merge the feature branch into main?",
+         _LEGACY + "how do I merge main into the feature branch?"),
+        (_LEGACY + "how do I rename the column user_id to account_id?",
+         _LEGACY + "how do I rename the column account_id to user_id?"),
         # clauses that traded their words, or their "when" (cosine 0.986 and 0.975)
         ("what time is it in new york when it is noon in london?",
          "what time is it in london when it is noon in new york?"),
@@ -171,6 +180,8 @@ MAY_HIT = [
      "when it is noon in london, what time is it in new york?"),
     ("If Quora was banned in India, what would happen?", "What would happen if Quora was banned in India?"),
     ("What would happen if Quora was banned in India?", "What will happen to Quora if it is banned in India?"),
+    (_LEGACY + "should the controller call the service or the service call the controller?",  # cosine 0.992
+     _LEGACY + "should the service call the controller or the controller call the service?"),
     ("What is the difference between a list and a tuple in Python?",
      "What's the difference between tuples and lists in Python?"),
 ]
