@@ -30,6 +30,7 @@ microseconds of set operations), so a candidate costs nothing more off the event
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ _ENDINGS = frozenset("s es e d ed ing er ers or ors est ly ily y ies al ally ic 
                      "ship th ag age ure ture ous ious".split())
 # Prepositions: what they stand between plays a part in a relation ("replace tabs with spaces"), so two words that
 # trade places across one trade parts; "and", "or", articles and the like join or mark things either way round
-_RELATIONS = _DIRECTIONAL | frozenset("with of by for on at as".split())
+_RELATIONS = _DIRECTIONAL | frozenset("with without within of by for per on at as via about against among through "
+                                      "across upon".split())
 _PIVOT_SPAN = 6  # tokens from one swapped word to the other: wider, it is clauses that moved, not roles
 _NEGATED_SPELLINGS = frozenset("dont doesnt cant wont isnt arent didnt shouldnt wouldnt couldnt".split())
 _POSSESSIVE = re.compile(r"'s?$")
@@ -328,11 +330,24 @@ def _roles(r: Reading) -> list[bool]:
     return [t in _ASKER for t in r.tokens if t in _ASKER or t in _THIRD or t in _THEY]
 
 
-def _once(content: tuple[str, ...]) -> dict[str, int]:
+def _once(content: tuple[str, ...], start: int = 0, end: int | None = None) -> dict[str, int]:
+    """Each word once in content[start:end] -> its place in `content`."""
     seen: dict[str, int] = {}
-    for i, w in enumerate(content):
-        seen[w] = -1 if w in seen else i
+    for i in range(start, len(content) if end is None else end):
+        seen[content[i]] = -1 if content[i] in seen else i
     return {w: i for w, i in seen.items() if i >= 0}
+
+
+def _apart(a: Reading, b: Reading) -> tuple[int, int, int]:
+    """Where the texts' content words differ: from the first after the tokens both start with, to the last before
+    those both end with (in `a`, in `b`). A word of a preamble both share is no word of the question: "<a preamble
+    naming orders and customers> count orders per customer" / "… count customers per order" held each twice."""
+    head = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), min(len(a.tokens), len(b.tokens)))
+    room = min(len(a.tokens), len(b.tokens)) - head
+    tail = next((i for i, (x, y) in enumerate(zip(reversed(a.tokens), reversed(b.tokens))) if x != y or i == room),
+                room)
+    start = bisect.bisect_left(a.where, head)
+    return start, bisect.bisect_left(a.where, len(a.tokens) - tail), bisect.bisect_left(b.where, len(b.tokens) - tail)
 
 
 def _swapped(a: Reading, b: Reading) -> bool:
@@ -340,7 +355,9 @@ def _swapped(a: Reading, b: Reading) -> bool:
     them in both ("does a dog chase a cat" / "does a cat chase a dog"), or a preposition ("replace tabs with spaces"
     / "replace spaces with tabs", "merge the feature branch into main" / "merge main into the feature branch": cosine
     0.991 and 0.984; `_reversed` reads only the words next to a directional one)."""
-    pos_a, pos_b = _once(a.content), _once(b.content)
+    start, end_a, end_b = _apart(a, b)
+    pos_a, pos_b = _once(a.content, start, end_a), _once(b.content, start, end_b)
+    whole_a, whole_b = _once(a.content), _once(b.content)  # a pivot is once in all of the text
     shared = sorted((w for w in pos_a if w in pos_b), key=pos_a.get)
     for i, x in enumerate(shared):
         for y in shared[i + 1:]:
@@ -349,8 +366,8 @@ def _swapped(a: Reading, b: Reading) -> bool:
             xa, ya, xb, yb = a.where[pos_a[x]], a.where[pos_a[y]], b.where[pos_b[x]], b.where[pos_b[y]]
             if not xb - yb <= _PIVOT_SPAN >= ya - xa:
                 continue
-            pivots = {w for w in a.content[pos_a[x] + 1:pos_a[y]] if w in pos_b and w in pos_a}
-            if any(pos_b[y] < pos_b[p] < pos_b[x] for p in pivots) \
+            pivots = {w for w in a.content[pos_a[x] + 1:pos_a[y]] if w in whole_b and w in whole_a}
+            if any(pos_b[y] < whole_b[p] < pos_b[x] for p in pivots) \
                     or _RELATIONS.intersection(a.tokens[xa + 1:ya], b.tokens[yb + 1:xb]):
                 return True
     return False

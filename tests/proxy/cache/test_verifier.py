@@ -18,6 +18,8 @@ _PAGE = ("I am building a small web page for my team's internal tools with plain
          "selected server, and I keep getting confused by the DOM API and its details, ")
 _LEGACY = ("I am cleaning up a big legacy codebase at work with lots of old modules and I am trying to plan the "
            "refactoring carefully with my team, ")
+_SHOP = ("I am working on a Django web app for a small shop with products, orders and customers, and I want clean and "
+         "idiomatic code, ")  # naming twice the words a question swaps
 _MINUTES = ("The committee met on Tuesday to discuss the budget for the coming year. Several members raised concerns "
             "about rising costs in the maintenance department, while others argued that investment in new equipment "
             "would save money over time. After a long debate, the chair proposed a compromise that would split the "
@@ -76,13 +78,14 @@ MUST_MISS = {
         (_BAKERY + "how much should I pay them per hour?", _BAKERY + "how much should they pay me per hour?"),
         (_BAKERY + "can I pay them less than the minimum wage?",
          _BAKERY + "can they pay me less than the minimum wage?"),
-        # across a preposition, the words next to it not the ones swapped (cosine 0.991, 0.984 and 0.992)
+        # across a preposition, the words next to it not the ones swapped (cosine 0.991, 0.984, 0.992 and 0.986)
         (_LEGACY + "how do I replace tabs with spaces in every file?",
          _LEGACY + "how do I replace spaces with tabs in every file?"),
         (_LEGACY + "how do I merge the feature branch into main?",
          _LEGACY + "how do I merge main into the feature branch?"),
         (_LEGACY + "how do I rename the column user_id to account_id?",
          _LEGACY + "how do I rename the column account_id to user_id?"),
+        (_SHOP + "how do I count orders per customer?", _SHOP + "how do I count customers per order?"),
         # clauses that traded their words, or their "when" (cosine 0.986 and 0.975)
         ("what time is it in new york when it is noon in london?",
          "what time is it in london when it is noon in new york?"),
