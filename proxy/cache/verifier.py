@@ -52,6 +52,7 @@ _DIRECTIONAL = frozenset("to in into onto from than toward towards over before a
 # Whose: the asker's side (I, you, we: paraphrases trade these freely) and a third person's
 _ASKER = frozenset("i me my mine myself you your yours yourself yourselves we us our ours ourselves".split())
 _THIRD = frozenset("he him his himself she her hers herself".split())
+_ACTING, _ACTED_ON = frozenset(["i", "we"]), frozenset(["me", "us"])  # the asker's side ("you" is either)
 # What happened and what will: auxiliaries, stop words to the other checks
 _PAST = frozenset("did was were had".split())
 _FUTURE = frozenset("will shall".split())
@@ -240,11 +241,25 @@ def _other_person(a: Reading, b: Reading) -> bool:
     """Texts alike word for word but where one has the asker (I, my, you) the other has a third person (he, her):
     pronouns are stop words to the other checks, so "... can he evict me?" was served the answer to "... can I evict
     him?" (cosine 0.979), "what are his rights?" the one to "what are my rights?". Or the same pronouns with their
-    roles traded: "should they pay me" was served the answer to "should I pay them" (0.981)."""
-    if _aligned_swap(a, b, _ASKER, _THIRD):
+    roles traded: "should they pay me" was served the answer to "should I pay them" (0.981). Or the asker acting in
+    one and acted on in the other (`_asker_turned`)."""
+    if _aligned_swap(a, b, _ASKER, _THIRD) or _asker_turned(a, b):
         return True
     roles_a, roles_b = _roles(a), _roles(b)
     return roles_a != roles_b and sorted(roles_a) == sorted(roles_b) and len(set(roles_a)) > 1
+
+
+def _asker_turned(a: Reading, b: Reading) -> bool:
+    """The same words, and the asker as often in each, but acting ("I", "we") in one where acted on ("me", "us") in
+    the other: "do I charge vat to customers in germany?" was served the answer to "do customers in germany charge me
+    vat?" (cosine 0.974, after a preamble)."""
+    cases_a, cases_b = _asker_cases(a), _asker_cases(b)
+    return len(cases_a) == len(cases_b) and cases_a != cases_b and Counter(a.content) == Counter(b.content)
+
+
+def _asker_cases(r: Reading) -> list[bool]:
+    """Each time the asker is named as the one acting (False) or acted on (True), fewest acted on first."""
+    return sorted(t in _ACTED_ON for t in r.tokens if t in _ACTING or t in _ACTED_ON)
 
 
 def _doer_and_done_to(a: Reading, b: Reading) -> bool:

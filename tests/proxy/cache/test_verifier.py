@@ -20,6 +20,7 @@ _LEGACY = ("I am cleaning up a big legacy codebase at work with lots of old modu
            "refactoring carefully with my team, ")
 _SHOP = ("I am working on a Django web app for a small shop with products, orders and customers, and I want clean and "
          "idiomatic code, ")  # naming twice the words a question swaps
+_STORE = "I run a small online store and I am setting up my accounting, taxes and payments for the first time, "
 _MINUTES = ("The committee met on Tuesday to discuss the budget for the coming year. Several members raised concerns "
             "about rising costs in the maintenance department, while others argued that investment in new equipment "
             "would save money over time. After a long debate, the chair proposed a compromise that would split the "
@@ -86,6 +87,8 @@ MUST_MISS = {
         (_LEGACY + "how do I rename the column user_id to account_id?",
          _LEGACY + "how do I rename the column account_id to user_id?"),
         (_SHOP + "how do I count orders per customer?", _SHOP + "how do I count customers per order?"),
+        # the asker acting in one, acted on in the other (cosine 0.974)
+        (_STORE + "do I charge vat to customers in germany?", _STORE + "do customers in germany charge me vat?"),
         # clauses that traded their words, or their "when" (cosine 0.986 and 0.975)
         ("what time is it in new york when it is noon in london?",
          "what time is it in london when it is noon in new york?"),
@@ -185,6 +188,7 @@ MAY_HIT = [
     ("What would happen if Quora was banned in India?", "What will happen to Quora if it is banned in India?"),
     (_LEGACY + "should the controller call the service or the service call the controller?",  # cosine 0.992
      _LEGACY + "should the service call the controller or the controller call the service?"),
+    ("How do I set up my VPN?", "How do you set up a VPN?"),  # the asker named once, "you" either side
     ("What is the difference between a list and a tuple in Python?",
      "What's the difference between tuples and lists in Python?"),
 ]
