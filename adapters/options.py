@@ -97,6 +97,10 @@ def kinds(wire: str) -> dict[str, type]:
     return {name: knob.kind for knob, name in _ON[wire]}
 
 
+# llama.cpp's "draw a seed" (common.h, LLAMA_DEFAULT_SEED 0xFFFFFFFF), which Ollama's runner passes on as such
+_LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+
 def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> SamplingOptions:
     """The knobs `raw` (a client's body or options object) sets, type-checked; a value outside the range the
     wire's API documents is a 400 naming the field. `cut_fractions`: an integer knob takes any number (`_whole`).
@@ -112,7 +116,7 @@ def read(wire: str, raw: dict[str, Any], *, cut_fractions: bool = False) -> Samp
             lo, hi = knob.bounds[wire]
             if not lo <= value <= hi:
                 raise BadRequest(f"{name} must be between {lo:g} and {hi:g}, got {value}", param=name)
-        if knob.field == "seed" and value is not None and value < 0:
+        if knob.field == "seed" and value is not None and (value < 0 or value == _LLAMA_DEFAULT_SEED):
             value = None  # a random seed: Ollama's default -1 (api/types.go), llama-server's LLAMA_DEFAULT_SEED
         setattr(opts, knob.field, value)
     return opts

@@ -151,6 +151,8 @@ def test_logit_bias_takes_token_ids_and_biases_within_100(bias):
 @pytest.mark.parametrize("parse, body", [
     (ollama.parse_chat, {"options": {"seed": -1, "temperature": 0.7}}),
     (openai.parse_chat, {"seed": -1, "temperature": 0.7}),
+    (openai.parse_chat, {"seed": 4294967295, "temperature": 0.7}),  # llama.cpp's LLAMA_DEFAULT_SEED
+    (ollama.parse_chat, {"options": {"seed": 4294967295, "temperature": 0.7}}),
 ])
 def test_a_negative_seed_is_a_random_one(parse, body):
     """SillyTavern sends Ollama's default `seed: -1` with every request. Read as a fixed seed, it made each answer
