@@ -41,7 +41,7 @@ class Embeddings:
             # a call in one of the backend's slots, as a generation's: embeddings went around `max_concurrency` (100
             # requests that could not be merged were 100 calls at once to a backend of 4 slots)
             controller = self.admit.controllers.get(backend.name)
-            slot = functools.partial(controller.slot, NORMAL, "embeddings") if controller else contextlib.nullcontext
+            slot = functools.partial(controller.slot, NORMAL) if controller else contextlib.nullcontext
             self.batchers[backend.name] = EmbedBatcher(backend.embed, batching.embed_window_ms,
                                                        batching.embed_max_inputs,
                                                        self.calls.setdefault(backend.name, Tally()), slot=slot,
@@ -62,7 +62,7 @@ class Embeddings:
             with self.limit.held(caller.tenant, dialect_of(caller.path, {}), prompt) as charge:
                 req = replace(req, model=target.model)
                 with self.residency.use(target, req.keep_alive):
-                    result = await (batcher.embed(req) if batcher else target.backend.embed(req))
+                    result = await (batcher.embed(req, caller.client) if batcher else target.backend.embed(req))
                 charge.tokens = result.prompt_tokens or charge.tokens  # the backend's count, where it gives one
                 checked = _finite(_whole(result, len(req.inputs), target.backend.name), target.backend.name)
                 return checked, charge.headers  # inside: the metrics count its 502

@@ -21,13 +21,14 @@ from adapters.wording import counted
 from ..keep import Tally
 
 EmbedCall = Callable[[EmbedRequest], Awaitable[EmbedResult]]
-Slot = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+Slot = Callable[[str], contextlib.AbstractAsyncContextManager[Any]]  # a slot for the call, taken in a client's turn
 
 
 @dataclass
 class _Batch:
     requests: list[EmbedRequest] = field(default_factory=list)
     futures: list[asyncio.Future] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)  # each request's, whose turn in the backend's queue it takes
     inputs: int = 0
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task | None = None  # its backend call, once flushed
@@ -40,15 +41,18 @@ class EmbedBatcher:
     max_inputs: int = 64
     calls: Tally = field(default_factory=Tally)  # backend calls made, for /metrics (kept through reloads)
     # one of the backend's slots (its admission queue), held for each call: a batch takes its callers' inputs once
-    # it has one, so a caller that left while the batch waited for it is not sent
+    # it has one, so a caller that left while the batch waited for it is not sent. It waits in its first caller's
+    # line: in one line for all ("embeddings"), one key's single embedding waited behind every call another key's
+    # indexing had queued, where a generation takes turns with the other clients'
     slot: Slot = contextlib.nullcontext
     name: str = ""  # the backend's, for its errors: with several backends, "backend returned ..." named none
     _open: dict[str, _Batch] = field(default_factory=dict)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
-    async def embed(self, req: EmbedRequest) -> EmbedResult:
+    async def embed(self, req: EmbedRequest, client: str = "") -> EmbedResult:
+        """`req`'s vectors; `client` is the caller's (Caller.client), for its turn in the backend's queue."""
         if not req.inputs or len(req.inputs) >= self.max_inputs:  # nothing to gain from waiting
-            async with self.slot():
+            async with self.slot(client):
                 self.calls.n += 1
                 return await self.call(req)
         key = _batch_key(req)
@@ -62,6 +66,7 @@ class EmbedBatcher:
         future = asyncio.get_running_loop().create_future()
         batch.requests.append(req)
         batch.futures.append(future)
+        batch.clients.append(client)
         batch.inputs += len(req.inputs)
         if batch.inputs >= self.max_inputs:
             self._flush(key)
@@ -95,7 +100,7 @@ class EmbedBatcher:
         if not live:
             return
         try:
-            async with self.slot():
+            async with self.slot(batch.clients[live[0]]):
                 live = _waiting(batch)  # nor those that left while it waited for the slot
                 if not live:
                     return
@@ -114,7 +119,8 @@ class EmbedBatcher:
         except Exception as e:
             if isinstance(e, VeloError) and (e.status in _THE_INPUTS or e.repeats) and len(live) > 1:
                 # one caller's input (too long, or embedded to NaN): each caller is asked alone, so only it hears of it
-                await asyncio.gather(*(self._run(_Batch([batch.requests[i]], [batch.futures[i]])) for i in live))
+                await asyncio.gather(*(self._run(_Batch([batch.requests[i]], [batch.futures[i]], [batch.clients[i]]))
+                                       for i in live))
                 return
             for i in live:
                 if not batch.futures[i].done():

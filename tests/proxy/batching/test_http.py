@@ -355,6 +355,31 @@ async def test_clients_with_different_api_keys_take_turns_in_the_queue():
     assert order == ["busy", "a1", "b1", "a2", "a3"]
 
 
+async def test_embeddings_of_different_api_keys_take_turns_in_the_queue():
+    """Every embedding call queued in one line ("embeddings"): one key's single embedding waited behind every call
+    another key's indexing had queued ([['a0'], ['a1'], ['a2'], ['a3'], ['a4'], ['a5'], ['b']])."""
+    class Slow(ScriptedBackend):
+        async def embed(self, req):  # noqa: ANN001, ANN202
+            await asyncio.sleep(0.03)
+            return await super().embed(req)
+
+    backend = Slow()
+    backend.config.max_concurrency = 1
+    async with app_over(backend, embed_window_ms=0) as c:
+        async def ask(key: str, text: str, dimensions: int) -> None:
+            body = {"model": "tiny", "input": text, "dimensions": dimensions}  # each its own: none merge
+            resp = await c.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"})
+            assert resp.status == 200
+
+        tasks = [asyncio.create_task(ask("key-a", f"a{i}", i + 1)) for i in range(6)]
+        await asyncio.sleep(0.015)
+        tasks.append(asyncio.create_task(ask("key-b", "b", 99)))
+        await asyncio.gather(*tasks)
+    order = [r.inputs[0] for r in backend.requests]
+    assert order.index("b") == 2 and sorted(order) == ["a0", "a1", "a2", "a3", "a4", "a5", "b"]  # one running, one
+    # waiting before it: key-b's turn comes after key-a's next, as a generation's does
+
+
 class Stuck(ScriptedBackend):
     """Holds every stream until `go` is set: a backend whose slots do not free."""
 
