@@ -1,5 +1,6 @@
 """Single-flight (proxy/batching/coalesce.py): a deterministic job identical to one in flight (same tenant, same
-backend model, streamed or not alike, the same `keep_alive` and performance options) rides on its backend call.
+backend model, streamed or not alike, background or not alike, the same `keep_alive` and performance options) rides
+on its backend call.
 Autocomplete that a newer request may replace does not: replacing the leader would fail every follower with it. A
 one-answer leader's backend stream is folded into one chunk below (adapters' one_answer), so a streamed request
 that joined it got its whole answer at the end. A request that joined gets tool-call ids of its own, as a cache hit
@@ -50,11 +51,13 @@ def _key(job: Job) -> str:
     moved a model to another backend mid-flight had the next request for it ride on the first backend's call. Two
     names of one backend model (aliases, a preset whose settings the request already holds) share a call: nothing
     below this stage reads the name. What goes with the leader's call only must be the same too: a follower's would
-    be lost."""
+    be lost. So must how long the call may wait for a slot: a background response (a place taken at the edge,
+    Job.place) that rode on an interactive stream's call failed with it after `queue_timeout_s`, where alone it
+    waits up to its backend's `total_timeout`."""
     assert job.target is not None
     req = job.request
     asked = replace(req, model=job.target.served)
-    return f"{exact_key(asked, job.caller.tenant)}:{req.stream}:{digest(backend_only(req))}"
+    return f"{exact_key(asked, job.caller.tenant)}:{req.stream}:{job.place is not None}:{digest(backend_only(req))}"
 
 
 def _joined(job: Job) -> None:

@@ -23,6 +23,7 @@ from proxy.responses_store import ResponsesConfig
 from proxy.stages.admit import Admit
 from proxy.state import BACKGROUND, GENERATIONS, RESPONSES
 from tests.fakes import FakeOpenAI, FakeServer, OllamaDouble
+from tests.proxy.batching.test_http import Stuck
 from tests.proxy.test_metrics import samples
 from tests.proxy.test_responses_dialect import sse_events
 from tests.scripted import Script, ScriptedBackend
@@ -416,6 +417,35 @@ async def test_a_queued_background_response_waits_past_the_interactive_queue_tim
         error = next(e.error for e in ended if e.status == "failed")
         assert error.code == "rate_limit_exceeded" and "within 0.3 s" in error.message
         assert "total_timeout" in error.message
+
+
+async def test_a_background_response_never_rides_on_an_interactive_requests_queued_call():
+    """Identical and greedy, a background response joined an interactive stream's call waiting in the queue, and
+    failed with it after `queue_timeout_s` (rate_limit_exceeded, which nothing retries), where alone it waits up to
+    its backend's `total_timeout` and is answered."""
+    backend = Stuck()
+    backend.config.max_concurrency = 1
+    app = make_app(Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(queue_timeout_s=0.2)),
+                   {backend.name: backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        held = asyncio.create_task(sdk.responses.create(model="tiny", input="other"))
+        await backend.running.wait()
+
+        async def interactive() -> list[str]:
+            return [e.type async for e in await sdk.responses.create(model="tiny", input="same", temperature=0,
+                                                                     stream=True)]
+        waiting = asyncio.create_task(interactive())
+        await asyncio.sleep(0.05)
+        made = await sdk.responses.create(model="tiny", input="same", temperature=0, background=True)
+        with pytest.raises(openai.RateLimitError):  # its own bound
+            await waiting
+        await asyncio.sleep(0.1)
+        backend.go.set()
+        await held
+        ended = await _until(sdk, made.id, "completed", "failed")
+        assert ended.status == "completed", ended.error
+    assert [r.messages[-1].content for r in backend.requests] == ["other", "same"]
 
 
 @pytest.mark.parametrize("limits, why", [(LimitsConfig(requests_per_minute=1, request_burst=1),
