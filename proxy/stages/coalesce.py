@@ -61,4 +61,8 @@ def _key(job: Job) -> str:
 
 
 def _joined(job: Job) -> None:
+    """The job needs no slot of its own: the place in the queue it took at the edge (a background response's) is
+    given back now, not when it ends. Held, it counted as waiting: a queue of 2 with one call waiting, and a response
+    riding on it, refused a third request as full."""
     job.outcome.coalesced = True
+    job.give_back()

@@ -397,6 +397,31 @@ async def test_a_burst_is_refused_beyond_what_the_queue_holds():
         assert app[GENERATIONS].current.pipeline.limit.limits.running() == {}  # the refused gave their shares back
 
 
+async def test_a_response_riding_on_an_identical_ones_call_holds_no_place_in_the_queue():
+    """A background response that joined an identical one's call kept the place it took at the edge until it ended:
+    a queue of 2 with one call waiting refused a third request, "backend queue is full (2 waiting)"."""
+    backend = Stuck()
+    backend.config.max_concurrency = 1
+    app = make_app(Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(max_queue=2)),
+                   {backend.name: backend})
+    async with TestClient(TestServer(app)) as c:
+        sdk = _client(str(c.make_url("")).rstrip("/"))
+        held = asyncio.create_task(sdk.responses.create(model="tiny", input="other"))
+        await backend.running.wait()
+        made = [await sdk.responses.create(model="tiny", input="same", temperature=0, background=True)
+                for _ in range(2)]
+        queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers[backend.name]
+        try:
+            while queue.queued < 1:
+                await asyncio.sleep(0.01)
+            made.append(await sdk.responses.create(model="tiny", input="third", background=True))
+        finally:
+            backend.go.set()  # the slot frees, whatever the outcome: a failure would wait on it for good
+        await held
+        assert [(await _until(sdk, m.id, "completed", "failed")).status for m in made] == ["completed"] * 3
+    assert [r.messages[-1].content for r in backend.requests] == ["other", "same", "third"]
+
+
 async def test_a_queued_background_response_waits_past_the_interactive_queue_timeout():
     """Its client polls, and OpenAI keeps one `queued` until it runs: after `queue_timeout_s` (the wait a client on
     its connection is given) it failed with rate_limit_exceeded, which nothing retries. It waits up to its backend's
