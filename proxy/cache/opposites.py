@@ -1,8 +1,14 @@
 """Word pairs that flip what a question asks for, written for Velo's semantic cache (bench/semantic_quality.py
-measures how often an embedding puts such questions above the threshold: 52% of one-word opposites at 0.95).
-Inflections are matched by `verifier.stem`, so each pair is listed once, in its plainest form. Prefix opposites
-(legal/illegal, like/dislike, possible/impossible) and -ful/-less are found by rule, not listed."""
+measures how often an embedding puts such questions above the threshold: 52% of one-word opposites at 0.95), and
+the verifier's check for them. Inflections are matched by `reading.stem`, so each pair is listed once, in its
+plainest form. Prefix opposites (legal/illegal, like/dislike, possible/impossible) and -ful/-less are found by
+rule, not listed."""
 from __future__ import annotations
+
+import functools
+from collections import Counter
+
+from .reading import Reading
 
 _PAIRS = """
 increase decrease, rise fall, raise lower, grow shrink, gain lose, gain loss, win lose, win loss, add remove,
@@ -72,3 +78,37 @@ def _table() -> dict[str, frozenset[str]]:
 
 
 OPPOSITES = _table()
+_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "non-", "de", "anti")  # "illegal", "dislike", "nonzero"
+
+
+def opposite(a: Reading, b: Reading) -> bool:
+    """A word more often in one text whose opposite is more often in the other (stopwords count: "up"/"down")."""
+    only_a, only_b = Counter(a.stems), Counter(b.stems)
+    only_a.subtract(b.stems)
+    only_b.subtract(a.stems)
+    xs = {w for w, n in only_a.items() if n > 0} | {t for t, s in zip(a.tokens, a.stems) if only_a[s] > 0}
+    ys = {w for w, n in only_b.items() if n > 0} | {t for t, s in zip(b.tokens, b.stems) if only_b[s] > 0}
+    return any(_is_opposite(x, y) for x in xs for y in ys)
+
+
+def _is_opposite(x: str, y: str) -> bool:
+    """Listed as opposites (in any degree), or one is the other with a negating prefix, or -ful against -less."""
+    if any(b in OPPOSITES.get(a, ()) for a in _plain_degree(x) for b in _plain_degree(y)):
+        return True
+    for p in _PREFIXES:
+        if (y == p + x or x == p + y) and min(len(x), len(y)) >= 4:
+            return True
+    return x.endswith("ful") and y == x[:-3] + "less" or y.endswith("ful") and x == y[:-3] + "less"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _plain_degree(word: str) -> tuple[str, ...]:
+    """The word, and what it may be the comparative or superlative of ("fastest" fast, "largest" large, "hottest"
+    hot, "earliest" early), for the pairs listed in their plainest form: "fastest" and "slowest" were no opposites
+    to the stemmer, and a question's -est word swapped for its opposite was served the other's answer."""
+    for ending in ("est", "er"):
+        root = word[:-len(ending)]
+        if word.endswith(ending) and len(root) >= 2:
+            undoubled = (root[:-1],) if len(root) > 2 and root[-1] == root[-2] else ()
+            return (word, root, root + "e", *undoubled, *((root[:-1] + "y",) if root.endswith("i") else ()))
+    return (word,)
