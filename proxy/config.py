@@ -196,7 +196,8 @@ def _url_shorthand(raw: Any) -> Any:
     if not isinstance(raw, dict) or "url" not in raw:
         return raw
     rest = {k: v for k, v in raw.items() if k != "url"}
-    return {**rest, "urls": [raw["url"], *rest.get("urls", [])]}
+    urls = rest.get("urls", [])  # one that is no array is left for the schema's error naming it
+    return {**rest, "urls": [raw["url"], *urls] if isinstance(urls, list) else urls}
 
 
 def _check_backend(cfg: BackendConfig, path: str) -> None:

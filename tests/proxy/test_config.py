@@ -22,6 +22,14 @@ def test_minimal_backend_and_url_shorthand():
     assert cfg.backends[0].urls == ["http://h:1"] and cfg.server.port == 8000
 
 
+@pytest.mark.parametrize("urls", [5, "http://b:1", {"http://b:1": 1}])
+def test_urls_beside_the_url_shorthand_that_is_no_array_is_named(urls):
+    """`url` and `urls` together: `urls = 5` was a TypeError traceback from `velo serve`, and a string was read as
+    its characters (`urls[1]` 'h' is no URL)."""
+    with pytest.raises(ConfigError, match=r"^backends\[0\]\.urls: must be an array"):
+        parse_config({"backends": [{"name": "o", "kind": "ollama", "url": "http://a:1", "urls": urls}]})
+
+
 @pytest.mark.parametrize("raw, path", [
     ({"backends": [{"name": "x", "kind": "vllm", "url": "http://u:1"}]}, "backends[0].kind"),
     ({"backends": [{"name": "x", "kind": "ollama"}]}, "backends[0].url"),
