@@ -13,6 +13,7 @@ from adapters.errors import BadRequest, VeloError
 from adapters.exact_json import dumps, loads
 from adapters.schema import setting
 
+from .cache.config import check_redis_url
 from .cache.layer import FAILED, TierCalls
 from .cache.memory import MemoryLRU
 
@@ -56,6 +57,9 @@ class ResponsesConfig:
                                       default_doc="none (memory only)")
     redis_url: str | None = setting(None, "a Redis shared by several Velo processes, which then share stored "
                                     "responses", default_doc="none")
+
+    def __post_init__(self) -> None:
+        check_redis_url(self.redis_url, "redis_url")
 
 
 @dataclass

@@ -12,6 +12,15 @@ from .policy import RoutePolicy
 # duplicates, guard on) is >= 0.98 for both encoder precisions - int8 0.984 at a recall of 0.22, float32 0.983
 # at 0.25. int8 reaches 0.981 at 0.94, within sampling error of the goal, so not taken; at 0.90 both are < 0.97.
 DEFAULT_SEMANTIC_THRESHOLD = 0.95
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url takes
+
+
+def check_redis_url(url: str | None, key: str) -> None:
+    """A `redis_url` redis-py cannot open, named by its key: `velo serve` said only "could not start: Redis URL must
+    specify one of the following schemes", the same for [cache] and [responses]. The URL is not repeated: it may
+    carry a password."""
+    if url is not None and not url.startswith(_REDIS_SCHEMES):
+        raise ValueError(f"{key}: must be a {', '.join(_REDIS_SCHEMES[:-1])} or {_REDIS_SCHEMES[-1]} URL")
 
 
 @dataclass
@@ -60,6 +69,7 @@ class CacheConfig:
     routes: list[RoutePolicy] = setting(factory=list, doc="overrides per model name or glob (first match wins)")
 
     def __post_init__(self) -> None:
+        check_redis_url(self.redis_url, "redis_url")
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold: must be in (0, 1], got {self.semantic_threshold}")
         if self.embed_precision not in PRECISIONS:

@@ -97,6 +97,17 @@ def test_errors_name_the_key_path(raw, path):
         parse_config(raw)
 
 
+@pytest.mark.parametrize("table", ["cache", "responses"])
+def test_a_redis_url_redis_cannot_open_is_named_and_not_repeated(table):
+    """`velo serve` said only "could not start: Redis URL must specify one of the following schemes", the same for
+    [cache] and [responses]; the URL is not repeated, since it may carry a password."""
+    with pytest.raises(ConfigError) as e:
+        parse_config({table: {"redis_url": "reddis://:hunter2@db:6379/0"}})
+    assert str(e.value) == f"{table}.redis_url: must be a redis://, rediss:// or unix:// URL"
+    for url in ("redis://db:6379/0", "rediss://:pw@db", "unix:///run/redis.sock"):
+        assert getattr(getattr(parse_config({table: {"redis_url": url}}), table), "redis_url") == url
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose torch has no CUDA device")
 def test_an_engine_on_cuda_where_torch_has_none_is_a_config_error_naming_the_key():
     """It was `velo serve`'s "could not start: Torch not compiled with CUDA enabled", naming no setting."""
