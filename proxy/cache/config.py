@@ -1,6 +1,7 @@
 """`CacheConfig`: the `[cache]` table of config.toml. Errors name the key path, like the rest of the config."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from adapters.schema import setting
@@ -70,6 +71,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         check_redis_url(self.redis_url, "redis_url")
+        if self.embed_model_path is not None and not os.path.isdir(self.embed_model_path):
+            # sentence-transformers read a missing one as a new model's name: "could not start: Unrecognized model"
+            raise ValueError(f"embed_model_path: no model folder at {self.embed_model_path!r}")
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold: must be in (0, 1], got {self.semantic_threshold}")
         if self.embed_precision not in PRECISIONS:

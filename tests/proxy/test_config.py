@@ -108,6 +108,16 @@ def test_a_redis_url_redis_cannot_open_is_named_and_not_repeated(table):
         assert getattr(getattr(parse_config({table: {"redis_url": url}}), table), "redis_url") == url
 
 
+def test_a_semantic_model_folder_that_is_not_there_is_named(tmp_path):
+    """sentence-transformers took a missing folder for a new model's name: `velo serve` said "could not start:
+    Unrecognized model in /models/x. Should have a `model_type` key in its config.json", naming no key."""
+    missing = str(tmp_path / "all-MiniLM-L6-v2")
+    with pytest.raises(ConfigError) as e:
+        parse_config({"cache": {"semantic": True, "embed_model_path": missing}})
+    assert str(e.value) == f"cache.embed_model_path: no model folder at {missing!r}"
+    assert parse_config({"cache": {"embed_model_path": str(tmp_path)}}).cache.embed_model_path == str(tmp_path)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose torch has no CUDA device")
 def test_an_engine_on_cuda_where_torch_has_none_is_a_config_error_naming_the_key():
     """It was `velo serve`'s "could not start: Torch not compiled with CUDA enabled", naming no setting."""
