@@ -24,6 +24,21 @@ def check_redis_url(url: str | None, key: str) -> None:
         raise ValueError(f"{key}: must be a {', '.join(_REDIS_SCHEMES[:-1])} or {_REDIS_SCHEMES[-1]} URL")
 
 
+def _check_pg_dsn(dsn: str) -> None:
+    """A `pg_dsn` libpq cannot read, named by its key: `velo serve` loaded the semantic model, then said only "could
+    not start: missing "=" after "x" in connection info string". Without psycopg (the postgres extra) the start
+    says so, as before."""
+    try:
+        from psycopg import Error
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return
+    try:
+        conninfo_to_dict(dsn)
+    except Error as e:
+        raise ValueError(f"pg_dsn: not a PostgreSQL connection string or URL: {str(e).strip()}") from e
+
+
 @dataclass
 class CacheConfig:
     """Answers replayed without asking the backend. Keys come from the internal request, so the same request sent
@@ -71,6 +86,8 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         check_redis_url(self.redis_url, "redis_url")
+        if self.pg_dsn is not None:
+            _check_pg_dsn(self.pg_dsn)
         if self.embed_model_path is not None and not os.path.isdir(self.embed_model_path):
             # sentence-transformers read a missing one as a new model's name: "could not start: Unrecognized model"
             raise ValueError(f"embed_model_path: no model folder at {self.embed_model_path!r}")

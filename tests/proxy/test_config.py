@@ -118,6 +118,16 @@ def test_a_semantic_model_folder_that_is_not_there_is_named(tmp_path):
     assert parse_config({"cache": {"embed_model_path": str(tmp_path)}}).cache.embed_model_path == str(tmp_path)
 
 
+def test_a_pg_dsn_libpq_cannot_read_is_named():
+    """`velo serve` loaded the semantic model, then said only 'could not start: missing "=" after "velo-db" in
+    connection info string', naming no key."""
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigError, match=r'^cache\.pg_dsn: not a PostgreSQL connection string or URL: missing "="'):
+        parse_config({"cache": {"semantic": True, "pg_dsn": "velo-db"}})
+    for dsn in ("postgresql://velo@127.0.0.1:5432/velo", "host=db dbname=velo"):
+        assert parse_config({"cache": {"pg_dsn": dsn}}).cache.pg_dsn == dsn
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine whose torch has no CUDA device")
 def test_an_engine_on_cuda_where_torch_has_none_is_a_config_error_naming_the_key():
     """It was `velo serve`'s "could not start: Torch not compiled with CUDA enabled", naming no setting."""
