@@ -40,6 +40,12 @@ class SqliteStore:
     def _open(self) -> None:
         _private_file(Path(self.path))
         self._db = sqlite3.connect(self.path, check_same_thread=False)
+        try:  # reads the header alone: a file that is no database is left as it was, its mode too
+            self._db.execute("PRAGMA schema_version")
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise sqlite3.DatabaseError(f"{self.path}: {e}") from e
+        os.chmod(self.path, 0o600)  # before WAL mode, whose -wal and -shm files SQLite gives the file's mode
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
         self._prune()
@@ -92,10 +98,10 @@ class SqliteStore:
 
 
 def _private_file(path: Path) -> None:
-    """Cached answers are the users' conversations: the file is its owner's alone (0600; SQLite gives its -wal and
-    -shm files the same mode), in folders Velo creates for its owner alone (0700)."""
+    """Cached answers are the users' conversations: the file is created its owner's alone (0600; one already there
+    is made so once it is found to be a database), in folders Velo creates for its owner alone (0700). A path
+    naming some other file had its mode changed first: `sqlite_path = "/etc/passwd"` made it 0600 for root."""
     missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
     for folder in reversed(missing):
         folder.mkdir(mode=0o700, exist_ok=True)
     os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
-    os.chmod(path, 0o600)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import sqlite3
 import time
 
 import orjson
+import pytest
 
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, Message, SamplingOptions, Usage
 from proxy.cache import CacheConfig, CacheLayer
@@ -78,6 +81,18 @@ async def test_the_sqlite_tier_is_readable_by_its_owner_alone(tmp_path):
     old = await CacheLayer.create(CacheConfig(sqlite_path=str(tmp_path / "old.db")))
     await old.close()
     assert (tmp_path / "old.db").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_sqlite_path_naming_a_file_that_is_no_database_is_refused_and_left_alone(tmp_path):
+    """Its mode was made 0600 before SQLite found it no database (`sqlite_path = "/etc/passwd"`, as root, locked
+    every other user out of it), and the start said only "file is not a database", naming no file."""
+    other = tmp_path / "notes.txt"
+    other.write_text("not a database, " * 100)
+    other.chmod(0o644)
+    with pytest.raises(sqlite3.DatabaseError, match=f"^{re.escape(str(other))}: file is not a database"):
+        await CacheLayer.create(CacheConfig(sqlite_path=str(other)))
+    assert other.stat().st_mode & 0o777 == 0o644 and other.read_text() == "not a database, " * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 async def test_semantic_hit_on_a_paraphrase_but_not_across_scopes_or_guarded_changes(embedder: Embedder):
