@@ -13,12 +13,14 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 from urllib.parse import quote
 
+import orjson
+
 from engine.fim import FIM_MARKERS
 
 from . import embed_shape, go_template, model_card, options
 from .base import IMAGE_TOKENS, BackendConfig
 from .chat_template import renders_tools
-from .errors import (BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, Unsupported,
+from .errors import (Answered, BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, Unsupported,
                      VeloError)
 from .fields import wire_text
 from .http import LOADING_POLL_S, asked_of, json_object, one_answer
@@ -198,6 +200,16 @@ def _with_progress(body: dict[str, Any]) -> dict[str, Any]:
 # invalid request (an overflow too), a failure on it, a feature it was started without. Not its 401 (Velo's key to
 # it, not the client's) nor its 404 (a replica without the model: the next one is asked).
 _ITS_ERRORS = (400, 500, 501)
+# Its 500 `server_error` for a body it could not read: its JSON library's exception on a field of the wrong type
+# (/tokenize {"content": 5}) or a missing one (/infill without `input_suffix`, whose check goes on to read it)
+_UNREAD = "[json.exception."
+
+
+def _unread_as_400(e: Answered) -> Answered:
+    """A request llama-server could not read as the 400 `invalid_request_error` in its own shape, which it answers
+    for other bad requests: a 5xx is the server's fault, which clients and proxies retry."""
+    error = {"code": 400, "message": e.message, "type": "invalid_request_error"}
+    return Answered(400, orjson.dumps({"error": error}), e.message)
 
 
 def _finishes(chunk: Chunk) -> bool:
@@ -432,9 +444,14 @@ class LlamaCppBackend(OpenAIBackend):
         generation asked whole has (Upstream.call); cut at `first_token_timeout`, a long one was a 504."""
         cfg = self.config
         wait = cfg.first_token_timeout if body is not None and body.get("stream") else cfg.total_timeout
-        async with self.http.request(method, path, body, wait=wait, as_is=_ITS_ERRORS) as resp:
-            async for piece in self.http.reads(resp, wait, cfg.total_timeout):
-                yield piece
+        try:
+            async with self.http.request(method, path, body, wait=wait, as_is=_ITS_ERRORS) as resp:
+                async for piece in self.http.reads(resp, wait, cfg.total_timeout):
+                    yield piece
+        except Answered as e:
+            if e.status != 500 or not e.message.startswith(_UNREAD):
+                raise
+            raise _unread_as_400(e) from e
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
         """A prefilled chat (one ending in an assistant turn) is answered by llama-server with the whole assistant

@@ -399,6 +399,22 @@ async def test_llama_servers_own_errors_come_as_it_answers_them(velo_llama, llam
     assert through == direct and direct[0] in (400, 501)
 
 
+@pytest.mark.parametrize("path, body, said", [
+    ("/infill", {"input_prefix": "def f():"}, "key 'input_suffix' not found"),
+    ("/tokenize", {"content": 5}, "type must be string, but is number"),
+    ("/detokenize", {"tokens": "1 2"}, "type must be array, but is string")])
+async def test_a_body_llama_server_cannot_read_is_a_400_in_its_shape(velo_llama, llama_chat, path, body, said):
+    """llama-server answers 500 `server_error` for a field of the wrong type or a missing one (its /infill check of
+    `input_suffix` goes on to read it): passed on as it came, the client's mistake was a 5xx, which clients and
+    proxies retry as the server's fault."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(llama_chat.url + path, json=body) as resp:
+            assert resp.status == 500 and said in (await resp.json())["error"]["message"]
+        async with http.post(velo_llama + path, json={**body, "model": CHAT_MODEL}) as resp:
+            status, err = resp.status, (await resp.json())["error"]
+    assert status == 400 and err["code"] == 400 and err["type"] == "invalid_request_error" and said in err["message"]
+
+
 async def test_llama_servers_own_model_id_reaches_its_model(velo_llama, llama_chat):
     """A client moved over from llama-server keeps the id its /v1/models gave (the model path, or `--alias`):
     through Velo it reaches that model, where it was a 404 beside Velo's listed name."""
