@@ -138,8 +138,8 @@ async def _llama_server(request: web.Request, model: Any) -> tuple[Backend, str 
     backends = [target.backend] if target is not None else list(router.backends.values())
     servers = [b for b in backends if b.config.kind == "llamacpp"]
     if len(servers) != 1:
-        why = (f"model {model!r} is served by none" if target is not None else
-               "config.toml has none, or several (name one's model with `model`)")
+        why = "config.toml has none, or several (name one's model with `model`)" if target is None else \
+            f'model {model!r} is served by backend {target.backend.name!r} (kind = "{target.backend.config.kind}")'
         raise NotFound(f"{request.path} is llama-server's own route, passed to a llama-server backend: {why}")
     return servers[0], target.model if target is not None else None
 
