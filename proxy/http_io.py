@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import orjson
 from aiohttp import web
@@ -33,19 +33,22 @@ from .dialects import dialect_of
 from .inflight import ending_reason, uncancel
 from .job import Job, Request
 from .request_bounds import read_body
-from .state import GENERATION
+from .state import DOCUMENTS, GENERATION
 from .streams import first_then_rest
 
 log = logging.getLogger("velo.http")
 STREAM = "velo.stream"  # request key: the stream response once its head is out (errors.py never answers twice)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+T = TypeVar("T")
 
 
-# Bodies past this size are parsed in a thread. A 28 MB chat history (100,000 messages) held the event loop, and so
-# every other client, for 348 ms: orjson 145, the exact-integer scan 95, the depth check 78; in a thread, 116 ms at
-# most, orjson's share, as orjson holds the GIL while it parses (two phone photos as base64, 24 MB: 162 -> 103 ms).
+# Bodies past this size are parsed in a thread, as JSON (`read_json`) and then in their dialect (`parse_body`). A 28 MB
+# chat history (100,000 messages) held the event loop, and so every other client, for 348 ms: orjson 145, the
+# exact-integer scan 95, the depth check 78; in a thread, 116 ms at most, orjson's share, as orjson holds the GIL while
+# it parses (two phone photos as base64, 24 MB: 162 -> 103 ms). Its dialect's parse held it another 300-700 ms.
 # A body under 1 MiB parses in a few ms, less than the hop to a thread is worth.
 _PARSE_APART_BYTES = 1024 * 1024
+_BODY_BYTES = "velo.body_bytes"  # request key: the size of the body `read_json` read
 
 
 async def read_json(request: web.Request) -> Any:
@@ -53,7 +56,16 @@ async def read_json(request: web.Request) -> Any:
     if not raw or raw.isspace():  # Ollama's handlers, on the io.EOF of gin's ShouldBindJSON: "missing request body"
         ollama = dialect_of(request.path, request.headers) == "ollama"
         raise BadRequest("missing request body" if ollama else "request body is empty; expected a JSON object")
+    request[_BODY_BYTES] = len(raw)
     return await asyncio.to_thread(_parsed, raw) if len(raw) > _PARSE_APART_BYTES else _parsed(raw)
+
+
+def parse_body(request: web.Request, parse: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
+    """`parse(*args, **kwargs)`, a dialect's parse of the body `read_json` read: on the event loop, or on one of the
+    app's `Documents` threads where the body is large or the parse meets a large PDF (dialects/documents.py). Not a
+    coroutine itself: one frame less for every request."""
+    apart = request.get(_BODY_BYTES, 0) > _PARSE_APART_BYTES
+    return request.app[DOCUMENTS].parse(parse, *args, apart=apart, **kwargs)
 
 
 def _parsed(raw: bytes) -> Any:

@@ -13,15 +13,15 @@ from adapters.protocol import Chunk, aggregate
 from . import context_edits
 from .count_request import as_sent
 from .dialects import anthropic, new_id
-from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
-from .state import DOCUMENTS, PIPELINE, ROUTER
+from .http_io import ignored_tools_header, job_for, json_response, parse_body, read_json, write_stream
+from .state import PIPELINE, ROUTER
 from .streams import collect
 from .token_count import counter, estimate, prompt_tokens
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    parsed = await request.app[DOCUMENTS].parse(anthropic.parse_messages, body)
+    parsed = await parse_body(request, anthropic.parse_messages, body)
     req, job = parsed.request, job_for(request, parsed.request, body)
     job.context_edits = parsed.edits or ()
     stream = request[PIPELINE].generate(job)
@@ -51,7 +51,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer (engine, llama-server), else an estimate (token_count.py);
     `X-Velo-Token-Count` says which. With context editing, the count after it, and `original_input_tokens`."""
-    parsed = await request.app[DOCUMENTS].parse(anthropic.parse_messages, await read_json(request), count_only=True)
+    parsed = await parse_body(request, anthropic.parse_messages, await read_json(request), count_only=True)
     target, info, req = await as_sent(request[ROUTER], parsed.request, "anthropic")
     tokens, exact = await prompt_tokens(target, info, req)
     out: dict[str, Any] = {"input_tokens": tokens}

@@ -17,7 +17,7 @@ from adapters.protocol import Chunk, ModelInfo, RunningModel, aggregate, epoch
 
 from .auth import CALLER
 from .dialects import ollama, ollama_models, ollama_names
-from .http_io import job_for, json_response, ndjson, read_json, write_stream
+from .http_io import job_for, json_response, ndjson, parse_body, read_json, write_stream
 from .job import Job
 from .presets import parameters_over
 from .stages.fit import refuse_lacking
@@ -141,7 +141,7 @@ def _missing_as_embedding_handlers_say(model: str) -> Iterator[None]:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    req, started = ollama.parse_chat(body), time.perf_counter_ns()
+    req, started = await parse_body(request, ollama.parse_chat, body), time.perf_counter_ns()
     calls_sent = 0
 
     def shape(chunk: Chunk) -> dict:
@@ -158,7 +158,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    req, started = ollama.parse_generate(body), time.perf_counter_ns()
+    req, started = await parse_body(request, ollama.parse_generate, body), time.perf_counter_ns()
     with _named_in_ollamas_grammar(req.model):
         if not req.prompt:  # a suffix or images beside it too (GenerateHandler: `req.Prompt == ""`)
             reason, load_ns = await _load_or_unload(request, req.model, req.keep_alive, req.think, "generate",
@@ -181,7 +181,7 @@ async def _answer(request: web.Request, job: Job, shape: Callable[[Chunk], dict]
 
 
 async def embed(request: web.Request) -> web.Response:
-    req, started = ollama.parse_embed(await read_json(request)), time.perf_counter_ns()
+    req, started = await parse_body(request, ollama.parse_embed, await read_json(request)), time.perf_counter_ns()
     with _named_in_ollamas_grammar(req.model), _missing_as_embedding_handlers_say(req.model):
         if not req.inputs:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers with no figures
             await _load_or_unload(request, req.model, req.keep_alive)  # (EmbedHandler)
@@ -191,7 +191,7 @@ async def embed(request: web.Request) -> web.Response:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    req = ollama.parse_legacy_embeddings(await read_json(request))
+    req = await parse_body(request, ollama.parse_legacy_embeddings, await read_json(request))
     with _named_in_ollamas_grammar(req.model), _missing_as_embedding_handlers_say(req.model):
         if not req.inputs[0]:  # Ollama loads the model (or with keep_alive 0 unloads it) and answers an empty vector
             await _load_or_unload(request, req.model, req.keep_alive)  # (EmbeddingsHandler)

@@ -14,9 +14,10 @@ from adapters.protocol import Chunk, CompletionRequest, Usage, aggregate
 from .auth import CALLER
 from .best_of import best, candidates
 from .dialects import SSE_KEEPALIVE, openai
-from .http_io import SSE_DONE, ignored_tools_header, job_for, json_response, read_json, sse, write_stream
+from .http_io import (SSE_DONE, ignored_tools_header, job_for, json_response, parse_body, read_json, sse,
+                      write_stream)
 from .job import Job, Parts, Request
-from .state import DOCUMENTS, PIPELINE
+from .state import PIPELINE
 from .stream_ends import as_streamed
 from .streams import collect_each, merge
 from .token_count import estimate
@@ -24,7 +25,7 @@ from .token_count import estimate
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    req, functions = await request.app[DOCUMENTS].parse(openai.parse_chat, body), openai.legacy_functions(body)
+    req, functions = await parse_body(request, openai.parse_chat, body), openai.legacy_functions(body)
     ignored = ignored_tools_header(openai.hosted_tools(body))
     jobs = _parts(_choices(request, req, body))
     streams = [request[PIPELINE].generate(job) for job in jobs]
@@ -47,7 +48,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    reqs, echo, best_of = openai.parse_completions(body)
+    reqs, echo, best_of = await parse_body(request, openai.parse_completions, body)
     req = reqs[0]
     prompts = [r.prompt for r in reqs for _ in range(r.n)]  # each choice's, for echo
     ids = openai.ChatIds("cmpl")
@@ -192,7 +193,7 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    req, encoding = openai.parse_embeddings(await read_json(request))
+    req, encoding = await parse_body(request, openai.parse_embeddings, await read_json(request))
     result, headers = await request[PIPELINE].embed(req, request[CALLER])
     return json_response(openai.embeddings_object(req.model, result, encoding), headers=headers)
 

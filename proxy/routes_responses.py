@@ -31,14 +31,14 @@ from .count_request import as_sent
 from .dialects import new_id, responses
 from .dialects.paging import query_int
 from .dialects.responses_stream import ResponseStream
-from .http_io import ignored_tools_header, job_for, json_response, read_json, write_stream
+from .http_io import ignored_tools_header, job_for, json_response, parse_body, read_json, write_stream
 from .inflight import RUNNING, Cancelled
 from .job import Job, holding
 from .live_responses import Live
 from .responses_store import StoredResponse
 from .stages.admit import Admit
 from .stages.limit import Limit
-from .state import BACKGROUND, DOCUMENTS, GENERATION, LIVE, PIPELINE, RESPONSES, ROUTER
+from .state import BACKGROUND, GENERATION, LIVE, PIPELINE, RESPONSES, ROUTER
 from .streams import collect
 from .token_count import prompt_tokens
 
@@ -47,7 +47,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
-    req = await request.app[DOCUMENTS].parse(parsed.summary if parsed.compact else parsed.chat, history)
+    req = await parse_body(request, parsed.summary if parsed.compact else parsed.chat, history)
     job = job_for(request, req, body)
     resp_id = new_id("resp")
 
@@ -165,7 +165,7 @@ async def compact(request: web.Request) -> web.Response:
     body = await read_json(request)
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
-    job = job_for(request, await request.app[DOCUMENTS].parse(parsed.summary, history), body)
+    job = job_for(request, await parse_body(request, parsed.summary, history), body)
     whole = aggregate(await collect(request[PIPELINE].generate(job)))
     output = responses.user_items(history + parsed.items) + [responses.compaction_item(whole.text)]
     return json_response({"id": new_id("resp"), "object": "response.compaction",
@@ -176,7 +176,7 @@ async def compact(request: web.Request) -> web.Response:
 async def _parsed(request: web.Request, body: Any, counting: bool = False) -> responses.Parsed:
     """The request, each `item_reference` replaced by the stored item it names: the AI SDK's `openai(model)` (the
     Responses API, `store` on by default) sends every earlier turn back so, and its second request was a 400."""
-    parsed = responses.parse_request(body, counting=counting)
+    parsed = await parse_body(request, responses.parse_request, body, counting=counting)
     if not any(item.get("type") == "item_reference" for item in parsed.items):
         return parsed
     items = []
@@ -282,7 +282,7 @@ async def input_items(request: web.Request) -> web.Response:
 async def input_tokens(request: web.Request) -> web.Response:
     """The backend's own count where it has a tokenizer, else an estimate (token_count.py)."""
     parsed = await _parsed(request, await read_json(request), counting=True)
-    req = await request.app[DOCUMENTS].parse(parsed.chat, await _history(request, parsed))
+    req = await parse_body(request, parsed.chat, await _history(request, parsed))
     target, info, req = await as_sent(request[ROUTER], req, "responses")
     tokens, exact = await prompt_tokens(target, info, req)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens},

@@ -4,8 +4,9 @@ PDF, a URL or an uploaded file's id, neither of which Velo reaches) becomes a sh
 agent's history keeps the document (Claude Code's Read of a PDF), so a 400 would fail every later turn.
 
 Reading a PDF takes pypdf about a millisecond a page of plain text, and more for a real one, so a parse that meets a
-large PDF not read before runs again on one of the app's `Documents` threads; the texts read are kept under a digest
-of the data, since the history, and the PDF in it, comes again with every turn.
+large PDF not read before runs again on one of the app's `Documents` threads, where a parse of a large body runs from
+the start (http_io.parse_body); the texts read are kept under a digest of the data, since the history, and the PDF
+in it, comes again with every turn.
 """
 from __future__ import annotations
 
@@ -48,17 +49,18 @@ class Documents:
         self.entries, self.kept, self.lock = entries, OrderedDict[bytes, str](), threading.Lock()
         self.threads = ThreadPoolExecutor(threads, "velo-documents")
 
-    async def parse(self, parse: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def parse(self, parse: Callable[..., T], *args: Any, apart: bool = False, **kwargs: Any) -> T:
         """`parse(*args, **kwargs)` on the event loop, or again on a thread where it met a large PDF not read before
-        (a parse has no effects, so the second one starts over). A parse not called through here reads every PDF
-        where it runs, and keeps none."""
-        token = _reading.set((self, True))
-        try:
-            return parse(*args, **kwargs)
-        except _OffLoop:
-            pass
-        finally:
-            _reading.reset(token)
+        (a parse has no effects, so the second one starts over); `apart`, on a thread from the start (a large body's:
+        http_io.parse_body). A parse not called through here reads every PDF where it runs, and keeps none."""
+        if not apart:
+            token = _reading.set((self, True))
+            try:
+                return parse(*args, **kwargs)
+            except _OffLoop:
+                pass
+            finally:
+                _reading.reset(token)
         context = contextvars.copy_context()
         context.run(_reading.set, (self, False))
         return await asyncio.get_running_loop().run_in_executor(

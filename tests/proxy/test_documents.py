@@ -79,6 +79,22 @@ async def test_a_large_pdf_is_read_on_a_thread_once(monkeypatch):
     assert threads == [threading.main_thread().name, "velo-documents_0"]
 
 
+async def test_a_large_bodys_parse_runs_on_a_thread_and_reads_its_pdfs_there(monkeypatch):
+    """A large body's parse runs on the reader's threads from the start (http_io.parse_body): a PDF in it is read
+    there, even a short one, and kept for the turns after, which find it without reading it again."""
+    threads, read = [], documents._read
+    monkeypatch.setattr(documents, "_read", lambda d: threads.append(threading.current_thread().name) or read(d))
+    reader = documents.Documents()
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                        "data": b64(pdf("A short one."))}}]}]}
+    for apart in (True, False):
+        parsed = await reader.parse(anthropic_dialect.parse_messages, body, apart=apart)
+        assert parsed.request.messages[0].content.startswith("A short one.")
+    reader.close()
+    assert threads == ["velo-documents_0"]
+
+
 async def test_anthropic_pdf_documents_reach_the_backend_as_text(served: tuple[TestClient, FakeOpenAI]):
     """Claude Code's Read of a PDF: a base64 `document` in a user turn or a tool result; before, a 400 "only
     plain-text documents are supported" on that turn and every later one. A URL is a note: Velo fetches nothing."""
