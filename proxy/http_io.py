@@ -64,8 +64,12 @@ def parse_body(request: web.Request, parse: Callable[..., T], *args: Any, **kwar
     """`parse(*args, **kwargs)`, a dialect's parse of the body `read_json` read: on the event loop, or on one of the
     app's `Documents` threads where the body is large or the parse meets a large PDF (dialects/documents.py). Not a
     coroutine itself: one frame less for every request."""
-    apart = request.get(_BODY_BYTES, 0) > _PARSE_APART_BYTES
-    return request.app[DOCUMENTS].parse(parse, *args, apart=apart, **kwargs)
+    return request.app[DOCUMENTS].parse(parse, *args, apart=_large(request), **kwargs)
+
+
+def _large(request: web.Request) -> bool:
+    """Whether the body `read_json` read is one to work on apart from the event loop."""
+    return request.get(_BODY_BYTES, 0) > _PARSE_APART_BYTES
 
 
 def _parsed(raw: bytes) -> Any:
@@ -79,12 +83,13 @@ def _parsed(raw: bytes) -> Any:
 
 
 def job_for(request: web.Request, req: Request, body: dict[str, Any]) -> Job:
-    """The pipeline's job for a parsed request: who asks, in which dialect, and whether they asked Velo to leave its
-    cache alone. A request with a key shares backends' prefix caches only with that key's (`prefix_scope`)."""
+    """The pipeline's job for a parsed request: who asks, in which dialect, whether they asked Velo to leave its
+    cache alone, and whether its body was large (Job.large). A request with a key shares backends' prefix caches only
+    with that key's (`prefix_scope`)."""
     caller = request[CALLER]
     req.prefix_scope = "" if caller.tenant == ANONYMOUS else caller.tenant
     return Job(req, caller, dialect_of(request.path, request.headers),
-               cache_bypass=bypass_requested(request.headers, body))
+               cache_bypass=bypass_requested(request.headers, body), large=_large(request))
 
 
 def ignored_tools_header(names: list[str]) -> dict[str, str]:

@@ -97,6 +97,9 @@ class Job:
     # Its logprobs are Velo's own, to rank best_of's candidates by: a backend that refuses them is asked again without
     # them in this job, the one request the client made (proxy/best_of.py)
     own_logprobs: bool = False
+    # The client's body was large (http_io.parse_body): the stages' work over the whole request (the cache's and
+    # coalescing's keys, 0.5 s each for a 28 MB history) runs on a thread
+    large: bool = False
     place: Place | None = None  # its place in its backend's queue, taken at the edge (a background response's)
     share: Share | None = None  # its share of its key's limits, taken at the edge with the place
     target: Target | None = None

@@ -97,6 +97,19 @@ class Asked:
         """Why it is never answered from the cache, or "" when it may be (X-Velo-Cache-Reason)."""
         return self.policy.why_not(self.req)
 
+    def work_out(self) -> None:
+        """Its skip reason, and where it may be answered from the cache its key and semantic query, worked out now:
+        a large request's on a thread (proxy/stages/cache.py), as each reads the whole request. Kept as the
+        properties keep them, not through them: a cached_property computes under one lock for every instance
+        (Python 3.11), and the event loop waited on it for another request's key."""
+        kept = vars(self)
+        kept["skip_reason"] = Asked.skip_reason.func(self)
+        if self.skip_reason:
+            return
+        kept["key"] = Asked.key.func(self)
+        if self.policy.semantic and self.encoder:  # an encoder: the layer has an embedder (`asked`)
+            kept["semantic"] = Asked.semantic.func(self)
+
     @cached_property
     def semantic(self) -> tuple[str, str] | None:
         """The text to embed and its semantic scope (the exact scope, the earlier turns and the encoder), or None

@@ -47,6 +47,8 @@ class Cache(Stage):
         started = time.perf_counter_ns()
         asked = layer.asked(_keyed(job, await self.services.router.model_info(job.target)), job.caller.tenant,
                             model=job.model, label=job.target.label)
+        if job.large:
+            await asyncio.to_thread(asked.work_out)
         hit = await layer.lookup(asked, job.cache_bypass)
         if hit is not None:
             job.outcome.cache = hit.kind

@@ -7,6 +7,8 @@ that joined it got its whole answer at the end. A request that joined gets tool-
 does."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 from dataclasses import replace
 from typing import AsyncIterator, Iterator
@@ -37,7 +39,17 @@ class Coalesce(Stage):
         return config.batching.coalesce and job.request.options.deterministic and supersede_key(job, config) is None
 
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        if job.large:
+            return self._keyed_apart(job, next)
         return self.coalescer.stream(_key(job), lambda: next(job), functools.partial(_joined, job), with_new_ids)
+
+    async def _keyed_apart(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        """A large job's stream, its key worked out on a thread (it reads the whole request)."""
+        key = await asyncio.to_thread(_key, job)
+        async with contextlib.aclosing(self.coalescer.stream(key, lambda: next(job), functools.partial(_joined, job),
+                                                             with_new_ids)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield CounterMetricFamily("velo_coalesced", "Requests that joined an identical in-flight request",

@@ -12,7 +12,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from adapters.fields import nests_deeper
+from adapters.protocol import ChatRequest
 from proxy import http_io
+from proxy.cache import keys
+from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig
 from proxy.dialects import anthropic, ollama, openai, responses
 from tests.fakes import FakeOpenAI
@@ -174,6 +177,30 @@ async def test_another_clients_request_is_served_while_a_large_body_is_parsed_in
     large = asyncio.create_task(client.post(path, json=big))
     await asyncio.to_thread(parsing.wait, 5)
     other = await client.post(path, json=body)
+    answered.set()
+    assert other.status == 200 and (await large).status == 200
+    assert served_meanwhile == [True]
+
+
+@pytest.mark.parametrize("config", [Config(), Config(cache=CacheConfig(enabled=False))], ids=["cache", "coalescing"])
+async def test_another_clients_request_is_served_while_a_large_requests_key_is_worked_out(client: TestClient,
+                                                                                          monkeypatch) -> None:
+    """The cache's key of a deterministic request, and coalescing's, each read the whole request on the event loop:
+    0.5 s each for a 28 MB history. The first key of the large request, the cache's or (with the cache off)
+    coalescing's, stands here for it: it waits for another client's answer, up to 2 s."""
+    parsing, answered, served_meanwhile, real = threading.Event(), threading.Event(), [], keys.canonical
+
+    def waits_for_another_client(req: ChatRequest) -> dict:
+        if not parsing.is_set() and len(req.messages[0].content) == len(LARGE):
+            parsing.set()
+            served_meanwhile.append(answered.wait(2))
+        return real(req)
+    monkeypatch.setattr(keys, "canonical", waits_for_another_client)
+    body = {"model": "tiny", "temperature": 0, "messages": MESSAGES}
+    large = asyncio.create_task(client.post("/v1/chat/completions",
+                                            json={**body, "messages": [{"role": "user", "content": LARGE}]}))
+    await asyncio.to_thread(parsing.wait, 5)
+    other = await client.post("/v1/chat/completions", json=body)
     answered.set()
     assert other.status == 200 and (await large).status == 200
     assert served_meanwhile == [True]
