@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
+from adapters.bursts import Burst
 from adapters.errors import BadRequest, VeloError
 from adapters.exact_json import dumps, loads
 from adapters.schema import setting
@@ -121,10 +122,12 @@ class ResponseStore:
         it was gone with the later response's deletion while the earlier one still held it."""
         resp_id, ttl_s = record.response["id"], self.cfg.ttl_s if ttl_s is None else min(ttl_s, self.cfg.ttl_s)
         await self._put(_key(tenant, resp_id), record, dumps(record.__dict__), ttl_s)
+        burst = Burst()  # its items' entries, each put at once where no tier waits: 100,000 held the loop ~0.3 s
         for item in record.items() if record.kept() else []:
             key = _item_key(tenant, item["id"])
             if await self._owner(key) in (None, resp_id):
                 await self._put(key, resp_id, resp_id.encode(), ttl_s)
+            await burst.pause()
 
     async def _owner(self, item_key: str) -> str | None:
         """The id of the response holding an item; None where no tier can say (the answer was already made)."""

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from adapters.errors import BadRequest, ContextOverflow, NotFound, Overloaded, VeloError
 from adapters.fields import get
-from adapters.protocol import Chunk, aggregate
+from adapters.protocol import ChatRequest, Chunk, aggregate
 
 from .auth import CALLER
 from .background import POLL_KEEP_S, Run, unpack_events
@@ -47,7 +47,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     parsed = await _parsed(request, body)
     history = await _history(request, parsed)
-    req = await parse_body(request, parsed.summary if parsed.compact else parsed.chat, history)
+    req, inputs = await parse_body(request, _with_inputs, parsed, history)
     job = job_for(request, req, body)
     resp_id = new_id("resp")
 
@@ -59,32 +59,39 @@ async def create(request: web.Request) -> web.StreamResponse:
         # come, so a poll finds it in progress with its output so far, and a cancel keeps that output (asked as one
         # answer, it stayed `queued` until its end and was cancelled with none)
         job = replace(job, caller=replace(job.caller, request_id=resp_id), request=replace(job.request, stream=True))
-        return await _in_background(request, parsed, job, headers)
+        return await _in_background(request, parsed, inputs, job, headers)
     stream = request[PIPELINE].generate(job)
     if not parsed.stream:
-        return await _whole(request, parsed, stream, resp_id, headers)
-    return await _streamed(request, parsed, stream, resp_id, headers)
+        return await _whole(request, parsed, inputs, stream, resp_id, headers)
+    return await _streamed(request, parsed, inputs, stream, resp_id, headers)
 
 
-async def _whole(request: web.Request, parsed: responses.Parsed, stream: AsyncIterator[Chunk], resp_id: str,
-                 headers: Callable[[], dict[str, str]]) -> web.Response:
+def _with_inputs(parsed: responses.Parsed, history: list[dict[str, Any]]) -> tuple[ChatRequest, list[dict[str, Any]]]:
+    """The backend's request, and the input items as they are stored: each reads every item, so both are made where
+    the body is parsed (on a thread where it is large: http_io.parse_body)."""
+    req = (parsed.summary if parsed.compact else parsed.chat)(history)
+    return req, [responses.stored_item(i) for i in parsed.items]
+
+
+async def _whole(request: web.Request, parsed: responses.Parsed, inputs: list[dict[str, Any]],
+                 stream: AsyncIterator[Chunk], resp_id: str, headers: Callable[[], dict[str, str]]) -> web.Response:
     """The answer as one response object, stored before it is returned; `headers()` read once the pipeline has run."""
     created, whole = time.time(), aggregate(await collect(stream))
     output = [responses.compaction_item(whole.text)] if parsed.compact else \
         responses.output_items(whole, parsed.names)
     obj = responses.response_object(resp_id, parsed, created, responses.status_of(whole), output, whole.usage,
                                     finish=whole.finish_reason)
-    await _keep(request, parsed, StoredResponse(obj, [responses.stored_item(i) for i in parsed.items],
-                                                parsed.previous_response_id))
+    await _keep(request, parsed, StoredResponse(obj, inputs, parsed.previous_response_id))
     return json_response(obj, headers=headers())
 
 
-async def _streamed(request: web.Request, parsed: responses.Parsed, stream: AsyncIterator[Chunk], resp_id: str,
+async def _streamed(request: web.Request, parsed: responses.Parsed, inputs: list[dict[str, Any]],
+                    stream: AsyncIterator[Chunk], resp_id: str,
                     headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
     """The answer as the Responses API's events, the response stored before its last ones go out; listed while it
     streams (proxy/live_responses.py), where a DELETE keeps it from being stored."""
     writer, stored = ResponseStream(resp_id, parsed, compacting=parsed.compact), False
-    live = Live(writer, [responses.stored_item(i) for i in parsed.items], parsed.previous_response_id)
+    live = Live(writer, inputs, parsed.previous_response_id)
     tenant = request[CALLER].tenant
 
     async def kept(events: bytes) -> bytes:
@@ -115,7 +122,7 @@ async def _streamed(request: web.Request, parsed: responses.Parsed, stream: Asyn
                                   heartbeat=Chunk(heartbeat=True), ends=lambda _: writer.final is not None)
 
 
-async def _in_background(request: web.Request, parsed: responses.Parsed, job: Job,
+async def _in_background(request: web.Request, parsed: responses.Parsed, inputs: list[dict[str, Any]], job: Job,
                          headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
     """The answer is written by a task of its own (proxy/background.py): the request returns the response queued, or
     follows its stream, which goes on if the client leaves. An unknown model is still this request's 404, and a key
@@ -129,7 +136,7 @@ async def _in_background(request: web.Request, parsed: responses.Parsed, job: Jo
         job.give_back()
         raise
     writer = ResponseStream(job.caller.request_id, parsed, compacting=parsed.compact, log=[])
-    run = Run(writer, [responses.stored_item(i) for i in parsed.items], parsed.previous_response_id)
+    run = Run(writer, inputs, parsed.previous_response_id)
     store, tenant = request.app[RESPONSES], request[CALLER].tenant
 
     async def keep(record: StoredResponse) -> None:

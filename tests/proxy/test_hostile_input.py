@@ -206,6 +206,29 @@ async def test_another_clients_request_is_served_while_a_large_requests_key_is_w
     assert served_meanwhile == [True]
 
 
+@pytest.mark.parametrize("config", [Config()])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_another_clients_request_is_served_while_a_large_responses_input_is_made_ready_to_store(
+        client: TestClient, monkeypatch, stream: bool) -> None:
+    """A Responses request's input items were made into the items it stores on the event loop, once its answer was
+    there: 0.3 s for 100,000 items. The first item made, the large request's, waits for another client's answer
+    here, up to 2 s."""
+    parsing, answered, served_meanwhile, real = threading.Event(), threading.Event(), [], responses.stored_item
+
+    def waits_for_another_client(item: dict) -> dict:
+        if not parsing.is_set():
+            parsing.set()
+            served_meanwhile.append(answered.wait(2))
+        return real(item)
+    monkeypatch.setattr(responses, "stored_item", waits_for_another_client)
+    large = asyncio.create_task(client.post("/v1/responses", json={"model": "tiny", "input": LARGE, "stream": stream}))
+    await asyncio.to_thread(parsing.wait, 5)
+    other = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
+    answered.set()
+    assert other.status == 200 and (await large).status == 200
+    assert served_meanwhile == [True]
+
+
 @pytest.mark.parametrize("config", [Config(server=ServerConfig(max_body_bytes=64 * 1024))])
 async def test_a_huge_declared_body_is_refused_before_it_is_sent(client: TestClient) -> None:
     reader, writer = await asyncio.open_connection(client.host, client.port)

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
+from adapters import bursts
 from proxy.app import make_app
 from proxy.cache.redis_store import RedisStore
 from proxy.config import Config
@@ -33,6 +34,26 @@ async def test_a_response_read_back_from_sqlite_counts_as_much_memory_as_one_wri
     assert elsewhere.memory.bytes_used == here.memory.bytes_used
     await here.close()
     await elsewhere.close()
+
+
+async def test_storing_a_response_of_many_items_lets_other_tasks_run(monkeypatch):
+    """Each item's entry is put at once where no tier waits (memory alone): 100,000 items held the event loop for
+    ~0.3 s. Every item here passes the longest a task may run without letting others (adapters/bursts.py)."""
+    monkeypatch.setattr(bursts, "BURST_S", -1.0)
+    store, ran = await ResponseStore.open(ResponsesConfig()), []
+    items = [{"id": f"msg_{n}", "type": "message", "content": "x"} for n in range(100)]
+
+    async def other_task() -> None:
+        while True:
+            ran.append(None)
+            await asyncio.sleep(0)
+    other = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
+    before = len(ran)
+    await store.put("t", StoredResponse({"id": "resp_1", "output": []}, items))
+    assert len(ran) - before >= 50
+    other.cancel()
+    await store.close()
 
 
 @pytest.mark.parametrize("hung", [False, True])
