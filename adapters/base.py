@@ -86,6 +86,10 @@ class Backend(ABC):
     # True where a name the server does not list would still be answered, by another model (a single-model
     # llama-server ignores `model`): such names are Ollama's 404, not a silent stand-in
     answers_unlisted_names = False
+    # True where `show` finds every model a request may name, so that its 404 is the request's own (Ollama looks a
+    # name up for /api/show as for /api/chat; the engine has its one model): a count then answers it as generation
+    # does. False where a server may answer names it does not list (OpenAI-compatible ones, a single-model llama-server)
+    shows_every_model = False
     own_defaults: str | None = None  # the dialect whose defaults the server itself fills in (Ollama: "ollama")
 
     def __init__(self, config: BackendConfig):

@@ -220,6 +220,7 @@ class EngineBackend(Backend):
     forces_tool_choice = True  # its grammar constrains the output to a call
     constrains_format = True
     idle_unload = True  # the model lives in this process: keep_alive 0 (or its end) frees it
+    shows_every_model = True  # `show` and generation check a name alike (_check)
     def __init__(self, config: BackendConfig):
         super().__init__(config)
         try:

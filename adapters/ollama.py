@@ -179,6 +179,7 @@ class OllamaBackend(Backend):
     constrains_format = True  # Ollama decodes `format` under a grammar
     fits_context = True  # Ollama drops a chat's oldest turns to fit num_ctx, and trims /api/generate prompts
     own_defaults = "ollama"  # its api.DefaultOptions, under every option /api/chat leaves unset
+    shows_every_model = True  # /api/show and /api/chat look a name up alike (GetModel)
 
     def __init__(self, config: BackendConfig):
         super().__init__(config)

@@ -110,6 +110,7 @@ class ReplicaSet(Backend):
     fits_context = _first_replicas("fits_context")
     refuses_output_past_window = _first_replicas("refuses_output_past_window")
     answers_unlisted_names = _first_replicas("answers_unlisted_names")
+    shows_every_model = _first_replicas("shows_every_model")
     forces_tool_choice = _first_replicas("forces_tool_choice")
     constrains_format = _first_replicas("constrains_format")
     own_defaults = _first_replicas("own_defaults")

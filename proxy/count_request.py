@@ -12,10 +12,11 @@ from .stages.resolve import with_prompt
 
 
 async def as_sent(router: Router, req: ChatRequest, dialect: str) -> tuple[Target, ModelInfo | None, ChatRequest]:
-    """(the backend that answers it, what the backend says of the model, the request as it would go there)."""
+    """(the backend that answers it, what the backend says of the model, the request as it would go there); the
+    404 the request itself would get, wherever Velo can know it without generating (Router.served_info)."""
     preset = router.presets.get(req.model)
     target = await router.resolve(req.model)
-    info = await router.model_info(target)
+    info = await router.served_info(target)
     if preset is not None:
         req = with_prompt(req, preset)  # type: ignore[assignment]
     if info is not None:

@@ -48,6 +48,7 @@ class _Info:
     at: float
     info: ModelInfo | None
     task: asyncio.Task | None = None
+    missing: bool = False  # the backend's last answer was its 404 (not a failure to answer)
 
 
 class Router:
@@ -116,12 +117,30 @@ class Router:
         """A backend that cannot answer for a while keeps what it said last (the window and capabilities the fit
         and resolve stages check were dropped with each failed refresh); one that no longer has the model drops it."""
         try:
-            entry.info = await asyncio.wait_for(target.backend.show(target.model), self.listing_timeout)
+            entry.info, entry.missing = await asyncio.wait_for(target.backend.show(target.model),
+                                                               self.listing_timeout), False
         except ModelNotFound:
-            entry.info = None
+            entry.info, entry.missing = None, True
         except Exception as e:  # noqa: BLE001 - any failure here means "unknown", never a failed request
+            entry.missing = False
             log.debug("no model info for %s on %r: %s", target.model, target.backend.name, e)
         entry.at = time.monotonic()
+
+    async def served_info(self, target: Target) -> ModelInfo | None:
+        """`model_info` for a request answered without the backend generating (a count, a background response's
+        creation): the 404 its generation would get, where the backend's own lookup says so before it is asked for an
+        answer (`Backend.shows_every_model`: Ollama, the engine). Elsewhere, and while the backend does not answer,
+        what `model_info` says, and the request itself finds out: an OpenAI-compatible server may serve names it
+        neither lists nor shows, and a single-model llama-server answers any name with its one."""
+        info = await self.model_info(target)
+        entry = self._info.get((target.backend.name, target.model))
+        if info is not None or entry is None or not entry.missing or not target.backend.shows_every_model:
+            return info
+        if time.monotonic() - entry.at > self.listings.fresh_s:  # a model pulled since, as `_resolve` looks again
+            info = await self.model_info_now(target)
+        if entry.missing and entry.task is not None and entry.task.done():  # not a 404 of before, asked again
+            raise ModelNotFound(target.model)
+        return info
 
     async def resolve(self, model: str) -> Target:
         if not model or len(model) > MAX_MODEL_NAME:  # no server names one so long: kept, it pinned its size

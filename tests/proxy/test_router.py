@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from adapters.base import BackendConfig
 from adapters.errors import BackendUnavailable, ModelNotFound
 from adapters.protocol import ModelInfo
-from proxy.config import parse_config
+from proxy.app import make_app
+from proxy.cache.config import CacheConfig
+from proxy.config import Config, parse_config
 from proxy.presets import Preset, PresetStore
 from proxy.router import Router, Target
+from tests.fakes import FakeOpenAI, FakeServer, OllamaDouble
 from tests.scripted import ScriptedBackend
 
 
@@ -335,3 +341,53 @@ async def test_closing_cancels_the_show_of_an_entry_the_bound_evicted(monkeypatc
     assert ("b", "first") not in router._info and not refresh.done()
     await router.close()
     assert refresh.cancelled()
+
+
+async def _unknown_model_answers(backends: list[tuple[str, FakeServer]], **config: Any) -> list[tuple[int, Any]]:
+    """(status, error) of each generation for a model no backend serves, then of its count in the same dialect."""
+    cfg = Config(backends=[BackendConfig(name=f"b{i}", kind=kind, urls=[fake.url])
+                           for i, (kind, fake) in enumerate(backends)], cache=CacheConfig(enabled=False), **config)
+    chat, anthropic_version = [{"role": "user", "content": "hi"}], {"anthropic-version": "2023-06-01"}
+    asked = [("/v1/messages", {"messages": chat, "max_tokens": 8}, anthropic_version),
+             ("/v1/messages/count_tokens", {"messages": chat}, anthropic_version),
+             ("/v1/responses", {"input": "hi"}, {}), ("/v1/responses/input_tokens", {"input": "hi"}, {})]
+    answers = []
+    async with TestClient(TestServer(make_app(cfg))) as c:
+        for path, body, headers in asked:
+            resp = await c.post(path, json={"model": "nope", **body}, headers=headers)
+            got = await resp.json()
+            answers.append((resp.status, got.get("error", got) if resp.status != 200 else "counted"))
+    return answers
+
+
+async def test_a_count_for_a_model_the_backend_does_not_have_is_generations_404():
+    """An Ollama backend (alone, or the default beside another) was asked to generate for a name it does not have
+    and answered 404, and the counts of the same request answered 200 with an estimate: Ollama's /api/show, asked
+    for the model's window anyway, says so before any answer. An OpenAI-compatible server may serve names it does
+    not list (Velo learns only from its refusal to generate): its counts stay an estimate."""
+    async with OllamaDouble() as ollama, FakeOpenAI() as openai_api:
+        for backends, config in (([("ollama", ollama)], {}),
+                                 ([("openai", openai_api), ("ollama", ollama)], {"default_backend": "b1"})):
+            messages, count, responses, input_tokens = await _unknown_model_answers(backends, **config)
+            assert messages[0] == 404 and messages[1]["type"] == "not_found_error"
+            assert responses[0] == 404 and responses[1]["code"] == "model_not_found"
+            assert (count, input_tokens) == (messages, responses)  # before: (200, "counted") each
+        messages, count, responses, input_tokens = await _unknown_model_answers([("openai", openai_api)])
+        assert messages[0] == responses[0] == 404 and count == input_tokens == (200, "counted")
+
+
+async def test_a_model_the_backend_showed_as_missing_is_looked_up_again_once_pulled():
+    """A 404 kept as the model's info would have answered a count 404 for the model pulled since, `info_ttl_s` long."""
+    backend = ScriptedBackend("b", ("tiny:latest",))
+    backend.shows_every_model = True  # type: ignore[misc]
+    router = Router(parse_config({"backends": [{"name": "b", "kind": "ollama", "url": "http://u:1"}]}),
+                    {"b": backend}, unknown_ttl_s=0.05)
+    target = Target(backend, "new:latest")
+    with pytest.raises(ModelNotFound, match="model 'new:latest' not found"):
+        await router.served_info(target)
+    backend.models.append("new:latest")
+    await asyncio.sleep(0.1)  # past the time a listing counts as fresh for unknown names
+    assert (await router.served_info(target)).name == "new:latest"
+    unlisting = ScriptedBackend("o", ("tiny:latest",))  # may serve what it does not show: the request finds out
+    assert await router.served_info(Target(unlisting, "new:latest")) is None
+    await router.close()
