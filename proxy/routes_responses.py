@@ -125,9 +125,13 @@ async def _streamed(request: web.Request, parsed: responses.Parsed, inputs: list
 async def _in_background(request: web.Request, parsed: responses.Parsed, inputs: list[dict[str, Any]], job: Job,
                          headers: Callable[[], dict[str, str]]) -> web.StreamResponse:
     """The answer is written by a task of its own (proxy/background.py): the request returns the response queued, or
-    follows its stream, which goes on if the client leaves. An unknown model is still this request's 404, and a key
-    over its limits, or a backend whose queue is full, its 429."""
-    target, pipeline = await request[ROUTER].resolve(parsed.model), request[PIPELINE]
+    follows its stream, which goes on if the client leaves. An unknown model is still this request's 404 wherever
+    Velo can know it without generating (Router.served_info: not for an OpenAI-compatible backend, which may serve
+    names it does not list, and whose refusal fails the response after `queued`), and a key over its limits, or a
+    backend whose queue is full, its 429."""
+    router, pipeline = request[ROUTER], request[PIPELINE]
+    target = await router.resolve(parsed.model)
+    await router.served_info(target)
     # a 429 for this request, not a failed response after `queued`: taken, not only checked, as a burst all passed it
     job = replace(job, share=pipeline.stage(Limit).reserve(job))
     try:

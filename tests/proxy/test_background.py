@@ -98,6 +98,32 @@ async def test_a_polled_response_is_in_progress_and_keeps_its_output_so_far_when
             assert (await sdk.responses.retrieve(running.id)).output_text == cancelled.output_text
 
 
+@pytest.mark.parametrize("kind", ["openai", "ollama"])
+async def test_a_background_response_for_a_model_the_backend_does_not_have_is_a_404_before_queued(kind: str):
+    """Answered 200 `queued`, its run then failing on the backend's 404, though that 404 is the one a request
+    without `background` gets at once: where the backend's own lookup knows it (Ollama's /api/show), the 404 comes
+    before `queued`, streamed or not. An OpenAI-compatible server may serve names it does not list: Velo learns of
+    it only from the run, which fails with the model's error."""
+    up: FakeServer = FakeOpenAI(models=["m"]) if kind == "openai" else OllamaDouble(models=["m"])
+    async with up:
+        cfg = Config(backends=[BackendConfig(name="up", kind=kind, urls=[up.url])], default_backend="up",
+                     cache=CacheConfig(enabled=False))
+        async with TestClient(TestServer(make_app(cfg))) as c:
+            sdk = _client(str(c.make_url("")).rstrip("/"))
+            with pytest.raises(openai.NotFoundError) as at_once:
+                await sdk.responses.create(model="nope", input="hi")
+            assert at_once.value.code == "model_not_found"
+            for stream in (False, True):
+                if kind == "openai":
+                    queued = await sdk.responses.create(model="nope", input="hi", background=True)
+                    failed = await _until(sdk, queued.id, "failed")
+                    assert failed.error.message == "model 'nope' not found"
+                    break
+                with pytest.raises(openai.NotFoundError) as e:  # before: 200 `queued`, then `failed`
+                    await sdk.responses.create(model="nope", input="hi", background=True, stream=stream)
+                assert (e.value.status_code, e.value.body) == (404, at_once.value.body)
+
+
 async def test_a_dropped_stream_goes_on_and_is_followed_again_from_where_it_broke(client, base_url,
                                                                                   scripted: ScriptedBackend):
     """Dropping a background stream cancelled the answer, and the response was never stored: the resume that
