@@ -56,7 +56,8 @@ class Residency:
     @contextlib.contextmanager
     def use(self, target: Target, keep: Any) -> Iterator[None]:
         """Around one request: its model is not unloaded under it, and stays `keep` after it. The unload timer
-        only watches backends whose model Velo unloads itself, so only their requests wake it."""
+        watches backends whose model Velo unloads itself, so their requests wake it; another backend's wakes it only
+        to send an unload its requests held back (`owed`)."""
         stay = self._stay(target)
         stay.in_flight += 1
         try:
