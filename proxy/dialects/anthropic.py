@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-import orjson
-
 from adapters import options
 from adapters.errors import BadRequest, ContextOverflow, UnusableFormat, VeloError
 from adapters.exact_json import dumps
