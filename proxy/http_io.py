@@ -227,7 +227,9 @@ class _Out:
     resp: web.StreamResponse | None = None  # once its head is out
     opening: asyncio.Lock = field(default_factory=asyncio.Lock)
     last: float = field(default_factory=time.monotonic)  # when something was last written (or the stream began)
-    sending: float | None = None  # when the write that waits for the client now began
+    # when the oldest write still waiting for the client began: a heartbeat written meanwhile goes into the buffer
+    # at once (aiohttp waits for the client past 64 KiB only), and clearing this it kept that client for good
+    sending: float | None = None
     watch: asyncio.TimerHandle | None = None
 
     async def open(self) -> web.StreamResponse:
@@ -241,14 +243,21 @@ class _Out:
         return self.resp
 
     async def write(self, data: bytes) -> None:
-        self.last = self.sending = time.monotonic()
+        self.last = time.monotonic()
+        waits = self.sending is None  # a write made while another waits (a heartbeat's) leaves that one timed
+        if waits:
+            self.sending = self.last
         await self.resp.write(data)  # type: ignore[union-attr]
-        self.sending = None
+        if waits:
+            self.sending = None
 
     async def end(self) -> None:
-        self.sending = time.monotonic()
+        waits = self.sending is None
+        if waits:
+            self.sending = time.monotonic()
         await self.resp.write_eof()  # type: ignore[union-attr]
-        self.sending = None
+        if waits:
+            self.sending = None
 
     def _watch(self) -> None:
         """A client that has taken nothing for `send_timeout` while a write waits for it is gone: its connection is

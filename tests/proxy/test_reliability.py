@@ -462,12 +462,15 @@ async def test_slow_clients_cannot_hold_connections():
     ("/v1/responses", {"model": "tiny", "input": "hi", "stream": True}),
     ("/v1/chat/completions", {**CHAT, "model": "tiny", "stream": True, "max_tokens": 10**6}),
     ("/api/chat", {**CHAT, "model": "tiny", "options": {"num_predict": 10**6}})])
-async def test_a_client_that_stops_reading_is_let_go_and_its_backend_work_cancelled(path: str, body: dict):
+@pytest.mark.parametrize("heartbeat_s", [15.0, 0.1])
+async def test_a_client_that_stops_reading_is_let_go_and_its_backend_work_cancelled(path: str, body: dict,
+                                                                                    heartbeat_s: float):
     """A client that keeps its connection but takes nothing more of the answer (a suspended process): the write
     waited for it for good, holding the backend's slot, past every timeout (before: still running after 12 s of a
-    3 s `total_timeout`)."""
+    3 s `total_timeout`). Heartbeats meanwhile (the stream's write waits, so it sends nothing) do not keep it: each
+    went into the buffer at once and marked the waiting write done, and the client was never let go."""
     scripted = ScriptedBackend(script=Script(pieces=["word "] * 200_000))
-    config = Config(server=ServerConfig(send_timeout_s=0.5), cache=CacheConfig(enabled=False))
+    config = Config(server=ServerConfig(send_timeout_s=0.5, heartbeat_s=heartbeat_s), cache=CacheConfig(enabled=False))
     async with velo(config, {"scripted": scripted}) as c:
         client = socket.socket()
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes a little, then nothing
