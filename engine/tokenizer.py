@@ -18,7 +18,6 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .chat_jinja import chat_template_env
 from .fim import FIM_ENDS, GGUF_FIM_KEYS, FimTokens, fim_markers
-from .fim import FIM_MARKERS  # noqa: F401 - the families fim_tokens reads, where the tokenizer's users look
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (llama.cpp's names).
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -87,9 +86,9 @@ class Tokenizer:
 
     @cached_property
     def fim_tokens(self) -> FimTokens | None:
-        """The model's fill-in-the-middle markers: those its file declares, else the first family in FIM_MARKERS
-        whose three markers are all in the vocabulary; None if it has none (no FIM). A marker must be an added
-        token, which encoding finds in running text before anything else, so a prompt's text carries it."""
+        """The model's fill-in-the-middle markers: those its file declares, else the first family in engine/fim.py's
+        FIM_MARKERS whose three markers are all in the vocabulary; None if it has none (no FIM). A marker must be an
+        added token, which encoding finds in running text before anything else, so a prompt's text carries it."""
         added = {t.content: i for i, t in self.tk.get_added_tokens_decoder().items()}
         if self.fim_token_ids is not None:
             found = FimTokens(*(self.tk.id_to_token(i) for i in self.fim_token_ids))

@@ -15,7 +15,7 @@ from adapters.model_file import model_file
 from adapters.protocol import (ChatRequest, CompletionRequest, EmbedRequest, Message, SamplingOptions, Tool,
                                aggregate)
 from engine import LLMEngine, RequestOutput
-from engine.tokenizer import FIM_ENDS, FIM_MARKERS
+from engine.fim import FIM_ENDS, FIM_MARKERS
 from tests.engine.tiny import byte_tokenizer, engine_options, write_tiny_model
 from tests.loop_watch import loop_gaps
 

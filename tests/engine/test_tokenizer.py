@@ -7,7 +7,8 @@ import pytest
 from tokenizers import AddedToken
 
 from engine import default_model_path
-from engine.tokenizer import FIM_MARKERS, FimTokens, IncrementalDetokenizer, Tokenizer
+from engine.fim import FIM_MARKERS, FimTokens
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.engine.tiny import byte_tokenizer
 
 QWEN = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
