@@ -36,9 +36,9 @@ class BackendConfig:
     # 300 s: Ollama's own limit on a model load that stalls; a CPU reads a long prompt for minutes (Qwen2.5-Coder-1.5B
     # on 2 cores: 12,307 tokens in 310 s), which llama-server reports as progress, each report a new wait.
     first_token_timeout: float = setting(300.0, "seconds until the first token, each gap of it for a backend that "
-                                         "reports its progress through the prompt (llama-server); an embedding, "
-                                         "whose answer comes whole, gets this for each input, within total_timeout; "
-                                         "then a clear 504", min=0.001)
+                                         "reports its progress through the prompt (llama-server); an embedding from "
+                                         "a server, whose answer comes whole, gets this for each input, within "
+                                         "total_timeout; then a clear 504", min=0.001)
     idle_timeout: float = setting(60.0, "seconds between streamed bytes; then a clear 504", min=0.001)
     # 1800 s: the default output cap (4096 tokens) at a CPU's few tokens a second, after a long prompt.
     total_timeout: float = setting(1800.0, "seconds for a whole answer; then a clear 504", min=0.001)
