@@ -26,10 +26,19 @@ ANONYMOUS = "anonymous"  # the scope of requests without a key
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def api_key(request: web.Request) -> str | None:
+def api_key(request: web.Request, keys: tuple[str, ...] = ()) -> str | None:
     """`Authorization: Bearer KEY` (OpenAI, Ollama clients), else `x-api-key` (Anthropic clients), else HTTP Basic
-    with the key as the password (a browser's own login box, for the dashboard)."""
-    auth = request.headers.get("Authorization", "")
+    with the key as the password (a browser's own login box, for the dashboard). Where both headers come and only
+    `x-api-key` holds one of `keys`, that one: Claude Code sends its ANTHROPIC_AUTH_TOKEN as a Bearer beside its
+    ANTHROPIC_API_KEY, and the Bearer left over from another service was a 401 for the key Velo knows."""
+    presented = _authorization(request.headers.get("Authorization", ""))
+    other = request.headers.get("X-Api-Key") or None
+    if presented is None or (other is not None and not is_one_of(presented, keys) and is_one_of(other, keys)):
+        return other
+    return presented
+
+
+def _authorization(auth: str) -> str | None:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip() or None
     if auth.lower().startswith("basic "):
@@ -37,7 +46,7 @@ def api_key(request: web.Request) -> str | None:
             return base64.b64decode(auth[6:].strip(), validate=True).decode().partition(":")[2] or None
         except (binascii.Error, UnicodeDecodeError):
             return None
-    return request.headers.get("X-Api-Key") or None
+    return None
 
 
 def caller_for(request: web.Request, server: ServerConfig) -> Caller:
@@ -47,7 +56,7 @@ def caller_for(request: web.Request, server: ServerConfig) -> Caller:
     Without configured keys, a client that still sends a key gets its own scope; one that sends none shares the
     anonymous scope, as a single-user local setup expects.
     """
-    key = api_key(request)
+    key = api_key(request, tuple(server.keys))
     if server.keys and not is_one_of(key, tuple(server.keys)):
         raise Unauthorized("invalid or missing API key")
     if server.admin_keys and not is_one_of(key, tuple(server.admin_keys)) and request.path.startswith(ADMIN_PATHS):

@@ -46,6 +46,22 @@ def test_no_key_is_compared_as_a_string():
     assert Watched.compared == []
 
 
+def test_the_header_that_holds_a_configured_key_is_the_one_read():
+    """Claude Code sends its ANTHROPIC_AUTH_TOKEN as a Bearer beside ANTHROPIC_API_KEY's x-api-key: a Bearer left
+    over from another service, beside the key Velo knows, was a 401."""
+    server = ServerConfig(api_keys=["sk-velo"])
+
+    def asked(**headers: str):
+        return make_mocked_request("POST", "/v1/messages", headers=headers)
+    velo = auth.tenant_of("sk-velo")
+    assert caller_for(asked(Authorization="Bearer sk-elsewhere", **{"x-api-key": "sk-velo"}), server).tenant == velo
+    assert caller_for(asked(Authorization="Bearer sk-velo", **{"x-api-key": "sk-elsewhere"}), server).tenant == velo
+    with pytest.raises(Unauthorized):
+        caller_for(asked(Authorization="Bearer sk-elsewhere", **{"x-api-key": "sk-nor-here"}), server)
+    unkeyed = ServerConfig()  # no keys: the Bearer scopes the request, as before
+    assert caller_for(asked(Authorization="Bearer a", **{"x-api-key": "b"}), unkeyed).tenant == auth.tenant_of("a")
+
+
 def _asked_with(key: str):
     return make_mocked_request("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"})
 
