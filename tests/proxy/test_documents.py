@@ -3,10 +3,12 @@ model as text: a PDF's read by pypdf, what cannot be read as a note. The PDFs ar
 from __future__ import annotations
 
 import base64
+import io
 import threading
 
 import anthropic
 import openai
+import pypdf
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -60,6 +62,19 @@ def test_what_cannot_be_read_is_a_note_not_an_error(monkeypatch, data, bounds, e
     for name, value in bounds.items():
         monkeypatch.setattr(documents, name, value)
     assert documents.pdf_text(data) == expected
+
+
+@pytest.mark.parametrize("user_password, expected", [("", "Locked for printing only."),
+                                                     ("open-sesame", "[a PDF left out: it is encrypted]")])
+def test_an_aes_encrypted_pdf_reads_where_it_opens_without_a_password(user_password, expected):
+    """A PDF that restricts printing or copying is encrypted (AES, as Acrobat writes it) with an empty user password:
+    it opens for anyone, and pypdf reads it with `cryptography` (pyproject's pypdf[crypto]); one that needs a password
+    is a note."""
+    writer = pypdf.PdfWriter(clone_from=pypdf.PdfReader(io.BytesIO(pdf("Locked for printing only."))))
+    writer.encrypt(user_password=user_password, owner_password="owner-secret", algorithm="AES-256")
+    out = io.BytesIO()
+    writer.write(out)
+    assert documents.pdf_text(b64(out.getvalue())) == expected
 
 
 async def test_a_large_pdf_is_read_on_a_thread_once(monkeypatch):
