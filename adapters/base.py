@@ -113,7 +113,9 @@ class Backend(ABC):
     @abstractmethod
     async def list_models(self) -> list[ModelInfo]: ...
 
-    async def show(self, model: str) -> ModelInfo:
+    async def show(self, model: str, verbose: bool = False) -> ModelInfo:
+        """`verbose` (Ollama's ShowRequest's) is for a backend that has more to say with it: an Ollama backend's
+        long model_info arrays; a listing has none."""
         for info in await self.list_models():
             if info.name == model:
                 return info

@@ -309,7 +309,7 @@ class EngineBackend(Backend):
     async def list_models(self) -> list[ModelInfo]:
         return [await self._described()]
 
-    async def show(self, model: str) -> ModelInfo:
+    async def show(self, model: str, verbose: bool = False) -> ModelInfo:
         self._check(model, None)
         return await self._described()
 

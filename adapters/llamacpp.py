@@ -358,7 +358,7 @@ class LlamaCppBackend(OpenAIBackend):
                                                int(context) or None if context.isdigit() else None, _sees(entry)))
         return out
 
-    async def show(self, model: str) -> ModelInfo:
+    async def show(self, model: str, verbose: bool = False) -> ModelInfo:
         """The listing's facts, plus the model file's own metadata where the file is on this machine."""
         props, info = await self.props(), await super().show(model)
         if _is_router(props):

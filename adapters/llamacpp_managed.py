@@ -295,7 +295,7 @@ class ManagedLlamaCpp(LlamaCppBackend):
             return replace(info, capabilities=["embedding"])
         return info
 
-    async def show(self, model: str) -> ModelInfo:
+    async def show(self, model: str, verbose: bool = False) -> ModelInfo:
         """Stopped, from the file alone (showing never starts it)."""
         if self.state == "ready":
             with contextlib.suppress(BackendError):

@@ -135,7 +135,15 @@ def model_info_from_wire(name: str, backend: str, obj: dict[str, Any]) -> ModelI
     # model as `["completion", "tools"]` where Ollama's /api/show says `["embedding"]`
     capabilities = obj.get("capabilities")
     info.capabilities = [c for c in capabilities if isinstance(c, str)] if isinstance(capabilities, list) else []
+    info.shown = {k: obj[k] for k in PASSED_ON if k in obj}  # as sent: Ollama leaves an empty one out itself
     return info
+
+
+# ShowResponse's fields (api/types.go) that Velo has no model of, passed on as the backend gave them: a Modelfile's
+# MESSAGE lines (`ollama run` prints them), a vision model's projector metadata (clients look for
+# clip.has_vision_encoder there), the GGUF's tensors, the model's renderer and parser, a cloud model's remote
+# name and host, the least Ollama version it needs
+PASSED_ON = ("renderer", "parser", "messages", "remote_model", "remote_host", "projector_info", "tensors", "requires")
 
 
 @dataclass
@@ -199,8 +207,11 @@ class OllamaBackend(Backend):
         return await self.http.call("GET", "/api/tags", parse=lambda tags: [
             model_info_from_wire(m.get("name") or m["model"], self.name, m) for m in tags.get("models", [])])
 
-    async def show(self, model: str) -> ModelInfo:
-        return await self.http.call("POST", "/api/show", {"model": model}, model=model,
+    async def show(self, model: str, verbose: bool = False) -> ModelInfo:
+        """`verbose` asked of Ollama too: its model_info then holds the long arrays (tokenizer.ggml.tokens) that it
+        otherwise sends as []."""
+        body = {"model": model, "verbose": True} if verbose else {"model": model}
+        return await self.http.call("POST", "/api/show", body, model=model,
                                     parse=lambda obj: model_info_from_wire(model, self.name, obj))
 
     async def load(self, model: str, keep: Any) -> int:

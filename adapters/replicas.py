@@ -288,8 +288,8 @@ class ReplicaSet(Backend):
                 replica.backend.server = member.server  # type: ignore[attr-defined]
         return models
 
-    async def show(self, model: str) -> ModelInfo:
-        return await self._call(lambda b: b.show(model))
+    async def show(self, model: str, verbose: bool = False) -> ModelInfo:
+        return await self._call(lambda b: b.show(model, verbose))
 
     async def running(self) -> list[RunningModel]:
         """The models loaded on the replicas (Ollama's /api/ps), not one replica's."""

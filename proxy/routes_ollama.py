@@ -51,7 +51,7 @@ async def show(request: web.Request) -> web.Response:
     with _named_in_ollamas_grammar(name):
         try:
             target = await router.resolve(name)
-            info = await target.backend.show(target.model)
+            info = await target.backend.show(target.model, body.get("verbose") is True)
         except ModelNotFound as e:  # named as ShowHandler names it: `nope` is `model 'nope:latest' not found`
             raise ModelNotFound(ollama_names.display_shortest(name)) from e
     info = replace(info, name=name)  # a copy: a backend may hand out its own card (the engine's, once unloaded)

@@ -203,6 +203,16 @@ class FakeModel:
     size: int = 98_000_000
     system: str = ""  # its Modelfile's SYSTEM (a CreateRequest's `system`)
     license: str = ""  # its LICENSE layer's text (ShowResponse `license`, omitempty)
+    # ShowResponse's other omitempty fields, as server/routes.go GetModelInfo fills them: the Modelfile's MESSAGE
+    # lines, a cloud model's name and host (then no tensors: "skip loading tensor information if this is a remote
+    # model"), the projector file's key-values (a vision model), the model's renderer, parser and least version
+    messages: list[dict[str, str]] = field(default_factory=list)
+    remote_model: str = ""
+    remote_host: str = ""
+    projector_info: dict[str, Any] = field(default_factory=dict)
+    renderer: str = ""
+    parser: str = ""
+    requires: str = ""
 
     @property
     def digest(self) -> str:
@@ -213,6 +223,11 @@ class FakeModel:
         # api.md "List Local Models" / "Show Model Information": the `details` object.
         return {"parent_model": "", "format": "gguf", "family": self.family, "families": [self.family],
                 "parameter_size": "135M", "quantization_level": "Q4_1"}
+
+
+def _verbose_or_short(kv: dict[str, Any], verbose: bool) -> dict[str, Any]:
+    """server/routes.go getModelData: without `verbose`, an array of more than 5 items is sent as []."""
+    return kv if verbose else {k: [] if isinstance(v, list) and len(v) > 5 else v for k, v in kv.items()}
 
 
 class OllamaDouble(FakeServer):
@@ -257,15 +272,25 @@ class OllamaDouble(FakeServer):
             return self._missing(name)
         # api.md "Show Model Information" (+ `capabilities`, which current servers add; `system`, omitempty).
         system = f'SYSTEM """{m.system}"""\n' if m.system else ""
+        verbose, remote = body.get("verbose") is True, bool(m.remote_host and m.remote_model)
         return web.json_response({
             "modelfile": f"FROM {name}\n{system}PARAMETER num_ctx {m.context_length}",
             "parameters": 'stop                           "<|im_end|>"',
             "template": "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
                         "<|im_start|>user\n{{ .Prompt }}<|im_end|>\n<|im_start|>assistant\n",
             "details": m.details, "capabilities": m.capabilities, "modified_at": "2025-01-01T00:00:00Z",
-            "model_info": {"general.architecture": m.family, "general.parameter_count": 134_515_008,
-                           f"{m.family}.context_length": m.context_length, f"{m.family}.embedding_length": 576},
-            **({"system": m.system} if m.system else {}), **({"license": m.license} if m.license else {})})
+            "model_info": {"general.architecture": m.family, f"{m.family}.context_length": m.context_length}
+            if remote else _verbose_or_short({  # a cloud model's is its config's few keys
+                "general.architecture": m.family, "general.parameter_count": 134_515_008,
+                f"{m.family}.context_length": m.context_length, f"{m.family}.embedding_length": 576,
+                "tokenizer.ggml.tokens": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "c"],
+                "tokenizer.ggml.eos_token_id": 2, "general.tags": ["text"]}, verbose),
+            **({"tensors": [{"name": "token_embd.weight", "type": "Q8_0", "shape": [576, 49152]},
+                            {"name": "output_norm.weight", "type": "F32", "shape": [576]}]} if not remote else {}),
+            **({"projector_info": _verbose_or_short(m.projector_info, verbose)} if m.projector_info else {}),
+            **{k: v for k, v in (("system", m.system), ("license", m.license), ("messages", m.messages),
+                                 ("remote_model", m.remote_model), ("remote_host", m.remote_host),
+                                 ("renderer", m.renderer), ("parser", m.parser), ("requires", m.requires)) if v}})
 
     async def ps(self, request: web.Request) -> web.Response:
         # api.md "List Running Models" (+ `context_length` from the client's ProcessResponse).

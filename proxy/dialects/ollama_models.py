@@ -75,7 +75,7 @@ def show_object(info: ModelInfo, parameters: str | None = None) -> dict[str, Any
              "parameters": info.parameters if parameters is None else parameters, "template": info.template,
              "system": info.system, "details": _details(info), "model_info": model_info,
              "capabilities": shown_capabilities(info.capabilities), "modified_at": info.modified_at}
-    return {k: v for k, v in shown.items() if v or k not in _SHOW_OMITEMPTY}
+    return {k: v for k, v in shown.items() if v or k not in _SHOW_OMITEMPTY} | info.shown
 
 
 def ps_object(model: RunningModel) -> dict[str, Any]:

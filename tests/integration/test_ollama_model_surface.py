@@ -214,6 +214,41 @@ async def test_show_passes_an_ollama_models_license_text_on(ollama_double):
         assert (await c.show("all-minilm")).license is None
 
 
+async def test_show_passes_an_ollama_backends_other_show_fields_on(ollama_double):
+    """ShowResponse's messages (`ollama run` prints a Modelfile's MESSAGE lines), projector_info (a vision model's;
+    clients read clip.has_vision_encoder there), tensors, renderer, parser, requires and a cloud model's remote_model
+    and remote_host: Velo dropped every one, and asked no `verbose`, so tokenizer.ggml.tokens stayed []. The `ollama`
+    client's ShowResponse (0.6.3) has none of these fields and its show() sends no `verbose`: asked raw here."""
+    chat, embed = ollama_double.models[CHAT_MODEL], ollama_double.models["all-minilm:latest"]
+    chat.messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    chat.projector_info = {"clip.has_vision_encoder": True, "clip.vision.image_mean": [0.5] * 6}
+    chat.renderer = chat.parser = "qwen3-coder"
+    chat.requires = "0.12.0"
+    embed.remote_model, embed.remote_host = "all-minilm:cloud", "https://ollama.com:443"
+    async with serve(config(BackendConfig(name="ollama", kind="ollama", urls=[ollama_double.url]))) as url, \
+            aiohttp.ClientSession() as s:
+        async def show(model: str, **more: bool) -> dict:
+            async with s.post(url + "/api/show", json={"model": model, **more}) as resp:
+                return await resp.json()
+
+        async def straight(model: str, **more: bool) -> dict:
+            async with s.post(ollama_double.url + "/api/show", json={"model": model, **more}) as resp:
+                return await resp.json()
+
+        keys = ("messages", "projector_info", "tensors", "renderer", "parser", "requires", "remote_model",
+                "remote_host")
+        for model, more in ((CHAT_MODEL, {}), (CHAT_MODEL, {"verbose": True}), ("all-minilm:latest", {})):
+            ollamas, velos = await straight(model, **more), await show(model, **more)
+            assert {k: velos.get(k) for k in keys} == {k: ollamas.get(k) for k in keys}
+            assert [k for k in keys if k in velos] == [k for k in keys if k in ollamas]  # omitempty, as Ollama
+        short, verbose = await show(CHAT_MODEL), await show(CHAT_MODEL, verbose=True)
+        assert short["model_info"]["tokenizer.ggml.tokens"] == [] and short["projector_info"] == {
+            "clip.has_vision_encoder": True, "clip.vision.image_mean": []}
+        assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) == 6
+        assert verbose["projector_info"]["clip.vision.image_mean"] == [0.5] * 6
+        assert "tensors" not in await show("all-minilm") and "messages" not in await show("all-minilm")
+
+
 async def test_legacy_embeddings_with_no_prompt_loads_or_unloads_as_ollama_does(ollama_double):
     """EmbeddingsHandler loads the model for an empty prompt ("an empty request loads the model"), under its
     keep_alive, so 0 unloads it; Velo only looked the name up, so the model stayed loaded, or was not loaded."""
