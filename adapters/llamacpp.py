@@ -362,8 +362,8 @@ class LlamaCppBackend(OpenAIBackend):
         """The listing's facts, plus the model file's own metadata where the file is on this machine."""
         props, info = await self.props(), await super().show(model)
         if _is_router(props):
-            return await self.with_file(info, info.file, "")
-        return await self.with_file(info, props.get("model_path", ""), props.get("chat_template", ""))
+            return await self.with_file(info, info.file, "", verbose)
+        return await self.with_file(info, props.get("model_path", ""), props.get("chat_template", ""), verbose)
 
     async def running(self) -> list[RunningModel]:
         """A router's loaded models; a single-model server's one."""
@@ -398,12 +398,14 @@ class LlamaCppBackend(OpenAIBackend):
             with contextlib.suppress(BadRequest):
                 await self.http.call("POST", "/models/unload", {"model": model}, model=model)
 
-    async def with_file(self, info: ModelInfo, path: str, jinja: str) -> ModelInfo:
+    async def with_file(self, info: ModelInfo, path: str, jinja: str, verbose: bool = False) -> ModelInfo:
+        """`verbose`: the file's long arrays whole, as Ollama's /api/show gives them (read for this request only)."""
         if not os.path.isfile(path):
             return info
         facts = await self.gguf_facts(path)
         info.file = path
-        info.model_info = facts.info | info.model_info
+        whole = await asyncio.to_thread(model_card.verbose_info, path) if verbose else facts.info
+        info.model_info = whole | info.model_info
         if facts.fim and "insert" in info.capabilities:
             info.template = model_card.go_template(jinja or facts.jinja, facts.fim)
         return info

@@ -299,8 +299,8 @@ class ManagedLlamaCpp(LlamaCppBackend):
         """Stopped, from the file alone (showing never starts it)."""
         if self.state == "ready":
             with contextlib.suppress(BackendError):
-                return await LlamaCppBackend.show(self, model)
-        return await self.with_file(await Backend.show(self, model), self.config.model or "", "")
+                return await LlamaCppBackend.show(self, model, verbose)
+        return await self.with_file(await Backend.show(self, model), self.config.model or "", "", verbose)
 
     async def running(self) -> list[RunningModel]:
         """The running server's model as listed (size, digest, details), until `keep_s` after its last request (a

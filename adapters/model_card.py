@@ -1,5 +1,5 @@
 """What Ollama's `/api/show` says about a model, for backends that are not Ollama: the Modelfile `parameters` text,
-an Ollama-style Go `template`, and `model_info` under Ollama's GGUF key names with scalar values.
+an Ollama-style Go `template`, and `model_info` under Ollama's GGUF key names.
 
 IDE clients read only `parameters` (`num_ctx`, one `stop` line per stop word) and test `template` for
 `{{ .Suffix }}` to decide whether fill-in-the-middle works, so the template is written per chat family Velo knows
@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.fim import GGUF_FIM_KEYS, FimTokens, fim_markers
 
-from .gguf_header import read_metadata
+from .gguf_header import SHORT, read_metadata
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,9 @@ def file_context(info: dict[str, Any], family: str = "") -> int | None:
 
 @dataclass(frozen=True)
 class GgufFacts:
-    """A local GGUF file as /api/show tells it: its metadata as Ollama shows it (every scalar key; arrays such as the
-    vocabulary, and the chat template, left out), the FIM tokens its vocabulary has, and its chat template."""
+    """A local GGUF file as /api/show tells it: its metadata as Ollama shows it without `verbose` (an array of more
+    than SHORT items, such as the vocabulary, as []; no chat template), the FIM tokens its vocabulary has, and its
+    chat template."""
 
     info: dict[str, Any]
     fim: FimTokens | None
@@ -125,13 +126,22 @@ class GgufFacts:
 
 
 def gguf_facts(path: str) -> GgufFacts:
-    meta = read_metadata(path, arrays=frozenset({"tokenizer.ggml.tokens"}))
-    vocab = meta.pop("tokenizer.ggml.tokens", None) or []
-    jinja = meta.pop("tokenizer.chat_template", None)
-    info = {k: v for k, v in meta.items() if v is not None}
+    info = read_metadata(path, arrays=frozenset({"tokenizer.ggml.tokens"}))
+    vocab = info.get("tokenizer.ggml.tokens") or []
+    if len(vocab) > SHORT:
+        info["tokenizer.ggml.tokens"] = []
+    jinja = info.pop("tokenizer.chat_template", None)
     roles = [info.get(key) for key in GGUF_FIM_KEYS]  # llama.cpp's own keys
     if all(isinstance(i, int) and 0 <= i < len(vocab) for i in roles):
         fim: FimTokens | None = FimTokens(*(vocab[i] for i in roles))
     else:
         fim = fim_markers(set(vocab).__contains__)
     return GgufFacts(info, fim, jinja if isinstance(jinja, str) else "")
+
+
+def verbose_info(path: str) -> dict[str, Any]:
+    """The file's metadata as Ollama's /api/show has it with `verbose`: every array whole (the vocabulary, its
+    merges), no chat template. Read anew each time, not kept: a 151k-token vocabulary is tens of MB as objects."""
+    info = read_metadata(path, whole=True)
+    info.pop("tokenizer.chat_template", None)
+    return info

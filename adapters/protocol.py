@@ -323,7 +323,7 @@ class ModelInfo:
     parameters: str = ""
     system: str = ""  # its system prompt (Ollama's SYSTEM: an Ollama model's own, a preset's)
     license: str = ""  # its license text (Ollama's LICENSE layer); where none is known, the file's general.license
-    model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), scalar values
+    model_info: dict[str, Any] = field(default_factory=dict)  # Ollama's keys (general.*, <arch>.*), as it shows them
     file: str = ""  # the model file, when it is on this machine: the Modelfile's FROM, as Ollama names its blob
     # the server's own names for the model (llama-server's alias and model path), which clients moved over from it
     # keep asking for: they reach the model, unlisted

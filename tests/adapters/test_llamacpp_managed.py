@@ -27,6 +27,18 @@ async def test_a_stopped_server_shows_the_template_and_fim_its_file_has(tmp_path
     assert shown.model_info["qwen2.context_length"] == 4096
 
 
+async def test_show_gives_the_files_arrays_as_ollama_does_short_or_verbose(tmp_path):
+    """Ollama's model_info has every GGUF key: an array of up to 5 items whole, a longer one as [] unless the
+    request says `verbose` (server/routes.go getModelData); Velo left every array out, verbose or not, so
+    `ollama show -v` had no vocabulary and no tokenizer.ggml.tokens key at all."""
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, TOOLS_CHATML)  # 6 tokens: past Ollama's 5
+    backend = ManagedLlamaCpp(BackendConfig(name="coder", kind="llamacpp", model=path), Swaps())
+    assert (await backend.show("coder")).model_info["tokenizer.ggml.tokens"] == []
+    verbose = (await backend.show("coder", verbose=True)).model_info
+    assert verbose["tokenizer.ggml.tokens"] == CODER_VOCAB and "tokenizer.chat_template" not in verbose
+    assert (await backend.show("coder")).model_info["tokenizer.ggml.tokens"] == []  # verbose is not kept
+
+
 @pytest.mark.parametrize("markers", FIM_MARKERS,
                          ids=["qwen", "starcoder", "santacoder", "deepseek", "codellama", "pre", "glm"])
 async def test_a_stopped_server_offers_insert_for_every_fim_family_llama_cpp_knows(tmp_path, markers):
