@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from typing import Any, BinaryIO
 
+from gguf import GGMLQuantizationType
+
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 SHORT = 5  # Ollama's getModelData (server/routes.go): an array of more items is shown as [] unless verbose
@@ -38,9 +40,24 @@ def _value(f: BinaryIO, kind: int, keep: bool) -> Any:
     return _read(f, _SCALARS[kind])
 
 
-def read_metadata(path: str, arrays: frozenset[str] = frozenset(), whole: bool = False) -> dict[str, Any]:
-    """Every key with its value; an array of more than SHORT items is [] (as Ollama's /api/show has it without
-    `verbose`) unless `whole` or its key is in `arrays`."""
+def _tensor(f: BinaryIO) -> dict[str, Any]:
+    """A tensor's info as Ollama's /api/show lists it (api.Tensor: name, type, shape as the file orders it)."""
+    name = _string(f)
+    shape = [_read(f, "<Q") for _ in range(_read(f, "<I"))]
+    kind = _read(f, "<I")
+    _read(f, "<Q")  # where its data starts
+    try:
+        type_name = GGMLQuantizationType(kind).name
+    except ValueError:
+        type_name = "unknown"  # Ollama's TensorType.String() for a type it does not know
+    return {"name": name, "type": type_name, "shape": shape}
+
+
+def read_header(path: str, arrays: frozenset[str] = frozenset(),
+                whole: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every key with its value, an array of more than SHORT items as [] (as Ollama's /api/show has it without
+    `verbose`) unless `whole` or its key is in `arrays`; and every tensor's name, type and shape, which follow the
+    keys in the file (no tensor data is read)."""
     out: dict[str, Any] = {}
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
@@ -48,8 +65,13 @@ def read_metadata(path: str, arrays: frozenset[str] = frozenset(), whole: bool =
         version = _read(f, "<I")
         if version < 2:
             raise ValueError(f"{path}: GGUF version {version} is not supported")
-        _read(f, "<Q")  # tensor count
+        tensors = _read(f, "<Q")
         for _ in range(_read(f, "<Q")):
             key = _string(f)
             out[key] = _value(f, _read(f, "<I"), whole or key in arrays)
-    return out
+        return out, [_tensor(f) for _ in range(tensors)]
+
+
+def read_metadata(path: str, arrays: frozenset[str] = frozenset(), whole: bool = False) -> dict[str, Any]:
+    """read_header's keys alone."""
+    return read_header(path, arrays, whole)[0]

@@ -406,6 +406,7 @@ class LlamaCppBackend(OpenAIBackend):
         info.file = path
         whole = await asyncio.to_thread(model_card.verbose_info, path) if verbose else facts.info
         info.model_info = whole | info.model_info
+        info.shown = {**info.shown, "tensors": facts.tensors}
         if facts.fim and "insert" in info.capabilities:
             info.template = model_card.go_template(jinja or facts.jinja, facts.fim)
         return info

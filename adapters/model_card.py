@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.fim import GGUF_FIM_KEYS, FimTokens, fim_markers
 
-from .gguf_header import SHORT, read_metadata
+from .gguf_header import SHORT, read_header, read_metadata
 
 
 @dataclass(frozen=True)
@@ -117,16 +117,17 @@ def file_context(info: dict[str, Any], family: str = "") -> int | None:
 @dataclass(frozen=True)
 class GgufFacts:
     """A local GGUF file as /api/show tells it: its metadata as Ollama shows it without `verbose` (an array of more
-    than SHORT items, such as the vocabulary, as []; no chat template), the FIM tokens its vocabulary has, and its
-    chat template."""
+    than SHORT items, such as the vocabulary, as []; no chat template), the FIM tokens its vocabulary has, its
+    chat template, and its tensors (name, type, shape), which Ollama's /api/show lists verbose or not."""
 
     info: dict[str, Any]
     fim: FimTokens | None
     jinja: str
+    tensors: list[dict[str, Any]]
 
 
 def gguf_facts(path: str) -> GgufFacts:
-    info = read_metadata(path, arrays=frozenset({"tokenizer.ggml.tokens"}))
+    info, tensors = read_header(path, arrays=frozenset({"tokenizer.ggml.tokens"}))
     vocab = info.get("tokenizer.ggml.tokens") or []
     if len(vocab) > SHORT:
         info["tokenizer.ggml.tokens"] = []
@@ -136,7 +137,7 @@ def gguf_facts(path: str) -> GgufFacts:
         fim: FimTokens | None = FimTokens(*(vocab[i] for i in roles))
     else:
         fim = fim_markers(set(vocab).__contains__)
-    return GgufFacts(info, fim, jinja if isinstance(jinja, str) else "")
+    return GgufFacts(info, fim, jinja if isinstance(jinja, str) else "", tensors)
 
 
 def verbose_info(path: str) -> dict[str, Any]:

@@ -328,8 +328,8 @@ class ModelInfo:
     # the server's own names for the model (llama-server's alias and model path), which clients moved over from it
     # keep asking for: they reach the model, unlisted
     served_as: list[str] = field(default_factory=list)
-    # an Ollama backend's ShowResponse fields Velo keeps no model of (messages, projector_info, tensors, renderer,
-    # parser, remote_model, remote_host, requires): /api/show passes them on as the backend sent them
+    # ShowResponse fields Velo keeps no model of, which /api/show passes on as they are: an Ollama backend's
+    # (messages, projector_info, tensors, renderer, parser, remote_model, remote_host, requires), a GGUF's tensors
     shown: dict[str, Any] = field(default_factory=dict)
 
 

@@ -39,6 +39,14 @@ async def test_show_gives_the_files_arrays_as_ollama_does_short_or_verbose(tmp_p
     assert (await backend.show("coder")).model_info["tokenizer.ggml.tokens"] == []  # verbose is not kept
 
 
+async def test_show_lists_the_files_tensors_as_ollama_does(tmp_path):
+    """Ollama's /api/show lists the GGUF's tensors (name, type, shape), verbose or not (server/routes.go
+    GetModelInfo; `ollama show -v` prints them); Velo listed none, though the header it reads holds them."""
+    path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, TOOLS_CHATML)  # one F32 tensor "t" of 4
+    backend = ManagedLlamaCpp(BackendConfig(name="coder", kind="llamacpp", model=path), Swaps())
+    assert (await backend.show("coder")).shown["tensors"] == [{"name": "t", "type": "F32", "shape": [4]}]
+
+
 @pytest.mark.parametrize("markers", FIM_MARKERS,
                          ids=["qwen", "starcoder", "santacoder", "deepseek", "codellama", "pre", "glm"])
 async def test_a_stopped_server_offers_insert_for_every_fim_family_llama_cpp_knows(tmp_path, markers):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from adapters import go_template, model_card
-from adapters.gguf_header import read_metadata
+from adapters.gguf_header import read_header, read_metadata
 from engine import default_model_path
 from engine.fim import FIM_MARKERS
 
@@ -58,8 +58,11 @@ def test_model_info_keeps_ollama_keys_and_drops_unknown_dimensions():
 
 def test_header_reader_matches_the_gguf_library_on_the_shipped_model():
     path = default_model_path()
-    ours = read_metadata(path)
-    theirs = {name: f.contents() for name, f in gguf.GGUFReader(path).fields.items() if not name.startswith("GGUF.")}
+    ours, tensors = read_header(path)
+    reader = gguf.GGUFReader(path)
+    theirs = {name: f.contents() for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    assert tensors == [{"name": t.name, "type": t.tensor_type.name, "shape": [int(d) for d in t.shape]}
+                       for t in reader.tensors]
     assert ours.keys() == theirs.keys()
     scalars = {k for k, v in theirs.items() if not isinstance(v, list)}
     assert {k: ours[k] for k in scalars} == {k: theirs[k] for k in scalars}
