@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from . import keep_alive
 from .base import Backend, BackendConfig
+from .gguf_header import read_metadata
 from .errors import BackendError, BackendUnavailable
 from .llamacpp import LlamaCppBackend, flag_value, gguf_name
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel,
@@ -299,8 +300,19 @@ class ManagedLlamaCpp(LlamaCppBackend):
         """Stopped, from the file alone (showing never starts it)."""
         if self.state == "ready":
             with contextlib.suppress(BackendError):
-                return await LlamaCppBackend.show(self, model, verbose)
-        return await self.with_file(await Backend.show(self, model), self.config.model or "", "", verbose)
+                return await self._with_projector(await LlamaCppBackend.show(self, model, verbose), verbose)
+        info = await self.with_file(await Backend.show(self, model), self.config.model or "", "", verbose)
+        return await self._with_projector(info, verbose)
+
+    async def _with_projector(self, info: ModelInfo, verbose: bool) -> ModelInfo:
+        """Ollama's projector_info: the keys of the projector file that the command names (--mmproj), read as
+        Ollama's GetModelInfo reads its projector's (long arrays [] unless `verbose`); clients look there for
+        clip.has_vision_encoder."""
+        path = flag_value(self.config.command, "-mm", "--mmproj")
+        if path is None or not os.path.isfile(path):
+            return info
+        info.shown = {**info.shown, "projector_info": await asyncio.to_thread(read_metadata, path, whole=verbose)}
+        return info
 
     async def running(self) -> list[RunningModel]:
         """The running server's model as listed (size, digest, details), until `keep_s` after its last request (a

@@ -1,4 +1,6 @@
 """A managed llama-server while it is stopped: what its model file tells, without starting it."""
+import gguf
+import numpy as np
 import pytest
 
 from adapters import go_template
@@ -45,6 +47,24 @@ async def test_show_lists_the_files_tensors_as_ollama_does(tmp_path):
     path = gguf_file(str(tmp_path / "coder.gguf"), CODER_VOCAB, TOOLS_CHATML)  # one F32 tensor "t" of 4
     backend = ManagedLlamaCpp(BackendConfig(name="coder", kind="llamacpp", model=path), Swaps())
     assert (await backend.show("coder")).shown["tensors"] == [{"name": "t", "type": "F32", "shape": [4]}]
+
+
+async def test_show_gives_the_projector_its_command_names_as_projector_info(tmp_path):
+    """Ollama's /api/show has a vision model's projector keys as projector_info (server/routes.go GetModelInfo,
+    long arrays [] unless verbose); Velo gave none, though the server's command names the --mmproj file."""
+    model = gguf_file(str(tmp_path / "m.gguf"), CODER_VOCAB, CHATML)
+    w = gguf.GGUFWriter(str(tmp_path / "mmproj.gguf"), "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_array("clip.vision.image_mean", [0.5] * 6)
+    w.add_tensor("v", np.zeros(2, dtype=np.float32))
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+    command = ["llama-server", "--mmproj", str(tmp_path / "mmproj.gguf")]
+    backend = ManagedLlamaCpp(BackendConfig(name="m", kind="llamacpp", model=model, command=command), Swaps())
+    short, verbose = (await backend.show("m")).shown, (await backend.show("m", verbose=True)).shown
+    assert short["projector_info"]["clip.has_vision_encoder"] is True
+    assert short["projector_info"]["clip.vision.image_mean"] == []
+    assert verbose["projector_info"]["clip.vision.image_mean"] == [0.5] * 6
 
 
 @pytest.mark.parametrize("markers", FIM_MARKERS,
