@@ -17,16 +17,20 @@ from adapters.protocol import Chunk
 from ..keep import Tally
 
 ChunkFactory = Callable[[], AsyncIterator[Chunk]]
+Inherit = Callable[[list[Chunk]], None]
 
 
 @dataclass
 class _Flight:
-    """One shared backend stream: every chunk so far, and an event swapped each time something changes."""
+    """One shared backend stream: every chunk so far, and an event swapped each time something changes; who pays
+    for the call (its first caller, until it leaves before the end), and who may take that over, first come first."""
 
     chunks: list[Chunk] = field(default_factory=list)
     done: bool = False
     error: BaseException | None = None
     callers: int = 0
+    payer: object = None
+    heirs: dict[object, Inherit] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     pump: asyncio.Task | None = None
 
@@ -52,25 +56,29 @@ class Coalescer:
         return len(self._flights)
 
     async def stream(self, key: str, factory: ChunkFactory, joined: Callable[[], None] = lambda: None,
-                     own: Callable[[Chunk], Chunk] = lambda chunk: chunk) -> AsyncIterator[Chunk]:
+                     own: Callable[[Chunk], Chunk] = lambda chunk: chunk,
+                     inherit: Inherit = lambda paid: None) -> AsyncIterator[Chunk]:
         """Every chunk of the shared stream, from the first; the flight's error, if any, is raised here too.
         `joined` is called when the caller rides on a flight another started, and each chunk reaches that caller
         through `own`: what in an answer is one client's alone (its tool calls' ids) is made anew for each.
+        The caller that started the flight pays for it; where it leaves before the end, `inherit` is called on the
+        first caller still there, with the chunks the one that left got: that one pays for the rest.
 
         Callers should close this generator (`contextlib.aclosing`) when they stop early, so that the backend
         call is cancelled as soon as the last of them is gone.
         """
         flight = self._flights.get(key)
-        follower = flight is not None
+        follower, me = flight is not None, object()
         if follower:
             self.joined.n += 1
             joined()
+            flight.heirs[me] = inherit
         else:
-            flight = self._flights[key] = _Flight()
+            flight = self._flights[key] = _Flight(payer=me)
             flight.pump = asyncio.create_task(self._pump(key, flight, factory), name=f"coalesce:{key[:32]}")
         flight.callers += 1
+        seen, ended = 0, False
         try:
-            seen = 0
             while True:
                 while seen < len(flight.chunks):
                     seen += 1
@@ -78,10 +86,15 @@ class Coalescer:
                 if flight.done:
                     break
                 await flight.changed.wait()
+            ended = True
             if flight.error is not None:
                 raise flight.error
         finally:
             flight.callers -= 1
+            flight.heirs.pop(me, None)
+            if flight.payer is me and not ended and flight.heirs:
+                flight.payer = next(iter(flight.heirs))
+                flight.heirs.pop(flight.payer)(flight.chunks[:seen])
             if flight.callers == 0 and not flight.done:
                 await self._abandon(key, flight)
 

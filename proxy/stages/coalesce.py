@@ -41,15 +41,18 @@ class Coalesce(Stage):
     def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         if job.large:
             return self._keyed_apart(job, next)
-        return self.coalescer.stream(_key(job), lambda: next(job), functools.partial(_joined, job), with_new_ids)
+        return self._stream(_key(job), job, next)
 
     async def _keyed_apart(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
         """A large job's stream, its key worked out on a thread (it reads the whole request)."""
         key = await asyncio.to_thread(_key, job)
-        async with contextlib.aclosing(self.coalescer.stream(key, lambda: next(job), functools.partial(_joined, job),
-                                                             with_new_ids)) as chunks:
+        async with contextlib.aclosing(self._stream(key, job, next)) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    def _stream(self, key: str, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        return self.coalescer.stream(key, lambda: next(job), functools.partial(_joined, job), with_new_ids,
+                                     functools.partial(_inherited, job))
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield CounterMetricFamily("velo_coalesced", "Requests that joined an identical in-flight request",
@@ -78,3 +81,10 @@ def _joined(job: Job) -> None:
     riding on it, refused a third request as full."""
     job.outcome.coalesced = True
     job.give_back()
+
+
+def _inherited(job: Job, paid: list[Chunk]) -> None:
+    """The request that started the call left before its end, having got `paid`: this one, still there, pays for
+    the rest (the limit stage). Else a key sent a greedy request twice, dropped the first, and got the whole answer
+    for what the first had got."""
+    job.outcome.inherited = paid

@@ -82,8 +82,11 @@ class Limit(Stage):
             refused = not began
             raise
         finally:
-            free = refused or job.outcome.coalesced or job.outcome.cache in ("exact", "semantic")
+            paid = job.outcome.inherited
+            free = refused or (job.outcome.coalesced and paid is None) or job.outcome.cache in ("exact", "semantic")
             spent = 0 if free else counted or prompt + pieces
+            if paid is not None:  # a shared call whose first request left: it paid for what it got, this the rest
+                spent -= _charged(paid, prompt)
             if len(job.outcome.calls) > 1:  # repair asked again: the backend spent every call's tokens
                 spent = sum(job.outcome.calls)
             if parts is None or parts.leave():
@@ -177,6 +180,14 @@ class Limit(Stage):
             running.add_metric([label], n)
         yield refused
         yield running
+
+
+def _charged(chunks: list[Chunk], prompt: int) -> int:
+    """What a request that got `chunks` was charged, counted as the stage counts them as they pass."""
+    counted, pieces = 0, 0
+    for chunk in chunks:
+        counted, pieces = _tokens(chunk, prompt) or counted, pieces + bool(chunk.text)
+    return counted or prompt + pieces
 
 
 def _tokens(chunk: Chunk, prompt: int) -> int:

@@ -148,3 +148,35 @@ async def test_a_caller_that_joined_gets_each_chunk_through_own_and_the_first_ca
 
 async def collect_own(co: Coalescer, up: Upstream) -> list[str]:
     return [c.text async for c in co.stream("k", up.stream, own=lambda c: Chunk(text=c.text + "+"))]
+
+
+async def test_the_call_is_paid_for_by_its_first_caller_then_by_the_first_one_still_there_when_the_payer_left():
+    """Who pays for a shared call: the caller that started it; where it leaves before the end, the first caller still
+    there, told what the one that left got (the limit stage charges it the rest). A caller that left before it
+    was the payer takes nothing over, nor does anyone from a payer that got the whole answer."""
+    co, up = Coalescer(), Upstream()
+    told: dict[str, list[str]] = {}
+
+    async def caller(name: str) -> list[str]:
+        def inherit(paid: list[Chunk]) -> None:
+            told[name] = [c.text for c in paid]
+        return [c.text async for c in co.stream("k", up.stream, inherit=inherit)]
+    tasks = {name: asyncio.create_task(caller(name)) for name in "LABC"}
+    await settle()
+    tasks["A"].cancel()
+    up.release()
+    await settle()
+    tasks["L"].cancel()  # after chunk 0: B, the first still there, pays from here
+    await settle()
+    up.release()
+    await settle()
+    tasks["B"].cancel()
+    await settle()
+    up.release()
+    assert await tasks["C"] == ["0", "1", "2"]
+    assert told == {"B": ["0"], "C": ["0", "1"]}
+    finished = [asyncio.create_task(caller(name)) for name in ("M", "N")]
+    await settle()
+    up.release(3)
+    await asyncio.gather(*finished)
+    assert told == {"B": ["0"], "C": ["0", "1"]} and up.calls == 2

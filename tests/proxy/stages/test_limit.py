@@ -3,6 +3,8 @@ cache hits free of tokens, counts on /metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -149,6 +151,37 @@ async def test_a_request_that_rode_on_an_identical_ones_backend_call_costs_no_to
         usage = [(await a.json())["usage"]["total_tokens"] for a in answers]
         assert len(backend.requests) == 1 and len(set(usage)) == 1
         assert limits.keys[tenant_of("k1")].tokens.level == 1000 - usage[0]
+
+
+async def test_a_shared_call_whose_first_request_left_is_charged_whole_to_the_one_that_stayed(caplog):
+    """The same greedy request twice, the first dropped after two pieces: the first was charged what it got (its
+    prompt's estimate and two pieces), the second, riding on its call, nothing, though it got the whole answer (the
+    backend's 5 prompt tokens and 20 output): a key had any answer nearly free. The call is charged once, whole."""
+    backend = ScriptedBackend("s", script=Script(pieces=[f" w{i}" for i in range(20)], delay=0.02))
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(tokens_per_minute=1000),
+                 cache=CacheConfig(enabled=False))
+    caplog.set_level(logging.INFO, logger="velo.requests")
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        limits = c.server.app[GENERATIONS].current.pipeline.limit.limits
+        limits.clock = lambda: 0.0  # no refill while it runs
+        greedy = {**CHAT, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        leader = await c.post("/v1/chat/completions", json=greedy, headers=auth("k1"))
+        follower = asyncio.create_task(c.post("/v1/chat/completions", json=greedy, headers=auth("k1")))
+        await asyncio.sleep(0.01)
+        for _ in range(4):  # the role's chunk, two pieces (and a blank line between each)
+            await leader.content.readline()
+        leader.close()
+        body = await (await follower).text()
+        usage = [json.loads(line[6:])["usage"] for line in body.splitlines() if line.startswith("data: {")]
+        for _ in range(50):
+            if not limits.running():
+                break
+            await asyncio.sleep(0.02)
+        assert len(backend.requests) == 1 and "w19" in body
+        assert usage[-1]["total_tokens"] == 25  # what the follower is told it used: the whole call
+        assert limits.keys[tenant_of("k1")].tokens.level == 1000 - 25
+    ends = [r.getMessage() for r in caplog.records if r.name == "velo.requests" and "after" in r.getMessage()]
+    assert any("done (stop)" in line and "20 tokens" in line for line in ends)  # the follower's own log line
 
 
 async def test_keys_nobody_configured_share_one_label_on_metrics():
