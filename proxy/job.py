@@ -40,7 +40,9 @@ class Outcome:
     context_edits: list[Applied] = field(default_factory=list)  # what the edit-context stage cleared
     calls: list[int] = field(default_factory=list)  # each backend call's tokens, where repair asked again
     coalesced: bool = False  # rode on an identical request's backend call: no backend spent a token on it
-    inherited: list[Chunk] | None = None  # that call's, where its first request left early: what that one got
+    # what of a shared backend call it pays for, where that is not what it got: past the chunks another paid for
+    # (None: from the start), up to the second (None: to what it got); see Coalescer.stream
+    billed: tuple[list[Chunk] | None, list[Chunk] | None] | None = None
 
     def headers(self) -> dict[str, str]:
         out = {"X-Velo-Cache": self.cache}

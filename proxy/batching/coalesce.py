@@ -17,22 +17,34 @@ from adapters.protocol import Chunk
 from ..keep import Tally
 
 ChunkFactory = Callable[[], AsyncIterator[Chunk]]
-Inherit = Callable[[list[Chunk]], None]
+Bill = Callable[["list[Chunk] | None", "list[Chunk] | None"], None]
 
 
 @dataclass
 class _Flight:
     """One shared backend stream: every chunk so far, and an event swapped each time something changes; who pays
-    for the call (its first caller, until it leaves before the end), and who may take that over, first come first."""
+    for the call (its first caller, until it leaves before the end), who may take that over, first come first, and
+    whether a caller got the whole answer."""
 
     chunks: list[Chunk] = field(default_factory=list)
     done: bool = False
     error: BaseException | None = None
     callers: int = 0
     payer: object = None
-    heirs: dict[object, Inherit] = field(default_factory=dict)
+    paid: list[Chunk] | None = None  # what the last caller that paid for the call before the payer got, if any
+    heirs: dict[object, Bill] = field(default_factory=dict)
+    whole: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     pump: asyncio.Task | None = None
+
+    def left(self, seen: int, bill: Bill) -> None:
+        """The payer left before the end, having got `seen` chunks: the first caller still there pays for the
+        rest; where none is, and one that has gone got the whole answer (the call is done), the payer does."""
+        if self.heirs:
+            self.payer, self.paid = next(iter(self.heirs)), self.chunks[:seen]
+            self.heirs.pop(self.payer)(self.paid, None)
+        elif self.whole:
+            bill(self.paid, self.chunks)
 
     def notify(self) -> None:
         self.changed.set()
@@ -57,12 +69,15 @@ class Coalescer:
 
     async def stream(self, key: str, factory: ChunkFactory, joined: Callable[[], None] = lambda: None,
                      own: Callable[[Chunk], Chunk] = lambda chunk: chunk,
-                     inherit: Inherit = lambda paid: None) -> AsyncIterator[Chunk]:
+                     bill: Bill = lambda paid, upto: None) -> AsyncIterator[Chunk]:
         """Every chunk of the shared stream, from the first; the flight's error, if any, is raised here too.
         `joined` is called when the caller rides on a flight another started, and each chunk reaches that caller
         through `own`: what in an answer is one client's alone (its tool calls' ids) is made anew for each.
-        The caller that started the flight pays for it; where it leaves before the end, `inherit` is called on the
-        first caller still there, with the chunks the one that left got: that one pays for the rest.
+        The caller that started the flight pays for it, for what it gets, unless `bill(paid, upto)` says otherwise:
+        that it pays for the call's chunks past `paid` (None: from the start, as no one paid for any) up to `upto`
+        (None: to what it gets). Where the payer leaves
+        before the end, the first caller still there pays for the rest (`paid`: what the payer got); where none is
+        left, and one got the whole answer, the payer pays for the rest of it.
 
         Callers should close this generator (`contextlib.aclosing`) when they stop early, so that the backend
         call is cancelled as soon as the last of them is gone.
@@ -72,7 +87,7 @@ class Coalescer:
         if follower:
             self.joined.n += 1
             joined()
-            flight.heirs[me] = inherit
+            flight.heirs[me] = bill
         else:
             flight = self._flights[key] = _Flight(payer=me)
             flight.pump = asyncio.create_task(self._pump(key, flight, factory), name=f"coalesce:{key[:32]}")
@@ -89,12 +104,12 @@ class Coalescer:
             ended = True
             if flight.error is not None:
                 raise flight.error
+            flight.whole = True
         finally:
             flight.callers -= 1
             flight.heirs.pop(me, None)
-            if flight.payer is me and not ended and flight.heirs:
-                flight.payer = next(iter(flight.heirs))
-                flight.heirs.pop(flight.payer)(flight.chunks[:seen])
+            if flight.payer is me and not ended:
+                flight.left(seen, bill)
             if flight.callers == 0 and not flight.done:
                 await self._abandon(key, flight)
 

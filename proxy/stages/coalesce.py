@@ -52,7 +52,7 @@ class Coalesce(Stage):
 
     def _stream(self, key: str, job: Job, next: Next) -> AsyncIterator[Chunk]:
         return self.coalescer.stream(key, lambda: next(job), functools.partial(_joined, job), with_new_ids,
-                                     functools.partial(_inherited, job))
+                                     functools.partial(_billed, job))
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield CounterMetricFamily("velo_coalesced", "Requests that joined an identical in-flight request",
@@ -83,8 +83,9 @@ def _joined(job: Job) -> None:
     job.give_back()
 
 
-def _inherited(job: Job, paid: list[Chunk]) -> None:
-    """The request that started the call left before its end, having got `paid`: this one, still there, pays for
-    the rest (the limit stage). Else a key sent a greedy request twice, dropped the first, and got the whole answer
-    for what the first had got."""
-    job.outcome.inherited = paid
+def _billed(job: Job, paid: list[Chunk] | None, upto: list[Chunk] | None) -> None:
+    """What of the shared call the job pays for (the limit stage charges it): the rest, where the request that
+    started the call left before its end, having got `paid`; or all of it, where that request left and the one that
+    got the whole answer had gone. Else a key sent a greedy request twice, dropped the first, and got the whole
+    answer for what the first had got."""
+    job.outcome.billed = (paid, upto)

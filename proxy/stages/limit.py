@@ -82,11 +82,13 @@ class Limit(Stage):
             refused = not began
             raise
         finally:
-            paid = job.outcome.inherited
-            free = refused or (job.outcome.coalesced and paid is None) or job.outcome.cache in ("exact", "semantic")
+            billed = job.outcome.billed
+            free = refused or (job.outcome.coalesced and billed is None) or job.outcome.cache in ("exact", "semantic")
             spent = 0 if free else counted or prompt + pieces
-            if paid is not None:  # a shared call whose first request left: it paid for what it got, this the rest
-                spent -= _charged(paid, prompt)
+            if billed is not None:  # a shared call that its first request left (Coalescer.stream): its part of it
+                paid, upto = billed
+                spent = spent if upto is None else _charged(upto, prompt)
+                spent -= 0 if paid is None else _charged(paid, prompt)
             if len(job.outcome.calls) > 1:  # repair asked again: the backend spent every call's tokens
                 spent = sum(job.outcome.calls)
             if parts is None or parts.leave():

@@ -158,9 +158,11 @@ async def test_the_call_is_paid_for_by_its_first_caller_then_by_the_first_one_st
     told: dict[str, list[str]] = {}
 
     async def caller(name: str) -> list[str]:
-        def inherit(paid: list[Chunk]) -> None:
+        def bill(paid: list[Chunk] | None, upto: list[Chunk] | None) -> None:
+            assert paid is not None
             told[name] = [c.text for c in paid]
-        return [c.text async for c in co.stream("k", up.stream, inherit=inherit)]
+            assert upto is None
+        return [c.text async for c in co.stream("k", up.stream, bill=bill)]
     tasks = {name: asyncio.create_task(caller(name)) for name in "LABC"}
     await settle()
     tasks["A"].cancel()
@@ -180,3 +182,22 @@ async def test_the_call_is_paid_for_by_its_first_caller_then_by_the_first_one_st
     up.release(3)
     await asyncio.gather(*finished)
     assert told == {"B": ["0"], "C": ["0", "1"]} and up.calls == 2
+
+
+async def test_a_payer_that_left_after_every_other_caller_got_the_whole_answer_and_went_pays_for_all_of_it():
+    """The first caller, slow to take its chunks (a client that stopped reading), left after the one riding on its
+    call had got the whole answer and gone: nobody still there to pay for the rest, so the one that left does."""
+    co, up = Coalescer(), Upstream()
+    billed: list[tuple[list[Chunk] | None, list[str]]] = []
+
+    def bill(paid: list[Chunk] | None, upto: list[Chunk] | None) -> None:
+        assert upto is not None
+        billed.append((paid, [c.text for c in upto]))
+    up.release()
+    async with contextlib.aclosing(co.stream("k", up.stream, bill=bill)) as first:
+        assert (await anext(first)).text == "0"
+        second = asyncio.create_task(collect(co, "k", up))
+        await settle()
+        up.release(2)
+        assert await second == ["0", "1", "2"] and billed == []
+    assert billed == [(None, ["0", "1", "2"])] and up.calls == 1 and not up.cancelled

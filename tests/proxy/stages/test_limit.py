@@ -3,19 +3,26 @@ cache hits free of tokens, counts on /metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from typing import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.errors import BackendUnavailable
+from adapters.protocol import Chunk
+from proxy import pipeline
 from proxy.app import make_app
 from proxy.auth import tenant_of
 from proxy.batching.config import BatchingConfig
 from proxy.cache.config import CacheConfig
 from proxy.config import Config, ServerConfig, ToolsConfig
+from proxy.job import Job
 from proxy.limits import LimitsConfig
+from proxy.stages.base import Next, Stage
+from proxy.stages.coalesce import Coalesce
 from proxy.stages.limit import headers
 from proxy.state import GENERATIONS
 from proxy.limits import State
@@ -182,6 +189,49 @@ async def test_a_shared_call_whose_first_request_left_is_charged_whole_to_the_on
         assert limits.keys[tenant_of("k1")].tokens.level == 1000 - 25
     ends = [r.getMessage() for r in caplog.records if r.name == "velo.requests" and "after" in r.getMessage()]
     assert any("done (stop)" in line and "20 tokens" in line for line in ends)  # the follower's own log line
+
+
+class Stall(Stage):
+    """The first request stops taking its answer after two pieces (a client that stopped reading) until `go`, then
+    leaves."""
+    go: asyncio.Event
+    jobs = 0
+
+    async def __call__(self, job: Job, next: Next) -> AsyncIterator[Chunk]:
+        Stall.jobs += 1
+        first, pieces = Stall.jobs == 1, 0
+        async with contextlib.aclosing(next(job)) as rest:
+            async for chunk in rest:
+                pieces += bool(chunk.text)
+                yield chunk
+                if first and pieces == 2:
+                    await Stall.go.wait()
+                    return
+
+
+async def test_a_shared_call_whose_first_request_left_after_the_other_got_it_all_is_charged_whole(monkeypatch):
+    """The first of two identical greedy requests stopped reading after two pieces, the second got the whole answer
+    and ended (charged nothing), then the first left: charged what it got, the key had the whole answer for 3 of its
+    25 tokens. The one that left pays for the call, as nobody who got it is still there."""
+    stages = list(pipeline.STAGES)
+    stages.insert(stages.index(Coalesce), Stall)
+    monkeypatch.setattr(pipeline, "STAGES", tuple(stages))
+    Stall.go, Stall.jobs = asyncio.Event(), 0
+    backend = ScriptedBackend("s", script=Script(pieces=[f" w{i}" for i in range(20)], delay=0.02))
+    cfg = Config(server=ServerConfig(api_keys=KEYS), limits=LimitsConfig(tokens_per_minute=1000),
+                 cache=CacheConfig(enabled=False))
+    async with TestClient(TestServer(make_app(cfg, {"s": backend}))) as c:
+        limits = c.server.app[GENERATIONS].current.pipeline.limit.limits
+        limits.clock = lambda: 0.0  # no refill while it runs
+        greedy = {**CHAT, "temperature": 0, "stream": True}
+        leader = asyncio.create_task(c.post("/v1/chat/completions", json=greedy, headers=auth("k1")))
+        await asyncio.sleep(0.01)
+        follower = await c.post("/v1/chat/completions", json=greedy, headers=auth("k1"))
+        assert "w19" in await follower.text()
+        Stall.go.set()
+        await (await leader).read()
+        assert len(backend.requests) == 1 and not limits.running()
+        assert limits.keys[tenant_of("k1")].tokens.level == 1000 - 25
 
 
 async def test_keys_nobody_configured_share_one_label_on_metrics():
