@@ -75,9 +75,9 @@ class Coalescer:
         through `own`: what in an answer is one client's alone (its tool calls' ids) is made anew for each.
         The caller that started the flight pays for it, for what it gets, unless `bill(paid, upto)` says otherwise:
         that it pays for the call's chunks past `paid` (None: from the start, as no one paid for any) up to `upto`
-        (None: to what it gets). Where the payer leaves
-        before the end, the first caller still there pays for the rest (`paid`: what the payer got); where none is
-        left, and one got the whole answer, the payer pays for the rest of it.
+        (None: to what it gets). Where the payer leaves before the end, the first caller still there pays for the
+        rest (`paid`: what the payer got); where none is left, and one got the whole answer, the payer pays for the
+        rest of it.
 
         Callers should close this generator (`contextlib.aclosing`) when they stop early, so that the backend
         call is cancelled as soon as the last of them is gone.
