@@ -4,10 +4,13 @@ request in flight."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import AsyncIterator
 
 import openai
 import pytest
 import redis.asyncio as aioredis
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from adapters.base import BackendConfig
@@ -423,17 +426,25 @@ async def test_a_burst_is_refused_beyond_what_the_queue_holds():
         assert app[GENERATIONS].current.pipeline.limit.limits.running() == {}  # the refused gave their shares back
 
 
-async def test_a_response_riding_on_an_identical_ones_call_holds_no_place_in_the_queue():
-    """A background response that joined an identical one's call kept the place it took at the edge until it ended:
-    a queue of 2 with one call waiting refused a third request, "backend queue is full (2 waiting)"."""
+@contextlib.asynccontextmanager
+async def _one_slot_taken(batching: BatchingConfig) -> AsyncIterator[tuple[web.Application, Stuck, openai.AsyncOpenAI,
+                                                                           asyncio.Task]]:
+    """Velo (cache off) over a backend of one slot, which an interactive request ("other", the task given) holds
+    until the backend's `go` is set."""
     backend = Stuck()
     backend.config.max_concurrency = 1
-    app = make_app(Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(max_queue=2)),
-                   {backend.name: backend})
+    app = make_app(Config(cache=CacheConfig(enabled=False), batching=batching), {backend.name: backend})
     async with TestClient(TestServer(app)) as c:
         sdk = _client(str(c.make_url("")).rstrip("/"))
         held = asyncio.create_task(sdk.responses.create(model="tiny", input="other"))
         await backend.running.wait()
+        yield app, backend, sdk, held
+
+
+async def test_a_response_riding_on_an_identical_ones_call_holds_no_place_in_the_queue():
+    """A background response that joined an identical one's call kept the place it took at the edge until it ended:
+    a queue of 2 with one call waiting refused a third request, "backend queue is full (2 waiting)"."""
+    async with _one_slot_taken(BatchingConfig(max_queue=2)) as (app, backend, sdk, held):
         made = [await sdk.responses.create(model="tiny", input="same", temperature=0, background=True)
                 for _ in range(2)]
         queue = app[GENERATIONS].current.pipeline.stage(Admit).controllers[backend.name]
@@ -474,15 +485,7 @@ async def test_a_background_response_never_rides_on_an_interactive_requests_queu
     """Identical and greedy, a background response joined an interactive stream's call waiting in the queue, and
     failed with it after `queue_timeout_s` (rate_limit_exceeded, which nothing retries), where alone it waits up to
     its backend's `total_timeout` and is answered."""
-    backend = Stuck()
-    backend.config.max_concurrency = 1
-    app = make_app(Config(cache=CacheConfig(enabled=False), batching=BatchingConfig(queue_timeout_s=0.2)),
-                   {backend.name: backend})
-    async with TestClient(TestServer(app)) as c:
-        sdk = _client(str(c.make_url("")).rstrip("/"))
-        held = asyncio.create_task(sdk.responses.create(model="tiny", input="other"))
-        await backend.running.wait()
-
+    async with _one_slot_taken(BatchingConfig(queue_timeout_s=0.2)) as (_, backend, sdk, held):
         async def interactive() -> list[str]:
             return [e.type async for e in await sdk.responses.create(model="tiny", input="same", temperature=0,
                                                                      stream=True)]

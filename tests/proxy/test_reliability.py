@@ -52,7 +52,25 @@ async def openai_error(resp: aiohttp.ClientResponse) -> str:
     return (await resp.json())["error"]["message"]
 
 
-class Trickle:
+class Served:
+    """An upstream of this module's own on a free port: `async with` gives its URL; `routes` says what it serves."""
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> str:
+        app = web.Application()
+        self.routes(app)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return "http://127.0.0.1:%d" % self.runner.addresses[0][1]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+
+class Trickle(Served):
     """An OpenAI-style SSE upstream that sends one chunk at once and then nothing for `stall` seconds."""
 
     def __init__(self, stall: float):
@@ -70,18 +88,9 @@ class Trickle:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
 
-    async def __aenter__(self) -> str:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return "http://127.0.0.1:%d" % self.runner.addresses[0][1]
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
 
 
 def sse_payloads(body: bytes) -> list[dict]:
@@ -142,7 +151,7 @@ async def test_a_non_streamed_request_has_the_first_token_and_idle_timeouts_too(
             assert resp.status == 504 and "no data between chunks within 0.3s" in (await resp.json())["error"]
 
 
-class SilentEmbedder:
+class SilentEmbedder(Served):
     """A backend that lists its model at once and never answers an embedding (a hung server)."""
 
     async def listed(self, request: web.Request) -> web.Response:
@@ -152,20 +161,11 @@ class SilentEmbedder:
         await asyncio.sleep(60)
         return web.json_response({})
 
-    async def __aenter__(self) -> str:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.listed)
         app.router.add_get("/api/tags", self.listed)
         for path in ("/v1/embeddings", "/api/embed", "/api/embeddings", "/api/show"):
             app.router.add_post(path, self.never)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return "http://127.0.0.1:%d" % self.runner.addresses[0][1]
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
 
 
 @pytest.mark.parametrize("kind,path", [("openai", "/v1/embeddings"), ("ollama", "/api/embed"),
