@@ -16,14 +16,14 @@ import logging
 import zlib
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from adapters.errors import BackendError, VeloError
 from adapters.protocol import Chunk
 
-from .dialects.responses_stream import ResponseStream
 from .generation import Generation
 from .inflight import InFlight, Running, uncancel
+from .live_responses import Writing
 from .responses_store import StoredResponse
 
 log = logging.getLogger("velo.background")
@@ -46,14 +46,11 @@ def unpack_events(packed: str) -> list[bytes]:
 
 
 @dataclass
-class Run:
+class Run(Writing):
     """One background response being written. Its events are released to followers as they come, except the last
     ones, which wait until the response is stored: a client that continued at once (`previous_response_id`) found
     nothing."""
 
-    writer: ResponseStream
-    input: list[dict[str, Any]]  # its request's input items, as stored
-    previous: str | None  # the id of the response it continues
     task: asyncio.Task | None = None
     released: int = 0  # events followers may send
     done: bool = False
@@ -62,7 +59,7 @@ class Run:
     def snapshot(self) -> StoredResponse:
         """In progress until it is stored, as its last events: a client that polled it completed and continued at
         once (`previous_response_id`) found nothing."""
-        return StoredResponse(self.writer.snapshot(ended=self.done), self.input, self.previous)
+        return self.record(ended=self.done)
 
     def release(self) -> None:
         assert self.writer.log is not None

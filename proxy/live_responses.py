@@ -15,15 +15,21 @@ from .responses_store import StoredResponse
 
 
 @dataclass
-class Live:
+class Writing:
+    """A response being written, by its request's stream (`Live`) or by a task of its own (background.Run)."""
+
     writer: ResponseStream
     input: list[dict[str, Any]]  # its request's input items, as stored
     previous: str | None  # the id of the response it continues
-    deleted: bool = False  # by a DELETE while it streamed: it is not stored
 
     def record(self, ended: bool) -> StoredResponse:
         """As it is stored once `ended`, and as `GET` reads it before."""
         return StoredResponse(self.writer.snapshot(ended=ended), self.input, self.previous)
+
+
+@dataclass
+class Live(Writing):
+    deleted: bool = False  # by a DELETE while it streamed: it is not stored
 
 
 @dataclass
