@@ -4,12 +4,15 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
 
 from .errors import Unsupported
 from .schema import setting
 from .protocol import (ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo,
                        RunningModel)
+
+if TYPE_CHECKING:
+    from aiohttp import StreamReader
 
 
 # An image's tokens where a count cannot see it: llama-server's /tokenize reads a chat's rendered text, where an image
@@ -167,6 +170,10 @@ class Backend(ABC):
     def manage(self, method: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Ollama model management (/api/pull, /api/create, ...): a stream of status objects."""
         raise Unsupported(f"{path} needs an Ollama backend; {self.name!r} is {self.config.kind}")
+
+    async def blob(self, method: str, digest: str, body: StreamReader | None) -> int:
+        """A model file's check or upload at Ollama's /api/blobs (OllamaBackend.blob): its status."""
+        raise Unsupported(f"/api/blobs needs an Ollama backend; {self.name!r} is {self.config.kind}")
 
     def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
         """llama-server's own routes (proxy/routes_llama.py), its answer's bytes as they come."""

@@ -245,17 +245,19 @@ class Upstream:
 
     @asynccontextmanager
     async def request(self, method: str, path: str, body: Any = None, *, wait: float, model: str | None = None,
-                      as_is: tuple[int, ...] = ()) -> AsyncIterator[aiohttp.ClientResponse]:
+                      as_is: tuple[int, ...] = (), raw: aiohttp.StreamReader | None = None,
+                      ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send a request and hand over the response once its head arrived within `wait` seconds. A POST (a
         generation, embeddings) that finds the backend loading its model is sent again every `LOADING_POLL_S`
         for up to `first_token_timeout`, as Ollama makes a request wait for its model's load. An error with a
-        status in `as_is` is raised as the backend's own answer (`Answered`).
+        status in `as_is` is raised as the backend's own answer (`Answered`). `raw`: a body that is not JSON, sent
+        as it arrives (a client's upload) and so only once, on a connection of its own.
 
         Leaving the block early (the client went away) closes the connection, which cancels the upstream's work.
         """
         loop = asyncio.get_running_loop()
         until = loop.time() + self.config.first_token_timeout
-        resp = await self._head(method, path, body, wait)
+        resp = await self._head(method, path, body, wait, raw)
         try:
             while resp.status >= 300:
                 if resp.status in as_is:
@@ -264,7 +266,8 @@ class Upstream:
                 try:
                     await self._raise_for_status(resp, path, model)
                 except Loading:
-                    if not self.waits_for_loads or method != "POST" or loop.time() + LOADING_POLL_S > until:
+                    if not self.waits_for_loads or method != "POST" or raw is not None \
+                            or loop.time() + LOADING_POLL_S > until:
                         raise
                 resp.release()
                 await asyncio.sleep(LOADING_POLL_S)
@@ -276,12 +279,14 @@ class Upstream:
             else:
                 resp.close()
 
-    async def _head(self, method: str, path: str, body: Any, wait: float) -> aiohttp.ClientResponse:
+    async def _head(self, method: str, path: str, body: Any, wait: float,
+                    raw: aiohttp.StreamReader | None = None) -> aiohttp.ClientResponse:
         """The response, once its head arrived within `wait` seconds; each transport failure as its domain error."""
         name = self.config.name
         try:
             async with asyncio.timeout(wait):
-                resp = await self._send(method, path, body)
+                resp = await (self._send(method, path, body) if raw is None else
+                              self.fresh_session().request(method, self.url + path, data=raw, allow_redirects=False))
             if resp.headers.get("Server") == _CLOSES_AFTER_STREAMS:
                 self.pooled = False
             return resp

@@ -8,6 +8,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from aiohttp import StreamReader
+
 from . import model_card, options
 from .base import Backend, BackendConfig
 from .errors import BackendError, BadRequest, NonFiniteEmbedding, Unsupported
@@ -304,3 +306,11 @@ class OllamaBackend(Backend):
                 if "error" in obj:
                     raise BackendError(self.http.scrubbed(f"backend {self.name!r} failed on {path}: {obj['error']}"))
                 yield obj
+
+    async def blob(self, method: str, digest: str, body: StreamReader | None) -> int:
+        """A model file's check (HEAD) or upload (POST, `body` as it arrives) at /api/blobs, which `ollama create`
+        sends before a create from a GGUF: Ollama's status (200 held, 201 stored). Its 400 (a digest that does not
+        match) and 404 (not held) come back as it sent them; the whole upload within `total_timeout`."""
+        async with self.http.request(method, f"/api/blobs/{digest}", wait=self.config.total_timeout,
+                                     as_is=(400, 404), raw=body) as resp:
+            return resp.status

@@ -22,16 +22,20 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, fields, replace
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, TypeVar
 
 import xxhash
 
 from .base import Backend, BackendConfig, start_all
-from .errors import BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded, VeloError
+from .errors import (BackendError, BackendTimeout, BackendUnavailable, ModelNotFound, Overloaded, Unsupported,
+                     VeloError)
 from .http import LOADING_POLL_S, Loading, Upstream, asked_of, one_answer
 from .schema import build, setting
 from .protocol import ChatRequest, Chunk, CompletionRequest, EmbedRequest, EmbedResult, ModelInfo, RunningModel
 from .wording import counted
+
+if TYPE_CHECKING:
+    from aiohttp import StreamReader
 
 log = logging.getLogger("velo.replicas")
 T = TypeVar("T")
@@ -352,6 +356,12 @@ class ReplicaSet(Backend):
         if not answered:
             raise next(e for e in done if isinstance(e, BaseException))
         return answered
+
+    async def blob(self, method: str, digest: str, body: StreamReader | None) -> int:
+        """An upload arrives once and is kept nowhere, so it cannot reach each replica as /api/create then must."""
+        raise Unsupported(f"backend {self.name!r} is a set of replicas: an uploaded file would reach only one of them; "
+                          "create a model from a file on each Ollama server itself (`OLLAMA_HOST=<its address> "
+                          "ollama create ...`)")
 
     def native(self, method: str, path: str, body: dict[str, Any] | None) -> AsyncIterator[bytes]:
         """llama-server's own routes (`/tokenize`, `/infill`, ...), of one replica, failed over as a generation is:

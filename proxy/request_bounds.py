@@ -37,11 +37,15 @@ def server_options(server: ServerConfig) -> dict[str, Any]:
             "max_line_size": _HEAD_LINE_BYTES, "max_field_size": _HEAD_LINE_BYTES}
 
 
+# Bodies passed on as they arrive, never held by Velo: a model file for Ollama's /api/blobs is many GB
+_PASSED_ON = "/api/blobs/"
+
+
 @web.middleware
 async def refuse_oversized(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A declared body over the limit is refused at once (413), before the client sends any of it."""
     declared = request.content_length
-    if declared is not None and declared > request.client_max_size:
+    if declared is not None and declared > request.client_max_size and not request.path.startswith(_PASSED_ON):
         raise PayloadTooLarge(f"request body of {declared} bytes is larger than the limit of "
                               f"{request.client_max_size} bytes")
     return await handler(request)

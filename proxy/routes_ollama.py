@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -216,6 +217,28 @@ async def manage(request: web.Request) -> web.StreamResponse:
                               "application/x-ndjson")
 
 
+# manifest.BlobsPath: only a sha256 digest names a blob (and the URL path Velo sends on stays one segment)
+_DIGEST = re.compile(r"sha256[:-][0-9a-fA-F]{64}")
+
+
+async def blob(request: web.Request) -> web.Response:
+    """HEAD and POST /api/blobs/{digest}, which `ollama create` sends for each file (a GGUF, an adapter) before its
+    create: passed through to the Ollama backend that /api/create's `files` then go to, the upload as it arrives
+    (never held by Velo, so no body limit but the backend's `total_timeout`)."""
+    digest = request.match_info["digest"]
+    if not _DIGEST.fullmatch(digest):
+        raise BadRequest("invalid digest format")
+    try:
+        backend = await _ollama_backend_for(request, None)
+    except Unsupported:
+        raise Unsupported("Velo keeps no model files, and no Ollama backend is configured to pass them to: create a "
+                          "model from a GGUF file or an adapter on the Ollama server itself (`OLLAMA_HOST=<its "
+                          "address> ollama create ...`); Velo's own presets take `from` with `system`, `parameters` "
+                          "and `template`") from None
+    status = await backend.blob(request.method, digest, request.content if request.method == "POST" else None)
+    return web.Response(status=status)
+
+
 async def pull_or_push(request: web.Request) -> web.StreamResponse:
     """/api/pull and /api/push go to an Ollama backend, unless Velo serves the model otherwise (a preset, another
     backend's): such a model, as any Velo serves where no Ollama is configured, is "pulled" at once (Codex's --oss
@@ -276,3 +299,5 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/api/embeddings", embeddings)
     r.add_post("/api/pull", pull_or_push)
     r.add_post("/api/push", pull_or_push)  # /api/create, /api/copy, /api/delete: routes_presets.py
+    r.add_post("/api/blobs/{digest}", blob)
+    r.add_head("/api/blobs/{digest}", blob)

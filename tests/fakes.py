@@ -109,8 +109,8 @@ class FakeServer:
 
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        raw = await request.read()
-        body = json.loads(raw) if raw else None  # as a Python server reads it: integers whole
+        raw = await request.read()  # a file uploaded to /api/blobs is no JSON: recorded without its body
+        body = json.loads(raw) if raw and not request.path.startswith("/api/blobs/") else None  # integers whole
         self.requests.append(Received(request.method, request.path, dict(request.headers), body))
         if self.script.fail_status:
             failed = self.error(self.script.fail_status, self.script.fail_message)
@@ -230,6 +230,9 @@ def _verbose_or_short(kv: dict[str, Any], verbose: bool) -> dict[str, Any]:
     return kv if verbose else {k: [] if isinstance(v, list) and len(v) > 5 else v for k, v in kv.items()}
 
 
+_BLOB_DIGEST = re.compile(r"sha256[:-][0-9a-fA-F]{64}")  # manifest.BlobsPath
+
+
 class OllamaDouble(FakeServer):
     """Ollama's native API, field for field as api.md documents it."""
 
@@ -237,6 +240,7 @@ class OllamaDouble(FakeServer):
         super().__init__()
         self.models = {name: FakeModel(name) for name in models}
         self.version = "0.12.6"
+        self.blobs: dict[str, int] = {}  # digest -> size of the files uploaded to /api/blobs
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/", self.root), web.get("/api/version", self.api_version),
@@ -245,7 +249,8 @@ class OllamaDouble(FakeServer):
                 web.post("/api/embed", self.embed), web.post("/api/embeddings", self.embeddings),
                 web.post("/api/pull", self.pull), web.post("/api/push", self.pull),
                 web.post("/api/create", self.create), web.delete("/api/delete", self.delete),
-                web.post("/api/copy", self.copy)]
+                web.post("/api/copy", self.copy), web.post("/api/blobs/{digest}", self.create_blob),
+                web.head("/api/blobs/{digest}", self.head_blob)]
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         return {"error": message}  # Ollama errors are `{"error": "message"}`
@@ -431,9 +436,34 @@ class OllamaDouble(FakeServer):
             {"status": f"downloading {digest}", "digest": digest, "total": 2142590208, "completed": 2142590208},
             {"status": "verifying sha256 digest"}, {"status": "writing manifest"}, {"status": "success"}])
 
+    async def head_blob(self, request: web.Request) -> web.Response:
+        """server/routes.go HeadBlobHandler: 200 held, 404 not; manifest.BlobsPath's 400 for a name not a digest."""
+        digest = request.match_info["digest"]
+        if not _BLOB_DIGEST.fullmatch(digest):
+            return self.error(400, "invalid digest format")
+        return web.Response() if digest in self.blobs else self.error(404, f'blob "{digest}" not found')
+
+    async def create_blob(self, request: web.Request) -> web.Response:
+        """CreateBlobHandler: 200 held already, else the body's sha256 must be the digest: 201."""
+        digest = request.match_info["digest"]
+        if not _BLOB_DIGEST.fullmatch(digest):
+            return self.error(400, "invalid digest format")
+        if digest in self.blobs:
+            return web.Response()
+        data = await request.read()  # as `_record` read it
+        if (got := "sha256:" + hashlib.sha256(data).hexdigest()) != digest:
+            return self.error(400, f'digest mismatch, expected "{digest}", got "{got}"')
+        self.blobs[digest] = len(data)
+        return web.Response(status=201)
+
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         name = body.get("model", "")
+        missing = [d for d in (body.get("files") or {}).values() if d not in self.blobs]
+        if missing:  # convertModelFromFiles: a file not uploaded first fails to open, an error line in the stream
+            blob = missing[0].replace(":", "-")
+            return await self.stream(request, [_ndjson({"error": f"open /root/.ollama/models/blobs/{blob}: no such "
+                                                                 "file or directory"})], "application/x-ndjson")
         self.models[name] = FakeModel(name, system=body.get("system") or "")  # api.md "Create a Model" status lines
         return await self._progress(request, [{"status": "reading model metadata"},
                                               {"status": "writing manifest"}, {"status": "success"}])

@@ -18,15 +18,3 @@ async def test_launch_sees_cloud_off_and_no_recommendations(client: TestClient) 
 async def test_signin_and_signout_say_velo_has_no_account(client: TestClient, method: str, path: str) -> None:
     resp = await client.request(method, path)
     assert resp.status == 400 and "no ollama.com account" in (await resp.json())["error"]
-
-
-async def test_a_file_upload_says_where_models_from_files_are_made(client: TestClient, base_url: str,
-                                                                  tmp_path) -> None:
-    """`ollama create` sends a GGUF to /api/blobs before /api/create; the official client asks HEAD first."""
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(1000))
-    with pytest.raises(ollama.ResponseError) as e:
-        await ollama.AsyncClient(host=base_url).create_blob(gguf)
-    assert e.value.status_code == 400
-    upload = await client.post("/api/blobs/sha256:" + "0" * 64, data=gguf.read_bytes())
-    assert upload.status == 400 and "on the Ollama server itself" in (await upload.json())["error"]
