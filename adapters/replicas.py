@@ -53,7 +53,8 @@ _AFFINITY_SLACK = 2  # outstanding requests the preferred replica may have beyon
 class ReplicaOptions:
     """A backend with `urls = [...]` sends each request to the healthy replica with the fewest requests
     outstanding, fails over before the first byte (not a request the replica may have run: it read it, then dropped
-    the connection), passes over a replica loading its model, and opens a replica's circuit after repeated failures
+    the connection), passes over a replica loading its model, asks one that said it is busy (a 429 or 503 with
+    Retry-After) after the others until then, and opens a replica's circuit after repeated failures
     (when every replica fails, the client gets a 504 if each timed out, a 429 if each was busy, else a 503); these
     keys of its `options` tune that."""
 
@@ -78,6 +79,7 @@ class Replica:
     healthy: bool = True
     failures: int = 0  # consecutive
     open_until: float = 0.0  # circuit open (skipped) until this monotonic time
+    busy_until: float = 0.0  # it said busy (a 429 or 503 with Retry-After): tried after the others until then
     slots: int | None = None  # what it reported (`concurrency`, or its probe passing); None until it has
 
     def closed(self, now: float) -> bool:
@@ -247,16 +249,18 @@ class ReplicaSet(Backend):
 
     def order(self, affinity_key: str | None = None) -> list[Replica]:
         """Replicas to try, best first: healthy ones by outstanding requests (the affinity replica first when it
-        is not much busier), then those failing probes. Open circuits are left out; none left is a 503."""
+        is not much busier), those that said they are busy for a while after them, then those failing probes. Open
+        circuits are left out; none left is a 503. A replica that answered 429 with Retry-After 9 was asked first,
+        a round trip more, by every request in those 9 s."""
         now = time.monotonic()
         closed = [r for r in self.replicas if r.closed(now)]
         if not closed:
             wait = min(r.open_until for r in self.replicas) - now
             raise BackendUnavailable(f"every replica of backend {self.name!r} is failing", retry_after=wait)
-        ready = sorted((r for r in closed if r.healthy), key=lambda r: r.outstanding)
+        ready = sorted((r for r in closed if r.healthy), key=lambda r: (r.busy_until > now, r.outstanding))
         if affinity_key is not None and ready:
             preferred = max(ready, key=lambda r: xxhash.xxh64_intdigest(f"{affinity_key}|{r.backend.name}".encode()))
-            if preferred.outstanding <= ready[0].outstanding + _AFFINITY_SLACK:
+            if preferred.outstanding <= ready[0].outstanding + _AFFINITY_SLACK and preferred.busy_until <= now:
                 ready.remove(preferred)
                 ready.insert(0, preferred)
         return ready + [r for r in closed if not r.healthy]
@@ -477,6 +481,8 @@ class ReplicaSet(Backend):
 
     def _failed(self, replica: Replica, error: BaseException) -> None:
         log.warning("replica %s failed: %s", replica.backend.name, error)
+        if (wait := getattr(error, "retry_after", None)) is not None:
+            replica.busy_until = time.monotonic() + wait
         if isinstance(error, BackendError) and not isinstance(error, Loading):  # busy or loading is not broken
             replica.failed(self.options)
             self._recount()

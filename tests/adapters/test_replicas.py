@@ -630,6 +630,22 @@ async def test_every_replica_busy_says_the_soonest_retry_after():
     assert info.value.status == 429 and info.value.retry_after == 1.0
 
 
+async def test_a_replica_that_said_it_is_busy_is_asked_last_until_its_retry_after():
+    """Busy is not broken (its circuit stays closed), but every request asked it first, a round trip more each."""
+    rs, members = replica_set(Script(), Script())
+    asked = []
+
+    async def busy(req):  # noqa: ANN001
+        asked.append(req)
+        raise Overloaded("queue full", retry_after=9.0)
+        yield  # pragma: no cover - makes this an async generator
+    members[0].chat = busy  # type: ignore[method-assign]
+    for _ in range(4):  # one at a time: each finds both replicas idle, the first listed first
+        assert await text(rs) == "Hello world"
+    assert len(asked) == 1 and len(members[1].requests) == 4
+    assert rs.replicas[0].failures == 0  # busy, not failing: its circuit stays as it was
+
+
 async def test_replicas_down_and_busy_say_the_soonest_retry_after_either_gave():
     """One replica down for 5 s (a 503 saying so), the other busy for 3 s (a 429): the set's 503 went out without a
     Retry-After, where each alone passes its own on."""
