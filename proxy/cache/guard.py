@@ -96,16 +96,15 @@ def _number(m: re.Match) -> str:
 
 
 def _number_words(lowered: list[str]) -> list[str]:
-    out = []
-    for i, w in enumerate(lowered):
-        if w not in _NUMBER_WORDS:
-            continue
-        before = lowered[i - 1] if i else ""
-        after = lowered[i + 1] if i + 1 < len(lowered) else ""
-        if before in _NOT_A_NUMBER_AFTER.get(w, ()) or after in _NOT_A_NUMBER_BEFORE.get(w, ()):
-            continue
-        out.append(_NUMBER_WORDS[w])
-    return out
+    return [_NUMBER_WORDS[w] for i, w in enumerate(lowered)
+            if reads_as_number(w, lowered[i - 1] if i else "", lowered[i + 1] if i + 1 < len(lowered) else "")]
+
+
+def reads_as_number(word: str, before: str, after: str) -> bool:
+    """Whether `word` (lower case), between `before` and `after`, is a number word that counts: not "one" as a
+    pronoun or in an idiom ("how does one", "one of"), nor "second" as a unit."""
+    return word in _NUMBER_WORDS and before not in _NOT_A_NUMBER_AFTER.get(word, ()) \
+        and after not in _NOT_A_NUMBER_BEFORE.get(word, ())
 
 
 @functools.lru_cache(maxsize=1 << 16)

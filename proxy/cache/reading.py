@@ -9,7 +9,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from .guard import OPEN_QUESTION, Signature, signature
+from .guard import OPEN_QUESTION, Signature, reads_as_number, signature
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W\d_]+)?|[?!.;,:]")
 STOP = frozenset("""a an the and or but if of in on at to for from by with about as into onto is are was were be
@@ -66,8 +66,8 @@ def form(stemmed: str) -> str:
 
 def read(text: str) -> Reading:
     """Everything the checks compare, made in one pass over the text's tokens."""
-    tokens = tuple(_POSSESSIVE.sub("", t.lower().replace("’", "'"))
-                   for t in _WORD.findall(OPEN_QUESTION.sub(" ", text)))
+    spelt = tuple(t.lower().replace("’", "'") for t in _WORD.findall(OPEN_QUESTION.sub(" ", text)))
+    tokens = tuple(_POSSESSIVE.sub("", t) for t in spelt)
     stems = tuple(stem(t) for t in tokens)
     content, where = [], []
     clauses, clause, negated, openers, opener = [], set(), False, [], ""
@@ -79,7 +79,7 @@ def read(text: str) -> Reading:
             clause, negated, opener = set(), False, tok if tok.isalpha() else ""
         elif tok in _NEGATION or tok.endswith("n't") or tok in _NEGATED_SPELLINGS:
             negated = True
-        elif tok not in STOP and tok.isalnum():
+        elif tok.isalnum() and (tok not in STOP or _counts(spelt, i)):
             content.append(word := form(stems[i]))
             where.append(i)
             clause.add(word)
@@ -88,3 +88,9 @@ def read(text: str) -> Reading:
         openers.append(opener)
     return Reading(signature(text), tokens, stems, tuple(content), tuple(where), tuple(clauses), tuple(openers))
 
+
+def _counts(spelt: tuple[str, ...], i: int) -> bool:
+    """Whether spelt[i], a stop word as written (its "'s" kept), is a number the guard counts ("one" of "count from
+    one to ten", not of "how does one" or "one's"): a content word then, whose place the order checks read. Left out,
+    "count from ten to one" was served the answer to "count from one to ten" (the guard compares numbers sorted)."""
+    return reads_as_number(spelt[i], spelt[i - 1] if i else "", spelt[i + 1] if i + 1 < len(spelt) else "")
