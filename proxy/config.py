@@ -119,8 +119,9 @@ class ToolsConfig:
     max_retries: int = setting(0, "ask the backend again (with the validation error) when a call stays invalid",
                                min=0)
     repair_budget_s: float = setting(2.0, "seconds of a repair thread one answer's repair may take; past it the "
-                                     "answer is passed through unrepaired (X-Velo-Repair: skipped=budget). Answers "
-                                     "over 256 KB of broken JSON are never repaired (skipped=size)", min=0.01)
+                                     "answer is passed through unrepaired (X-Velo-Repair: skipped=budget), and not "
+                                     "cached. Answers over 256 KB of broken JSON are never repaired (skipped=size)",
+                                     min=0.01)
 
 
 @dataclass

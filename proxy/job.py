@@ -34,6 +34,9 @@ class Outcome:
     cache: str = "off"  # "exact" | "semantic" | "miss" | "skip" | "bypass" | "off" (X-Velo-Cache)
     cache_reason: str = ""  # why a request was skipped (X-Velo-Cache-Reason)
     repairs: list[str] = field(default_factory=list)  # X-Velo-Repair
+    # repair ran out of its time budget (X-Velo-Repair: skipped=budget): an answer sent as it came because the repair
+    # threads were busy is the server's load, not the request's, and the cache keeps none
+    unrepaired: bool = False
     tools: str = ""  # how the offered tools reached the model: "native" | "prompt" | "grammar" (X-Velo-Tools)
     trimmed: str = ""  # what was dropped to fit the context, e.g. "3 messages" (X-Velo-Context-Trimmed)
     rate_limit: dict[str, str] = field(default_factory=dict)  # the key's limits, in the dialect's headers

@@ -63,7 +63,7 @@ class Cache(Stage):
                 if not chunk.empty:  # a backend's empty events are not the answer
                     chunks.append(chunk)
                 yield chunk
-        if job.outcome.cache == "miss":
+        if job.outcome.cache == "miss" and not job.outcome.unrepaired:
             await layer.store(asked, chunks)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

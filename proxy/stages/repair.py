@@ -56,9 +56,10 @@ class Repair(Stage):
         def run(request: Request) -> AsyncIterator[Chunk]:
             return next(job if request is job.request else replace(job, request=request))
         assert job.target is not None
-        return with_retry(run, job.request, tools.max_retries, self.metrics.of(job.target.label), job.outcome.repairs,
-                          Budget(tools.repair_budget_s, self.threads), job.target.backend.constrains_format,
-                          job.outcome.calls)
+        budget = Budget(tools.repair_budget_s, self.threads)
+        return _timed(with_retry(run, job.request, tools.max_retries, self.metrics.of(job.target.label),
+                                 job.outcome.repairs, budget, job.target.backend.constrains_format, job.outcome.calls),
+                      budget, job)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         repairs = CounterMetricFamily("velo_tool_repairs", "Tool-call and structured-output repairs",
@@ -67,3 +68,11 @@ class Repair(Stage):
             for kind, n in counts.items():
                 repairs.add_metric([model, kind], n)
         yield repairs
+
+
+async def _timed(chunks: AsyncIterator[Chunk], budget: Budget, job: Job) -> AsyncIterator[Chunk]:
+    """`chunks`, then whether repair ran out of time on them (Outcome.unrepaired), which the cache stage reads."""
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            yield chunk
+    job.outcome.unrepaired = budget.spent

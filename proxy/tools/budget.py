@@ -38,6 +38,12 @@ class Budget:
     seconds: float
     pool: ThreadPoolExecutor
 
+    @property
+    def spent(self) -> bool:
+        """Whether the time is all used: work that met the deadline stopped there (X-Velo-Repair: skipped=budget),
+        and the answer went out as it came, where with time left, or threads free, it is repaired."""
+        return self.seconds <= 0
+
     async def run(self, fn: Callable[..., T], *args: object, size: int) -> T:
         """`fn(*args)`: on the loop when `size` (characters of text to look at) is small, else on a repair thread
         with what is left of the budget (`fn` gets OverBudget from `check_budget` past it; waiting for a free

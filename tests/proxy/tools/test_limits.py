@@ -140,3 +140,21 @@ async def test_the_budget_header_reaches_the_client(client: TestClient) -> None:
     body = await resp.json()
     assert resp.status == 200 and resp.headers["X-Velo-Repair"] == "skipped=budget"
     assert body["message"]["content"].startswith("<tool_call>") and "tool_calls" not in body["message"]
+
+
+@pytest.mark.parametrize("config", [Config(server=ServerConfig(max_body_bytes=64 * 1024),
+                                           tools=ToolsConfig(repair_budget_s=0.001))])
+@pytest.mark.parametrize("scripted", [ScriptedBackend(script=Script(pieces=[
+    '<tool_call>{"name": "get_weather", "arguments": {' + ", ".join(f"'k{i}': {i}" for i in range(12000))
+    + ",}}</tool_call>"]))])
+async def test_an_answer_repair_ran_out_of_time_for_is_not_cached(client: TestClient, scripted: ScriptedBackend):
+    """Passed through unrepaired because the repair threads were busy (waiting for one counts), an answer is the
+    server's load, not the request's: kept, its unrepaired call was replayed as text for the cache's TTL, when an
+    idle Velo would have sent the call."""
+    ask = {"model": "tiny", "messages": MESSAGES, "tools": [WEATHER], "stream": False, "options": {"temperature": 0}}
+    seen = []
+    for _ in range(2):
+        resp = await client.post("/api/chat", json=ask)
+        await resp.read()
+        seen.append((resp.headers["X-Velo-Cache"], resp.headers.get("X-Velo-Repair")))
+    assert seen == [("miss", "skipped=budget")] * 2 and len(scripted.requests) == 2
