@@ -22,6 +22,8 @@ import asyncio
 import re
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 import aiohttp
@@ -175,6 +177,20 @@ def _overflow(body: bytes, path: str) -> ContextOverflow | None:
 
 
 _PROMPT_PATHS = ("/v1/completions", "/completion", "/infill")  # where a generation's request is a prompt
+
+
+def _seconds_until(retry_after: str) -> float | None:
+    """A Retry-After header in seconds: RFC 9110's delay-seconds, or its HTTP-date, which a gateway in front of a
+    server may send (dropped, the client was told nothing); None for anything else."""
+    if retry_after.isdigit():
+        return float(retry_after)
+    try:
+        when = parsedate_to_datetime(retry_after)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as every HTTP-date is
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 def _number(match: re.Match[str] | None) -> int | None:
@@ -345,9 +361,8 @@ class Upstream:
             raise BadRequest(f"{where} rejected the request: {message}")
         if resp.status == 413:  # the body Velo passed on was the client's, and too large for a proxy in front
             raise PayloadTooLarge(f"{where} refused the request as too large: {message}")
-        # its Retry-After (seconds) goes on to the client, for a 503 as for a 429: RFC 9110 gives it to both
-        retry = resp.headers.get("Retry-After", "")
-        retry_after = float(retry) if retry.isdigit() else None
+        # its Retry-After goes on to the client, for a 503 as for a 429: RFC 9110 gives it to both
+        retry_after = _seconds_until(resp.headers.get("Retry-After", ""))
         if resp.status == 429:
             raise Overloaded(f"{where} is overloaded: {message}", retry_after=retry_after)
         if resp.status == 501:

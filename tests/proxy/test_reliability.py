@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from email.utils import formatdate
 from typing import Any, AsyncIterator, Callable
 
 import aiohttp
@@ -262,6 +263,16 @@ async def test_a_backends_503_passes_its_retry_after_on_in_every_dialect(path: s
             body, status = BUSY[path]
             resp = await c.post(path, json=body)
             assert resp.status == status and resp.headers.get("Retry-After") == "7", await resp.text()
+
+
+async def test_a_retry_after_given_as_a_date_goes_on_in_seconds():
+    """RFC 9110 lets Retry-After be an HTTP-date (a gateway in front of a server sends one): it was dropped."""
+    async with FakeOpenAI(models=["m"]) as up:
+        when = formatdate(time.time() + 30, usegmt=True)
+        up.script.fail_status, up.script.fail_message, up.script.fail_retry_after = 503, "draining", when
+        async with velo(velo_config(up.url)) as c:
+            resp = await c.post("/v1/chat/completions", json=CHAT)
+            assert resp.status == 503 and 28 <= int(resp.headers.get("Retry-After", "0")) <= 31, resp.headers
 
 
 async def wait_for(condition, timeout: float = 2.0) -> None:  # noqa: ANN001
