@@ -68,8 +68,8 @@ def _window(engine: LLMEngine, o: SamplingOptions) -> int:
 def _embed_window(context: int, opts: dict[str, Any]) -> int:
     """The tokens of an input that are embedded: the context, or a smaller `num_ctx`, as Ollama's /api/embed cuts
     them (server/routes.go)."""
-    n = opts.get("num_ctx")
-    return min(context, int(n)) if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 1 else context
+    asked = embed_shape.num_ctx(opts)
+    return context if asked is None else min(context, asked)
 
 
 def _embed_lengths(engine: LLMEngine, req: EmbedRequest) -> list[int]:

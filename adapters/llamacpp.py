@@ -610,6 +610,8 @@ class LlamaCppBackend(OpenAIBackend):
         body: dict[str, Any] = {"model": req.model, "input": req.inputs, "encoding_format": "float"}
         if not req.normalize:
             body["embd_normalize"] = -1
+        if (most := embed_shape.num_ctx(req.options)) is not None:
+            body["input"] = await self._within(req, most)
         for tries in range(3):  # the whole, then cut to what the server said it takes (a slot's context, a batch)
             try:
                 result = await self.embed_body(body, req.model)
@@ -622,6 +624,16 @@ class LlamaCppBackend(OpenAIBackend):
                                  for given in req.inputs]
         result.embeddings = embed_shape.shorten(result.embeddings, req.dimensions)
         return result
+
+    async def _within(self, req: EmbedRequest, most: int) -> list[str] | list[list[int]]:
+        """Each input cut to the client's `num_ctx`, its BOS and EOS included, as Ollama's EmbedHandler cuts it; with
+        `truncate` false, one longer is Ollama's 400 (llama-server embedded the whole input, up to its own window)."""
+        if req.truncate:
+            return [given[:most] if req.tokenized else await self._cut(given, req.model, most) for given in req.inputs]
+        for given in req.inputs:
+            if len(given if req.tokenized else await self.tokenize(given, req.model, special=True)) > most:
+                raise BadRequest("the input length exceeds the context length")  # Ollama's words and status
+        return req.inputs
 
     async def _cut(self, text: str, model: str, most: int) -> list[int]:
         """`text`'s ids as the server embeds the text, with the BOS and EOS or SEP it adds (a BERT's CLS and SEP),

@@ -416,6 +416,27 @@ async def test_an_input_longer_than_the_servers_batch_is_cut_unless_truncate_is_
         await emb.close()
 
 
+async def test_an_input_is_cut_to_the_clients_num_ctx_unless_truncate_is_false(llama_embed):
+    """Ollama's /api/embed embeds at most `options.num_ctx` tokens of an input (server/routes.go EmbedHandler), and
+    with `truncate: false` a longer one is its 400, as the engine backend does: llama-server embedded all 101 tokens
+    of this input for num_ctx 10, and answered `truncate: false` with a vector."""
+    emb = LlamaCppBackend(BackendConfig(name="emb", kind="llamacpp", urls=[llama_embed.url]))
+    try:
+        long = "word " * 100
+        cut = await emb.embed(EmbedRequest(model=MODEL, inputs=[long, "a cat"], options={"num_ctx": 10}))
+        ids = await emb.tokenize(long, MODEL, special=True)
+        [head] = (await emb.embed(EmbedRequest(model=MODEL, inputs=[ids[:10]]))).embeddings
+        [cat] = (await emb.embed(EmbedRequest(model=MODEL, inputs=["a cat"]))).embeddings
+        assert cut.prompt_tokens == 10 + 2 and cut.embeddings[0] == pytest.approx(head, abs=1e-4)
+        assert cut.embeddings[1] == pytest.approx(cat, abs=1e-4)
+        with pytest.raises(BadRequest, match="the input length exceeds the context length"):
+            await emb.embed(EmbedRequest(model=MODEL, inputs=[long], truncate=False, options={"num_ctx": 10}))
+        fits = await emb.embed(EmbedRequest(model=MODEL, inputs=["a cat"], truncate=False, options={"num_ctx": 10}))
+        assert fits.embeddings[0] == pytest.approx(cat, abs=1e-4)
+    finally:
+        await emb.close()
+
+
 async def test_inputs_cut_to_the_batch_keep_the_bos_and_eos_the_model_adds():
     """Most embedding models add tokens of their own to a text (a BERT's CLS and SEP, a Llama's BOS): cut inputs go
     as ids, which llama-server embeds as they are, so they went without them, and so did every short input beside
