@@ -106,10 +106,11 @@ class CallRepairer:
 
     def region(self, region: Region, cut: bool = False) -> list[ToolCall] | None:
         """Calls in a complete text region, or None when the region is not (or not only) valid calls. In a turn
-        `cut` by its token limit, a call that needed any repair is the limit's, not the model's: its arguments end
-        mid-value (a `bio` ending "a software engineer with"), and a tool run on them is run on a guess. A string
-        cut before a closing brace reads as a quote missing mid-text, not as a cut: OpenAI-wire arguments
-        `{"cmd": "cat no` (made whole text by the adapter) were closed to `cat no`, and Codex ran it."""
+        `cut` by its token limit (or a stop string of the client's), a call that needed any repair is the cut's, not
+        the model's: its arguments end mid-value (a `bio` ending "a software engineer with"), and a tool run on them
+        is run on a guess. A string cut before a closing brace reads as a quote missing mid-text, not as a cut:
+        OpenAI-wire arguments `{"cmd": "cat no` (made whole text by the adapter) were closed to `cat no`, and Codex
+        ran it."""
         attempts = [r for r in raw_calls(region) if self._is_attempt(r, region)]
         if not attempts:
             if region.kind in _MARKERS:  # a call marker is an attempt even when nothing after it parses
@@ -117,7 +118,7 @@ class CallRepairer:
             return None
         accepted = [a for a in (self._accept(r, "") for r in attempts) if a is not None]
         if cut and any(a.fixes for a in accepted):
-            self.report.invalid.append("a call cut off by the token limit")
+            self.report.invalid.append("a call cut off by the token limit or a stop string")
             return None
         self.report.unoffered += sum(self.resolve(r.name) is None for r in attempts)
         valid = self._keep(accepted, region.kind)

@@ -11,7 +11,8 @@ Text that names no offered tool is the model's JSON answer, not a failed call, u
 was retried by the SDKs into the same answer, on every unrelated question a small model answered in JSON). A turn
 cut by its token limit is not the model's failure but the limit's: its unfinished call, even one that repair could
 close, goes out as text, with finish reason `length`, as OpenAI sends a cut answer (a 502 there was retried by the
-SDKs into the same cut; a closed one ran the tool on arguments cut mid-value).
+SDKs into the same cut; a closed one ran the tool on arguments cut mid-value). A stop string of the client's that
+ends the turn inside a call cuts it the same way, and keeps finish reason `stop`.
 
 A chunk whose text is all held does not go up at all: while a call is written for minutes, the route's heartbeats
 keep the client (proxy/http_io.py).
@@ -112,7 +113,7 @@ class HoldBack:
 
     def feed(self, text: str, final: bool, cut: bool = False) -> tuple[list[tuple[str, bool]], list[ToolCall]]:
         """Add text; return the segments that can be released now (text, is_failed_attempt) and the calls
-        completed by it. `cut`: the turn ended at its token limit."""
+        completed by it. `cut`: the turn ended at its token limit or a stop string of the client's."""
         held, self.held = self.held + text, ""
         search, self.search = self.search, None
         segments: list[tuple[str, bool]] = []
@@ -177,7 +178,7 @@ class HoldBack:
 
     def close(self, last_calls: list[ToolCall], cut: bool = False) -> str:
         """End of turn: the text still owed, or ToolCallInvalid when the turn was only failed attempts and not
-        `cut` by its token limit (text naming no offered tool fails only a turn that `must_call`)."""
+        `cut` (text naming no offered tool fails only a turn that `must_call`)."""
         self.sent_calls |= bool(last_calls)
         report = self.repairer.report
         if report.failed(self.must_call) and not self.sent_text and not self.sent_calls and not cut:
@@ -224,7 +225,7 @@ async def _hold_back(chunks: AsyncIterator[Chunk], state: HoldBack, metrics: Mod
             calls += found
             if not (out := state.out(chunk, state.release(segments), [])).empty:
                 yield out
-    cut = last.finish_reason == "length"
+    cut = _cut(last)
     segments, found = await _run(budget, state.feed, last.text, True, cut, size=state.cost(last.text, True))
     text = state.release(segments)
     calls += found
@@ -277,6 +278,13 @@ async def _buffer_structured(chunks: AsyncIterator[Chunk], req: ChatRequest | Co
     if _whole(last):
         text = await _structured(budget, text, req, metrics, report)
     yield replace(last, text=text, logprobs=logprobs)
+
+
+def _cut(last: Chunk) -> bool:
+    """Whether max_tokens or a stop string of the client's ended the turn (where the backend says which: the engine
+    does). A forced call the engine wrote `{"city": "Rome"}` for, cut by the stop string "Rome", was closed by repair
+    to `{"city": ""}` and sent as the call (finish `tool_calls`); with a second required argument it was a 502."""
+    return last.finish_reason == "length" or last.stop_sequence is not None
 
 
 def _whole(last: Chunk) -> bool:

@@ -23,11 +23,11 @@ def _req(**kw) -> ChatRequest:
     return ChatRequest(model="m", messages=[Message("user", "hi")], **kw)
 
 
-async def _source(pieces: list[str], finish: str | None = "stop") -> AsyncIterator[Chunk]:
+async def _source(pieces: list[str], finish: str | None = "stop", stop: str | None = None) -> AsyncIterator[Chunk]:
     for p in pieces:
         yield Chunk(text=p)
     if finish:
-        yield Chunk(finish_reason=finish)  # type: ignore[arg-type]
+        yield Chunk(finish_reason=finish, stop_sequence=stop)  # type: ignore[arg-type]
 
 
 async def _run(pieces: list[str], req: ChatRequest, finish: str | None = "stop", **kw) -> list[Chunk]:
@@ -142,6 +142,18 @@ async def test_a_call_repair_could_close_is_text_when_the_limit_cut_it(size: int
     whole = await _run(_cut('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', size),
                        _req(tools=TOOLS), finish="length")
     assert [c.tool_calls[0].arguments for c in whole if c.tool_calls] == [{"city": "Paris"}]
+
+
+@pytest.mark.parametrize("size", [3, 1000])
+async def test_a_forced_call_a_stop_string_cut_is_text_not_a_guess(size: int) -> None:
+    """The engine's forced `{"city": "Rome"}` cut by the client's stop string "Rome": repair closed it to
+    `{"city": ""}` and the client got that call to run (finish `tool_calls`), or a 502 where another argument was
+    required. The client's cut is sent as it came, with finish `stop`, as a cut by max_tokens is."""
+    text = '{"name": "get_weather", "arguments": {"city": "'
+    req = _req(tools=TOOLS, tool_choice="required")
+    out = [c async for c in repair_stream(_source(_cut(text, size), stop="Rome"), req, constrained=True) if not c.empty]
+    assert "".join(c.text for c in out) == text and not any(c.tool_calls for c in out)
+    assert out[-1].finish_reason == "stop"
 
 
 async def test_arguments_the_limit_cut_on_the_openai_wire_are_text() -> None:
