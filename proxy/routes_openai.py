@@ -3,7 +3,7 @@ routes_models.py). `n > 1` runs n jobs side by side, each asking its backend for
 batch (a prompt array) n jobs for each prompt (`best_of` jobs where it asks for more, best_of.py ranking them)."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, AsyncIterator, Callable
 
@@ -141,55 +141,82 @@ async def _sse(request: web.Request, jobs: list[Job], streams: list[AsyncIterato
                obj: str, opening: bool, n: int, headers: dict[str, str] | None = None) -> web.StreamResponse:
     """`n`: choices per prompt (a completions batch has several prompts), for the usage chunk; `headers`: the
     response's own besides the jobs'."""
-    usages: list[tuple[int, Usage]] = []
-
-    async def finish() -> bytes:
-        return sse(openai.usage_chunk(ids, model_name, obj, usages, n)) if include_usage else b""
-
-    opened = 0  # choices opened, which open in index order
-
-    def null_usage(obj: dict) -> bytes:
-        """With include_usage, every chunk before the usage chunk has `usage: null`, as OpenAI sends them."""
-        obj["usage"] = None
-        return sse(obj)
-
-    event = null_usage if include_usage else sse  # chosen once: a call more for each piece of every stream else
-    def encode(index: int, chunk: Chunk) -> bytes:
-        nonlocal opened
-        if chunk.usage is not None:
-            usages.append((index, chunk.usage))
-        head = b""
-        if opening and index >= opened:  # OpenAI opens each choice with a role delta; the openai package's stream
-            # helper files a choice where it first appears, so choices before this one open first (choice 1 first
-            # was its IndexError)
-            head = b"".join(event(openai.chat_chunk(ids, model_name, i, None, first=True))
-                            for i in range(opened, index + 1))
-            opened = index + 1
-        if chunk.heartbeat:
-            return head or SSE_KEEPALIVE
-        return head + event(shape(index, chunk))
-
-    unfinished = len(streams)  # choices still answering
-
-    def ends(chunk: Chunk) -> bool:
-        nonlocal unfinished
-        unfinished -= chunk.finish_reason is not None
-        return unfinished == 0
-
-    items: AsyncIterator[Any]
-    encoded: Callable[[Any], bytes]
-    ended: Callable[[Any], bool]
-    beat: Any
-    if len(streams) == 1:  # n = 1, the common case: its chunks are choice 0's without `merge`, a generator that only
-        # paired each with 0 (a 256-piece stream's 25,038 -> 24,559 thousand instructions a request without it,
-        # bench/proxy_instructions.py, the mean of runs under PYTHONHASHSEED 0, 1, 2)
-        items, encoded, ended, beat = as_streamed(streams[0]), partial(encode, 0), ends, Chunk(heartbeat=True)
-    else:
-        items, beat = merge([as_streamed(s) for s in streams]), (0, Chunk(heartbeat=True))
-        encoded, ended = (lambda item: encode(*item)), (lambda item: ends(item[1]))
+    events = _Events(ids, model_name, obj, shape, opening, n, include_usage, len(streams))
+    items, encoded, ended, beat = events.written(streams)
     return await write_stream(request, items, encoded, lambda e: sse(openai.error_object(e)), "text/event-stream",
                               lambda: {**_headers(jobs), **(headers or {})},
-                              SSE_DONE, finish, heartbeat=beat, ends=ended)
+                              SSE_DONE, events.finish, heartbeat=beat, ends=ended)
+
+
+@dataclass(slots=True)
+class _Events:
+    """One streamed answer's choices as SSE events: which have opened, which still answer, the usage each reported
+    (for the usage chunk `finish` writes where the client asked for it with include_usage). Slots, read for every
+    piece where a closure's cells were."""
+
+    ids: openai.ChatIds
+    model_name: str
+    obj: str
+    shape: Callable[[int, Chunk], dict]
+    opening: bool  # each choice opens with a role delta (chat's)
+    n: int
+    include_usage: bool
+    unfinished: int  # choices still answering
+    opened: int = 0  # choices opened, which open in index order
+    usages: list[tuple[int, Usage]] = field(default_factory=list)
+    event: Callable[[dict], bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.event = _null_usage if self.include_usage else sse  # chosen once: a call more for each piece else
+
+    def written(self, streams: list[AsyncIterator[Chunk]]
+                ) -> tuple[AsyncIterator[Any], Callable[[Any], bytes], Callable[[Any], bool], Any]:
+        """What `write_stream` takes of the choices' `streams`: the items, how each is encoded and whether it ends
+        the answer, and the heartbeat's item."""
+        if len(streams) == 1:  # n = 1, the common case: its chunks are choice 0's without `merge`, a generator that
+            # only paired each with 0 (a 256-piece stream's 25,038 -> 24,559 thousand instructions a request without
+            # it, bench/proxy_instructions.py, the mean of runs under PYTHONHASHSEED 0, 1, 2); a partial of the plain
+            # function, as one of the bound method, `partial(self.encode, 0)`, calls through two layers (23,014 ->
+            # 22,960 thousand)
+            return as_streamed(streams[0]), partial(_Events.encode, self, 0), self.ends, Chunk(heartbeat=True)
+        return (merge([as_streamed(s) for s in streams]), lambda item: self.encode(*item),
+                lambda item: self.ends(item[1]), (0, Chunk(heartbeat=True)))
+
+    async def finish(self) -> bytes:
+        """The usage chunk, where the client asked for it."""
+        if not self.include_usage:
+            return b""
+        return sse(openai.usage_chunk(self.ids, self.model_name, self.obj, self.usages, self.n))
+
+    def encode(self, index: int, chunk: Chunk) -> bytes:
+        """Choice `index`'s chunk as its event, after the role deltas of the choices it opens."""
+        if chunk.usage is not None:
+            self.usages.append((index, chunk.usage))
+        head = self._open(index) if self.opening and index >= self.opened else b""
+        if chunk.heartbeat:
+            return head or SSE_KEEPALIVE
+        event, shape = self.event, self.shape  # slots read: `self.event(...)` looks a method up (+52 thousand)
+        return head + event(shape(index, chunk))
+
+    def _open(self, index: int) -> bytes:
+        """The role deltas OpenAI opens each choice with, for every choice up to `index` not opened yet: the openai
+        package's stream helper files a choice where it first appears, so choices before this one open first
+        (choice 1 first was its IndexError)."""
+        head = b"".join(self.event(openai.chat_chunk(self.ids, self.model_name, i, None, first=True))
+                        for i in range(self.opened, index + 1))
+        self.opened = index + 1
+        return head
+
+    def ends(self, chunk: Chunk) -> bool:
+        """Whether `chunk` ends the answer: the last choice still answering finished."""
+        self.unfinished -= chunk.finish_reason is not None
+        return self.unfinished == 0
+
+
+def _null_usage(obj: dict) -> bytes:
+    """With include_usage, every chunk before the usage chunk has `usage: null`, as OpenAI sends them."""
+    obj["usage"] = None
+    return sse(obj)
 
 
 async def embeddings(request: web.Request) -> web.Response:
