@@ -26,7 +26,7 @@ from typing import AsyncIterator, Callable, TypeVar
 from adapters.protocol import ChatRequest, Chunk, CompletionRequest, TokenLogprob, Tool, ToolCall
 from proxy.tools.budget import INLINE_CHARS, Budget, OverBudget, check_budget
 from proxy.tools.calls import CallRepairer, RepairReport
-from proxy.tools.extract import could_be_call, is_partial_marker, next_start, region_at
+from proxy.tools.extract import Region, could_be_call, is_partial_marker, next_start, region_at
 from proxy.tools.metrics import ModelCounts
 from proxy.tools.repair import MAX_REPAIR_CHARS
 from proxy.tools.scan import EndSearch
@@ -116,44 +116,72 @@ class HoldBack:
         completed by it. `cut`: the turn ended at its token limit or a stop string of the client's."""
         held, self.held = self.held + text, ""
         search, self.search = self.search, None
-        segments: list[tuple[str, bool]] = []
-        calls: list[ToolCall] = []
         if self.passthrough:
             return [(held, False)], []
-        pos, scan = 0, self._past_code(held) if self.in_code else 0
+        if (i := next_start(held, self._past_code(held) if self.in_code else 0)) < 0:
+            # most chunks: nothing in them may begin a call, returned at once (16.5 -> 15.2 thousand instructions a
+            # chunk of text); a chunk of a call being written pays the call of `_regions` (41.3 -> 42.7 thousand)
+            return [(held, False)], []
+        segments: list[tuple[str, bool]] = []
+        calls: list[ToolCall] = []
+        pos = self._regions(held, i, final, cut, search, segments, calls)
+        segments.append((held[pos:len(held) - len(self.held)], False))
+        return segments, calls
+
+    def _regions(self, held: str, i: int, final: bool, cut: bool, search: EndSearch | None,
+                 segments: list[tuple[str, bool]], calls: list[ToolCall]) -> int:
+        """Each region from `i` on that may be a call: repaired into `segments` and `calls`, or let go as text, or
+        (one still being written) held, with its `search`, for the next chunk. Returns where the text not released
+        yet begins: what was found before the repair budget ran out is kept."""
+        pos = 0
         try:
-            while (i := next_start(held, scan)) >= 0:
+            while i >= 0:
                 check_budget()
                 if not final and is_partial_marker(held, i):
                     self.held = held[i:]
                     break
                 region = region_at(held, i, final, search if i == 0 else None)
                 if region is None or (not region.complete and not could_be_call(region, self.repairer.arg_names)):
-                    scan = region.end if region is not None and region.kind == "code" else i + 1
-                    if region is not None and region.kind == "code" and not region.complete:
-                        self.in_code = True  # its closer may begin in backticks at the end: those are held
-                        scan = region.body_start + self._past_code(held[region.body_start:])
-                    continue
-                if region.end - region.start > MAX_REPAIR_CHARS:  # too large to hold or repair: text it stays
+                    scan = self._past_text(held, i, region)
+                elif region.end - region.start > MAX_REPAIR_CHARS:  # too large to hold or repair: text it stays
                     self.repairer.report.skipped.append("size")
                     scan = region.end
-                    continue
-                if not region.complete:
+                elif not region.complete:
                     self.held, self.search = held[i:], _rebased(region.search, i)
                     break
-                invalid = len(self.repairer.report.invalid)
-                found = self.repairer.region(region, cut)
-                if found is not None or len(self.repairer.report.invalid) > invalid:
-                    segments.append((held[pos:region.start], False))
-                    segments += [] if found is not None else [(held[region.start:region.end], True)]
-                    calls += found or []
-                    pos = region.end
-                scan = region.end
+                else:
+                    pos = self._repair(held, region, cut, pos, segments, calls)
+                    scan = region.end
+                i = next_start(held, scan)
         except OverBudget:
             self.passthrough, self.held, self.search = True, "", None
             self.repairer.report.skipped.append("budget")
-        segments.append((held[pos:len(held) - len(self.held)], False))
-        return segments, calls
+        return pos
+
+    def _past_text(self, held: str, i: int, region: Region | None) -> int:
+        """Where the scan goes on after a start at `i` that is no call: past a code block, else the next character.
+        An unclosed code block's closer may begin in backticks at the end: those are held (`in_code`)."""
+        if region is None or region.kind != "code":
+            return i + 1
+        if region.complete:
+            return region.end
+        self.in_code = True
+        return region.body_start + self._past_code(held[region.body_start:])
+
+    def _repair(self, held: str, region: Region, cut: bool, pos: int, segments: list[tuple[str, bool]],
+                calls: list[ToolCall]) -> int:
+        """A whole region repaired: its calls, or a failed attempt (held as such), with the text from `pos` before it
+        into `segments`; returns where the text not released yet begins."""
+        report = self.repairer.report
+        invalid = len(report.invalid)
+        found = self.repairer.region(region, cut)
+        if found is None and len(report.invalid) == invalid:
+            return pos
+        segments.append((held[pos:region.start], False))
+        if found is None:
+            segments.append((held[region.start:region.end], True))
+        calls += found or []
+        return region.end
 
     def _past_code(self, text: str) -> int:
         """Where the scan for calls starts in `text` when a code block an earlier chunk opened is still open: after
