@@ -76,10 +76,10 @@ async def test_openai_client_options_survive_to_ollama(velo, ollama_double):
     assert "raw" not in sent  # in raw mode Ollama drops the suffix: only the model's template builds the middle
 
 
-async def test_presets_over_ollama_are_velos_and_ollamas_defaults_are_not_doubled(velo, ollama_double):
+async def test_presets_over_ollama_are_velos_and_ollamas_defaults_are_not_doubled(velo, ollama_double, tmp_path):
     """A create from a model stays in Velo (the double never sees it); a chat on the preset reaches Ollama as its
     base model with the preset's system prompt and parameters, and no Ollama defaults that Ollama applies itself;
-    a create from files is Ollama's to do."""
+    a create from files is Ollama's to do, its file uploaded there first."""
     oai, oll = clients(velo)
     await oll.create("mario", from_=MODEL, system="You are Mario.", parameters={"temperature": 0.2})
     assert not [r for r in ollama_double.requests if r.path == "/api/create"]
@@ -93,5 +93,8 @@ async def test_presets_over_ollama_are_velos_and_ollamas_defaults_are_not_double
     await oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert ollama_double.last("/api/chat")["options"] == {"temperature": 1.0, "top_p": 1.0, "num_predict": 4096}
 
-    statuses = [s.status async for s in await oll.create("from-file", files={"m.gguf": "sha256:00"}, stream=True)]
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    digest = await oll.create_blob(gguf)
+    statuses = [s.status async for s in await oll.create("from-file", files={"m.gguf": digest}, stream=True)]
     assert statuses[-1] == "success" and ollama_double.last("/api/create")["model"] == "from-file"
