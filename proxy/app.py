@@ -74,7 +74,7 @@ async def count_unobserved(request: web.Request, handler: Handler) -> web.Stream
     finally:
         running = request.get(RUNNING)
         observed = running is not None and (running.jobs or running.observed_apart)
-        if is_listed(request.path) and not request.path.startswith("/ui") and not observed:
+        if is_listed(request.path) and not observed:
             resource = request.match_info.route.resource
             endpoint = resource.canonical if resource is not None else "other"  # bounded: a scanner's paths are not
             request.app[GENERATIONS].current.pipeline.request_metrics.count(endpoint, status)

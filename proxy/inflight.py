@@ -85,8 +85,10 @@ def request_id(request: web.Request) -> str:
 
 
 def is_listed(path: str) -> bool:
-    """Whether a request on `path` is a request Velo lists and names (the status and admin routes are not)."""
-    return path not in OPEN_PATHS and not path.startswith(ADMIN_PREFIX)
+    """Whether a request on `path` is a request Velo lists and names (the status and admin routes are not, nor the
+    dashboard: its polls wait on each backend's health probe, and a backend down listed them as requests)."""
+    return path not in OPEN_PATHS and not path.startswith(ADMIN_PREFIX) and path != "/ui" \
+        and not path.startswith("/ui/")
 
 
 def ending_reason(request: web.Request) -> VeloError | None:

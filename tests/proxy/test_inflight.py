@@ -107,6 +107,29 @@ async def test_an_answer_refused_before_it_is_listed_names_its_id_too() -> None:
         assert "X-Velo-Request-Id" not in (await c.get("/health")).headers
 
 
+class SlowToProbe(ScriptedBackend):
+    """A backend whose health probe takes its time, as one that does not answer (the probe waits 2 s)."""
+
+    async def health(self) -> bool:
+        await asyncio.sleep(0.5)
+        return False
+
+
+async def test_the_dashboards_own_polls_are_no_requests_in_flight() -> None:
+    """A dashboard left open polls /ui/state, which waits on each backend's health probe: with a backend down it
+    was listed in /velo/requests and counted in velo_requests_running and velo_request_oldest_seconds, a request
+    that was none, with an X-Velo-Request-Id (every /api and /v1 request's)."""
+    app = make_app(Config(cache=CacheConfig(enabled=False)), {"s": SlowToProbe("s")})
+    async with TestClient(TestServer(app)) as c:
+        poll = asyncio.ensure_future(c.get("/ui/state"))
+        await asyncio.sleep(0.25)
+        assert (await (await c.get("/velo/requests")).json())["requests"] == []
+        assert "velo_requests_running 0.0" in await (await c.get("/metrics")).text()
+        answered = await poll
+        assert answered.status == 200 and "X-Velo-Request-Id" not in answered.headers
+        assert "X-Velo-Request-Id" not in (await c.get("/ui")).headers
+
+
 async def test_with_api_keys_the_admin_routes_need_one() -> None:
     app = make_app(Config(server=ServerConfig(api_keys=["k"])), {"s": ScriptedBackend()})
     async with TestClient(TestServer(app)) as c:
