@@ -28,7 +28,9 @@ async def cancel(request: web.Request) -> web.Response:
     either way the backend's work is cancelled. Another key's request answers as an unknown id, so that none is
     probed."""
     request_id = request.match_info["id"]
-    if not request[PIPELINE].inflight.cancel(request_id, Cancelled("cancelled by an administrator"), _viewer(request)):
+    seen = _viewer(request)  # a key that sees only its own requests cancels its own: no administrator did
+    why = Cancelled("cancelled by an administrator" if seen is None else "cancelled by its own key")
+    if not request[PIPELINE].inflight.cancel(request_id, why, seen):
         raise NotFound(f"no request {request_id!r} is in flight")
     return json_response({"id": request_id, "cancelled": True})
 
