@@ -463,6 +463,11 @@ class LlamaCppBackend(OpenAIBackend):
         stream = super().chat(req)
         return _without_echo(req.prefill, stream) if req.prefill else stream
 
+    def asked_chat(self, req: ChatRequest) -> ChatRequest:
+        """llama-server refuses logprobs with tools on a stream ("logprobs is not supported with tools + stream"),
+        which it answers whole: a client's one-answer request with both is asked whole, not streamed."""
+        return req if not req.stream and req.tools and req.options.logprobs else super().asked_chat(req)
+
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         """The OpenAI body plus llama-server's own sampling keys (repeat_penalty, typical_p, mirostat, ...)."""
         req = replace(req, options=llama_reads(req.options, self._window()), messages=_no_empty_prefill(req.messages))

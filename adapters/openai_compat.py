@@ -128,8 +128,12 @@ class OpenAIBackend(Backend):
         return body
 
     def chat(self, req: ChatRequest) -> AsyncIterator[Chunk]:
-        stream = self._answer("/v1/chat/completions", self.chat_body(asked_of(req, self.config)), req.model, req.stream)
+        stream = self._answer("/v1/chat/completions", self.chat_body(self.asked_chat(req)), req.model, req.stream)
         return alternatives(stream, req.options)
+
+    def asked_chat(self, req: ChatRequest) -> ChatRequest:
+        """The chat as this server is asked it: streamed unless configured otherwise (adapters/http.py)."""
+        return asked_of(req, self.config)
 
     def complete(self, req: CompletionRequest) -> AsyncIterator[Chunk]:
         req = _go_rendered(req)

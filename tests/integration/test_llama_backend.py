@@ -565,3 +565,13 @@ async def test_continues_fill_in_the_middle_over_the_window_keeps_the_suffix_and
     out = await oll.generate(model=CHAT_MODEL, prompt=prefix, suffix=suffix, keep_alive=1800,
                              options={"num_predict": 4, "temperature": 0, "num_ctx": 512, "stop": ["\n\n"]})
     assert out.done and out.prompt_eval_count <= 512
+
+
+async def test_logprobs_with_tools_in_one_answer(velo_llama):
+    """llama-server refuses logprobs with tools on a stream, which it answers whole; Velo asked every chat streamed,
+    so a one-answer chat with both was a 400, "logprobs is not supported with tools + stream"."""
+    oai, _ = clients(velo_llama)
+    out = await oai.chat.completions.create(model=CHAT_MODEL, messages=HELLO, tools=[WEATHER], logprobs=True,
+                                            top_logprobs=2, max_tokens=6, temperature=0)
+    tokens = out.choices[0].logprobs.content
+    assert tokens and all(len(t.top_logprobs) == 2 for t in tokens) and out.usage.completion_tokens == 6
