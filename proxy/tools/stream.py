@@ -220,6 +220,8 @@ class HoldBack:
         finish = chunk.finish_reason
         if finish in _OVERRIDABLE and finish and self.sent_calls:
             finish = "tool_calls"
+        elif finish == "tool_calls" and not self.sent_calls:  # the backend's calls were all dropped
+            finish = "stop"
         return replace(chunk, text=text, tool_calls=calls, finish_reason=finish)
 
 

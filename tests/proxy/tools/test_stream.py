@@ -101,6 +101,17 @@ async def test_structured_calls_from_the_backend_are_validated_and_coerced() -> 
     assert out[-1].tool_calls == [ToolCall("get_weather", {"city": "Oslo", "alerts": True}, "call_1")]
 
 
+async def test_a_turn_whose_only_call_was_dropped_ends_in_stop_not_tool_calls() -> None:
+    """The backend's call to a tool never offered is dropped after text was sent: the turn ended `tool_calls` with no
+    call in it (an OpenAI client's `message.tool_calls` was None under finish_reason "tool_calls")."""
+    async def source() -> AsyncIterator[Chunk]:
+        yield Chunk(text="Let me look.")
+        yield Chunk(tool_calls=[ToolCall("rm_rf", {}, "call_1")], finish_reason="tool_calls")
+    out = [c async for c in repair_stream(source(), _req(tools=TOOLS)) if not c.empty]
+    assert "".join(c.text for c in out) == "Let me look." and not any(c.tool_calls for c in out)
+    assert out[-1].finish_reason == "stop"
+
+
 async def test_only_failed_attempts_raise_before_anything_is_sent() -> None:
     stream = repair_stream(_source(_cut('{"name": "rm_rf", "arguments": {}}', 4)),
                            _req(tools=TOOLS, tool_choice="required"))
