@@ -301,8 +301,7 @@ class Upstream:
         name = self.config.name
         try:
             async with asyncio.timeout(wait):
-                resp = await (self._send(method, path, body) if raw is None else
-                              self.fresh_session().request(method, self.url + path, data=raw, allow_redirects=False))
+                resp = await self._send(method, path, body, raw)
             if resp.headers.get("Server") == _CLOSES_AFTER_STREAMS:
                 self.pooled = False
             return resp
@@ -319,10 +318,14 @@ class Upstream:
         except aiohttp.ClientError as e:
             raise BackendError(f"backend {name!r} failed on {path}: {self._described(e)}").taken_by_backend() from e
 
-    async def _send(self, method: str, path: str, body: Any) -> aiohttp.ClientResponse:
+    async def _send(self, method: str, path: str, body: Any,
+                    raw: aiohttp.StreamReader | None = None) -> aiohttp.ClientResponse:
         """Sent again once, on a new connection, only when it never went out: a pooled connection found closed
         while writing it. Never once the backend may have taken it (it read the request, then dropped the
-        connection): it may have crashed on it, and sending it again would crash it again."""
+        connection): it may have crashed on it, and sending it again would crash it again. A `raw` body, read as it
+        is sent, cannot be sent again: it goes on a new connection from the start."""
+        if raw is not None:
+            return await self.fresh_session().request(method, self.url + path, data=raw, allow_redirects=False)
         data = None if body is None else dumps(body)  # bytes as they go out: `json=` made str, then bytes
         headers = None if body is None else _STREAMED if isinstance(body, dict) and body.get("stream") else _JSON
         try:
