@@ -151,9 +151,9 @@ _TOTAL = re.compile(r"total of (?:at least )?(\d+)|you requested (\d+) tokens")
 _NO_MEDIA = re.compile(r"(image|audio|video|Multimodal) (?:input is not supported|data provided, but model does not)")
 _MEDIA_FEATURE = {"image": "vision", "audio": "audio", "video": "video", "Multimodal": "vision"}
 # llama-server answers a field of the wrong type or a missing one in the body it reads (nlohmann::json's exceptions:
-# /tokenize's `content: null`, /infill without `input_suffix`) with a 500 too; those bodies are its own routes'
-# clients', passed on as they are (proxy/routes_llama.py)
-_BODY_UNREAD = "[json.exception."
+# /tokenize's `content: null`, /infill without `input_suffix`) with a 500 too: the request's mistake, a 400 (on its
+# own routes, whose clients' bodies are passed on as they are, in its own shape: llamacpp._unread_as_400)
+BODY_UNREAD = "[json.exception."
 
 
 def _overflow(body: bytes, path: str) -> ContextOverflow | None:
@@ -360,7 +360,7 @@ class Upstream:
         if (media := _NO_MEDIA.match(message)) is not None:
             feature = _MEDIA_FEATURE[media.group(1)]
             raise ModelLacks(model, feature) if model else BadRequest(f"{where} cannot take {feature} input: {message}")
-        if resp.status in (400, 422) or (resp.status == 500 and message.startswith(_BODY_UNREAD)):
+        if resp.status in (400, 422) or (resp.status == 500 and message.startswith(BODY_UNREAD)):
             raise BadRequest(f"{where} rejected the request: {message}")
         if resp.status == 413:  # the body Velo passed on was the client's, and too large for a proxy in front
             raise PayloadTooLarge(f"{where} refused the request as too large: {message}")

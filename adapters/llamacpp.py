@@ -23,7 +23,7 @@ from .chat_template import renders_tools
 from .errors import (Answered, BackendError, BackendTimeout, BadRequest, ContextOverflow, ModelLacks, Unsupported,
                      VeloError)
 from .fields import wire_text
-from .http import LOADING_POLL_S, asked_of, json_object, one_answer
+from .http import BODY_UNREAD, LOADING_POLL_S, asked_of, json_object, one_answer
 from .model_file import model_file
 from .openai_compat import OpenAIBackend, as_chat
 from .openai_wire import alternatives
@@ -200,9 +200,6 @@ def _with_progress(body: dict[str, Any]) -> dict[str, Any]:
 # invalid request (an overflow too), a failure on it, a feature it was started without. Not its 401 (Velo's key to
 # it, not the client's) nor its 404 (a replica without the model: the next one is asked).
 _ITS_ERRORS = (400, 500, 501)
-# Its 500 `server_error` for a body it could not read: its JSON library's exception on a field of the wrong type
-# (/tokenize {"content": 5}) or a missing one (/infill without `input_suffix`, whose check goes on to read it)
-_UNREAD = "[json.exception."
 
 
 def _unread_as_400(e: Answered) -> Answered:
@@ -452,7 +449,7 @@ class LlamaCppBackend(OpenAIBackend):
                 async for piece in self.http.reads(resp, wait, cfg.total_timeout):
                     yield piece
         except Answered as e:
-            if e.status != 500 or not e.message.startswith(_UNREAD):
+            if e.status != 500 or not e.message.startswith(BODY_UNREAD):
                 raise
             raise _unread_as_400(e) from e
 
