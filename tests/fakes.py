@@ -85,6 +85,7 @@ class FakeServer:
         self.disconnects = 0
         self.turns = 0  # generations answered from `script.replies`
         self.url = ""
+        self.max_body = 1024 * 1024  # aiohttp's default; a benchmark's upload (bench/blob_upload.py) sets more
         self._runner: web.AppRunner | None = None
 
     def routes(self) -> list[web.RouteDef]:
@@ -129,7 +130,7 @@ class FakeServer:
         return None
 
     async def start(self) -> "FakeServer":
-        app = web.Application(middlewares=[self._record])
+        app = web.Application(middlewares=[self._record], client_max_size=self.max_body)
         app.add_routes(self.routes())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
